@@ -1,0 +1,90 @@
+"""The exception tree of archive_manager: every error the library raises on purpose.
+
+Each subclass also inherits the builtin that fits it, so callers that already catch
+``LookupError`` or ``ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArchiveError",
+    "ArchiveExistsError",
+    "ArchiveNotFoundError",
+    "ArchiveReleasedError",
+    "BlobNotFoundError",
+    "CatalogError",
+    "CatalogLockedError",
+    "CatalogVersionError",
+    "GcAbortedError",
+    "IntegrityError",
+    "InvalidNameError",
+    "LeaseExpiredError",
+    "MetadataError",
+    "UnencodableError",
+    "UnsupportedFormatError",
+    "UnsupportedFilesystemError",
+]
+
+
+class ArchiveError(Exception):
+    """Base class of every error raised by archive_manager."""
+
+
+class ArchiveExistsError(ArchiveError, FileExistsError):
+    """An archive with this name already exists in the pool."""
+
+
+class ArchiveNotFoundError(ArchiveError, LookupError):
+    """No visible archive has this name (absent, pending or rolled back)."""
+
+
+class ArchiveReleasedError(ArchiveError):
+    """The archive was released and garbage collection reclaimed its payload."""
+
+
+class IntegrityError(ArchiveError):
+    """Stored bytes are missing, truncated or do not match their digest."""
+
+
+class BlobNotFoundError(IntegrityError, FileNotFoundError):
+    """A blob that should exist is not in the blob store."""
+
+
+class UnsupportedFormatError(ArchiveError, ValueError):
+    """Bytes, a pointer file or a pool use a format or version this library cannot read."""
+
+
+class MetadataError(ArchiveError, ValueError):
+    """Sample metadata does not fit the training run's settings, or disagrees with the catalog."""
+
+
+class InvalidNameError(ArchiveError, ValueError):
+    """A name, owner or digest is malformed or would escape the pool."""
+
+
+class UnencodableError(ArchiveError, TypeError):
+    """A sample holds a value the codec cannot store losslessly and safely."""
+
+
+class LeaseExpiredError(ArchiveError):
+    """A save's lease lapsed before it could commit, so it refuses to publish."""
+
+
+class CatalogError(ArchiveError):
+    """The catalog cannot be opened or used as asked."""
+
+
+class CatalogVersionError(CatalogError):
+    """The catalog was written by a newer library, or has an unknown revision."""
+
+
+class CatalogLockedError(CatalogError, TimeoutError):
+    """The catalog stayed locked by another process for longer than the busy timeout."""
+
+
+class UnsupportedFilesystemError(CatalogError):
+    """A SQLite catalog was asked to live on a network filesystem whose locking is unsafe."""
+
+
+class GcAbortedError(ArchiveError):
+    """Garbage collection stopped before deleting anything because a check failed."""
