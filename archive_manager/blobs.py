@@ -1,0 +1,388 @@
+"""Content-addressed blobs: immutable files named by the xxh3-128 digest of their bytes.
+
+A blob lives at ``<root>/blobs/<d[0:2]>/<d[2:4]>/<d>``; writes go through ``<root>/tmp``.
+The store knows nothing of the catalog: it writes, reads, verifies, lists and unlinks files.
+
+OS errors other than "not found" (EACCES, ENOSPC, EROFS, ...) propagate unchanged as `OSError`;
+a failed `BlobStore.put` leaves neither a temp file nor a blob behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import xxhash
+
+from ._digest import Buffer, check_digest, digest_of, is_digest
+from .errors import BlobNotFoundError, IntegrityError, InvalidNameError
+
+__all__ = ["BlobStore", "MemoryBlobStore"]
+
+# Read/write/hash granularity: large enough for full disk throughput, small enough for memory.
+_BLOCK = 8 << 20
+_HEX2 = frozenset(f"{i:02x}" for i in range(256))
+_MISSING = (FileNotFoundError, NotADirectoryError)
+
+
+def _views(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
+    """Flat byte views of ``data`` (one buffer or a sequence of parts), never a copy."""
+    parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+    views = []
+    for part in parts:
+        view = memoryview(part)
+        if not view.c_contiguous:
+            raise TypeError("blob parts must be C-contiguous buffers")
+        views.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
+    return views
+
+
+def _prepare(data: Buffer | Sequence[Buffer], digest: str | None) -> tuple[list[memoryview], str]:
+    """Views of ``data`` and its digest; IntegrityError if it differs from ``digest``."""
+    if digest is not None:
+        check_digest(digest)
+    views = _views(data)
+    # NOTE: hashed even when the digest is given, so a wrong digest can never pass as a
+    # duplicate of an existing blob; at ~20 GB/s this costs far less than the write.
+    actual = digest_of(views)
+    if digest is not None and digest != actual:
+        raise IntegrityError(f"blob data hashes to {actual}, not to the given digest {digest}")
+    return views, actual
+
+
+def _check_size(digest: str, stored: int, views: list[memoryview]) -> None:
+    total = sum(view.nbytes for view in views)
+    if stored != total:
+        raise IntegrityError(
+            f"blob {digest} is corrupt or truncated: it holds {stored} bytes, the data {total}"
+        )
+
+
+def _verify(digest: str, data: Buffer) -> None:
+    actual = xxhash.xxh3_128_hexdigest(data)
+    if actual != digest:
+        raise _corrupt(digest, memoryview(data).nbytes, actual)
+
+
+def _corrupt(digest: str, size: int, actual: str) -> IntegrityError:
+    return IntegrityError(
+        f"blob {digest} is corrupt or truncated: its {size} bytes hash to {actual}"
+    )
+
+
+def _missing(digest: str) -> BlobNotFoundError:
+    return BlobNotFoundError(f"blob {digest} is missing")
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` to ``fd``; tests monkeypatch this to inject ENOSPC and the like."""
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_dir(path: Path) -> None:
+    # A new directory entry (rename, mkdir) survives a power loss only once its directory is synced.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some network filesystems cannot sync a directory; the file's own data is synced anyway.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _ensure_dir(path: Path) -> None:
+    """Create ``path`` and its missing parents, syncing each parent that gains an entry."""
+    if path.parent == path or path.is_dir():
+        return
+    _ensure_dir(path.parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    # Synced even if a concurrent writer made it: ours may be the rename that depends on it.
+    _fsync_dir(path.parent)
+
+
+class BlobStore:
+    """Blobs on a (possibly shared) POSIX filesystem under ``root``; folders are made lazily."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        # Absolute and normalised, so a later chdir cannot move the store and `remove_temp`
+        # can compare paths textually.
+        self._root = Path(os.path.abspath(root))
+        self._blobs = self._root / "blobs"
+        self._tmp = self._root / "tmp"
+
+    def __repr__(self) -> str:
+        return f"BlobStore({str(self._root)!r})"
+
+    @property
+    def root(self) -> Path:
+        """The pool root holding ``blobs/`` and ``tmp/``."""
+        return self._root
+
+    def path(self, digest: str) -> Path:
+        """The file of ``digest``; InvalidNameError unless it is a canonical digest."""
+        d = check_digest(digest)
+        return self._blobs / d[0:2] / d[2:4] / d
+
+    def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
+        """Store ``data`` (a buffer or a sequence of parts) once and return its digest.
+
+        An existing blob is not rewritten, only its size is compared with the data's.
+
+        Raises:
+            IntegrityError: ``digest`` is not the data's digest, or the stored blob's size differs.
+            InvalidNameError: ``digest`` is not canonical.
+            OSError: the write failed (ENOSPC, EROFS, ...); no temp file or blob is left.
+        """
+        views, digest = _prepare(data, digest)
+        target = self.path(digest)
+        try:
+            stored = os.stat(target).st_size
+        except FileNotFoundError:
+            self._write(target, digest, views)
+        else:
+            _check_size(digest, stored, views)
+        return digest
+
+    def _write(self, target: Path, digest: str, views: list[memoryview]) -> None:
+        _ensure_dir(self._tmp)
+        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                hasher = xxhash.xxh3_128()
+                for view in views:
+                    for start in range(0, view.nbytes, _BLOCK):
+                        block = view[start : start + _BLOCK]
+                        hasher.update(block)
+                        _write_all(fd, block)
+                # Catches a buffer mutated between the digest pass and this one (a race within
+                # one block would slip through; only a copy could prevent that).
+                if hasher.hexdigest() != digest:
+                    raise IntegrityError(f"blob {digest}: the data changed while it was written")
+                # Read-only before the rename, so the final name is never writable.
+                os.fchmod(fd, 0o444)
+                # Data durable before the rename: the name must never point at unsynced bytes.
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _ensure_dir(target.parent)
+            # Atomic; concurrent writers of one digest replace identical bytes with identical bytes.
+            os.rename(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(target.parent)
+
+    def _open_fd(self, digest: str) -> int:
+        try:
+            return os.open(self.path(digest), os.O_RDONLY)
+        except _MISSING:
+            raise _missing(digest) from None
+
+    def get(self, digest: str) -> bytes:
+        """The verified bytes of ``digest``; BlobNotFoundError or IntegrityError on damage."""
+        with open(self._open_fd(digest), "rb") as f:
+            data = f.read()
+        _verify(digest, data)
+        return data
+
+    def open(self, digest: str, *, verify: bool = True) -> memoryview:
+        """A read-only memory map of ``digest`` for lazy reads, verified unless ``verify=False``."""
+        fd = self._open_fd(digest)
+        try:
+            if os.fstat(fd).st_size == 0:
+                view = memoryview(b"")  # mmap cannot map 0 bytes
+            else:
+                view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+        finally:
+            os.close(fd)  # the map holds its own reference to the file
+        if verify:
+            try:
+                _verify(digest, view)
+            except IntegrityError:
+                view.release()
+                raise
+        return view
+
+    def has(self, digest: str) -> bool:
+        """True when a file exists for ``digest`` (its bytes are not read)."""
+        try:
+            return stat.S_ISREG(os.stat(self.path(digest)).st_mode)
+        except _MISSING:
+            return False
+
+    def size(self, digest: str) -> int:
+        """The stored size of ``digest`` in bytes; BlobNotFoundError if missing."""
+        try:
+            return os.stat(self.path(digest)).st_size
+        except _MISSING:
+            raise _missing(digest) from None
+
+    def delete(self, digest: str) -> bool:
+        """Unlink ``digest``; False if it was already gone."""
+        # The directory is not synced: a crash may resurrect the file, which is then an
+        # orphan the next GC reclaims, while a sync per blob would slow GC of 100k blobs.
+        try:
+            os.unlink(self.path(digest))
+        except _MISSING:
+            return False
+        return True
+
+    def check(self, digest: str) -> None:
+        """Rehash ``digest`` in 8 MiB reads; IntegrityError or BlobNotFoundError on damage."""
+        hasher = xxhash.xxh3_128()
+        buf = memoryview(bytearray(_BLOCK))
+        size = 0
+        with open(self._open_fd(digest), "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                hasher.update(buf[:n])
+                size += n
+        if hasher.hexdigest() != digest:
+            raise _corrupt(digest, size, hasher.hexdigest())
+
+    def __iter__(self) -> Iterator[str]:
+        return self.iter_digests()
+
+    def iter_digests(self) -> Iterator[str]:
+        """Digests of the canonical files ``blobs/ab/cd/abcd…``; anything else is ignored."""
+        for digest, _ in self._scan():
+            yield digest
+
+    def iter_stat(self) -> Iterator[tuple[str, int, float]]:
+        """``(digest, size, mtime)`` of each canonical blob file."""
+        for digest, entry in self._scan():
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted since it was listed
+            yield digest, st.st_size, st.st_mtime
+
+    def _scan(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        # scandir, not glob or stat per path: GC lists 100k blobs and must stay well under a second.
+        try:
+            top = os.scandir(self._blobs)
+        except FileNotFoundError:
+            return
+        with top:
+            for a in top:
+                if a.name not in _HEX2 or not a.is_dir(follow_symlinks=False):
+                    continue
+                with os.scandir(a.path) as level2:
+                    for b in level2:
+                        if b.name not in _HEX2 or not b.is_dir(follow_symlinks=False):
+                            continue
+                        prefix = a.name + b.name
+                        with os.scandir(b.path) as files:
+                            for f in files:
+                                name = f.name
+                                if (
+                                    name.startswith(prefix)
+                                    and is_digest(name)
+                                    and f.is_file(follow_symlinks=False)
+                                ):
+                                    yield name, f
+
+    def temp_files(self) -> list[tuple[Path, float]]:
+        """``(path, mtime)`` of each file in ``tmp/``: writes in flight or left by a crash."""
+        found = []
+        try:
+            with os.scandir(self._tmp) as entries:
+                for entry in entries:
+                    with contextlib.suppress(FileNotFoundError):
+                        if entry.is_file(follow_symlinks=False):
+                            found.append((Path(entry.path), entry.stat().st_mtime))
+        except FileNotFoundError:
+            pass
+        return found
+
+    def remove_temp(self, path: str | os.PathLike[str]) -> bool:
+        """Unlink a file directly inside ``tmp/``; False if already gone."""
+        if os.path.dirname(os.path.abspath(path)) != str(self._tmp):
+            raise InvalidNameError(f"not a temp file of this blob store: {os.fspath(path)!r}")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+class MemoryBlobStore:
+    """The in-memory twin of `BlobStore`, with the same contract, for tests."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, tuple[bytes, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryBlobStore(<{len(self._blobs)} blobs>)"
+
+    def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
+        """Store ``data`` once and return its digest (see `BlobStore.put`)."""
+        views, digest = _prepare(data, digest)
+        if digest in self._blobs:
+            _check_size(digest, len(self._blobs[digest][0]), views)
+        else:
+            self._blobs[digest] = (b"".join(views), time.time())
+        return digest
+
+    def _data(self, digest: str) -> bytes:
+        try:
+            return self._blobs[check_digest(digest)][0]
+        except KeyError:
+            raise _missing(digest) from None
+
+    def get(self, digest: str) -> bytes:
+        """The verified bytes of ``digest``."""
+        data = self._data(digest)
+        _verify(digest, data)
+        return data
+
+    def open(self, digest: str, *, verify: bool = True) -> memoryview:
+        """A read-only view of ``digest``, verified unless ``verify=False``."""
+        data = self._data(digest)
+        if verify:
+            _verify(digest, data)
+        return memoryview(data)
+
+    def has(self, digest: str) -> bool:
+        """True when ``digest`` is stored."""
+        return check_digest(digest) in self._blobs
+
+    def size(self, digest: str) -> int:
+        """The stored size of ``digest`` in bytes."""
+        return len(self._data(digest))
+
+    def delete(self, digest: str) -> bool:
+        """Forget ``digest``; False if it was already gone."""
+        return self._blobs.pop(check_digest(digest), None) is not None
+
+    def check(self, digest: str) -> None:
+        """Rehash ``digest``; IntegrityError or BlobNotFoundError on damage."""
+        _verify(digest, self._data(digest))
+
+    def __iter__(self) -> Iterator[str]:
+        return self.iter_digests()
+
+    def iter_digests(self) -> Iterator[str]:
+        """Digests of the stored blobs (a snapshot, so deleting while iterating is safe)."""
+        yield from list(self._blobs)
+
+    def iter_stat(self) -> Iterator[tuple[str, int, float]]:
+        """``(digest, size, mtime)`` of each stored blob, mtime being the time of its put."""
+        for digest, (data, mtime) in list(self._blobs.items()):
+            yield digest, len(data), mtime
+
+    def temp_files(self) -> list[tuple[Path, float]]:
+        """Always empty: memory has no temp files."""
+        return []

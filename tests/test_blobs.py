@@ -1,0 +1,446 @@
+"""Tests of the blob store: one contract for every implementation, then filesystem specifics."""
+
+from __future__ import annotations
+
+import array
+import errno
+import itertools
+import multiprocessing
+import os
+import random
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from archive_manager import blobs
+from archive_manager._digest import digest_of
+from archive_manager.blobs import BlobStore, MemoryBlobStore
+from archive_manager.errors import BlobNotFoundError, IntegrityError, InvalidNameError
+
+BAD_DIGESTS = [
+    "../../etc/passwd",
+    "A" * 32,
+    "0123456789ABCDEF0123456789abcdef",
+    "a" * 31,
+    "a" * 33,
+    "a" * 31 + "\x00",
+    "a" * 32 + "\n",
+    "g" * 32,
+    "",
+    "../" + "a" * 29,
+    123,
+    None,
+    b"a" * 32,
+]
+READ_OPS = ["get", "open", "has", "size", "delete", "check"]
+ABSENT = digest_of(b"never stored")
+
+
+def flip_bit(data: bytes, index: int = 0) -> bytes:
+    return data[:index] + bytes([data[index] ^ 0x01]) + data[index + 1 :]
+
+
+class BlobStoreContract:
+    """Behaviour every blob store must share; subclasses provide `store` and `damage`."""
+
+    @pytest.fixture
+    def store(self) -> BlobStore | MemoryBlobStore:
+        raise NotImplementedError
+
+    def damage(self, store: BlobStore | MemoryBlobStore, digest: str, data: bytes) -> None:
+        """Replace the stored bytes of ``digest`` behind the store's back."""
+        raise NotImplementedError
+
+    @pytest.mark.parametrize(
+        "data",
+        [b"hello blob", bytearray(b"a bytearray"), memoryview(b"a memoryview"), b"\x00" * 10_000],
+    )
+    def test_round_trip(self, store, data) -> None:
+        digest = store.put(data)
+        assert digest == digest_of(bytes(data))
+        assert store.get(digest) == bytes(data)
+        assert bytes(store.open(digest)) == bytes(data)
+        assert store.has(digest)
+        assert store.size(digest) == len(bytes(data))
+        store.check(digest)
+
+    def test_parts_are_concatenated(self, store) -> None:
+        parts = [b"header:", memoryview(bytearray(b"x" * 1000)), b"", bytearray(b":trailer")]
+        whole = b"header:" + b"x" * 1000 + b":trailer"
+        digest = store.put(parts)
+        assert digest == digest_of(whole)
+        assert store.get(digest) == whole
+        assert store.put(whole) == digest
+        assert list(store.iter_digests()) == [digest]
+
+    def test_typed_and_multidimensional_buffers_are_stored_as_raw_bytes(self, store) -> None:
+        ints = array.array("i", range(10))
+        matrix = np.arange(24, dtype=np.float32).reshape(4, 6)
+        digest = store.put([b"hdr", memoryview(ints), matrix])
+        assert store.get(digest) == b"hdr" + ints.tobytes() + matrix.tobytes()
+        assert store.size(digest) == 3 + 40 + 96
+
+    def test_non_contiguous_buffer_is_refused(self, store) -> None:
+        matrix = np.arange(24, dtype=np.int64).reshape(4, 6)
+        with pytest.raises(TypeError, match="contiguous"):
+            store.put([b"hdr", matrix[:, ::2]])
+        assert list(store.iter_digests()) == []
+
+    @pytest.mark.parametrize("empty", [b"", [], [b"", memoryview(b"")]])
+    def test_empty_blob(self, store, empty) -> None:
+        digest = store.put(empty)
+        assert digest == digest_of(b"")
+        assert store.get(digest) == b""
+        view = store.open(digest)
+        assert len(view) == 0
+        assert store.size(digest) == 0
+        store.check(digest)
+
+    def test_open_is_read_only(self, store) -> None:
+        digest = store.put(b"immutable")
+        view = store.open(digest)
+        assert view.readonly
+        with pytest.raises(TypeError):
+            view[0] = 0
+
+    def test_put_of_existing_blob_is_idempotent(self, store) -> None:
+        first = store.put(b"same bytes")
+        assert store.put([b"same ", b"bytes"]) == first
+        assert store.put(b"same bytes", digest=first) == first
+        assert list(store.iter_digests()) == [first]
+
+    def test_put_over_blob_of_other_size_raises(self, store) -> None:
+        data = b"0123456789" * 10
+        digest = store.put(data)
+        self.damage(store, digest, data[:-7])
+        with pytest.raises(IntegrityError, match=digest):
+            store.put(data)
+        assert store.size(digest) == len(data) - 7  # the damaged blob was not silently replaced
+
+    def test_put_with_wrong_digest_raises_and_stores_nothing(self, store) -> None:
+        wrong = digest_of(b"other bytes")
+        with pytest.raises(IntegrityError, match=wrong):
+            store.put(b"some bytes", digest=wrong)
+        assert not store.has(wrong)
+        assert not store.has(digest_of(b"some bytes"))
+        assert list(store.iter_digests()) == []
+
+    def test_wrong_digest_never_dedups_against_a_blob_of_equal_size(self, store) -> None:
+        stored = store.put(b"abc")
+        with pytest.raises(IntegrityError):
+            store.put(b"abd", digest=stored)
+        assert store.get(stored) == b"abc"
+
+    def test_put_with_right_digest(self, store) -> None:
+        digest = digest_of(b"given")
+        assert store.put([b"gi", b"ven"], digest=digest) == digest
+        assert store.get(digest) == b"given"
+
+    @pytest.mark.parametrize("op", READ_OPS)
+    @pytest.mark.parametrize("bad", BAD_DIGESTS, ids=repr)
+    def test_invalid_digest_is_refused(self, store, op, bad) -> None:
+        with pytest.raises(InvalidNameError):
+            getattr(store, op)(bad)
+
+    @pytest.mark.parametrize("bad", [b for b in BAD_DIGESTS if b is not None], ids=repr)
+    def test_put_with_invalid_digest_is_refused(self, store, bad) -> None:
+        with pytest.raises(InvalidNameError):
+            store.put(b"data", digest=bad)
+        assert list(store.iter_digests()) == []
+
+    @pytest.mark.parametrize("op", ["get", "open", "size", "check"])
+    def test_missing_blob(self, store, op) -> None:
+        with pytest.raises(BlobNotFoundError, match=ABSENT) as info:
+            getattr(store, op)(ABSENT)
+        assert isinstance(info.value, IntegrityError)
+        assert isinstance(info.value, FileNotFoundError)
+        assert not store.has(ABSENT)
+        assert store.delete(ABSENT) is False
+
+    def test_delete(self, store) -> None:
+        keep, gone = store.put(b"keep"), store.put(b"gone")
+        assert store.delete(gone) is True
+        assert not store.has(gone)
+        with pytest.raises(BlobNotFoundError):
+            store.get(gone)
+        assert store.delete(gone) is False
+        assert list(store.iter_digests()) == [keep]
+
+    @pytest.mark.parametrize("kind", ["bit flip", "truncated", "emptied", "extended"])
+    def test_damaged_blob_raises_naming_the_digest(self, store, kind) -> None:
+        data = bytes(range(256)) * 4
+        digest = store.put(data)
+        damaged = {
+            "bit flip": flip_bit(data, 517),
+            "truncated": data[:100],
+            "emptied": b"",
+            "extended": data + b"\x00",
+        }[kind]
+        self.damage(store, digest, damaged)
+        for op in (store.get, store.open, store.check):
+            with pytest.raises(IntegrityError, match=f"{digest}.*corrupt or truncated"):
+                op(digest)
+        assert bytes(store.open(digest, verify=False)) == damaged
+
+    def test_iteration_yields_every_blob_once(self, store) -> None:
+        payloads = [b"one", b"two" * 100, b"", b"three" * 7]
+        digests = {store.put(p) for p in payloads}
+        assert sorted(store.iter_digests()) == sorted(digests)
+        assert sorted(store) == sorted(digests)
+        stats = {d: (size, mtime) for d, size, mtime in store.iter_stat()}
+        assert {d: size for d, (size, _) in stats.items()} == {
+            digest_of(p): len(p) for p in payloads
+        }
+        assert all(mtime > 0 for _, mtime in stats.values())
+
+    def test_delete_while_iterating(self, store) -> None:
+        for i in range(20):
+            store.put(b"blob %d" % i)
+        for digest in store.iter_digests():
+            assert store.delete(digest)
+        assert list(store.iter_digests()) == []
+
+    @settings(
+        max_examples=60,
+        deadline=None,
+        # Reusing one store across examples is sound: blobs are content-addressed and immutable.
+        # Each contract subclass is its own executor by design; they may share saved examples.
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(data=st.binary(max_size=4096), cuts=st.lists(st.integers(0, 4096), max_size=5))
+    def test_round_trip_property(self, store, data, cuts) -> None:
+        bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+        parts = [data[a:b] for a, b in itertools.pairwise(bounds)]
+        digest = store.put(parts)
+        assert digest == digest_of(data)
+        assert store.get(digest) == data
+        assert bytes(store.open(digest)) == data
+        assert store.size(digest) == len(data)
+        assert digest in set(store.iter_digests())
+
+
+class TestMemoryBlobStore(BlobStoreContract):
+    @pytest.fixture
+    def store(self) -> MemoryBlobStore:
+        return MemoryBlobStore()
+
+    def damage(self, store, digest, data) -> None:
+        store._blobs[digest] = (data, store._blobs[digest][1])
+
+    def test_temp_files_is_empty(self, store) -> None:
+        store.put(b"x")
+        assert store.temp_files() == []
+
+
+class TestBlobStore(BlobStoreContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> BlobStore:
+        return BlobStore(tmp_path / "pool")
+
+    def damage(self, store, digest, data) -> None:
+        path = store.path(digest)
+        path.chmod(0o644)
+        path.write_bytes(data)
+        path.chmod(0o444)
+
+    def test_layout(self, store, tmp_path: Path) -> None:
+        digest = store.put(b"where am I")
+        expected = tmp_path / "pool" / "blobs" / digest[:2] / digest[2:4] / digest
+        assert store.root == tmp_path / "pool"
+        assert store.path(digest) == expected
+        assert expected.read_bytes() == b"where am I"
+
+    def test_relative_root_is_made_absolute(self, tmp_path: Path, monkeypatch) -> None:
+        monkeypatch.chdir(tmp_path)
+        store = BlobStore("pool/../pool")
+        assert store.root == tmp_path / "pool"
+
+    @pytest.mark.parametrize("bad", BAD_DIGESTS, ids=repr)
+    def test_path_refuses_invalid_digest(self, store, bad) -> None:
+        with pytest.raises(InvalidNameError):
+            store.path(bad)
+
+    def test_blob_is_read_only_and_no_temp_file_remains(self, store) -> None:
+        digest = store.put([b"read", b"only"])
+        assert stat.S_IMODE(store.path(digest).stat().st_mode) == 0o444
+        assert store.temp_files() == []
+        assert list((store.root / "tmp").iterdir()) == []
+
+    def test_put_of_existing_blob_does_not_rewrite_it(self, store) -> None:
+        digest = store.put(b"written once")
+        path = store.path(digest)
+        os.utime(path, (1_000_000, 1_000_000))
+        inode = path.stat().st_ino
+        assert store.put(b"written once") == digest
+        assert path.stat().st_mtime == 1_000_000
+        assert path.stat().st_ino == inode
+
+    def test_large_blob_spans_several_write_blocks(self, store) -> None:
+        data = random.Random(7).randbytes(2 * blobs._BLOCK + 12345)
+        head = b"tensor header"
+        digest = store.put([head, memoryview(data)])
+        assert digest == digest_of(head + data)
+        store.check(digest)
+        assert store.open(digest)[len(head) : len(head) + 64] == data[:64]
+
+    def test_stray_files_are_not_iterated(self, store) -> None:
+        real = store.put(b"the real blob")
+        other = digest_of(b"a stray")
+        blobs_dir = store.root / "blobs"
+        strays = [
+            blobs_dir / "zz" / "readme.txt",
+            blobs_dir / other,
+            blobs_dir / other[:2] / other,
+            blobs_dir / "00" / "00" / (other if not other.startswith("0000") else real),
+            blobs_dir / real[:2] / real[2:4] / f"{other}.1234.abcdef.tmp",
+            blobs_dir / real[:2] / real[2:4] / other.upper(),
+            blobs_dir / other[:2].upper() / other[2:4] / other,
+            blobs_dir / other[:2] / other[2:4] / (other + ".bak"),
+            store.root / "tmp" / other,
+        ]
+        for path in strays:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"stray")
+        # A directory and a symlink bearing a canonical name in the right place are not blobs.
+        dir_named = digest_of(b"a directory")
+        store.path(dir_named).mkdir(parents=True)
+        link_named = digest_of(b"a symlink")
+        store.path(link_named).parent.mkdir(parents=True, exist_ok=True)
+        store.path(link_named).symlink_to(strays[0])
+        assert list(store.iter_digests()) == [real]
+        assert [(d, size) for d, size, _ in store.iter_stat()] == [(real, 13)]
+
+    def test_empty_pool_iterates_nothing(self, tmp_path: Path) -> None:
+        store = BlobStore(tmp_path / "not yet created")
+        assert list(store) == []
+        assert list(store.iter_stat()) == []
+        assert store.temp_files() == []
+
+    def test_temp_files_and_remove_temp(self, store) -> None:
+        store.put(b"makes the folders")
+        leftover = store.root / "tmp" / "deadbeef.1.abc.tmp"
+        leftover.write_bytes(b"half a blob")
+        os.utime(leftover, (2_000_000, 2_000_000))
+        assert store.temp_files() == [(leftover, 2_000_000.0)]
+        assert store.remove_temp(leftover) is True
+        assert not leftover.exists()
+        assert store.remove_temp(leftover) is False
+        assert store.temp_files() == []
+
+    def test_remove_temp_refuses_paths_outside_tmp(self, store) -> None:
+        digest = store.put(b"precious")
+        (store.root / "tmp" / "sub").mkdir()
+        inner = store.root / "tmp" / "sub" / "file"
+        inner.write_bytes(b"nested")
+        outside = [
+            store.path(digest),
+            store.root / "tmp" / ".." / "blobs" / digest[:2] / digest[2:4] / digest,
+            inner,
+            store.root / "tmp",
+            store.root / "catalog.sqlite",
+        ]
+        for path in outside:
+            with pytest.raises(InvalidNameError):
+                store.remove_temp(path)
+        assert store.get(digest) == b"precious"
+        assert inner.exists()
+
+    def test_write_failure_midway_leaves_nothing(self, store, monkeypatch) -> None:
+        calls = []
+        real_write_all = blobs._write_all
+
+        def failing_write_all(fd: int, view: memoryview) -> None:
+            calls.append(len(view))
+            if len(calls) == 1:
+                real_write_all(fd, view)
+                return
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(blobs, "_write_all", failing_write_all)
+        data = [b"a" * 100, b"b" * 100]
+        with pytest.raises(OSError) as info:
+            store.put(data)
+        assert info.value.errno == errno.ENOSPC
+        assert len(calls) == 2  # the failure came after bytes were written to the temp file
+        assert store.temp_files() == []
+        assert not store.has(digest_of(b"".join(data)))
+        assert list(store.iter_digests()) == []
+
+    def test_interrupt_midway_leaves_nothing(self, store, monkeypatch) -> None:
+        def interrupted(fd: int, view: memoryview) -> None:
+            os.write(fd, view[:10])
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(blobs, "_write_all", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            store.put(b"x" * 100)
+        assert store.temp_files() == []
+        assert list(store.iter_digests()) == []
+
+    def test_rename_failure_leaves_nothing(self, store, monkeypatch) -> None:
+        def read_only_fs(src, dst) -> None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+        monkeypatch.setattr(blobs.os, "rename", read_only_fs)
+        with pytest.raises(OSError) as info:
+            store.put(b"never lands")
+        assert info.value.errno == errno.EROFS
+        assert store.temp_files() == []
+        assert not store.has(digest_of(b"never lands"))
+
+    def test_buffer_mutated_after_hashing_is_caught(self, store, monkeypatch) -> None:
+        tensor = bytearray(b"q" * 64)
+        real_write_all = blobs._write_all
+
+        def scribble_then_write(fd: int, view: memoryview) -> None:
+            tensor[0] ^= 1  # another thread writes to the tensor after put() hashed it
+            real_write_all(fd, view)
+
+        monkeypatch.setattr(blobs, "_write_all", scribble_then_write)
+        with pytest.raises(IntegrityError, match="changed while"):
+            store.put([b"header", tensor])
+        assert store.temp_files() == []
+        assert list(store.iter_digests()) == []
+
+    def test_concurrent_puts_from_processes(self, store) -> None:
+        size = blobs._BLOCK + 4321
+        expected = _payload(size)
+        ctx = multiprocessing.get_context("spawn")
+        barrier = ctx.Barrier(4)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_put_worker, args=(str(store.root), size, barrier, results))
+            for _ in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+        assert outcomes == [("ok", digest_of(expected))] * 4
+        digest = digest_of(expected)
+        assert list(store.iter_digests()) == [digest]
+        assert store.get(digest) == expected
+        assert stat.S_IMODE(store.path(digest).stat().st_mode) == 0o444
+        assert store.temp_files() == []
+
+
+def _payload(size: int) -> bytes:
+    return random.Random(1234).randbytes(size)
+
+
+def _put_worker(root: str, size: int, barrier, results) -> None:
+    data = _payload(size)
+    barrier.wait(timeout=60)
+    try:
+        results.put(("ok", BlobStore(root).put(data)))
+    except BaseException as exc:
+        results.put(("error", repr(exc)))
