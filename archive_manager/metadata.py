@@ -1,0 +1,523 @@
+"""Per-sample metadata: what `describe_sample` records and what a training run accepts.
+
+Pure functions, no I/O.  `describe_sample` runs for every sample on every save and its
+result is stored in a SQL JSON column, so it only reads lengths, shapes and dtypes: it
+never walks list contents and never loads a lazy `TensorRef`.  `validate_sample_metadata`
+checks those descriptions against a training run's settings (slime's argparse namespace)
+without reading any payload.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+
+from .codec import TensorRef
+from .errors import MetadataError, UnencodableError
+from .samples import QUEUE_PREFIX
+
+__all__ = [
+    "REPLAY_FIELDS",
+    "describe_sample",
+    "metadata_problems",
+    "validate_sample_metadata",
+]
+
+#: Replay fields whose length is recorded under ``"lengths"`` when they hold a plain list
+#: (a tensor is described under ``"tensors"`` instead), so validation can still see them.
+REPLAY_FIELDS = frozenset(
+    {
+        "rollout_routed_experts",
+        "rollout_top_p_token_ids",
+        "rollout_top_p_token_offsets",
+        "rollout_top_p_log_probs",
+        "rollout_topk_token_ids",
+        "rollout_topk_log_probs",
+    }
+)
+
+# Types whose values are neither tensors nor containers of them, skipped by exact type.
+# Starts with the plain types and learns others (enums, helper objects) as it meets them;
+# bounded so that classes created on the fly cannot grow it without limit.
+_OPAQUE_TYPES: set[type] = {type(None), bool, int, float, str, bytes}
+_MAX_OPAQUE_TYPES = 256
+_TENSOR_TYPES = (torch.Tensor, TensorRef)
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def describe_sample(sample: Any) -> dict[str, Any]:
+    """Describe a sample cheaply, as JSON-serializable data.
+
+    ``sample`` is a `Sample`, another dataclass, or a dict (its keys are the fields).
+    Returns::
+
+        {
+          "index": int | None, "group_index": int | None,
+          "status": str | None,              # the status's string value
+          "tokens": int | None,              # len(tokens); None when absent
+          "response_length": int | None,
+          "loss_mask": int | None,           # lengths; None when absent
+          "rollout_log_probs": int | None,
+          "reward": int | float | None,      # None unless a finite real number (not bool)
+          "tensors": {field: {"shape": [int, ...] | None, "dtype": str | None}},
+          "lengths": {field: int},           # list-valued REPLAY_FIELDS
+        }
+
+    ``tensors`` covers every top-level field holding a `torch.Tensor` or `TensorRef`, a
+    non-empty list/tuple of them (described as one tensor concatenated along dim 0;
+    ``shape`` is None when the chunks cannot be concatenated), or a dict of them one level
+    deep (key ``"<field>.<key>"``).  dtype is torch's name without ``torch.``.  Fields
+    starting with ``_queue_`` are ignored: they are never stored.
+    """
+    fields = sample if type(sample) is dict else _fields_of(sample)
+    tensors: dict[str, dict[str, Any]] = {}
+    lengths: dict[str, int] = {}
+    opaque = _OPAQUE_TYPES
+    # NOTE: this loop runs for ~40 fields of every sample saved (budget: well under 5 us
+    # per sample), hence exact-type dispatch before any isinstance against an ABC.
+    for key, value in fields.items():
+        cls = type(value)
+        if cls in opaque:
+            continue
+        if cls is list or cls is tuple:
+            # Only the first item decides whether a list holds tensor chunks, so a
+            # 3,000-token list costs one check, not 3,000.
+            if value and isinstance(value[0], _TENSOR_TYPES):
+                _add_tensor(tensors, key, value)
+            elif key in REPLAY_FIELDS:
+                lengths[key] = len(value)
+        elif cls is dict:
+            if value:
+                _add_mapping(tensors, key, value)
+        elif cls is TensorRef or isinstance(value, torch.Tensor):
+            if not _is_queue_key(key):
+                tensors[key if type(key) is str else str(key)] = _describe_tensor(value)
+        elif isinstance(value, Mapping):
+            _add_mapping(tensors, key, value)
+        elif isinstance(value, (list, tuple)):
+            if value and isinstance(value[0], _TENSOR_TYPES):
+                _add_tensor(tensors, key, value)
+            elif key in REPLAY_FIELDS:
+                lengths[key] = len(value)
+        elif len(opaque) < _MAX_OPAQUE_TYPES:
+            opaque.add(cls)  # e.g. Sample.Status, SpecInfo: never hold a tensor
+    get = fields.get
+    tokens, loss_mask, log_probs = get("tokens"), get("loss_mask"), get("rollout_log_probs")
+    return {
+        "index": _plain_int(get("index")),
+        "group_index": _plain_int(get("group_index")),
+        "status": _status(get("status")),
+        "tokens": len(tokens) if type(tokens) is list else _length(tokens),
+        "response_length": _plain_int(get("response_length")),
+        "loss_mask": len(loss_mask) if type(loss_mask) is list else _length(loss_mask),
+        "rollout_log_probs": len(log_probs) if type(log_probs) is list else _length(log_probs),
+        "reward": _reward(get("reward")),
+        "tensors": tensors,
+        "lengths": lengths,
+    }
+
+
+def _fields_of(sample: Any) -> Mapping[Any, Any]:
+    if isinstance(sample, Mapping):
+        return sample
+    attrs = getattr(sample, "__dict__", None)
+    if attrs is not None:
+        return attrs
+    # slots dataclass: no __dict__, the declared fields are all there is
+    names = getattr(sample, "__dataclass_fields__", None)
+    if names is None:
+        raise UnencodableError(
+            f"cannot describe a sample of type {type(sample).__qualname__}: "
+            "expected a Sample, a dataclass or a dict"
+        )
+    return {name: getattr(sample, name) for name in names}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _is_queue_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith(QUEUE_PREFIX)
+
+
+def _add_tensor(tensors: dict[str, dict[str, Any]], key: Any, value: Any) -> None:
+    if _is_queue_key(key):
+        return
+    entry = _describe_tensor_value(value)
+    if entry is not None:
+        tensors[key if isinstance(key, str) else str(key)] = entry
+
+
+def _add_mapping(tensors: dict[str, dict[str, Any]], key: Any, value: Mapping[Any, Any]) -> None:
+    """Describe the tensors a dict field holds one level deep, as ``"<field>.<key>"``."""
+    if _is_queue_key(key):
+        return
+    opaque = _OPAQUE_TYPES
+    for sub_key, sub_value in value.items():
+        if type(sub_value) not in opaque:
+            _add_tensor(tensors, f"{key}.{sub_key}", sub_value)
+
+
+def _describe_tensor(value: torch.Tensor | TensorRef) -> dict[str, Any]:
+    dtype = value.dtype
+    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+    return {"shape": list(value.shape), "dtype": name}
+
+
+def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
+    """Shape and dtype of a tensor, a `TensorRef` or a list of them, else None."""
+    if isinstance(value, _TENSOR_TYPES):
+        return _describe_tensor(value)
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if not isinstance(value[0], _TENSOR_TYPES):
+        return None
+    if not all(isinstance(chunk, _TENSOR_TYPES) for chunk in value):
+        return None  # a mixed list is not a tensor; the codec stores it item by item
+    dtype = value[0].dtype
+    for chunk in value[1:]:
+        dtype = torch.promote_types(dtype, chunk.dtype)  # what torch.cat would produce
+    first = value[0].shape
+    rows = 0
+    for chunk in value:
+        shape = chunk.shape
+        if len(shape) == 0 or shape[1:] != first[1:]:
+            return {"shape": None, "dtype": _dtype_name(dtype)}
+        rows += shape[0]
+    return {"shape": [rows, *first[1:]], "dtype": _dtype_name(dtype)}
+
+
+def _plain_int(value: Any) -> int | None:
+    if type(value) is int or value is None:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _length(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is list:
+        return len(value)
+    if isinstance(value, _TENSOR_TYPES):
+        shape = value.shape
+        return int(shape[0]) if len(shape) else 1
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
+def _status(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, Enum):
+        value = value.value
+    return value if isinstance(value, str) else str(value)
+
+
+def _reward(value: Any) -> int | float | None:
+    # bool is an int subclass but never a reward; NaN/inf are not valid JSON for a
+    # strict SQL JSON column (PostgreSQL rejects them), so they are recorded as None.
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+# --------------------------------------------------------------------------- validate
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The parts of a training run's arguments that constrain stored samples."""
+
+    routing_replay: bool
+    num_layers: int | None
+    moe_router_topk: int | None
+    top_p_replay: bool
+    topk: int | None
+
+    @classmethod
+    def from_args(cls, args: Any) -> _Settings:
+        top_p = getattr(args, "rollout_top_p", None)
+        # slime asks the engine for top-p replay data whenever top-p is not 1.0.
+        top_p_replay = _is_number(top_p) and 0 < top_p < 1
+        # NOTE: slime's ``rollout_top_k`` is the *sampling* top-k (-1 = off), not top-k
+        # log-prob replay, so it is deliberately not read here.  ``rollout_topk`` names the
+        # replay width; the score-centering fork of slime records top-k only when top-p
+        # replay is off, with ``score_centering_top_k``.
+        topk = getattr(args, "rollout_topk", None)
+        if not _is_positive_int(topk):
+            topk = None
+            if getattr(args, "use_score_centering", False) and not top_p_replay:
+                centering = getattr(args, "score_centering_top_k", None)
+                topk = centering if _is_positive_int(centering) else None
+        return cls(
+            routing_replay=bool(getattr(args, "use_rollout_routing_replay", False)),
+            num_layers=_positive_or_none(getattr(args, "num_layers", None)),
+            moe_router_topk=_positive_or_none(getattr(args, "moe_router_topk", None)),
+            top_p_replay=top_p_replay,
+            topk=topk,
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0
+
+
+def _positive_or_none(value: Any) -> int | None:
+    return int(value) if _is_positive_int(value) else None
+
+
+def validate_sample_metadata(
+    metadata: Mapping[str, Any] | Iterable[Mapping[str, Any]], args: Any
+) -> None:
+    """Raise `MetadataError` unless every description fits the run's settings.
+
+    ``metadata`` is one `describe_sample` result or a list of them (position = list
+    index); ``args`` is read like slime's argparse namespace (missing attributes mean the
+    feature is off).  All violations are collected and reported together, one line each:
+    ``position N: field: what is wrong (expected X, got Y)``; the error's ``problems``
+    attribute holds the lines.  See `metadata_problems` for the rules.
+    """
+    problems = metadata_problems(metadata, args)
+    if problems:
+        error = MetadataError(
+            f"{len(problems)} sample metadata problem(s) for this training run:\n  "
+            + "\n  ".join(problems)
+        )
+        error.problems = problems  # type: ignore[attr-defined]
+        raise error
+
+
+def metadata_problems(
+    metadata: Mapping[str, Any] | Iterable[Mapping[str, Any]], args: Any
+) -> list[str]:
+    """Every rule violation as ``position N: field: what (expected X, got Y)``; [] if none.
+
+    Rules (slime's):
+
+    * ``0 <= response_length <= tokens``;
+    * ``loss_mask`` and ``rollout_log_probs`` lengths equal ``response_length`` when present;
+    * ``use_rollout_routing_replay``: ``rollout_routed_experts`` present, shape
+      ``[tokens-1, num_layers, moe_router_topk]``, integer dtype;
+    * top-p replay data, required when ``0 < rollout_top_p < 1``, checked whenever present:
+      ids and offsets both present; ``rollout_top_p_token_offsets`` shape
+      ``[response_length+1]`` and ``rollout_top_p_token_ids`` 1-D, both integer;
+      ``rollout_top_p_log_probs`` (optional: upstream slime has none) float, as long as
+      the ids;
+    * top-k replay, required when ``rollout_topk`` (or the score-centering fork's
+      ``score_centering_top_k``) is set, checked whenever present:
+      ``rollout_topk_token_ids`` integer and ``rollout_topk_log_probs`` float, both of
+      shape ``[response_length, k]``.
+
+    A field stored as a plain list (see ``"lengths"``) has a known length only, so only
+    its first dimension is checked.  ``offsets[-1] == len(ids)`` needs the payload and is
+    not checked here.
+    """
+    settings = _Settings.from_args(args)
+    items = [metadata] if isinstance(metadata, Mapping) else list(metadata)
+    problems: list[str] = []
+    for position, description in enumerate(items):
+        if not isinstance(description, Mapping):
+            problems.append(
+                f"position {position}: metadata: not a mapping "
+                f"(expected a describe_sample() dict, got {type(description).__name__})"
+            )
+            continue
+        _Checker(position, description, problems).check(settings)
+    return problems
+
+
+def _fmt_shape(shape: list[int | None] | None) -> str:
+    if shape is None:
+        return "None"
+    return "[" + ", ".join("*" if dim is None else str(dim) for dim in shape) + "]"
+
+
+def _is_integer_dtype(name: str) -> bool:
+    return name.startswith(("int", "uint"))
+
+
+def _is_float_dtype(name: str) -> bool:
+    return name.startswith(("float", "bfloat"))
+
+
+@dataclass
+class _Stored:
+    """What a description says about one field: shape (or only its length) and dtype."""
+
+    shape: list[int] | None
+    dtype: str | None
+    length_only: bool = False  # a plain list: only its first dimension is known
+
+
+class _Checker:
+    """Checks one description, appending violations to a shared list."""
+
+    def __init__(self, position: int, description: Mapping[str, Any], out: list[str]) -> None:
+        self.position = position
+        self.d = description
+        self.out = out
+        tensors = description.get("tensors")
+        self.tensors: Mapping[str, Any] = tensors if isinstance(tensors, Mapping) else {}
+        lengths = description.get("lengths")
+        self.lengths: Mapping[str, Any] = lengths if isinstance(lengths, Mapping) else {}
+
+    def problem(self, field: str, what: str, expected: object, got: object) -> None:
+        self.out.append(
+            f"position {self.position}: {field}: {what} (expected {expected}, got {got})"
+        )
+
+    def stored(self, field: str) -> _Stored | None:
+        entry = self.tensors.get(field)
+        if isinstance(entry, Mapping):
+            return _Stored(entry.get("shape"), entry.get("dtype"))
+        length = self.lengths.get(field)
+        if isinstance(length, int):
+            return _Stored([length], None, length_only=True)
+        return None
+
+    def check(self, s: _Settings) -> None:
+        tokens = _plain_int(self.d.get("tokens"))
+        response_length = self.check_lengths(tokens)
+        if s.routing_replay:
+            self.check_routed_experts(tokens, s)
+        self.check_top_p(response_length, s.top_p_replay)
+        self.check_topk(response_length, s.topk)
+
+    def check_lengths(self, tokens: int | None) -> int | None:
+        """Check response_length against tokens; return it when it is usable."""
+        raw = self.d.get("response_length")
+        response_length = _plain_int(raw)
+        if response_length is None:
+            self.problem("response_length", "missing or not an integer", "an int >= 0", raw)
+            return None
+        if response_length < 0:
+            self.problem("response_length", "negative", ">= 0", response_length)
+            return None
+        if tokens is not None and response_length > tokens:
+            self.problem("response_length", "longer than tokens", f"<= {tokens}", response_length)
+        for field in ("loss_mask", "rollout_log_probs"):
+            length = self.d.get(field)
+            if length is not None and length != response_length:
+                self.problem(field, "length differs from response_length", response_length, length)
+        return response_length
+
+    def check_shape(
+        self, field: str, stored: _Stored, expected: list[int | None], dtype_kind: str
+    ) -> None:
+        """Compare a stored field with an expected shape (None = any) and dtype kind."""
+        shape = stored.shape
+        if shape is None:
+            self.problem(
+                field,
+                "tensor chunks do not concatenate along dim 0",
+                f"shape {_fmt_shape(expected)}",
+                "chunks of different shapes",
+            )
+        elif stored.length_only:
+            if expected[0] is not None and shape[0] != expected[0]:
+                self.problem(field, "wrong length", expected[0], shape[0])
+        elif len(shape) != len(expected) or any(
+            want is not None and want != got for want, got in zip(expected, shape, strict=False)
+        ):
+            self.problem(field, "wrong shape", _fmt_shape(expected), _fmt_shape(shape))
+        dtype = stored.dtype
+        if dtype is None:
+            return
+        if dtype_kind == "integer" and not _is_integer_dtype(dtype):
+            self.problem(field, "not an integer dtype", "an integer dtype", dtype)
+        elif dtype_kind == "float" and not _is_float_dtype(dtype):
+            self.problem(field, "not a floating-point dtype", "a float dtype", dtype)
+
+    def check_routed_experts(self, tokens: int | None, s: _Settings) -> None:
+        field = "rollout_routed_experts"
+        rows = None if tokens is None else max(tokens - 1, 0)
+        expected = [rows, s.num_layers, s.moe_router_topk]
+        stored = self.stored(field)
+        if stored is None:
+            self.problem(
+                field,
+                "missing with use_rollout_routing_replay",
+                f"shape {_fmt_shape(expected)}",
+                "absent",
+            )
+            return
+        self.check_shape(field, stored, expected, "integer")
+
+    def check_top_p(self, response_length: int | None, required: bool) -> None:
+        ids_field, offsets_field = "rollout_top_p_token_ids", "rollout_top_p_token_offsets"
+        logps_field = "rollout_top_p_log_probs"
+        ids, offsets = self.stored(ids_field), self.stored(offsets_field)
+        if required or ids is not None or offsets is not None:
+            why = "missing with rollout_top_p < 1" if required else "missing beside the other"
+            if ids is None:
+                self.problem(ids_field, why, "top-p token ids", "absent")
+            if offsets is None:
+                self.problem(
+                    offsets_field,
+                    why,
+                    f"shape {_fmt_shape([_plus_one(response_length)])}",
+                    "absent",
+                )
+        if offsets is not None:
+            self.check_shape(offsets_field, offsets, [_plus_one(response_length)], "integer")
+        if ids is not None:
+            self.check_shape(ids_field, ids, [None], "integer")
+        logps = self.stored(logps_field)
+        if logps is not None:
+            id_count = ids.shape[0] if ids is not None and ids.shape else None
+            self.check_shape(logps_field, logps, [id_count], "float")
+
+    def check_topk(self, response_length: int | None, k: int | None) -> None:
+        ids_field, logps_field = "rollout_topk_token_ids", "rollout_topk_log_probs"
+        shapes: dict[str, list[int]] = {}
+        for field, kind in ((ids_field, "integer"), (logps_field, "float")):
+            stored = self.stored(field)
+            if stored is None:
+                if k is not None:
+                    self.problem(
+                        field,
+                        "missing with top-k replay",
+                        f"shape {_fmt_shape([response_length, k])}",
+                        "absent",
+                    )
+                continue
+            self.check_shape(field, stored, [response_length, k], kind)
+            if stored.shape is not None and not stored.length_only:
+                shapes[field] = stored.shape
+        if k is None and len(shapes) == 2 and shapes[ids_field] != shapes[logps_field]:
+            self.problem(
+                logps_field,
+                f"shape differs from {ids_field}",
+                _fmt_shape(shapes[ids_field]),
+                _fmt_shape(shapes[logps_field]),
+            )
+
+
+def _plus_one(value: int | None) -> int | None:
+    return None if value is None else value + 1

@@ -1,0 +1,467 @@
+"""The `Sample` dataclass, the registry of storable sample classes, and sample/task keys.
+
+`Sample` mirrors slime's ``slime.utils.types.Sample`` (same field names, defaults, nested
+``Status`` enum and ``SpecInfo``/``PrefixCacheInfo`` helpers, same ``to_dict``/``from_dict``
+behaviour) so that rollouts saved from slime load back as the objects slime expects.
+
+Loading never imports or instantiates a class by name: only classes in this module's
+registry are rebuilt, anything else comes back as a plain dict (DESIGN.md, safety rules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+from .errors import InvalidNameError, UnencodableError, UnsupportedFormatError
+
+__all__ = [
+    "QUEUE_PREFIX",
+    "SAMPLE_CLASS_NAME",
+    "Sample",
+    "fields_to_sample",
+    "register_sample_class",
+    "registered_class",
+    "registered_name",
+    "sample_key",
+    "sample_to_fields",
+    "task_key_of",
+]
+
+#: Attributes and keys with this prefix are a rollout queue's live control state: never stored.
+QUEUE_PREFIX = "_queue_"
+
+#: The registry name of `Sample`.
+SAMPLE_CLASS_NAME = "archive_manager.Sample"
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class Sample:
+    """One generated rollout sample, field for field like slime's ``Sample``.
+
+    Every field has a default.  The class has no ``__slots__``, so attributes that other
+    frameworks add at run time live in ``__dict__`` and survive `to_dict`/`from_dict`.
+    Beyond upstream slime it carries the top-k and top-p log-prob replay fields that
+    forks of slime use (``rollout_topk_*``, ``rollout_top_p_log_probs``), all ``None`` by
+    default.
+    """
+
+    group_index: int | None = None
+    index: int | None = None
+    # slime falls back to ``index`` when this is None; sibling samples split from one
+    # rollout execution share it.
+    rollout_id: int | None = None
+    # prompt
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
+    multimodal_train_input_id: str | None = None
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # response
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    # top-k replay: ``[response_length, k]`` ids (integer) and log-probs (float)
+    rollout_topk_token_ids: Any = None
+    rollout_topk_log_probs: Any = None
+    # ragged top-p replay: the ids kept for response token i are
+    # ``rollout_top_p_token_ids[offsets[i]:offsets[i + 1]]``
+    rollout_top_p_token_ids: Any = None
+    rollout_top_p_token_offsets: Any = None
+    rollout_top_p_log_probs: Any = None
+    # routing replay: ``[len(tokens) - 1, num_layers, topk]`` integers, or a list of chunks
+    rollout_routed_experts: Any = None
+    remove_sample: bool = False
+    teacher_log_probs: list[float] | None = None
+    mopd_teacher_log_probs: dict[str, list[float]] | None = None
+
+    class Status(enum.Enum):
+        """How generation of the sample ended."""
+
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        # Recoverable failure (tool call, external API, parsing); partial output may be valid.
+        FAILED = "failed"
+
+    status: Status = Status.PENDING
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    generate_function_path: str | None = None
+    custom_rm_path: str | None = None
+    # used during training, e.g. which loss applies to this sample
+    train_metadata: dict[str, Any] | None = None
+    # consistent-hashing router key
+    session_id: str | None = None
+    # seconds spent outside generation
+    non_generation_time: float = 0.0
+
+    @dataclass
+    class SpecInfo:
+        """Speculative-decoding counters accumulated over a sample's generation."""
+
+        spec_accept_token_num: int = 0
+        spec_draft_token_num: int = 0
+        spec_verify_ct: int = 0
+        completion_token_num: int = 0
+
+        @property
+        def spec_accept_rate(self) -> float:
+            """Accepted over drafted tokens (0.0 when nothing was drafted)."""
+            if self.spec_draft_token_num <= 0:
+                return 0.0
+            return self.spec_accept_token_num / self.spec_draft_token_num
+
+        @property
+        def spec_accept_length(self) -> float:
+            """Completion tokens per verification step (0.0 before any step)."""
+            if self.spec_verify_ct <= 0:
+                return 0.0
+            return self.completion_token_num / self.spec_verify_ct
+
+        def add(self, meta_info: Mapping[str, Any]) -> None:
+            """Accumulate the counters of one engine response's ``meta_info``."""
+            self.spec_accept_token_num += meta_info.get("spec_accept_token_num", 0)
+            self.spec_draft_token_num += meta_info.get("spec_draft_token_num", 0)
+            self.spec_verify_ct += meta_info.get("spec_verify_ct", 0)
+            # the engine reports it as "completion_tokens"
+            self.completion_token_num += meta_info.get("completion_tokens", 0)
+
+        def to_dict(self) -> dict[str, int]:
+            """The counters as a plain dict."""
+            return dataclasses.asdict(self)
+
+        @classmethod
+        def from_dict(cls, data: Mapping[str, Any]) -> Sample.SpecInfo:
+            """Rebuild from `to_dict` output; missing counters are 0, unknown keys ignored."""
+            return cls(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(cls)})
+
+    spec_info: SpecInfo = field(default_factory=SpecInfo)
+
+    @dataclass
+    class PrefixCacheInfo:
+        """Prefix-cache counters accumulated over a sample's generation."""
+
+        cached_tokens: int = 0
+        total_prompt_tokens: int = 0
+
+        @property
+        def prefix_cache_hit_rate(self) -> float:
+            """Cached over prompt tokens (0.0 when there was no prompt)."""
+            if self.total_prompt_tokens <= 0:
+                return 0.0
+            return self.cached_tokens / self.total_prompt_tokens
+
+        def add(self, meta_info: Mapping[str, Any]) -> None:
+            """Accumulate the counters of one engine response's ``meta_info``."""
+            self.cached_tokens += meta_info.get("cached_tokens", 0)
+            self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
+
+        def to_dict(self) -> dict[str, int]:
+            """The counters as a plain dict."""
+            return dataclasses.asdict(self)
+
+        @classmethod
+        def from_dict(cls, data: Mapping[str, Any]) -> Sample.PrefixCacheInfo:
+            """Rebuild from `to_dict` output; missing counters are 0, unknown keys ignored."""
+            return cls(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(cls)})
+
+    prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and extra attribute; status as its string, helpers as dicts.
+
+        Values are not copied (like slime): tensors and lists are shared with the sample.
+        """
+        value = self.__dict__.copy()
+        if isinstance(self.status, enum.Enum):
+            value["status"] = self.status.value
+        if isinstance(self.spec_info, Sample.SpecInfo):
+            value["spec_info"] = self.spec_info.to_dict()
+        if isinstance(self.prefix_cache_info, Sample.PrefixCacheInfo):
+            value["prefix_cache_info"] = self.prefix_cache_info.to_dict()
+        return value
+
+    @classmethod
+    def from_dict(cls: type[_T], data: Mapping[str, Any]) -> _T:
+        """Inverse of `to_dict`: status string to enum, unknown keys set as attributes.
+
+        A missing or None status means pending.  Called on a subclass, it builds the
+        subclass.
+
+        Raises:
+            ValueError: the status string is not one of `Sample.Status`.
+        """
+        data = dict(data)
+        status = data.get("status")
+        data["status"] = Sample.Status.PENDING if status is None else Sample.Status(status)
+        spec_info = data.get("spec_info")
+        if spec_info is None or isinstance(spec_info, Mapping):
+            data["spec_info"] = Sample.SpecInfo.from_dict(spec_info or {})
+        prefix = data.get("prefix_cache_info")
+        if prefix is None or isinstance(prefix, Mapping):
+            data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
+        init_names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+        sample = cls(**{k: v for k, v in data.items() if k in init_names})
+        for key, value in data.items():
+            if key not in init_names:
+                setattr(sample, key, value)
+        return sample
+
+    def get_reward_value(self, args: Any) -> Any:
+        """The scalar reward: ``reward``, or ``reward[args.reward_key]`` when a key is set."""
+        reward_key = getattr(args, "reward_key", None)
+        if not reward_key:
+            return self.reward
+        return self.reward[reward_key]  # type: ignore[index]
+
+    @property
+    def effective_response_length(self) -> int:
+        """Response tokens that count for the loss (all of them without a loss mask)."""
+        if self.loss_mask is None:
+            return self.response_length
+        return int(sum(self.loss_mask))
+
+
+# --------------------------------------------------------------------------- registry
+
+_CLASSES: dict[str, type] = {}
+_NAMES: dict[type, str] = {}
+# Per-class cache: field name -> Enum type, for fields whose declared type is one Enum.
+_ENUM_FIELDS: dict[type, dict[str, type[enum.Enum]]] = {}
+
+
+def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
+    """Allow instances of the dataclass ``cls`` to be stored and rebuilt on load.
+
+    Usable as a decorator.  ``name`` (default ``"<module>.<qualname>"``) is what archives
+    record; keep it stable across refactors.  Registering the same class again under the
+    same name is a no-op; a class redefined under the same module and qualname (a reload,
+    a notebook cell run twice) replaces its predecessor.
+
+    Raises:
+        UnencodableError: ``cls`` is not a dataclass type.
+        InvalidNameError: ``name`` is empty, or taken by another class, or ``cls`` is
+            already registered under another name.
+    """
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise UnencodableError(f"only dataclass types can be registered as samples, got {cls!r}")
+    if name is None:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(f"sample class name must be a non-empty string, got {name!r}")
+    taken_by = _CLASSES.get(name)
+    if taken_by is cls:
+        return cls
+    if taken_by is not None and not _same_definition(taken_by, cls):
+        raise InvalidNameError(
+            f"sample class name {name!r} is already registered for {_qualified(taken_by)}"
+        )
+    old_name = _NAMES.get(cls)
+    if old_name is not None and old_name != name:
+        raise InvalidNameError(
+            f"{_qualified(cls)} is already registered as {old_name!r}, cannot add {name!r}"
+        )
+    if taken_by is not None:
+        del _NAMES[taken_by]
+    _CLASSES[name] = cls
+    _NAMES[cls] = name
+    _ENUM_FIELDS.pop(cls, None)
+    return cls
+
+
+def registered_class(name: str) -> type | None:
+    """The class registered under ``name``, or None."""
+    return _CLASSES.get(name)
+
+
+def registered_name(cls: type) -> str | None:
+    """The name ``cls`` (exactly this class, not a parent) is registered under, or None."""
+    return _NAMES.get(cls)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _same_definition(a: type, b: type) -> bool:
+    return a.__module__ == b.__module__ and a.__qualname__ == b.__qualname__
+
+
+register_sample_class(Sample, SAMPLE_CLASS_NAME)
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def _is_queue_key(key: object) -> bool:
+    return isinstance(key, str) and key.startswith(QUEUE_PREFIX)
+
+
+def _strip_queue(fields: dict[Any, Any]) -> dict[Any, Any]:
+    # NOTE: mutates and returns ``fields``; callers pass a dict they own.
+    for key in [k for k in fields if _is_queue_key(k)]:
+        del fields[key]
+    return fields
+
+
+def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
+    """Split a sample into (registered class name or None, its stored fields).
+
+    * `Sample` or a registered subclass: its `Sample.to_dict` (status string, helpers as
+      dicts, extra attributes included).
+    * another registered dataclass: its fields, then the extra attributes in its
+      ``__dict__``.  An `enum.Enum` held directly by a declared field is stored as its
+      ``.value``; `fields_to_sample` turns it back when the field's annotation (or
+      default) names one Enum type.  Enums elsewhere are left for the codec to reject.
+    * a mapping: ``(None, a shallow copy)``.
+
+    Keys starting with ``_queue_`` are dropped in every case.  Values are not copied.
+
+    Raises:
+        UnencodableError: ``obj`` is neither a mapping nor an instance of a registered class.
+    """
+    if isinstance(obj, Mapping):
+        return None, _strip_queue(dict(obj))
+    cls = type(obj)
+    name = _NAMES.get(cls)
+    if name is None:
+        hint = (
+            "register it with archive_manager.samples.register_sample_class()"
+            if dataclasses.is_dataclass(cls)
+            else "use archive_manager.Sample, a dict, or a dataclass registered with "
+            "archive_manager.samples.register_sample_class()"
+        )
+        raise UnencodableError(f"cannot store a sample of type {_qualified(cls)}: {hint}")
+    if isinstance(obj, Sample):
+        return name, _strip_queue(obj.to_dict())
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        fields[f.name] = value.value if isinstance(value, enum.Enum) else value
+    # slots dataclasses have no __dict__: their fields are all there is
+    for key, value in getattr(obj, "__dict__", {}).items():
+        fields.setdefault(key, value)
+    return name, _strip_queue(fields)
+
+
+def fields_to_sample(name: str | None, fields: Mapping[str, Any]) -> Any:
+    """Rebuild a sample from `sample_to_fields` output.
+
+    A registered name rebuilds its class (`Sample` and subclasses through ``from_dict``;
+    other dataclasses from their init fields, the rest set as attributes, enum-typed fields
+    converted back from their values).  ``None`` or an unknown name returns a plain dict:
+    a name never causes an import.  ``_queue_*`` keys are dropped.
+
+    Raises:
+        UnsupportedFormatError: a registered class no longer accepts the stored fields.
+    """
+    data = _strip_queue(dict(fields))
+    cls = _CLASSES.get(name) if name is not None else None
+    if cls is None:
+        return data
+    try:
+        if issubclass(cls, Sample):
+            return cls.from_dict(data)
+        return _build_dataclass(cls, data)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise UnsupportedFormatError(
+            f"cannot rebuild a {name!r} sample from its stored fields: {exc}"
+        ) from exc
+
+
+def _build_dataclass(cls: type, data: dict[str, Any]) -> Any:
+    for key, enum_type in _enum_fields(cls).items():
+        if key in data and not isinstance(data[key], enum_type):
+            # not one of its values: keep what was stored rather than fail the load
+            with contextlib.suppress(ValueError):
+                data[key] = enum_type(data[key])
+    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
+    obj = cls(**{k: v for k, v in data.items() if k in init_names})
+    for key, value in data.items():
+        if key not in init_names:
+            setattr(obj, key, value)
+    return obj
+
+
+def _enum_fields(cls: type) -> dict[str, type[enum.Enum]]:
+    cached = _ENUM_FIELDS.get(cls)
+    if cached is not None:
+        return cached
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable forward references: fall back to defaults only
+        hints = {}
+    found: dict[str, type[enum.Enum]] = {}
+    for f in dataclasses.fields(cls):
+        enum_type = _single_enum(hints.get(f.name))
+        if enum_type is None and isinstance(f.default, enum.Enum):
+            enum_type = type(f.default)
+        if enum_type is not None:
+            found[f.name] = enum_type
+    _ENUM_FIELDS[cls] = found
+    return found
+
+
+def _single_enum(hint: Any) -> type[enum.Enum] | None:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        enums = [
+            a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)
+        ]
+        if len(enums) == 1:
+            return enums[0]
+    return None
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _get(obj: Any, key: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def sample_key(obj_or_fields: Any, position: int) -> str:
+    """``"sample:<index>"`` when the sample has a non-None ``index``, else ``"position:<n>"``.
+
+    Not unique: samples that share an index share a key.
+    """
+    index = _get(obj_or_fields, "index")
+    if index is None:
+        return f"position:{position}"
+    return f"sample:{index}"
+
+
+def task_key_of(obj: Any) -> str | None:
+    """The id of the rollout task that produced ``obj``, or None.
+
+    Its ``task_key`` attribute or key if set; else the ``task_id`` of its
+    ``_queue_receipt`` or ``_queue_lease`` (a mapping or an object).  Non-str ids are
+    converted with ``str()``.  Pass the original sample: stored fields have no ``_queue_*``.
+    """
+    candidates = [_get(obj, "task_key")]
+    for attr in ("_queue_receipt", "_queue_lease"):
+        handle = _get(obj, attr)
+        if handle is not None:
+            candidates.append(_get(handle, "task_id"))
+    for key in candidates:
+        if key is not None:
+            return key if isinstance(key, str) else str(key)
+    return None
