@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -143,7 +144,7 @@ class Sample:
 
         def to_dict(self) -> dict[str, int]:
             """The counters as a plain dict."""
-            return dataclasses.asdict(self)
+            return dict(self.__dict__)
 
         @classmethod
         def from_dict(cls, data: Mapping[str, Any]) -> Sample.SpecInfo:
@@ -173,7 +174,7 @@ class Sample:
 
         def to_dict(self) -> dict[str, int]:
             """The counters as a plain dict."""
-            return dataclasses.asdict(self)
+            return dict(self.__dict__)
 
         @classmethod
         def from_dict(cls, data: Mapping[str, Any]) -> Sample.PrefixCacheInfo:
@@ -215,7 +216,7 @@ class Sample:
         prefix = data.get("prefix_cache_info")
         if prefix is None or isinstance(prefix, Mapping):
             data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
-        init_names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+        init_names = _init_names(cls)
         sample = cls(**{k: v for k, v in data.items() if k in init_names})
         for key, value in data.items():
             if key not in init_names:
@@ -238,6 +239,13 @@ class Sample:
 
 
 # --------------------------------------------------------------------------- registry
+
+
+@functools.lru_cache(maxsize=None)
+def _init_names(cls: type) -> frozenset[str]:
+    # Cached: dataclasses.fields() walks the class on every call and from_dict runs per sample.
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
 
 _CLASSES: dict[str, type] = {}
 _NAMES: dict[type, str] = {}
@@ -313,9 +321,11 @@ def _is_queue_key(key: object) -> bool:
 
 
 def _strip_queue(fields: dict[Any, Any]) -> dict[Any, Any]:
-    # NOTE: mutates and returns ``fields``; callers pass a dict they own.
-    for key in [k for k in fields if _is_queue_key(k)]:
-        del fields[key]
+    # NOTE: mutates and returns ``fields``; callers pass a dict they own.  The joined-keys
+    # test is a fast path: this runs for every sample on every save and load.
+    if QUEUE_PREFIX in "\0".join(k for k in fields if type(k) is str):
+        for key in [k for k in fields if _is_queue_key(k)]:
+            del fields[key]
     return fields
 
 

@@ -1,0 +1,265 @@
+"""The SQL catalog: schema, engine set-up, migrations, and the only way to run transactions.
+
+Usage::
+
+    with Catalog.open("sqlite:////pool/catalog.db") as catalog:
+        with catalog.write() as conn:          # BEGIN IMMEDIATE; commit, or roll back on error
+            conn.execute(insert(entries_table), rows)
+        with catalog.read() as conn:           # one consistent snapshot, rolled back at exit
+            conn.execute(select(archives_table)).all()
+
+The catalog knows nothing of blob files; it only indexes them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from ..errors import CatalogError
+from .bulk import insert_rows
+from .engine import (
+    BUSY_TIMEOUT_ENV,
+    DEFAULT_BUSY_TIMEOUT_MS,
+    WRITE_OPTION,
+    check_local_filesystem,
+    filesystem_type,
+    is_network_filesystem,
+    make_engine,
+    read_mount_table,
+)
+from .migrate import current_revision, ensure_current, head_revision, upgrade
+from .models import (
+    ARCHIVE_STATES,
+    BLOB_KINDS,
+    BLOB_STATES,
+    FORMAT_VERSION,
+    Archive,
+    ArchiveBlob,
+    Base,
+    Blob,
+    Chunk,
+    Entry,
+    Lease,
+    LeaseBlob,
+    PoolInfo,
+    Retention,
+    SampleMetadata,
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    chunks_table,
+    entries_table,
+    lease_blobs_table,
+    leases_table,
+    pool_info_table,
+    retention_table,
+    sample_metadata_table,
+)
+
+__all__ = [
+    "ARCHIVE_STATES",
+    "BLOB_KINDS",
+    "BLOB_STATES",
+    "BUSY_TIMEOUT_ENV",
+    "DEFAULT_BUSY_TIMEOUT_MS",
+    "FORMAT_VERSION",
+    "Archive",
+    "ArchiveBlob",
+    "Base",
+    "Blob",
+    "Catalog",
+    "Chunk",
+    "Entry",
+    "Lease",
+    "LeaseBlob",
+    "PoolInfo",
+    "Retention",
+    "SampleMetadata",
+    "archive_blobs_table",
+    "archives_table",
+    "blobs_table",
+    "check_local_filesystem",
+    "chunks_table",
+    "current_revision",
+    "entries_table",
+    "filesystem_type",
+    "get_pool_info",
+    "head_revision",
+    "insert_rows",
+    "is_network_filesystem",
+    "lease_blobs_table",
+    "leases_table",
+    "make_engine",
+    "pool_info_table",
+    "read_mount_table",
+    "retention_table",
+    "sample_metadata_table",
+    "set_pool_info",
+    "upgrade",
+]
+
+
+def get_pool_info(conn: Connection, key: str) -> str | None:
+    """The ``pool_info`` value under ``key``, or None."""
+    return conn.execute(
+        select(pool_info_table.c.value).where(pool_info_table.c.key == key)
+    ).scalar_one_or_none()
+
+
+def set_pool_info(conn: Connection, key: str, value: str | None) -> None:
+    """Insert or replace the ``pool_info`` value under ``key`` (inside a write transaction)."""
+    updated = conn.execute(
+        pool_info_table.update().where(pool_info_table.c.key == key).values(value=value)
+    )
+    if updated.rowcount == 0:
+        conn.execute(pool_info_table.insert().values(key=key, value=value))
+
+
+class Catalog:
+    """An open catalog: an engine on a migrated, version-checked database.
+
+    Use `read` and `write` for every transaction; they are the only place transactions begin
+    and end.
+    """
+
+    def __init__(self, engine: Engine, url: str) -> None:
+        """Wrap an engine whose database is already migrated; use `Catalog.open` instead."""
+        self._engine = engine
+        self._url = url
+        self._local = threading.local()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        *,
+        busy_timeout_ms: int | None = None,
+        check_filesystem: bool = True,
+    ) -> Catalog:
+        """Open (creating or upgrading as needed) the catalog at ``url``.
+
+        Args:
+            url: A SQLAlchemy URL: ``sqlite:////abs/path/catalog.db`` or a server database.
+            busy_timeout_ms: How long a SQLite writer waits for another's lock; None reads
+                ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
+            check_filesystem: Refuse a SQLite file on a network filesystem.
+
+        Raises:
+            UnsupportedFilesystemError: A SQLite catalog on a network filesystem.
+            CatalogVersionError: The catalog was written by a newer archive_manager.
+            CatalogLockedError: Another process held the catalog locked for too long.
+            CatalogError: The catalog cannot be opened (corrupt file, foreign tables, ...).
+        """
+        engine = make_engine(
+            url, busy_timeout_ms=busy_timeout_ms, check_filesystem=check_filesystem
+        )
+        try:
+            ensure_current(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, url)
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (for inspection; run transactions through `read`/`write`)."""
+        return self._engine
+
+    @property
+    def url(self) -> str:
+        """The URL the catalog was opened with."""
+        return self._url
+
+    @property
+    def dialect_name(self) -> str:
+        """``"sqlite"``, ``"postgresql"``, ..."""
+        return self._engine.dialect.name
+
+    def __repr__(self) -> str:
+        shown = make_url(self._url).render_as_string(hide_password=True)
+        return f"Catalog({shown!r})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CatalogError(f"the catalog {self!r} is closed")
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection in a read transaction: one consistent snapshot, rolled back at exit."""
+        self._check_open()
+        with self._engine.connect() as conn:
+            if self.dialect_name == "postgresql":
+                # READ COMMITTED would let each statement see a different snapshot.
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            transaction = conn.begin()
+            try:
+                yield conn
+            finally:
+                if transaction.is_active:
+                    transaction.rollback()
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A connection in a write transaction: committed on clean exit, else rolled back.
+
+        On SQLite the transaction starts with ``BEGIN IMMEDIATE``, so a second writer waits
+        (up to the busy timeout) at its start instead of failing halfway.
+
+        Raises:
+            CatalogError: A write is already open on this thread (it would wait for itself).
+            CatalogLockedError: Another writer held the lock longer than the busy timeout.
+        """
+        self._check_open()
+        if getattr(self._local, "writing", False):
+            raise CatalogError(
+                "catalog.write() is already open on this thread; a second one would wait "
+                "for the first forever: pass the open connection down instead"
+            )
+        self._local.writing = True
+        try:
+            with self._engine.connect() as conn:
+                conn.execution_options(**{WRITE_OPTION: True})
+                with conn.begin():
+                    yield conn
+        finally:
+            self._local.writing = False
+
+    def get_pool_info(self, key: str) -> str | None:
+        """The ``pool_info`` value under ``key``, or None (its own read transaction)."""
+        with self.read() as conn:
+            return get_pool_info(conn, key)
+
+    def set_pool_info(self, key: str, value: str | None) -> None:
+        """Insert or replace a ``pool_info`` value (its own write transaction)."""
+        with self.write() as conn:
+            set_pool_info(conn, key, value)
+
+    def pool_info(self) -> dict[str, str | None]:
+        """Every ``pool_info`` key and value."""
+        with self.read() as conn:
+            rows = conn.execute(select(pool_info_table.c.key, pool_info_table.c.value))
+            return {key: value for key, value in rows}
+
+    def close(self) -> None:
+        """Close every pooled connection; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._engine.dispose()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,348 @@
+"""Engine set-up in one place: SQLite pragmas, BEGIN IMMEDIATE for writers, error mapping.
+
+SQLite follows SQLAlchemy's recipe for taking over transaction control from the sqlite3
+driver (``isolation_level = None`` on connect, our own ``BEGIN`` from the ``begin`` event),
+so that every transaction, reads included, is a real SQLite transaction and writers take the
+write lock up front with ``BEGIN IMMEDIATE``: a second writer then waits in the busy handler
+instead of failing mid-transaction with an unretryable ``SQLITE_BUSY_SNAPSHOT``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine, create_engine, make_url
+from sqlalchemy.engine.interfaces import ExceptionContext
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
+
+from ..errors import CatalogError, CatalogLockedError, UnsupportedFilesystemError
+
+__all__ = [
+    "BUSY_TIMEOUT_ENV",
+    "DEFAULT_BUSY_TIMEOUT_MS",
+    "NETWORK_FILESYSTEMS",
+    "WRITE_OPTION",
+    "check_journal_mode",
+    "check_local_filesystem",
+    "filesystem_type",
+    "is_network_filesystem",
+    "make_engine",
+    "read_mount_table",
+    "resolve_busy_timeout_ms",
+    "sqlite_path",
+]
+
+BUSY_TIMEOUT_ENV = "ARCHIVE_MANAGER_BUSY_TIMEOUT_MS"
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
+
+WRITE_OPTION = "archive_manager_write"
+"""Connection execution option: when true, the ``begin`` event emits ``BEGIN IMMEDIATE``."""
+
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "9p",
+        "afs",
+        "fuse",
+    }
+)
+# NOTE: every fuse.* type counts as networked (juicefs, sshfs, s3fs, gcsfuse, ...), except
+# these, which are local by construction (rootless container root filesystems).
+_LOCAL_FUSE = frozenset({"fuse.fuse-overlayfs"})
+
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+_SQLITE_READONLY = 8
+_SQLITE_CORRUPT = 11
+_SQLITE_CANTOPEN = 14
+_SQLITE_NOTADB = 26
+_CORRUPT_MESSAGES = ("file is not a database", "database disk image is malformed")
+
+
+def resolve_busy_timeout_ms(value: int | None = None) -> int:
+    """The busy timeout to use: ``value``, else ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS``, else 30 s."""
+    if value is None:
+        raw = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_BUSY_TIMEOUT_MS
+        try:
+            value = int(raw)
+        except ValueError:
+            raise CatalogError(f"{BUSY_TIMEOUT_ENV} must be an integer (ms), not {raw!r}") from None
+    if value < 0:
+        raise CatalogError(f"busy timeout must be >= 0 ms, not {value}")
+    return value
+
+
+# --- filesystem detection: a pure parser plus a thin reader ------------------------------
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape_mount_field(field: str) -> str:
+    # The kernel writes space, tab, newline and backslash in mount points as \040 etc.
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mount_lines(mount_table: str) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) per line of ``/proc/self/mountinfo`` or ``/proc/mounts``."""
+    mounts: list[tuple[str, str]] = []
+    for line in mount_table.splitlines():
+        fields = line.split()
+        if len(fields) >= 10 and "-" in fields[6:]:
+            # mountinfo: id parent major:minor root mount-point options [optional...] - type src
+            sep = fields.index("-", 6)
+            if sep + 1 < len(fields):
+                mounts.append((_unescape_mount_field(fields[4]), fields[sep + 1]))
+        elif len(fields) >= 3:
+            # mounts / fstab style: source mount-point type options dump pass
+            mounts.append((_unescape_mount_field(fields[1]), fields[2]))
+    return mounts
+
+
+def _is_under(path: str, mount_point: str) -> bool:
+    if mount_point == "/":
+        return path.startswith("/")
+    mount_point = mount_point.rstrip("/")
+    return path == mount_point or path.startswith(mount_point + "/")
+
+
+def filesystem_type(path: str, mount_table: str) -> str | None:
+    """The filesystem type holding absolute ``path``, from a mount table's text.
+
+    Args:
+        path: An absolute, symlink-free path.
+        mount_table: The text of ``/proc/self/mountinfo`` or ``/proc/mounts``.
+
+    Returns:
+        The type of the mount with the longest matching mount point (the last one listed
+        when several are stacked on one point), or None when no mount matches.
+    """
+    best_len, best_type = -1, None
+    for mount_point, fstype in _mount_lines(mount_table):
+        if _is_under(path, mount_point) and len(mount_point) >= best_len:
+            best_len, best_type = len(mount_point), fstype
+    return best_type
+
+
+def is_network_filesystem(fstype: str) -> bool:
+    """True for filesystem types on which SQLite's file locking cannot be trusted."""
+    fstype = fstype.lower()
+    if fstype in _LOCAL_FUSE:
+        return False
+    return fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse.")
+
+
+def read_mount_table() -> str | None:
+    """The text of this process's mount table, or None where there is none (not Linux)."""
+    for candidate in ("/proc/self/mountinfo", "/proc/mounts"):
+        try:
+            return Path(candidate).read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            continue
+    return None
+
+
+def check_local_filesystem(folder: str | os.PathLike[str], mount_table: str | None = None) -> None:
+    """Raise `UnsupportedFilesystemError` if ``folder`` lies on a network filesystem.
+
+    Args:
+        folder: The folder that holds (or will hold) a SQLite catalog file.
+        mount_table: The mount table's text; read from ``/proc`` when None. Where no mount
+            table exists, nothing can be told and the check passes.
+    """
+    if mount_table is None:
+        mount_table = read_mount_table()
+        if mount_table is None:
+            return
+    path = os.path.realpath(folder)
+    fstype = filesystem_type(path, mount_table)
+    if fstype is not None and is_network_filesystem(fstype):
+        raise UnsupportedFilesystemError(
+            f"refusing to put a SQLite catalog on {path}: it is on a {fstype} filesystem, where "
+            "SQLite's file locking is unreliable and concurrent writers can corrupt the "
+            "catalog; keep the catalog on a local disk, or use a server catalog "
+            "(catalog_url='postgresql+psycopg://user@host/dbname')"
+        )
+
+
+# --- engines ----------------------------------------------------------------------------
+
+
+def sqlite_path(url: str | URL) -> Path | None:
+    """The file of a SQLite URL, or None for other databases and in-memory SQLite."""
+    url = make_url(url)
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if not database or database == ":memory:" or url.query.get("mode") == "memory":
+        return None
+    if database.startswith("file:"):
+        database = database[len("file:") :].split("?", 1)[0]
+    return Path(database)
+
+
+def check_journal_mode(row: tuple[Any, ...] | None, database: str) -> None:
+    """Raise `CatalogError` unless SQLite answered ``PRAGMA journal_mode = WAL`` with ``wal``.
+
+    SQLite does not fail when it cannot switch modes (read-only media, no shared memory): it
+    silently answers with the mode it kept, so the answer must be checked.
+    """
+    mode = None if not row else str(row[0]).lower()
+    if mode != "wal":
+        raise CatalogError(
+            f"SQLite refused WAL journal mode for the catalog {database} (it kept {mode!r}); "
+            "the catalog needs WAL so that readers and writers in several processes do not "
+            "block each other"
+        )
+
+
+def _error_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _translate_sqlite_error(
+    exc: BaseException, database: str, busy_timeout_ms: int
+) -> CatalogError | None:
+    """The `CatalogError` a raw sqlite3 error stands for, or None to let it through."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code, message = _error_code(exc), str(exc)
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or (code is None and "database is locked" in message):
+        return CatalogLockedError(
+            f"the catalog {database} stayed locked by another process for longer than the "
+            f"busy timeout ({busy_timeout_ms} ms); retry later, or find the process holding "
+            f"the write lock ({message})"
+        )
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or any(m in message for m in _CORRUPT_MESSAGES):
+        return CatalogError(
+            f"the catalog file {database} is not a usable SQLite database ({message}): it is "
+            "truncated or corrupt; restore it from a backup or rebuild it from the manifests"
+        )
+    if code == _SQLITE_READONLY or "readonly database" in message:
+        return CatalogError(
+            f"the catalog file {database} is read-only ({message}); the catalog needs write "
+            "access to the file and its folder (for the -wal and -shm files), even to read"
+        )
+    if code == _SQLITE_CANTOPEN or "unable to open database file" in message:
+        return CatalogError(f"cannot open the catalog file {database} ({message})")
+    return None
+
+
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_fork_hook_lock = threading.Lock()
+_fork_hook_installed = False
+
+
+def _dispose_after_fork() -> None:
+    # A forked child must never touch its parent's pooled connections (a SQLite handle or a
+    # server socket shared by two processes corrupts state); close=False leaves them to the
+    # parent.
+    for engine in list(_engines):
+        engine.dispose(close=False)
+
+
+def _track_for_fork(engine: Engine) -> None:
+    global _fork_hook_installed
+    with _fork_hook_lock:
+        if not _fork_hook_installed and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_dispose_after_fork)
+            _fork_hook_installed = True
+        _engines.add(engine)
+
+
+def make_engine(
+    url: str | URL,
+    *,
+    busy_timeout_ms: int | None = None,
+    check_filesystem: bool = True,
+) -> Engine:
+    """Create the catalog's engine; the only place engines are made.
+
+    Args:
+        url: A SQLAlchemy URL. SQLite must be a file; other databases get a plain engine.
+        busy_timeout_ms: How long a SQLite writer waits for the lock; None reads
+            ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
+        check_filesystem: Refuse a SQLite file on a network filesystem.
+
+    Raises:
+        UnsupportedFilesystemError: The SQLite file's folder is on a network filesystem.
+        CatalogError: The URL is an in-memory SQLite database.
+    """
+    url = make_url(url)
+    if url.get_backend_name() != "sqlite":
+        engine = create_engine(url, pool_pre_ping=True)
+        _track_for_fork(engine)
+        return engine
+
+    path = sqlite_path(url)
+    if path is None:
+        raise CatalogError(
+            "an in-memory SQLite catalog is not supported: every connection would see its own "
+            "empty database; give a file (sqlite:///path/to/catalog.db)"
+        )
+    if check_filesystem:
+        check_local_filesystem(path.absolute().parent)
+    timeout_ms = resolve_busy_timeout_ms(busy_timeout_ms)
+    database = str(path)
+
+    # NOTE: QueuePool keeps set-up (open + 4 pragmas, ~0.1 ms) out of every transaction;
+    # a save opens several. Processes never share it: forked children drop it (see above).
+    engine = create_engine(
+        url,
+        poolclass=QueuePool,
+        pool_size=5,
+        max_overflow=64,
+        connect_args={"timeout": timeout_ms / 1000.0},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        # Take BEGIN/COMMIT away from the sqlite3 driver; the "begin" event emits our own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {timeout_ms:d}")
+            check_journal_mode(cursor.execute("PRAGMA journal_mode = WAL").fetchone(), database)
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            translated = _translate_sqlite_error(exc, database, timeout_ms)
+            if translated is None:
+                raise
+            raise translated from exc
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        translated = _translate_sqlite_error(context.original_exception, database, timeout_ms)
+        if translated is not None:
+            raise translated from context.original_exception
+
+    _track_for_fork(engine)
+    return engine

@@ -1,0 +1,253 @@
+"""Alembic, driven from code: where the revisions are, which one a catalog is at, upgrades.
+
+A new catalog is created by upgrading an empty database to head (never ``create_all``), so
+it is stamped like any other. A revision this library does not know was written by a newer
+library, and the catalog is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, select, text
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import CatalogError, CatalogVersionError
+from .engine import WRITE_OPTION
+from .models import FORMAT_VERSION, Base, pool_info_table
+
+__all__ = [
+    "CATALOG_URL_ENV",
+    "VERSION_TABLE",
+    "current_revision",
+    "ensure_current",
+    "head_revision",
+    "known_revisions",
+    "migration_connection",
+    "script_location",
+    "upgrade",
+]
+
+VERSION_TABLE = "archive_manager_version"
+"""Alembic's version table; not ``alembic_version``, so a shared PostgreSQL database's own
+Alembic history cannot collide with the catalog's."""
+
+CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
+"""Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
+
+_PG_MIGRATION_LOCK = 0x61726368  # arbitrary, fixed: serialises concurrent first opens
+_UPGRADE_HINT = "upgrade archive_manager (pip install -U archive_manager)"
+
+
+def script_location() -> Path:
+    """The folder of the Alembic environment (``env.py``, ``versions/``)."""
+    spec = importlib.util.find_spec("archive_manager._migrations")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if (Path(location) / "env.py").is_file():
+                return Path(location)
+    # Not installed (source checkout on sys.path): the repository's top-level folder.
+    fallback = Path(__file__).resolve().parents[2] / "migrations"
+    if (fallback / "env.py").is_file():
+        return fallback
+    raise CatalogError("the catalog migrations (archive_manager._migrations) are not installed")
+
+
+def _config(connection: Connection | None = None) -> Config:
+    config = Config()
+    # ConfigParser interpolation: a literal '%' in the path must be doubled.
+    config.set_main_option("script_location", str(script_location()).replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+@functools.lru_cache(maxsize=4)
+def _script_directory(location: str) -> ScriptDirectory:
+    config = Config()
+    config.set_main_option("script_location", location.replace("%", "%%"))
+    return ScriptDirectory.from_config(config)
+
+
+def _script() -> ScriptDirectory:
+    return _script_directory(str(script_location()))
+
+
+def head_revision() -> str:
+    """The newest revision this library knows."""
+    head = _script().get_current_head()
+    if head is None:
+        raise CatalogError("the catalog migrations have no revision")
+    return head
+
+
+def known_revisions() -> frozenset[str]:
+    """Every revision this library knows."""
+    return frozenset(script.revision for script in _script().walk_revisions())
+
+
+def _current_in(conn: Connection) -> str | None:
+    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    heads = context.get_current_heads()
+    if len(heads) > 1:
+        raise CatalogVersionError(
+            f"the catalog has several revisions at once ({', '.join(sorted(heads))}); "
+            f"it was migrated by a newer or a forked archive_manager; {_UPGRADE_HINT}"
+        )
+    return heads[0] if heads else None
+
+
+def current_revision(bind: Engine | Connection) -> str | None:
+    """The revision a catalog is at, or None for a database the catalog was never created in."""
+    if isinstance(bind, Connection):
+        return _current_in(bind)
+    with bind.connect() as conn, conn.begin():
+        return _current_in(conn)
+
+
+def _check_known(revision: str | None, where: str) -> None:
+    if revision is not None and revision not in known_revisions():
+        raise CatalogVersionError(
+            f"the catalog {where} is at revision {revision!r}, which this archive_manager does "
+            f"not know (its newest is {head_revision()!r}): the catalog is newer than this "
+            f"library; {_UPGRADE_HINT}"
+        )
+
+
+def _format_version_in(conn: Connection) -> int | None:
+    value = conn.execute(
+        select(pool_info_table.c.value).where(pool_info_table.c.key == "format_version")
+    ).scalar_one_or_none()
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise CatalogError(f"the pool's format_version is not an integer: {value!r}") from None
+
+
+def _check_format(found: int | None, where: str) -> None:
+    if found is not None and found > FORMAT_VERSION:
+        raise CatalogVersionError(
+            f"the pool {where} has format version {found}, newer than this archive_manager's "
+            f"{FORMAT_VERSION}: {_UPGRADE_HINT}"
+        )
+
+
+def _where(bind: Engine | Connection) -> str:
+    return bind.engine.url.render_as_string(hide_password=True)
+
+
+@contextmanager
+def migration_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection in one write transaction fit for running migrations; commits on exit.
+
+    On SQLite, foreign keys are off for its length and checked before commit: batch mode
+    "move and copy" drops and recreates tables, and with enforcement on, dropping
+    ``archives`` would cascade-delete every row that refers to it. On PostgreSQL an advisory
+    lock makes concurrent first opens take turns.
+    """
+    with engine.connect() as conn:
+        raw = conn.connection.dbapi_connection if conn.dialect.name == "sqlite" else None
+        if raw is not None:
+            # NOTE: this pragma is a no-op inside a transaction, so it goes before BEGIN.
+            raw.execute("PRAGMA foreign_keys = OFF")
+        try:
+            conn.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
+                    )
+                yield conn
+                if raw is not None:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise CatalogError(
+                            f"migrating the catalog would break {len(broken)} foreign key(s), "
+                            f"first {tuple(broken[0])}; nothing was changed"
+                        )
+        finally:
+            if raw is not None:
+                try:
+                    raw.execute("PRAGMA foreign_keys = ON")
+                except Exception:
+                    # A connection whose pragmas are unknown must not go back to the pool.
+                    conn.invalidate()
+                    raise
+
+
+def _upgrade_in(conn: Connection, revision: str) -> None:
+    _check_known(_current_in(conn), _where(conn))
+    command.upgrade(_config(conn), revision)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the catalog to ``revision``, every step in one transaction.
+
+    Raises:
+        CatalogVersionError: The catalog is at a revision this library does not know.
+    """
+    with migration_connection(engine) as conn:
+        _upgrade_in(conn, revision)
+
+
+def _foreign_catalog_tables(conn: Connection) -> set[str]:
+    return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
+
+
+def ensure_current(engine: Engine) -> str:
+    """Create a new catalog at head or upgrade an older one; refuse a newer one.
+
+    Checks read-only first, so that opening an up-to-date catalog never takes the write lock.
+
+    Returns:
+        The head revision the catalog is now at.
+
+    Raises:
+        CatalogVersionError: The catalog's revision or the pool's ``format_version`` is newer
+            than this library.
+        CatalogError: The database holds catalog tables but no revision stamp.
+    """
+    head, where = head_revision(), _where(engine)
+    with engine.connect() as conn, conn.begin():
+        current = _current_in(conn)
+        _check_known(current, where)
+        if current is not None:
+            _check_format(_format_version_in(conn), where)
+            if current == head and _format_version_in(conn) == FORMAT_VERSION:
+                return head
+    with migration_connection(engine) as conn:
+        # Re-read under the write lock: another process may have migrated meanwhile.
+        current = _current_in(conn)
+        _check_known(current, where)
+        if current is None and _foreign_catalog_tables(conn):
+            raise CatalogError(
+                f"the database {where} holds catalog tables "
+                f"({', '.join(sorted(_foreign_catalog_tables(conn)))}) but no revision stamp "
+                f"({VERSION_TABLE}); it was not made by archive_manager, refusing to touch it"
+            )
+        if current is not None:
+            _check_format(_format_version_in(conn), where)
+        if current != head:
+            command.upgrade(_config(conn), "head")
+        found = _format_version_in(conn)
+        if found is None:
+            conn.execute(
+                pool_info_table.insert().values(key="format_version", value=str(FORMAT_VERSION))
+            )
+        elif found < FORMAT_VERSION:
+            conn.execute(
+                pool_info_table.update()
+                .where(pool_info_table.c.key == "format_version")
+                .values(value=str(FORMAT_VERSION))
+            )
+    return head

@@ -1,0 +1,257 @@
+"""The catalog schema: the single source of truth that Alembic revisions are checked against.
+
+Timestamps are UTC epoch seconds (``Float``); the API layer converts them. Core ``Table``
+objects are exported next to the mapped classes because the hot paths (bulk inserts of
+entries, the GC reachability query) use Core, not ORM sessions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "ARCHIVE_STATES",
+    "BLOB_KINDS",
+    "BLOB_STATES",
+    "FORMAT_VERSION",
+    "NAMING_CONVENTION",
+    "Archive",
+    "ArchiveBlob",
+    "Base",
+    "Blob",
+    "Chunk",
+    "Entry",
+    "Lease",
+    "LeaseBlob",
+    "PoolInfo",
+    "Retention",
+    "SampleMetadata",
+    "archive_blobs_table",
+    "archives_table",
+    "blobs_table",
+    "chunks_table",
+    "entries_table",
+    "lease_blobs_table",
+    "leases_table",
+    "pool_info_table",
+    "retention_table",
+    "sample_metadata_table",
+]
+
+FORMAT_VERSION = 1
+"""The pool format this library writes; a pool with a greater one is refused."""
+
+BLOB_KINDS = ("chunk", "tensor", "manifest")
+BLOB_STATES = ("writing", "live", "deleting")
+ARCHIVE_STATES = ("pending", "published", "released")
+
+# NOTE: stable constraint names are what lets Alembic batch mode (SQLite "move and copy")
+# find and recreate constraints, and what keeps autogenerate diffs empty across backends.
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+_DIGEST = String(32)
+_OWNER = String(255)
+_LEASE = String(128)
+_NAME = String(255)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base whose metadata carries the naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class PoolInfo(Base):
+    """Key/value facts about the pool: ``format_version``, ``blob_root``, ``created_at``."""
+
+    __tablename__ = "pool_info"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str | None] = mapped_column(Text)
+
+
+class Blob(Base):
+    """One content-addressed blob and its life-cycle state."""
+
+    __tablename__ = "blobs"
+    __table_args__ = (
+        CheckConstraint(_one_of("kind", BLOB_KINDS), name="kind"),
+        CheckConstraint(_one_of("state", BLOB_STATES), name="state"),
+        # GC plan: "deleting" rows and unretained "live" rows older than the grace period.
+        Index(None, "state", "created_at"),
+    )
+
+    digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    verified_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Archive(Base):
+    """One named archive; its rows stay after release for inspection."""
+
+    __tablename__ = "archives"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", ARCHIVE_STATES), name="state"),
+        Index(None, "rollout_id"),
+        Index(None, "state", "rollout_id"),
+        # Ids appear in logs and reports; never hand a deleted archive's id to a new one.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(_NAME, nullable=False, unique=True)
+    rollout_id: Mapped[int | None] = mapped_column(BigInteger)
+    evaluation: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    manifest_digest: Mapped[str | None] = mapped_column(_DIGEST)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    published_at: Mapped[float | None] = mapped_column(Float)
+    released_at: Mapped[float | None] = mapped_column(Float)
+    attrs: Mapped[Any | None] = mapped_column(JSON)
+    reference_name: Mapped[str | None] = mapped_column(_NAME)
+    lease_owner: Mapped[str | None] = mapped_column(_LEASE)
+
+
+def _archive_fk() -> Any:
+    return mapped_column(Integer, ForeignKey("archives.id", ondelete="CASCADE"), primary_key=True)
+
+
+class Chunk(Base):
+    """One chunk blob of an archive; no FK to ``blobs``, whose rows GC deletes."""
+
+    __tablename__ = "chunks"
+    __table_args__ = (Index(None, "digest"),)
+
+    archive_id: Mapped[int] = _archive_fk()
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(_DIGEST, nullable=False)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class Entry(Base):
+    """One sample's place in an archive: keys, chunk ordinal and offset in the chunk."""
+
+    __tablename__ = "entries"
+    __table_args__ = (
+        # Lookups across archives ("every archive holding task t") and within one.
+        Index(None, "task_key", "archive_id"),
+        Index(None, "sample_key", "archive_id"),
+    )
+
+    archive_id: Mapped[int] = _archive_fk()
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sample_key: Mapped[str] = mapped_column(_NAME, nullable=False)
+    task_key: Mapped[str | None] = mapped_column(_NAME)
+    chunk_ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
+    offset: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class SampleMetadata(Base):
+    """Per-sample metadata (``describe_sample``), queryable without reading a blob."""
+
+    __tablename__ = "sample_metadata"
+    __table_args__ = (
+        Index(None, "status"),
+        Index(None, "reward"),
+        Index(None, "response_length"),
+    )
+
+    archive_id: Mapped[int] = _archive_fk()
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str | None] = mapped_column(String(16))
+    reward: Mapped[float | None] = mapped_column(Float)
+    response_length: Mapped[int | None] = mapped_column(Integer)
+    description: Mapped[Any] = mapped_column(JSON, nullable=False)
+
+
+class ArchiveBlob(Base):
+    """Every blob an archive needs: chunks, tensor blobs and its manifest."""
+
+    __tablename__ = "archive_blobs"
+    # (digest, archive_id) covers GC's "is this digest needed by a retained archive" probe
+    # without touching the table.
+    __table_args__ = (Index(None, "digest", "archive_id"),)
+
+    archive_id: Mapped[int] = _archive_fk()
+    digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+
+
+class Retention(Base):
+    """An owner (``archive:<name>``, ``checkpoint:...``) retains every blob of an archive."""
+
+    __tablename__ = "retention"
+    __table_args__ = (Index(None, "archive_id"),)
+
+    owner: Mapped[str] = mapped_column(_OWNER, primary_key=True)
+    archive_id: Mapped[int] = _archive_fk()
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class Lease(Base):
+    """A temporary owner (``lease:<uuid>``, ``gc:<uuid>``) held by a save or GC in flight."""
+
+    __tablename__ = "leases"
+
+    owner: Mapped[str] = mapped_column(_LEASE, primary_key=True)
+    expires_at: Mapped[float] = mapped_column(Float, nullable=False)
+    generation: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    archive_name: Mapped[str | None] = mapped_column(_NAME)
+
+
+class LeaseBlob(Base):
+    """A blob digest retained by a lease; dropped with the lease."""
+
+    __tablename__ = "lease_blobs"
+    __table_args__ = (Index(None, "digest"),)
+
+    lease: Mapped[str] = mapped_column(
+        _LEASE, ForeignKey("leases.owner", ondelete="CASCADE"), primary_key=True
+    )
+    digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
+
+
+pool_info_table: Table = PoolInfo.__table__  # type: ignore[assignment]
+blobs_table: Table = Blob.__table__  # type: ignore[assignment]
+archives_table: Table = Archive.__table__  # type: ignore[assignment]
+chunks_table: Table = Chunk.__table__  # type: ignore[assignment]
+entries_table: Table = Entry.__table__  # type: ignore[assignment]
+sample_metadata_table: Table = SampleMetadata.__table__  # type: ignore[assignment]
+archive_blobs_table: Table = ArchiveBlob.__table__  # type: ignore[assignment]
+retention_table: Table = Retention.__table__  # type: ignore[assignment]
+leases_table: Table = Lease.__table__  # type: ignore[assignment]
+lease_blobs_table: Table = LeaseBlob.__table__  # type: ignore[assignment]
