@@ -21,8 +21,8 @@ __all__ = [
     "LeaseExpiredError",
     "MetadataError",
     "UnencodableError",
-    "UnsupportedFormatError",
     "UnsupportedFilesystemError",
+    "UnsupportedFormatError",
 ]
 
 

@@ -241,7 +241,7 @@ class Sample:
 # --------------------------------------------------------------------------- registry
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_names(cls: type) -> frozenset[str]:
     # Cached: dataclasses.fields() walks the class on every call and from_dict runs per sample.
     return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
