@@ -17,6 +17,7 @@ __all__ = [
     "CatalogVersionError",
     "GcAbortedError",
     "IntegrityError",
+    "InvalidInputError",
     "InvalidNameError",
     "LeaseExpiredError",
     "MetadataError",
@@ -60,6 +61,10 @@ class MetadataError(ArchiveError, ValueError):
 
 class InvalidNameError(ArchiveError, ValueError):
     """A name, owner or digest is malformed or would escape the pool."""
+
+
+class InvalidInputError(ArchiveError, ValueError):
+    """An argument is malformed: wrong length, wrong type, contradictory options."""
 
 
 class UnencodableError(ArchiveError, TypeError):

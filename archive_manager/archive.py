@@ -1,0 +1,304 @@
+"""The read side of an archive: keys, samples (by key, reading only the chunks needed),
+metadata from the catalog, export to slime's ``.pt`` format, release."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+from sqlalchemy import delete, select, update
+from sqlalchemy.engine import Connection, Row
+
+from ._names import archive_owner
+from .catalog import (
+    archives_table,
+    chunks_table,
+    entries_table,
+    retention_table,
+    sample_metadata_table,
+)
+from .codec import ChunkReader, decode_tensor_blob, materialize_tensor_refs
+from .errors import (
+    ArchiveNotFoundError,
+    ArchiveReleasedError,
+    BlobNotFoundError,
+    IntegrityError,
+    InvalidInputError,
+)
+from .samples import sample_to_fields
+
+if TYPE_CHECKING:
+    from .manager import ArchiveManager
+
+__all__ = ["Archive", "ArchiveInfo"]
+
+
+def _when(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class ArchiveInfo:
+    """One row of `ArchiveManager.find`: what the catalog knows of an archive."""
+
+    name: str
+    rollout_id: int | None
+    evaluation: bool
+    state: str
+    samples: int
+    bytes: int
+    created_at: datetime
+    published_at: datetime | None
+    released_at: datetime | None = None
+    reference: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> ArchiveInfo:
+        """Build from an ``archives`` row."""
+        return cls(
+            name=row.name,
+            rollout_id=row.rollout_id,
+            evaluation=bool(row.evaluation),
+            state=row.state,
+            samples=row.samples,
+            bytes=row.bytes,
+            created_at=_when(row.created_at),  # type: ignore[arg-type]
+            published_at=_when(row.published_at),
+            released_at=_when(row.released_at),
+            reference=row.reference_name,
+        )
+
+
+def _check_key(value: object, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise InvalidInputError(f"{what} must be a str or None, not {type(value).__name__}")
+
+
+class Archive:
+    """A published (or released) archive of a pool.  Opening one reads only the catalog."""
+
+    def __init__(self, pool: ArchiveManager, row: Row[Any]) -> None:
+        self._pool = pool
+        self._id: int = row.id
+        self.name: str = row.name
+        self.rollout_id: int | None = row.rollout_id
+        self.evaluation: bool = bool(row.evaluation)
+        self.attrs: dict[str, Any] | None = row.attrs
+        self.manifest_digest: str | None = row.manifest_digest
+        self.reference: str | None = row.reference_name
+        self._samples: int = row.samples
+
+    def __repr__(self) -> str:
+        return f"Archive({self.name!r}, rollout_id={self.rollout_id}, samples={self._samples})"
+
+    def __len__(self) -> int:
+        return self._samples
+
+    def row(self, conn: Connection) -> Row[Any]:
+        """The archive's current catalog row (inside the caller's transaction)."""
+        row = conn.execute(
+            select(archives_table).where(archives_table.c.id == self._id)
+        ).one_or_none()
+        if row is None:
+            raise ArchiveNotFoundError(f"archive {self.name!r} no longer exists")
+        return row
+
+    @property
+    def state(self) -> str:
+        """``"published"`` or ``"released"``, read afresh from the catalog."""
+        with self._pool.catalog.read() as conn:
+            return str(self.row(conn).state)
+
+    def info(self) -> ArchiveInfo:
+        """What the catalog knows of this archive now."""
+        with self._pool.catalog.read() as conn:
+            return ArchiveInfo.from_row(self.row(conn))
+
+    def keys(self) -> list[tuple[str, str | None]]:
+        """``(sample_key, task_key)`` of every sample, in archive order."""
+        e = entries_table
+        with self._pool.catalog.read() as conn:
+            rows = conn.execute(
+                select(e.c.sample_key, e.c.task_key)
+                .where(e.c.archive_id == self._id)
+                .order_by(e.c.position)
+            )
+            return [(sk, tk) for sk, tk in rows]
+
+    def sample_metadata(self) -> list[dict[str, Any]]:
+        """`describe_sample` of every sample, from the catalog alone (no blob is read)."""
+        m = sample_metadata_table
+        with self._pool.catalog.read() as conn:
+            return list(
+                conn.execute(
+                    select(m.c.description).where(m.c.archive_id == self._id).order_by(m.c.position)
+                ).scalars()
+            )
+
+    def load_samples(self, sample_key: str | None = None, task_key: str | None = None) -> list[Any]:
+        """The samples in archive order: all, or those matching every key given.
+
+        Only the chunks holding the selected samples are read, each once; tensor blobs stay
+        lazy (`TensorRef`) until touched.
+
+        Raises:
+            KeyError: keys were given and no sample matches them all.
+            IntegrityError: a needed blob is missing or damaged (names archive, chunk, blob).
+            ArchiveReleasedError: the archive was released and GC reclaimed its payload.
+        """
+        sample_key = _check_key(sample_key, "sample_key")
+        task_key = _check_key(task_key, "task_key")
+        e, c = entries_table, chunks_table
+        with self._pool.catalog.read() as conn:
+            query = select(e.c.chunk_ordinal, e.c.offset).where(e.c.archive_id == self._id)
+            if sample_key is not None:
+                query = query.where(e.c.sample_key == sample_key)
+            if task_key is not None:
+                query = query.where(e.c.task_key == task_key)
+            wanted = conn.execute(query.order_by(e.c.position)).all()
+            if not wanted:
+                if sample_key is None and task_key is None:
+                    return []
+                raise KeyError(
+                    f"archive {self.name!r} has no sample with "
+                    + " and ".join(
+                        f"{k}={v!r}"
+                        for k, v in (("sample_key", sample_key), ("task_key", task_key))
+                        if v is not None
+                    )
+                )
+            ordinals = sorted({o for o, _ in wanted})
+            digests = dict(
+                conn.execute(
+                    select(c.c.ordinal, c.c.digest).where(
+                        c.c.archive_id == self._id, c.c.ordinal.in_(ordinals)
+                    )
+                ).all()
+            )
+        by_chunk: dict[int, list[int]] = defaultdict(list)
+        for ordinal, offset in wanted:
+            by_chunk[ordinal].append(offset)
+        decoded: dict[tuple[int, int], Any] = {}
+        for ordinal in ordinals:
+            digest = digests.get(ordinal)
+            if digest is None:
+                raise IntegrityError(f"archive {self.name!r} has no row for chunk {ordinal}")
+            reader = ChunkReader(
+                self._read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=self._load_tensor
+            )
+            for offset in by_chunk[ordinal]:
+                try:
+                    decoded[ordinal, offset] = reader.sample(offset)
+                except IndexError as exc:
+                    raise IntegrityError(
+                        f"archive {self.name!r}, chunk {ordinal} (blob {digest}): {exc}"
+                    ) from exc
+        return [decoded[o, off] for o, off in wanted]
+
+    def _read_blob(self, digest: str, what: str) -> bytes:
+        try:
+            return self._pool.store.get(digest)
+        except BlobNotFoundError as exc:
+            self._raise_if_released(f"{what} (blob {digest}) is gone")
+            raise IntegrityError(
+                f"archive {self.name!r}, {what}: blob {digest} is missing"
+            ) from exc
+        except IntegrityError as exc:
+            raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
+
+    def _load_tensor(self, digest: str) -> torch.Tensor:
+        try:
+            return decode_tensor_blob(self._pool.store.open(digest), digest)
+        except BlobNotFoundError as exc:
+            self._raise_if_released(f"tensor blob {digest} is gone")
+            raise IntegrityError(f"archive {self.name!r}: tensor blob {digest} is missing") from exc
+        except IntegrityError as exc:
+            raise IntegrityError(f"archive {self.name!r}, tensor blob: {exc}") from exc
+
+    def _raise_if_released(self, detail: str) -> None:
+        with self._pool.catalog.read() as conn:
+            row = self.row(conn)
+        if row.state == "released":
+            self.raise_reclaimed(detail, row)
+
+    def raise_reclaimed(self, detail: str, row: Row[Any] | None = None) -> NoReturn:
+        """Raise `ArchiveReleasedError` (or IntegrityError if the archive was not released)."""
+        if row is None:
+            with self._pool.catalog.read() as conn:
+                row = self.row(conn)
+        if row.state != "released":
+            raise IntegrityError(f"archive {self.name!r}: {detail}")
+        when = _when(row.released_at)
+        shown = when.astimezone().isoformat(timespec="seconds") if when else "an unknown time"
+        raise ArchiveReleasedError(
+            f"archive {self.name!r} was released at {shown} and garbage collection "
+            f"reclaimed its payload ({detail}); its catalog rows remain for inspection"
+        )
+
+    def export_pt(self, path: str | os.PathLike[str]) -> Path:
+        """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``.
+
+        Self-contained (tensors materialized), loadable with ``torch.load(weights_only=True)``,
+        written atomically; parent folders are created.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        samples = [sample_to_fields(materialize_tensor_refs(s))[1] for s in self.load_samples()]
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save({"rollout_id": self.rollout_id, "samples": samples}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(target.parent)
+        return target
+
+    def release(self) -> bool:
+        """Drop the archive's own owner; its rows stay.  Idempotent.
+
+        Returns:
+            True if this call released it, False if it was released already.
+        """
+        owner = archive_owner(self.name)
+        with self._pool.catalog.write() as conn:
+            conn.execute(
+                delete(retention_table).where(
+                    retention_table.c.owner == owner, retention_table.c.archive_id == self._id
+                )
+            )
+            changed = conn.execute(
+                update(archives_table)
+                .where(archives_table.c.id == self._id, archives_table.c.state == "published")
+                .values(state="released", released_at=self._pool.clock())
+            ).rowcount
+        return changed == 1
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def infos(rows: Sequence[Row[Any]]) -> list[ArchiveInfo]:
+    """`ArchiveInfo` of each row."""
+    return [ArchiveInfo.from_row(r) for r in rows]

@@ -1,0 +1,164 @@
+"""The catalog statements of the save, read and retention protocols.
+
+Each function runs inside a transaction its caller opened with `Catalog.read` or
+`Catalog.write`; none opens or commits one, and none touches a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy.engine import Connection, Row
+
+from ..errors import LeaseExpiredError
+from .models import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    lease_blobs_table,
+    leases_table,
+    retention_table,
+)
+
+__all__ = [
+    "archive_by_name",
+    "archive_bytes",
+    "blob_rows",
+    "check_lease",
+    "drop_lease",
+    "hold_blobs",
+    "insert_lease",
+    "mark_live",
+    "renew_lease",
+]
+
+# NOTE: SQLite allows 32766 bound parameters per statement; IN lists are cut well below it.
+_IN_BATCH = 5000
+
+
+def _batches(values: Sequence[Any], size: int = _IN_BATCH) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(values), size):
+        yield values[i : i + size]
+
+
+def insert_lease(
+    conn: Connection, owner: str, *, now: float, ttl: float, archive_name: str | None = None
+) -> None:
+    """Start a lease that expires ``ttl`` seconds after ``now``."""
+    conn.execute(
+        leases_table.insert().values(
+            owner=owner,
+            expires_at=now + ttl,
+            generation=1,
+            created_at=now,
+            archive_name=archive_name,
+        )
+    )
+
+
+def renew_lease(conn: Connection, owner: str, *, now: float, ttl: float) -> float:
+    """Extend a live lease to ``now + ttl``; return the new expiry.
+
+    Raises:
+        LeaseExpiredError: the lease lapsed (or GC already dropped it): its holder must not
+            go on, since GC may have reclaimed what it held.
+    """
+    result = conn.execute(
+        update(leases_table)
+        .where(leases_table.c.owner == owner, leases_table.c.expires_at > now)
+        .values(expires_at=now + ttl, generation=leases_table.c.generation + 1)
+    )
+    if result.rowcount != 1:
+        raise LeaseExpiredError(
+            f"{owner} expired before the save could go on; nothing was published "
+            "(a paused or very slow writer must not publish over reclaimed blobs)"
+        )
+    return now + ttl
+
+
+def check_lease(conn: Connection, owner: str, *, now: float) -> float:
+    """Return the lease's expiry if it is still live, else raise `LeaseExpiredError`."""
+    expires = conn.execute(
+        select(leases_table.c.expires_at).where(leases_table.c.owner == owner)
+    ).scalar_one_or_none()
+    if expires is None or expires <= now:
+        raise LeaseExpiredError(
+            f"{owner} expired before the save could commit; nothing was published "
+            "(a paused or very slow writer must not publish over reclaimed blobs)"
+        )
+    return expires
+
+
+def drop_lease(conn: Connection, owner: str) -> None:
+    """Delete a lease and every blob retention it held."""
+    conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == owner))
+    conn.execute(delete(leases_table).where(leases_table.c.owner == owner))
+
+
+def hold_blobs(conn: Connection, lease: str, digests: Collection[str]) -> None:
+    """Record that ``lease`` retains ``digests`` (those it holds already are skipped)."""
+    wanted = sorted(set(digests))
+    held: set[str] = set()
+    for batch in _batches(wanted):
+        held.update(
+            conn.execute(
+                select(lease_blobs_table.c.digest).where(
+                    lease_blobs_table.c.lease == lease, lease_blobs_table.c.digest.in_(batch)
+                )
+            ).scalars()
+        )
+    rows = [{"lease": lease, "digest": d} for d in wanted if d not in held]
+    if rows:
+        conn.execute(lease_blobs_table.insert(), rows)
+
+
+def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]:
+    """The catalog rows (digest, size, kind, state) of those ``digests`` that have one."""
+    found: dict[str, Row[Any]] = {}
+    wanted = sorted(set(digests))
+    t = blobs_table
+    for batch in _batches(wanted):
+        for row in conn.execute(
+            select(t.c.digest, t.c.size, t.c.kind, t.c.state).where(t.c.digest.in_(batch))
+        ):
+            found[row.digest] = row
+    return found
+
+
+def mark_live(conn: Connection, digests: Collection[str]) -> None:
+    """Flip ``writing`` rows to ``live`` once their files are durable."""
+    for batch in _batches(sorted(set(digests))):
+        conn.execute(
+            update(blobs_table)
+            .where(blobs_table.c.digest.in_(batch), blobs_table.c.state == "writing")
+            .values(state="live")
+        )
+
+
+def archive_by_name(conn: Connection, name: str) -> Row[Any] | None:
+    """The archive row named ``name``, in any state, or None."""
+    return conn.execute(select(archives_table).where(archives_table.c.name == name)).one_or_none()
+
+
+def archive_bytes(conn: Connection, archive_ids: Sequence[int]) -> Mapping[int, int]:
+    """Bytes of the blobs each archive needs (chunks, tensors, manifest), by archive id."""
+    ab, b = archive_blobs_table, blobs_table
+    out: dict[int, int] = {}
+    for batch in _batches(list(archive_ids)):
+        rows = conn.execute(
+            select(ab.c.archive_id, func.coalesce(func.sum(b.c.size), 0))
+            .join(b, b.c.digest == ab.c.digest)
+            .where(ab.c.archive_id.in_(batch))
+            .group_by(ab.c.archive_id)
+        )
+        out.update({archive_id: int(total) for archive_id, total in rows})
+    return out
+
+
+def is_retained(conn: Connection, archive_id: int) -> bool:
+    """Whether any owner retains the archive."""
+    return bool(
+        conn.execute(select(exists().where(retention_table.c.archive_id == archive_id))).scalar()
+    )

@@ -1,0 +1,333 @@
+"""`ArchiveManager`: one storage pool (a catalog plus a blob root) and everything done to it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, exists, select
+from sqlalchemy.engine import make_url
+
+from ._names import check_archive_name, check_owner
+from .archive import Archive, ArchiveInfo, infos
+from .blobs import BlobStore
+from .catalog import (
+    Catalog,
+    archives_table,
+    entries_table,
+    get_pool_info,
+    retention_table,
+    set_pool_info,
+)
+from .catalog.queries import archive_by_name
+from .codec import DEFAULT_INLINE_LIMIT
+from .errors import (
+    ArchiveNotFoundError,
+    ArchiveReleasedError,
+    CatalogError,
+    InvalidInputError,
+)
+from .writer import ArchiveWriter, check_rollout_id, check_task_key, save_samples
+
+__all__ = ["ArchiveManager"]
+
+DEFAULT_LEASE_TTL = timedelta(minutes=5)
+DEFAULT_CHUNK_SIZE = 64
+_STATES = ("pending", "published", "released")
+
+
+def _seconds(value: timedelta | float) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds > 0:
+        raise InvalidInputError("durations must be positive")
+    return seconds
+
+
+def default_catalog_url(root: Path) -> str:
+    """The catalog of a one-machine pool: SQLite in the pool root."""
+    return f"sqlite:///{root / 'catalog.db'}"
+
+
+class ArchiveManager:
+    """A storage pool: immutable, indexed archives of rollout samples.
+
+    Open one with `ArchiveManager.open`; it is a context manager.  Several processes may open
+    the same pool at once.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        catalog: Catalog,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_ttl: timedelta | float = DEFAULT_LEASE_TTL,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        inline_limit: int = DEFAULT_INLINE_LIMIT,
+    ) -> None:
+        """Wrap an open catalog and blob root; use `ArchiveManager.open` instead."""
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise InvalidInputError("chunk_size must be a positive int")
+        if not isinstance(inline_limit, int) or inline_limit < 0:
+            raise InvalidInputError("inline_limit must be an int >= 0")
+        self._root = root
+        self.catalog = catalog
+        self.store = BlobStore(root)
+        self.clock = clock
+        self.lease_ttl = _seconds(lease_ttl)
+        self.chunk_size = chunk_size
+        self.inline_limit = inline_limit
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        catalog_url: str | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        lease_ttl: timedelta | float = DEFAULT_LEASE_TTL,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        inline_limit: int = DEFAULT_INLINE_LIMIT,
+        busy_timeout_ms: int | None = None,
+    ) -> ArchiveManager:
+        """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
+
+        Args:
+            root: The blob root; created if missing.
+            catalog_url: A SQLAlchemy URL; default ``sqlite:///<root>/catalog.db``.
+            clock: Seconds since the epoch; injectable so tests of leases and grace periods
+                need not wait.
+            lease_ttl: How long a save in flight is protected without renewing its lease.
+            chunk_size: Samples per chunk blob.
+            inline_limit: Tensors larger than this many bytes become their own blobs.
+            busy_timeout_ms: How long to wait for another process's catalog lock.
+
+        Raises:
+            CatalogVersionError: the pool was written by a newer archive_manager.
+            CatalogError: the catalog cannot be opened, or belongs to another blob root.
+        """
+        path = Path(root).expanduser().resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        url = catalog_url or default_catalog_url(path)
+        catalog = Catalog.open(url, busy_timeout_ms=busy_timeout_ms)
+        try:
+            _bind_root(catalog, path, explicit_url=catalog_url is not None)
+            return cls(
+                path,
+                catalog,
+                clock=clock or time.time,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+            )
+        except BaseException:
+            catalog.close()
+            raise
+
+    # ------------------------------------------------------------------ pool
+
+    @property
+    def root(self) -> Path:
+        """The blob root."""
+        return self._root
+
+    @property
+    def catalog_url(self) -> str:
+        """The catalog's SQLAlchemy URL."""
+        return self.catalog.url
+
+    def close(self) -> None:
+        """Release the catalog's connections; idempotent."""
+        self.catalog.close()
+
+    def __enter__(self) -> ArchiveManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        shown = make_url(self.catalog_url).render_as_string(hide_password=True)
+        return f"ArchiveManager({str(self._root)!r}, catalog_url={shown!r})"
+
+    # ------------------------------------------------------------------ saving
+
+    def save(
+        self,
+        name: str,
+        samples: Sequence[Any] | None,
+        *,
+        rollout_id: int | None,
+        evaluation: bool = False,
+        task_keys: Sequence[Any] | None = None,
+        attrs: dict[str, Any] | None = None,
+        reference: Archive | str | None = None,
+    ) -> Archive:
+        """Save ``samples`` as a new published archive ``name``.
+
+        With ``reference`` (an `Archive` or a name), ``samples`` must be None and the new
+        archive shares the referenced archive's chunks without copying them.
+
+        Raises:
+            ArchiveExistsError: the name is taken (nothing is written).
+            InvalidNameError, InvalidInputError, UnencodableError: bad input (the pool is left
+                as it was).
+        """
+        if reference is not None:
+            if samples is not None:
+                raise InvalidInputError("give either samples or reference, not both")
+            if task_keys is not None:
+                raise InvalidInputError("a reference archive keeps its source's task keys")
+            source = reference if isinstance(reference, Archive) else self.open_archive(reference)
+            if source._pool is not self and source._pool.catalog_url != self.catalog_url:
+                raise InvalidInputError("a reference must be an archive of the same pool")
+            writer = ArchiveWriter(
+                self,
+                name,
+                rollout_id=rollout_id,
+                evaluation=evaluation,
+                attrs=attrs,
+                reference=source,
+            )
+            return writer.commit()
+        if samples is None:
+            raise InvalidInputError("samples is None and no reference was given")
+        return save_samples(
+            self,
+            name,
+            samples,
+            rollout_id=rollout_id,
+            evaluation=evaluation,
+            task_keys=task_keys,
+            attrs=attrs,
+        )
+
+    def writer(
+        self,
+        name: str,
+        *,
+        rollout_id: int | None,
+        evaluation: bool = False,
+        attrs: dict[str, Any] | None = None,
+    ) -> ArchiveWriter:
+        """A streaming writer: ``with pool.writer(...) as w: w.add(sample, task_key=...)``.
+
+        Memory stays bounded (one chunk being built, one being written); the archive is
+        published on a clean exit of the ``with`` block and rolled back on an exception.
+        """
+        return ArchiveWriter(self, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
+
+    # ------------------------------------------------------------------ reading
+
+    def open_archive(self, name: str) -> Archive:
+        """The published or released archive ``name`` (reads the catalog only).
+
+        Raises:
+            ArchiveNotFoundError: no such archive, or it is still pending.
+        """
+        check_archive_name(name)
+        with self.catalog.read() as conn:
+            row = archive_by_name(conn, name)
+        if row is None or row.state not in ("published", "released"):
+            raise ArchiveNotFoundError(f"archive {name!r} not found")
+        return Archive(self, row)
+
+    def find(
+        self,
+        rollout_id: int | None = None,
+        evaluation: bool | None = None,
+        task_key: str | None = None,
+        state: str | None = "published",
+    ) -> list[ArchiveInfo]:
+        """Archives matching every filter given, by rollout id then name.
+
+        ``state=None`` means every state (pending saves included).
+        """
+        a, e = archives_table, entries_table
+        query = select(a)
+        if rollout_id is not None:
+            query = query.where(a.c.rollout_id == check_rollout_id(rollout_id))
+        if evaluation is not None:
+            if not isinstance(evaluation, bool):
+                raise InvalidInputError("evaluation must be a bool or None")
+            query = query.where(a.c.evaluation == evaluation)
+        if task_key is not None:
+            key = check_task_key(task_key)
+            query = query.where(exists().where(e.c.archive_id == a.c.id, e.c.task_key == key))
+        if state is not None:
+            if state not in _STATES:
+                raise InvalidInputError(f"state must be one of {', '.join(_STATES)} or None")
+            query = query.where(a.c.state == state)
+        with self.catalog.read() as conn:
+            rows = conn.execute(query.order_by(a.c.rollout_id, a.c.name)).all()
+        return infos(rows)
+
+    # ------------------------------------------------------------------ owners
+
+    def retain(self, owner: str, name: str) -> bool:
+        """Make ``owner`` (e.g. ``checkpoint:step-1200``) retain archive ``name``'s blobs.
+
+        Returns:
+            True if the owner was added, False if it already retained the archive.
+
+        Raises:
+            ArchiveNotFoundError: no such published archive.
+            ArchiveReleasedError: the archive was released and nothing retains it anymore
+                (its payload may already be reclaimed).
+        """
+        owner = check_owner(owner)
+        check_archive_name(name)
+        r = retention_table
+        with self.catalog.write() as conn:
+            row = archive_by_name(conn, name)
+            if row is None or row.state == "pending":
+                raise ArchiveNotFoundError(f"archive {name!r} not found")
+            held = set(conn.execute(select(r.c.owner).where(r.c.archive_id == row.id)).scalars())
+            if owner in held:
+                return False
+            if not held:
+                raise ArchiveReleasedError(
+                    f"archive {name!r} was released and no owner retains it; its payload may "
+                    "already be reclaimed, so it cannot be retained again"
+                )
+            conn.execute(r.insert().values(owner=owner, archive_id=row.id, created_at=self.clock()))
+        return True
+
+    def release_owner(self, owner: str) -> int:
+        """Drop every retention of ``owner``.
+
+        Returns:
+            How many archives it retained (0: it held nothing, and nothing changed).
+        """
+        owner = check_owner(owner)
+        with self.catalog.write() as conn:
+            return int(
+                conn.execute(
+                    delete(retention_table).where(retention_table.c.owner == owner)
+                ).rowcount
+            )
+
+
+def _bind_root(catalog: Catalog, root: Path, *, explicit_url: bool) -> None:
+    """Record the blob root in a new catalog; refuse a catalog bound to another root."""
+    recorded = catalog.get_pool_info("blob_root")
+    if recorded is None:
+        with catalog.write() as conn:
+            recorded = get_pool_info(conn, "blob_root")
+            if recorded is None:
+                set_pool_info(conn, "blob_root", str(root))
+                return
+    if recorded != str(root):
+        if not explicit_url and not Path(recorded).exists():
+            # The pool folder was moved as a whole (catalog inside it): follow it.
+            with catalog.write() as conn:
+                set_pool_info(conn, "blob_root", str(root))
+            return
+        raise CatalogError(
+            f"this catalog belongs to the pool at {recorded}, not {root}: two pools must not "
+            "share one catalog"
+        )

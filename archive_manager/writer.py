@@ -1,0 +1,573 @@
+"""The save protocol (DESIGN.md, "Save protocol"): lease, blobs, manifest, ownership, publish.
+
+Every step that makes something durable is ordered so that a process killed anywhere leaves
+either a published archive whose every blob is owned and present, or nothing visible (an
+expired lease, unowned blobs and maybe a pending row, all of which GC clears).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+
+from . import codec
+from ._names import LEASE_PREFIX, archive_owner, check_archive_name
+from .catalog import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    chunks_table,
+    entries_table,
+    insert_rows,
+    lease_blobs_table,
+    retention_table,
+    sample_metadata_table,
+)
+from .catalog.queries import (
+    archive_by_name,
+    blob_rows,
+    check_lease,
+    drop_lease,
+    hold_blobs,
+    insert_lease,
+    mark_live,
+    renew_lease,
+)
+from .codec import RawChunk, build_chunk, encode_manifest
+from .errors import (
+    ArchiveError,
+    ArchiveExistsError,
+    IntegrityError,
+    InvalidInputError,
+    LeaseExpiredError,
+)
+from .metadata import describe_sample
+from .samples import sample_key, task_key_of
+
+if TYPE_CHECKING:
+    from .archive import Archive
+    from .manager import ArchiveManager
+
+__all__ = ["MANIFEST_FORMAT", "ArchiveWriter"]
+
+MANIFEST_FORMAT = "archive_manager.manifest"
+MANIFEST_VERSION = 1
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class _Blob:
+    digest: str
+    parts: Sequence[codec.Buffer]
+    size: int
+    kind: str
+
+
+def check_task_key(task_key: object) -> str | None:
+    """A task key is a str or None; ints are accepted and kept as their decimal string."""
+    if task_key is None or isinstance(task_key, str):
+        return task_key
+    if isinstance(task_key, int) and not isinstance(task_key, bool):
+        return str(task_key)
+    raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
+
+
+def check_rollout_id(rollout_id: object) -> int | None:
+    """Rollout ids are ints (or None)."""
+    if rollout_id is None or (isinstance(rollout_id, int) and not isinstance(rollout_id, bool)):
+        return rollout_id
+    raise InvalidInputError(f"rollout_id must be an int or None, not {type(rollout_id).__name__}")
+
+
+class ArchiveWriter:
+    """Streams samples into a new archive with bounded memory; publishes on `commit`.
+
+    Use it through `ArchiveManager.writer` as a context manager: a clean exit publishes, an
+    exception rolls back (the lease is dropped and the blobs only this save wrote are
+    removed).  At most one chunk is being encoded and one being written at any time.
+    """
+
+    def __init__(
+        self,
+        pool: ArchiveManager,
+        name: str,
+        *,
+        rollout_id: int | None,
+        evaluation: bool = False,
+        attrs: dict[str, Any] | None = None,
+        reference: Archive | None = None,
+    ) -> None:
+        self._pool = pool
+        self.name = check_archive_name(name)
+        self.rollout_id = check_rollout_id(rollout_id)
+        if not isinstance(evaluation, bool):
+            raise InvalidInputError("evaluation must be a bool")
+        self.evaluation = evaluation
+        self.attrs = _check_attrs(attrs)
+        self._reference = reference
+        self._lease = f"{LEASE_PREFIX}{uuid.uuid4().hex}"
+        self._entries: list[tuple[int, str, str | None, int, int]] = []
+        self._metadata: list[dict[str, Any]] = []
+        self._buffer: list[Any] = []
+        self._chunks: dict[int, tuple[str, int, int]] = {}
+        self._blob_kinds: dict[str, str] = {}
+        self._blob_sizes: dict[str, int] = {}
+        self._created: set[str] = set()  # digests whose row this save inserted
+        self._unmarked: list[str] = []  # written, not yet flipped to live
+        self._next_ordinal = 0
+        self._pending: Future[None] | None = None
+        self._state = "open"
+        self._lock = threading.Lock()  # one catalog writer of this save at a time
+        self._failure: BaseException | None = None
+        self.archive: Archive | None = None  # set once published
+        with pool.catalog.read() as conn:
+            if archive_by_name(conn, self.name) is not None:
+                raise ArchiveExistsError(f"archive {self.name!r} already exists")
+        now = pool.clock()
+        with pool.catalog.write() as conn:
+            insert_lease(conn, self._lease, now=now, ttl=pool.lease_ttl, archive_name=self.name)
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(
+            target=self._keep_alive, name="archive-lease", daemon=True
+        )
+        self._heartbeat.start()
+
+    # ---------------------------------------------------------------- public
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, sample: Any, task_key: Any = _UNSET) -> None:
+        """Append one sample.  ``task_key`` overrides the key read from the sample."""
+        self._check_open()
+        if self._reference is not None:
+            raise InvalidInputError("a reference archive takes no samples")
+        key = task_key_of(sample) if task_key is _UNSET else task_key
+        key = check_task_key(key)
+        position = len(self._entries)
+        description = describe_sample(sample)
+        self._entries.append(
+            (position, sample_key(sample, position), key, self._next_ordinal, len(self._buffer))
+        )
+        self._metadata.append(description)
+        self._buffer.append(sample)
+        if len(self._buffer) >= self._pool.chunk_size:
+            self._flush()
+
+    def commit(self) -> Archive:
+        """Write the rest, the manifest, commit ownership, publish; return the archive."""
+        self._check_open()
+        try:
+            if self._reference is not None:
+                self._adopt_reference(self._reference)
+            elif self._buffer:
+                self._flush()
+            self._wait()
+            manifest = self._manifest()
+            data = encode_manifest(manifest)
+            manifest_digest = codec.digest_of(data)
+            self._store([_Blob(manifest_digest, [data], len(data), "manifest")])
+            archive_id = self._commit_ownership(manifest_digest)
+            self._publish(archive_id)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        self._shutdown()
+        self.archive = self._pool.open_archive(self.name)
+        return self.archive
+
+    def abort(self) -> None:
+        """Roll back: drop the lease and remove the blobs only this save created."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        self._stop.set()
+        try:
+            if self._pending is not None:
+                self._pending.exception()
+        finally:
+            self._shutdown()
+        self._rollback()
+
+    def __enter__(self) -> ArchiveWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state == "open":
+            self.commit()
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ArchiveError(f"the writer of {self.name!r} is {self._state}")
+        if self._failure is not None:
+            raise self._failure
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        self._io.shutdown(wait=True)
+
+    def _keep_alive(self) -> None:
+        # NOTE: renewal runs on its own thread so that a slow but live producer keeps its
+        # lease; a paused (SIGSTOP) or dead process stops renewing and is fenced out.
+        interval = max(self._pool.lease_ttl / 3, 0.05)
+        while not self._stop.wait(interval):
+            try:
+                with self._lock, self._pool.catalog.write() as conn:
+                    renew_lease(conn, self._lease, now=self._pool.clock(), ttl=self._pool.lease_ttl)
+            except BaseException as exc:  # surfaced by the next add/commit
+                self._failure = exc
+                return
+
+    def _flush(self) -> None:
+        raw = build_chunk(self._buffer, inline_limit=self._pool.inline_limit)
+        ordinal = self._next_ordinal
+        self._next_ordinal += 1
+        self._buffer = []
+        self._wait()  # bounded memory: one chunk in flight while the next one is built
+        self._pending = self._io.submit(self._store_chunk, raw, ordinal)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _store_chunk(self, raw: RawChunk, ordinal: int) -> None:
+        enc = raw.pack()
+        blobs = [_Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()]
+        blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
+        self._store(blobs)
+        self._chunks[ordinal] = (enc.digest, enc.samples, len(enc.data))
+
+    def _store(self, blobs: list[_Blob]) -> None:
+        """Step 2: retain under the lease, then write what is not already live."""
+        store = self._pool.store
+        to_write: list[_Blob] = []
+        with self._lock, self._pool.catalog.write() as conn:
+            now = self._pool.clock()
+            check_lease(conn, self._lease, now=now)
+            if self._unmarked:
+                mark_live(conn, self._unmarked)
+                self._unmarked = []
+            hold_blobs(conn, self._lease, [b.digest for b in blobs])
+            rows = blob_rows(conn, [b.digest for b in blobs])
+            for blob in _unique(blobs):
+                row = rows.get(blob.digest)
+                if row is None:
+                    conn.execute(
+                        blobs_table.insert().values(
+                            digest=blob.digest,
+                            size=blob.size,
+                            kind=blob.kind,
+                            state="writing",
+                            created_at=now,
+                        )
+                    )
+                    self._created.add(blob.digest)
+                    to_write.append(blob)
+                elif row.size != blob.size:
+                    raise IntegrityError(
+                        f"blob {blob.digest} is recorded with {row.size} bytes but encodes to "
+                        f"{blob.size}: digest collision or a damaged catalog"
+                    )
+                elif row.state == "deleting":
+                    # A GC marked it and died (or has not reached it): GC unlinks only rows
+                    # still 'deleting' and only under the catalog's write lock, which this
+                    # transaction holds, so taking the row back here cannot race it.
+                    store.delete(blob.digest)
+                    conn.execute(
+                        update(blobs_table)
+                        .where(blobs_table.c.digest == blob.digest)
+                        .values(state="writing", created_at=now)
+                    )
+                    to_write.append(blob)
+                elif row.state == "writing" or not store.has(blob.digest):
+                    # Another save may be writing it, or a file went missing: putting the same
+                    # bytes again is idempotent and heals the pool.
+                    to_write.append(blob)
+        for blob in to_write:
+            store.put(blob.parts, digest=blob.digest)
+        with self._lock:
+            self._unmarked.extend(b.digest for b in to_write)
+        for blob in blobs:
+            self._blob_kinds[blob.digest] = blob.kind
+            self._blob_sizes[blob.digest] = blob.size
+
+    def _adopt_reference(self, source: Archive) -> None:
+        """Share another archive's chunks and tensor blobs: hold them, copy its rows."""
+        with self._pool.catalog.read() as conn:
+            src = source.row(conn)
+            chunks = conn.execute(
+                select(
+                    chunks_table.c.ordinal,
+                    chunks_table.c.digest,
+                    chunks_table.c.samples,
+                    chunks_table.c.size,
+                )
+                .where(chunks_table.c.archive_id == src.id)
+                .order_by(chunks_table.c.ordinal)
+            ).all()
+            entries = conn.execute(
+                select(
+                    entries_table.c.position,
+                    entries_table.c.sample_key,
+                    entries_table.c.task_key,
+                    entries_table.c.chunk_ordinal,
+                    entries_table.c.offset,
+                )
+                .where(entries_table.c.archive_id == src.id)
+                .order_by(entries_table.c.position)
+            ).all()
+            metadata = (
+                conn.execute(
+                    select(sample_metadata_table.c.description)
+                    .where(sample_metadata_table.c.archive_id == src.id)
+                    .order_by(sample_metadata_table.c.position)
+                )
+                .scalars()
+                .all()
+            )
+            blobs = conn.execute(
+                select(archive_blobs_table.c.digest, archive_blobs_table.c.kind, blobs_table.c.size)
+                .join(
+                    blobs_table, blobs_table.c.digest == archive_blobs_table.c.digest, isouter=True
+                )
+                .where(
+                    archive_blobs_table.c.archive_id == src.id,
+                    archive_blobs_table.c.kind != "manifest",
+                )
+            ).all()
+        digests = [b.digest for b in blobs]
+        with self._lock, self._pool.catalog.write() as conn:
+            check_lease(conn, self._lease, now=self._pool.clock())
+            hold_blobs(conn, self._lease, digests)
+            rows = blob_rows(conn, digests)
+            gone = [d for d in digests if d not in rows or rows[d].state != "live"]
+        if gone:
+            source.raise_reclaimed(f"{len(gone)} of its blobs are gone (first: {gone[0]})")
+        for ordinal, digest, samples, size in chunks:
+            self._chunks[ordinal] = (digest, samples, size)
+        self._next_ordinal = len(chunks)
+        self._entries = [tuple(e) for e in entries]  # type: ignore[misc]
+        self._metadata = list(metadata)
+        for b in blobs:
+            self._blob_kinds[b.digest] = b.kind
+            self._blob_sizes[b.digest] = b.size or 0
+
+    def _manifest(self) -> dict[str, Any]:
+        chunks = [self._chunks[i] for i in range(len(self._chunks))]
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "name": self.name,
+            "rollout_id": self.rollout_id,
+            "evaluation": self.evaluation,
+            "attrs": self.attrs,
+            "reference": self._reference.name if self._reference is not None else None,
+            "created_at": self._pool.clock(),
+            "chunks": [[d, n, size] for d, n, size in chunks],
+            "tensors": sorted(d for d, k in self._blob_kinds.items() if k == "tensor"),
+            "entries": [[sk, tk, o, off] for _, sk, tk, o, off in self._entries],
+            "metadata": self._metadata,
+        }
+
+    def _commit_ownership(self, manifest_digest: str) -> int:
+        """Step 4: archive (pending), chunks, entries, metadata and ownership, in one commit."""
+        now = self._pool.clock()
+        total = sum(self._blob_sizes.values())
+        with self._lock, self._pool.catalog.write() as conn:
+            check_lease(conn, self._lease, now=now)
+            mark_live(conn, self._unmarked)
+            self._unmarked = []
+            try:
+                archive_id = conn.execute(
+                    archives_table.insert().values(
+                        name=self.name,
+                        rollout_id=self.rollout_id,
+                        evaluation=self.evaluation,
+                        state="pending",
+                        manifest_digest=manifest_digest,
+                        samples=len(self._entries),
+                        bytes=total,
+                        created_at=now,
+                        attrs=self.attrs,
+                        reference_name=self._reference.name if self._reference else None,
+                        lease_owner=self._lease,
+                    )
+                ).inserted_primary_key[0]
+            except sa_exc.IntegrityError as exc:
+                raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
+            _insert_contents(conn, archive_id, self._chunks, self._entries, self._metadata)
+            insert_rows(
+                conn,
+                archive_blobs_table,
+                ("archive_id", "digest", "kind"),
+                [(archive_id, d, k) for d, k in sorted(self._blob_kinds.items())],
+            )
+            conn.execute(
+                retention_table.insert().values(
+                    owner=archive_owner(self.name), archive_id=archive_id, created_at=now
+                )
+            )
+            # Ownership has passed to the archive's owner; the lease row itself stays until
+            # publication so that GC can tell a live pending save from a dead one.
+            conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == self._lease))
+        return int(archive_id)
+
+    def _publish(self, archive_id: int) -> None:
+        """Step 5: make the archive visible, end the lease."""
+        with self._lock, self._pool.catalog.write() as conn:
+            published = conn.execute(
+                update(archives_table)
+                .where(archives_table.c.id == archive_id, archives_table.c.state == "pending")
+                .values(state="published", published_at=self._pool.clock(), lease_owner=None)
+            ).rowcount
+            if published != 1:
+                raise LeaseExpiredError(
+                    f"archive {self.name!r} was rolled back by gc before it could be "
+                    "published (its lease expired)"
+                )
+            drop_lease(conn, self._lease)
+
+    def _rollback(self) -> None:
+        """Drop the lease; delete the blobs this save created that nothing else holds."""
+        store = self._pool.store
+        try:
+            with self._pool.catalog.write() as conn:
+                pending = conn.execute(
+                    select(archives_table.c.id).where(
+                        archives_table.c.lease_owner == self._lease,
+                        archives_table.c.state == "pending",
+                    )
+                ).scalar_one_or_none()
+                if pending is not None:
+                    conn.execute(delete(archives_table).where(archives_table.c.id == pending))
+                drop_lease(conn, self._lease)
+                orphans = [d for d in sorted(self._created) if not _held(conn, d)]
+                for digest in orphans:
+                    # Deleted under the write lock, as GC does, so no save can adopt it now.
+                    store.delete(digest)
+                if orphans:
+                    conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(orphans)))
+        except ArchiveError:
+            # The catalog is unreachable: the lease expires and GC clears what is left.
+            pass
+        _clean_temp_files(store, self._created)
+
+
+def _held(conn: Connection, digest: str) -> bool:
+    return bool(
+        conn.execute(
+            select(
+                or_(
+                    exists().where(lease_blobs_table.c.digest == digest),
+                    exists().where(archive_blobs_table.c.digest == digest),
+                )
+            )
+        ).scalar()
+    )
+
+
+def _clean_temp_files(store: Any, digests: set[str]) -> None:
+    for path, _mtime in store.temp_files():
+        if path.name.split(".", 1)[0] in digests:
+            try:
+                store.remove_temp(path)
+            except OSError:
+                pass
+
+
+def _insert_contents(
+    conn: Connection,
+    archive_id: int,
+    chunks: dict[int, tuple[str, int, int]],
+    entries: list[tuple[int, str, str | None, int, int]],
+    metadata: list[dict[str, Any]],
+) -> None:
+    insert_rows(
+        conn,
+        chunks_table,
+        ("archive_id", "ordinal", "digest", "samples", "size"),
+        [(archive_id, o, d, n, s) for o, (d, n, s) in sorted(chunks.items())],
+    )
+    insert_rows(
+        conn,
+        entries_table,
+        ("archive_id", "position", "sample_key", "task_key", "chunk_ordinal", "offset"),
+        [(archive_id, *e) for e in entries],
+    )
+    insert_rows(
+        conn,
+        sample_metadata_table,
+        ("archive_id", "position", "status", "reward", "response_length", "description"),
+        [
+            (archive_id, i, d.get("status"), d.get("reward"), d.get("response_length"), d)
+            for i, d in enumerate(metadata)
+        ],
+    )
+
+
+def _unique(blobs: list[_Blob]) -> list[_Blob]:
+    seen: dict[str, _Blob] = {}
+    for blob in blobs:
+        seen.setdefault(blob.digest, blob)
+    return list(seen.values())
+
+
+def _check_attrs(attrs: object) -> dict[str, Any] | None:
+    if attrs is None:
+        return None
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
+        raise InvalidInputError("attrs must be a dict with str keys")
+    try:
+        json.dumps(attrs, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"attrs must be JSON-serializable: {exc}") from exc
+    return attrs
+
+
+def save_samples(
+    pool: ArchiveManager,
+    name: str,
+    samples: Sequence[Any],
+    *,
+    rollout_id: int | None,
+    evaluation: bool,
+    task_keys: Sequence[Any] | None,
+    attrs: dict[str, Any] | None,
+) -> Archive:
+    """`ArchiveManager.save`: validate everything checkable up front, then stream."""
+    if isinstance(samples, (str, bytes, dict)) or not hasattr(samples, "__len__"):
+        raise InvalidInputError("samples must be a sequence (a list) of samples")
+    if task_keys is not None:
+        if isinstance(task_keys, (str, bytes)) or len(task_keys) != len(samples):
+            raise InvalidInputError(
+                f"task_keys has {len(task_keys)} keys for {len(samples)} samples; "
+                "give one key (or None) per sample"
+            )
+        keys = [check_task_key(k) for k in task_keys]
+    writer = ArchiveWriter(pool, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
+    try:
+        for i, sample in enumerate(samples):
+            if task_keys is None:
+                writer.add(sample)
+            else:
+                writer.add(sample, task_key=keys[i])
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
