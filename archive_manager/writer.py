@@ -465,8 +465,8 @@ class ArchiveWriter:
                     conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(orphans)))
         except ArchiveError:
             # The catalog is unreachable: the lease expires and GC clears what is left.
+            # (BlobStore.put removes its own temp file on failure, so none is left here.)
             pass
-        _clean_temp_files(store, self._created)
 
 
 def _held(conn: Connection, digest: str) -> bool:
@@ -480,15 +480,6 @@ def _held(conn: Connection, digest: str) -> bool:
             )
         ).scalar()
     )
-
-
-def _clean_temp_files(store: Any, digests: set[str]) -> None:
-    for path, _mtime in store.temp_files():
-        if path.name.split(".", 1)[0] in digests:
-            try:
-                store.remove_temp(path)
-            except OSError:
-                pass
 
 
 def _insert_contents(
