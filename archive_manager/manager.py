@@ -31,6 +31,8 @@ from .errors import (
     CatalogError,
     InvalidInputError,
 )
+from .gc import GcReport, collect
+from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, check_task_key, save_samples
 
 __all__ = ["ArchiveManager"]
@@ -310,6 +312,47 @@ class ArchiveManager:
                     delete(retention_table).where(retention_table.c.owner == owner)
                 ).rowcount
             )
+
+    # ------------------------------------------------------------------ maintenance
+
+    def gc(
+        self,
+        grace: timedelta | float = timedelta(hours=1),
+        dry_run: bool = False,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> GcReport:
+        """Reclaim every blob no owner retains that is older than ``grace``.
+
+        ``dry_run`` returns the plan (blobs and bytes per archive) and deletes nothing.
+
+        Raises:
+            GcAbortedError: a listing or I/O error, or an inconsistent catalog, stopped it
+                before it deleted anything.
+        """
+        seconds = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
+        if seconds < 0:
+            raise InvalidInputError("grace must not be negative")
+        return collect(self, grace=seconds, dry_run=dry_run, progress=progress)
+
+    def verify(
+        self,
+        read_data: bool = False,
+        *,
+        subset: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> VerifyReport:
+        """Check the catalog against the blob files; with ``read_data``, rehash blobs too.
+
+        ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
+        Never changes anything.
+        """
+        return verify_pool(self, read_data=read_data, subset=subset, progress=progress)
+
+    def owners(self) -> OwnersReport:
+        """The retention audit: per owner its archives, blobs, bytes exclusive and shared;
+        stale leases; unowned blobs awaiting GC; released archives whose payload remains."""
+        return audit_owners(self)
 
 
 def _bind_root(catalog: Catalog, root: Path, *, explicit_url: bool) -> None:

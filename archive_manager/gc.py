@@ -1,0 +1,325 @@
+"""Garbage collection (DESIGN.md, "GC protocol"): a plan, then its execution.
+
+The plan recomputes reachability in full every run: a blob is kept while an owned archive's
+rows name it or a live lease holds it.  Deciding is a pure function of catalog rows and file
+listings (`plan_orphans`, `_retained`); the shell around it does the I/O in this order:
+
+1. list ``blobs/`` and ``tmp/`` (any error stops GC before it deletes anything);
+2. one transaction: drop expired leases, roll back pending saves whose lease is gone, mark
+   ``deleting`` every unretained blob older than the grace period, after checking that no
+   owned archive's chunk or manifest is among them (a broken invariant stops GC);
+3. per batch, one transaction: unlink the files of rows still ``deleting``, delete the rows.
+   Unlinking under the catalog's write lock is what lets a save take a ``deleting`` row back
+   safely: it needs the same lock.  A GC killed anywhere leaves rows ``deleting`` that the
+   next GC finishes;
+4. orphan files (no row) and temp files of dead writers older than the grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import and_, delete, exists, not_, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from ._digest import is_digest
+from .catalog import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    chunks_table,
+    lease_blobs_table,
+    leases_table,
+    retention_table,
+)
+from .errors import GcAbortedError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .manager import ArchiveManager
+
+__all__ = ["GcReport", "collect", "plan_orphans"]
+
+_BATCH = 500
+# Temp files are young while their writer lives; a writer that has not renamed its temp file
+# within this long is gone, whatever the grace period.
+TEMP_MIN_AGE = 3600.0
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class GcReport:
+    """What a GC run reclaimed (or, with ``dry_run``, would reclaim)."""
+
+    dry_run: bool
+    blobs: int = 0
+    bytes: int = 0
+    per_archive: dict[str, dict[str, int]] = field(default_factory=dict)
+    orphans: int = 0
+    orphan_bytes: int = 0
+    temp_files: int = 0
+    rolled_back: list[str] = field(default_factory=list)
+    expired_leases: int = 0
+    finished_from_earlier: int = 0
+    duration: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {
+            "dry_run": self.dry_run,
+            "blobs": self.blobs,
+            "bytes": self.bytes,
+            "per_archive": self.per_archive,
+            "orphans": self.orphans,
+            "orphan_bytes": self.orphan_bytes,
+            "temp_files": self.temp_files,
+            "rolled_back": self.rolled_back,
+            "expired_leases": self.expired_leases,
+            "finished_from_earlier": self.finished_from_earlier,
+            "duration": self.duration,
+        }
+
+
+def _retained(now: float) -> ColumnElement[bool]:
+    """SQL: the current ``blobs`` row is retained by an owned archive or a live lease."""
+    ab, r, a, lb, lt = (
+        archive_blobs_table,
+        retention_table,
+        archives_table,
+        lease_blobs_table,
+        leases_table,
+    )
+    dead_pending = and_(
+        a.c.state == "pending",
+        not_(exists().where(lt.c.owner == a.c.lease_owner, lt.c.expires_at > now)),
+    )
+    by_archive = (
+        select(ab.c.digest)
+        .join(r, r.c.archive_id == ab.c.archive_id)
+        .join(a, a.c.id == ab.c.archive_id)
+        .where(ab.c.digest == blobs_table.c.digest, not_(dead_pending))
+        .exists()
+    )
+    by_lease = (
+        select(lb.c.digest)
+        .join(lt, lt.c.owner == lb.c.lease)
+        .where(lb.c.digest == blobs_table.c.digest, lt.c.expires_at > now)
+        .exists()
+    )
+    return or_(by_archive, by_lease)
+
+
+def plan_orphans(
+    files: Iterable[tuple[str, int, float]], known: set[str], *, cutoff: float
+) -> list[tuple[str, int]]:
+    """Files under ``blobs/`` with no catalog row, older than ``cutoff``: ``(digest, size)``."""
+    return [(d, size) for d, size, mtime in files if d not in known and mtime <= cutoff]
+
+
+def _dead_pending(conn: Connection, now: float) -> list[tuple[int, str]]:
+    a, lt = archives_table, leases_table
+    rows = conn.execute(
+        select(a.c.id, a.c.name).where(
+            a.c.state == "pending",
+            not_(exists().where(lt.c.owner == a.c.lease_owner, lt.c.expires_at > now)),
+        )
+    ).all()
+    return [(i, n) for i, n in rows]
+
+
+def _candidates(conn: Connection, now: float, cutoff: float) -> list[tuple[str, int]]:
+    b = blobs_table
+    return [
+        (d, s)
+        for d, s in conn.execute(
+            select(b.c.digest, b.c.size).where(
+                b.c.state.in_(("live", "writing")),
+                b.c.created_at <= cutoff,
+                not_(_retained(now)),
+            )
+        )
+    ]
+
+
+def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
+    """Refuse a plan that would delete what an owned archive's own rows name."""
+    c, a, r = chunks_table, archives_table, retention_table
+    owned = exists().where(r.c.archive_id == a.c.id)
+    for i in range(0, len(digests), _BATCH):
+        batch = digests[i : i + _BATCH]
+        hit = (
+            conn.execute(
+                select(a.c.name, c.c.digest)
+                .join(c, c.c.archive_id == a.c.id)
+                .where(owned, a.c.state != "pending", c.c.digest.in_(batch))
+                .limit(1)
+            ).first()
+            or conn.execute(
+                select(a.c.name, a.c.manifest_digest)
+                .where(owned, a.c.state != "pending", a.c.manifest_digest.in_(batch))
+                .limit(1)
+            ).first()
+        )
+        if hit is not None:
+            raise GcAbortedError(
+                f"gc stopped before deleting anything: blob {hit[1]} is unreferenced in "
+                f"archive_blobs but archive {hit[0]!r}, which is owned, needs it (the catalog "
+                "is inconsistent; run verify)"
+            )
+
+
+def _per_archive(
+    conn: Connection, digests: Sequence[str], sizes: dict[str, int]
+) -> dict[str, dict[str, int]]:
+    ab, a = archive_blobs_table, archives_table
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"blobs": 0, "bytes": 0})
+    for i in range(0, len(digests), _BATCH):
+        batch = digests[i : i + _BATCH]
+        for name, digest in conn.execute(
+            select(a.c.name, ab.c.digest)
+            .join(a, a.c.id == ab.c.archive_id)
+            .where(ab.c.digest.in_(batch))
+        ):
+            out[name]["blobs"] += 1
+            out[name]["bytes"] += sizes.get(digest, 0)
+    return dict(out)
+
+
+def collect(
+    pool: ArchiveManager,
+    *,
+    grace: float,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> GcReport:
+    """Run one GC over ``pool`` (see the module docstring).  ``grace`` is in seconds.
+
+    Raises:
+        GcAbortedError: a listing or I/O error, or a broken invariant, stopped GC before it
+            deleted anything (or, for an unlink error, left the rest for the next run).
+    """
+    started = time.perf_counter()
+    store, catalog = pool.store, pool.catalog
+    now = pool.clock()
+    cutoff = now - grace
+    report = GcReport(dry_run=dry_run)
+    try:
+        files = list(store.iter_stat())
+        temps = store.temp_files()
+    except OSError as exc:
+        raise GcAbortedError(
+            f"gc stopped before deleting anything: cannot list blobs: {exc}"
+        ) from exc
+
+    with catalog.read() if dry_run else catalog.write() as conn:
+        lt = leases_table
+        expired = conn.execute(select(lt.c.owner).where(lt.c.expires_at <= now)).scalars().all()
+        dead = _dead_pending(conn, now)
+        report.expired_leases = len(expired)
+        report.rolled_back = sorted(n for _, n in dead)
+        candidates = _candidates(conn, now, cutoff)
+        digests = [d for d, _ in candidates]
+        sizes = dict(candidates)
+        _check_invariant(conn, digests)
+        report.per_archive = _per_archive(conn, digests, sizes)
+        report.blobs = len(candidates)
+        report.bytes = sum(sizes.values())
+        earlier = conn.execute(
+            select(blobs_table.c.digest, blobs_table.c.size).where(
+                blobs_table.c.state == "deleting"
+            )
+        ).all()
+        report.finished_from_earlier = len(earlier)
+        report.blobs += len(earlier)
+        report.bytes += sum(s for _, s in earlier)
+        if not dry_run:
+            if expired:
+                conn.execute(
+                    delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(expired))
+                )
+                conn.execute(delete(lt).where(lt.c.owner.in_(expired)))
+            if dead:
+                conn.execute(
+                    delete(archives_table).where(archives_table.c.id.in_([i for i, _ in dead]))
+                )
+            for i in range(0, len(digests), _BATCH):
+                conn.execute(
+                    update(blobs_table)
+                    .where(blobs_table.c.digest.in_(digests[i : i + _BATCH]))
+                    .values(state="deleting")
+                )
+        known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())
+
+    orphans = plan_orphans(files, known_rows, cutoff=cutoff)
+    report.orphans = len(orphans)
+    report.orphan_bytes = sum(s for _, s in orphans)
+    stale_temps = [p for p, mtime in temps if mtime <= now - max(grace, TEMP_MIN_AGE)]
+    report.temp_files = len(stale_temps)
+    if dry_run:
+        report.duration = time.perf_counter() - started
+        return report
+
+    _execute(pool, progress)
+    _remove_orphans(pool, [d for d, _ in orphans])
+    for path in stale_temps:
+        _remove_temp(store, path)
+    report.duration = time.perf_counter() - started
+    return report
+
+
+def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
+    """Unlink and forget every ``deleting`` blob, a batch per transaction."""
+    b = blobs_table
+    with pool.catalog.read() as conn:
+        todo = conn.execute(select(b.c.digest).where(b.c.state == "deleting")).scalars().all()
+    done = 0
+    for i in range(0, len(todo), _BATCH):
+        batch = todo[i : i + _BATCH]
+        with pool.catalog.write() as conn:
+            still = (
+                conn.execute(
+                    select(b.c.digest).where(b.c.digest.in_(batch), b.c.state == "deleting")
+                )
+                .scalars()
+                .all()
+            )
+            for digest in still:
+                try:
+                    pool.store.delete(digest)
+                except OSError as exc:
+                    # The transaction rolls back: the rows stay 'deleting' for the next GC.
+                    raise GcAbortedError(f"gc could not unlink blob {digest}: {exc}") from exc
+            conn.execute(delete(b).where(b.c.digest.in_(still), b.c.state == "deleting"))
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(todo))
+
+
+def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
+    b = blobs_table
+    for i in range(0, len(digests), _BATCH):
+        batch = [d for d in digests[i : i + _BATCH] if is_digest(d)]
+        with pool.catalog.write() as conn:
+            # Re-checked under the write lock: a save that inserted a row since the listing
+            # owns the file now.
+            known = set(conn.execute(select(b.c.digest).where(b.c.digest.in_(batch))).scalars())
+            for digest in batch:
+                if digest not in known:
+                    try:
+                        pool.store.delete(digest)
+                    except OSError as exc:
+                        raise GcAbortedError(f"gc could not unlink orphan {digest}: {exc}") from exc
+
+
+def _remove_temp(store: Any, path: Path) -> None:
+    # A writer may have finished (renamed) it meanwhile, or it is already gone.
+    with contextlib.suppress(OSError):
+        store.remove_temp(path)

@@ -1,0 +1,439 @@
+"""Consistency and integrity checks (`ArchiveManager.verify`) and the retention audit
+(`ArchiveManager.owners`).  Both only read: they never change the pool.
+
+Everything is computed from a handful of whole-table reads and one listing of ``blobs/``, so
+the cost grows linearly with the pool, not with archives times blobs.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+
+from .catalog import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    chunks_table,
+    entries_table,
+    lease_blobs_table,
+    leases_table,
+    retention_table,
+)
+from .errors import BlobNotFoundError, IntegrityError, InvalidInputError
+
+if TYPE_CHECKING:
+    from .manager import ArchiveManager
+
+__all__ = [
+    "Finding",
+    "OwnerUsage",
+    "OwnersReport",
+    "VerifyReport",
+    "audit_owners",
+    "parse_subset",
+    "verify_pool",
+]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem or notice: what kind, what it concerns, and a sentence for people."""
+
+    kind: str
+    message: str
+    digest: str | None = None
+    archive: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "digest": self.digest,
+            "archive": self.archive,
+        }
+
+
+@dataclass
+class VerifyReport:
+    """`problems` are damage (``ok`` is False when there is any); `notices` are what crashes
+    and pending GC leave behind, which GC clears."""
+
+    problems: list[Finding] = field(default_factory=list)
+    notices: list[Finding] = field(default_factory=list)
+    blobs_checked: int = 0
+    bytes_read: int = 0
+    read_data: bool = False
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when no damage was found."""
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {
+            "ok": self.ok,
+            "problems": [f.as_dict() for f in self.problems],
+            "notices": [f.as_dict() for f in self.notices],
+            "blobs_checked": self.blobs_checked,
+            "bytes_read": self.bytes_read,
+            "read_data": self.read_data,
+            "duration": self.duration,
+        }
+
+
+_SUBSET_PART = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_SUBSET_PCT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def parse_subset(subset: str | None) -> Callable[[str], bool]:
+    """A predicate choosing which blobs ``read_data`` rehashes.
+
+    ``None`` means all; ``"n/t"`` the n-th of t parts by digest (1-based, stable across runs,
+    so t runs cover every blob once, as restic's ``--read-data-subset``); ``"P%"`` a random
+    P percent.
+
+    Raises:
+        InvalidInputError: the subset is malformed.
+    """
+    if subset is None:
+        return lambda _d: True
+    if m := _SUBSET_PART.match(subset):
+        n, t = int(m.group(1)), int(m.group(2))
+        if not 1 <= n <= t:
+            raise InvalidInputError(f"subset {subset!r}: n/t needs 1 <= n <= t")
+        return lambda d: int(d[:8], 16) % t == n - 1
+    if m := _SUBSET_PCT.match(subset):
+        pct = float(m.group(1))
+        if not 0 < pct <= 100:
+            raise InvalidInputError(f"subset {subset!r}: the percentage must be in (0, 100]")
+        rng = random.Random()
+        return lambda _d: rng.random() * 100 < pct
+    raise InvalidInputError(f"subset {subset!r} must read 'n/t' (e.g. 1/10) or 'P%' (e.g. 10%)")
+
+
+def verify_pool(
+    pool: ArchiveManager,
+    *,
+    read_data: bool = False,
+    subset: str | None = None,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Check the pool's catalog against its blob files (see `VerifyReport`)."""
+    started = time.perf_counter()
+    chosen = parse_subset(subset)
+    report = VerifyReport(read_data=read_data)
+    now = pool.clock()
+    files = {d: size for d, size, _mtime in pool.store.iter_stat()}
+    b, a, ab, c, r, e = (
+        blobs_table,
+        archives_table,
+        archive_blobs_table,
+        chunks_table,
+        retention_table,
+        entries_table,
+    )
+    with pool.catalog.read() as conn:
+        blobs = {row.digest: row for row in conn.execute(select(b.c.digest, b.c.size, b.c.state))}
+        archives = {
+            row.id: row
+            for row in conn.execute(
+                select(
+                    a.c.id, a.c.name, a.c.state, a.c.samples, a.c.manifest_digest, a.c.lease_owner
+                )
+            )
+        }
+        needs: dict[int, set[str]] = defaultdict(set)
+        for archive_id, digest in conn.execute(select(ab.c.archive_id, ab.c.digest)):
+            needs[archive_id].add(digest)
+        chunks: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for archive_id, ordinal, digest in conn.execute(
+            select(c.c.archive_id, c.c.ordinal, c.c.digest)
+        ):
+            chunks[archive_id].append((ordinal, digest))
+        owned = set(conn.execute(select(r.c.archive_id).distinct()).scalars())
+        entry_counts = dict(
+            conn.execute(select(e.c.archive_id, func.count()).group_by(e.c.archive_id)).all()
+        )
+        leases = {
+            row.owner: row.expires_at
+            for row in conn.execute(select(leases_table.c.owner, leases_table.c.expires_at))
+        }
+        lease_held = set(conn.execute(select(lease_blobs_table.c.digest).distinct()).scalars())
+
+    problem, notice = report.problems.append, report.notices.append
+    for digest, row in blobs.items():
+        on_disk = files.get(digest)
+        if row.state == "live":
+            if on_disk is None:
+                problem(
+                    Finding(
+                        "missing-blob",
+                        f"blob {digest} is recorded live but its file is missing",
+                        digest,
+                    )
+                )
+            elif on_disk != row.size:
+                problem(
+                    Finding(
+                        "wrong-size",
+                        f"blob {digest} is {on_disk} bytes on disk, {row.size} in the catalog",
+                        digest,
+                    )
+                )
+        elif row.state == "writing" and on_disk is None:
+            notice(
+                Finding(
+                    "unwritten-blob",
+                    f"blob {digest} was being written by a save that did not finish",
+                    digest,
+                )
+            )
+        elif row.state == "deleting":
+            notice(
+                Finding(
+                    "deleting-blob",
+                    f"blob {digest} is marked deleting by a GC that has not finished",
+                    digest,
+                )
+            )
+    for digest, size in files.items():
+        if digest not in blobs:
+            notice(
+                Finding(
+                    "orphan-file",
+                    f"file of blob {digest} ({size} bytes) has no catalog row; gc removes it",
+                    digest,
+                )
+            )
+
+    retained = set()
+    for archive_id, row in archives.items():
+        name = row.name
+        if row.state == "pending":
+            lease_live = leases.get(row.lease_owner, 0) > now
+            notice(
+                Finding(
+                    "pending-save",
+                    f"archive {name!r} is pending"
+                    + ("" if lease_live else " and its lease expired; gc rolls it back"),
+                    archive=name,
+                )
+            )
+        if archive_id not in owned:
+            continue
+        digests = needs.get(archive_id, set())
+        retained |= digests
+        for digest in sorted(digests):
+            blob = blobs.get(digest)
+            if blob is None or (
+                blob.state != "live" and not (row.state == "pending" and blob.state == "writing")
+            ):
+                state = "has no catalog row" if blob is None else f"is {blob.state}"
+                problem(
+                    Finding(
+                        "archive-blob",
+                        f"archive {name!r} needs blob {digest}, which {state}",
+                        digest,
+                        name,
+                    )
+                )
+            elif digest not in files:
+                problem(
+                    Finding(
+                        "archive-blob",
+                        f"archive {name!r} needs blob {digest}, whose file is missing",
+                        digest,
+                        name,
+                    )
+                )
+        ordinals = sorted(chunks.get(archive_id, []))
+        if [o for o, _ in ordinals] != list(range(len(ordinals))):
+            problem(
+                Finding(
+                    "broken-rows",
+                    f"archive {name!r} has chunk ordinals {[o for o, _ in ordinals][:10]}, not 0..n-1",
+                    archive=name,
+                )
+            )
+        for ordinal, digest in ordinals:
+            if digest not in digests:
+                problem(
+                    Finding(
+                        "broken-rows",
+                        f"archive {name!r} chunk {ordinal} (blob {digest}) is not among the blobs it retains",
+                        digest,
+                        name,
+                    )
+                )
+        if row.manifest_digest and row.manifest_digest not in digests:
+            problem(
+                Finding(
+                    "broken-rows",
+                    f"archive {name!r} does not retain its manifest {row.manifest_digest}",
+                    row.manifest_digest,
+                    name,
+                )
+            )
+        if entry_counts.get(archive_id, 0) != row.samples:
+            problem(
+                Finding(
+                    "broken-rows",
+                    f"archive {name!r} has {entry_counts.get(archive_id, 0)} entries for {row.samples} samples",
+                    archive=name,
+                )
+            )
+
+    for owner, expires in leases.items():
+        if expires <= now:
+            notice(
+                Finding("stale-lease", f"{owner} expired {now - expires:.0f} s ago; gc drops it")
+            )
+    unowned = [
+        d
+        for d, row in blobs.items()
+        if row.state == "live" and d not in retained and d not in lease_held
+    ]
+    if unowned:
+        notice(
+            Finding(
+                "unowned-blobs",
+                f"{len(unowned)} blobs ({sum(blobs[d].size for d in unowned)} bytes) are retained by no owner; gc reclaims them after the grace period",
+            )
+        )
+
+    if read_data:
+        todo = sorted(
+            d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d)
+        )
+        for i, digest in enumerate(todo, 1):
+            try:
+                pool.store.check(digest)
+            except BlobNotFoundError:
+                problem(
+                    Finding("missing-blob", f"blob {digest} vanished while being verified", digest)
+                )
+            except IntegrityError as exc:
+                problem(Finding("corrupt-blob", str(exc), digest))
+            report.bytes_read += blobs[digest].size
+            if progress is not None:
+                progress(i, len(todo))
+        report.blobs_checked = len(todo)
+    else:
+        report.blobs_checked = len(blobs)
+    report.duration = time.perf_counter() - started
+    return report
+
+
+@dataclass
+class OwnerUsage:
+    """What one owner retains."""
+
+    owner: str
+    archives: list[str]
+    blobs: int
+    bytes: int
+    exclusive_bytes: int
+    shared_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class OwnersReport:
+    """The retention audit: per owner, and what awaits GC."""
+
+    owners: list[OwnerUsage] = field(default_factory=list)
+    stale_leases: list[str] = field(default_factory=list)
+    live_leases: list[str] = field(default_factory=list)
+    unowned_blobs: int = 0
+    unowned_bytes: int = 0
+    released_with_payload: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {
+            "owners": [o.as_dict() for o in self.owners],
+            "stale_leases": self.stale_leases,
+            "live_leases": self.live_leases,
+            "unowned_blobs": self.unowned_blobs,
+            "unowned_bytes": self.unowned_bytes,
+            "released_with_payload": self.released_with_payload,
+        }
+
+
+def audit_owners(pool: ArchiveManager) -> OwnersReport:
+    """Per owner: archives, blobs, bytes retained, exclusive and shared (see `OwnerUsage`)."""
+    now = pool.clock()
+    b, a, ab, r = blobs_table, archives_table, archive_blobs_table, retention_table
+    with pool.catalog.read() as conn:
+        sizes = {
+            d: s
+            for d, s, st in conn.execute(select(b.c.digest, b.c.size, b.c.state))
+            if st != "deleting"
+        }
+        names = dict(conn.execute(select(a.c.id, a.c.name)).all())
+        states = dict(conn.execute(select(a.c.id, a.c.state)).all())
+        needs: dict[int, set[str]] = defaultdict(set)
+        for archive_id, digest in conn.execute(select(ab.c.archive_id, ab.c.digest)):
+            needs[archive_id].add(digest)
+        holdings: dict[str, set[int]] = defaultdict(set)
+        for owner, archive_id in conn.execute(select(r.c.owner, r.c.archive_id)):
+            holdings[owner].add(archive_id)
+        leases = conn.execute(select(leases_table.c.owner, leases_table.c.expires_at)).all()
+        lease_blobs: dict[str, set[str]] = defaultdict(set)
+        for lease, digest in conn.execute(
+            select(lease_blobs_table.c.lease, lease_blobs_table.c.digest)
+        ):
+            lease_blobs[lease].add(digest)
+
+    owner_blobs: dict[str, set[str]] = {}
+    for owner, ids in holdings.items():
+        owner_blobs[owner] = set().union(*(needs.get(i, set()) for i in ids)) & sizes.keys()
+    for lease, _expires in leases:
+        owner_blobs.setdefault(lease, set()).update(lease_blobs.get(lease, set()) & sizes.keys())
+    holders: dict[str, int] = defaultdict(int)
+    for digests in owner_blobs.values():
+        for d in digests:
+            holders[d] += 1
+
+    report = OwnersReport()
+    for owner in sorted(owner_blobs):
+        digests = owner_blobs[owner]
+        exclusive = sum(sizes[d] for d in digests if holders[d] == 1)
+        total = sum(sizes[d] for d in digests)
+        report.owners.append(
+            OwnerUsage(
+                owner,
+                sorted(names[i] for i in holdings.get(owner, ())),
+                len(digests),
+                total,
+                exclusive,
+                total - exclusive,
+            )
+        )
+    report.stale_leases = sorted(o for o, exp in leases if exp <= now)
+    report.live_leases = sorted(o for o, exp in leases if exp > now)
+    unowned = [d for d in sizes if holders.get(d, 0) == 0]
+    report.unowned_blobs = len(unowned)
+    report.unowned_bytes = sum(sizes[d] for d in unowned)
+    report.released_with_payload = sorted(
+        names[i]
+        for i, st in states.items()
+        if st == "released" and needs.get(i) and needs[i] <= sizes.keys()
+    )
+    return report
