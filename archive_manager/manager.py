@@ -32,6 +32,8 @@ from .errors import (
     InvalidInputError,
 )
 from .gc import GcReport, collect
+from .ptdump import read_pt_dump
+from .recovery import RebuildReport, rebuild_catalog
 from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, check_task_key, save_samples
 
@@ -348,6 +350,34 @@ class ArchiveManager:
         Never changes anything.
         """
         return verify_pool(self, read_data=read_data, subset=subset, progress=progress)
+
+    def rebuild_catalog(self) -> RebuildReport:
+        """Restore archives from their manifest blobs after the catalog was lost.
+
+        Every blob file is indexed; every archive whose manifest and blobs are intact comes
+        back published and retained by its own owner (manifests do not record releases or
+        external owners).  Archives already in the catalog are left alone.
+        """
+        return rebuild_catalog(self)
+
+    def import_pt(
+        self,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        trust_pickle: bool = False,
+    ) -> Archive:
+        """Import one of slime's ``torch.save`` rollout dumps as a new archive.
+
+        The dump is read with ``weights_only=True``; one that needs full unpickling (which can
+        run code) is refused unless ``trust_pickle``.  The name defaults to the file's stem.
+
+        Raises:
+            UnsupportedFormatError: not a dump, or it needs pickle and was not trusted.
+        """
+        rollout_id, samples = read_pt_dump(path, trust_pickle=trust_pickle)
+        if not (rollout_id is None or isinstance(rollout_id, int)):
+            rollout_id = None
+        return self.save(name or Path(path).stem, samples, rollout_id=rollout_id)
 
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;

@@ -411,7 +411,7 @@ class ArchiveWriter:
                 ).inserted_primary_key[0]
             except sa_exc.IntegrityError as exc:
                 raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
-            _insert_contents(conn, archive_id, self._chunks, self._entries, self._metadata)
+            insert_contents(conn, archive_id, self._chunks, self._entries, self._metadata)
             insert_rows(
                 conn,
                 archive_blobs_table,
@@ -482,7 +482,7 @@ def _held(conn: Connection, digest: str) -> bool:
     )
 
 
-def _insert_contents(
+def insert_contents(
     conn: Connection,
     archive_id: int,
     chunks: dict[int, tuple[str, int, int]],
