@@ -122,6 +122,25 @@ class Archive:
         with self._pool.catalog.read() as conn:
             return ArchiveInfo.from_row(self.row(conn))
 
+    def chunks(self) -> list[dict[str, Any]]:
+        """The archive's chunks: ordinal, blob digest, samples and size, from the catalog."""
+        c = chunks_table
+        with self._pool.catalog.read() as conn:
+            rows = conn.execute(
+                select(c.c.ordinal, c.c.digest, c.c.samples, c.c.size)
+                .where(c.c.archive_id == self._id)
+                .order_by(c.c.ordinal)
+            )
+            return [dict(r._mapping) for r in rows]
+
+    def owners(self) -> list[str]:
+        """The owners retaining this archive (``archive:<name>`` until it is released)."""
+        r = retention_table
+        with self._pool.catalog.read() as conn:
+            return sorted(
+                conn.execute(select(r.c.owner).where(r.c.archive_id == self._id)).scalars()
+            )
+
     def keys(self) -> list[tuple[str, str | None]]:
         """``(sample_key, task_key)`` of every sample, in archive order."""
         e = entries_table

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .gc import GcReport, collect
 from .ptdump import read_pt_dump
+from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
 from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, check_task_key, save_samples
@@ -269,6 +270,21 @@ class ArchiveManager:
         with self.catalog.read() as conn:
             rows = conn.execute(query.order_by(a.c.rollout_id, a.c.name)).all()
         return infos(rows)
+
+    def info(self) -> PoolSummary:
+        """A summary of the pool: archives by state, blobs, bytes stored and referenced,
+        dedup ratio, format version and catalog revision."""
+        return pool_summary(self)
+
+    def query(self, **filters: Any) -> list[SampleRow]:
+        """Samples across archives, from the catalog alone.
+
+        Filters (all optional, combined with AND): ``task_key``, ``sample_key``, ``status``
+        (one or several), ``min_reward``/``max_reward``, ``min_length``/``max_length``
+        (response length), ``min_rollout_id``/``max_rollout_id``, ``evaluation``, ``state``
+        (default ``"published"``, None for all) and ``limit``.
+        """
+        return query_samples(self, **filters)
 
     # ------------------------------------------------------------------ owners
 

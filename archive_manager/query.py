@@ -1,0 +1,219 @@
+"""Catalog-only questions about a pool: its summary, and samples across archives filtered by
+key, status, reward, length and rollout id.  No blob is read."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from .catalog import (
+    FORMAT_VERSION,
+    archives_table,
+    blobs_table,
+    current_revision,
+    entries_table,
+    get_pool_info,
+    sample_metadata_table,
+)
+from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from .manager import ArchiveManager
+
+__all__ = ["PoolSummary", "SampleRow", "pool_summary", "query_samples", "summarize"]
+
+
+@dataclass
+class PoolSummary:
+    """`ArchiveManager.info`: what a pool holds."""
+
+    root: str
+    catalog_url: str
+    format_version: int
+    catalog_revision: str | None
+    archives: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
+    blobs: dict[str, int] = field(default_factory=dict)
+    stored_bytes: int = 0
+    logical_bytes: int = 0
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Bytes the live archives reference over bytes stored (1.0: no sharing)."""
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {**self.__dict__, "dedup_ratio": self.dedup_ratio}
+
+
+def pool_summary(pool: ArchiveManager) -> PoolSummary:
+    """Archives by state, blobs by state, stored and referenced bytes."""
+    a, b = archives_table, blobs_table
+    with pool.catalog.read() as conn:
+        summary = PoolSummary(
+            root=str(pool.root),
+            catalog_url=make_url(pool.catalog_url).render_as_string(hide_password=True),
+            format_version=int(get_pool_info(conn, "format_version") or FORMAT_VERSION),
+            catalog_revision=current_revision(conn),
+        )
+        summary.archives = {
+            s: n for s, n in conn.execute(select(a.c.state, func.count()).group_by(a.c.state))
+        }
+        summary.samples = int(
+            conn.execute(
+                select(func.coalesce(func.sum(a.c.samples), 0)).where(a.c.state == "published")
+            ).scalar_one()
+        )
+        for state, count, size in conn.execute(
+            select(b.c.state, func.count(), func.coalesce(func.sum(b.c.size), 0)).group_by(
+                b.c.state
+            )
+        ):
+            summary.blobs[state] = int(count)
+            if state == "live":
+                summary.stored_bytes = int(size)
+        summary.logical_bytes = int(
+            conn.execute(
+                select(func.coalesce(func.sum(a.c.bytes), 0)).where(a.c.state == "published")
+            ).scalar_one()
+        )
+    return summary
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One sample found by `query_samples`: where it is, its keys and its metadata."""
+
+    archive: str
+    rollout_id: int | None
+    evaluation: bool
+    position: int
+    sample_key: str
+    task_key: str | None
+    status: str | None
+    reward: float | None
+    response_length: int | None
+    metadata: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return dict(self.__dict__)
+
+
+def _number(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidInputError(f"{what} must be a number")
+    return float(value)
+
+
+def query_samples(
+    pool: ArchiveManager,
+    *,
+    task_key: str | None = None,
+    sample_key: str | None = None,
+    status: str | Sequence[str] | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    min_length: int | None = None,
+    max_length: int | None = None,
+    min_rollout_id: int | None = None,
+    max_rollout_id: int | None = None,
+    evaluation: bool | None = None,
+    state: str | None = "published",
+    limit: int | None = None,
+) -> list[SampleRow]:
+    """Samples across archives matching every filter given, by rollout, archive, position."""
+    a, e, m = archives_table, entries_table, sample_metadata_table
+    query = (
+        select(
+            a.c.name,
+            a.c.rollout_id,
+            a.c.evaluation,
+            e.c.position,
+            e.c.sample_key,
+            e.c.task_key,
+            m.c.status,
+            m.c.reward,
+            m.c.response_length,
+            m.c.description,
+        )
+        .select_from(e)
+        .join(a, a.c.id == e.c.archive_id)
+        .join(m, (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position))
+    )
+    for value, what in ((task_key, "task_key"), (sample_key, "sample_key")):
+        if value is not None and not isinstance(value, str):
+            raise InvalidInputError(f"{what} must be a str")
+    if task_key is not None:
+        query = query.where(e.c.task_key == task_key)
+    if sample_key is not None:
+        query = query.where(e.c.sample_key == sample_key)
+    if status is not None:
+        statuses = [status] if isinstance(status, str) else list(status)
+        query = query.where(m.c.status.in_(statuses))
+    bounds = (
+        (m.c.reward, min_reward, max_reward, "reward"),
+        (m.c.response_length, min_length, max_length, "length"),
+        (a.c.rollout_id, min_rollout_id, max_rollout_id, "rollout id"),
+    )
+    for column, low, high, what in bounds:
+        if (lo := _number(low, f"minimum {what}")) is not None:
+            query = query.where(column >= lo)
+        if (hi := _number(high, f"maximum {what}")) is not None:
+            query = query.where(column <= hi)
+    if evaluation is not None:
+        query = query.where(a.c.evaluation == bool(evaluation))
+    if state is not None:
+        query = query.where(a.c.state == state)
+    query = query.order_by(a.c.rollout_id, a.c.name, e.c.position)
+    if limit is not None:
+        if not isinstance(limit, int) or limit < 0:
+            raise InvalidInputError("limit must be an int >= 0")
+        query = query.limit(limit)
+    with pool.catalog.read() as conn:
+        return [SampleRow(*row[:2], bool(row[2]), *row[3:]) for row in conn.execute(query)]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[index]
+
+
+def summarize(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Response-length and reward statistics and status counts of sample descriptions."""
+    lengths = [
+        float(d["response_length"]) for d in metadata if isinstance(d.get("response_length"), int)
+    ]
+    rewards = [float(d["reward"]) for d in metadata if isinstance(d.get("reward"), (int, float))]
+    statuses: dict[str, int] = {}
+    for d in metadata:
+        key = str(d.get("status"))
+        statuses[key] = statuses.get(key, 0) + 1
+
+    def stats(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        return {
+            "mean": statistics.fmean(values),
+            "p50": _quantile(values, 0.5),
+            "p90": _quantile(values, 0.9),
+            "min": min(values),
+            "max": max(values),
+        }
+
+    return {
+        "samples": len(metadata),
+        "response_length": stats(lengths),
+        "reward": stats(rewards),
+        "status": statuses,
+    }
