@@ -14,7 +14,6 @@ place, so a reader can seek (or slice a memory map) straight to it.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import gc
 import json
@@ -436,13 +435,19 @@ class _Encoder:
             kind = kinds[0]
             if kinds.count(kind) == len(kinds):
                 if kind is int:
+                    # struct.pack(*list) converts 3x faster than array.array or np.array.
                     try:
-                        ints = np.frombuffer(array.array("q", value), dtype=np.int64)
-                    except OverflowError:
+                        ints = np.frombuffer(struct.pack(f"<{len(value)}q", *value), np.int64)
+                    except struct.error:
                         return self._items(value)  # beyond int64: JSON keeps any size exact
-                    return {_TAG: "list", "d": _narrow_ints(ints), **self._put(ints)}
+                    narrow = _narrow_ints_dtype(ints)
+                    return {
+                        _TAG: "list",
+                        "d": narrow.name,
+                        **self.record.add_shuffled(ints.astype(narrow, copy=False)),
+                    }
                 if kind is float:
-                    floats = np.frombuffer(array.array("d", value), dtype=np.float64)
+                    floats = np.frombuffer(struct.pack(f"<{len(value)}d", *value), np.float64)
                     narrow = floats.astype(np.float32)
                     # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
                     if np.array_equal(
@@ -451,9 +456,6 @@ class _Encoder:
                         return {_TAG: "list", "d": "float32", **self.record.add_shuffled(narrow)}
                     return {_TAG: "list", "d": "float64", **self.record.add_shuffled(floats)}
         return self._items(value)
-
-    def _put(self, ints: np.ndarray) -> dict[str, Any]:
-        return self.record.add_shuffled(ints.astype(_narrow_ints_dtype(ints), copy=False))
 
     def _tensor(self, value: torch.Tensor) -> Any:
         t, raw = _tensor_bytes(value)
@@ -490,10 +492,6 @@ def _narrow_ints_dtype(ints: np.ndarray) -> np.dtype:
         if dt_lo <= lo and hi <= dt_hi:
             return dt
     return np.dtype("int64")
-
-
-def _narrow_ints(ints: np.ndarray) -> str:
-    return _narrow_ints_dtype(ints).name
 
 
 @contextlib.contextmanager
