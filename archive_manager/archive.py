@@ -24,7 +24,7 @@ from .catalog import (
     retention_table,
     sample_metadata_table,
 )
-from .codec import ChunkReader, decode_tensor_blob, materialize_tensor_refs
+from .codec import ChunkReader, _gc_paused, decode_tensor_blob, materialize_tensor_refs
 from .errors import (
     ArchiveNotFoundError,
     ArchiveReleasedError,
@@ -206,6 +206,19 @@ class Archive:
         for ordinal, offset in wanted:
             by_chunk[ordinal].append(offset)
         decoded: dict[tuple[int, int], Any] = {}
+        # One GC pause over the whole load: pausing per chunk let each resume collect (and
+        # traverse) everything decoded so far, quadratic in the archive's size.
+        with _gc_paused():
+            self._decode_into(decoded, ordinals, digests, by_chunk)
+        return [decoded[o, off] for o, off in wanted]
+
+    def _decode_into(
+        self,
+        decoded: dict[tuple[int, int], Any],
+        ordinals: list[int],
+        digests: dict[int, str],
+        by_chunk: dict[int, list[int]],
+    ) -> None:
         for ordinal in ordinals:
             digest = digests.get(ordinal)
             if digest is None:
@@ -220,7 +233,6 @@ class Archive:
                     raise IntegrityError(
                         f"archive {self.name!r}, chunk {ordinal} (blob {digest}): {exc}"
                     ) from exc
-        return [decoded[o, off] for o, off in wanted]
 
     def _read_blob(self, digest: str, what: str) -> bytes:
         try:
