@@ -1,0 +1,98 @@
+"""``archive-manager``: the admin CLI of a storage pool.
+
+Thin by design: each verb parses its arguments, calls the public API and formats the result
+(tables for people, ``--json`` for scripts).  The pool is opened only by verbs that need it
+and closed when the command ends.  Library errors become one ``error: ...`` line on stderr and
+exit code 1; bad usage exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from .. import __version__
+from ..catalog.migrate import CATALOG_URL_ENV
+from ._context import CliError, PoolState, is_reportable, one_line
+from .archives import export, import_pt, keys, ls, query, show
+from .demo import demo
+from .maintenance import gc, rebuild_catalog, verify
+from .owners import owners, release, release_owner, retain
+from .pool import db, info, init
+
+__all__ = ["ROOT_ENV", "cli", "main"]
+
+ROOT_ENV = "ARCHIVE_MANAGER_ROOT"
+DEFAULT_ROOT = "./archive-pool"
+
+
+class _Cli(click.Group):
+    """The group; turns library and filesystem errors into one line on stderr."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the verb; report an `ArchiveError` or `OSError` as ``error: ...``, exit 1."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if is_reportable(exc):
+                raise CliError(one_line(exc)) from exc
+            raise
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar=ROOT_ENV,
+    default=DEFAULT_ROOT,
+    show_default=True,
+    show_envvar=True,
+    help="The pool's blob root.",
+)
+@click.option(
+    "--catalog-url",
+    envvar=CATALOG_URL_ENV,
+    show_envvar=True,
+    help="SQLAlchemy URL of the catalog (default: SQLite in the root).",
+)
+@click.version_option(__version__, "--version", "-V", prog_name="archive-manager")
+@click.pass_context
+def cli(ctx: click.Context, root: Path, catalog_url: str | None) -> None:
+    """Immutable, indexed archives of RL rollouts: inspect and maintain a storage pool."""
+    state = PoolState(
+        root=root,
+        catalog_url=catalog_url or None,
+        root_given=ctx.get_parameter_source("root") is not ParameterSource.DEFAULT,
+    )
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+for _command in (
+    init,
+    db,
+    info,
+    ls,
+    show,
+    keys,
+    query,
+    export,
+    import_pt,
+    release,
+    retain,
+    release_owner,
+    owners,
+    gc,
+    verify,
+    rebuild_catalog,
+    demo,
+):
+    cli.add_command(_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script's entry point."""
+    cli.main(args=argv, prog_name="archive-manager")

@@ -1,0 +1,144 @@
+"""What every command shares: the lazily opened pool in ``ctx.obj``, the one-line error, and
+the reusable ``--json`` / ``--yes`` / ``--dry-run`` options."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import click
+from sqlalchemy.engine import make_url
+
+from ..errors import ArchiveError
+from ..manager import ArchiveManager, default_catalog_url
+
+__all__ = [
+    "CliError",
+    "PoolState",
+    "dry_run_option",
+    "is_reportable",
+    "json_option",
+    "one_line",
+    "pass_pool",
+    "pass_state",
+    "yes_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a KeyError's message without its quotes)."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        text = exc.args[0]
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+class CliError(click.ClickException):
+    """A failure reported as one ``error: ...`` line on stderr, with exit code 1."""
+
+    exit_code = 1
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print ``error: <message>`` (click's default would print ``Error: ...``)."""
+        click.echo(f"error: {self.format_message()}", err=True, file=file)
+
+
+@dataclass
+class PoolState:
+    """``ctx.obj``: where the pool is, and the pool once a command asked for it."""
+
+    root: Path
+    catalog_url: str | None
+    root_given: bool = False
+    _pool: ArchiveManager | None = None
+
+    @property
+    def effective_catalog_url(self) -> str:
+        """The catalog URL the pool uses (the SQLite file in the root unless one was given)."""
+        return self.catalog_url or default_catalog_url(self.root.expanduser().resolve())
+
+    def shown_catalog_url(self) -> str:
+        """The catalog URL with any password hidden."""
+        return make_url(self.effective_catalog_url).render_as_string(hide_password=True)
+
+    def exists(self) -> bool:
+        """Whether a pool seems to be there, without creating anything.
+
+        For a SQLite catalog: its file exists.  For a server database the root folder must
+        exist; whether the database holds a catalog is only known by opening it.
+        """
+        url = make_url(self.effective_catalog_url)
+        if url.get_backend_name() == "sqlite":
+            return bool(url.database) and Path(url.database).is_file()
+        return self.root.expanduser().is_dir()
+
+    def open(self, *, create: bool = False) -> ArchiveManager:
+        """The open pool (opened on first use, closed when the command ends).
+
+        Raises:
+            CliError: there is no pool here and ``create`` is False: a mistyped ``--root``
+                must not silently create an empty pool.
+        """
+        if self._pool is None:
+            if not create and not self.exists():
+                raise CliError(
+                    f"no pool at {self.root} (catalog {self.shown_catalog_url()}); "
+                    "create one with 'archive-manager init' or pass --root"
+                )
+            self._pool = ArchiveManager.open(self.root, self.catalog_url)
+        return self._pool
+
+    def close(self) -> None:
+        """Close the pool if a command opened it."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
+
+
+pass_state = click.make_pass_decorator(PoolState)
+
+
+def pass_pool(f: F) -> F:
+    """Pass the opened pool (an `ArchiveManager`) as the command's first argument."""
+
+    @pass_state
+    @functools.wraps(f)
+    def wrapper(pool_state: PoolState, /, *args: Any, **kwargs: Any) -> Any:
+        # Positional-only: a command may have its own option named ``state``.
+        return f(pool_state.open(), *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(f: F) -> F:
+    """``--json``: machine-readable output on stdout (and no progress bar)."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def yes_option(f: F) -> F:
+    """``--yes``: skip the confirmation prompt of a destructive command."""
+    return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(f)
+
+
+def dry_run_option(f: F) -> F:
+    """``--dry-run``: report what would happen and change nothing."""
+    return click.option(
+        "--dry-run", "-n", is_flag=True, help="Show what would happen; change nothing."
+    )(f)
+
+
+def is_reportable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a user-facing failure to print as one line (not a bug to trace).
+
+    Library errors and filesystem errors are; a broken pipe is left to click, which exits
+    quietly when the reader of a pipe (``| head``) goes away.
+    """
+    if isinstance(exc, BrokenPipeError):
+        return False
+    return isinstance(exc, (ArchiveError, OSError))

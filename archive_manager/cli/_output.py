@@ -1,0 +1,150 @@
+"""Formatting for the CLI: aligned tables, human sizes and durations, local times, JSON, and
+progress bars that appear only on a terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = [
+    "echo_fields",
+    "echo_json",
+    "echo_table",
+    "human_duration",
+    "human_size",
+    "local_time",
+    "progress_reporter",
+    "to_jsonable",
+]
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_size(n: int | float | None) -> str:
+    """Bytes in binary units: ``512 B``, ``1.5 KiB``, ``3.2 MiB``."""
+    if n is None:
+        return "-"
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    value = float(n)
+    for unit in _UNITS:
+        value /= 1024
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float) -> str:
+    """A short duration for people: ``850 us``, ``12 ms``, ``1.25 s``, ``3 min 5 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s"
+
+
+def local_time(when: datetime | None) -> str:
+    """An aware datetime in the local time zone, to the second; ``-`` for None."""
+    if when is None:
+        return "-"
+    return when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def to_jsonable(value: Any) -> Any:
+    """Turn dataclasses, datetimes (ISO 8601), paths, enums, tuples and sets into JSON types."""
+    if is_dataclass(value) and not isinstance(value, type):
+        as_dict = getattr(value, "as_dict", None)
+        return to_jsonable(as_dict() if callable(as_dict) else asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(to_jsonable(v) for v in value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def echo_json(value: Any) -> None:
+    """Print ``value`` as indented JSON on stdout."""
+    click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+
+
+def echo_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    right: Collection[int] = (),
+    indent: int = 0,
+    err: bool = False,
+) -> None:
+    """Print an aligned table; columns whose index is in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    pad = " " * indent
+    for row in cells:
+        parts = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        click.echo(pad + "  ".join(parts).rstrip(), err=err)
+
+
+def echo_fields(
+    fields: Sequence[tuple[str, object]], *, indent: int = 0, err: bool = False
+) -> None:
+    """Print ``label  value`` lines with the values aligned."""
+    width = max((len(label) for label, _ in fields), default=0)
+    pad = " " * indent
+    for label, value in fields:
+        click.echo(
+            f"{pad}{label.ljust(width)}  {'-' if value is None else value}".rstrip(), err=err
+        )
+
+
+@contextmanager
+def progress_reporter(
+    label: str, *, enabled: bool = True
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A ``progress(done, total)`` callback drawing a bar on stderr, or None.
+
+    None (no bar) unless ``enabled`` and stderr is a terminal: pipes, logs and ``--json``
+    output stay free of control characters.  The bar is created on the first call, because
+    the library learns the total only once it has listed its work.
+    """
+    if not (enabled and sys.stderr.isatty()):
+        yield None
+        return
+    bar: Any = None
+    shown = 0
+
+    def report(done: int, total: int) -> None:
+        nonlocal bar, shown
+        if bar is None:
+            bar = click.progressbar(length=max(total, 1), label=label, file=sys.stderr)
+            bar.__enter__()
+        bar.update(max(0, done - shown))
+        shown = max(shown, done)
+
+    try:
+        yield report
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)

@@ -1,0 +1,117 @@
+"""Click parameter types for durations (``2h``), points in time (``3d`` ago or a date) and
+rollout id ranges (``3..7``): bad values are usage errors (exit 2), caught before any work."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import click
+
+from ..errors import InvalidInputError
+from ..verify import parse_subset
+
+__all__ = ["DURATION", "ROLLOUT_RANGE", "SINCE", "check_subset", "parse_duration"]
+
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``2h``, ``3d``, ``1w``, or combined (``1h30m``); ``0`` is zero.
+
+    Raises:
+        ValueError: not a duration.
+    """
+    value = text.strip().lower()
+    if value == "0":
+        return timedelta(0)
+    if not _DURATION.match(value):
+        raise ValueError(f"{text!r} is not a duration such as 30m, 2h, 3d or 1h30m")
+    return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value)))
+
+
+class Duration(click.ParamType):
+    """A duration option: ``--grace 1h``."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Parse to a `timedelta`."""
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Since(click.ParamType):
+    """A point in time: a duration ago (``2h``, ``3d``) or a date/time (local unless it
+    carries an offset), as an aware datetime."""
+
+    name = "when"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Parse to an aware `datetime`."""
+        if isinstance(value, datetime):
+            return value
+        text = str(value).strip()
+        try:
+            return datetime.now(timezone.utc) - parse_duration(text)
+        except ValueError:
+            pass
+        try:
+            # A naive time is the user's local time, as every time the CLI prints.
+            return datetime.fromisoformat(text).astimezone()
+        except ValueError:
+            self.fail(
+                f"{text!r} is neither a duration (2h, 3d) nor a date/time (2024-05-01, "
+                "'2024-05-01 13:00')",
+                param,
+                ctx,
+            )
+
+
+class RolloutRange(click.ParamType):
+    """A rollout id (``5``) or an inclusive range (``3..7``, ``3..``, ``..7``)."""
+
+    name = "id|A..B"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Parse to ``(low, high)``, either of which may be None."""
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        low_text, sep, high_text = text.partition("..")
+        try:
+            low = int(low_text) if low_text else None
+            high = int(high_text) if high_text else None
+        except ValueError:
+            self.fail(f"{text!r} is not a rollout id or a range A..B", param, ctx)
+        if not sep:
+            if low is None:
+                self.fail("give a rollout id or a range A..B", param, ctx)
+            return (low, low)
+        if low is None and high is None:
+            self.fail("a range needs at least one end (A..B, A.. or ..B)", param, ctx)
+        if low is not None and high is not None and low > high:
+            self.fail(f"range {text!r} is empty: {low} > {high}", param, ctx)
+        return (low, high)
+
+
+def check_subset(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Validate ``--subset`` with the library's own parser, as a usage error."""
+    if value is not None:
+        try:
+            parse_subset(value)
+        except InvalidInputError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from exc
+    return value
+
+
+DURATION = Duration()
+SINCE = Since()
+ROLLOUT_RANGE = RolloutRange()

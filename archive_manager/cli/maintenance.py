@@ -1,0 +1,150 @@
+"""Maintenance verbs: ``gc``, ``verify``, ``rebuild-catalog``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import click
+
+from ..gc import GcReport
+from ..manager import ArchiveManager
+from ._context import dry_run_option, json_option, pass_pool, yes_option
+from ._output import (
+    echo_fields,
+    echo_json,
+    echo_table,
+    human_duration,
+    human_size,
+    progress_reporter,
+)
+from ._params import DURATION, check_subset
+
+__all__ = ["gc", "rebuild_catalog", "verify"]
+
+
+def _has_work(report: GcReport) -> bool:
+    return bool(
+        report.blobs
+        or report.orphans
+        or report.temp_files
+        or report.rolled_back
+        or report.expired_leases
+    )
+
+
+def _echo_gc(report: GcReport, *, err: bool = False) -> None:
+    """Print a GC report (or plan); on stderr for the preview before a prompt."""
+    verb = "would reclaim" if report.dry_run else "reclaimed"
+    click.echo(f"{verb} {report.blobs} blob(s), {human_size(report.bytes)}", err=err)
+    if report.per_archive:
+        echo_table(
+            ["ARCHIVE", "BLOBS", "BYTES"],
+            [
+                [name, v["blobs"], human_size(v["bytes"])]
+                for name, v in sorted(report.per_archive.items())
+            ],
+            right={1, 2},
+            indent=2,
+            err=err,
+        )
+    extras: list[tuple[str, object]] = [
+        ("orphan files", f"{report.orphans} ({human_size(report.orphan_bytes)})"),
+        ("stale temp files", report.temp_files),
+        ("expired leases", report.expired_leases),
+        ("dead saves rolled back", ", ".join(report.rolled_back)),
+        ("finished from an earlier gc", report.finished_from_earlier),
+    ]
+    # Only what happened: a line of zeros per kind would bury the one that matters.
+    echo_fields([(k, v) for k, v in extras if v not in (0, "", "0 (0 B)")], indent=2, err=err)
+    if not err:
+        click.echo(f"took {human_duration(report.duration)}")
+
+
+@click.command()
+@click.option(
+    "--grace",
+    type=DURATION,
+    default="1h",
+    show_default=True,
+    help="Keep unowned blobs younger than this (a save may still need them).",
+)
+@yes_option
+@dry_run_option
+@json_option
+@pass_pool
+def gc(pool: ArchiveManager, grace: timedelta, yes: bool, dry_run: bool, as_json: bool) -> None:
+    """Reclaim the blobs no owner retains (plan first; asks before deleting)."""
+    if dry_run or not yes:
+        plan = pool.gc(grace=grace, dry_run=True)
+        if dry_run:
+            if as_json:
+                echo_json(plan.as_dict())
+            else:
+                _echo_gc(plan)
+            return
+        if _has_work(plan):
+            _echo_gc(plan, err=True)
+            click.confirm("Delete them?", abort=True, err=True)
+    # The real run recomputes its plan: what changed since the dry run is taken into account.
+    with progress_reporter("deleting blobs", enabled=not as_json) as progress:
+        report = pool.gc(grace=grace, progress=progress)
+    if as_json:
+        echo_json(report.as_dict())
+    else:
+        _echo_gc(report)
+
+
+@click.command()
+@click.option("--read-data", is_flag=True, help="Also rehash blob contents (reads every byte).")
+@click.option(
+    "--subset",
+    callback=check_subset,
+    help="Rehash only part of the blobs: 'n/t' (the n-th of t parts) or 'P%'. Implies --read-data.",
+)
+@json_option
+@click.pass_context
+@pass_pool
+def verify(
+    pool: ArchiveManager,
+    ctx: click.Context,
+    read_data: bool,
+    subset: str | None,
+    as_json: bool,
+) -> None:
+    """Check the catalog against the blob files; exit 1 if damage is found."""
+    read_data = read_data or subset is not None
+    with progress_reporter("verifying blobs", enabled=not as_json) as progress:
+        report = pool.verify(read_data=read_data, subset=subset, progress=progress)
+    if as_json:
+        echo_json(report.as_dict())
+    else:
+        for kind, findings in (("problem", report.problems), ("notice", report.notices)):
+            for f in findings:
+                click.echo(f"{kind}: [{f.kind}] {f.message}")
+        checked = f"{report.blobs_checked} blob(s) checked"
+        if read_data:
+            checked += f", {human_size(report.bytes_read)} rehashed"
+        status = "ok" if report.ok else f"{len(report.problems)} problem(s) found"
+        click.echo(f"{status}: {checked} in {human_duration(report.duration)}")
+    if not report.ok:
+        ctx.exit(1)
+
+
+@click.command("rebuild-catalog")
+@json_option
+@pass_pool
+def rebuild_catalog(pool: ArchiveManager, as_json: bool) -> None:
+    """Restore archives from their manifest blobs after the catalog was lost."""
+    report = pool.rebuild_catalog()
+    if as_json:
+        echo_json(report.as_dict())
+        return
+    click.echo(
+        f"indexed {report.blobs} blob file(s); restored {len(report.archives)} archive(s)"
+        + (f": {', '.join(report.archives)}" if report.archives else "")
+    )
+    for digest, reason in sorted(report.skipped.items()):
+        click.echo(f"skipped manifest {digest}: {reason}")
+    if report.unknown_files:
+        click.echo(f"{len(report.unknown_files)} blob file(s) of unknown kind left alone")
+    click.echo(f"took {human_duration(report.duration)}")

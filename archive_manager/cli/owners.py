@@ -1,0 +1,181 @@
+"""Retention verbs: ``release``, ``retain``, ``release-owner``, ``owners``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .._names import archive_owner, check_owner
+from ..manager import ArchiveManager
+from ..verify import OwnerUsage
+from ._context import dry_run_option, json_option, pass_pool, yes_option
+from ._output import echo_json, echo_table, human_size
+
+__all__ = ["owners", "release", "release_owner", "retain"]
+
+
+def _usage(pool: ArchiveManager, owner: str) -> OwnerUsage | None:
+    """What ``owner`` retains, from the owners audit (None: nothing)."""
+    return next((u for u in pool.owners().owners if u.owner == owner), None)
+
+
+def _frees(usage: OwnerUsage | None) -> int:
+    # Only bytes no other owner retains come free; GC reclaims them after the grace period.
+    return usage.exclusive_bytes if usage is not None else 0
+
+
+@click.command()
+@click.argument("name")
+@yes_option
+@dry_run_option
+@json_option
+@pass_pool
+def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: bool) -> None:
+    """Release archive NAME: drop its own owner so that gc may reclaim what nothing else
+    retains.  Its catalog rows stay for inspection."""
+    arc = pool.open_archive(name)
+    owner = archive_owner(arc.name)
+    result: dict[str, Any] = {"archive": arc.name, "owner": owner, "dry_run": dry_run}
+    if arc.state == "released":
+        result.update(released=False, already_released=True)
+        if as_json:
+            echo_json(result)
+        else:
+            click.echo(f"archive {arc.name!r} is already released; nothing changed")
+        return
+    frees = None
+    if dry_run or not yes:
+        frees = _frees(_usage(pool, owner))
+        others = [o for o in arc.owners() if o != owner]
+        result.update(frees_bytes=frees, other_owners=others)
+        if not as_json:
+            kept = f"; still retained by {', '.join(others)}" if others else ""
+            prefix = "would release" if dry_run else "will release"
+            click.echo(
+                f"{prefix} archive {arc.name!r} ({len(arc)} samples){kept}; the next gc "
+                f"may reclaim {human_size(frees)}",
+                err=not dry_run,
+            )
+    if dry_run:
+        result["released"] = False
+        if as_json:
+            echo_json(result)
+        return
+    if not yes:
+        click.confirm(f"Release archive {arc.name!r}?", abort=True, err=True)
+    result["released"] = arc.release()
+    if as_json:
+        echo_json(result)
+    else:
+        click.echo(f"released archive {arc.name!r}; run 'archive-manager gc' to reclaim space")
+
+
+@click.command()
+@click.argument("owner")
+@click.argument("name")
+@json_option
+@pass_pool
+def retain(pool: ArchiveManager, owner: str, name: str, as_json: bool) -> None:
+    """Make OWNER, such as checkpoint:step-1200, retain archive NAME's blobs."""
+    added = pool.retain(owner, name)
+    if as_json:
+        echo_json({"owner": owner, "archive": name, "added": added})
+    elif added:
+        click.echo(f"{owner} now retains archive {name!r}")
+    else:
+        click.echo(f"{owner} already retains archive {name!r}; nothing changed")
+
+
+@click.command("release-owner")
+@click.argument("owner")
+@yes_option
+@dry_run_option
+@json_option
+@pass_pool
+def release_owner(
+    pool: ArchiveManager, owner: str, yes: bool, dry_run: bool, as_json: bool
+) -> None:
+    """Drop every retention of OWNER, such as a checkpoint that was deleted."""
+    # Validated up front, so a dry run refuses exactly what the real run would.
+    check_owner(owner)
+    result: dict[str, Any] = {"owner": owner, "dry_run": dry_run}
+    if dry_run or not yes:
+        usage = _usage(pool, owner)
+        if usage is None:
+            result.update(archives=[], released=0)
+            if as_json:
+                echo_json(result)
+            else:
+                click.echo(f"{owner} retains nothing; nothing to do")
+            return
+        result.update(archives=usage.archives, frees_bytes=_frees(usage))
+        if not as_json:
+            prefix = "would release" if dry_run else "will release"
+            click.echo(
+                f"{prefix} {owner}: it retains {len(usage.archives)} archive(s) "
+                f"({', '.join(usage.archives)}); the next gc may reclaim "
+                f"{human_size(_frees(usage))}",
+                err=not dry_run,
+            )
+        if dry_run:
+            result["released"] = 0
+            if as_json:
+                echo_json(result)
+            return
+        click.confirm(f"Release owner {owner}?", abort=True, err=True)
+    result["released"] = count = pool.release_owner(owner)
+    if as_json:
+        echo_json(result)
+    elif count:
+        click.echo(
+            f"released {owner} from {count} archive(s); run 'archive-manager gc' to reclaim space"
+        )
+    else:
+        click.echo(f"{owner} retained nothing; nothing changed")
+
+
+@click.command()
+@json_option
+@pass_pool
+def owners(pool: ArchiveManager, as_json: bool) -> None:
+    """The retention audit: per owner its archives, blobs and bytes (exclusive, shared)."""
+    report = pool.owners()
+    if as_json:
+        echo_json(report.as_dict())
+        return
+    if report.owners:
+        echo_table(
+            ["OWNER", "ARCHIVES", "BLOBS", "BYTES", "EXCLUSIVE", "SHARED"],
+            [
+                [
+                    u.owner,
+                    _archives_cell(u.archives),
+                    u.blobs,
+                    human_size(u.bytes),
+                    human_size(u.exclusive_bytes),
+                    human_size(u.shared_bytes),
+                ]
+                for u in report.owners
+            ],
+            right={2, 3, 4, 5},
+        )
+    else:
+        click.echo("no owners")
+    click.echo(
+        f"unowned blobs awaiting gc: {report.unowned_blobs} ({human_size(report.unowned_bytes)})"
+    )
+    if report.live_leases:
+        click.echo(f"saves in flight (live leases): {', '.join(report.live_leases)}")
+    if report.stale_leases:
+        click.echo(f"stale leases (gc drops them): {', '.join(report.stale_leases)}")
+    if report.released_with_payload:
+        click.echo(
+            "released archives whose payload is still stored: "
+            + ", ".join(report.released_with_payload)
+        )
+
+
+def _archives_cell(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")

@@ -1,0 +1,134 @@
+"""Pool-level verbs: ``init``, ``db current``, ``db upgrade``, ``info``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..catalog import current_revision, head_revision, make_engine
+from ..catalog.migrate import known_revisions
+from ..manager import ArchiveManager
+from ._context import PoolState, json_option, pass_pool, pass_state
+from ._output import echo_fields, echo_json, human_size
+
+__all__ = ["db", "info", "init"]
+
+
+@click.command()
+@pass_state
+def init(state: PoolState) -> None:
+    """Create a pool at --root (a catalog and a blob folder); harmless if one is there."""
+    existed = state.exists()
+    pool = state.open(create=True)
+    summary = pool.info()
+    verb = "pool already exists at" if existed else "created pool at"
+    click.echo(f"{verb} {pool.root}")
+    echo_fields(
+        [
+            ("catalog", summary.catalog_url),
+            ("format version", summary.format_version),
+            ("catalog revision", summary.catalog_revision),
+        ],
+        indent=2,
+    )
+
+
+def _revision_status(current: str | None, head: str) -> str:
+    if current is None:
+        return "no catalog"
+    if current == head:
+        return "up to date"
+    if current in known_revisions():
+        return "behind: run 'archive-manager db upgrade'"
+    return "newer than this archive_manager: upgrade the library"
+
+
+def _read_revision(state: PoolState) -> str | None:
+    """The catalog's revision, read without migrating it (opening the pool would)."""
+    if not state.exists():
+        return None
+    engine = make_engine(state.effective_catalog_url)
+    try:
+        return current_revision(engine)
+    finally:
+        engine.dispose()
+
+
+@click.group()
+def db() -> None:
+    """The catalog's schema revision (Alembic migrations)."""
+
+
+@db.command("current")
+@json_option
+@pass_state
+def db_current(state: PoolState, as_json: bool) -> None:
+    """Show the catalog's revision and the newest one this library knows."""
+    current, head = _read_revision(state), head_revision()
+    result = {
+        "catalog_url": state.shown_catalog_url(),
+        "current": current,
+        "head": head,
+        "up_to_date": current == head,
+        "status": _revision_status(current, head),
+    }
+    if as_json:
+        echo_json(result)
+        return
+    echo_fields(
+        [
+            ("catalog", result["catalog_url"]),
+            ("current", current or "-"),
+            ("head", head),
+            ("status", result["status"]),
+        ]
+    )
+
+
+@db.command("upgrade")
+@json_option
+@pass_state
+def db_upgrade(state: PoolState, as_json: bool) -> None:
+    """Migrate the catalog of an existing pool to the newest revision."""
+    before = _read_revision(state)
+    # Opening the pool is the upgrade: it migrates under the catalog's write lock (so
+    # concurrent openers take turns) and records the pool's format version.
+    pool: ArchiveManager = state.open()
+    after = pool.info().catalog_revision
+    result: dict[str, Any] = {"before": before, "after": after, "upgraded": before != after}
+    if as_json:
+        echo_json(result)
+    elif before == after:
+        click.echo(f"catalog already at the newest revision {after}")
+    else:
+        click.echo(f"catalog upgraded from revision {before} to {after}")
+
+
+@click.command()
+@json_option
+@pass_pool
+def info(pool: ArchiveManager, as_json: bool) -> None:
+    """Summarize the pool: archives by state, samples, blobs, bytes, dedup ratio."""
+    summary = pool.info()
+    if as_json:
+        echo_json(summary.as_dict())
+        return
+
+    def counts(by_state: dict[str, int]) -> str:
+        return ", ".join(f"{n} {s}" for s, n in sorted(by_state.items())) or "none"
+
+    echo_fields(
+        [
+            ("pool", summary.root),
+            ("catalog", summary.catalog_url),
+            ("format version", summary.format_version),
+            ("catalog revision", summary.catalog_revision),
+            ("archives", counts(summary.archives)),
+            ("samples", f"{summary.samples} (in published archives)"),
+            ("blobs", counts(summary.blobs)),
+            ("stored", human_size(summary.stored_bytes)),
+            ("referenced", f"{human_size(summary.logical_bytes)} (by published archives)"),
+            ("dedup ratio", f"{summary.dedup_ratio:.2f}x"),
+        ]
+    )

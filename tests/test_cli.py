@@ -1,0 +1,505 @@
+"""The ``archive-manager`` CLI: every verb through click's `CliRunner` against a small pool,
+JSON outputs parsed, errors as one line with no traceback, confirmations, and real
+subprocess runs of ``demo`` and ``ls --json``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from archive_manager import ArchiveManager
+from archive_manager.catalog import head_revision
+from archive_manager.cli import cli
+from archive_manager.cli._output import human_size, progress_reporter
+from archive_manager.cli._params import ROLLOUT_RANGE, parse_duration
+from archive_manager.synthetic import make_rollout
+
+SHAPE = {"prompt_len": 8, "response_min": 4, "response_max": 16}
+N = 12  # samples per archive: small, several task groups (group_size 8 -> 2 groups)
+
+
+def _rollout(rollout_id: int, n: int = N) -> list:
+    return make_rollout(n, seed=rollout_id, rollout_id=rollout_id, **SHAPE)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A pool with ``train-0`` (rollout 0) and ``eval-1`` (rollout 1, evaluation)."""
+    path = tmp_path / "pool"
+    with ArchiveManager.open(path) as pool:
+        pool.save("train-0", _rollout(0), rollout_id=0)
+        pool.save("eval-1", _rollout(1), rollout_id=1, evaluation=True)
+    return path
+
+
+@pytest.fixture
+def run(root: Path) -> Iterator[Callable[..., Result]]:
+    """``run(*args, input=None, root=...)``: invoke the CLI on the pool and return the result."""
+    runner = CliRunner()
+
+    def _run(*args: str, input: str | None = None, at: Path | None = None, **kw: Any) -> Result:
+        return runner.invoke(cli, ["--root", str(at or root), *args], input=input, **kw)
+
+    yield _run
+
+
+@pytest.fixture
+def pool_at(root: Path) -> Iterator[Callable[[], ArchiveManager]]:
+    """Open the fixture pool for assertions (each opened pool is closed at teardown)."""
+    opened: list[ArchiveManager] = []
+
+    def _open() -> ArchiveManager:
+        opened.append(ArchiveManager.open(root))
+        return opened[-1]
+
+    yield _open
+    for pool in opened:
+        pool.close()
+
+
+def ok(result: Result) -> Result:
+    """Assert a clean exit 0 and return the result."""
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    return result
+
+
+def as_json(result: Result) -> Any:
+    """The parsed stdout of a successful ``--json`` run."""
+    return json.loads(ok(result).stdout)
+
+
+def failed(result: Result, code: int = 1) -> str:
+    """Assert exit ``code`` with a one-line ``error:`` message and no traceback; return it."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    if code == 1:
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("error: "), lines
+    return result.stderr.strip()
+
+
+# --------------------------------------------------------------------------- group
+
+
+def test_version_and_help() -> None:
+    runner = CliRunner()
+    assert "archive-manager, version" in ok(runner.invoke(cli, ["--version"])).stdout
+    helped = ok(runner.invoke(cli, ["--help"])).stdout
+    for verb in ("init", "db", "ls", "show", "query", "gc", "verify", "demo", "import-pt"):
+        assert verb in helped
+
+
+def test_unknown_verb_and_bad_option_are_usage_errors(run: Callable[..., Result]) -> None:
+    assert run("frobnicate").exit_code == 2
+    assert run("ls", "--state", "bogus").exit_code == 2
+    assert run("show").exit_code == 2  # missing NAME
+
+
+def test_root_from_environment(root: Path) -> None:
+    result = CliRunner().invoke(cli, ["ls", "--json"], env={"ARCHIVE_MANAGER_ROOT": str(root)})
+    assert [a["name"] for a in as_json(result)] == ["train-0", "eval-1"]
+
+
+def test_missing_pool_is_an_error_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    for args in (["ls"], ["info"], ["show", "x"], ["gc", "--yes"], ["db", "upgrade"]):
+        message = failed(CliRunner().invoke(cli, ["--root", str(missing), *args]))
+        assert "no pool at" in message
+    assert not missing.exists()
+
+
+# --------------------------------------------------------------------------- pool verbs
+
+
+def test_init_creates_then_finds_the_pool(tmp_path: Path) -> None:
+    runner = CliRunner()
+    where = tmp_path / "new"
+    assert "created pool at" in ok(runner.invoke(cli, ["--root", str(where), "init"])).stdout
+    assert (where / "catalog.db").is_file()
+    again = ok(runner.invoke(cli, ["--root", str(where), "init"])).stdout
+    assert "already exists" in again
+    assert as_json(runner.invoke(cli, ["--root", str(where), "ls", "--json"])) == []
+
+
+def test_catalog_url_option(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    runner = CliRunner()
+    base = ["--root", str(tmp_path / "blobs"), "--catalog-url", url]
+    ok(runner.invoke(cli, [*base, "init"]))
+    assert (tmp_path / "elsewhere.db").is_file()
+    info = as_json(runner.invoke(cli, [*base, "info", "--json"]))
+    assert info["catalog_url"] == url
+
+
+def test_db_current_and_upgrade(run: Callable[..., Result], tmp_path: Path) -> None:
+    current = as_json(run("db", "current", "--json"))
+    assert current["current"] == current["head"] == head_revision()
+    assert current["up_to_date"] is True
+    assert "up to date" in ok(run("db", "current")).stdout
+    upgraded = as_json(run("db", "upgrade", "--json"))
+    assert upgraded == {"before": head_revision(), "after": head_revision(), "upgraded": False}
+    assert "already at the newest revision" in ok(run("db", "upgrade")).stdout
+    # No pool: reported, not created.
+    empty = as_json(run("db", "current", "--json", at=tmp_path / "none"))
+    assert empty["current"] is None and empty["status"] == "no catalog"
+    assert not (tmp_path / "none").exists()
+
+
+def test_info(run: Callable[..., Result]) -> None:
+    info = as_json(run("info", "--json"))
+    assert info["archives"] == {"published": 2}
+    assert info["samples"] == 2 * N
+    assert info["stored_bytes"] > 0 and info["dedup_ratio"] == pytest.approx(1.0)
+    human = ok(run("info")).stdout
+    assert "2 published" in human and "dedup ratio" in human and "iB" in human
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def test_ls_table_and_json(run: Callable[..., Result]) -> None:
+    lines = ok(run("ls")).stdout.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "ROLLOUT", "EVAL", "STATE"]
+    assert [line.split()[0] for line in lines[1:]] == ["train-0", "eval-1"]
+    rows = as_json(run("ls", "--json"))
+    assert {r["name"]: r["evaluation"] for r in rows} == {"train-0": False, "eval-1": True}
+    assert all(r["samples"] == N and r["bytes"] > 0 for r in rows)
+
+
+def test_ls_filters(run: Callable[..., Result]) -> None:
+    def names(*args: str) -> list[str]:
+        return [r["name"] for r in as_json(run("ls", "--json", *args))]
+
+    assert names("--rollout-id", "1") == ["eval-1"]
+    assert names("--evaluation") == ["eval-1"]
+    assert names("--no-evaluation") == ["train-0"]
+    assert names("--task-key", "rollout-0/group-1") == ["train-0"]
+    assert names("--task-key", "no-such-task") == []
+    assert names("--since", "2h") == ["train-0", "eval-1"]
+    assert names("--since", "2999-01-01") == []
+    assert names("--state", "released") == []
+    assert names("--state", "all") == ["train-0", "eval-1"]
+    assert "no archives match" in ok(run("ls", "--rollout-id", "7")).stdout
+    assert run("ls", "--since", "yesterday-ish").exit_code == 2
+
+
+def test_show(run: Callable[..., Result]) -> None:
+    shown = as_json(run("show", "train-0", "--json"))
+    assert shown["name"] == "train-0" and shown["state"] == "published"
+    assert shown["owners"] == ["archive:train-0"]
+    assert sum(c["samples"] for c in shown["chunks"]) == N
+    assert shown["metadata"]["samples"] == N
+    assert 4 <= shown["metadata"]["response_length"]["min"] <= 16
+    human = ok(run("show", "train-0")).stdout
+    for word in ("archive", "chunks (1)", "response length", "reward", "archive:train-0"):
+        assert word in human
+
+
+def test_keys(run: Callable[..., Result]) -> None:
+    rows = as_json(run("keys", "train-0", "--json"))
+    assert [r["sample_key"] for r in rows] == [f"sample:{i}" for i in range(N)]
+    assert rows[0]["task_key"] == "rollout-0/group-0" and rows[-1]["position"] == N - 1
+    assert "rollout-0/group-1" in ok(run("keys", "train-0")).stdout
+
+
+def test_query(run: Callable[..., Result]) -> None:
+    def query(*args: str) -> list[dict]:
+        return as_json(run("query", "--json", *args))
+
+    group = query("--task-key", "rollout-1/group-0")
+    assert len(group) == 8 and {r["archive"] for r in group} == {"eval-1"}
+    assert {"position", "sample_key", "task_key", "status", "reward", "metadata"} <= set(group[0])
+    assert len(query("--sample-key", "sample:3")) == 2
+    assert {r["rollout_id"] for r in query("--rollout-id", "1")} == {1}
+    assert {r["rollout_id"] for r in query("--rollout-id", "0..1")} == {0, 1}
+    assert {r["rollout_id"] for r in query("--rollout-id", "1..")} == {1}
+    assert all(r["reward"] >= 1 for r in query("--min-reward", "1"))
+    assert all(r["reward"] <= 0 for r in query("--max-reward", "0"))
+    lengths = [r["response_length"] for r in query("--min-length", "8", "--max-length", "12")]
+    assert lengths and all(8 <= n <= 12 for n in lengths)
+    statuses = {r["status"] for r in query("--status", "completed", "--status", "truncated")}
+    assert statuses <= {"completed", "truncated"} and statuses
+    assert len(query("--limit", "3")) == 3
+    assert query("--task-key", "nope") == []
+    assert "sample:3" in ok(run("query", "--sample-key", "sample:3")).stdout
+    assert "no samples match" in ok(run("query", "--task-key", "nope")).stdout
+    for bad in ("3..1", "x", "..", "1.5"):
+        assert run("query", "--rollout-id", bad).exit_code == 2
+    assert run("query", "--limit", "-1").exit_code == 2
+
+
+# --------------------------------------------------------------------------- export / import
+
+
+def test_export_then_import(run: Callable[..., Result], tmp_path: Path) -> None:
+    out = tmp_path / "out" / "train-0.pt"
+    assert "exported 12 samples" in ok(run("export", "train-0", str(out))).stdout
+    dump = torch.load(out, weights_only=True)
+    assert dump["rollout_id"] == 0 and len(dump["samples"]) == N
+    assert "--force" in failed(run("export", "train-0", str(out)))
+    assert as_json(run("export", "train-0", str(out), "--force", "--json"))["samples"] == N
+
+    imported = as_json(run("import-pt", str(out), "--name", "copy", "--json"))
+    assert imported["name"] == "copy" and imported["samples"] == N and imported["rollout_id"] == 0
+    assert "already exists" in failed(run("import-pt", str(out), "--name", "copy"))
+    # Default name: the file's stem.
+    assert (
+        "as archive 'train-0-dump'"
+        in ok(run("import-pt", str(shutil.copy(out, tmp_path / "train-0-dump.pt")))).stdout
+    )
+
+
+def test_import_rejects_bad_files(run: Callable[..., Result], tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a torch file")
+    failed(run("import-pt", str(junk)))
+    torch.save({"no": "samples"}, tmp_path / "odd.pt")
+    assert "not a rollout dump" in failed(run("import-pt", str(tmp_path / "odd.pt")))
+    assert run("import-pt", str(tmp_path / "missing.pt")).exit_code == 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_missing_archive_is_one_line(run: Callable[..., Result]) -> None:
+    for args in (["show", "nope"], ["keys", "nope"], ["export", "nope", "x.pt"]):
+        assert failed(run(*args)) == "error: archive 'nope' not found"
+    assert failed(run("release", "nope", "--yes")) == "error: archive 'nope' not found"
+    assert "not found" in failed(run("retain", "checkpoint:a", "nope"))
+
+
+def test_invalid_names_are_one_line(run: Callable[..., Result]) -> None:
+    assert "path separator" in failed(run("show", "a/b"))
+    assert "kind:name" in failed(run("retain", "no-colon", "train-0"))
+    assert "reserved prefix" in failed(run("release-owner", "archive:train-0", "--yes"))
+    assert "reserved prefix" in failed(run("release-owner", "archive:train-0", "--dry-run"))
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_release_declined_changes_nothing(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    result = run("release", "train-0", input="n\n")
+    assert result.exit_code == 1 and "Aborted" in result.output
+    assert "will release archive 'train-0'" in result.stderr
+    assert pool_at().open_archive("train-0").state == "published"
+
+
+def test_release_dry_run_then_yes(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    dry = as_json(run("release", "train-0", "--dry-run", "--json"))
+    assert dry["dry_run"] is True and dry["released"] is False and dry["frees_bytes"] > 0
+    assert "would release archive 'train-0'" in ok(run("release", "train-0", "-n")).stdout
+    assert pool_at().open_archive("train-0").state == "published"
+    assert "released archive 'train-0'" in ok(run("release", "train-0", "--yes")).stdout
+    assert pool_at().open_archive("train-0").state == "released"
+    assert "already released" in ok(run("release", "train-0", "--yes")).stdout
+
+
+def test_release_confirmed(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    result = as_json(run("release", "eval-1", "--json", input="y\n"))
+    assert result["released"] is True
+    assert pool_at().open_archive("eval-1").state == "released"
+
+
+def test_retain_owners_release_owner(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    assert "now retains" in ok(run("retain", "checkpoint:step-1", "train-0")).stdout
+    assert as_json(run("retain", "checkpoint:step-1", "train-0", "--json"))["added"] is False
+    report = as_json(run("owners", "--json"))
+    usage = {o["owner"]: o for o in report["owners"]}
+    assert usage["checkpoint:step-1"]["archives"] == ["train-0"]
+    assert usage["checkpoint:step-1"]["shared_bytes"] == usage["archive:train-0"]["bytes"]
+    assert "checkpoint:step-1" in ok(run("owners")).stdout
+
+    # Releasing the archive while the checkpoint holds it frees nothing.
+    assert as_json(run("release", "train-0", "-n", "--json"))["frees_bytes"] == 0
+    assert as_json(run("release", "train-0", "-n", "--json"))["other_owners"] == [
+        "checkpoint:step-1"
+    ]
+
+    dry = as_json(run("release-owner", "checkpoint:step-1", "--dry-run", "--json"))
+    assert dry["archives"] == ["train-0"] and dry["released"] == 0
+    declined = run("release-owner", "checkpoint:step-1", input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output
+    assert pool_at().open_archive("train-0").owners() == ["archive:train-0", "checkpoint:step-1"]
+    done = as_json(run("release-owner", "checkpoint:step-1", "--yes", "--json"))
+    assert done["released"] == 1
+    assert pool_at().open_archive("train-0").owners() == ["archive:train-0"]
+    assert "retained nothing" in ok(run("release-owner", "checkpoint:step-1", "--yes")).stdout
+    assert "retains nothing" in ok(run("release-owner", "checkpoint:step-1")).stdout
+
+
+# --------------------------------------------------------------------------- maintenance
+
+
+def _blob_count(root: Path) -> int:
+    return sum(1 for p in (root / "blobs").rglob("*") if p.is_file())
+
+
+def test_gc_dry_run_decline_and_yes(run: Callable[..., Result], root: Path) -> None:
+    before = _blob_count(root)
+    ok(run("release", "train-0", "--yes"))
+    plan = as_json(run("gc", "--grace", "0", "--dry-run", "--json"))
+    assert plan["dry_run"] is True and plan["blobs"] > 0
+    assert set(plan["per_archive"]) == {"train-0"}
+    assert "would reclaim" in ok(run("gc", "--grace", "0", "--dry-run")).stdout
+    # The default grace (1h) keeps blobs that were just released.
+    assert as_json(run("gc", "--dry-run", "--json"))["blobs"] == 0
+
+    declined = run("gc", "--grace", "0", input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output
+    assert _blob_count(root) == before
+
+    # A prompt goes to stderr, so --json output stays parseable after answering it.
+    done = as_json(run("gc", "--grace", "0", "--json", input="y\n"))
+    assert done["dry_run"] is False and done["blobs"] == plan["blobs"]
+    assert _blob_count(root) == before - plan["blobs"]
+    assert "reclaimed 0 blob(s)" in ok(run("gc", "--grace", "0", "--yes")).stdout
+    assert run("gc", "--grace", "soon").exit_code == 2
+
+
+def test_verify_ok_and_damaged(run: Callable[..., Result], root: Path) -> None:
+    report = as_json(run("verify", "--read-data", "--json"))
+    assert report["ok"] is True and report["read_data"] is True and report["bytes_read"] > 0
+    assert ok(run("verify")).stdout.startswith("ok:")
+    assert as_json(run("verify", "--subset", "1/2", "--json"))["read_data"] is True
+    assert run("verify", "--subset", "200%").exit_code == 2
+
+    victim = next(p for p in (root / "blobs").rglob("*") if p.is_file())
+    victim.parent.chmod(0o755)
+    victim.unlink()
+    damaged = run("verify", "--json")
+    assert damaged.exit_code == 1
+    assert json.loads(damaged.stdout)["ok"] is False
+    human = run("verify")
+    assert human.exit_code == 1 and "problem:" in human.stdout and victim.name in human.stdout
+
+
+def test_rebuild_catalog(run: Callable[..., Result], root: Path) -> None:
+    assert "restored 0 archive(s)" in ok(run("rebuild-catalog")).stdout
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    ok(run("init"))
+    assert as_json(run("ls", "--json")) == []
+    rebuilt = as_json(run("rebuild-catalog", "--json"))
+    assert rebuilt["archives"] == ["eval-1", "train-0"]
+    assert {a["name"] for a in as_json(run("ls", "--json"))} == {"train-0", "eval-1"}
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_refuses_a_pool_with_archives(run: Callable[..., Result]) -> None:
+    assert "needs an empty pool" in failed(run("demo"))
+
+
+def test_demo_defaults_to_a_new_temp_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    out = ok(CliRunner().invoke(cli, ["demo", "--samples", "16"])).stdout
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("archive-manager-demo-")]
+    assert len(made) == 1 and str(made[0]) in out
+    assert not (tmp_path / "archive-pool").exists()  # the default --root was left alone
+
+
+def _cli_command() -> list[str]:
+    script = shutil.which("archive-manager")
+    return [script] if script else [sys.executable, "-m", "archive_manager.cli"]
+
+
+def _subprocess(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVE_MANAGER_")}
+    return subprocess.run(
+        [*_cli_command(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_subprocess_demo_then_ls_json(tmp_path: Path) -> None:
+    demo_root = tmp_path / "demo-pool"
+    demo = _subprocess("--root", str(demo_root), "demo", cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    for step in range(1, 9):
+        assert f"[{step}/8]" in demo.stdout
+    assert "Try next" in demo.stdout and "routed experts" in demo.stdout
+    assert demo.stderr == ""
+
+    listed = _subprocess("--root", str(demo_root), "ls", "--json", "--state", "all", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    states = {a["name"]: a["state"] for a in json.loads(listed.stdout)}
+    assert states == {"rollout-0": "released", "rollout-1": "published", "rollout-2": "published"}
+
+
+def test_python_dash_m_reports_errors_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "archive_manager.cli", "--root", str(tmp_path), "show", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error: no pool at")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_human_size() -> None:
+    assert human_size(0) == "0 B"
+    assert human_size(1023) == "1023 B"
+    assert human_size(1536) == "1.5 KiB"
+    assert human_size(5 * 1024**3) == "5.0 GiB"
+
+
+def test_parse_duration_and_range() -> None:
+    assert parse_duration("0") == timedelta(0)
+    assert parse_duration("90s") == timedelta(seconds=90)
+    assert parse_duration("1h30m") == timedelta(minutes=90)
+    assert parse_duration("3d") == timedelta(days=3)
+    with pytest.raises(ValueError):
+        parse_duration("3 days")
+    assert ROLLOUT_RANGE.convert("4", None, None) == (4, 4)
+    assert ROLLOUT_RANGE.convert("..7", None, None) == (None, 7)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with progress_reporter("work") as report:
+        assert report is None
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with progress_reporter("work", enabled=False) as report:
+        assert report is None
+    with progress_reporter("work") as report:
+        assert report is not None
+        report(1, 2)
+        report(2, 2)
+    assert "work" in terminal.getvalue()
