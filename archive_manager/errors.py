@@ -21,6 +21,7 @@ __all__ = [
     "InvalidNameError",
     "LeaseExpiredError",
     "MetadataError",
+    "PoolNotFoundError",
     "UnencodableError",
     "UnsupportedFilesystemError",
     "UnsupportedFormatError",
@@ -41,6 +42,10 @@ class ArchiveNotFoundError(ArchiveError, LookupError):
 
 class ArchiveReleasedError(ArchiveError):
     """The archive was released and garbage collection reclaimed its payload."""
+
+
+class PoolNotFoundError(ArchiveError, FileNotFoundError):
+    """No pool exists at this root (and creating one was not asked for)."""
 
 
 class IntegrityError(ArchiveError):

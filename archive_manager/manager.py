@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, exists, select
 from sqlalchemy.engine import make_url
 
-from ._names import check_archive_name, check_owner
+from ._names import archive_owner, check_archive_name, check_owner
 from .archive import Archive, ArchiveInfo, infos
 from .blobs import BlobStore
 from .catalog import (
@@ -23,6 +24,8 @@ from .catalog import (
     retention_table,
     set_pool_info,
 )
+from .catalog.engine import make_engine
+from .catalog.migrate import current_revision, head_revision
 from .catalog.queries import archive_by_name
 from .codec import DEFAULT_INLINE_LIMIT
 from .errors import (
@@ -30,15 +33,17 @@ from .errors import (
     ArchiveReleasedError,
     CatalogError,
     InvalidInputError,
+    PoolNotFoundError,
 )
 from .gc import GcReport, collect
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
+from .retention import ReleasePlan, plan_release
 from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, check_task_key, save_samples
 
-__all__ = ["ArchiveManager"]
+__all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
 
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
 DEFAULT_CHUNK_SIZE = 64
@@ -50,6 +55,19 @@ def _seconds(value: timedelta | float) -> float:
     if not seconds > 0:
         raise InvalidInputError("durations must be positive")
     return seconds
+
+
+@dataclass(frozen=True)
+class CatalogStatus:
+    """A catalog's Alembic revision (None: no catalog yet) and this library's head."""
+
+    current: str | None
+    head: str
+
+    @property
+    def up_to_date(self) -> bool:
+        """Whether the catalog is at this library's head revision."""
+        return self.current == self.head
 
 
 def default_catalog_url(root: Path) -> str:
@@ -98,6 +116,7 @@ class ArchiveManager:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         inline_limit: int = DEFAULT_INLINE_LIMIT,
         busy_timeout_ms: int | None = None,
+        create: bool = True,
     ) -> ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
@@ -110,12 +129,20 @@ class ArchiveManager:
             chunk_size: Samples per chunk blob.
             inline_limit: Tensors larger than this many bytes become their own blobs.
             busy_timeout_ms: How long to wait for another process's catalog lock.
+            create: Create the pool if there is none; with False, a missing pool raises
+                `PoolNotFoundError` (so a mistyped path never makes an empty pool).
 
         Raises:
+            PoolNotFoundError: ``create`` is False and there is no pool.
             CatalogVersionError: the pool was written by a newer archive_manager.
             CatalogError: the catalog cannot be opened, or belongs to another blob root.
         """
         path = Path(root).expanduser().resolve()
+        if not create and not cls.exists(path, catalog_url):
+            raise PoolNotFoundError(
+                f"no pool at {path}; create one first (ArchiveManager.open or "
+                "'archive-manager init')"
+            )
         path.mkdir(parents=True, exist_ok=True)
         url = catalog_url or default_catalog_url(path)
         catalog = Catalog.open(url, busy_timeout_ms=busy_timeout_ms)
@@ -132,6 +159,31 @@ class ArchiveManager:
         except BaseException:
             catalog.close()
             raise
+
+    @staticmethod
+    def exists(root: str | os.PathLike[str], catalog_url: str | None = None) -> bool:
+        """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing."""
+        status = ArchiveManager.catalog_status(root, catalog_url)
+        return status.current is not None
+
+    @staticmethod
+    def catalog_status(
+        root: str | os.PathLike[str], catalog_url: str | None = None
+    ) -> CatalogStatus:
+        """The catalog's Alembic revision and this library's head, without migrating or
+        creating anything."""
+        path = Path(root).expanduser().resolve()
+        url = catalog_url or default_catalog_url(path)
+        database = make_url(url).database
+        if make_url(url).get_backend_name() == "sqlite" and not (
+            database and Path(database).is_file()
+        ):
+            return CatalogStatus(None, head_revision())
+        engine = make_engine(url)
+        try:
+            return CatalogStatus(current_revision(engine), head_revision())
+        finally:
+            engine.dispose()
 
     # ------------------------------------------------------------------ pool
 
@@ -247,10 +299,12 @@ class ArchiveManager:
         evaluation: bool | None = None,
         task_key: str | None = None,
         state: str | None = "published",
+        since: datetime | None = None,
     ) -> list[ArchiveInfo]:
         """Archives matching every filter given, by rollout id then name.
 
-        ``state=None`` means every state (pending saves included).
+        ``state=None`` means every state (pending saves included); ``since`` keeps archives
+        created at or after that time (a naive datetime is local time).
         """
         a, e = archives_table, entries_table
         query = select(a)
@@ -263,6 +317,10 @@ class ArchiveManager:
         if task_key is not None:
             key = check_task_key(task_key)
             query = query.where(exists().where(e.c.archive_id == a.c.id, e.c.task_key == key))
+        if since is not None:
+            if not isinstance(since, datetime):
+                raise InvalidInputError("since must be a datetime")
+            query = query.where(a.c.created_at >= since.timestamp())
         if state is not None:
             if state not in _STATES:
                 raise InvalidInputError(f"state must be one of {', '.join(_STATES)} or None")
@@ -316,6 +374,16 @@ class ArchiveManager:
                 )
             conn.execute(r.insert().values(owner=owner, archive_id=row.id, created_at=self.clock()))
         return True
+
+    def release_plan(self, *, owner: str | None = None, name: str | None = None) -> ReleasePlan:
+        """What releasing would free, changing nothing: give ``owner`` (as `release_owner`)
+        or ``name`` (as `Archive.release`, the archive's own owner)."""
+        if (owner is None) == (name is None):
+            raise InvalidInputError("give exactly one of owner or name")
+        if owner is not None:
+            return plan_release(self, owner=check_owner(owner))
+        archive = self.open_archive(name)  # type: ignore[arg-type]
+        return plan_release(self, owner=archive_owner(archive.name), archive=archive.name)
 
     def release_owner(self, owner: str) -> int:
         """Drop every retention of ``owner``.
