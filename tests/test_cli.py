@@ -10,8 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,24 @@ def test_db_current_and_upgrade(run: Callable[..., Result], tmp_path: Path) -> N
     # No pool: reported, not created.
     empty = as_json(run("db", "current", "--json", at=tmp_path / "none"))
     assert empty["current"] is None and empty["status"] == "no catalog"
+    assert empty["head"] == head_revision() and empty["up_to_date"] is False
     assert not (tmp_path / "none").exists()
+
+
+def test_db_current_on_a_fresh_folder_creates_nothing(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    runner = CliRunner()
+    for args in (["db", "current"], ["db", "current", "--json"]):
+        ok(runner.invoke(cli, ["--root", str(fresh), *args]))
+    assert list(fresh.iterdir()) == []
+    shown = as_json(runner.invoke(cli, ["--root", str(fresh), "db", "current", "--json"]))
+    status = ArchiveManager.catalog_status(fresh)
+    assert (shown["current"], shown["head"]) == (status.current, status.head)
+    # The library agrees no pool is there, and a verb that needs one refuses.
+    assert not ArchiveManager.exists(fresh)
+    assert "archive-manager init" in failed(runner.invoke(cli, ["--root", str(fresh), "ls"]))
+    assert list(fresh.iterdir()) == []
 
 
 def test_info(run: Callable[..., Result]) -> None:
@@ -195,6 +213,44 @@ def test_ls_filters(run: Callable[..., Result]) -> None:
     assert names("--state", "all") == ["train-0", "eval-1"]
     assert "no archives match" in ok(run("ls", "--rollout-id", "7")).stdout
     assert run("ls", "--since", "yesterday-ish").exit_code == 2
+
+
+def test_ls_since_is_find_since(
+    run: Callable[..., Result],
+    root: Path,
+    pool_at: Callable[[], ArchiveManager],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    three_days_ago = time.time() - 3 * 86400
+    with ArchiveManager.open(root, clock=lambda: three_days_ago) as pool:
+        pool.save("old-2", _rollout(2), rollout_id=2)
+
+    def names(*args: str) -> list[str]:
+        return [r["name"] for r in as_json(run("ls", "--json", "--state", "all", *args))]
+
+    assert names() == ["train-0", "eval-1", "old-2"]
+    assert names("--since", "1d") == ["train-0", "eval-1"]
+    assert names("--since", "4d") == ["train-0", "eval-1", "old-2"]
+    two_days_ago = datetime.now(timezone.utc) - timedelta(days=2)
+    assert names("--since", two_days_ago.isoformat()) == ["train-0", "eval-1"]
+    # A naive date/time is local time, as the CLI prints it.
+    local = two_days_ago.astimezone().replace(tzinfo=None).isoformat(" ", "seconds")
+    assert names("--since", local) == ["train-0", "eval-1"]
+    expected = [i.name for i in pool_at().find(state=None, since=two_days_ago)]
+    assert names("--since", two_days_ago.isoformat()) == expected
+    assert "no archives match" in ok(run("ls", "--since", "2999-01-01")).stdout
+
+    # The filter is the library's: the CLI passes --since to find() and keeps every row.
+    seen: list[Any] = []
+    real_find = ArchiveManager.find
+
+    def spy(self: ArchiveManager, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("since"))
+        return real_find(self, **kwargs)
+
+    monkeypatch.setattr(ArchiveManager, "find", spy)
+    ok(run("ls", "--since", "1d"))
+    assert len(seen) == 1 and isinstance(seen[0], datetime) and seen[0].tzinfo is not None
 
 
 def test_show(run: Callable[..., Result]) -> None:
@@ -313,6 +369,23 @@ def test_release_dry_run_then_yes(
     assert "already released" in ok(run("release", "train-0", "--yes")).stdout
 
 
+def test_release_dry_run_is_the_release_plan(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    plan = pool_at().release_plan(name="train-0")
+    assert plan.blobs > 0 and plan.bytes > 0
+    dry = as_json(run("release", "train-0", "--dry-run", "--json"))
+    assert dry["owner"] == plan.owner
+    assert (dry["frees_blobs"], dry["frees_bytes"]) == (plan.blobs, plan.bytes)
+    assert dry["other_owners"] == []
+    human = ok(run("release", "train-0", "-n")).stdout
+    assert f"may reclaim {plan.blobs} blob(s), {human_size(plan.bytes)}" in human
+    # The confirmation shows the same plan (on stderr, before the prompt).
+    declined = run("release", "train-0", input="n\n")
+    assert f"may reclaim {plan.blobs} blob(s), {human_size(plan.bytes)}" in declined.stderr
+    assert pool_at().open_archive("train-0").state == "published"
+
+
 def test_release_confirmed(
     run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
 ) -> None:
@@ -333,21 +406,46 @@ def test_retain_owners_release_owner(
     assert "checkpoint:step-1" in ok(run("owners")).stdout
 
     # Releasing the archive while the checkpoint holds it frees nothing.
-    assert as_json(run("release", "train-0", "-n", "--json"))["frees_bytes"] == 0
-    assert as_json(run("release", "train-0", "-n", "--json"))["other_owners"] == [
-        "checkpoint:step-1"
-    ]
+    held = as_json(run("release", "train-0", "-n", "--json"))
+    assert (held["frees_blobs"], held["frees_bytes"]) == (0, 0)
+    assert held["other_owners"] == ["checkpoint:step-1"]
+    assert "still retained by checkpoint:step-1" in ok(run("release", "train-0", "-n")).stdout
 
+    # Likewise for the checkpoint, while the archive still retains itself.
     dry = as_json(run("release-owner", "checkpoint:step-1", "--dry-run", "--json"))
-    assert dry["archives"] == ["train-0"] and dry["released"] == 0
+    plan = pool_at().release_plan(owner="checkpoint:step-1")
+    assert dry["archives"] == plan.archives == ["train-0"] and dry["released"] == 0
+    assert dry["still_retained"] == plan.still_retained == {"train-0": ["archive:train-0"]}
+    assert (dry["frees_blobs"], dry["frees_bytes"]) == (plan.blobs, plan.bytes) == (0, 0)
     declined = run("release-owner", "checkpoint:step-1", input="n\n")
     assert declined.exit_code == 1 and "Aborted" in declined.output
+    assert "train-0 stays retained by archive:train-0" in declined.stderr
     assert pool_at().open_archive("train-0").owners() == ["archive:train-0", "checkpoint:step-1"]
     done = as_json(run("release-owner", "checkpoint:step-1", "--yes", "--json"))
     assert done["released"] == 1
     assert pool_at().open_archive("train-0").owners() == ["archive:train-0"]
     assert "retained nothing" in ok(run("release-owner", "checkpoint:step-1", "--yes")).stdout
     assert "retains nothing" in ok(run("release-owner", "checkpoint:step-1")).stdout
+
+
+def test_release_owner_dry_run_is_the_release_plan(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    ok(run("retain", "checkpoint:step-2", "eval-1"))
+    ok(run("release", "eval-1", "--yes"))  # the checkpoint is now eval-1's only owner
+    plan = pool_at().release_plan(owner="checkpoint:step-2")
+    assert plan.archives == ["eval-1"] and plan.still_retained == {}
+    assert plan.blobs > 0 and plan.bytes > 0
+    dry = as_json(run("release-owner", "checkpoint:step-2", "-n", "--json"))
+    assert (dry["frees_blobs"], dry["frees_bytes"]) == (plan.blobs, plan.bytes)
+    assert dry["still_retained"] == {}
+    reclaim = f"may reclaim {plan.blobs} blob(s), {human_size(plan.bytes)}"
+    assert reclaim in ok(run("release-owner", "checkpoint:step-2", "-n")).stdout
+    assert reclaim in run("release-owner", "checkpoint:step-2", input="n\n").stderr
+    # What the plan promised is what gc then reclaims.
+    ok(run("release-owner", "checkpoint:step-2", "--yes"))
+    gc = as_json(run("gc", "--grace", "0", "--yes", "--json"))
+    assert (gc["blobs"], gc["bytes"]) == (plan.blobs, plan.bytes)
 
 
 # --------------------------------------------------------------------------- maintenance

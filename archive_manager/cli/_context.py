@@ -12,7 +12,7 @@ from typing import IO, Any, TypeVar
 import click
 from sqlalchemy.engine import make_url
 
-from ..errors import ArchiveError
+from ..errors import ArchiveError, PoolNotFoundError
 from ..manager import ArchiveManager, default_catalog_url
 
 __all__ = [
@@ -68,15 +68,8 @@ class PoolState:
         return make_url(self.effective_catalog_url).render_as_string(hide_password=True)
 
     def exists(self) -> bool:
-        """Whether a pool seems to be there, without creating anything.
-
-        For a SQLite catalog: its file exists.  For a server database the root folder must
-        exist; whether the database holds a catalog is only known by opening it.
-        """
-        url = make_url(self.effective_catalog_url)
-        if url.get_backend_name() == "sqlite":
-            return bool(url.database) and Path(url.database).is_file()
-        return self.root.expanduser().is_dir()
+        """Whether a pool is there (its catalog was set up), creating nothing."""
+        return ArchiveManager.exists(self.root, self.catalog_url)
 
     def open(self, *, create: bool = False) -> ArchiveManager:
         """The open pool (opened on first use, closed when the command ends).
@@ -86,12 +79,14 @@ class PoolState:
                 must not silently create an empty pool.
         """
         if self._pool is None:
-            if not create and not self.exists():
+            try:
+                self._pool = ArchiveManager.open(self.root, self.catalog_url, create=create)
+            except PoolNotFoundError as exc:
+                # The library's message names its API; this one names the CLI's remedies.
                 raise CliError(
                     f"no pool at {self.root} (catalog {self.shown_catalog_url()}); "
                     "create one with 'archive-manager init' or pass --root"
-                )
-            self._pool = ArchiveManager.open(self.root, self.catalog_url)
+                ) from exc
         return self._pool
 
     def close(self) -> None:

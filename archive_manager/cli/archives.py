@@ -70,11 +70,12 @@ def ls(
 ) -> None:
     """List archives, by rollout id then name."""
     found = pool.find(
-        rollout_id=rollout_id, evaluation=evaluation, task_key=task_key, state=_state(state)
+        rollout_id=rollout_id,
+        evaluation=evaluation,
+        task_key=task_key,
+        state=_state(state),
+        since=since,
     )
-    if since is not None:
-        # NOTE: find() has no time filter; filtering its rows here keeps the CLI thin enough.
-        found = [i for i in found if i.created_at >= since]
     if as_json:
         echo_json([asdict(i) for i in found])
         return

@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 import click
 
-from .._names import archive_owner
 from ..errors import ArchiveReleasedError
 from ..manager import ArchiveManager
 from ..synthetic import make_rollout
@@ -229,13 +228,14 @@ def _load(pool: ArchiveManager) -> None:
 
 def _release(pool: ArchiveManager) -> None:
     name = "rollout-0"
-    frees = next(
-        (u.exclusive_bytes for u in pool.owners().owners if u.owner == archive_owner(name)), 0
-    )
+    plan = pool.release_plan(name=name)
     _, took = _timed(lambda: pool.open_archive(name).release())
     _step(5, f"release {name}", took)
-    click.echo(f"    its owner {archive_owner(name)} is dropped; its catalog rows stay")
-    click.echo(f"    nothing else retains its {human_size(frees)}: gc may reclaim them")
+    click.echo(f"    its owner {plan.owner} is dropped; its catalog rows stay")
+    click.echo(
+        f"    nothing else retains {plan.blobs} of its blobs ({human_size(plan.bytes)}): "
+        "gc may reclaim them"
+    )
 
 
 def _gc(pool: ArchiveManager) -> None:

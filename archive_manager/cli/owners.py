@@ -6,23 +6,18 @@ from typing import Any
 
 import click
 
-from .._names import archive_owner, check_owner
 from ..manager import ArchiveManager
-from ..verify import OwnerUsage
+from ..retention import ReleasePlan
 from ._context import dry_run_option, json_option, pass_pool, yes_option
 from ._output import echo_json, echo_table, human_size
 
 __all__ = ["owners", "release", "release_owner", "retain"]
 
 
-def _usage(pool: ArchiveManager, owner: str) -> OwnerUsage | None:
-    """What ``owner`` retains, from the owners audit (None: nothing)."""
-    return next((u for u in pool.owners().owners if u.owner == owner), None)
-
-
-def _frees(usage: OwnerUsage | None) -> int:
-    # Only bytes no other owner retains come free; GC reclaims them after the grace period.
-    return usage.exclusive_bytes if usage is not None else 0
+def _frees(plan: ReleasePlan) -> str:
+    # Only what no other owner (nor a save in flight) retains comes free, and only once gc
+    # runs past its grace period.
+    return f"the next gc may reclaim {plan.blobs} blob(s), {human_size(plan.bytes)}"
 
 
 @click.command()
@@ -35,8 +30,9 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
     """Release archive NAME: drop its own owner so that gc may reclaim what nothing else
     retains.  Its catalog rows stay for inspection."""
     arc = pool.open_archive(name)
-    owner = archive_owner(arc.name)
-    result: dict[str, Any] = {"archive": arc.name, "owner": owner, "dry_run": dry_run}
+    # The plan changes nothing; it also names the archive's own owner for the output.
+    plan = pool.release_plan(name=arc.name)
+    result: dict[str, Any] = {"archive": arc.name, "owner": plan.owner, "dry_run": dry_run}
     if arc.state == "released":
         result.update(released=False, already_released=True)
         if as_json:
@@ -44,17 +40,14 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
         else:
             click.echo(f"archive {arc.name!r} is already released; nothing changed")
         return
-    frees = None
     if dry_run or not yes:
-        frees = _frees(_usage(pool, owner))
-        others = [o for o in arc.owners() if o != owner]
-        result.update(frees_bytes=frees, other_owners=others)
+        others = plan.still_retained.get(arc.name, [])
+        result.update(frees_blobs=plan.blobs, frees_bytes=plan.bytes, other_owners=others)
         if not as_json:
             kept = f"; still retained by {', '.join(others)}" if others else ""
             prefix = "would release" if dry_run else "will release"
             click.echo(
-                f"{prefix} archive {arc.name!r} ({len(arc)} samples){kept}; the next gc "
-                f"may reclaim {human_size(frees)}",
+                f"{prefix} archive {arc.name!r} ({len(arc)} samples){kept}; {_frees(plan)}",
                 err=not dry_run,
             )
     if dry_run:
@@ -97,25 +90,32 @@ def release_owner(
     pool: ArchiveManager, owner: str, yes: bool, dry_run: bool, as_json: bool
 ) -> None:
     """Drop every retention of OWNER, such as a checkpoint that was deleted."""
-    # Validated up front, so a dry run refuses exactly what the real run would.
-    check_owner(owner)
     result: dict[str, Any] = {"owner": owner, "dry_run": dry_run}
     if dry_run or not yes:
-        usage = _usage(pool, owner)
-        if usage is None:
+        # release_plan validates OWNER as release_owner does: a dry run refuses the same.
+        plan = pool.release_plan(owner=owner)
+        if not plan.archives:
             result.update(archives=[], released=0)
             if as_json:
                 echo_json(result)
             else:
                 click.echo(f"{owner} retains nothing; nothing to do")
             return
-        result.update(archives=usage.archives, frees_bytes=_frees(usage))
+        result.update(
+            archives=plan.archives,
+            still_retained=plan.still_retained,
+            frees_blobs=plan.blobs,
+            frees_bytes=plan.bytes,
+        )
         if not as_json:
             prefix = "would release" if dry_run else "will release"
+            kept = "".join(
+                f"; {name} stays retained by {', '.join(others)}"
+                for name, others in plan.still_retained.items()
+            )
             click.echo(
-                f"{prefix} {owner}: it retains {len(usage.archives)} archive(s) "
-                f"({', '.join(usage.archives)}); the next gc may reclaim "
-                f"{human_size(_frees(usage))}",
+                f"{prefix} {owner}: it retains {len(plan.archives)} archive(s) "
+                f"({', '.join(plan.archives)}){kept}; {_frees(plan)}",
                 err=not dry_run,
             )
         if dry_run:

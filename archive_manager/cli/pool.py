@@ -6,9 +6,8 @@ from typing import Any
 
 import click
 
-from ..catalog import current_revision, head_revision, make_engine
 from ..catalog.migrate import known_revisions
-from ..manager import ArchiveManager
+from ..manager import ArchiveManager, CatalogStatus
 from ._context import PoolState, json_option, pass_pool, pass_state
 from ._output import echo_fields, echo_json, human_size
 
@@ -34,25 +33,19 @@ def init(state: PoolState) -> None:
     )
 
 
-def _revision_status(current: str | None, head: str) -> str:
-    if current is None:
+def _catalog_status(state: PoolState) -> CatalogStatus:
+    """The catalog's revision, read without migrating it (opening the pool would)."""
+    return ArchiveManager.catalog_status(state.root, state.catalog_url)
+
+
+def _revision_status(status: CatalogStatus) -> str:
+    if status.current is None:
         return "no catalog"
-    if current == head:
+    if status.up_to_date:
         return "up to date"
-    if current in known_revisions():
+    if status.current in known_revisions():
         return "behind: run 'archive-manager db upgrade'"
     return "newer than this archive_manager: upgrade the library"
-
-
-def _read_revision(state: PoolState) -> str | None:
-    """The catalog's revision, read without migrating it (opening the pool would)."""
-    if not state.exists():
-        return None
-    engine = make_engine(state.effective_catalog_url)
-    try:
-        return current_revision(engine)
-    finally:
-        engine.dispose()
 
 
 @click.group()
@@ -65,13 +58,13 @@ def db() -> None:
 @pass_state
 def db_current(state: PoolState, as_json: bool) -> None:
     """Show the catalog's revision and the newest one this library knows."""
-    current, head = _read_revision(state), head_revision()
+    status = _catalog_status(state)
     result = {
         "catalog_url": state.shown_catalog_url(),
-        "current": current,
-        "head": head,
-        "up_to_date": current == head,
-        "status": _revision_status(current, head),
+        "current": status.current,
+        "head": status.head,
+        "up_to_date": status.up_to_date,
+        "status": _revision_status(status),
     }
     if as_json:
         echo_json(result)
@@ -79,8 +72,8 @@ def db_current(state: PoolState, as_json: bool) -> None:
     echo_fields(
         [
             ("catalog", result["catalog_url"]),
-            ("current", current or "-"),
-            ("head", head),
+            ("current", status.current or "-"),
+            ("head", status.head),
             ("status", result["status"]),
         ]
     )
@@ -91,7 +84,7 @@ def db_current(state: PoolState, as_json: bool) -> None:
 @pass_state
 def db_upgrade(state: PoolState, as_json: bool) -> None:
     """Migrate the catalog of an existing pool to the newest revision."""
-    before = _read_revision(state)
+    before = _catalog_status(state).current
     # Opening the pool is the upgrade: it migrates under the catalog's write lock (so
     # concurrent openers take turns) and records the pool's format version.
     pool: ArchiveManager = state.open()
