@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, exists, select
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
 from ._names import archive_owner, check_archive_name, check_owner
@@ -182,6 +183,10 @@ class ArchiveManager:
         engine = make_engine(url)
         try:
             return CatalogStatus(current_revision(engine), head_revision())
+        except sa_exc.SQLAlchemyError as exc:
+            raise CatalogError(
+                f"cannot read the catalog at {make_url(url).render_as_string()}: {exc}"
+            ) from exc
         finally:
             engine.dispose()
 
