@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .archive import Archive, ArchiveInfo
 from .codec import TensorRef, materialize_tensor_refs
+from .compat import RolloutArchive
 from .manager import ArchiveManager
 from .metadata import describe_sample, validate_sample_metadata
 from .samples import Sample, register_sample_class
@@ -20,6 +21,7 @@ __all__ = [
     "ArchiveInfo",
     "ArchiveManager",
     "ArchiveWriter",
+    "RolloutArchive",
     "Sample",
     "TensorRef",
     "__version__",
