@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
 import torch
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
@@ -282,7 +283,10 @@ class Archive:
         """
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        samples = [sample_to_fields(materialize_tensor_refs(s))[1] for s in self.load_samples()]
+        samples = [
+            _torch_native(sample_to_fields(materialize_tensor_refs(s))[1])
+            for s in self.load_samples()
+        ]
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -315,6 +319,33 @@ class Archive:
                 .values(state="released", released_at=self._pool.clock())
             ).rowcount
         return changed == 1
+
+
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
+def _torch_native(value: Any) -> Any:
+    """``value`` with numpy arrays as tensors and numpy scalars as Python numbers.
+
+    NOTE: `torch.load(weights_only=True)` refuses numpy objects, which the codec stores
+    faithfully; an export must load with it, so they become their torch/Python equivalents.
+    """
+    kind = type(value)
+    if kind in _PLAIN or isinstance(value, torch.Tensor):
+        return value
+    if kind is list:
+        if set(map(type, value)) <= _PLAIN:  # token ids, masks, log-probs: no copy
+            return value
+        return [_torch_native(v) for v in value]
+    if kind is tuple:
+        return tuple(_torch_native(v) for v in value)
+    if kind is dict:
+        return {k: _torch_native(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -162,12 +162,21 @@ class ArchiveWriter:
         self._metadata.append(description)
         self._buffer.append(sample)
         if len(self._buffer) >= self._pool.chunk_size:
-            self._flush()
+            try:
+                self._flush()
+            except BaseException as exc:
+                # NOTE: a failed flush loses a chunk (or leaves its samples unencodable):
+                # the writer must refuse to go on, or a caller that catches the error and
+                # keeps adding would commit an archive with a hole in it.
+                self._failure = exc
+                raise
 
     def commit(self) -> Archive:
         """Write the rest, the manifest, commit ownership, publish; return the archive."""
-        self._check_open()
         try:
+            # Inside the try: a writer whose lease lapsed (or whose flush failed) must still
+            # roll back, not leave its lease and blobs behind.
+            self._check_open()
             if self._reference is not None:
                 self._adopt_reference(self._reference)
             elif self._buffer:
@@ -545,7 +554,9 @@ def save_samples(
     if isinstance(samples, (str, bytes, dict)) or not hasattr(samples, "__len__"):
         raise InvalidInputError("samples must be a sequence (a list) of samples")
     if task_keys is not None:
-        if isinstance(task_keys, (str, bytes)) or len(task_keys) != len(samples):
+        if isinstance(task_keys, (str, bytes, dict)) or not hasattr(task_keys, "__len__"):
+            raise InvalidInputError("task_keys must be a sequence (a list) of keys, one per sample")
+        if len(task_keys) != len(samples):
             raise InvalidInputError(
                 f"task_keys has {len(task_keys)} keys for {len(samples)} samples; "
                 "give one key (or None) per sample"

@@ -1,0 +1,504 @@
+"""ArchiveManager: save and the streaming writer (publish, rollback), reference archives,
+visibility of pending saves, bad input that must leave the pool as it was, lease fencing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import select
+
+from archive_manager import ArchiveWriter, Sample
+from archive_manager.catalog import blobs_table, leases_table
+from archive_manager.errors import (
+    ArchiveError,
+    ArchiveExistsError,
+    ArchiveNotFoundError,
+    InvalidInputError,
+    InvalidNameError,
+    LeaseExpiredError,
+    UnencodableError,
+)
+
+
+def lease_rows(pool) -> list:
+    with pool.catalog.read() as conn:
+        return conn.execute(select(leases_table)).all()
+
+
+def names(infos) -> list[str]:
+    return [info.name for info in infos]
+
+
+class Opaque:
+    """An arbitrary object: not storable."""
+
+
+# --------------------------------------------------------------------------- save
+
+
+def test_save_publishes_and_open_archive_finds_it(pool, rollout, same_samples) -> None:
+    samples = rollout(70, seed=1, rollout_id=5)
+    arc = pool.save("run1-step5", samples, rollout_id=5, attrs={"lr": 1e-6})
+    assert (arc.name, arc.rollout_id, arc.evaluation, arc.state) == (
+        "run1-step5",
+        5,
+        False,
+        "published",
+    )
+    assert arc.attrs == {"lr": 1e-6}
+    again = pool.open_archive("run1-step5")
+    assert (again.name, len(again), again.attrs) == ("run1-step5", 70, {"lr": 1e-6})
+    same_samples(again.load_samples(), samples)
+    assert lease_rows(pool) == []
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("run1-step6")
+
+
+def test_unicode_names_round_trip(pool, rollout) -> None:
+    name = "rollout ünïcödé 漢字 #3"
+    pool.save(name, rollout(3), rollout_id=0)
+    assert pool.open_archive(name).name == name
+    assert names(pool.find()) == [name]
+
+
+def test_taken_name_raises_and_writes_nothing(pool, rollout, snapshot) -> None:
+    pool.save("a", rollout(70), rollout_id=1)
+    before = snapshot(pool)
+    with pytest.raises(ArchiveExistsError):
+        pool.save("a", rollout(70, seed=99), rollout_id=2)
+    with pytest.raises(ArchiveExistsError):
+        pool.writer("a", rollout_id=2)
+    with pytest.raises(ArchiveExistsError):
+        pool.save("a", None, rollout_id=2, reference="a")
+    assert snapshot(pool) == before
+
+
+def test_identical_content_is_stored_once(pool, rollout, blob_files_of) -> None:
+    samples = rollout(70, seed=2)
+    pool.save("a", samples, rollout_id=1)
+    files = blob_files_of(pool)
+    assert len(files.files()) == 3  # two chunks, one manifest
+    pool.save("b", samples, rollout_id=1)
+    assert len(files.files()) == 4  # only b's manifest is new
+    assert files.chunks("a") == files.chunks("b")
+
+
+# --------------------------------------------------------------------------- references
+
+
+def test_reference_shares_chunks(pool, rollout, same_samples, blob_files_of) -> None:
+    samples = rollout(70, seed=3, r3_layers=1)
+    a = pool.save("a", samples, rollout_id=1)
+    files = blob_files_of(pool)
+    before = set(files.files())
+
+    b = pool.save("b", None, rollout_id=2, reference="a", attrs={"why": "eval copy"})
+    new = set(files.files()) - before
+    assert len(new) == 1  # b's manifest, no chunk
+    assert new == {str(pool.store.path(b.manifest_digest).relative_to(pool.root / "blobs"))}
+    assert files.chunks("b") == files.chunks("a")
+    assert files.digests("b", "chunk") == files.digests("a", "chunk")
+
+    assert (b.rollout_id, b.reference, len(b), b.attrs) == (2, "a", 70, {"why": "eval copy"})
+    assert b.keys() == a.keys()
+    assert b.sample_metadata() == a.sample_metadata()
+    same_samples(b.load_samples(), samples)
+    same_samples(b.load_samples(task_key="rollout-0/group-8"), samples[64:])
+    (info,) = pool.find(rollout_id=2)
+    assert info.reference == "a"
+
+    c = pool.save("c", None, rollout_id=3, reference=b)  # an Archive works too
+    same_samples(c.load_samples(sample_key="sample:3"), [samples[3]])
+    # The reference keeps its own owner: releasing the source does not affect it.
+    assert a.release() is True
+    same_samples(b.load_samples(), samples)
+
+
+def test_reference_to_missing_archive_changes_nothing(pool, rollout, snapshot) -> None:
+    pool.save("a", rollout(10), rollout_id=1)
+    before = snapshot(pool)
+    with pytest.raises(ArchiveNotFoundError):
+        pool.save("b", None, rollout_id=1, reference="missing")
+    assert snapshot(pool) == before
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("b")
+
+
+@pytest.mark.parametrize(("with_samples", "task_keys"), [(True, None), (False, ["x"] * 10)])
+def test_reference_refuses_samples_and_task_keys(
+    pool, rollout, snapshot, with_samples, task_keys
+) -> None:
+    samples = rollout(10)
+    pool.save("a", samples, rollout_id=1)
+    before = snapshot(pool)
+    with pytest.raises(InvalidInputError):
+        pool.save(
+            "b",
+            samples if with_samples else None,
+            rollout_id=1,
+            reference="a",
+            task_keys=task_keys,
+        )
+    assert snapshot(pool) == before
+
+
+# --------------------------------------------------------------------------- streaming writer
+
+
+def test_writer_publishes_on_clean_exit(pool, rollout, same_samples) -> None:
+    samples = rollout(150, seed=4)
+    with pool.writer("w", rollout_id=7, evaluation=True, attrs={"k": 1}) as w:
+        for i, sample in enumerate(samples):
+            if i == 3:
+                w.add(sample, task_key="special")
+            elif i == 4:
+                w.add(sample, task_key=None)
+            else:
+                w.add(sample)
+        assert len(w) == 150
+        with pytest.raises(ArchiveNotFoundError):  # nothing is visible before the exit
+            pool.open_archive("w")
+        assert pool.find(state=None) == []
+    assert w.archive is not None
+    assert (w.archive.name, w.archive.rollout_id, w.archive.evaluation) == ("w", 7, True)
+    arc = pool.open_archive("w")
+    assert arc.keys()[3] == ("sample:3", "special")
+    assert arc.keys()[4] == ("sample:4", None)
+    assert arc.keys()[5] == ("sample:5", "rollout-0/group-0")
+    same_samples(arc.load_samples(), samples)
+    assert lease_rows(pool) == []
+    with pytest.raises(ArchiveError):
+        w.add(samples[0])  # a committed writer takes no more samples
+
+
+def test_writer_rolls_back_on_exception(pool, rollout, snapshot, blob_files_of, same_samples):
+    pool.save("other", rollout(70, seed=5), rollout_id=0)
+    before = snapshot(pool)
+    samples = rollout(140, seed=6, rollout_id=1)
+    files = blob_files_of(pool)
+    with pytest.raises(RuntimeError, match="producer died"), pool.writer("w", rollout_id=1) as w:
+        for sample in samples:
+            w.add(sample)
+        # Adding sample 128 waited for chunk 0's write: it is on disk and leased.
+        assert len(files.files()) > len(before.blobs)
+        assert len(lease_rows(pool)) == 1
+        raise RuntimeError("producer died")
+    assert snapshot(pool) == before  # blobs removed, lease dropped, no rows
+    assert lease_rows(pool) == []
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("w")
+    assert pool.find(state=None) == pool.find()
+    # The name is free again.
+    same_samples(pool.save("w", samples, rollout_id=1).load_samples(), samples)
+
+
+def test_writer_rollback_keeps_blobs_others_need(pool, rollout, same_samples, blob_files_of):
+    samples = rollout(70, seed=7)
+    pool.save("a", samples, rollout_id=0)
+    files_before = blob_files_of(pool).files()
+    with pytest.raises(KeyboardInterrupt), pool.writer("b", rollout_id=0) as w:
+        for sample in samples:  # same chunks as "a": deduplicated, not owned by b
+            w.add(sample)
+        raise KeyboardInterrupt
+    assert blob_files_of(pool).files() == files_before
+    same_samples(pool.open_archive("a").load_samples(), samples)
+
+
+def test_writer_abort_is_explicit_and_idempotent(pool, rollout, snapshot) -> None:
+    before = snapshot(pool)
+    w = pool.writer("w", rollout_id=0)
+    for sample in rollout(70):
+        w.add(sample)
+    w.abort()
+    w.abort()
+    assert snapshot(pool) == before
+    with pytest.raises(ArchiveError):
+        w.commit()
+
+
+def test_same_name_saved_twice_at_once(pool, rollout, same_samples, blob_files_of) -> None:
+    first, second = rollout(70, seed=8), rollout(70, seed=9)
+    w1 = pool.writer("x", rollout_id=0)
+    w2 = pool.writer("x", rollout_id=0)  # both pass the up-front name check
+    for a, b in zip(first, second, strict=True):
+        w1.add(a)
+        w2.add(b)
+    w1.commit()
+    with pytest.raises(ArchiveExistsError):
+        w2.commit()
+    # Only the published archive's blobs are left: w2's chunks and lease are gone.
+    files = blob_files_of(pool)
+    kept = files.digests("x")
+    assert files.files() == sorted(
+        str(pool.store.path(d).relative_to(pool.root / "blobs")) for d in kept
+    )
+    with pool.catalog.read() as conn:
+        assert sorted(conn.execute(select(blobs_table.c.digest)).scalars()) == kept
+    assert lease_rows(pool) == []
+    same_samples(pool.open_archive("x").load_samples(), first)
+
+
+@pytest.fixture
+def paused_publish(monkeypatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """Hold every save between step 4 (ownership, state pending) and step 5 (publish)."""
+    reached, go = threading.Event(), threading.Event()
+    real = ArchiveWriter._publish
+
+    def paused(self: ArchiveWriter, archive_id: int) -> None:
+        reached.set()
+        assert go.wait(60)
+        real(self, archive_id)
+
+    monkeypatch.setattr(ArchiveWriter, "_publish", paused)
+    yield reached, go
+    go.set()
+
+
+def test_pending_archives_are_invisible(pool, rollout, paused_publish, same_samples) -> None:
+    reached, go = paused_publish
+    samples = rollout(70, seed=10, rollout_id=1)
+    done: list = []
+    saver = threading.Thread(target=lambda: done.append(pool.save("p", samples, rollout_id=1)))
+    saver.start()
+    try:
+        assert reached.wait(60)
+        # Pending: ownership is committed, but the archive is not visible.
+        with pytest.raises(ArchiveNotFoundError):
+            pool.open_archive("p")
+        assert pool.find() == []
+        assert pool.find(rollout_id=1) == []
+        assert pool.find(task_key="rollout-1/group-0") == []
+        (info,) = pool.find(state=None)
+        assert (info.name, info.state, info.published_at) == ("p", "pending", None)
+        assert names(pool.find(state="pending")) == ["p"]
+        with pytest.raises(ArchiveNotFoundError):
+            pool.retain("checkpoint:step-1", "p")
+        with pytest.raises(ArchiveExistsError):  # the name is taken by the save in flight
+            pool.writer("p", rollout_id=1)
+    finally:
+        go.set()
+        saver.join(60)
+    (arc,) = done
+    assert pool.open_archive("p").state == "published"
+    assert names(pool.find(task_key="rollout-1/group-0")) == ["p"]
+    same_samples(arc.load_samples(), samples)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+BAD_NAMES = [
+    "a/b",
+    "/abs",
+    "a\\b",
+    "..",
+    "../escape",
+    "a..b",
+    ".",
+    "nul\x00byte",
+    "tab\tname",
+    "é" * 128,  # 256 bytes of UTF-8
+    "x" * 256,
+    "",
+    " padded",
+    123,
+    None,
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_bad_names_are_refused(pool, rollout, snapshot, name) -> None:
+    samples = rollout(3)
+    pool.save("a", samples, rollout_id=0)
+    before = snapshot(pool)
+    with pytest.raises(InvalidNameError):
+        pool.save(name, samples, rollout_id=0)
+    with pytest.raises(InvalidNameError):
+        pool.writer(name, rollout_id=0)
+    with pytest.raises(InvalidNameError):
+        pool.save(name, None, rollout_id=0, reference="a")
+    with pytest.raises(InvalidNameError):
+        pool.open_archive(name)
+    assert snapshot(pool) == before
+    assert issubclass(InvalidNameError, ValueError)
+
+
+def test_longest_name_is_accepted(pool, rollout) -> None:
+    name = "é" * 127 + "x"  # 255 bytes
+    pool.save(name, rollout(1), rollout_id=0)
+    assert pool.open_archive(name).name == name
+
+
+def _generator(samples):
+    yield from samples
+
+
+BAD_CALLS = {
+    "task_keys too short": lambda s: {"task_keys": ["k"] * (len(s) - 1)},
+    "task_keys too long": lambda s: {"task_keys": ["k"] * (len(s) + 1)},
+    "task_keys a str": lambda s: {"task_keys": "k" * len(s)},
+    "task_keys a generator": lambda s: {"task_keys": (f"k{i}" for i in range(len(s)))},
+    "task_key of a bad type": lambda s: {"task_keys": ["k"] * (len(s) - 1) + [1.5]},
+    "rollout_id a str": lambda s: {"rollout_id": "3"},
+    "rollout_id a float": lambda s: {"rollout_id": 3.0},
+    "rollout_id a bool": lambda s: {"rollout_id": True},
+    "evaluation not a bool": lambda s: {"evaluation": "yes"},
+    "attrs not JSON": lambda s: {"attrs": {"x": Opaque()}},
+    "attrs with int keys": lambda s: {"attrs": {1: "x"}},
+    "samples a generator": lambda s: {"samples": _generator(s)},
+    "samples one sample": lambda s: {"samples": s[0]},
+    "samples a dict": lambda s: {"samples": {"tokens": [1]}},
+    "samples a str": lambda s: {"samples": "samples"},
+    "samples None": lambda s: {"samples": None},
+    "samples and reference": lambda s: {"reference": "a"},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_bad_input_is_refused_and_changes_nothing(pool, rollout, snapshot, case) -> None:
+    samples = rollout(70, seed=11)
+    pool.save("a", samples, rollout_id=0)
+    before = snapshot(pool)
+    kwargs = {"samples": samples, "rollout_id": 1, **BAD_CALLS[case](samples)}
+    with pytest.raises(InvalidInputError):
+        pool.save("b", kwargs.pop("samples"), **kwargs)
+    assert snapshot(pool) == before
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_unencodable_sample_late_in_the_rollout_cleans_up(
+    pool, rollout, snapshot, same_samples, as_dict
+) -> None:
+    pool.save("a", rollout(70, seed=12), rollout_id=0)
+    before = snapshot(pool)
+    samples = rollout(130, seed=13, rollout_id=1, as_dict=as_dict)  # 64 + 64 + 2
+    bad = samples[99]
+    (bad if as_dict else bad.metadata)["handle"] = Opaque()
+    with pytest.raises(UnencodableError, match="Opaque"):
+        pool.save("b", samples, rollout_id=1)
+    # Chunk 0 was written before chunk 1 failed to encode: it is gone again.
+    assert snapshot(pool) == before
+    # Nothing blocks a corrected save under the same name.
+    del (bad if as_dict else bad.metadata)["handle"]
+    same_samples(pool.save("b", samples, rollout_id=1).load_samples(), samples)
+
+
+def test_unencodable_sample_in_writer_rolls_back(pool, rollout, snapshot) -> None:
+    before = snapshot(pool)
+    samples = rollout(70, seed=14)
+    samples[5].rollout_routed_experts = [Opaque()]
+    with pytest.raises(UnencodableError), pool.writer("w", rollout_id=0) as w:
+        for sample in samples:
+            w.add(sample)
+    assert snapshot(pool) == before
+
+
+def test_unregistered_sample_class_is_refused(pool, snapshot) -> None:
+    before = snapshot(pool)
+    with pytest.raises(UnencodableError):
+        pool.save("w", [Sample(index=0), Opaque()], rollout_id=0)
+    assert snapshot(pool) == before
+
+
+@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (192, 2)])
+def test_failed_chunk_write_poisons_the_writer(
+    pool, rollout, snapshot, monkeypatch, n_samples, failing_put
+) -> None:
+    """A writer whose chunk failed to store must never publish an archive missing it.
+
+    With 192 samples and the second chunk failing, the third chunk is built but lost when
+    the failure surfaces; a writer that went on would publish entries without chunks.
+    """
+    before = snapshot(pool)
+    samples = rollout(n_samples, seed=15)
+    real_put = pool.store.put
+    calls = {"n": 0}
+
+    def flaky_put(parts, digest=None):
+        calls["n"] += 1
+        if calls["n"] == failing_put:
+            raise OSError(28, "No space left on device")
+        return real_put(parts, digest=digest)
+
+    monkeypatch.setattr(pool.store, "put", flaky_put)
+    w = pool.writer("w", rollout_id=0)
+    failures = []
+    for sample in samples:  # a producer that logs errors and carries on
+        try:
+            w.add(sample)
+        except OSError as exc:
+            failures.append(exc)
+    assert failures
+    with pytest.raises(OSError, match="No space"):
+        w.commit()
+    assert snapshot(pool) == before
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("w")
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_lapsed_lease_fails_at_commit(open_pool, clock, rollout, snapshot) -> None:
+    # A long ttl: the heartbeat thread never runs during the test, only the clock moves.
+    pool = open_pool(clock=clock, lease_ttl=3600)
+    pool.save("a", rollout(10), rollout_id=0)
+    before = snapshot(pool)
+    samples = rollout(130, seed=16)
+    with pytest.raises(LeaseExpiredError), pool.writer("w", rollout_id=0) as w:
+        for sample in samples[:100]:
+            w.add(sample)
+        clock.advance(3601)  # the process was paused for longer than its lease
+        for sample in samples[100:]:
+            w.add(sample)
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("w")
+    assert pool.find(state=None) == pool.find()
+    assert lease_rows(pool) == []
+    assert snapshot(pool) == before
+
+
+def test_lease_that_heartbeat_could_not_renew_fails(open_pool, clock, rollout, snapshot):
+    # A short ttl: the heartbeat runs every 0.1 s (real time) and renews with the fake clock.
+    pool = open_pool(clock=clock, lease_ttl=0.3)
+    before = snapshot(pool)
+    samples = rollout(70, seed=17)
+    with pytest.raises(LeaseExpiredError), pool.writer("w", rollout_id=0) as w:
+        for sample in samples:
+            w.add(sample)
+        clock.advance(10)  # the clock jumps: the next renewal finds the lease lapsed
+        w._heartbeat.join(timeout=30)
+        assert not w._heartbeat.is_alive(), "the heartbeat should have given up"
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("w")
+    assert lease_rows(pool) == []
+    assert snapshot(pool) == before
+
+
+def _wait_for_renewal(pool, clock, ttl: float) -> None:
+    """Wait (real time) until the heartbeat renewed the one lease at the clock's current time."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        (lease,) = lease_rows(pool)
+        if lease.expires_at >= clock.now + ttl:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the heartbeat did not renew the lease")
+
+
+def test_heartbeat_keeps_a_slow_writer_alive(open_pool, clock, rollout, same_samples) -> None:
+    pool = open_pool(clock=clock, lease_ttl=0.3)
+    samples = rollout(70, seed=18)
+    start = clock.now
+    with pool.writer("slow", rollout_id=0) as w:
+        for i, sample in enumerate(samples):
+            w.add(sample)
+            if i % 10 == 0:
+                clock.advance(0.2)  # slow, but within the lease: renewals keep up
+                _wait_for_renewal(pool, clock, 0.3)
+    assert clock.now - start > 4 * 0.3  # far more than one ttl passed in all
+    same_samples(pool.open_archive("slow").load_samples(), samples)
+    assert lease_rows(pool) == []
