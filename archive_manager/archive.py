@@ -33,7 +33,7 @@ from .errors import (
     IntegrityError,
     InvalidInputError,
 )
-from .samples import sample_to_fields
+from .samples import check_task_key, sample_to_fields
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -175,7 +175,7 @@ class Archive:
             ArchiveReleasedError: the archive was released and GC reclaimed its payload.
         """
         sample_key = _check_key(sample_key, "sample_key")
-        task_key = _check_key(task_key, "task_key")
+        task_key = check_task_key(task_key)
         e, c = entries_table, chunks_table
         with self._pool.catalog.read() as conn:
             query = select(e.c.chunk_ordinal, e.c.offset).where(e.c.archive_id == self._id)

@@ -41,8 +41,9 @@ from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
 from .retention import ReleasePlan, plan_release
+from .samples import check_task_key
 from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
-from .writer import ArchiveWriter, check_rollout_id, check_task_key, save_samples
+from .writer import ArchiveWriter, check_rollout_id, save_samples
 
 __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
 

@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
-from .errors import InvalidNameError, UnencodableError, UnsupportedFormatError
+from .errors import InvalidInputError, InvalidNameError, UnencodableError, UnsupportedFormatError
 
 __all__ = [
     "QUEUE_PREFIX",
     "SAMPLE_CLASS_NAME",
     "Sample",
+    "check_task_key",
     "fields_to_sample",
     "register_sample_class",
     "registered_class",
@@ -457,6 +458,15 @@ def sample_key(obj_or_fields: Any, position: int) -> str:
     if index is None:
         return f"position:{position}"
     return f"sample:{index}"
+
+
+def check_task_key(task_key: object) -> str | None:
+    """A task key is a str or None; ints are accepted and kept as their decimal string."""
+    if task_key is None or isinstance(task_key, str):
+        return task_key
+    if isinstance(task_key, int) and not isinstance(task_key, bool):
+        return str(task_key)
+    raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
 
 
 def task_key_of(obj: Any) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from .errors import (
     LeaseExpiredError,
 )
 from .metadata import describe_sample
-from .samples import sample_key, task_key_of
+from .samples import check_task_key, sample_key, task_key_of
 
 if TYPE_CHECKING:
     from .archive import Archive
@@ -70,15 +71,6 @@ class _Blob:
     parts: Sequence[codec.Buffer]
     size: int
     kind: str
-
-
-def check_task_key(task_key: object) -> str | None:
-    """A task key is a str or None; ints are accepted and kept as their decimal string."""
-    if task_key is None or isinstance(task_key, str):
-        return task_key
-    if isinstance(task_key, int) and not isinstance(task_key, bool):
-        return str(task_key)
-    raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
 
 
 def check_rollout_id(rollout_id: object) -> int | None:
@@ -138,7 +130,10 @@ class ArchiveWriter:
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(
-            target=self._keep_alive, name="archive-lease", daemon=True
+            target=self._keep_alive,
+            args=(weakref.ref(self), self._stop, max(pool.lease_ttl / 3, 0.05)),
+            name="archive-lease",
+            daemon=True,
         )
         self._heartbeat.start()
 
@@ -230,17 +225,27 @@ class ArchiveWriter:
         self._stop.set()
         self._io.shutdown(wait=True)
 
-    def _keep_alive(self) -> None:
+    @staticmethod
+    def _keep_alive(
+        ref: weakref.ref[ArchiveWriter], stop: threading.Event, interval: float
+    ) -> None:
         # NOTE: renewal runs on its own thread so that a slow but live producer keeps its
-        # lease; a paused (SIGSTOP) or dead process stops renewing and is fenced out.
-        interval = max(self._pool.lease_ttl / 3, 0.05)
-        while not self._stop.wait(interval):
-            try:
-                with self._lock, self._pool.catalog.write() as conn:
-                    renew_lease(conn, self._lease, now=self._pool.clock(), ttl=self._pool.lease_ttl)
-            except BaseException as exc:  # surfaced by the next add/commit
-                self._failure = exc
+        # lease; a paused (SIGSTOP) or dead process stops renewing and is fenced out.  It holds
+        # the writer only weakly: a writer dropped without commit or abort stops renewing, so
+        # its lease expires and GC reclaims what it held.
+        while not stop.wait(interval):
+            writer = ref()
+            if writer is None:
                 return
+            try:
+                with writer._lock, writer._pool.catalog.write() as conn:
+                    renew_lease(
+                        conn, writer._lease, now=writer._pool.clock(), ttl=writer._pool.lease_ttl
+                    )
+            except BaseException as exc:  # surfaced by the next add/commit
+                writer._failure = exc
+                return
+            del writer
 
     def _flush(self) -> None:
         raw = build_chunk(self._buffer, inline_limit=self._pool.inline_limit)

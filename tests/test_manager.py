@@ -3,6 +3,7 @@ visibility of pending saves, bad input that must leave the pool as it was, lease
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from sqlalchemy import select
 
 from archive_manager import ArchiveWriter, Sample
 from archive_manager.catalog import blobs_table, leases_table
+from tests.conftest import blob_files
 from archive_manager.errors import (
     ArchiveError,
     ArchiveExistsError,
@@ -502,3 +504,32 @@ def test_heartbeat_keeps_a_slow_writer_alive(open_pool, clock, rollout, same_sam
     assert clock.now - start > 4 * 0.3  # far more than one ttl passed in all
     same_samples(pool.open_archive("slow").load_samples(), samples)
     assert lease_rows(pool) == []
+
+
+def test_abandoned_writer_stops_renewing_and_gc_reclaims(open_pool, clock, rollout) -> None:
+    # A writer dropped without commit or abort must not keep its lease alive forever.
+    pool = open_pool(clock=clock, lease_ttl=0.3)
+    w = pool.writer("dropped", rollout_id=0)
+    for sample in rollout(70, seed=19):
+        w.add(sample)
+    w._wait()  # its first chunk is written and held by the lease
+    heartbeat = w._heartbeat
+    del w
+    gc.collect()
+    heartbeat.join(timeout=30)
+    assert not heartbeat.is_alive()
+    clock.advance(1)
+    report = pool.gc(grace=0)
+    assert report.expired_leases == 1
+    assert report.blobs >= 1
+    assert lease_rows(pool) == []
+    assert blob_files(pool.root) == []
+
+
+def test_int_task_keys_are_strings_everywhere(pool, rollout) -> None:
+    samples = rollout(3)
+    pool.save("ints", samples, rollout_id=0, task_keys=[7, 7, None])
+    arc = pool.open_archive("ints")
+    assert [k for _, k in arc.keys()] == ["7", "7", None]
+    assert len(arc.load_samples(task_key=7)) == 2
+    assert [i.name for i in pool.find(task_key=7)] == ["ints"]
