@@ -13,7 +13,6 @@ from sqlalchemy import select
 
 from archive_manager import ArchiveWriter, Sample
 from archive_manager.catalog import blobs_table, leases_table
-from tests.conftest import blob_files
 from archive_manager.errors import (
     ArchiveError,
     ArchiveExistsError,
@@ -23,6 +22,7 @@ from archive_manager.errors import (
     LeaseExpiredError,
     UnencodableError,
 )
+from tests.conftest import blob_files
 
 
 def lease_rows(pool) -> list:
