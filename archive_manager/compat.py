@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,11 @@ def archive_name_for(path: str | os.PathLike[str]) -> str:
     text = os.path.abspath(Path(path).expanduser())
     out = []
     for ch in text:
-        if ch in "%/\\" or ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"%{ord(ch):02X}")
+        if ch in "%/\\" or ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F or _surrogate(ch):
+            # NOTE: the UTF-8 bytes, each as %XX: ``%{ord(ch):X}`` made U+2000 and " 00"
+            # both "%2000".  Surrogates (undecodable bytes in a file name) are no valid name
+            # text, so they are encoded too.
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
         else:
             out.append(ch)
     name = "".join(out)
@@ -55,6 +58,10 @@ def archive_name_for(path: str | os.PathLike[str]) -> str:
     return name
 
 
+def _surrogate(ch: str) -> bool:
+    return 0xD800 <= ord(ch) <= 0xDFFF
+
+
 def _pool_location(path: Path, args: Any) -> tuple[Path, str | None]:
     root = getattr(args, "archive_root", None) if args is not None else None
     url = getattr(args, "archive_catalog_url", None) if args is not None else None
@@ -65,7 +72,10 @@ def _pool_location(path: Path, args: Any) -> tuple[Path, str | None]:
 def _write_pointer(path: Path, content: dict[str, Any]) -> None:
     """Write ``path`` atomically and only if it does not exist (link(2) is exclusive)."""
     data = json.dumps(content, indent=1, allow_nan=False).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name[:64]}.{uuid.uuid4().hex}.tmp"
+    # NOTE: not mkstemp, whose 0600 would hide the pointer from the rest of a team that
+    # shares the run folder; 0666 minus the umask, like any file the run writes.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -111,6 +121,8 @@ def _read_pointer(path: Path) -> dict[str, Any]:
         raise UnsupportedFormatError(f"pointer file {path} lacks {', '.join(missing)}")
     if not isinstance(pointer["pool_root"], str) or not isinstance(pointer["archive"], str):
         raise UnsupportedFormatError(f"pointer file {path} has a malformed pool_root or archive")
+    if not isinstance(pointer.get("catalog_url"), (str, type(None))):
+        raise UnsupportedFormatError(f"pointer file {path} has a malformed catalog_url")
     check_digest(pointer["manifest_digest"])
     metadata = pointer.get("metadata")
     if metadata is not None and not (
@@ -216,6 +228,9 @@ class RolloutArchive:
             except FileExistsError:
                 arc.release()
                 raise FileExistsError(f"pointer file {target} appeared while saving") from None
+            except BaseException:
+                arc.release()  # no pointer names it: nothing could ever read or release it
+                raise
         return cls(target)
 
     @staticmethod
