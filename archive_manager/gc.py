@@ -151,7 +151,7 @@ def _candidates(conn: Connection, now: float, cutoff: float) -> list[tuple[str, 
 
 def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
     """Refuse a plan that would delete what an owned archive's own rows name."""
-    c, a, r = chunks_table, archives_table, retention_table
+    c, a, r, ab = chunks_table, archives_table, retention_table, archive_blobs_table
     owned = exists().where(r.c.archive_id == a.c.id)
     for i in range(0, len(digests), _BATCH):
         batch = digests[i : i + _BATCH]
@@ -167,12 +167,19 @@ def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
                 .where(owned, a.c.state != "pending", a.c.manifest_digest.in_(batch))
                 .limit(1)
             ).first()
+            # Rows left 'deleting' by an earlier GC were never checked against this catalog.
+            or conn.execute(
+                select(a.c.name, ab.c.digest)
+                .join(ab, ab.c.archive_id == a.c.id)
+                .where(owned, a.c.state != "pending", ab.c.digest.in_(batch))
+                .limit(1)
+            ).first()
         )
         if hit is not None:
             raise GcAbortedError(
-                f"gc stopped before deleting anything: blob {hit[1]} is unreferenced in "
-                f"archive_blobs but archive {hit[0]!r}, which is owned, needs it (the catalog "
-                "is inconsistent; run verify)"
+                f"gc stopped before deleting anything: archive {hit[0]!r}, which is owned, "
+                f"needs blob {hit[1]}, which this gc would delete (the catalog is "
+                "inconsistent; run verify)"
             )
 
 
@@ -228,15 +235,15 @@ def collect(
         candidates = _candidates(conn, now, cutoff)
         digests = [d for d, _ in candidates]
         sizes = dict(candidates)
-        _check_invariant(conn, digests)
-        report.per_archive = _per_archive(conn, digests, sizes)
-        report.blobs = len(candidates)
-        report.bytes = sum(sizes.values())
         earlier = conn.execute(
             select(blobs_table.c.digest, blobs_table.c.size).where(
                 blobs_table.c.state == "deleting"
             )
         ).all()
+        _check_invariant(conn, digests + [d for d, _ in earlier])
+        report.per_archive = _per_archive(conn, digests, sizes)
+        report.blobs = len(candidates)
+        report.bytes = sum(sizes.values())
         report.finished_from_earlier = len(earlier)
         report.blobs += len(earlier)
         report.bytes += sum(s for _, s in earlier)

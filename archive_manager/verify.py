@@ -146,7 +146,10 @@ def verify_pool(
         entries_table,
     )
     with pool.catalog.read() as conn:
-        blobs = {row.digest: row for row in conn.execute(select(b.c.digest, b.c.size, b.c.state))}
+        blobs = {
+            row.digest: row
+            for row in conn.execute(select(b.c.digest, b.c.size, b.c.state, b.c.created_at))
+        }
         archives = {
             row.id: row
             for row in conn.execute(
@@ -171,26 +174,58 @@ def verify_pool(
             row.owner: row.expires_at
             for row in conn.execute(select(leases_table.c.owner, leases_table.c.expires_at))
         }
-        lease_held = set(conn.execute(select(lease_blobs_table.c.digest).distinct()).scalars())
+        lease_held = set(
+            conn.execute(
+                select(lease_blobs_table.c.digest)
+                .join(leases_table, leases_table.c.owner == lease_blobs_table.c.lease)
+                .where(leases_table.c.expires_at > now)
+                .distinct()
+            ).scalars()
+        )
+
+    # Damage to a blob is reported with the archives that need it (owned ones first): the
+    # question after "what is broken" is always "which archives can no longer be read".
+    users: dict[str, list[str]] = defaultdict(list)
+    for archive_id in sorted(needs, key=lambda i: (i not in owned, archives[i].name)):
+        for digest in needs[archive_id]:
+            users[digest].append(archives[archive_id].name)
+
+    def damaged(kind: str, digest: str, message: str) -> Finding:
+        names = users.get(digest, [])
+        if names:
+            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+            message += f" (needed by archive {shown})"
+        return Finding(kind, message, digest, names[0] if names else None)
+
+    # NOTE: the listing comes before the snapshot, so a save may have written a blob since
+    # (and marked it live), and GC may have unlinked one after (marking it deleting first).
+    # A recorded blob the listing missed is only missing if its file is still absent and its
+    # row is still the very row of the snapshot (GC and saves give a row a new created_at or
+    # a new state whenever its file may legitimately come or go).
+    moved = _recheck_unlisted(
+        pool, {d: row for d, row in blobs.items() if row.state != "deleting"}, files
+    )
 
     problem, notice = report.problems.append, report.notices.append
     for digest, row in blobs.items():
         on_disk = files.get(digest)
+        if digest in moved:
+            continue
         if row.state == "live":
             if on_disk is None:
                 problem(
-                    Finding(
+                    damaged(
                         "missing-blob",
-                        f"blob {digest} is recorded live but its file is missing",
                         digest,
+                        f"blob {digest} is recorded live but its file is missing",
                     )
                 )
             elif on_disk != row.size:
                 problem(
-                    Finding(
+                    damaged(
                         "wrong-size",
-                        f"blob {digest} is {on_disk} bytes on disk, {row.size} in the catalog",
                         digest,
+                        f"blob {digest} is {on_disk} bytes on disk, {row.size} in the catalog",
                     )
                 )
         elif row.state == "writing" and on_disk is None:
@@ -235,7 +270,8 @@ def verify_pool(
         if archive_id not in owned:
             continue
         digests = needs.get(archive_id, set())
-        retained |= digests
+        if row.state != "pending" or leases.get(row.lease_owner, 0) > now:
+            retained |= digests  # as GC counts it: a dead pending save retains nothing
         for digest in sorted(digests):
             blob = blobs.get(digest)
             if blob is None or (
@@ -250,7 +286,7 @@ def verify_pool(
                         name,
                     )
                 )
-            elif digest not in files:
+            elif digest not in files and digest not in moved:
                 problem(
                     Finding(
                         "archive-blob",
@@ -318,23 +354,63 @@ def verify_pool(
         todo = sorted(
             d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d)
         )
+        vanished = []
         for i, digest in enumerate(todo, 1):
             try:
                 pool.store.check(digest)
             except BlobNotFoundError:
-                problem(
-                    Finding("missing-blob", f"blob {digest} vanished while being verified", digest)
-                )
+                vanished.append(digest)  # maybe GC's doing: judged below
             except IntegrityError as exc:
-                problem(Finding("corrupt-blob", str(exc), digest))
+                problem(damaged("corrupt-blob", digest, str(exc)))
             report.bytes_read += blobs[digest].size
             if progress is not None:
                 progress(i, len(todo))
+        found: dict[str, int] = {}
+        moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found)
+        for digest in vanished:
+            if digest not in moved and digest not in found:
+                problem(
+                    damaged("missing-blob", digest, f"blob {digest} vanished while being verified")
+                )
         report.blobs_checked = len(todo)
     else:
         report.blobs_checked = len(blobs)
     report.duration = time.perf_counter() - started
     return report
+
+
+def _recheck_unlisted(
+    pool: ArchiveManager, rows: dict[str, Any], files: dict[str, int]
+) -> set[str]:
+    """Look again at the blobs of ``rows`` that ``files`` (the listing) lacks.
+
+    A file found now is added to ``files``.  Returns the digests whose row changed since
+    ``rows`` were read (gone, another state, re-created): their files may come and go
+    legitimately, so their absence is no damage.  The file is looked at before the row is
+    read again, so a missing file whose row did not change was missing while it was live.
+    """
+    absent = []
+    for digest in sorted(d for d in rows if d not in files):
+        try:
+            files[digest] = pool.store.size(digest)
+        except BlobNotFoundError:
+            absent.append(digest)
+    if not absent:
+        return set()
+    b = blobs_table
+    now: dict[str, Any] = {}
+    with pool.catalog.read() as conn:
+        for i in range(0, len(absent), 500):
+            batch = absent[i : i + 500]
+            for row in conn.execute(
+                select(b.c.digest, b.c.state, b.c.created_at).where(b.c.digest.in_(batch))
+            ):
+                now[row.digest] = row
+    return {
+        d
+        for d in absent
+        if d not in now or (now[d].state, now[d].created_at) != (rows[d].state, rows[d].created_at)
+    }
 
 
 @dataclass
@@ -388,6 +464,7 @@ def audit_owners(pool: ArchiveManager) -> OwnersReport:
         }
         names = dict(conn.execute(select(a.c.id, a.c.name)).all())
         states = dict(conn.execute(select(a.c.id, a.c.state)).all())
+        lease_of = dict(conn.execute(select(a.c.id, a.c.lease_owner)).all())
         needs: dict[int, set[str]] = defaultdict(set)
         for archive_id, digest in conn.execute(select(ab.c.archive_id, ab.c.digest)):
             needs[archive_id].add(digest)
@@ -401,10 +478,16 @@ def audit_owners(pool: ArchiveManager) -> OwnersReport:
         ):
             lease_blobs[lease].add(digest)
 
+    # Retained as GC counts it: expired leases and the pending saves they guarded hold
+    # nothing (GC drops and rolls them back first), so their blobs count as unowned.
+    live = {o for o, exp in leases if exp > now}
+    dead = {i for i, st in states.items() if st == "pending" and lease_of.get(i) not in live}
     owner_blobs: dict[str, set[str]] = {}
     for owner, ids in holdings.items():
-        owner_blobs[owner] = set().union(*(needs.get(i, set()) for i in ids)) & sizes.keys()
-    for lease, _expires in leases:
+        ids = ids - dead
+        if ids:
+            owner_blobs[owner] = set().union(*(needs.get(i, set()) for i in ids)) & sizes.keys()
+    for lease in live:
         owner_blobs.setdefault(lease, set()).update(lease_blobs.get(lease, set()) & sizes.keys())
     holders: dict[str, int] = defaultdict(int)
     for digests in owner_blobs.values():
@@ -419,7 +502,7 @@ def audit_owners(pool: ArchiveManager) -> OwnersReport:
         report.owners.append(
             OwnerUsage(
                 owner,
-                sorted(names[i] for i in holdings.get(owner, ())),
+                sorted(names[i] for i in holdings.get(owner, set()) - dead),
                 len(digests),
                 total,
                 exclusive,

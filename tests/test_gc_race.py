@@ -1,0 +1,286 @@
+"""The dedup race: savers of identical content against a GC running in a loop.
+
+Every save reuses the chunk and tensor blobs of the archives before it, which were released
+right away, so GC keeps finding them unretained and marks them ``deleting`` while savers are
+taking them: a saver must either see the blob live and hold it under its lease before GC's
+plan, or see it ``deleting`` and take it back, or find it gone and write it anew.  Published
+archives must load exactly, always.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import multiprocessing
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from archive_manager import ArchiveManager, TensorRef
+from archive_manager import gc as gc_module
+from archive_manager.catalog import (
+    archive_blobs_table,
+    blobs_table,
+    leases_table,
+    retention_table,
+)
+from archive_manager.errors import ArchiveReleasedError
+from archive_manager.synthetic import make_rollout
+
+SAVERS = 3
+CHUNK_SIZE = 4
+INLINE_LIMIT = 64
+KEEP = 0.1  # a kept archive is released again after HOLD further saves, the last ones stay
+HOLD = 3
+REFERENCE = 0.1
+
+
+def rollout() -> list[Any]:
+    return make_rollout(
+        6, seed=7, prompt_len=8, response_min=4, response_max=12, group_size=2, r3_layers=2
+    )
+
+
+def canon(value: Any) -> Any:
+    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
+    if isinstance(value, TensorRef):
+        value = value.materialize()
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, canon(vars(value)))
+    if isinstance(value, dict):
+        return {k: canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [canon(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def _open(root: str) -> ArchiveManager:
+    return ArchiveManager.open(root, chunk_size=CHUNK_SIZE, inline_limit=INLINE_LIMIT)
+
+
+def _run(out: str, work: Any) -> None:
+    """Run ``work()`` in a child; write its result, or its traceback, to ``out``."""
+    try:
+        result = work()
+    except BaseException:
+        Path(out).write_text(json.dumps({"error": traceback.format_exc()}))
+        raise
+    Path(out).write_text(json.dumps(result))
+
+
+def _saver(root: str, index: int, seconds: float, barrier: Any, out: str) -> None:
+    def work() -> dict[str, Any]:
+        expected = [canon(s) for s in rollout()]
+        samples = rollout()
+        rng = random.Random(index)
+        held: list[tuple[str, int]] = []  # kept archives and the save count when kept
+        saved = released = references = checked = taken_back = 0
+        with _open(root) as pool:
+            real_delete = pool.store.delete
+
+            def delete(digest: str) -> bool:
+                # A saver unlinks only when it takes back a blob that GC marked 'deleting'.
+                nonlocal taken_back
+                taken_back += 1
+                return real_delete(digest)
+
+            pool.store.delete = delete  # type: ignore[method-assign]
+            barrier.wait(timeout=120)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                name = f"s{index}-{saved}"
+                if held and rng.random() < REFERENCE:
+                    arc = pool.save(name, None, rollout_id=index, reference=held[-1][0])
+                    references += 1
+                else:
+                    arc = pool.save(name, samples, rollout_id=index)
+                saved += 1
+                if rng.random() < KEEP:
+                    held.append((name, saved))
+                else:
+                    arc.release()
+                    released += 1
+                    # Now and then no save holds the content: GC's window to reclaim it.
+                    time.sleep(rng.choice((0, 0, 0, 0.01)))
+                # A kept archive must read back exactly while GC runs; then it is let go.
+                while held and saved - held[0][1] >= HOLD:
+                    old, _ = held.pop(0)
+                    kept = pool.open_archive(old)
+                    if [canon(s) for s in kept.load_samples()] != expected:
+                        raise AssertionError(f"archive {old!r} read back different samples")
+                    checked += 1
+                    kept.release()
+                    released += 1
+            # The last save of each saver stays published, for the checks after the race.
+            pool.save(f"s{index}-last", samples, rollout_id=index)
+            held.append((f"s{index}-last", saved))
+        return {
+            "kept": [n for n, _ in held],
+            "saved": saved,
+            "released": released,
+            "references": references,
+            "checked": checked,
+            "taken_back": taken_back,
+        }
+
+    _run(out, work)
+
+
+def _collector(root: str, seconds: float, barrier: Any, out: str) -> None:
+    def work() -> dict[str, Any]:
+        runs = reclaimed = content_deleted = verifies = 0
+        problems: list[str] = []
+        with _open(root) as pool:
+            content = set()
+            real_delete = pool.store.delete
+
+            def delete(digest: str) -> bool:
+                nonlocal content_deleted
+                if digest in content:
+                    content_deleted += 1
+                return real_delete(digest)
+
+            pool.store.delete = delete  # type: ignore[method-assign]
+            rng = random.Random(99)
+            real_execute = gc_module._execute
+
+            def slow_execute(*args: Any) -> None:
+                # A GC slow between its plan and its unlinks leaves blobs 'deleting' for
+                # longer: savers then meet them and must take them back.
+                time.sleep(rng.choice((0, 0, 0.005, 0.02)))
+                real_execute(*args)
+
+            gc_module._execute = slow_execute  # type: ignore[assignment]
+            barrier.wait(timeout=120)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                with pool.catalog.read() as conn:
+                    content = set(
+                        conn.execute(
+                            select(blobs_table.c.digest).where(blobs_table.c.kind != "manifest")
+                        ).scalars()
+                    )
+                report = pool.gc(grace=0)
+                runs += 1
+                reclaimed += report.blobs
+                if runs % 4 == 0:
+                    # verify while saves and GC are in flight: a busy pool is not a damaged one
+                    verifies += 1
+                    problems += [p.message for p in pool.verify().problems]
+        return {
+            "runs": runs,
+            "reclaimed": reclaimed,
+            "content_deleted": content_deleted,
+            "verifies": verifies,
+            "problems": problems,
+        }
+
+    _run(out, work)
+
+
+def _race(tmp_path: Path, seconds: float) -> None:
+    root = tmp_path / "pool"
+    with _open(str(root)):
+        pass  # create and migrate the catalog once, before the children race to open it
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(SAVERS + 1)
+    outs = [tmp_path / f"saver-{i}.json" for i in range(SAVERS)]
+    gc_out = tmp_path / "gc.json"
+    procs = [
+        ctx.Process(target=_saver, args=(str(root), i, seconds, barrier, str(outs[i])))
+        for i in range(SAVERS)
+    ]
+    procs.append(ctx.Process(target=_collector, args=(str(root), seconds, barrier, str(gc_out))))
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=seconds + 120)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    results = []
+    for p, out in zip(procs, [*outs, gc_out], strict=True):
+        assert out.exists(), f"{p.name} exited with {p.exitcode} and wrote no result"
+        result = json.loads(out.read_text())
+        assert "error" not in result, result.get("error")
+        assert p.exitcode == 0
+        results.append(result)
+    savers, collector = results[:-1], results[-1]
+
+    # The race really happened: many saves, many GC runs, content blobs reclaimed and re-made.
+    assert sum(s["saved"] for s in savers) >= 10 * SAVERS, savers
+    assert collector["runs"] >= 10, collector
+    assert collector["content_deleted"] > 0, collector
+    assert collector["problems"] == [], collector["problems"][:5]
+
+    expected = [canon(s) for s in rollout()]
+    kept = sorted(n for s in savers for n in s["kept"])
+    with _open(str(root)) as pool:
+        assert sorted(i.name for i in pool.find()) == kept
+        for name in kept:
+            loaded = pool.open_archive(name).load_samples()
+            assert [canon(s) for s in loaded] == expected, name
+        needed = _owned_blobs(pool)
+        for digest in sorted(needed):
+            pool.store.check(digest)  # exists and hashes to its name
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems[:5]
+
+        # Released archives read back exactly or say they were released; never wrong data.
+        released = [i.name for i in pool.find(state="released")]
+        for name in random.Random(0).sample(released, min(20, len(released))):
+            try:
+                loaded = pool.open_archive(name).load_samples()
+            except ArchiveReleasedError:
+                continue
+            assert [canon(s) for s in loaded] == expected, name
+
+        pool.gc(grace=0)
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems[:5]
+        assert report.notices == [], report.notices[:5]
+        files = {d for d, _, _ in pool.store.iter_stat()}
+        assert files == _owned_blobs(pool)
+        with pool.catalog.read() as conn:
+            states = set(conn.execute(select(blobs_table.c.state)).scalars())
+            assert states <= {"live"}
+            assert conn.execute(select(leases_table)).all() == []
+        assert list((root / "tmp").iterdir()) == []
+        for name in kept:
+            loaded = pool.open_archive(name).load_samples()
+            assert [canon(s) for s in loaded] == expected, name
+
+
+def _owned_blobs(pool: ArchiveManager) -> set[str]:
+    ab, r = archive_blobs_table, retention_table
+    with pool.catalog.read() as conn:
+        return set(
+            conn.execute(
+                select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
+            ).scalars()
+        )
+
+
+@pytest.mark.timeout(240)
+def test_dedup_race_short(tmp_path: Path) -> None:
+    _race(tmp_path, seconds=10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_dedup_race_long(tmp_path: Path) -> None:
+    _race(tmp_path, seconds=100)
