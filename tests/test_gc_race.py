@@ -283,4 +283,4 @@ def test_dedup_race_short(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_dedup_race_long(tmp_path: Path) -> None:
-    _race(tmp_path, seconds=100)
+    _race(tmp_path, seconds=45)
