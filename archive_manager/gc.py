@@ -248,15 +248,14 @@ def collect(
         report.blobs += len(earlier)
         report.bytes += sum(s for _, s in earlier)
         if not dry_run:
-            if expired:
-                conn.execute(
-                    delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(expired))
-                )
-                conn.execute(delete(lt).where(lt.c.owner.in_(expired)))
-            if dead:
-                conn.execute(
-                    delete(archives_table).where(archives_table.c.id.in_([i for i, _ in dead]))
-                )
+            for i in range(0, len(expired), _BATCH):
+                batch = expired[i : i + _BATCH]
+                conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
+                conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
+            dead_ids = [archive_id for archive_id, _ in dead]
+            for i in range(0, len(dead_ids), _BATCH):
+                batch_ids = dead_ids[i : i + _BATCH]
+                conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
             for i in range(0, len(digests), _BATCH):
                 conn.execute(
                     update(blobs_table)
