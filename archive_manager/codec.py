@@ -75,6 +75,12 @@ _ALIGN = 8
 # on the way in and out.
 _MIN_RAW_STR = 512
 _TAG = "$t"
+# JSON keeps neither a NaN's sign and payload nor (past sys.get_int_max_str_digits(), at least
+# 640 digits) an int: those few scalars are tagged.
+_NAN_BITS = struct.Struct("<d")
+_CANONICAL_NAN = _NAN_BITS.pack(math.nan)
+_BIG_INT = 10**600
+_NEG_BIG_INT = -_BIG_INT
 
 # dtype names are part of the on-disk format: never reorder or rename.
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -99,6 +105,8 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
         "float8_e5m2",
         "float8_e4m3fnuz",
         "float8_e5m2fnuz",
+        "complex32",
+        "float8_e8m0fnu",
     )
     if hasattr(torch, name)
 }
@@ -124,7 +132,7 @@ _NUMPY_DTYPES = {
 }
 _INT_NARROWING = [
     (np.dtype(n), int(np.iinfo(n).min), int(np.iinfo(n).max))
-    for n in ("int8", "uint8", "int16", "uint16", "int32", "int64")
+    for n in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
 ]
 
 
@@ -314,14 +322,21 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
         raise UnencodableError(f"cannot store a {t.layout} tensor; convert it to dense first")
     if t.is_quantized or t.dtype not in _TORCH_DTYPE_NAMES:
         raise UnencodableError(f"cannot store a tensor of dtype {t.dtype}")
+    if t.device.type == "meta":
+        raise UnencodableError("cannot store a tensor on the meta device: it holds no data")
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    # A lazy conj/neg view's memory is not its value; resolving is free when the bit is unset.
+    t = t.resolve_conj().resolve_neg().contiguous()
     if t.numel() == 0:
         return t, memoryview(b"")
-    flat = t.reshape(-1).view(torch.uint8)
-    return t, memoryview(flat.numpy()).cast("B")
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:
+        # NOTE: a one-element view keeps its stride (t[::2][:1]) and still counts as
+        # contiguous, but view(uint8) needs a unit stride.
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return t, memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
 def encode_tensor_blob(t: torch.Tensor) -> TensorBlob:
@@ -343,6 +358,8 @@ def decode_tensor_blob(data: Buffer, digest: str = "?") -> torch.Tensor:
         magic, version, _flags, hlen = _TENSOR_HEAD.unpack_from(mv, 0)
         _check_magic(magic, TENSOR_MAGIC, version, f"tensor blob {digest}")
         start = _TENSOR_HEAD.size + hlen
+        if start > mv.nbytes:
+            raise IntegrityError("header runs past the end of the blob")
         header = json.loads(bytes(mv[_TENSOR_HEAD.size : start]))
         dtype = _TORCH_DTYPES[header["dtype"]]
         shape = _check_shape(header["shape"])
@@ -381,9 +398,15 @@ class _Encoder:
                 offset, nbytes = self.record.add(value.encode("utf-8", "surrogatepass"))
                 return {_TAG: "str", "o": offset, "n": nbytes}
             return value
-        if value is None or t is bool or t is int:
+        if value is None or t is bool:
             return value
+        if t is int:
+            if _NEG_BIG_INT < value < _BIG_INT:
+                return value
+            return {_TAG: "int", "v": hex(value)}
         if t is float:
+            if value != value and _NAN_BITS.pack(value) != _CANONICAL_NAN:
+                return {_TAG: "nan", "v": _NAN_BITS.pack(value).hex()}
             return value
         if t is list:
             return self._list(value)
@@ -395,7 +418,7 @@ class _Encoder:
             return self._tensor(value)
         if isinstance(value, TensorRef):
             return self._tensor(value.materialize())
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray):
             return self._ndarray(value)
         if isinstance(value, np.generic) and value.dtype.name in _NUMPY_DTYPES:
             return {_TAG: "npscalar", "d": value.dtype.name, "v": self._ndarray_tree(value)}
@@ -448,7 +471,10 @@ class _Encoder:
                     }
                 if kind is float:
                     floats = np.frombuffer(struct.pack(f"<{len(value)}d", *value), np.float64)
-                    narrow = floats.astype(np.float32)
+                    # NOTE: out-of-range values and signalling NaNs warn on the cast (an error
+                    # under -W error); they just fail the bit-exact check below.
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        narrow = floats.astype(np.float32)
                     # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
                     if np.array_equal(
                         narrow.astype(np.float64).view(np.int64), floats.view(np.int64)
@@ -474,7 +500,9 @@ class _Encoder:
         return {_TAG: "tensor", "d": dtype, "sh": list(t.shape), "o": offset, "n": nbytes}
 
     def _ndarray_tree(self, value: np.ndarray | np.generic) -> dict[str, Any]:
-        arr = np.ascontiguousarray(value)
+        # NOTE: not ascontiguousarray, which turns 0-d arrays and scalars into shape (1,);
+        # tobytes() writes C order whatever the layout.
+        arr = np.asarray(value)
         if arr.dtype.name not in _NUMPY_DTYPES or arr.dtype.byteorder == ">":
             raise UnencodableError(f"cannot store a numpy array of dtype {arr.dtype}")
         offset, nbytes = self.record.add(arr.tobytes())
@@ -560,7 +588,10 @@ def encode_sample_record(
     name, fields = sample_to_fields(sample)
     record = _Record(inline_limit, tensor_blobs)
     encoder = _Encoder(record)
-    tree = {"c": name, "f": encoder._dict(fields)}
+    try:
+        tree = {"c": name, "f": encoder._dict(fields)}
+    except RecursionError as exc:
+        raise UnencodableError("a sample is nested too deeply to be stored") from exc
     tree_bytes = _dumps(tree)
     head_len = _TREE_LEN.size + len(tree_bytes)
     pad = -head_len % _ALIGN
@@ -641,6 +672,9 @@ def _check_magic(magic: bytes, want: bytes, version: int, what: str) -> None:
 
 def _integrity(what: str, exc: BaseException) -> ArchiveError:
     if isinstance(exc, (IntegrityError, UnsupportedFormatError)):
+        if type(exc) in (IntegrityError, UnsupportedFormatError) and not str(exc).startswith(what):
+            # name the blob (and record) the error is about
+            return type(exc)(f"{what}: {exc}")
         return exc
     return IntegrityError(f"{what} is malformed: {type(exc).__name__}: {exc}")
 
@@ -659,6 +693,10 @@ class _Decoder:
     def __init__(self, arrays: memoryview, loader: Callable[[str], torch.Tensor] | None) -> None:
         self.arrays = arrays
         self.loader = loader
+        # NOTE: the encoder gives every array its own bytes, so the descriptors of a record
+        # never reference more than its array section; hostile ones that alias the same bytes
+        # many times would otherwise multiply the memory a small blob decodes to.
+        self.budget = arrays.nbytes
 
     def _slice(self, node: dict) -> memoryview:
         offset, nbytes = node["o"], node["n"]
@@ -666,6 +704,9 @@ class _Decoder:
             raise IntegrityError("malformed array descriptor")
         if offset + nbytes > self.arrays.nbytes:
             raise IntegrityError("array runs past the end of its record")
+        self.budget -= nbytes
+        if self.budget < 0:
+            raise IntegrityError("array descriptors reference more bytes than the record holds")
         return self.arrays[offset : offset + nbytes]
 
     def decode(self, node: Any) -> Any:
@@ -704,6 +745,15 @@ class _Decoder:
             return self._ndarray(node["d"], node).copy()
         if tag == "npscalar":
             return self._ndarray(node["d"], node["v"])[()]
+        if tag == "int":
+            if type(node["v"]) is not str:
+                raise IntegrityError("malformed big int")
+            return int(node["v"], 16)
+        if tag == "nan":
+            value = _NAN_BITS.unpack(bytes.fromhex(node["v"]))[0]
+            if value == value:
+                raise IntegrityError("malformed nan")
+            return value
         raise UnsupportedFormatError(f"unknown value tag {tag!r:.40} (written by a newer library?)")
 
     def _ndarray(self, dtype_name: str, node: dict) -> np.ndarray:
