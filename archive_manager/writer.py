@@ -313,8 +313,7 @@ class ArchiveWriter:
                     # Another save may be writing it, or a file went missing: putting the same
                     # bytes again is idempotent and heals the pool.
                     to_write.append(blob)
-        for blob in to_write:
-            store.put(blob.parts, digest=blob.digest)
+        store.put_many([(blob.parts, blob.digest) for blob in to_write])
         with self._lock:
             self._unmarked.extend(b.digest for b in to_write)
         for blob in blobs:

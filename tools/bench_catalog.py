@@ -46,9 +46,8 @@ def codec_write(samples: list, root: Path) -> None:
 
     def put_all(raw: RawChunk) -> None:
         enc = raw.pack()
-        for blob in enc.tensor_blobs.values():
-            store.put(blob.parts, digest=blob.digest)
-        store.put(enc.data, digest=enc.digest)
+        blobs = [(b.parts, b.digest) for b in enc.tensor_blobs.values()]
+        store.put_many([*blobs, (enc.data, enc.digest)])
 
     with ThreadPoolExecutor(1) as io:
         pending = None

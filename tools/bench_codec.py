@@ -72,9 +72,8 @@ def run(n: int, r3: bool, repeat: int, workdir: Path) -> dict:
         def put_all(raw: RawChunk) -> int:
             enc = raw.pack()
             digests.append(enc.digest)
-            for blob in enc.tensor_blobs.values():
-                store.put(blob.parts, digest=blob.digest)
-            store.put(enc.data, digest=enc.digest)
+            blobs = [(b.parts, b.digest) for b in enc.tensor_blobs.values()]
+            store.put_many([*blobs, (enc.data, enc.digest)])
             return len(enc.data) + sum(b.size for b in enc.tensor_blobs.values())
 
         # As pool.save does: chunk i is written on an I/O thread while chunk i+1 is encoded.
