@@ -381,6 +381,12 @@ class MemoryBlobStore:
         except KeyError:
             raise _missing(digest) from None
 
+    def put_many(
+        self, items: Sequence[tuple[Buffer | Sequence[Buffer], str | None]], *, workers: int = 4
+    ) -> list[str]:
+        """`put` each ``(data, digest)`` item; return their digests in order."""
+        return [self.put(data, digest) for data, digest in items]
+
     def get(self, digest: str) -> bytes:
         """The verified bytes of ``digest``."""
         data = self._data(digest)

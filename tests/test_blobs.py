@@ -135,6 +135,21 @@ class BlobStoreContract:
             store.put(b"abd", digest=stored)
         assert store.get(stored) == b"abc"
 
+    def test_put_many_stores_each_item_once(self, store) -> None:
+        items = [(os.urandom(1000 + i), None) for i in range(6)]
+        items.append((items[0][0], None))  # a duplicate within the batch
+        digests = store.put_many(items)
+        assert digests == [digest_of(data) for data, _ in items]
+        for (data, _), digest in zip(items, digests, strict=True):
+            assert store.get(digest) == data
+        assert sorted(store.iter_digests()) == sorted(set(digests))
+
+    def test_put_many_refuses_a_wrong_digest(self, store) -> None:
+        good, bad = os.urandom(100), os.urandom(100)
+        with pytest.raises(IntegrityError):
+            store.put_many([(good, None), (bad, digest_of(good))])
+        assert not store.has(digest_of(bad))
+
     def test_put_with_right_digest(self, store) -> None:
         digest = digest_of(b"given")
         assert store.put([b"gi", b"ven"], digest=digest) == digest
