@@ -229,6 +229,27 @@ class TensorRef:
         return f"TensorRef({self.digest}, dtype={self.dtype}, shape={list(self.shape)})"
 
 
+def _delegate(name: str) -> Callable[..., Any]:
+    def method(self: TensorRef, *args: Any) -> Any:
+        return getattr(self.materialize(), name)(*_materialized(args))
+
+    method.__name__ = name
+    return method
+
+
+# Operators are looked up on the type, not through __getattr__: give TensorRef the tensor's.
+for _name in (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
+    "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__",
+    "__xor__", "__rxor__", "__lshift__", "__rshift__", "__lt__", "__le__", "__gt__", "__ge__",
+    "__neg__", "__pos__", "__abs__", "__invert__", "__bool__", "__float__", "__int__",
+    "__index__", "__iter__", "__contains__",
+):  # fmt: skip
+    setattr(TensorRef, _name, _delegate(_name))
+del _name
+
+
 def _materialized(obj: Any) -> Any:
     if isinstance(obj, TensorRef):
         return obj.materialize()

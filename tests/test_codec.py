@@ -1266,3 +1266,21 @@ def test_shared_subvalues_are_not_cycles() -> None:
     shared = [1, 2, 3]
     value = {"a": shared, "b": [shared, (shared,)], "c": {"x": shared}}
     assert_same(rt(value), value)
+
+
+def test_tensor_ref_supports_the_tensor_operators() -> None:
+    tensor = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    loads = []
+
+    def loader(digest: str) -> torch.Tensor:
+        loads.append(digest)
+        return tensor.clone()
+
+    ref = TensorRef("0" * 32, tensor.dtype, tensor.shape, 24, loader)
+    assert torch.equal(ref + 1, tensor + 1)
+    assert torch.equal(1 + ref, tensor + 1)
+    assert torch.equal(-ref, -tensor)
+    assert torch.equal(ref * ref, tensor * tensor)
+    assert torch.equal(ref > 2, tensor > 2)
+    assert torch.equal(next(iter(ref)), tensor[0])
+    assert loads == ["0" * 32]  # loaded once, on first use
