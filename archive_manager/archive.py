@@ -33,7 +33,7 @@ from .errors import (
     IntegrityError,
     InvalidInputError,
 )
-from .samples import check_task_key, sample_to_fields
+from .samples import check_key_text, check_task_key, sample_to_fields
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -78,8 +78,10 @@ class ArchiveInfo:
 
 
 def _check_key(value: object, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return check_key_text(value, what)
     raise InvalidInputError(f"{what} must be a str or None, not {type(value).__name__}")
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from .catalog import (
     FORMAT_VERSION,
+    STATUS_LENGTH,
     archives_table,
     blobs_table,
     current_revision,
@@ -22,6 +23,7 @@ from .catalog import (
     sample_metadata_table,
 )
 from .errors import InvalidInputError
+from .samples import check_key_text
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -153,12 +155,21 @@ def query_samples(
     for value, what in ((task_key, "task_key"), (sample_key, "sample_key")):
         if value is not None and not isinstance(value, str):
             raise InvalidInputError(f"{what} must be a str")
+        if value is not None:
+            check_key_text(value, what)
     if task_key is not None:
         query = query.where(e.c.task_key == task_key)
     if sample_key is not None:
         query = query.where(e.c.sample_key == sample_key)
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
+        for value in statuses:
+            if not isinstance(value, str) or len(value) > STATUS_LENGTH or "\x00" in value:
+                raise InvalidInputError(
+                    f"status {value!r:.80} cannot be queried: the catalog indexes statuses of "
+                    f"up to {STATUS_LENGTH} characters (longer ones are kept in each "
+                    "sample's metadata only)"
+                )
         query = query.where(m.c.status.in_(statuses))
     bounds = (
         (m.c.reward, min_reward, max_reward, "reward"),

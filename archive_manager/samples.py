@@ -26,6 +26,7 @@ __all__ = [
     "QUEUE_PREFIX",
     "SAMPLE_CLASS_NAME",
     "Sample",
+    "check_key_text",
     "check_task_key",
     "fields_to_sample",
     "register_sample_class",
@@ -460,13 +461,41 @@ def sample_key(obj_or_fields: Any, position: int) -> str:
     return f"sample:{index}"
 
 
+MAX_KEY_BYTES = 255
+"""Sample and task keys are catalog columns of 255 characters; PostgreSQL enforces that."""
+
+
+def check_key_text(key: str, what: str) -> str:
+    """Return ``key`` if the catalog can store it on every backend, else raise.
+
+    Raises:
+        InvalidInputError: over `MAX_KEY_BYTES` UTF-8 bytes, not encodable (a lone
+            surrogate), or holding NUL, which PostgreSQL text cannot hold.
+    """
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{what} {key!r:.80} is not valid unicode text") from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidInputError(f"{what} is {size} bytes long; the limit is {MAX_KEY_BYTES}")
+    if "\x00" in key:
+        raise InvalidInputError(f"{what} {key!r:.80} holds a NUL character")
+    return key
+
+
 def check_task_key(task_key: object) -> str | None:
-    """A task key is a str or None; ints are accepted and kept as their decimal string."""
-    if task_key is None or isinstance(task_key, str):
-        return task_key
+    """A task key is a str or None; ints are accepted and kept as their decimal string.
+
+    Raises:
+        InvalidInputError: another type, or a str `check_key_text` refuses.
+    """
+    if task_key is None:
+        return None
     if isinstance(task_key, int) and not isinstance(task_key, bool):
         return str(task_key)
-    raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
+    if not isinstance(task_key, str):
+        raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
+    return check_key_text(task_key, "task key")
 
 
 def task_key_of(obj: Any) -> str | None:

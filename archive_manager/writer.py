@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from . import codec
 from ._names import LEASE_PREFIX, archive_owner, check_archive_name
 from .catalog import (
+    STATUS_LENGTH,
     archive_blobs_table,
     archives_table,
     blobs_table,
@@ -52,7 +53,7 @@ from .errors import (
     LeaseExpiredError,
 )
 from .metadata import describe_sample
-from .samples import check_task_key, sample_key, task_key_of
+from .samples import check_key_text, check_task_key, sample_key, task_key_of
 
 if TYPE_CHECKING:
     from .archive import Archive
@@ -150,10 +151,9 @@ class ArchiveWriter:
         key = task_key_of(sample) if task_key is _UNSET else task_key
         key = check_task_key(key)
         position = len(self._entries)
+        skey = check_key_text(sample_key(sample, position), "sample key")
         description = describe_sample(sample)
-        self._entries.append(
-            (position, sample_key(sample, position), key, self._next_ordinal, len(self._buffer))
-        )
+        self._entries.append((position, skey, key, self._next_ordinal, len(self._buffer)))
         self._metadata.append(description)
         self._buffer.append(sample)
         if len(self._buffer) >= self._pool.chunk_size:
@@ -519,10 +519,19 @@ def insert_contents(
         sample_metadata_table,
         ("archive_id", "position", "status", "reward", "response_length", "description"),
         [
-            (archive_id, i, d.get("status"), d.get("reward"), d.get("response_length"), d)
+            (archive_id, i, _indexed_status(d), d.get("reward"), d.get("response_length"), d)
             for i, d in enumerate(metadata)
         ],
     )
+
+
+def _indexed_status(description: dict[str, Any]) -> str | None:
+    # PostgreSQL enforces the column's length (SQLite did not): a longer status is left out of
+    # the index, and kept in the description.
+    status = description.get("status")
+    if isinstance(status, str) and len(status) <= STATUS_LENGTH and "\x00" not in status:
+        return status
+    return None
 
 
 def _unique(blobs: list[_Blob]) -> list[_Blob]:

@@ -1,5 +1,13 @@
-"""Shared fixtures: an open pool, a fake clock, small realistic samples, deep sample equality
-and pool snapshots (blob files, temp files and every catalog row) for "nothing changed"."""
+"""Shared fixtures: an open pool (on SQLite and on PostgreSQL), a fake clock, small realistic
+samples, deep sample equality and pool snapshots (blob files, temp files and every catalog
+row) for "nothing changed".
+
+The ``pool`` and ``open_pool`` fixtures, and every fixture that asks for ``backend``, run each
+test twice: ``[sqlite]`` and ``[postgresql]``. The PostgreSQL runs use one throwaway server
+per session (`pgserver.PgServer`) and a new database per pool; without the server binaries
+they are skipped with the reason shown (``pytest -rs``), unless ``$ARCHIVE_MANAGER_REQUIRE_PG``
+is set (CI sets it), which makes them fail instead.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +26,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pgserver import (  # tests/pgserver.py: pytest puts tests/ on sys.path
+    PgServer,
+    PgServerUnavailable,
+)
 from sqlalchemy import inspect, select, text
 
 from archive_manager import ArchiveManager, TensorRef
 from archive_manager.catalog import archive_blobs_table, archives_table, chunks_table
 from archive_manager.samples import sample_to_fields
 from archive_manager.synthetic import make_rollout
+
+BACKENDS = ["sqlite", "postgresql"]
+REQUIRE_PG_ENV = "ARCHIVE_MANAGER_REQUIRE_PG"
 
 #: A plausible "now" for fake clocks (2023-11-14), far from 0 so expiries are not negative.
 EPOCH = 1_700_000_000.0
@@ -53,10 +68,86 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+# --------------------------------------------------------------------------- backends
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One throwaway PostgreSQL server for the session; skips when none can be started."""
+    required = bool(os.environ.get(REQUIRE_PG_ENV))
+    try:
+        import psycopg  # noqa: F401
+    except ModuleNotFoundError:
+        reason = "psycopg is not installed: pip install 'archive_manager[postgres]'"
+        if required:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        server = PgServer.start()
+    except PgServerUnavailable as exc:
+        if required:
+            pytest.fail(f"PostgreSQL server binaries not found: {exc}")
+        pytest.skip(f"PostgreSQL server binaries not found: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Backend:
+    """The catalog backend of one test: ``url(root)`` is the ``catalog_url`` of the pool at
+    ``root`` (None on SQLite: the pool's own file; on PostgreSQL a new database per root,
+    dropped at teardown)."""
+
+    def __init__(self, name: str, server: PgServer | None) -> None:
+        self.name = name
+        self.server = server
+        self._urls: dict[Path, str] = {}
+
+    def url(self, root: str | os.PathLike[str]) -> str | None:
+        if self.server is None:
+            return None
+        key = Path(root).expanduser().resolve()
+        if key not in self._urls:
+            self._urls[key] = self.server.create_database()
+        return self._urls[key]
+
+    def new_url(self) -> str:
+        """A new empty database on the server (PostgreSQL only)."""
+        assert self.server is not None, "new_url() needs the postgresql backend"
+        url = self.server.create_database()
+        self._urls[Path(f"/nonexistent/{len(self._urls)}")] = url
+        return url
+
+    def close(self) -> None:
+        if self.server is not None:
+            for url in self._urls.values():
+                self.server.drop_database(url)
+        self._urls.clear()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """The test's catalog backend, once ``sqlite`` and once ``postgresql``."""
+    server = request.getfixturevalue("pg_server") if request.param == "postgresql" else None
+    chosen = Backend(request.param, server)
+    try:
+        yield chosen
+    finally:
+        chosen.close()
+
+
+def open_on(backend: Backend, root: str | os.PathLike[str], **options: Any) -> ArchiveManager:
+    """`ArchiveManager.open` on ``backend`` (an explicit ``catalog_url`` option wins)."""
+    if "catalog_url" not in options:
+        options["catalog_url"] = backend.url(root)
+    return ArchiveManager.open(root, **options)
+
+
 @pytest.fixture
-def pool(tmp_path: Path) -> Iterator[ArchiveManager]:
-    """A new pool at ``tmp_path / "pool"``, closed at teardown."""
-    manager = ArchiveManager.open(tmp_path / "pool")
+def pool(tmp_path: Path, backend: Backend) -> Iterator[ArchiveManager]:
+    """A new pool at ``tmp_path / "pool"`` on each backend, closed at teardown."""
+    manager = open_on(backend, tmp_path / "pool")
     try:
         yield manager
     finally:
@@ -64,14 +155,15 @@ def pool(tmp_path: Path) -> Iterator[ArchiveManager]:
 
 
 @pytest.fixture
-def open_pool(tmp_path: Path) -> Iterator[Callable[..., ArchiveManager]]:
+def open_pool(tmp_path: Path, backend: Backend) -> Iterator[Callable[..., ArchiveManager]]:
     """``open_pool(root=None, **options)``: open a pool (default ``tmp_path / "pool"``) with
-    options such as ``clock``, ``lease_ttl``, ``chunk_size``, ``inline_limit``; every pool it
-    opened is closed at teardown."""
+    options such as ``clock``, ``lease_ttl``, ``chunk_size``, ``inline_limit``, on each
+    backend (the same root gets the same catalog); every pool it opened is closed at
+    teardown."""
     opened: list[ArchiveManager] = []
 
     def _open(root: str | os.PathLike[str] | None = None, **options: Any) -> ArchiveManager:
-        manager = ArchiveManager.open(tmp_path / "pool" if root is None else root, **options)
+        manager = open_on(backend, tmp_path / "pool" if root is None else root, **options)
         opened.append(manager)
         return manager
 

@@ -5,6 +5,21 @@ driver (``isolation_level = None`` on connect, our own ``BEGIN`` from the ``begi
 so that every transaction, reads included, is a real SQLite transaction and writers take the
 write lock up front with ``BEGIN IMMEDIATE``: a second writer then waits in the busy handler
 instead of failing mid-transaction with an unretryable ``SQLITE_BUSY_SNAPSHOT``.
+
+PostgreSQL gets the same semantics on purpose, so that the save and GC protocols' correctness
+argument (DESIGN.md) carries over word for word: every write transaction first takes one
+transaction-scoped advisory lock (`PG_WRITE_LOCK`), so writers take turns exactly as under
+``BEGIN IMMEDIATE``, waiting up to the busy timeout (``lock_timeout``); writers run at READ
+COMMITTED, so each statement after the lock sees every commit made before it; readers get a
+REPEATABLE READ snapshot (`Catalog.read`) and never wait for writers.
+
+NOTE: no retry of serialization failures or deadlocks (SQLSTATE 40001, 40P01). With one lock
+taken first by every writer, two archive_manager writers never hold row locks at once, so
+they cannot deadlock; READ COMMITTED writers never get 40001, and REPEATABLE READ readers,
+which only read, never do either. Such an error therefore means a foreign program (or a
+migration racing a reader) touched the tables; it is reported as a `CatalogError` saying so.
+A transparent retry would have to re-run the caller's block, which may have done file I/O
+(GC unlinks inside it), and a context manager cannot re-run its body anyway.
 """
 
 from __future__ import annotations
@@ -28,6 +43,8 @@ __all__ = [
     "BUSY_TIMEOUT_ENV",
     "DEFAULT_BUSY_TIMEOUT_MS",
     "NETWORK_FILESYSTEMS",
+    "PG_WRITE_LOCK",
+    "POSTGRES_EXTRA_HINT",
     "WRITE_OPTION",
     "check_journal_mode",
     "check_local_filesystem",
@@ -43,7 +60,15 @@ BUSY_TIMEOUT_ENV = "ARCHIVE_MANAGER_BUSY_TIMEOUT_MS"
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
 WRITE_OPTION = "archive_manager_write"
-"""Connection execution option: when true, the ``begin`` event emits ``BEGIN IMMEDIATE``."""
+"""Connection execution option: when true, the ``begin`` event emits ``BEGIN IMMEDIATE``
+(SQLite) or takes the `PG_WRITE_LOCK` advisory lock (PostgreSQL)."""
+
+PG_WRITE_LOCK = 0x61726368_6D677231  # b"archmgr1": fixed, so every process agrees on it
+"""The key of the advisory lock every PostgreSQL write transaction takes first: PostgreSQL's
+``BEGIN IMMEDIATE``. Advisory locks are per database, so pools in different databases never
+wait for each other."""
+
+POSTGRES_EXTRA_HINT = "pip install 'archive_manager[postgres]'"
 
 NETWORK_FILESYSTEMS = frozenset(
     {
@@ -277,18 +302,23 @@ def make_engine(
     """Create the catalog's engine; the only place engines are made.
 
     Args:
-        url: A SQLAlchemy URL. SQLite must be a file; other databases get a plain engine.
-        busy_timeout_ms: How long a SQLite writer waits for the lock; None reads
+        url: A SQLAlchemy URL. SQLite must be a file; PostgreSQL (``postgresql+psycopg://``;
+            a bare ``postgresql://`` means psycopg 3 too) gets the write lock described above;
+            other databases get a plain engine.
+        busy_timeout_ms: How long a writer waits for another's lock; None reads
             ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
         check_filesystem: Refuse a SQLite file on a network filesystem.
 
     Raises:
         UnsupportedFilesystemError: The SQLite file's folder is on a network filesystem.
-        CatalogError: The URL is an in-memory SQLite database.
+        CatalogError: The URL is an in-memory SQLite database, or its driver is missing.
     """
     url = make_url(url)
-    if url.get_backend_name() != "sqlite":
-        engine = create_engine(url, pool_pre_ping=True)
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        return _make_postgresql_engine(url, resolve_busy_timeout_ms(busy_timeout_ms))
+    if backend != "sqlite":
+        engine = _create_engine(url, pool_pre_ping=True)
         _track_for_fork(engine)
         return engine
 
@@ -344,6 +374,128 @@ def make_engine(
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> None:
         translated = _translate_sqlite_error(context.original_exception, database, timeout_ms)
+        if translated is not None:
+            raise translated from context.original_exception
+
+    _track_for_fork(engine)
+    return engine
+
+
+def _create_engine(url: URL, **kwargs: Any) -> Engine:
+    try:
+        return create_engine(url, **kwargs)
+    except ModuleNotFoundError as exc:
+        extra = POSTGRES_EXTRA_HINT if url.get_backend_name() == "postgresql" else "install it"
+        raise CatalogError(
+            f"the catalog URL {url.render_as_string(hide_password=True)} needs the Python "
+            f"module {exc.name!r}, which is not installed: {extra}"
+        ) from exc
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+
+_PG_LOCK_NOT_AVAILABLE = "55P03"
+_PG_SERIALIZATION_FAILURE = "40001"
+_PG_DEADLOCK = "40P01"
+_PG_BAD_AUTH = ("28000", "28P01")
+_PG_NO_DATABASE = "3D000"
+_PG_TOO_MANY_CONNECTIONS = "53300"
+
+
+def _pg_reason(exc: BaseException) -> str:
+    """The server's (or libpq's) message, on one line."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    text = primary or str(exc)
+    return " ".join(text.split())
+
+
+def _translate_postgresql_error(
+    exc: BaseException, where: str, busy_timeout_ms: int
+) -> CatalogError | None:
+    """The `CatalogError` a raw psycopg error stands for, or None to let it through."""
+    try:
+        import psycopg
+    except ModuleNotFoundError:  # pragma: no cover - the engine could not exist without it
+        return None
+    if not isinstance(exc, psycopg.Error):
+        return None
+    state = getattr(exc, "sqlstate", None)
+    reason = _pg_reason(exc)
+    if state == _PG_LOCK_NOT_AVAILABLE:
+        return CatalogLockedError(
+            f"the catalog {where} stayed locked by another process for longer than the busy "
+            f"timeout ({busy_timeout_ms} ms); retry later, or find the process holding the "
+            "write lock (pg_locks, locktype 'advisory', joined to pg_stat_activity) "
+            f"({reason})"
+        )
+    if state in (_PG_SERIALIZATION_FAILURE, _PG_DEADLOCK):
+        what = "a deadlock" if state == _PG_DEADLOCK else "a serialization failure"
+        return CatalogError(
+            f"the catalog {where} aborted a transaction with {what} ({reason}); archive_manager "
+            "writers take one lock in turn and cannot cause this, so another program (or a "
+            "catalog upgrade) is using the tables at the same time; nothing was committed, "
+            "retry the operation"
+        )
+    if state in _PG_BAD_AUTH:
+        return CatalogError(f"the catalog server refused the login for {where}: {reason}")
+    if state == _PG_NO_DATABASE:
+        return CatalogError(
+            f"the catalog database of {where} does not exist ({reason}); create it first "
+            "(CREATE DATABASE ... OWNER ...)"
+        )
+    if state == _PG_TOO_MANY_CONNECTIONS:
+        return CatalogError(f"the catalog server of {where} has no free connection: {reason}")
+    if isinstance(exc, psycopg.OperationalError) and state is None:
+        # libpq connection failures carry no SQLSTATE: refused, unknown host, timeout, or a
+        # connection lost mid-transaction.
+        return CatalogError(f"cannot reach the catalog server of {where}: {reason}")
+    return None
+
+
+def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
+    if url.drivername == "postgresql":
+        # SQLAlchemy's default driver is psycopg2; the one this library supports is psycopg 3.
+        url = url.set(drivername="postgresql+psycopg")
+    where = url.render_as_string(hide_password=True)
+    connect_args: dict[str, Any] = {}
+    if "application_name" not in url.query:
+        # Shown in pg_stat_activity, so an operator can tell who holds the write lock.
+        connect_args["application_name"] = "archive_manager"
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = max(1, min(30, -(-timeout_ms // 1000)))
+    engine = _create_engine(
+        url,
+        pool_pre_ping=True,
+        # NOTE: writers must stay at READ COMMITTED: at REPEATABLE READ the snapshot would be
+        # taken by the statement that waits for the write lock, i.e. before the previous
+        # writer committed, and the protocols' read-then-write steps would act on stale rows.
+        isolation_level="READ COMMITTED",
+        pool_size=5,
+        max_overflow=20,
+        connect_args=connect_args,
+    )
+    lock_sql = f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        # The busy timeout bounds every lock wait of this session: the write lock, and row or
+        # table locks held by a foreign program or a migration.
+        with dbapi_connection.cursor() as cursor:
+            # NOTE: 0 means "wait forever" to PostgreSQL but "never wait" to SQLite.
+            cursor.execute(f"SET lock_timeout = {max(timeout_ms, 1):d}")
+        dbapi_connection.commit()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION):
+            conn.exec_driver_sql(lock_sql)
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        if context.is_pre_ping:
+            return  # a stale pooled connection: the pool reconnects by itself
+        translated = _translate_postgresql_error(context.original_exception, where, timeout_ms)
         if translated is not None:
             raise translated from context.original_exception
 

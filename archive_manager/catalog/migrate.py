@@ -17,7 +17,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, select, text
+from sqlalchemy import inspect, select
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import CatalogError, CatalogVersionError
@@ -43,7 +43,6 @@ Alembic history cannot collide with the catalog's."""
 CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
 """Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
 
-_PG_MIGRATION_LOCK = 0x61726368  # arbitrary, fixed: serialises concurrent first opens
 _UPGRADE_HINT = "upgrade archive_manager (pip install -U archive_manager)"
 
 
@@ -152,8 +151,9 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
 
     On SQLite, foreign keys are off for its length and checked before commit: batch mode
     "move and copy" drops and recreates tables, and with enforcement on, dropping
-    ``archives`` would cascade-delete every row that refers to it. On PostgreSQL an advisory
-    lock makes concurrent first opens take turns.
+    ``archives`` would cascade-delete every row that refers to it. On PostgreSQL the writers'
+    advisory lock (taken at BEGIN, as for every write) makes concurrent first opens, and
+    upgrades and saves, take turns.
     """
     with engine.connect() as conn:
         raw = conn.connection.dbapi_connection if conn.dialect.name == "sqlite" else None
@@ -163,10 +163,6 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
         try:
             conn.execution_options(**{WRITE_OPTION: True})
             with conn.begin():
-                if conn.dialect.name == "postgresql":
-                    conn.execute(
-                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
-                    )
                 yield conn
                 if raw is not None:
                     broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()

@@ -31,6 +31,7 @@ __all__ = [
     "BLOB_STATES",
     "FORMAT_VERSION",
     "NAMING_CONVENTION",
+    "STATUS_LENGTH",
     "Archive",
     "ArchiveBlob",
     "Base",
@@ -60,6 +61,8 @@ FORMAT_VERSION = 1
 BLOB_KINDS = ("chunk", "tensor", "manifest")
 BLOB_STATES = ("writing", "live", "deleting")
 ARCHIVE_STATES = ("pending", "published", "released")
+STATUS_LENGTH = 16
+"""Characters of ``sample_metadata.status`` (slime's statuses are 6 to 9)."""
 
 # NOTE: stable constraint names are what lets Alembic batch mode (SQLite "move and copy")
 # find and recreate constraints, and what keeps autogenerate diffs empty across backends.
@@ -72,7 +75,8 @@ NAMING_CONVENTION: dict[str, str] = {
 }
 
 _DIGEST = String(32)
-_OWNER = String(255)
+# NOTE: an archive owner is "archive:" + a name of up to 255 characters (revision 0003).
+_OWNER = String(512)
 _LEASE = String(128)
 _NAME = String(255)
 
@@ -191,7 +195,8 @@ class SampleMetadata(Base):
 
     archive_id: Mapped[int] = _archive_fk()
     position: Mapped[int] = mapped_column(Integer, primary_key=True)
-    status: Mapped[str | None] = mapped_column(String(16))
+    # The status column is an index for queries; longer statuses stay in the description only.
+    status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
     reward: Mapped[float | None] = mapped_column(Float)
     response_length: Mapped[int | None] = mapped_column(Integer)
     description: Mapped[Any] = mapped_column(JSON, nullable=False)
