@@ -32,6 +32,7 @@ from archive_manager.catalog import (
 )
 from archive_manager.catalog import engine as catalog_engine
 from archive_manager.catalog.engine import (
+    PG_WRITE_LOCK,
     check_journal_mode,
     check_local_filesystem,
     filesystem_type,
@@ -58,8 +59,14 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def catalog(db_path: Path) -> Iterator[Catalog]:
-    with Catalog.open(sqlite_url(db_path)) as opened:
+def catalog_url(db_path: Path, backend) -> str:
+    """A new catalog's URL: a SQLite file, or a new PostgreSQL database."""
+    return sqlite_url(db_path) if backend.name == "sqlite" else backend.new_url()
+
+
+@pytest.fixture
+def catalog(catalog_url: str) -> Iterator[Catalog]:
+    with Catalog.open(catalog_url) as opened:
         yield opened
 
 
@@ -123,7 +130,7 @@ def test_in_memory_sqlite_is_refused() -> None:
         make_engine("sqlite://")
 
 
-def test_server_urls_get_a_plain_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_server_urls_get_a_plain_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
 
     def fake_create_engine(url: Any, **kwargs: Any) -> Any:
@@ -131,9 +138,9 @@ def test_server_urls_get_a_plain_engine(monkeypatch: pytest.MonkeyPatch) -> None
         return sqlalchemy.create_engine("sqlite://")  # any engine will do
 
     monkeypatch.setattr(catalog_engine, "create_engine", fake_create_engine)
-    engine = make_engine("postgresql+psycopg://user@db.example/pool")
+    engine = make_engine("mysql+pymysql://user@db.example/pool")
     try:
-        assert seen == {"url": "postgresql+psycopg://user@db.example/pool", "pool_pre_ping": True}
+        assert seen == {"url": "mysql+pymysql://user@db.example/pool", "pool_pre_ping": True}
         plain = sqlalchemy.create_engine("sqlite://")
         # No listeners of ours: no SQLite pragmas, no BEGIN IMMEDIATE.
         assert len(engine.pool.dispatch.connect) == len(plain.pool.dispatch.connect)
@@ -197,8 +204,8 @@ def test_nested_write_on_one_thread_is_refused(catalog: Catalog) -> None:
         add_archive(conn, "a")
 
 
-def test_closed_catalog_refuses_transactions(db_path: Path) -> None:
-    catalog = Catalog.open(sqlite_url(db_path))
+def test_closed_catalog_refuses_transactions(catalog_url: str) -> None:
+    catalog = Catalog.open(catalog_url)
     catalog.close()
     catalog.close()
     with pytest.raises(CatalogError, match="closed"), catalog.read():
@@ -219,7 +226,12 @@ def test_begin_statements(catalog: Catalog) -> None:
             conn.execute(text("SELECT 2"))
     finally:
         event.remove(catalog.engine, "before_cursor_execute", record)
-    assert statements == ["BEGIN IMMEDIATE", "SELECT 1", "BEGIN", "SELECT 2"]
+    if catalog.dialect_name == "sqlite":
+        assert statements == ["BEGIN IMMEDIATE", "SELECT 1", "BEGIN", "SELECT 2"]
+    else:
+        # psycopg sends BEGIN itself; the write lock is the first statement of a write.
+        lock = f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})"
+        assert statements == [lock, "SELECT 1", "SELECT 2"]
 
 
 def test_read_sees_one_snapshot(catalog: Catalog) -> None:
@@ -495,6 +507,8 @@ WHERE b.state = 'live' AND b.created_at < :cutoff
 
 
 def test_gc_reachability_query_is_served_by_indexes(catalog: Catalog) -> None:
+    if catalog.dialect_name != "sqlite":
+        pytest.skip("reads SQLite's EXPLAIN QUERY PLAN")
     with catalog.write() as conn:
         fill_archive(conn, "a", "a" * 32)
     with catalog.read() as conn:

@@ -1,5 +1,6 @@
 """Several processes saving into one pool at once: nobody fails on a locked catalog, every
-archive loads, and identical content is stored once however many processes wrote it."""
+archive loads, and identical content is stored once however many processes wrote it.
+On SQLite 4 processes, on PostgreSQL (the catalog of many machines) 8."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from archive_manager import ArchiveManager
 from archive_manager.synthetic import make_rollout
 
-PROCESSES = 4
+PROCESSES = {"sqlite": 4, "postgresql": 8}
 ARCHIVES_PER_PROCESS = 3
 INLINE_LIMIT = 1024
 
@@ -29,10 +30,10 @@ def _rollout() -> list:
     )
 
 
-def _saver(root: str, worker: int, barrier, results) -> None:
+def _saver(root: str, url: str | None, worker: int, barrier, results) -> None:
     try:
         samples = _rollout()
-        with ArchiveManager.open(root, inline_limit=INLINE_LIMIT) as pool:
+        with ArchiveManager.open(root, catalog_url=url, inline_limit=INLINE_LIMIT) as pool:
             barrier.wait(timeout=120)  # every process starts saving at the same moment
             for k in range(ARCHIVES_PER_PROCESS):
                 pool.save(f"w{worker}-{k}", samples, rollout_id=1)
@@ -42,16 +43,18 @@ def _saver(root: str, worker: int, barrier, results) -> None:
 
 
 def test_processes_save_identical_content_at_once(
-    tmp_path: Path, blob_files_of, same_samples
+    tmp_path: Path, backend, blob_files_of, same_samples
 ) -> None:
     root = tmp_path / "pool"
-    ArchiveManager.open(root, inline_limit=INLINE_LIMIT).close()
+    url = backend.url(root)
+    processes = PROCESSES[backend.name]
+    ArchiveManager.open(root, catalog_url=url, inline_limit=INLINE_LIMIT).close()
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(PROCESSES)
+    barrier = ctx.Barrier(processes)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_saver, args=(str(root), worker, barrier, results))
-        for worker in range(PROCESSES)
+        ctx.Process(target=_saver, args=(str(root), url, worker, barrier, results))
+        for worker in range(processes)
     ]
     for proc in procs:
         proc.start()
@@ -67,8 +70,8 @@ def test_processes_save_identical_content_at_once(
     assert all(proc.exitcode == 0 for proc in procs)
 
     expected = _rollout()
-    names = sorted(f"w{w}-{k}" for w in range(PROCESSES) for k in range(ARCHIVES_PER_PROCESS))
-    with ArchiveManager.open(root, inline_limit=INLINE_LIMIT) as pool:
+    names = sorted(f"w{w}-{k}" for w in range(processes) for k in range(ARCHIVES_PER_PROCESS))
+    with ArchiveManager.open(root, catalog_url=url, inline_limit=INLINE_LIMIT) as pool:
         assert [i.name for i in pool.find()] == names
         assert pool.find(state=None) == pool.find()  # nothing left pending
         for name in names:

@@ -50,11 +50,16 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def pool(tmp_path: Path, clock: Clock) -> Iterator[ArchiveManager]:
+def pool(tmp_path: Path, clock: Clock, backend) -> Iterator[ArchiveManager]:
     # inline_limit=64 turns every routed-expert tensor into its own blob, so archives have
     # chunk, tensor and manifest blobs.
     with ArchiveManager.open(
-        tmp_path / "pool", clock=clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=64
+        tmp_path / "pool",
+        catalog_url=backend.url(tmp_path / "pool"),
+        clock=clock,
+        lease_ttl=LEASE_TTL,
+        chunk_size=4,
+        inline_limit=64,
     ) as p:
         yield p
 

@@ -26,7 +26,9 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
+from pgserver import PgServer
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
@@ -100,13 +102,21 @@ class Model:
 
 class PoolMachine(RuleBasedStateMachine):
     archives = Bundle("archives")
+    server: PgServer | None = None  # set per backend by the test below
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="am-sm-"))
         self.clock = Clock()
+        # On PostgreSQL every example gets a database of its own (dropped in teardown).
+        self.url = None if self.server is None else self.server.create_database()
         self.pool = ArchiveManager.open(
-            self.dir / "pool", clock=self.clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=32
+            self.dir / "pool",
+            catalog_url=self.url,
+            clock=self.clock,
+            lease_ttl=LEASE_TTL,
+            chunk_size=4,
+            inline_limit=32,
         )
         self.model = Model()
         self.count = 0
@@ -115,6 +125,8 @@ class PoolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.pool.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.url is not None:
+            self.server.drop_database(self.url)
 
     def _name(self) -> str:
         self.count += 1
@@ -278,10 +290,14 @@ class PoolMachine(RuleBasedStateMachine):
             )
 
 
-PoolMachine.TestCase.settings = settings(
-    max_examples=30,
-    stateful_step_count=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-test_pool_state_machine = PoolMachine.TestCase
+def test_pool_state_machine(backend) -> None:
+    machine = type("PoolMachineOn", (PoolMachine,), {"server": backend.server})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

@@ -67,9 +67,14 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def pool(tmp_path: Path, clock: Clock) -> Iterator[ArchiveManager]:
+def pool(tmp_path: Path, clock: Clock, backend) -> Iterator[ArchiveManager]:
     with ArchiveManager.open(
-        tmp_path / "pool", clock=clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=64
+        tmp_path / "pool",
+        catalog_url=backend.url(tmp_path / "pool"),
+        clock=clock,
+        lease_ttl=LEASE_TTL,
+        chunk_size=4,
+        inline_limit=64,
     ) as p:
         yield p
 

@@ -437,6 +437,12 @@ def _translate_postgresql_error(
             "catalog upgrade) is using the tables at the same time; nothing was committed, "
             "retry the operation"
         )
+    if state is None and isinstance(exc, psycopg.OperationalError):
+        # A failed connect carries no SQLSTATE, only libpq's text (and the server's FATAL).
+        state = _connect_failure_state(reason)
+        if state is None:
+            # Refused, unknown host, timeout, or a connection lost mid-transaction.
+            return CatalogError(f"cannot reach the catalog server of {where}: {reason}")
     if state in _PG_BAD_AUTH:
         return CatalogError(f"the catalog server refused the login for {where}: {reason}")
     if state == _PG_NO_DATABASE:
@@ -446,10 +452,23 @@ def _translate_postgresql_error(
         )
     if state == _PG_TOO_MANY_CONNECTIONS:
         return CatalogError(f"the catalog server of {where} has no free connection: {reason}")
-    if isinstance(exc, psycopg.OperationalError) and state is None:
-        # libpq connection failures carry no SQLSTATE: refused, unknown host, timeout, or a
-        # connection lost mid-transaction.
-        return CatalogError(f"cannot reach the catalog server of {where}: {reason}")
+    return None
+
+
+def _connect_failure_state(reason: str) -> str | None:
+    """The SQLSTATE a connect failure's message stands for, or None (no server answered)."""
+    if "FATAL" not in reason:
+        return None
+    if (
+        "authentication failed" in reason
+        or "no pg_hba.conf entry" in reason
+        or ("role " in reason and "does not exist" in reason)
+    ):
+        return _PG_BAD_AUTH[1]
+    if "database " in reason and "does not exist" in reason:
+        return _PG_NO_DATABASE
+    if "too many" in reason and "connections" in reason:
+        return _PG_TOO_MANY_CONNECTIONS
     return None
 
 
