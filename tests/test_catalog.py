@@ -506,28 +506,29 @@ WHERE b.state = 'live' AND b.created_at < :cutoff
 """
 
 
-def test_gc_reachability_query_is_served_by_indexes(catalog: Catalog) -> None:
-    if catalog.dialect_name != "sqlite":
-        pytest.skip("reads SQLite's EXPLAIN QUERY PLAN")
-    with catalog.write() as conn:
-        fill_archive(conn, "a", "a" * 32)
-    with catalog.read() as conn:
-        plan = conn.execute(text("EXPLAIN QUERY PLAN " + GC_REACHABILITY), {"cutoff": 5.0})
-        details = [row[-1] for row in plan]
-        # Blobs are walked once (by index or scan, as the planner likes); every per-blob
-        # probe of the owning tables must be an index search, never a scan.
-        probes = [d for d in details if d.startswith(("SCAN", "SEARCH")) and " b " not in d + " "]
-        assert all(d.startswith("SEARCH") for d in probes), details
-        joined = "\n".join(details)
-        for index in (
-            "ix_archive_blobs_digest_archive_id",
-            "ix_retention_archive_id",
-            "ix_lease_blobs_digest",
-        ):
-            assert f"COVERING INDEX {index}" in joined, details
-        assert conn.execute(text(GC_REACHABILITY), {"cutoff": 5.0}).all() == []
-        conn.execute(retention_table.delete())
-        assert conn.execute(text(GC_REACHABILITY), {"cutoff": 5.0}).all() == [("a" * 32,)]
+def test_gc_reachability_query_is_served_by_indexes(db_path: Path) -> None:
+    with Catalog.open(sqlite_url(db_path)) as catalog:  # reads SQLite's EXPLAIN QUERY PLAN
+        with catalog.write() as conn:
+            fill_archive(conn, "a", "a" * 32)
+        with catalog.read() as conn:
+            plan = conn.execute(text("EXPLAIN QUERY PLAN " + GC_REACHABILITY), {"cutoff": 5.0})
+            details = [row[-1] for row in plan]
+            # Blobs are walked once (by index or scan, as the planner likes); every per-blob
+            # probe of the owning tables must be an index search, never a scan.
+            probes = [
+                d for d in details if d.startswith(("SCAN", "SEARCH")) and " b " not in d + " "
+            ]
+            assert all(d.startswith("SEARCH") for d in probes), details
+            joined = "\n".join(details)
+            for index in (
+                "ix_archive_blobs_digest_archive_id",
+                "ix_retention_archive_id",
+                "ix_lease_blobs_digest",
+            ):
+                assert f"COVERING INDEX {index}" in joined, details
+            assert conn.execute(text(GC_REACHABILITY), {"cutoff": 5.0}).all() == []
+            conn.execute(retention_table.delete())
+            assert conn.execute(text(GC_REACHABILITY), {"cutoff": 5.0}).all() == [("a" * 32,)]
 
 
 # --- bulk inserts -------------------------------------------------------------------------

@@ -601,3 +601,51 @@ def test_progress_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
         report(1, 2)
         report(2, 2)
     assert "work" in terminal.getvalue()
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def test_every_verb_with_a_postgresql_catalog_url(tmp_path: Path, pg_server) -> None:
+    """``--catalog-url postgresql+psycopg://...``: the same verbs, nothing in the root but blobs."""
+    url = pg_server.create_database()
+    try:
+        runner = CliRunner()
+        root = tmp_path / "shared"
+
+        def run(*args: str, input: str | None = None) -> Result:
+            return runner.invoke(
+                cli, ["--root", str(root), "--catalog-url", url, *args], input=input
+            )
+
+        assert as_json(run("db", "current", "--json"))["current"] is None
+        assert "no pool" in failed(run("info"))  # a fresh database is not a pool yet
+        ok(run("init"))
+        assert not list(root.glob("catalog.db*"))
+        with ArchiveManager.open(root, catalog_url=url) as pool:
+            pool.save("train-0", _rollout(0), rollout_id=0)
+            pool.save("eval-1", _rollout(1), rollout_id=1, evaluation=True)
+        assert as_json(run("db", "current", "--json"))["up_to_date"] is True
+        assert as_json(run("db", "upgrade", "--json"))["upgraded"] is False
+        info = as_json(run("info", "--json"))
+        assert info["archives"] == {"published": 2} and info["catalog_url"] == url
+        assert [a["name"] for a in as_json(run("ls", "--json"))] == ["train-0", "eval-1"]
+        assert "train-0" in ok(run("show", "train-0")).stdout
+        assert len(as_json(run("keys", "train-0", "--json"))) == N
+        assert as_json(run("query", "--rollout-id", "1", "--json"))
+        ok(run("export", "train-0", str(tmp_path / "t0.pt")))
+        ok(run("import-pt", str(tmp_path / "t0.pt"), "--name", "imported"))
+        ok(run("retain", "checkpoint:c1", "eval-1"))
+        assert any(
+            o["owner"] == "checkpoint:c1" for o in as_json(run("owners", "--json"))["owners"]
+        )
+        ok(run("release", "imported", "--yes"))
+        ok(run("release-owner", "checkpoint:c1", "--yes"))
+        ok(run("gc", "--grace", "0", "--yes"))
+        ok(run("verify", "--read-data"))
+        assert "restored 0 archive(s)" in ok(run("rebuild-catalog")).stdout
+        # Another root with this catalog is refused, in one line.
+        other = runner.invoke(cli, ["--root", str(tmp_path / "other"), "--catalog-url", url, "ls"])
+        assert other.exit_code == 1 and "belongs to the pool at" in other.output
+    finally:
+        pg_server.drop_database(url)
