@@ -26,7 +26,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from types import TracebackType
@@ -113,8 +112,13 @@ class PgServer:
     # ------------------------------------------------------------------ life cycle
 
     @classmethod
-    def start(cls, *, max_connections: int = 300, attempts: int = 3) -> PgServer:
+    def start(
+        cls, *, durable: bool = False, max_connections: int = 300, attempts: int = 3
+    ) -> PgServer:
         """``initdb`` a new cluster in a temp dir and start it on a free localhost port.
+
+        ``durable`` keeps PostgreSQL's defaults (fsync, synchronous commit), as a production
+        server has them: for benchmarks. Tests run without, which costs them nothing.
 
         Raises:
             PgServerUnavailable: the binaries or a user to run them as are missing.
@@ -150,7 +154,7 @@ class PgServer:
             for _ in range(attempts):
                 server = cls(bindir, base, _free_port())
                 try:
-                    server._pg_ctl_start(prefix, max_connections)
+                    server._pg_ctl_start(prefix, max_connections, durable)
                     return server
                 except RuntimeError as exc:  # e.g. the port was taken meanwhile
                     last_error = exc
@@ -159,19 +163,19 @@ class PgServer:
             shutil.rmtree(base, ignore_errors=True)
             raise
 
-    def _pg_ctl_start(self, prefix: list[str], max_connections: int) -> None:
-        options = " ".join(
-            [
-                f"-p {self.port}",
-                f"-k {self.socket_dir}",
-                "-c listen_addresses=127.0.0.1",
-                f"-c max_connections={max_connections}",
-                # Throwaway data: durability buys nothing here and costs a lot of time.
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
-            ]
-        )
+    def _pg_ctl_start(self, prefix: list[str], max_connections: int, durable: bool) -> None:
+        settings = [
+            f"-p {self.port}",
+            f"-k {self.socket_dir}",
+            "-c listen_addresses=127.0.0.1",
+            f"-c max_connections={max_connections}",
+            # Deadlock tests need not wait the default second.
+            "-c deadlock_timeout=200ms",
+        ]
+        if not durable:
+            # Throwaway data: durability buys nothing here and costs a lot of time.
+            settings += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        options = " ".join(settings)
         if prefix:
             self.log.touch()
             shutil.chown(self.log, _SERVER_USER, _SERVER_USER)
@@ -265,20 +269,3 @@ def _run(command: list[str], what: str) -> None:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"{what} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
-
-
-def wait_until_accepting(server: PgServer, timeout: float = 30.0) -> None:
-    """Block until the server accepts connections (pg_ctl -w already waits; for restarts)."""
-    import psycopg
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            psycopg.connect(
-                host=server.host, port=server.port, user=_SUPERUSER, dbname="postgres"
-            ).close()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
