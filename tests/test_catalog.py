@@ -556,6 +556,40 @@ def test_insert_rows_matches_core_insert(catalog: Catalog) -> None:
         assert list(descriptions) == [{"index": p} for p in range(10)]
 
 
+def test_insert_rows_of_many_rows(catalog: Catalog) -> None:
+    """Enough rows for PostgreSQL's COPY path: JSON, NULLs, odd text, out-of-order columns."""
+    from sqlalchemy.exc import IntegrityError
+
+    n = 1500
+    with catalog.write() as conn:
+        archive_id = add_archive(conn, "a")
+        descriptions = [
+            {"index": p, "text": 'tab\t"quote"\\ \u00e9\n', "x": None} for p in range(n)
+        ]
+        rows = ((d, None if p % 3 else 0.5, p, archive_id) for p, d in enumerate(descriptions))
+        columns = ["description", "reward", "position", "archive_id"]
+        assert insert_rows(conn, sample_metadata_table, columns, rows, batch_size=700) == n
+    with catalog.read() as conn:
+        got = conn.execute(
+            select(sample_metadata_table.c.description, sample_metadata_table.c.reward).order_by(
+                sample_metadata_table.c.position
+            )
+        ).all()
+    assert [tuple(r) for r in got] == [
+        (d, None if p % 3 else 0.5) for p, d in enumerate(descriptions)
+    ]
+    # A broken foreign key is SQLAlchemy's IntegrityError on either path; nothing is kept.
+    with pytest.raises(IntegrityError), catalog.write() as conn:
+        insert_rows(
+            conn,
+            entries_table,
+            ENTRY_COLUMNS,
+            ((999, p, f"sample:{p}", None, 0, p) for p in range(n)),
+        )
+    with catalog.read() as conn:
+        assert count(conn, entries_table) == 0
+
+
 def test_insert_rows_rejects_unknown_columns(catalog: Catalog) -> None:
     with pytest.raises(ValueError, match="nope"), catalog.write() as conn:
         insert_rows(conn, entries_table, ["nope"], [(1,)])
