@@ -229,9 +229,14 @@ def test_begin_statements(catalog: Catalog) -> None:
     if catalog.dialect_name == "sqlite":
         assert statements == ["BEGIN IMMEDIATE", "SELECT 1", "BEGIN", "SELECT 2"]
     else:
-        # psycopg sends BEGIN itself; the write lock is the first statement of a write.
+        # The write lock goes with BEGIN, in one round trip; readers get one snapshot.
         lock = f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})"
-        assert statements == [lock, "SELECT 1", "SELECT 2"]
+        assert statements == [
+            f"BEGIN ISOLATION LEVEL READ COMMITTED; {lock}",
+            "SELECT 1",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            "SELECT 2",
+        ]
 
 
 def test_read_sees_one_snapshot(catalog: Catalog) -> None:

@@ -197,9 +197,8 @@ class Catalog:
         """A connection in a read transaction: one consistent snapshot, rolled back at exit."""
         self._check_open()
         with self._engine.connect() as conn:
-            if self.dialect_name == "postgresql":
-                # READ COMMITTED would let each statement see a different snapshot.
-                conn.execution_options(isolation_level="REPEATABLE READ")
+            # NOTE: on PostgreSQL the engine begins reads at REPEATABLE READ (READ COMMITTED
+            # would let each statement see a different snapshot).
             transaction = conn.begin()
             try:
                 yield conn
@@ -211,8 +210,11 @@ class Catalog:
     def write(self) -> Iterator[Connection]:
         """A connection in a write transaction: committed on clean exit, else rolled back.
 
-        On SQLite the transaction starts with ``BEGIN IMMEDIATE``, so a second writer waits
-        (up to the busy timeout) at its start instead of failing halfway.
+        On SQLite the transaction starts with ``BEGIN IMMEDIATE``, on PostgreSQL with the
+        catalog's advisory write lock, so a second writer waits (up to the busy timeout) at
+        its start instead of failing halfway. Nothing is retried: writers that take turns
+        cannot deadlock or hit serialization failures (see `engine`), and the block may have
+        done file I/O that must not run twice.
 
         Raises:
             CatalogError: A write is already open on this thread (it would wait for itself).

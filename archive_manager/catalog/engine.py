@@ -10,8 +10,9 @@ PostgreSQL gets the same semantics on purpose, so that the save and GC protocols
 argument (DESIGN.md) carries over word for word: every write transaction first takes one
 transaction-scoped advisory lock (`PG_WRITE_LOCK`), so writers take turns exactly as under
 ``BEGIN IMMEDIATE``, waiting up to the busy timeout (``lock_timeout``); writers run at READ
-COMMITTED, so each statement after the lock sees every commit made before it; readers get a
-REPEATABLE READ snapshot (`Catalog.read`) and never wait for writers.
+COMMITTED, so each statement after the lock sees every commit made before it; readers get one
+REPEATABLE READ snapshot per transaction and never wait for writers. As for SQLite, the
+driver's own BEGIN is off and the ``begin`` event sends ours (with the lock: one round trip).
 
 NOTE: no retry of serialization failures or deadlocks (SQLSTATE 40001, 40P01). With one lock
 taken first by every writer, two archive_manager writers never hold row locks at once, so
@@ -486,15 +487,23 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
     engine = _create_engine(
         url,
         pool_pre_ping=True,
-        # NOTE: writers must stay at READ COMMITTED: at REPEATABLE READ the snapshot would be
-        # taken by the statement that waits for the write lock, i.e. before the previous
-        # writer committed, and the protocols' read-then-write steps would act on stale rows.
-        isolation_level="READ COMMITTED",
+        # The driver's own BEGIN is turned off (its "autocommit"): the begin event below sends
+        # BEGIN together with the write lock, one round trip, as pysqlite's recipe does for
+        # SQLite. psycopg's commit() and rollback() still end the transaction we began.
+        isolation_level="AUTOCOMMIT",
         pool_size=5,
         max_overflow=20,
         connect_args=connect_args,
     )
-    lock_sql = f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
+    # NOTE: writers must stay at READ COMMITTED: at REPEATABLE READ the snapshot would be taken
+    # by the statement that waits for the write lock, i.e. before the previous writer
+    # committed, and the protocols' read-then-write steps would act on stale rows. Readers
+    # get one snapshot for their whole transaction.
+    write_begin = (
+        f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
+    )
+    read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ"
+    no_parameters = {"no_parameters": True}  # several statements: the simple query protocol
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
@@ -507,8 +516,8 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get(WRITE_OPTION):
-            conn.exec_driver_sql(lock_sql)
+        write = conn.get_execution_options().get(WRITE_OPTION)
+        conn.exec_driver_sql(write_begin if write else read_begin, execution_options=no_parameters)
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> None:
