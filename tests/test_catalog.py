@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -716,3 +717,29 @@ def test_open_refuses_a_catalog_on_a_network_filesystem(
     assert list(tmp_path.iterdir()) == []  # nothing was created
     # The check can be skipped by a caller that knows better (e.g. a single-host 9p VM).
     Catalog.open(sqlite_url(tmp_path / "c.db"), check_filesystem=False).close()
+
+
+def test_switching_a_new_file_to_wal_waits_for_a_busy_writer(tmp_path: Path) -> None:
+    # SQLite answers BUSY at once (no busy handler) when a connection switches a file that
+    # another connection is writing to WAL; two processes creating one pool hit exactly that.
+    path = tmp_path / "new.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    released = threading.Event()
+
+    def release_later() -> None:
+        time.sleep(0.3)
+        holder.execute("COMMIT")
+        released.set()
+
+    threading.Thread(target=release_later).start()
+    engine = make_engine(f"sqlite:///{path}", busy_timeout_ms=10_000)
+    try:
+        with engine.connect() as conn:
+            assert released.is_set()
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        engine.dispose()
+        holder.close()

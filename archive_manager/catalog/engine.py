@@ -29,6 +29,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,28 @@ def check_journal_mode(row: tuple[Any, ...] | None, database: str) -> None:
         )
 
 
+def _set_wal(cursor: Any, timeout_ms: int) -> tuple[Any, ...] | None:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
+
+    NOTE: switching a new file to WAL needs an exclusive lock, and SQLite answers BUSY at once
+    instead of calling the busy handler; two processes creating one pool at the same moment
+    hit that (seen: a save racing another's first open).  WAL persists in the file, so only a
+    new catalog ever gets here with contention.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    delay = 0.002
+    while True:
+        try:
+            return cursor.execute("PRAGMA journal_mode = WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
 def _error_code(exc: BaseException) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF
@@ -352,7 +375,7 @@ def make_engine(
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {timeout_ms:d}")
-            check_journal_mode(cursor.execute("PRAGMA journal_mode = WAL").fetchone(), database)
+            check_journal_mode(_set_wal(cursor, timeout_ms), database)
             cursor.execute("PRAGMA synchronous = FULL")
             cursor.execute("PRAGMA foreign_keys = ON")
         except BaseException as exc:
