@@ -103,6 +103,7 @@ class Backend:
         self.name = name
         self.server = server
         self._urls: dict[Path, str] = {}
+        self._others: list[str] = []
 
     def url(self, root: str | os.PathLike[str]) -> str | None:
         if self.server is None:
@@ -116,14 +117,15 @@ class Backend:
         """A new empty database on the server (PostgreSQL only)."""
         assert self.server is not None, "new_url() needs the postgresql backend"
         url = self.server.create_database()
-        self._urls[Path(f"/nonexistent/{len(self._urls)}")] = url
+        self._others.append(url)
         return url
 
     def close(self) -> None:
         if self.server is not None:
-            for url in self._urls.values():
+            for url in [*self._urls.values(), *self._others]:
                 self.server.drop_database(url)
         self._urls.clear()
+        self._others.clear()
 
 
 @pytest.fixture(params=BACKENDS)
