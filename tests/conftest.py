@@ -18,6 +18,7 @@ import math
 import os
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,18 @@ from pgserver import (  # tests/pgserver.py: pytest puts tests/ on sys.path
 )
 from sqlalchemy import inspect, select, text
 
-from archive_manager import ArchiveManager, TensorRef
-from archive_manager.catalog import archive_blobs_table, archives_table, chunks_table
+from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
+from archive_manager.catalog import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    chunks_table,
+    entries_table,
+    lease_blobs_table,
+    leases_table,
+    retention_table,
+    sample_metadata_table,
+)
 from archive_manager.samples import sample_to_fields
 from archive_manager.synthetic import make_rollout
 
@@ -46,6 +57,22 @@ EPOCH = 1_700_000_000.0
 #: Small but realistically shaped rollouts: shared prompts per group, loss masks, float32
 #: log-probs, truncated samples, ``task_key`` attributes.  Big enough for several chunks.
 SMALL_ROLLOUT = {"prompt_len": 48, "response_min": 16, "response_max": 96}
+
+#: Tiny rollouts (groups of 2, a few tokens each) for tests that save many archives.
+TINY_ROLLOUT = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
+
+#: Every catalog table, in creation order.
+CATALOG_TABLES = (
+    archives_table,
+    chunks_table,
+    entries_table,
+    sample_metadata_table,
+    archive_blobs_table,
+    blobs_table,
+    retention_table,
+    leases_table,
+    lease_blobs_table,
+)
 
 
 class FakeClock:
@@ -66,6 +93,11 @@ class FakeClock:
 def clock() -> FakeClock:
     """A fake clock starting at `EPOCH`."""
     return FakeClock()
+
+
+def wall_clock() -> FakeClock:
+    """A `FakeClock` starting at the real time, so it compares with file mtimes (GC grace)."""
+    return FakeClock(time.time())
 
 
 # --------------------------------------------------------------------------- backends
@@ -185,6 +217,11 @@ def rollout() -> Callable[..., list]:
     return small_rollout
 
 
+def tiny_rollout(n: int = 6, seed: int = 0, **options: Any) -> list:
+    """`small_rollout` with `TINY_ROLLOUT` shapes and two routed-expert layers by default."""
+    return small_rollout(n, seed=seed, **{**TINY_ROLLOUT, "r3_layers": 2, **options})
+
+
 # --------------------------------------------------------------------------- equality
 
 
@@ -272,6 +309,29 @@ def assert_same_samples(actual: list, expected: list) -> None:
         assert_same(a, e, f"sample[{i}]")
 
 
+def canon(value: Any) -> Any:
+    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
+    if isinstance(value, TensorRef):
+        value = value.materialize()
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, canon(vars(value)))
+    if isinstance(value, dict):
+        return {k: canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [canon(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def assert_loads(pool: ArchiveManager, name: str, expected: list[Any]) -> None:
+    """Archive ``name`` of ``pool`` loads as ``expected`` (compared by `canon`)."""
+    loaded = pool.open_archive(name).load_samples()
+    assert [canon(s) for s in loaded] == [canon(s) for s in expected]
+
+
 @pytest.fixture
 def same_samples() -> Callable[[list, list], None]:
     """`assert_same_samples`: loaded samples equal the saved ones exactly."""
@@ -287,6 +347,28 @@ def blob_files(root: Path) -> list[str]:
     if not base.exists():
         return []
     return sorted(str(p.relative_to(base)) for p in base.rglob("*") if not p.is_dir())
+
+
+def blob_names(pool: ArchiveManager) -> set[str]:
+    """Names of every file under ``blobs/`` (canonical or not)."""
+    return {p.name for p in (pool.root / "blobs").rglob("*") if p.is_file()}
+
+
+def blob_sizes(pool: ArchiveManager) -> dict[str, int]:
+    """digest -> size of every ``blobs`` row."""
+    with pool.catalog.read() as conn:
+        return dict(conn.execute(select(blobs_table.c.digest, blobs_table.c.size)).all())
+
+
+def owned_blobs(pool: ArchiveManager) -> set[str]:
+    """The union of the blobs of every archive some owner retains."""
+    ab, r = archive_blobs_table, retention_table
+    with pool.catalog.read() as conn:
+        return set(
+            conn.execute(
+                select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
+            ).scalars()
+        )
 
 
 def make_writable(path: Path) -> None:
@@ -395,3 +477,44 @@ def snapshot_pool(pool: ArchiveManager) -> PoolSnapshot:
 def snapshot() -> Callable[[ArchiveManager], PoolSnapshot]:
     """`snapshot_pool`: compare two snapshots with ``==`` to prove nothing changed."""
     return snapshot_pool
+
+
+# --------------------------------------------------------------------------- interrupted saves
+
+
+class Killed(BaseException):
+    """Stands for the death of a saving process."""
+
+
+def abandon_writer(
+    pool: ArchiveManager, name: str, samples: list[Any], *, keep_io: bool = False
+) -> ArchiveWriter:
+    """A save that stored its first chunk(s), then stopped (paused or dead): its lease is no
+    longer renewed, and it neither commits nor aborts."""
+    w = pool.writer(name, rollout_id=0)
+    for s in samples:
+        w.add(s)
+    w._wait()
+    w._stop.set()
+    w._heartbeat.join()
+    if not keep_io:
+        w._io.shutdown(wait=True)
+    return w
+
+
+def die_before_publish(
+    pool: ArchiveManager, name: str, samples: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save killed after it committed ownership (step 4) but before it published (step 5)."""
+
+    def publish(self: ArchiveWriter, archive_id: int) -> None:
+        raise Killed
+
+    def abort(self: ArchiveWriter) -> None:
+        self._shutdown()  # a dead process renews nothing and rolls nothing back
+
+    with monkeypatch.context() as m:
+        m.setattr(ArchiveWriter, "_publish", publish)
+        m.setattr(ArchiveWriter, "abort", abort)
+        with pytest.raises(Killed):
+            pool.save(name, samples, rollout_id=0)

@@ -3,22 +3,30 @@ failing closed, finishing a killed GC, and a save that takes back a ``deleting``
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import hashlib
 import os
 import stat
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from conftest import (
+    CATALOG_TABLES,
+    FakeClock,
+    abandon_writer,
+    assert_loads,
+    blob_names,
+    blob_sizes,
+    die_before_publish,
+    owned_blobs,
+    tiny_rollout,
+    wall_clock,
+)
 from sqlalchemy import delete, select, update
 
-from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
+from archive_manager import ArchiveManager
 from archive_manager import gc as gc_module
 from archive_manager._digest import is_digest
 from archive_manager.catalog import (
@@ -38,85 +46,9 @@ from archive_manager.errors import (
     InvalidInputError,
     LeaseExpiredError,
 )
-from archive_manager.synthetic import make_rollout
 
 LEASE_TTL = 60.0
 HOUR = 3600.0
-TABLES = (
-    archives_table,
-    chunks_table,
-    entries_table,
-    sample_metadata_table,
-    archive_blobs_table,
-    blobs_table,
-    retention_table,
-    leases_table,
-    lease_blobs_table,
-)
-
-
-class Clock:
-    """An injectable clock: starts at the real time (so file mtimes compare), moves on demand."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class _Killed(BaseException):
-    """Stands for the death of a saving process."""
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def pool(tmp_path: Path, clock: Clock, backend) -> Iterator[ArchiveManager]:
-    # inline_limit=64: routed-expert tensors become tensor blobs, so every kind of blob exists.
-    with ArchiveManager.open(
-        tmp_path / "pool",
-        catalog_url=backend.url(tmp_path / "pool"),
-        clock=clock,
-        lease_ttl=LEASE_TTL,
-        chunk_size=4,
-        inline_limit=64,
-    ) as p:
-        yield p
-
-
-def rollout(n: int = 6, seed: int = 0) -> list[Any]:
-    return make_rollout(
-        n, seed=seed, prompt_len=8, response_min=4, response_max=12, group_size=2, r3_layers=2
-    )
-
-
-def canon(value: Any) -> Any:
-    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
-    if isinstance(value, TensorRef):
-        value = value.materialize()
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, canon(vars(value)))
-    if isinstance(value, dict):
-        return {k: canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
-def assert_loads(pool: ArchiveManager, name: str, expected: list[Any]) -> None:
-    loaded = pool.open_archive(name).load_samples()
-    assert [canon(s) for s in loaded] == [canon(s) for s in expected]
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -130,14 +62,12 @@ def files_under(root: Path) -> dict[str, bytes]:
     return out
 
 
-def blob_files(pool: ArchiveManager) -> set[str]:
-    return {p.name for p in (pool.root / "blobs").rglob("*") if p.is_file()}
-
-
 def snapshot(pool: ArchiveManager) -> tuple[dict[str, bytes], dict[str, list[str]]]:
     files = {k: v for k, v in files_under(pool.root).items() if not k.startswith("catalog.db")}
     with pool.catalog.read() as conn:
-        rows = {t.name: sorted(repr(tuple(r)) for r in conn.execute(select(t))) for t in TABLES}
+        rows = {
+            t.name: sorted(repr(tuple(r)) for r in conn.execute(select(t))) for t in CATALOG_TABLES
+        }
     return files, rows
 
 
@@ -155,22 +85,6 @@ def blob_states(pool: ArchiveManager) -> dict[str, str]:
         return dict(conn.execute(select(blobs_table.c.digest, blobs_table.c.state)).all())
 
 
-def blob_sizes(pool: ArchiveManager) -> dict[str, int]:
-    with pool.catalog.read() as conn:
-        return dict(conn.execute(select(blobs_table.c.digest, blobs_table.c.size)).all())
-
-
-def owned_blobs(pool: ArchiveManager) -> set[str]:
-    """The union of the blobs of every archive some owner retains."""
-    ab, r = archive_blobs_table, retention_table
-    with pool.catalog.read() as conn:
-        return set(
-            conn.execute(
-                select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
-            ).scalars()
-        )
-
-
 def set_state(pool: ArchiveManager, digests: set[str], state: str) -> None:
     with pool.catalog.write() as conn:
         conn.execute(
@@ -178,57 +92,23 @@ def set_state(pool: ArchiveManager, digests: set[str], state: str) -> None:
         )
 
 
-def age(path: Path, seconds: float, clock: Clock) -> None:
+def age(path: Path, seconds: float, clock: FakeClock) -> None:
     then = clock.now - seconds
     os.utime(path, (then, then), follow_symlinks=False)
 
 
-def abandon_writer(
-    pool: ArchiveManager, name: str, samples: list[Any], *, keep_io: bool = False
-) -> ArchiveWriter:
-    """A save that stored its first chunk(s), then stopped (paused or dead): its lease is no
-    longer renewed, and it neither commits nor aborts."""
-    w = pool.writer(name, rollout_id=0)
-    for s in samples:
-        w.add(s)
-    w._wait()
-    w._stop.set()
-    w._heartbeat.join()
-    if not keep_io:
-        w._io.shutdown(wait=True)
-    return w
-
-
-def die_before_publish(
-    pool: ArchiveManager, name: str, samples: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A save killed after it committed ownership (step 4) but before it published (step 5)."""
-
-    def publish(self: ArchiveWriter, archive_id: int) -> None:
-        raise _Killed
-
-    def abort(self: ArchiveWriter) -> None:
-        self._shutdown()  # a dead process renews nothing and rolls nothing back
-
-    with monkeypatch.context() as m:
-        m.setattr(ArchiveWriter, "_publish", publish)
-        m.setattr(ArchiveWriter, "abort", abort)
-        with pytest.raises(_Killed):
-            pool.save(name, samples, rollout_id=0)
-
-
-def busy_pool(pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+def busy_pool(pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pool where GC has every kind of work: released archives (one sharing chunks with a
     kept one), an expired lease, a dead pending save, orphans, stale temp files and a
     ``deleting`` row left by a killed GC."""
-    kept = pool.save("kept", rollout(seed=1), rollout_id=1)
+    kept = pool.save("kept", tiny_rollout(seed=1), rollout_id=1)
     pool.save("ref", None, rollout_id=1, reference=kept).release()
-    pool.save("gone", rollout(seed=2), rollout_id=2).release()
-    gone2 = pool.save("gone2", rollout(seed=3), rollout_id=3)
+    pool.save("gone", tiny_rollout(seed=2), rollout_id=2).release()
+    gone2 = pool.save("gone2", tiny_rollout(seed=3), rollout_id=3)
     gone2.release()
     set_state(pool, archive_blobs(pool, "gone2", "tensor"), "deleting")
-    abandon_writer(pool, "abandoned", rollout(n=5, seed=4))
-    die_before_publish(pool, "pending", rollout(seed=5), monkeypatch)
+    abandon_writer(pool, "abandoned", tiny_rollout(n=5, seed=4))
+    die_before_publish(pool, "pending", tiny_rollout(seed=5), monkeypatch)
     clock.advance(LEASE_TTL + 1)
     age(pool.store.path(pool.store.put(b"orphan")), 2 * HOUR, clock)
     tmp = pool.root / "tmp" / "dead-writer.tmp"
@@ -236,38 +116,49 @@ def busy_pool(pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatc
     age(tmp, 2 * HOUR, clock)
 
 
+@pytest.fixture
+def clock() -> FakeClock:
+    return wall_clock()
+
+
+@pytest.fixture
+def pool(open_pool: Callable[..., ArchiveManager], clock: FakeClock) -> ArchiveManager:
+    # inline_limit=64: routed-expert tensors become tensor blobs, so every kind of blob exists.
+    return open_pool(clock=clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=64)
+
+
 # --- grace --------------------------------------------------------------------------------
 
 
-def test_grace_keeps_young_unowned_blobs(pool: ArchiveManager, clock: Clock) -> None:
-    samples = rollout()
+def test_grace_keeps_young_unowned_blobs(pool: ArchiveManager, clock: FakeClock) -> None:
+    samples = tiny_rollout()
     pool.save("a", samples, rollout_id=1).release()
     digests = archive_blobs(pool, "a")
     clock.advance(HOUR - 1)
     report = pool.gc(grace=timedelta(hours=1))
     assert (report.blobs, report.bytes) == (0, 0)
-    assert digests <= blob_files(pool)
+    assert digests <= blob_names(pool)
     assert_loads(pool, "a", samples)  # released, not yet reclaimed: still readable
 
     clock.advance(1)
     size = sum(blob_sizes(pool).values())
     report = pool.gc(grace=timedelta(hours=1))
     assert (report.blobs, report.bytes) == (len(digests), size)
-    assert not digests & blob_files(pool)
+    assert not digests & blob_names(pool)
     assert blob_states(pool) == {}
 
 
 def test_grace_is_measured_from_the_blob_not_the_release(
-    pool: ArchiveManager, clock: Clock
+    pool: ArchiveManager, clock: FakeClock
 ) -> None:
-    arc = pool.save("a", rollout(), rollout_id=1)
+    arc = pool.save("a", tiny_rollout(), rollout_id=1)
     clock.advance(2 * HOUR)
     arc.release()  # released just now, but its blobs are two hours old
     assert pool.gc(grace=HOUR).blobs == len(archive_blobs(pool, "a"))
 
 
-def test_default_grace_is_an_hour(pool: ArchiveManager, clock: Clock) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+def test_default_grace_is_an_hour(pool: ArchiveManager, clock: FakeClock) -> None:
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     assert pool.gc().blobs == 0
     clock.advance(HOUR)
     assert pool.gc().blobs == len(archive_blobs(pool, "a"))
@@ -280,11 +171,11 @@ def test_negative_grace_is_refused(pool: ArchiveManager) -> None:
         pool.gc(grace=timedelta(seconds=-1))
 
 
-def test_owned_blobs_are_kept_however_old(pool: ArchiveManager, clock: Clock) -> None:
-    samples = rollout()
+def test_owned_blobs_are_kept_however_old(pool: ArchiveManager, clock: FakeClock) -> None:
+    samples = tiny_rollout()
     a = pool.save("a", samples, rollout_id=1)
     pool.save("b", None, rollout_id=1, reference=a)
-    pool.save("c", rollout(seed=9), rollout_id=1)
+    pool.save("c", tiny_rollout(seed=9), rollout_id=1)
     pool.retain("checkpoint:x", "c")
     pool.open_archive("c").release()
     a.release()  # b still shares a's chunks and tensors
@@ -292,20 +183,20 @@ def test_owned_blobs_are_kept_however_old(pool: ArchiveManager, clock: Clock) ->
     report = pool.gc(grace=0)
     assert report.blobs == len(archive_blobs(pool, "a", "manifest")) == 1
     assert set(report.per_archive) == {"a"}
-    assert owned_blobs(pool) == blob_files(pool)
+    assert owned_blobs(pool) == blob_names(pool)
     assert_loads(pool, "b", samples)
-    assert_loads(pool, "c", rollout(seed=9))
+    assert_loads(pool, "c", tiny_rollout(seed=9))
 
 
 # --- dry run ------------------------------------------------------------------------------
 
 
 def test_dry_run_deletes_nothing_and_matches_the_real_run(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     busy_pool(pool, clock, monkeypatch)
     before = snapshot(pool)
-    files_before = blob_files(pool)
+    files_before = blob_names(pool)
     dry = pool.gc(grace=0, dry_run=True)
     assert dry.dry_run is True
     assert snapshot(pool) == before
@@ -331,15 +222,15 @@ def test_dry_run_deletes_nothing_and_matches_the_real_run(
     )
     assert {f: getattr(dry, f) for f in fields} == {f: getattr(real, f) for f in fields}
     # What it reported is what it removed.
-    assert len(files_before - blob_files(pool)) == real.blobs + real.orphans
-    assert blob_files(pool) == owned_blobs(pool)
+    assert len(files_before - blob_names(pool)) == real.blobs + real.orphans
+    assert blob_names(pool) == owned_blobs(pool)
     assert list((pool.root / "tmp").iterdir()) == []
     assert pool.gc(grace=0, dry_run=True).blobs == 0
     assert pool.verify(read_data=True).notices == []
 
 
 def test_dry_run_per_archive_counts_blobs_and_bytes(pool: ArchiveManager) -> None:
-    a = pool.save("a", rollout(seed=1), rollout_id=1)
+    a = pool.save("a", tiny_rollout(seed=1), rollout_id=1)
     pool.save("b", None, rollout_id=1, reference=a)
     a.release()
     pool.open_archive("b").release()
@@ -355,8 +246,8 @@ def test_dry_run_per_archive_counts_blobs_and_bytes(pool: ArchiveManager) -> Non
 # --- leases and pending saves -------------------------------------------------------------
 
 
-def test_live_lease_protects_a_save_in_flight(pool: ArchiveManager, clock: Clock) -> None:
-    samples = rollout(n=9)
+def test_live_lease_protects_a_save_in_flight(pool: ArchiveManager, clock: FakeClock) -> None:
+    samples = tiny_rollout(n=9)
     w = pool.writer("w", rollout_id=1)
     for s in samples:
         w.add(s)
@@ -366,27 +257,27 @@ def test_live_lease_protects_a_save_in_flight(pool: ArchiveManager, clock: Clock
     clock.advance(LEASE_TTL / 2)
     report = pool.gc(grace=0)
     assert (report.blobs, report.expired_leases) == (0, 0)
-    assert held <= blob_files(pool)
+    assert held <= blob_names(pool)
     w.commit()
     assert_loads(pool, "w", samples)
     assert pool.verify(read_data=True).ok
 
 
 def test_expired_lease_is_dropped_and_its_blobs_reclaimed(
-    pool: ArchiveManager, clock: Clock
+    pool: ArchiveManager, clock: FakeClock
 ) -> None:
-    kept = rollout(seed=1)
+    kept = tiny_rollout(seed=1)
     pool.save("kept", kept, rollout_id=1)
-    w = abandon_writer(pool, "w", rollout(n=5, seed=2))
+    w = abandon_writer(pool, "w", tiny_rollout(n=5, seed=2))
     held = set(blob_states(pool)) - archive_blobs(pool, "kept")
-    assert held and held <= blob_files(pool)
+    assert held and held <= blob_names(pool)
 
     assert pool.gc(grace=0).blobs == 0  # still live
     clock.advance(LEASE_TTL + 1)
     report = pool.gc(grace=0)
     assert report.expired_leases == 1
     assert report.blobs == len(held)
-    assert not held & blob_files(pool)
+    assert not held & blob_names(pool)
     with pool.catalog.read() as conn:
         assert conn.execute(select(leases_table)).all() == []
         assert conn.execute(select(lease_blobs_table)).all() == []
@@ -396,8 +287,10 @@ def test_expired_lease_is_dropped_and_its_blobs_reclaimed(
     assert w._lease
 
 
-def test_writer_whose_lease_gc_dropped_cannot_publish(pool: ArchiveManager, clock: Clock) -> None:
-    w = abandon_writer(pool, "w", rollout(n=5), keep_io=True)
+def test_writer_whose_lease_gc_dropped_cannot_publish(
+    pool: ArchiveManager, clock: FakeClock
+) -> None:
+    w = abandon_writer(pool, "w", tiny_rollout(n=5), keep_io=True)
     clock.advance(LEASE_TTL + 1)
     assert pool.gc(grace=0).expired_leases == 1
     # The paused process wakes up and tries to finish: it must not publish over reclaimed blobs.
@@ -408,9 +301,9 @@ def test_writer_whose_lease_gc_dropped_cannot_publish(pool: ArchiveManager, cloc
 
 
 def test_dead_pending_save_is_rolled_back(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    samples = rollout(seed=1)
+    samples = tiny_rollout(seed=1)
     die_before_publish(pool, "p", samples, monkeypatch)
     pool.save("twin", samples, rollout_id=1)  # same samples: shares p's chunks and tensors
     mine = archive_blobs(pool, "p")
@@ -425,14 +318,14 @@ def test_dead_pending_save_is_rolled_back(
 
     report = pool.gc(grace=0)  # its lease is live: the save may still publish
     assert (report.blobs, report.rolled_back) == (0, [])
-    assert mine <= blob_files(pool)
+    assert mine <= blob_names(pool)
 
     clock.advance(LEASE_TTL + 1)
     report = pool.gc(grace=0)
     assert report.rolled_back == ["p"]
     assert report.expired_leases == 1
     assert report.blobs == len(mine - shared) == 1  # its manifest
-    assert not (mine - shared) & blob_files(pool)
+    assert not (mine - shared) & blob_names(pool)
     assert [i.name for i in pool.find(state=None)] == ["twin"]
     with pool.catalog.read() as conn:
         for t in (chunks_table, entries_table, sample_metadata_table, archive_blobs_table):
@@ -448,7 +341,7 @@ def test_dead_pending_save_is_rolled_back(
 # --- orphans, strays and temp files -------------------------------------------------------
 
 
-def test_orphan_files_older_than_grace_are_removed(pool: ArchiveManager, clock: Clock) -> None:
+def test_orphan_files_older_than_grace_are_removed(pool: ArchiveManager, clock: FakeClock) -> None:
     old = pool.store.put(b"old orphan")
     young = pool.store.put(b"young orphan")
     age(pool.store.path(old), 2 * HOUR, clock)
@@ -463,11 +356,11 @@ def test_orphan_files_older_than_grace_are_removed(pool: ArchiveManager, clock: 
 
 
 def test_orphan_whose_row_appears_is_not_removed(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The listing saw a file with no row; by the time GC removes orphans, a save has
     # inserted the row (and owns the file): the re-check under the write lock must keep it.
-    samples = rollout()
+    samples = tiny_rollout()
     digest = pool.store.put(b"soon a blob")
     age(pool.store.path(digest), 2 * HOUR, clock)
     real = gc_module._remove_orphans
@@ -488,8 +381,10 @@ def test_orphan_whose_row_appears_is_not_removed(
     assert_loads(pool, "a", samples)
 
 
-def test_stray_files_are_never_touched(pool: ArchiveManager, clock: Clock, tmp_path: Path) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+def test_stray_files_are_never_touched(
+    pool: ArchiveManager, clock: FakeClock, tmp_path: Path
+) -> None:
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     digest = pool.store.put(b"x")  # a real orphan, as a control
     blobs = pool.root / "blobs"
     outside = tmp_path / "outside"
@@ -545,7 +440,7 @@ def test_stray_files_are_never_touched(pool: ArchiveManager, clock: Clock, tmp_p
     assert outside.read_bytes() == b"not the pool's"
 
 
-def test_stale_temp_files_are_removed(pool: ArchiveManager, clock: Clock) -> None:
+def test_stale_temp_files_are_removed(pool: ArchiveManager, clock: FakeClock) -> None:
     tmp = pool.root / "tmp"
     tmp.mkdir(exist_ok=True)
     old, young, middling = (tmp / f"{n}.tmp" for n in ("old", "young", "middling"))
@@ -567,7 +462,9 @@ def test_stale_temp_files_are_removed(pool: ArchiveManager, clock: Clock) -> Non
     assert list(tmp.iterdir()) == []
 
 
-def test_grace_longer_than_the_temp_floor_is_honoured(pool: ArchiveManager, clock: Clock) -> None:
+def test_grace_longer_than_the_temp_floor_is_honoured(
+    pool: ArchiveManager, clock: FakeClock
+) -> None:
     tmp = pool.root / "tmp"
     tmp.mkdir(exist_ok=True)
     p = tmp / "slow-writer.tmp"
@@ -583,14 +480,14 @@ def test_grace_longer_than_the_temp_floor_is_honoured(pool: ArchiveManager, cloc
 # --- failing closed -----------------------------------------------------------------------
 
 
-def _broken_listing(pool: ArchiveManager, clock: Clock) -> Any:
+def _broken_listing(pool: ArchiveManager, clock: FakeClock) -> Any:
     def iter_stat() -> Iterator[tuple[str, int, float]]:
         raise OSError(5, "Input/output error")
 
     return "iter_stat", iter_stat
 
 
-def _listing_fails_midway(pool: ArchiveManager, clock: Clock) -> Any:
+def _listing_fails_midway(pool: ArchiveManager, clock: FakeClock) -> Any:
     real = pool.store.iter_stat
 
     def iter_stat() -> Iterator[tuple[str, int, float]]:
@@ -602,7 +499,7 @@ def _listing_fails_midway(pool: ArchiveManager, clock: Clock) -> Any:
     return "iter_stat", iter_stat
 
 
-def _broken_temp_listing(pool: ArchiveManager, clock: Clock) -> Any:
+def _broken_temp_listing(pool: ArchiveManager, clock: FakeClock) -> Any:
     def temp_files() -> list[tuple[Path, float]]:
         raise OSError(5, "Input/output error")
 
@@ -611,7 +508,7 @@ def _broken_temp_listing(pool: ArchiveManager, clock: Clock) -> Any:
 
 @pytest.mark.parametrize("breakage", [_broken_listing, _listing_fails_midway, _broken_temp_listing])
 def test_listing_error_aborts_before_anything_is_deleted(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch, breakage: Any
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, breakage: Any
 ) -> None:
     busy_pool(pool, clock, monkeypatch)
     before = snapshot(pool)
@@ -623,12 +520,12 @@ def test_listing_error_aborts_before_anything_is_deleted(
     assert snapshot(pool) == before
     monkeypatch.undo()
     pool.gc(grace=0)
-    assert blob_files(pool) == owned_blobs(pool)
+    assert blob_names(pool) == owned_blobs(pool)
 
 
 @pytest.mark.parametrize("what", ["chunk", "manifest", "shared chunk"])
 def test_broken_invariant_aborts_before_anything_is_deleted(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch, what: str
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
     busy_pool(pool, clock, monkeypatch)
     victim = "ref" if what == "shared chunk" else "kept"
@@ -669,12 +566,12 @@ def test_broken_invariant_aborts_before_anything_is_deleted(
 
 @pytest.mark.parametrize("kind", ["chunk", "tensor", "manifest"])
 def test_deleting_row_an_owned_archive_needs_aborts_gc(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch, kind: str
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     # No protocol marks a blob an owned archive needs 'deleting' (GC marks only unretained
     # blobs; a save takes a 'deleting' blob back before it holds it): such a row is a broken
     # invariant, and finishing it would destroy a published archive.
-    samples = rollout(seed=11)
+    samples = tiny_rollout(seed=11)
     busy_pool(pool, clock, monkeypatch)
     pool.save("victim", samples, rollout_id=9)
     digest = min(archive_blobs(pool, "victim", kind))
@@ -694,9 +591,9 @@ def test_deleting_row_an_owned_archive_needs_aborts_gc(
 def test_unlink_error_leaves_the_rest_for_the_next_gc(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    samples = rollout(seed=1)
+    samples = tiny_rollout(seed=1)
     pool.save("kept", samples, rollout_id=1)
-    pool.save("a", rollout(seed=2), rollout_id=2).release()
+    pool.save("a", tiny_rollout(seed=2), rollout_id=2).release()
     doomed = archive_blobs(pool, "a")
 
     def refuse(digest: str) -> bool:
@@ -710,7 +607,7 @@ def test_unlink_error_leaves_the_rest_for_the_next_gc(
     assert pool.verify(read_data=True).ok
     report = pool.gc(grace=0)
     assert report.finished_from_earlier == len(doomed)
-    assert not doomed & blob_files(pool)
+    assert not doomed & blob_names(pool)
     assert set(blob_states(pool)) == archive_blobs(pool, "kept")
     assert_loads(pool, "kept", samples)
 
@@ -720,11 +617,11 @@ def test_unlink_error_leaves_the_rest_for_the_next_gc(
 
 @pytest.mark.parametrize("unlinked", [0, 1, "all"])
 def test_deleting_rows_of_a_killed_gc_are_finished(
-    pool: ArchiveManager, clock: Clock, unlinked: Any
+    pool: ArchiveManager, clock: FakeClock, unlinked: Any
 ) -> None:
-    samples = rollout(seed=1)
+    samples = tiny_rollout(seed=1)
     pool.save("kept", samples, rollout_id=1)
-    pool.save("a", rollout(seed=2), rollout_id=2).release()
+    pool.save("a", tiny_rollout(seed=2), rollout_id=2).release()
     doomed = sorted(archive_blobs(pool, "a"))
     set_state(pool, set(doomed), "deleting")  # GC died after its plan ...
     gone = doomed if unlinked == "all" else doomed[:unlinked]
@@ -733,7 +630,7 @@ def test_deleting_rows_of_a_killed_gc_are_finished(
     report = pool.gc(grace=HOUR)  # grace does not hold back what is already 'deleting'
     assert report.finished_from_earlier == len(doomed)
     assert report.blobs == len(doomed)
-    assert not set(doomed) & blob_files(pool)
+    assert not set(doomed) & blob_names(pool)
     assert "deleting" not in blob_states(pool).values()
     assert_loads(pool, "kept", samples)
     assert pool.verify(read_data=True).notices == []
@@ -744,9 +641,9 @@ def test_deleting_rows_of_a_killed_gc_are_finished(
 
 @pytest.mark.parametrize("file_left", [True, False])
 def test_save_takes_back_a_deleting_blob(
-    pool: ArchiveManager, clock: Clock, file_left: bool
+    pool: ArchiveManager, clock: FakeClock, file_left: bool
 ) -> None:
-    samples = rollout(seed=1)
+    samples = tiny_rollout(seed=1)
     pool.save("a", samples, rollout_id=1).release()
     content = archive_blobs(pool, "a") - archive_blobs(pool, "a", "manifest")
     set_state(pool, archive_blobs(pool, "a"), "deleting")  # a GC died after marking
@@ -764,13 +661,13 @@ def test_save_takes_back_a_deleting_blob(
     report = pool.gc(grace=0)
     assert report.blobs == 1  # a's manifest only
     assert_loads(pool, "b", samples)
-    assert blob_files(pool) == archive_blobs(pool, "b")
+    assert blob_names(pool) == archive_blobs(pool, "b")
     assert pool.verify(read_data=True).notices == []
     assert b.state == "published"
 
 
 def test_reference_to_a_reclaimed_archive_fails_cleanly(pool: ArchiveManager) -> None:
-    a = pool.save("a", rollout(), rollout_id=1)
+    a = pool.save("a", tiny_rollout(), rollout_id=1)
     a.release()
     pool.gc(grace=0)
     with pytest.raises(Exception) as err:
@@ -783,7 +680,7 @@ def test_reference_to_a_reclaimed_archive_fails_cleanly(pool: ArchiveManager) ->
 
 
 def test_gc_deletes_only_canonical_digests(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     busy_pool(pool, clock, monkeypatch)
     deleted: list[str] = []
@@ -811,7 +708,7 @@ def test_gc_deletes_only_canonical_digests(
 def test_report_as_dict(pool: ArchiveManager) -> None:
     import json
 
-    pool.save("a", rollout(), rollout_id=1).release()
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     doomed = archive_blobs(pool, "a")
     data = json.loads(json.dumps(pool.gc(grace=0).as_dict()))
     assert data["blobs"] == len(doomed)
@@ -819,7 +716,7 @@ def test_report_as_dict(pool: ArchiveManager) -> None:
 
 
 def test_progress_is_reported(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     calls: list[tuple[int, int]] = []
     report = pool.gc(grace=0, progress=lambda done, total: calls.append((done, total)))
     assert calls and calls[-1] == (report.blobs, report.blobs)
@@ -831,8 +728,8 @@ def test_gc_of_an_empty_pool(pool: ArchiveManager) -> None:
 
 
 def test_read_only_blob_files_are_deleted(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     for d in archive_blobs(pool, "a"):
         assert not pool.store.path(d).stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP)
     pool.gc(grace=0)
-    assert blob_files(pool) == set()
+    assert blob_names(pool) == set()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import os
 import random
 import select as select_module
@@ -11,22 +9,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
+from conftest import canon, owned_blobs, tiny_rollout
 from sqlalchemy import func, select
 
-from archive_manager import ArchiveManager, TensorRef
+from archive_manager import ArchiveManager
 from archive_manager import gc as gc_module
-from archive_manager.catalog import (
-    archive_blobs_table,
-    blobs_table,
-    leases_table,
-    retention_table,
-)
+from archive_manager.catalog import blobs_table, leases_table
 from archive_manager.errors import ArchiveReleasedError
-from archive_manager.synthetic import make_rollout
 
 ROUNDS = 8
 REPO = Path(__file__).resolve().parents[1]
@@ -58,41 +49,8 @@ print("done", flush=True)
 """
 
 
-def rollout(seed: int) -> list[Any]:
-    return make_rollout(
-        6, seed=seed, prompt_len=8, response_min=4, response_max=12, group_size=2, r3_layers=2
-    )
-
-
-def canon(value: Any) -> Any:
-    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
-    if isinstance(value, TensorRef):
-        value = value.materialize()
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, canon(vars(value)))
-    if isinstance(value, dict):
-        return {k: canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
 def _open(root: Path) -> ArchiveManager:
     return ArchiveManager.open(root, chunk_size=4, inline_limit=64)
-
-
-def _owned_blobs(pool: ArchiveManager) -> set[str]:
-    ab, r = archive_blobs_table, retention_table
-    with pool.catalog.read() as conn:
-        return set(
-            conn.execute(
-                select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
-            ).scalars()
-        )
 
 
 def _add_work(pool: ArchiveManager, round_: int, rng: random.Random, seeds: dict[str, int]) -> None:
@@ -101,15 +59,15 @@ def _add_work(pool: ArchiveManager, round_: int, rng: random.Random, seeds: dict
     for k in range(7):
         seed = rng.choice([0, 1, 2]) if k < 2 else 1000 * round_ + k
         name = f"r{round_}-{k}"
-        pool.save(name, rollout(seed), rollout_id=round_).release()
+        pool.save(name, tiny_rollout(seed=seed), rollout_id=round_).release()
         seeds[name] = seed
     name = f"ckpt{round_}"
-    pool.save(name, rollout(500 + round_), rollout_id=round_)
+    pool.save(name, tiny_rollout(seed=500 + round_), rollout_id=round_)
     pool.retain(f"checkpoint:{round_}", name)
     pool.open_archive(name).release()
     seeds[name] = 500 + round_
     name = f"kept{round_}"
-    pool.save(name, rollout(round_ % 3), rollout_id=round_)
+    pool.save(name, tiny_rollout(seed=round_ % 3), rollout_id=round_)
     seeds[name] = round_ % 3
     old = time.time() - 2 * gc_module.TEMP_MIN_AGE
     for i in range(3):
@@ -159,7 +117,7 @@ def test_gc_killed_anywhere_is_finished_by_the_next(tmp_path: Path) -> None:
     deleting_after_kill: list[int] = []
     with _open(root) as pool:
         for seed in range(3):  # kept archives whose content later released archives share
-            pool.save(f"base{seed}", rollout(seed), rollout_id=0)
+            pool.save(f"base{seed}", tiny_rollout(seed=seed), rollout_id=0)
             seeds[f"base{seed}"] = seed
 
     for round_ in range(ROUNDS):
@@ -177,18 +135,20 @@ def test_gc_killed_anywhere_is_finished_by_the_next(tmp_path: Path) -> None:
                     ).scalar_one()
                 )
             # Whatever the killed GC did, nothing owned is gone yet.
-            for digest in sorted(_owned_blobs(pool)):
+            for digest in sorted(owned_blobs(pool)):
                 pool.store.check(digest)
 
             pool.gc(grace=0)
 
             for info in pool.find():
                 loaded = pool.open_archive(info.name).load_samples()
-                assert [canon(s) for s in loaded] == [canon(s) for s in rollout(seeds[info.name])]
+                assert [canon(s) for s in loaded] == [
+                    canon(s) for s in tiny_rollout(seed=seeds[info.name])
+                ]
             ckpt = pool.open_archive(f"ckpt{round_}")
             assert ckpt.state == "released"
             assert [canon(s) for s in ckpt.load_samples()] == [
-                canon(s) for s in rollout(seeds[ckpt.name])
+                canon(s) for s in tiny_rollout(seed=seeds[ckpt.name])
             ]
             report = pool.verify(read_data=True)
             assert report.ok, report.problems[:5]
@@ -197,7 +157,7 @@ def test_gc_killed_anywhere_is_finished_by_the_next(tmp_path: Path) -> None:
                 assert set(conn.execute(select(blobs_table.c.state)).scalars()) <= {"live"}
                 assert conn.execute(select(leases_table)).all() == []
             # Released payload is gone: only what owners retain is left under blobs/.
-            assert {d for d, _, _ in pool.store.iter_stat()} == _owned_blobs(pool)
+            assert {d for d, _, _ in pool.store.iter_stat()} == owned_blobs(pool)
             with pytest.raises(ArchiveReleasedError):
                 pool.open_archive(f"r{round_}-6").load_samples()
             assert list((root / "tmp").iterdir()) == []

@@ -9,8 +9,6 @@ archives must load exactly, always.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
 import multiprocessing
 import random
@@ -20,19 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from conftest import canon, owned_blobs, tiny_rollout
 from sqlalchemy import select
 
-from archive_manager import ArchiveManager, TensorRef
+from archive_manager import ArchiveManager
 from archive_manager import gc as gc_module
 from archive_manager.catalog import (
-    archive_blobs_table,
     blobs_table,
     leases_table,
-    retention_table,
 )
 from archive_manager.errors import ArchiveReleasedError
-from archive_manager.synthetic import make_rollout
 
 SAVERS = 3
 CHUNK_SIZE = 4
@@ -44,37 +39,12 @@ REFERENCE = 0.1
 
 def rollout(variant: int = 0) -> list[Any]:
     """One of the race's contents; every saver saves the same few again and again."""
-    return make_rollout(
-        6,
-        seed=7 + variant,
-        prompt_len=8,
-        response_min=4,
-        response_max=12,
-        group_size=2,
-        r3_layers=2,
-    )
+    return tiny_rollout(seed=7 + variant)
 
 
 def variant_of(name: str) -> int:
     """The content variant an archive of the race holds (its name ends in ``-v<n>``)."""
     return int(name.rsplit("-v", 1)[1])
-
-
-def canon(value: Any) -> Any:
-    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
-    if isinstance(value, TensorRef):
-        value = value.materialize()
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, canon(vars(value)))
-    if isinstance(value, dict):
-        return {k: canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
 
 
 def _open(root: str, url: str | None) -> ArchiveManager:
@@ -270,7 +240,7 @@ def _race(
         for name in kept:
             loaded = pool.open_archive(name).load_samples()
             assert [canon(s) for s in loaded] == expected[variant_of(name)], name
-        needed = _owned_blobs(pool)
+        needed = owned_blobs(pool)
         for digest in sorted(needed):
             pool.store.check(digest)  # exists and hashes to its name
         report = pool.verify(read_data=True)
@@ -290,7 +260,7 @@ def _race(
         assert report.ok, report.problems[:5]
         assert report.notices == [], report.notices[:5]
         files = {d for d, _, _ in pool.store.iter_stat()}
-        assert files == _owned_blobs(pool)
+        assert files == owned_blobs(pool)
         with pool.catalog.read() as conn:
             states = set(conn.execute(select(blobs_table.c.state)).scalars())
             assert states <= {"live"}
@@ -299,16 +269,6 @@ def _race(
         for name in kept:
             loaded = pool.open_archive(name).load_samples()
             assert [canon(s) for s in loaded] == expected[variant_of(name)], name
-
-
-def _owned_blobs(pool: ArchiveManager) -> set[str]:
-    ab, r = archive_blobs_table, retention_table
-    with pool.catalog.read() as conn:
-        return set(
-            conn.execute(
-                select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
-            ).scalars()
-        )
 
 
 @pytest.mark.timeout(240)

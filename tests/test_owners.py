@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from conftest import (
+    FakeClock,
+    abandon_writer,
+    assert_loads,
+    blob_names,
+    blob_sizes,
+    tiny_rollout,
+    wall_clock,
+)
 from sqlalchemy import select
 
-from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
+from archive_manager import ArchiveManager, ArchiveWriter
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
-    blobs_table,
     retention_table,
 )
 from archive_manager.errors import (
@@ -26,75 +29,8 @@ from archive_manager.errors import (
     ArchiveReleasedError,
     InvalidNameError,
 )
-from archive_manager.synthetic import make_rollout
 
 LEASE_TTL = 60.0
-
-
-class Clock:
-    """An injectable clock: starts at the real time (so file mtimes compare), moves on demand."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def pool(tmp_path: Path, clock: Clock, backend) -> Iterator[ArchiveManager]:
-    # inline_limit=64 turns every routed-expert tensor into its own blob, so archives have
-    # chunk, tensor and manifest blobs.
-    with ArchiveManager.open(
-        tmp_path / "pool",
-        catalog_url=backend.url(tmp_path / "pool"),
-        clock=clock,
-        lease_ttl=LEASE_TTL,
-        chunk_size=4,
-        inline_limit=64,
-    ) as p:
-        yield p
-
-
-def rollout(n: int = 6, seed: int = 0) -> list[Any]:
-    return make_rollout(
-        n, seed=seed, prompt_len=8, response_min=4, response_max=12, group_size=2, r3_layers=2
-    )
-
-
-def canon(value: Any) -> Any:
-    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
-    if isinstance(value, TensorRef):
-        value = value.materialize()
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, canon(vars(value)))
-    if isinstance(value, dict):
-        return {k: canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
-def assert_loads(pool: ArchiveManager, name: str, expected: list[Any]) -> None:
-    loaded = pool.open_archive(name).load_samples()
-    assert [canon(s) for s in loaded] == [canon(s) for s in expected]
-
-
-def blob_files(pool: ArchiveManager) -> set[str]:
-    """Names of every file under ``blobs/`` (canonical or not)."""
-    return {p.name for p in (pool.root / "blobs").rglob("*") if p.is_file()}
 
 
 def archive_blobs(pool: ArchiveManager, name: str) -> dict[str, str]:
@@ -109,11 +45,6 @@ def archive_blobs(pool: ArchiveManager, name: str) -> dict[str, str]:
     return dict(rows)
 
 
-def blob_sizes(pool: ArchiveManager) -> dict[str, int]:
-    with pool.catalog.read() as conn:
-        return dict(conn.execute(select(blobs_table.c.digest, blobs_table.c.size)).all())
-
-
 def retention_rows(pool: ArchiveManager) -> list[tuple[str, str]]:
     r, a = retention_table, archives_table
     with pool.catalog.read() as conn:
@@ -122,24 +53,23 @@ def retention_rows(pool: ArchiveManager) -> list[tuple[str, str]]:
         )
 
 
-def abandon_writer(pool: ArchiveManager, name: str, samples: list[Any]) -> ArchiveWriter:
-    """A save that stored a chunk, then stopped (its process paused or died): no commit, no
-    abort, no more lease renewals."""
-    w = pool.writer(name, rollout_id=0)
-    for s in samples:
-        w.add(s)
-    w._wait()
-    w._stop.set()
-    w._heartbeat.join()
-    w._io.shutdown(wait=True)
-    return w
+@pytest.fixture
+def clock() -> FakeClock:
+    return wall_clock()
+
+
+@pytest.fixture
+def pool(open_pool: Callable[..., ArchiveManager], clock: FakeClock) -> ArchiveManager:
+    # inline_limit=64 turns every routed-expert tensor into its own blob, so archives have
+    # chunk, tensor and manifest blobs.
+    return open_pool(clock=clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=64)
 
 
 # --- retain -----------------------------------------------------------------------------
 
 
 def test_retain_adds_an_external_owner_once(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     assert pool.retain("checkpoint:step-1", "a") is True
     assert pool.retain("checkpoint:step-1", "a") is False
     assert retention_rows(pool) == [("archive:a", "a"), ("checkpoint:step-1", "a")]
@@ -170,7 +100,7 @@ def test_retain_adds_an_external_owner_once(pool: ArchiveManager) -> None:
     ],
 )
 def test_reserved_and_malformed_owners_are_refused(pool: ArchiveManager, owner: Any) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     before = retention_rows(pool)
     with pytest.raises(InvalidNameError):
         pool.retain(owner, "a")
@@ -180,7 +110,7 @@ def test_reserved_and_malformed_owners_are_refused(pool: ArchiveManager, owner: 
 
 
 def test_owner_of_255_bytes_is_accepted(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     owner = "checkpoint:" + "x" * 244
     assert len(owner.encode()) == 255
     assert pool.retain(owner, "a") is True
@@ -196,7 +126,7 @@ def test_retain_of_a_missing_archive(pool: ArchiveManager) -> None:
 
 
 def test_retain_of_a_released_unowned_archive_is_refused(pool: ArchiveManager) -> None:
-    arc = pool.save("a", rollout(), rollout_id=1)
+    arc = pool.save("a", tiny_rollout(), rollout_id=1)
     assert arc.release() is True
     with pytest.raises(ArchiveReleasedError):
         pool.retain("checkpoint:x", "a")
@@ -208,7 +138,7 @@ def test_retain_of_a_released_unowned_archive_is_refused(pool: ArchiveManager) -
 
 def test_release_owner_returns_how_many_archives_it_held(pool: ArchiveManager) -> None:
     for name in ("a", "b", "c"):
-        pool.save(name, rollout(seed=ord(name)), rollout_id=1)
+        pool.save(name, tiny_rollout(seed=ord(name)), rollout_id=1)
     pool.retain("checkpoint:x", "a")
     pool.retain("checkpoint:x", "b")
     pool.retain("queue:train", "c")
@@ -226,7 +156,7 @@ def test_release_owner_returns_how_many_archives_it_held(pool: ArchiveManager) -
 
 
 def test_release_is_idempotent(pool: ArchiveManager) -> None:
-    arc = pool.save("a", rollout(), rollout_id=1)
+    arc = pool.save("a", tiny_rollout(), rollout_id=1)
     assert arc.release() is True
     assert arc.release() is False
     assert arc.state == "released"
@@ -234,9 +164,9 @@ def test_release_is_idempotent(pool: ArchiveManager) -> None:
 
 
 def test_external_owner_keeps_a_released_archive_until_it_lets_go(
-    pool: ArchiveManager, clock: Clock
+    pool: ArchiveManager, clock: FakeClock
 ) -> None:
-    samples = rollout()
+    samples = tiny_rollout()
     arc = pool.save("a", samples, rollout_id=1)
     digests = archive_blobs(pool, "a")
     assert set(digests.values()) == {"chunk", "tensor", "manifest"}
@@ -247,7 +177,7 @@ def test_external_owner_keeps_a_released_archive_until_it_lets_go(
 
     report = pool.gc(grace=0)
     assert report.blobs == 0
-    assert set(digests) <= blob_files(pool)
+    assert set(digests) <= blob_names(pool)
     assert_loads(pool, "a", samples)
     assert pool.open_archive("a").state == "released"
     assert pool.owners().released_with_payload == ["a"]
@@ -259,8 +189,8 @@ def test_external_owner_keeps_a_released_archive_until_it_lets_go(
     assert (report.blobs, report.bytes) == (len(digests), size)
     assert report.per_archive == {"a": {"blobs": len(digests), "bytes": size}}
     # Nothing of it is left under blobs/: chunks, tensors and manifest alike.
-    assert not set(digests) & blob_files(pool)
-    assert blob_files(pool) == set()
+    assert not set(digests) & blob_names(pool)
+    assert blob_names(pool) == set()
 
     reopened = pool.open_archive("a")  # the rows stay for inspection
     assert reopened.state == "released"
@@ -283,7 +213,7 @@ def test_external_owner_keeps_a_released_archive_until_it_lets_go(
 
 
 def test_archive_owner_and_external_owner_are_independent(pool: ArchiveManager) -> None:
-    samples = rollout()
+    samples = tiny_rollout()
     arc = pool.save("a", samples, rollout_id=1)
     pool.retain("checkpoint:x", "a")
     # The external owner lets go first: the archive's own owner still keeps it.
@@ -296,10 +226,10 @@ def test_archive_owner_and_external_owner_are_independent(pool: ArchiveManager) 
 # --- the owners() audit -------------------------------------------------------------------
 
 
-def test_owners_report_numbers(pool: ArchiveManager, clock: Clock) -> None:
-    a = pool.save("a", rollout(seed=1), rollout_id=1)
+def test_owners_report_numbers(pool: ArchiveManager, clock: FakeClock) -> None:
+    a = pool.save("a", tiny_rollout(seed=1), rollout_id=1)
     pool.save("b", None, rollout_id=1, reference=a)  # shares a's chunks and tensors
-    pool.save("c", rollout(seed=2), rollout_id=1)
+    pool.save("c", tiny_rollout(seed=2), rollout_id=1)
     sizes = blob_sizes(pool)
     da, db, dc = (set(archive_blobs(pool, n)) for n in "abc")
     shared = da & db
@@ -355,7 +285,7 @@ def test_owners_report_numbers(pool: ArchiveManager, clock: Clock) -> None:
     assert report.released_with_payload == ["a"]
 
     # A save in flight holds its blobs under a live lease; once it lapses, they await GC.
-    w = abandon_writer(pool, "w", rollout(n=5, seed=3))
+    w = abandon_writer(pool, "w", tiny_rollout(n=5, seed=3))
     held = _lease_blobs(pool, w._lease)
     assert held
     report = pool.owners()
@@ -378,7 +308,7 @@ def test_owners_report_numbers(pool: ArchiveManager, clock: Clock) -> None:
 
 
 def test_owners_of_a_dead_pending_save(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A save killed between committing ownership and publishing: while its lease lives, its
     # archive owner holds its blobs; once the lease lapsed, GC will roll it back, so the
@@ -393,7 +323,7 @@ def test_owners_of_a_dead_pending_save(
         m.setattr(ArchiveWriter, "_publish", publish)
         m.setattr(ArchiveWriter, "abort", lambda self: self._shutdown())
         with pytest.raises(Killed):
-            pool.save("p", rollout(), rollout_id=1)
+            pool.save("p", tiny_rollout(), rollout_id=1)
     digests = set(archive_blobs(pool, "p"))
     sizes = blob_sizes(pool)
     report = pool.owners()
@@ -427,7 +357,7 @@ def _lease_blobs(pool: ArchiveManager, lease: str) -> set[str]:
 def test_owners_as_dict_is_json_friendly(pool: ArchiveManager) -> None:
     import json
 
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     pool.retain("queue:train", "a")
     data = json.loads(json.dumps(pool.owners().as_dict()))
     assert {o["owner"] for o in data["owners"]} == {"archive:a", "queue:train"}

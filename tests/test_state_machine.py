@@ -8,14 +8,13 @@ and after a GC no blob file is left that nothing retains.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import torch
+from conftest import FakeClock, canon, owned_blobs, tiny_rollout
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,15 +30,13 @@ from hypothesis.stateful import (
 from pgserver import PgServer
 from sqlalchemy import select
 
-from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
+from archive_manager import ArchiveManager, ArchiveWriter
 from archive_manager.catalog import (
-    archive_blobs_table,
     lease_blobs_table,
     leases_table,
     retention_table,
 )
 from archive_manager.errors import ArchiveReleasedError
-from archive_manager.synthetic import make_rollout
 
 LEASE_TTL = 30.0
 OWNERS = ("checkpoint:a", "checkpoint:b", "queue:train")
@@ -47,47 +44,12 @@ OWNERS = ("checkpoint:a", "checkpoint:b", "queue:train")
 
 @cache
 def _rollout(seed: int, n: int) -> tuple[Any, ...]:
-    return tuple(
-        make_rollout(
-            n,
-            seed=seed,
-            prompt_len=8,
-            response_min=4,
-            response_max=12,
-            group_size=2,
-            r3_layers=1 if seed % 2 else None,  # odd seeds carry tensor blobs too
-        )
-    )
-
-
-def canon(value: Any) -> Any:
-    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
-    if isinstance(value, TensorRef):
-        value = value.materialize()
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, canon(vars(value)))
-    if isinstance(value, dict):
-        return {k: canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
+    return tuple(tiny_rollout(n, seed=seed, r3_layers=1 if seed % 2 else None))  # odd: tensor blobs
 
 
 @cache
 def _expected(seed: int, n: int) -> tuple[Any, ...]:
     return tuple(canon(s) for s in _rollout(seed, n))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclasses.dataclass
@@ -107,7 +69,7 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="am-sm-"))
-        self.clock = Clock()
+        self.clock = FakeClock()
         # On PostgreSQL every example gets a database of its own (dropped in teardown).
         self.url = None if self.server is None else self.server.create_database()
         self.pool = ArchiveManager.open(
@@ -221,7 +183,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert report.finished_from_earlier == 0
         self.gc_ran = True
         self.model.leases = {k: v for k, v in self.model.leases.items() if v > self.clock.now}
-        retained = self._owned_blobs() | self._leased_blobs()
+        retained = owned_blobs(self.pool) | self._leased_blobs()
         files = {d for d, _, _ in self.pool.store.iter_stat()}
         assert files == retained, (files - retained, retained - files)
         # A released archive nobody holds now either reads back exactly or says it was
@@ -268,15 +230,6 @@ class PoolMachine(RuleBasedStateMachine):
     def verify_is_ok(self) -> None:
         report = self.pool.verify()
         assert report.ok, report.problems
-
-    def _owned_blobs(self) -> set[str]:
-        ab, r = archive_blobs_table, retention_table
-        with self.pool.catalog.read() as conn:
-            return set(
-                conn.execute(
-                    select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id)
-                ).scalars()
-            )
 
     def _leased_blobs(self) -> set[str]:
         lb, lt = lease_blobs_table, leases_table

@@ -6,83 +6,34 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import (
+    CATALOG_TABLES,
+    FakeClock,
+    abandon_writer,
+    die_before_publish,
+    tiny_rollout,
+    wall_clock,
+)
 from sqlalchemy import delete, func, insert, select, update
 
-from archive_manager import ArchiveManager, ArchiveWriter
+from archive_manager import ArchiveManager
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
     blobs_table,
-    chunks_table,
     entries_table,
     lease_blobs_table,
     leases_table,
-    retention_table,
-    sample_metadata_table,
 )
 from archive_manager.errors import InvalidInputError
-from archive_manager.synthetic import make_rollout
 from archive_manager.verify import Finding, VerifyReport, parse_subset
 
 LEASE_TTL = 60.0
-TABLES = (
-    archives_table,
-    chunks_table,
-    entries_table,
-    sample_metadata_table,
-    archive_blobs_table,
-    blobs_table,
-    retention_table,
-    leases_table,
-    lease_blobs_table,
-)
-
-
-class Clock:
-    """An injectable clock: starts at the real time (so file mtimes compare), moves on demand."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class _Killed(BaseException):
-    """Stands for the death of a saving process."""
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def pool(tmp_path: Path, clock: Clock, backend) -> Iterator[ArchiveManager]:
-    with ArchiveManager.open(
-        tmp_path / "pool",
-        catalog_url=backend.url(tmp_path / "pool"),
-        clock=clock,
-        lease_ttl=LEASE_TTL,
-        chunk_size=4,
-        inline_limit=64,
-    ) as p:
-        yield p
-
-
-def rollout(n: int = 6, seed: int = 0) -> list[Any]:
-    return make_rollout(
-        n, seed=seed, prompt_len=8, response_min=4, response_max=12, group_size=2, r3_layers=2
-    )
 
 
 def archive_blobs(pool: ArchiveManager, name: str, kind: str | None = None) -> list[str]:
@@ -122,7 +73,9 @@ def snapshot(pool: ArchiveManager) -> tuple[dict[str, Any], dict[str, list[str]]
                 hashlib.sha256(p.read_bytes()).hexdigest(),
             )
     with pool.catalog.read() as conn:
-        rows = {t.name: sorted(repr(tuple(r)) for r in conn.execute(select(t))) for t in TABLES}
+        rows = {
+            t.name: sorted(repr(tuple(r)) for r in conn.execute(select(t))) for t in CATALOG_TABLES
+        }
     return files, rows
 
 
@@ -134,43 +87,23 @@ def names_blob_and_archive(report: VerifyReport, digest: str, archive: str) -> b
     return any(p.digest == digest and p.archive == archive for p in report.problems)
 
 
-def abandon_writer(pool: ArchiveManager, name: str, samples: list[Any]) -> ArchiveWriter:
-    """A save that stored a chunk, then stopped renewing its lease, committing or aborting."""
-    w = pool.writer(name, rollout_id=0)
-    for s in samples:
-        w.add(s)
-    w._wait()
-    w._stop.set()
-    w._heartbeat.join()
-    w._io.shutdown(wait=True)
-    return w
+@pytest.fixture
+def clock() -> FakeClock:
+    return wall_clock()
 
 
-def die_before_publish(
-    pool: ArchiveManager, name: str, samples: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A save killed after it committed ownership (step 4) but before it published (step 5)."""
-
-    def publish(self: ArchiveWriter, archive_id: int) -> None:
-        raise _Killed
-
-    def abort(self: ArchiveWriter) -> None:
-        self._shutdown()  # a dead process renews nothing and rolls nothing back
-
-    with monkeypatch.context() as m:
-        m.setattr(ArchiveWriter, "_publish", publish)
-        m.setattr(ArchiveWriter, "abort", abort)
-        with pytest.raises(_Killed):
-            pool.save(name, samples, rollout_id=0)
+@pytest.fixture
+def pool(open_pool: Callable[..., ArchiveManager], clock: FakeClock) -> ArchiveManager:
+    return open_pool(clock=clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=64)
 
 
 # --- healthy ------------------------------------------------------------------------------
 
 
 def test_healthy_pool_is_ok_with_nothing_to_say(pool: ArchiveManager) -> None:
-    a = pool.save("a", rollout(seed=1), rollout_id=1)
+    a = pool.save("a", tiny_rollout(seed=1), rollout_id=1)
     pool.save("b", None, rollout_id=1, reference=a)
-    pool.save("c", rollout(seed=2), rollout_id=2)
+    pool.save("c", tiny_rollout(seed=2), rollout_id=2)
     pool.retain("checkpoint:x", "c")
     pool.open_archive("c").release()  # released but retained: still healthy
     for read_data in (False, True):
@@ -196,7 +129,7 @@ def test_empty_pool_is_ok(pool: ArchiveManager) -> None:
 
 @pytest.mark.parametrize("kind", ["chunk", "tensor", "manifest"])
 def test_missing_blob_file_is_a_problem(pool: ArchiveManager, kind: str) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", kind)[0]
     pool.store.path(digest).unlink()
     report = pool.verify()
@@ -206,7 +139,7 @@ def test_missing_blob_file_is_a_problem(pool: ArchiveManager, kind: str) -> None
 
 
 def test_wrong_size_is_a_problem(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", "chunk")[0]
     with writable(pool, digest).open("ab") as f:
         f.write(b"extra")
@@ -218,7 +151,7 @@ def test_wrong_size_is_a_problem(pool: ArchiveManager) -> None:
 
 @pytest.mark.parametrize("kind", ["chunk", "tensor", "manifest"])
 def test_corrupt_blob_is_found_only_by_reading_data(pool: ArchiveManager, kind: str) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", kind)[0]
     path = writable(pool, digest)
     data = bytearray(path.read_bytes())
@@ -234,7 +167,7 @@ def test_corrupt_blob_is_found_only_by_reading_data(pool: ArchiveManager, kind: 
 def test_damage_names_every_kind_of_archive_that_needs_it(pool: ArchiveManager) -> None:
     # The blob of a released, unowned archive is still named (it awaits GC, but it is read
     # by anyone who opens the archive before that).
-    arc = pool.save("a", rollout(), rollout_id=1)
+    arc = pool.save("a", tiny_rollout(), rollout_id=1)
     arc.release()
     digest = archive_blobs(pool, "a", "chunk")[0]
     with writable(pool, digest).open("ab") as f:
@@ -244,7 +177,7 @@ def test_damage_names_every_kind_of_archive_that_needs_it(pool: ArchiveManager) 
 
 
 def test_archive_needing_a_blob_with_no_row_is_a_problem(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", "chunk")[0]
     with pool.catalog.write() as conn:
         conn.execute(delete(blobs_table).where(blobs_table.c.digest == digest))
@@ -255,7 +188,7 @@ def test_archive_needing_a_blob_with_no_row_is_a_problem(pool: ArchiveManager) -
 
 
 def test_archive_needing_a_deleting_blob_is_a_problem(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", "tensor")[0]
     with pool.catalog.write() as conn:
         conn.execute(
@@ -267,7 +200,7 @@ def test_archive_needing_a_deleting_blob_is_a_problem(pool: ArchiveManager) -> N
 
 
 def test_archive_not_retaining_its_chunk_is_a_problem(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", "chunk")[0]
     with pool.catalog.write() as conn:
         conn.execute(delete(archive_blobs_table).where(archive_blobs_table.c.digest == digest))
@@ -277,7 +210,7 @@ def test_archive_not_retaining_its_chunk_is_a_problem(pool: ArchiveManager) -> N
 
 
 def test_missing_entries_are_a_problem(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     with pool.catalog.write() as conn:
         conn.execute(delete(entries_table).where(entries_table.c.position == 0))
     report = pool.verify()
@@ -288,8 +221,8 @@ def test_missing_entries_are_a_problem(pool: ArchiveManager) -> None:
 # --- notices ------------------------------------------------------------------------------
 
 
-def test_stale_lease_is_a_notice(pool: ArchiveManager, clock: Clock) -> None:
-    w = abandon_writer(pool, "w", rollout(n=5))
+def test_stale_lease_is_a_notice(pool: ArchiveManager, clock: FakeClock) -> None:
+    w = abandon_writer(pool, "w", tiny_rollout(n=5))
     assert "stale-lease" not in kinds(pool.verify().notices)
     clock.advance(LEASE_TTL + 1)
     report = pool.verify(read_data=True)
@@ -300,9 +233,9 @@ def test_stale_lease_is_a_notice(pool: ArchiveManager, clock: Clock) -> None:
 
 
 def test_pending_save_is_a_notice(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    die_before_publish(pool, "p", rollout(), monkeypatch)
+    die_before_publish(pool, "p", tiny_rollout(), monkeypatch)
     report = pool.verify(read_data=True)
     assert report.ok, report.problems
     pending = [n for n in report.notices if n.kind == "pending-save"]
@@ -316,7 +249,7 @@ def test_pending_save_is_a_notice(
 
 
 def test_writing_row_without_a_file_is_a_notice(pool: ArchiveManager) -> None:
-    w = abandon_writer(pool, "w", rollout(n=5))
+    w = abandon_writer(pool, "w", tiny_rollout(n=5))
     with pool.catalog.read() as conn:
         writing = sorted(
             conn.execute(select(blobs_table.c.digest).where(blobs_table.c.state == "writing"))
@@ -341,7 +274,7 @@ def test_orphan_file_is_a_notice(pool: ArchiveManager) -> None:
 
 
 def test_unowned_blobs_are_a_notice(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     report = pool.verify(read_data=True)
     assert report.ok, report.problems
     unowned = [n for n in report.notices if n.kind == "unowned-blobs"]
@@ -352,7 +285,7 @@ def test_unowned_blobs_are_a_notice(pool: ArchiveManager) -> None:
 
 
 def test_deleting_rows_are_notices(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     digests = archive_blobs(pool, "a")
     with pool.catalog.write() as conn:  # a GC that died after marking
         conn.execute(update(blobs_table).values(state="deleting"))
@@ -366,14 +299,14 @@ def test_deleting_rows_are_notices(pool: ArchiveManager) -> None:
 
 
 def test_verify_changes_nothing(
-    pool: ArchiveManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = pool.save("a", rollout(seed=1), rollout_id=1)
+    a = pool.save("a", tiny_rollout(seed=1), rollout_id=1)
     pool.save("b", None, rollout_id=1, reference=a)
-    pool.save("c", rollout(seed=2), rollout_id=1).release()
-    pool.save("d", rollout(seed=3), rollout_id=1)
-    die_before_publish(pool, "p", rollout(seed=4), monkeypatch)
-    abandon_writer(pool, "w", rollout(n=5, seed=5))
+    pool.save("c", tiny_rollout(seed=2), rollout_id=1).release()
+    pool.save("d", tiny_rollout(seed=3), rollout_id=1)
+    die_before_publish(pool, "p", tiny_rollout(seed=4), monkeypatch)
+    abandon_writer(pool, "w", tiny_rollout(n=5, seed=5))
     pool.store.put(b"orphan")
     old = clock.now - 7200
     os.utime(pool.store.path(pool.store.put(b"old orphan")), (old, old))
@@ -408,7 +341,7 @@ def test_verify_changes_nothing(
 def test_verify_reads_only_when_asked(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
 
     def forbidden(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("verify(read_data=False) read a blob")
@@ -442,7 +375,7 @@ def test_subsets_cover_every_blob_exactly_once(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch, parts: int
 ) -> None:
     for seed in range(4):
-        pool.save(f"a{seed}", rollout(n=8, seed=seed), rollout_id=seed)
+        pool.save(f"a{seed}", tiny_rollout(n=8, seed=seed), rollout_id=seed)
     every = live_blobs(pool)
     assert len(every) > parts
     seen: list[str] = []
@@ -455,12 +388,12 @@ def test_subset_is_stable_across_runs(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for seed in range(3):
-        pool.save(f"a{seed}", rollout(n=8, seed=seed), rollout_id=seed)
+        pool.save(f"a{seed}", tiny_rollout(n=8, seed=seed), rollout_id=seed)
     assert _checked(pool, monkeypatch, "1/2") == _checked(pool, monkeypatch, " 1 / 2 ")
 
 
 def test_subset_finds_the_corrupt_blob_in_its_part(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(n=8), rollout_id=1)
+    pool.save("a", tiny_rollout(n=8), rollout_id=1)
     digest = archive_blobs(pool, "a", "chunk")[0]
     path = writable(pool, digest)
     data = bytearray(path.read_bytes())
@@ -472,7 +405,7 @@ def test_subset_finds_the_corrupt_blob_in_its_part(pool: ArchiveManager) -> None
 
 def test_percent_subset(pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch) -> None:
     for seed in range(3):
-        pool.save(f"a{seed}", rollout(n=8, seed=seed), rollout_id=seed)
+        pool.save(f"a{seed}", tiny_rollout(n=8, seed=seed), rollout_id=seed)
     every = live_blobs(pool)
     assert callable(parse_subset("10%"))
     assert callable(parse_subset("2.5 %"))
@@ -499,16 +432,18 @@ def test_malformed_subsets_are_refused(pool: ArchiveManager, subset: str) -> Non
 
 
 def test_row_counts_unchanged_by_verify(pool: ArchiveManager) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     with pool.catalog.read() as conn:
-        before = [conn.execute(select(func.count()).select_from(t)).scalar() for t in TABLES]
+        before = [
+            conn.execute(select(func.count()).select_from(t)).scalar() for t in CATALOG_TABLES
+        ]
     pool.verify(read_data=True)
     with pool.catalog.read() as conn:
-        after = [conn.execute(select(func.count()).select_from(t)).scalar() for t in TABLES]
+        after = [conn.execute(select(func.count()).select_from(t)).scalar() for t in CATALOG_TABLES]
     assert before == after
 
 
-def test_unowned_lease_blob_counts(pool: ArchiveManager, clock: Clock) -> None:
+def test_unowned_lease_blob_counts(pool: ArchiveManager, clock: FakeClock) -> None:
     # A blob row a live lease holds is neither damage nor unowned.
     digest = pool.store.put(b"held by a lease")
     with pool.catalog.write() as conn:
@@ -547,7 +482,7 @@ def _gc_takes(pool: ArchiveManager, digest: str) -> None:
 def test_blob_written_after_the_listing_is_no_damage(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     late = archive_blobs(pool, "a", "manifest")[0]  # renamed into place after the listing
     listing = [t for t in pool.store.iter_stat() if t[0] != late]
     monkeypatch.setattr(pool.store, "iter_stat", lambda: iter(listing))
@@ -559,8 +494,8 @@ def test_blob_written_after_the_listing_is_no_damage(
 def test_blob_gc_unlinks_after_the_snapshot_is_no_damage(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
-    pool.save("b", rollout(seed=1), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
+    pool.save("b", tiny_rollout(seed=1), rollout_id=1)
     doomed = archive_blobs(pool, "a", "chunk")[0]
     listing = [t for t in pool.store.iter_stat() if t[0] != doomed]
     monkeypatch.setattr(pool.store, "iter_stat", lambda: iter(listing))
@@ -579,7 +514,7 @@ def test_blob_gc_unlinks_after_the_snapshot_is_no_damage(
 def test_blob_gc_unlinks_while_data_is_read_is_no_damage(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool.save("a", rollout(), rollout_id=1).release()
+    pool.save("a", tiny_rollout(), rollout_id=1).release()
     doomed = archive_blobs(pool, "a", "tensor")[0]
     real_check = pool.store.check
 
@@ -596,7 +531,7 @@ def test_blob_gc_unlinks_while_data_is_read_is_no_damage(
 def test_blob_that_vanishes_while_live_is_damage(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool.save("a", rollout(), rollout_id=1)
+    pool.save("a", tiny_rollout(), rollout_id=1)
     victim = archive_blobs(pool, "a", "chunk")[0]
     real_check = pool.store.check
 
