@@ -83,53 +83,26 @@ _BIG_INT = 10**600
 _NEG_BIG_INT = -_BIG_INT
 
 # dtype names are part of the on-disk format: never reorder or rename.
+_DTYPE_NAMES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "complex32",
+    "float8_e8m0fnu",
+)  # fmt: skip
+
+
+def _numpy_dtype(name: str) -> np.dtype | None:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None  # torch-only (bfloat16, float8, complex32)
+
+
 _TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "complex32",
-        "float8_e8m0fnu",
-    )
-    if hasattr(torch, name)
+    name: getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)
 }
 _TORCH_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-_NUMPY_DTYPES = {
-    name: np.dtype(name)
-    for name in (
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-    )
-}
+_NUMPY_DTYPES = {name: dtype for name in _DTYPE_NAMES if (dtype := _numpy_dtype(name)) is not None}
 _INT_NARROWING = [
     (np.dtype(n), int(np.iinfo(n).min), int(np.iinfo(n).max))
     for n in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
