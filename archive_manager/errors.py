@@ -21,6 +21,7 @@ __all__ = [
     "InvalidNameError",
     "LeaseExpiredError",
     "MetadataError",
+    "MissingDependencyError",
     "PoolNotFoundError",
     "UnencodableError",
     "UnsupportedFilesystemError",
@@ -94,6 +95,10 @@ class CatalogLockedError(CatalogError, TimeoutError):
 
 class UnsupportedFilesystemError(CatalogError):
     """A SQLite catalog was asked to live on a network filesystem whose locking is unsafe."""
+
+
+class MissingDependencyError(ArchiveError, ImportError):
+    """An optional feature needs a package that is not installed (the message names the extra)."""
 
 
 class GcAbortedError(ArchiveError):

@@ -1,0 +1,472 @@
+"""Training-drift statistics per rollout, from the catalog alone (no payload blob is read).
+
+For every rollout id and evaluation flag: samples, mean / p50 / p90 reward, mean and p90
+response length, the share of truncated samples, the share of each status, and bytes.
+Counts, sums and shares come from SQL aggregates; only the reward and response-length columns
+are fetched, for the quantiles.  The arithmetic is done by pure functions (`build_stats`) over
+those rows, so it is tested without a database.
+
+Archives count while their catalog rows describe samples that were generated: published ones
+and released ones (a release drops an owner, not the history; the rows stay, so the drift of
+a long run stays visible after its old rollouts were released).  Each row says how many of its
+archives were released.  Pending saves never count.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.sql import ColumnElement
+
+from .catalog import archives_table, sample_metadata_table
+from .errors import InvalidInputError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from .manager import ArchiveManager
+
+__all__ = [
+    "COUNTED_STATES",
+    "RolloutRange",
+    "RolloutStats",
+    "SampleSummary",
+    "StatsCache",
+    "build_stats",
+    "check_rollout_range",
+    "nearest_rank",
+    "plot_stats",
+    "rollout_stats",
+    "summarize_samples",
+]
+
+COUNTED_STATES = ("published", "released")
+"""Archive states whose samples count in the statistics."""
+
+TRUNCATED = "truncated"
+"""`Sample.Status.TRUNCATED`'s value: the status of a response cut at the length cap."""
+
+NO_STATUS = "none"
+"""The status key of samples whose status the catalog does not index (absent or too long)."""
+
+RolloutRange = tuple[int | None, int | None]
+"""An inclusive range of rollout ids; either end may be None (open)."""
+
+_Group = tuple[int | None, bool]
+
+# NOTE: SQLite allows 32766 bound parameters per statement; IN lists are cut well below it.
+_IN_BATCH = 5000
+
+
+def nearest_rank(ordered: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted values by the nearest-rank method (a value that occurs).
+
+    The same definition as ``archive-manager show``: the smallest value with at least
+    ``q * n`` values at or below it.  None for no values.
+    """
+    if not ordered:
+        return None
+    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[index]
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """The statistics of one rollout id and evaluation flag (`ArchiveManager.stats`).
+
+    ``reward_*`` cover the samples with a numeric reward (``rewarded`` of them; a dict of
+    named rewards is not a number), ``length_*`` those with a response length.  ``status``
+    holds ``(status, samples)`` pairs, most frequent first.
+    """
+
+    rollout_id: int | None
+    evaluation: bool
+    archives: int
+    released: int
+    samples: int
+    bytes: int
+    rewarded: int
+    reward_mean: float | None
+    reward_p50: float | None
+    reward_p90: float | None
+    length_mean: float | None
+    length_p90: float | None
+    status: tuple[tuple[str, int], ...]
+
+    @property
+    def truncated_share(self) -> float | None:
+        """Share of the samples whose status is ``truncated`` (None for no sample)."""
+        return self.status_share(TRUNCATED)
+
+    def status_share(self, status: str) -> float | None:
+        """Share of the samples with ``status`` (None for no sample)."""
+        if not self.samples:
+            return None
+        return dict(self.status).get(status, 0) / self.samples
+
+    @property
+    def status_shares(self) -> dict[str, float]:
+        """Share of the samples by status, most frequent first."""
+        return {s: n / self.samples for s, n in self.status} if self.samples else {}
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view (shares included)."""
+        return {
+            "rollout_id": self.rollout_id,
+            "evaluation": self.evaluation,
+            "archives": self.archives,
+            "released": self.released,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "rewarded": self.rewarded,
+            "reward_mean": self.reward_mean,
+            "reward_p50": self.reward_p50,
+            "reward_p90": self.reward_p90,
+            "length_mean": self.length_mean,
+            "length_p90": self.length_p90,
+            "truncated_share": self.truncated_share,
+            "status": dict(self.status),
+            "status_shares": self.status_shares,
+        }
+
+
+def check_rollout_range(rollout_ids: object) -> RolloutRange | None:
+    """Normalize a rollout-id filter: None, an int, a ``range`` (step 1) or ``(low, high)``.
+
+    Raises:
+        InvalidInputError: anything else, a range with another step, or low > high.
+    """
+    if rollout_ids is None:
+        return None
+    if isinstance(rollout_ids, bool):
+        raise InvalidInputError("rollout_ids must be an int, a range or (low, high), not a bool")
+    if isinstance(rollout_ids, int):
+        return (rollout_ids, rollout_ids)
+    if isinstance(rollout_ids, range):
+        if rollout_ids.step != 1:
+            raise InvalidInputError("a range of rollout ids must have step 1")
+        if not rollout_ids:
+            raise InvalidInputError(f"{rollout_ids!r} holds no rollout id")
+        return (rollout_ids.start, rollout_ids.stop - 1)
+    if isinstance(rollout_ids, tuple) and len(rollout_ids) == 2:
+        low, high = rollout_ids
+        for end in (low, high):
+            if end is not None and (isinstance(end, bool) or not isinstance(end, int)):
+                raise InvalidInputError("the ends of a rollout id range must be ints or None")
+        if low is not None and high is not None and low > high:
+            raise InvalidInputError(f"rollout id range {low}..{high} is empty")
+        return (low, high)
+    raise InvalidInputError(
+        f"rollout_ids must be None, an int, a range or (low, high), not {type(rollout_ids).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """What the samples of one group of archives add up to (cached: archives are immutable)."""
+
+    status: tuple[tuple[str, int], ...]
+    rewarded: int
+    reward_mean: float | None
+    reward_p50: float | None
+    reward_p90: float | None
+    length_mean: float | None
+    length_p90: float | None
+
+    @property
+    def samples(self) -> int:
+        """Samples counted (every status)."""
+        return sum(n for _, n in self.status)
+
+
+def summarize_samples(
+    status_rows: Iterable[Sequence[Any]], value_rows: Iterable[Sequence[Any]]
+) -> SampleSummary:
+    """Add up the sample rows of one group; pure, no I/O.
+
+    Args:
+        status_rows: ``(status, samples, rewarded, reward_sum, measured, length_sum)`` per
+            status (several rows of one status add up); ``rewarded`` counts the samples with
+            a reward, ``measured`` those with a response length.
+        value_rows: ``(reward, response_length)`` per sample (either may be None), for the
+            quantiles.
+    """
+    counts: dict[str, int] = defaultdict(int)
+    rewarded = measured = 0
+    reward_sum = length_sum = 0.0
+    for status, samples, n_rewards, rewards, n_lengths, lengths in status_rows:
+        counts[NO_STATUS if status is None else str(status)] += int(samples)
+        rewarded += int(n_rewards or 0)
+        reward_sum += float(rewards or 0.0)
+        measured += int(n_lengths or 0)
+        length_sum += float(lengths or 0.0)
+    reward_values: list[float] = []
+    length_values: list[float] = []
+    for reward, length in value_rows:
+        if reward is not None:
+            reward_values.append(float(reward))
+        if length is not None:
+            length_values.append(float(length))
+    reward_values.sort()
+    length_values.sort()
+    return SampleSummary(
+        status=tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
+        rewarded=rewarded,
+        reward_mean=reward_sum / rewarded if rewarded else None,
+        reward_p50=nearest_rank(reward_values, 0.5),
+        reward_p90=nearest_rank(reward_values, 0.9),
+        length_mean=length_sum / measured if measured else None,
+        length_p90=nearest_rank(length_values, 0.9),
+    )
+
+
+def _group_key(rollout_id: int | None, evaluation: Any) -> _Group:
+    return (rollout_id, bool(evaluation))
+
+
+def _order(key: _Group) -> tuple[bool, int, bool]:
+    # By rollout id, archives without one last; training before evaluation.
+    return (key[0] is None, key[0] or 0, key[1])
+
+
+def _combine(
+    key: _Group, archives: Sequence[Sequence[Any]], summary: SampleSummary
+) -> RolloutStats:
+    return RolloutStats(
+        rollout_id=key[0],
+        evaluation=key[1],
+        archives=len(archives),
+        released=sum(1 for row in archives if row[4] == "released"),
+        samples=summary.samples,
+        bytes=sum(int(row[5] or 0) for row in archives),
+        rewarded=summary.rewarded,
+        reward_mean=summary.reward_mean,
+        reward_p50=summary.reward_p50,
+        reward_p90=summary.reward_p90,
+        length_mean=summary.length_mean,
+        length_p90=summary.length_p90,
+        status=summary.status,
+    )
+
+
+def _by_group(archive_rows: Iterable[Sequence[Any]]) -> dict[_Group, list[Sequence[Any]]]:
+    groups: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    for row in archive_rows:
+        groups[_group_key(row[2], row[3])].append(row)
+    return groups
+
+
+def build_stats(
+    archive_rows: Iterable[Sequence[Any]],
+    status_rows: Iterable[Sequence[Any]],
+    value_rows: Iterable[Sequence[Any]],
+) -> list[RolloutStats]:
+    """Assemble `RolloutStats` from catalog rows; pure, no I/O.
+
+    Args:
+        archive_rows: ``(id, manifest_digest, rollout_id, evaluation, state, bytes)`` per
+            archive that counts.
+        status_rows: ``(archive_id, status, samples, rewarded, reward_sum, measured,
+            length_sum)`` per archive and status (see `summarize_samples`).
+        value_rows: ``(archive_id, reward, response_length)`` per sample.
+
+    Returns:
+        One row per rollout id and evaluation flag, by rollout id (None last), training
+        before evaluation.  Rows of archives not in ``archive_rows`` are ignored.
+    """
+    groups = _by_group(archive_rows)
+    group_of = {row[0]: key for key, rows in groups.items() for row in rows}
+    statuses: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    values: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    for row in status_rows:
+        if row[0] in group_of:
+            statuses[group_of[row[0]]].append(row[1:])
+    for row in value_rows:
+        if row[0] in group_of:
+            values[group_of[row[0]]].append(row[1:])
+    return [
+        _combine(key, groups[key], summarize_samples(statuses[key], values[key]))
+        for key in sorted(groups, key=_order)
+    ]
+
+
+class StatsCache:
+    """`SampleSummary` per rollout group, valid while the group holds the same archives.
+
+    NOTE: sound because an archive's sample rows never change once it is visible (archives
+    are immutable; ids are never reused) and the key also holds each archive's manifest
+    digest, which names its content even across a catalog rebuild.  States and bytes are
+    not cached: they are read afresh on every call.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[_Group, tuple[frozenset[tuple[int, str | None]], SampleSummary]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: _Group, members: frozenset[tuple[int, str | None]]) -> SampleSummary | None:
+        """The cached summary of group ``key`` if it still holds exactly ``members``."""
+        with self._lock:
+            entry = self._entries.get(key)
+        return entry[1] if entry is not None and entry[0] == members else None
+
+    def put(
+        self, key: _Group, members: frozenset[tuple[int, str | None]], summary: SampleSummary
+    ) -> None:
+        """Remember ``summary`` for group ``key`` made of ``members``."""
+        with self._lock:
+            self._entries[key] = (members, summary)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _filters(
+    rollout_ids: RolloutRange | None, evaluation: bool | None
+) -> list[ColumnElement[bool]]:
+    a = archives_table
+    where: list[ColumnElement[bool]] = [a.c.state.in_(COUNTED_STATES)]
+    if rollout_ids is not None:
+        low, high = rollout_ids
+        if low is not None:
+            where.append(a.c.rollout_id >= low)
+        if high is not None:
+            where.append(a.c.rollout_id <= high)
+    if evaluation is not None:
+        where.append(a.c.evaluation == evaluation)
+    return where
+
+
+def _batches(values: Sequence[int], size: int = _IN_BATCH) -> Iterable[Sequence[int]]:
+    for i in range(0, len(values), size):
+        yield values[i : i + size]
+
+
+def rollout_stats(
+    pool: ArchiveManager,
+    rollout_ids: object = None,
+    evaluation: bool | None = None,
+    *,
+    cache: StatsCache | None = None,
+) -> list[RolloutStats]:
+    """The statistics of every rollout id and evaluation flag of ``pool`` (catalog only).
+
+    Args:
+        pool: The pool.
+        rollout_ids: None (all), an int, a ``range`` or an inclusive ``(low, high)`` whose
+            ends may be None; archives without a rollout id count only when this is None.
+        evaluation: None (both), True (evaluation rollouts) or False (training rollouts).
+        cache: Sample summaries of groups seen before; only groups whose archives changed
+            are read again.
+
+    Raises:
+        InvalidInputError: a malformed filter.
+    """
+    bounds = check_rollout_range(rollout_ids)
+    if evaluation is not None and not isinstance(evaluation, bool):
+        raise InvalidInputError("evaluation must be a bool or None")
+    a, m = archives_table, sample_metadata_table
+    archive_query = select(
+        a.c.id, a.c.manifest_digest, a.c.rollout_id, a.c.evaluation, a.c.state, a.c.bytes
+    ).where(*_filters(bounds, evaluation))
+    with pool.catalog.read() as conn:
+        groups = _by_group(conn.execute(archive_query).all())
+        members = {key: frozenset((r[0], r[1]) for r in rows) for key, rows in groups.items()}
+        summaries: dict[_Group, SampleSummary] = {}
+        missing: list[_Group] = []
+        for key in groups:
+            cached = cache.get(key, members[key]) if cache is not None else None
+            if cached is None:
+                missing.append(key)
+            else:
+                summaries[key] = cached
+        ids = sorted(r[0] for key in missing for r in groups[key])
+        status_rows: list[Sequence[Any]] = []
+        value_rows: list[Sequence[Any]] = []
+        for batch in _batches(ids):
+            status_rows += conn.execute(
+                select(
+                    m.c.archive_id,
+                    m.c.status,
+                    func.count(),
+                    func.count(m.c.reward),
+                    func.sum(m.c.reward),
+                    func.count(m.c.response_length),
+                    func.sum(m.c.response_length),
+                )
+                .where(m.c.archive_id.in_(batch))
+                .group_by(m.c.archive_id, m.c.status)
+            ).all()
+            value_rows += conn.execute(
+                select(m.c.archive_id, m.c.reward, m.c.response_length).where(
+                    m.c.archive_id.in_(batch)
+                )
+            ).all()
+    group_of = {r[0]: key for key in missing for r in groups[key]}
+    statuses: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    values: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    for row in status_rows:
+        statuses[group_of[row[0]]].append(row[1:])
+    for row in value_rows:
+        values[group_of[row[0]]].append(row[1:])
+    for key in missing:
+        summaries[key] = summarize_samples(statuses[key], values[key])
+        if cache is not None:
+            cache.put(key, members[key], summaries[key])
+    return [_combine(key, groups[key], summaries[key]) for key in sorted(groups, key=_order)]
+
+
+def plot_stats(rows: Sequence[RolloutStats], path: str | Path) -> Path:
+    """Draw reward and response length against rollout id into an image file (matplotlib).
+
+    Training and evaluation rollouts are separate series; rows without a rollout id are left
+    out (they have no place on the axis).  The format follows the file's suffix (``.png``,
+    ``.svg``, ``.pdf``).
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+        InvalidInputError: no row has a rollout id, so there is nothing to draw.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError as exc:
+        raise MissingDependencyError(
+            "plotting needs matplotlib, which is not installed: pip install 'archive_manager[plot]'"
+        ) from exc
+    drawn = [r for r in rows if r.rollout_id is not None]
+    if not drawn:
+        raise InvalidInputError("no rollout with a rollout id to plot")
+    target = Path(path)
+    # NOTE: a bare Figure (no pyplot) keeps the process's global backend and figure registry
+    # untouched; matplotlib recommends it for programs that only write files.
+    fig = Figure(figsize=(9, 6.5), layout="constrained")
+    reward_ax, length_ax = fig.subplots(2, 1, sharex=True)
+    for evaluation, label, marker in ((False, "training", "o"), (True, "evaluation", "s")):
+        series = [r for r in drawn if r.evaluation is evaluation]
+        if not series:
+            continue
+        x = [r.rollout_id for r in series]
+
+        def values(name: str, series: list[RolloutStats] = series) -> list[float]:
+            return [math.nan if getattr(r, name) is None else getattr(r, name) for r in series]
+
+        reward_ax.plot(x, values("reward_mean"), marker=marker, ms=3, label=f"{label}: mean")
+        reward_ax.plot(x, values("reward_p50"), ls="--", lw=1, label=f"{label}: p50")
+        reward_ax.plot(x, values("reward_p90"), ls=":", lw=1, label=f"{label}: p90")
+        length_ax.plot(x, values("length_mean"), marker=marker, ms=3, label=f"{label}: mean")
+        length_ax.plot(x, values("length_p90"), ls=":", lw=1, label=f"{label}: p90")
+    reward_ax.set_ylabel("reward")
+    reward_ax.set_title("reward by rollout")
+    length_ax.set_ylabel("response length (tokens)")
+    length_ax.set_title("response length by rollout")
+    length_ax.set_xlabel("rollout id")
+    for ax in (reward_ax, length_ax):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=120)
+    return target
