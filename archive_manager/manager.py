@@ -42,6 +42,7 @@ from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
 from .retention import ReleasePlan, plan_release
 from .samples import check_task_key
+from .stats import RolloutStats, StatsCache, rollout_stats
 from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, save_samples
 
@@ -106,6 +107,7 @@ class ArchiveManager:
         self.lease_ttl = _seconds(lease_ttl)
         self.chunk_size = chunk_size
         self.inline_limit = inline_limit
+        self._stats_cache = StatsCache()
 
     @classmethod
     def open(
@@ -349,6 +351,20 @@ class ArchiveManager:
         (default ``"published"``, None for all) and ``limit``.
         """
         return query_samples(self, **filters)
+
+    def stats(
+        self,
+        rollout_ids: range | tuple[int | None, int | None] | int | None = None,
+        evaluation: bool | None = None,
+    ) -> list[RolloutStats]:
+        """Training-drift statistics per rollout id and evaluation flag, from the catalog.
+
+        Per row: samples, mean / p50 / p90 reward, mean and p90 response length, share
+        truncated and share by status, bytes; published and released archives count (see
+        `archive_manager.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
+        ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
+        """
+        return rollout_stats(self, rollout_ids, evaluation, cache=self._stats_cache)
 
     # ------------------------------------------------------------------ owners
 
