@@ -309,7 +309,7 @@ class Archive:
             True if this call released it, False if it was released already.
         """
         owner = archive_owner(self.name)
-        with self._pool.catalog.write() as conn:
+        with self._pool.catalog.write("release") as conn:
             conn.execute(
                 delete(retention_table).where(
                     retention_table.c.owner == owner, retention_table.c.archive_id == self._id

@@ -24,6 +24,7 @@ from pathlib import Path
 import xxhash
 
 from ._digest import Buffer, check_digest, digest_of, is_digest
+from ._failpoints import failpoint
 from .errors import BlobNotFoundError, IntegrityError, InvalidNameError
 
 __all__ = ["BlobStore", "MemoryBlobStore"]
@@ -188,6 +189,8 @@ class BlobStore:
             digests = list(pool.map(one, items))
         for folder in sorted(dirs):
             _fsync_dir(folder)
+        if dirs:
+            failpoint("blob.after_dir_sync")
         return digests
 
     def _write(
@@ -214,15 +217,18 @@ class BlobStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            failpoint("blob.after_temp_write")
             _ensure_dir(target.parent)
             # Atomic; concurrent writers of one digest replace identical bytes with identical bytes.
             os.rename(tmp, target)
+            failpoint("blob.after_rename")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
         if sync_dir:
             _fsync_dir(target.parent)
+            failpoint("blob.after_dir_sync")
 
     def _open_fd(self, digest: str) -> int:
         try:

@@ -18,6 +18,7 @@ from typing import Any
 import xxhash
 
 from ._digest import check_digest
+from ._failpoints import failpoint
 from ._names import MAX_NAME_BYTES
 from .archive import Archive
 from .errors import InvalidInputError, MetadataError, UnsupportedFormatError
@@ -83,6 +84,7 @@ def _write_pointer(path: Path, content: dict[str, Any]) -> None:
             os.fsync(f.fileno())
         # NOTE: link() fails if the name exists, so two savers to one path cannot both win,
         # and readers never see a half-written pointer.
+        failpoint("pointer.before_link")
         os.link(tmp, path)
     finally:
         with contextlib.suppress(OSError):

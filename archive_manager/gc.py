@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ._digest import is_digest
+from ._failpoints import failpoint
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -226,7 +227,7 @@ def collect(
             f"gc stopped before deleting anything: cannot list blobs: {exc}"
         ) from exc
 
-    with catalog.read() if dry_run else catalog.write() as conn:
+    with catalog.read() if dry_run else catalog.write("gc.plan") as conn:
         lt = leases_table
         expired = conn.execute(select(lt.c.owner).where(lt.c.expires_at <= now)).scalars().all()
         dead = _dead_pending(conn, now)
@@ -289,7 +290,7 @@ def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
     done = 0
     for i in range(0, len(todo), _BATCH):
         batch = todo[i : i + _BATCH]
-        with pool.catalog.write() as conn:
+        with pool.catalog.write("gc.delete") as conn:
             still = (
                 conn.execute(
                     select(b.c.digest).where(b.c.digest.in_(batch), b.c.state == "deleting")
@@ -303,6 +304,7 @@ def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
                 except OSError as exc:
                     # The transaction rolls back: the rows stay 'deleting' for the next GC.
                     raise GcAbortedError(f"gc could not unlink blob {digest}: {exc}") from exc
+                failpoint("gc.after_unlink")
             conn.execute(delete(b).where(b.c.digest.in_(still), b.c.state == "deleting"))
         done += len(batch)
         if progress is not None:
@@ -323,6 +325,7 @@ def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
                         pool.store.delete(digest)
                     except OSError as exc:
                         raise GcAbortedError(f"gc could not unlink orphan {digest}: {exc}") from exc
+                    failpoint("gc.orphan.after_unlink")
 
 
 def _remove_temp(store: Any, path: Path) -> None:

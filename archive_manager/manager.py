@@ -382,7 +382,7 @@ class ArchiveManager:
         owner = check_owner(owner)
         check_archive_name(name)
         r = retention_table
-        with self.catalog.write() as conn:
+        with self.catalog.write("retain") as conn:
             row = archive_by_name(conn, name)
             if row is None or row.state == "pending":
                 raise ArchiveNotFoundError(f"archive {name!r} not found")
@@ -414,7 +414,7 @@ class ArchiveManager:
             How many archives it retained (0: it held nothing, and nothing changed).
         """
         owner = check_owner(owner)
-        with self.catalog.write() as conn:
+        with self.catalog.write("release_owner") as conn:
             return int(
                 conn.execute(
                     delete(retention_table).where(retention_table.c.owner == owner)

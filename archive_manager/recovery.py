@@ -73,7 +73,7 @@ def rebuild_catalog(pool: ArchiveManager) -> RebuildReport:
             report.unknown_files.append(digest)
         else:
             kinds[digest] = kind
-    with pool.catalog.write() as conn:
+    with pool.catalog.write("rebuild.blobs") as conn:
         known = set(conn.execute(select(blobs_table.c.digest)).scalars())
         rows = [(d, files[d], k, "live", now) for d, k in sorted(kinds.items()) if d not in known]
         insert_rows(conn, blobs_table, ("digest", "size", "kind", "state", "created_at"), rows)
@@ -123,7 +123,7 @@ def _restore(
     if len(metadata) != len(entries):
         raise ValueError("entries and metadata disagree in length")
     created = float(manifest.get("created_at") or now)
-    with pool.catalog.write() as conn:
+    with pool.catalog.write("rebuild.archive") as conn:
         archive_id = conn.execute(
             archives_table.insert().values(
                 name=name,

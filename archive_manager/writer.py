@@ -21,6 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
 from . import codec
+from ._failpoints import failpoint
 from ._names import LEASE_PREFIX, archive_owner, check_archive_name
 from .catalog import (
     STATUS_LENGTH,
@@ -126,7 +127,7 @@ class ArchiveWriter:
             if archive_by_name(conn, self.name) is not None:
                 raise ArchiveExistsError(f"archive {self.name!r} already exists")
         now = pool.clock()
-        with pool.catalog.write() as conn:
+        with pool.catalog.write("save.lease") as conn:
             insert_lease(conn, self._lease, now=now, ttl=pool.lease_ttl, archive_name=self.name)
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
         self._stop = threading.Event()
@@ -181,6 +182,7 @@ class ArchiveWriter:
             data = encode_manifest(manifest)
             manifest_digest = codec.digest_of(data)
             self._store([_Blob(manifest_digest, [data], len(data), "manifest")])
+            failpoint("save.manifest.after_write")
             archive_id = self._commit_ownership(manifest_digest)
             self._publish(archive_id)
         except BaseException:
@@ -271,7 +273,7 @@ class ArchiveWriter:
         """Step 2: retain under the lease, then write what is not already live."""
         store = self._pool.store
         to_write: list[_Blob] = []
-        with self._lock, self._pool.catalog.write() as conn:
+        with self._lock, self._pool.catalog.write("save.blobs") as conn:
             now = self._pool.clock()
             check_lease(conn, self._lease, now=now)
             if self._unmarked:
@@ -365,7 +367,7 @@ class ArchiveWriter:
                 )
             ).all()
         digests = [b.digest for b in blobs]
-        with self._lock, self._pool.catalog.write() as conn:
+        with self._lock, self._pool.catalog.write("save.blobs") as conn:
             check_lease(conn, self._lease, now=self._pool.clock())
             hold_blobs(conn, self._lease, digests)
             rows = blob_rows(conn, digests)
@@ -402,7 +404,7 @@ class ArchiveWriter:
         """Step 4: archive (pending), chunks, entries, metadata and ownership, in one commit."""
         now = self._pool.clock()
         total = sum(self._blob_sizes.values())
-        with self._lock, self._pool.catalog.write() as conn:
+        with self._lock, self._pool.catalog.write("save.ownership") as conn:
             check_lease(conn, self._lease, now=now)
             mark_live(conn, self._unmarked)
             self._unmarked = []
@@ -443,7 +445,7 @@ class ArchiveWriter:
 
     def _publish(self, archive_id: int) -> None:
         """Step 5: make the archive visible, end the lease."""
-        with self._lock, self._pool.catalog.write() as conn:
+        with self._lock, self._pool.catalog.write("save.publish") as conn:
             published = conn.execute(
                 update(archives_table)
                 .where(archives_table.c.id == archive_id, archives_table.c.state == "pending")
@@ -474,6 +476,7 @@ class ArchiveWriter:
                 for digest in orphans:
                     # Deleted under the write lock, as GC does, so no save can adopt it now.
                     store.delete(digest)
+                    failpoint("save.rollback.after_unlink")
                 if orphans:
                     conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(orphans)))
         except ArchiveError:

@@ -21,6 +21,7 @@ from types import TracebackType
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine, make_url
 
+from .._failpoints import failpoint
 from ..errors import CatalogError
 from .bulk import insert_rows
 from .engine import (
@@ -207,8 +208,12 @@ class Catalog:
                     transaction.rollback()
 
     @contextmanager
-    def write(self) -> Iterator[Connection]:
+    def write(self, step: str | None = None) -> Iterator[Connection]:
         """A connection in a write transaction: committed on clean exit, else rolled back.
+
+        ``step`` names the durable step the transaction is (``"save.publish"``, ...): its
+        failpoints ``<step>.before_commit`` and ``<step>.after_commit`` (see `_failpoints`)
+        bracket the commit.
 
         On SQLite the transaction starts with ``BEGIN IMMEDIATE``, on PostgreSQL with the
         catalog's advisory write lock, so a second writer waits (up to the busy timeout) at
@@ -232,8 +237,12 @@ class Catalog:
                 conn.execution_options(**{WRITE_OPTION: True})
                 with conn.begin():
                     yield conn
+                    if step is not None:
+                        failpoint(f"{step}.before_commit")
         finally:
             self._local.writing = False
+        if step is not None:
+            failpoint(f"{step}.after_commit")
 
     def get_pool_info(self, key: str) -> str | None:
         """The ``pool_info`` value under ``key``, or None (its own read transaction)."""

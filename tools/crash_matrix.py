@@ -1,0 +1,774 @@
+#!/usr/bin/env python3
+"""Crash matrix: kill a process at every failpoint of every durable operation, check the pool.
+
+For each operation (save, streaming save, reference save, a save that fails and rolls back, a
+save through the pointer-file facade, retain, release, release_owner, gc, rebuild_catalog):
+
+1. a probe run arms every failpoint with ``sleep:0`` and counts how often the operation
+   reaches each one (so the matrix follows the code, not a list that can go stale);
+2. for every point reached, and for its first and last hit, a fresh pool is set up
+   (published archives, one released, one held by an extra owner, an orphan file and a stale
+   temp file where the operation is gc), and the operation runs in a forked child process
+   armed to die there (``kill``: SIGKILL, or ``raise`` with ``--action raise``);
+3. the parent reopens the pool and checks the invariants of DESIGN.md:
+
+   - ``intact``: every archive published and owned before loads identical (before any gc);
+   - ``atomic``: the archive in flight is wholly published (loads identical) or invisible;
+     a retain/release is wholly applied or not at all; a pointer file that exists opens;
+   - ``gc``: a gc run (clock past the lease TTL and the grace period) finishes what the
+     killed process left (no lease, pending archive, ``writing``/``deleting`` row, temp or
+     orphan file remains; a further gc finds nothing) and reclaims what the scenario released;
+   - ``verify``: ``verify(read_data=True)`` then reports neither damage nor notices;
+   - ``owned``: every blob of every owned archive is still live and intact, and every owned
+     archive (the one in flight too, if published) still loads identical after that gc.
+
+Usage::
+
+    python3 tools/crash_matrix.py                       # SQLite, every point, kill
+    python3 tools/crash_matrix.py --action raise        # the error paths instead
+    python3 tools/crash_matrix.py --only gc --json out.json
+    python3 tools/crash_matrix.py --pg-admin-url postgresql+psycopg://me@host/postgres
+
+With ``--pg-admin-url`` each row gets a new database on that server (created and dropped
+through the admin connection).  Children are forked (Linux), so a row costs no interpreter
+start; the exit status of a killed child is checked to be SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from archive_manager import ArchiveManager, _failpoints
+from archive_manager.catalog import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    leases_table,
+    retention_table,
+)
+from archive_manager.codec import TensorRef
+from archive_manager.compat import RolloutArchive
+from archive_manager.errors import ArchiveNotFoundError, UnencodableError
+from archive_manager.synthetic import make_rollout
+
+CHILD_TIMEOUT = 120.0
+LEASE_TTL = 60.0
+RECOVERY_SKEW = 3 * 3600.0  # the checker's clock: past every lease and the grace below
+RECOVERY_GRACE = 3600.0
+TINY = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2, "r3_layers": 2}
+POOL_OPTIONS = {"chunk_size": 4, "inline_limit": 512, "lease_ttl": LEASE_TTL}
+
+
+# --------------------------------------------------------------------------- sample identity
+
+
+def fingerprint(samples: list[Any]) -> str:
+    """A digest of samples' exact content: types, field order, float bits, tensor bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    _feed(h, samples)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, TensorRef):
+        value = value.materialize()
+    if isinstance(value, torch.Tensor):
+        t = value.detach().contiguous().reshape(-1)
+        h.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, enum.Enum):
+        h.update(f"E{type(value).__name__}.{value.name};".encode())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        h.update(f"D{type(value).__name__};".encode())
+        _feed(h, vars(value))
+    elif isinstance(value, dict):
+        h.update(f"M{len(value)};".encode())
+        for k, v in value.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)};".encode())
+        for v in value:
+            _feed(h, v)
+    elif isinstance(value, bool) or value is None:
+        h.update(f"B{value};".encode())
+    elif isinstance(value, int):
+        h.update(f"I{value};".encode())
+    elif isinstance(value, float):
+        h.update(b"F" + struct.pack("<d", value))
+    elif isinstance(value, str):
+        h.update(f"S{len(value)};".encode() + value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, bytes):
+        h.update(f"Y{len(value)};".encode() + value)
+    else:
+        h.update(f"?{type(value).__name__}:{value!r};".encode())
+
+
+def rollout(n: int, seed: int) -> list[Any]:
+    return make_rollout(n, seed=seed, **TINY)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclasses.dataclass
+class World:
+    """A fresh pool and what the checker must find in it after the operation."""
+
+    root: Path
+    url: str | None
+    intact: dict[str, str]  # owned archives that must load identical: name -> fingerprint
+    inflight: tuple[str, str] | None = None  # the archive being saved: name, fingerprint
+    pointer: Path | None = None
+    owners_before: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    owners_after: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    reclaim: set[str] = dataclasses.field(default_factory=set)  # blobs gc must remove
+    plant: list[Path] = dataclasses.field(default_factory=list)  # files gc must remove
+    rebuild: bool = False
+
+    def open(self, **options: Any) -> ArchiveManager:
+        return ArchiveManager.open(self.root, self.url, **{**POOL_OPTIONS, **options})
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    prepare: Callable[[World], None]  # in the parent, after the common setup
+    run: Callable[[World], None]  # in the child
+
+
+def _setup(root: Path, url: str | None) -> World:
+    """Published archives kept/shared/held/doomed; held is retained by job:held only."""
+    world = World(root, url, intact={})
+    with world.open() as pool:
+        for name, seed, rid in (("kept", 1, 1), ("held", 2, 2), ("doomed", 3, 3)):
+            samples = rollout(10, seed)
+            pool.save(name, samples, rollout_id=rid)
+            world.intact[name] = fingerprint(samples)
+        pool.save("shared", None, rollout_id=1, reference="kept")
+        world.intact["shared"] = world.intact["kept"]
+        pool.retain("job:held", "held")
+        pool.retain("job:kept", "kept")
+    return world
+
+
+def _owners(pool: ArchiveManager) -> dict[str, set[str]]:
+    owners: dict[str, set[str]] = {}
+    with pool.catalog.read() as conn:
+        rows = conn.execute(
+            archives_table.select()
+            .with_only_columns(archives_table.c.name, retention_table.c.owner)
+            .join_from(
+                archives_table,
+                retention_table,
+                retention_table.c.archive_id == archives_table.c.id,
+                isouter=True,
+            )
+        ).all()
+    for name, owner in rows:
+        owners.setdefault(name, set())
+        if owner is not None:
+            owners[name].add(owner)
+    return owners
+
+
+def _exclusive_blobs(pool: ArchiveManager, name: str) -> set[str]:
+    """Blobs of archive ``name`` that no other archive references."""
+    a, ab = archives_table, archive_blobs_table
+    with pool.catalog.read() as conn:
+        mine = set(
+            conn.execute(
+                ab.select()
+                .with_only_columns(ab.c.digest)
+                .join_from(ab, a, a.c.id == ab.c.archive_id)
+                .where(a.c.name == name)
+            ).scalars()
+        )
+        others = set(
+            conn.execute(
+                ab.select()
+                .with_only_columns(ab.c.digest)
+                .join_from(ab, a, a.c.id == ab.c.archive_id)
+                .where(a.c.name != name)
+            ).scalars()
+        )
+    return mine - others
+
+
+INFLIGHT_SEED = 5
+
+
+def _inflight_samples() -> list[Any]:
+    # Eight new samples, then kept's first four: a chunk identical to one of kept's, so the
+    # save also takes the dedup path (blobs already live) besides writing new ones.
+    return rollout(8, INFLIGHT_SEED) + rollout(10, 1)[:4]
+
+
+def _prepare_save(world: World) -> None:
+    world.inflight = ("inflight", fingerprint(_inflight_samples()))
+
+
+def _run_save(world: World) -> None:
+    with world.open() as pool:
+        pool.save("inflight", _inflight_samples(), rollout_id=9)
+
+
+def _run_stream(world: World) -> None:
+    with world.open() as pool, pool.writer("inflight", rollout_id=9) as writer:
+        for sample in _inflight_samples():
+            writer.add(sample)
+
+
+def _prepare_reference(world: World) -> None:
+    world.inflight = ("inflight", world.intact["kept"])
+
+
+def _run_reference(world: World) -> None:
+    with world.open() as pool:
+        pool.save("inflight", None, rollout_id=9, reference="kept")
+
+
+def _prepare_failed(world: World) -> None:
+    world.inflight = ("inflight", "")  # must stay invisible: the save fails
+
+
+def _run_failed(world: World) -> None:
+    samples = rollout(12, INFLIGHT_SEED)
+    samples[9].metadata = {"unencodable": object()}  # the third chunk fails to encode
+    with (
+        contextlib.suppress(UnencodableError),
+        world.open() as pool,
+        pool.writer("inflight", rollout_id=9) as writer,
+    ):
+        for sample in samples:
+            writer.add(sample)
+    with world.open() as pool:
+        if "inflight" in {a.name for a in pool.find()}:
+            raise AssertionError("a save with an unencodable sample was published")
+
+
+def _prepare_pointer(world: World) -> None:
+    _prepare_save(world)
+    world.pointer = world.root.parent / "run" / "rollout_9.pt"
+
+
+def _run_pointer(world: World) -> None:
+    assert world.pointer is not None
+    args = SimpleNamespace(archive_root=str(world.root), archive_catalog_url=world.url)
+    RolloutArchive.save(world.pointer, _inflight_samples(), rollout_id=9, args=args).close()
+
+
+def _prepare_retain(world: World) -> None:
+    with world.open() as pool:
+        world.owners_before = _owners(pool)
+    world.owners_after = {k: set(v) for k, v in world.owners_before.items()}
+    world.owners_after["doomed"].add("job:new")
+
+
+def _run_retain(world: World) -> None:
+    with world.open() as pool:
+        pool.retain("job:new", "doomed")
+
+
+def _prepare_release(world: World) -> None:
+    with world.open() as pool:
+        world.owners_before = _owners(pool)
+        world.reclaim = _exclusive_blobs(pool, "doomed")
+    world.owners_after = {k: set(v) for k, v in world.owners_before.items()}
+    world.owners_after["doomed"].clear()
+    del world.intact["doomed"]  # may legitimately be reclaimed once released
+
+
+def _run_release(world: World) -> None:
+    with world.open() as pool:
+        pool.open_archive("doomed").release()
+
+
+def _prepare_release_owner(world: World) -> None:
+    with world.open() as pool:
+        pool.open_archive("held").release()  # job:held is now its only owner
+        world.owners_before = _owners(pool)
+        world.reclaim = _exclusive_blobs(pool, "held")
+    world.owners_after = {k: set(v) for k, v in world.owners_before.items()}
+    world.owners_after["held"].discard("job:held")
+    del world.intact["held"]
+
+
+def _run_release_owner(world: World) -> None:
+    with world.open() as pool:
+        pool.release_owner("job:held")
+
+
+def _prepare_gc(world: World) -> None:
+    with world.open() as pool:
+        world.reclaim = _exclusive_blobs(pool, "doomed")
+        pool.open_archive("doomed").release()
+        orphan_data = b"an orphan: a file under blobs/ that no catalog row names"
+        orphan = pool.store.path(pool.store.put(orphan_data))
+    del world.intact["doomed"]
+    temp = world.root / "tmp" / f"{'0' * 32}.1.abcdef.tmp"
+    temp.parent.mkdir(exist_ok=True)
+    temp.write_bytes(b"a temp file a killed writer left")
+    old = time.time() - 2 * 3600  # older than TEMP_MIN_AGE, so this gc may remove it
+    for path in (orphan, temp):
+        os.utime(path, (old, old))
+    world.plant = [orphan, temp]
+
+
+def _run_gc(world: World) -> None:
+    with world.open() as pool:
+        pool.gc(grace=0)
+
+
+def _prepare_rebuild(world: World) -> None:
+    world.rebuild = True
+    if world.url is None:
+        for path in world.root.glob("catalog.db*"):
+            path.unlink()
+    else:
+        _wipe_database(world.url)
+
+
+def _run_rebuild(world: World) -> None:
+    with world.open() as pool:
+        pool.rebuild_catalog()
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario(
+            "save", "pool.save of 12 samples (3 chunks, one deduplicated)", _prepare_save, _run_save
+        ),
+        Scenario("stream", "pool.writer adding the same 12 samples", _prepare_save, _run_stream),
+        Scenario("reference", "pool.save(reference='kept')", _prepare_reference, _run_reference),
+        Scenario(
+            "failed_save",
+            "a writer whose third chunk fails to encode",
+            _prepare_failed,
+            _run_failed,
+        ),
+        Scenario(
+            "pointer",
+            "RolloutArchive.save: save, then the pointer file",
+            _prepare_pointer,
+            _run_pointer,
+        ),
+        Scenario("retain", "pool.retain('job:new', 'doomed')", _prepare_retain, _run_retain),
+        Scenario("release", "Archive.release of 'doomed'", _prepare_release, _run_release),
+        Scenario(
+            "release_owner",
+            "pool.release_owner of held's only owner",
+            _prepare_release_owner,
+            _run_release_owner,
+        ),
+        Scenario(
+            "gc",
+            "pool.gc(grace=0): a released archive, an orphan, a stale temp",
+            _prepare_gc,
+            _run_gc,
+        ),
+        Scenario(
+            "rebuild", "rebuild_catalog after the catalog was lost", _prepare_rebuild, _run_rebuild
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- databases
+
+
+class Databases:
+    """Catalog URLs for fresh pools: None (SQLite in the root) or a new PostgreSQL database."""
+
+    def __init__(self, admin_url: str | None) -> None:
+        self.admin_url = admin_url
+        self._made: list[str] = []
+
+    def new(self) -> str | None:
+        if self.admin_url is None:
+            return None
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        name = f"crash_{uuid.uuid4().hex[:12]}"
+        engine = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+        finally:
+            engine.dispose()
+        url = make_url(self.admin_url).set(database=name).render_as_string(hide_password=False)
+        self._made.append(url)
+        return url
+
+    def drop(self, url: str | None) -> None:
+        if url is None or self.admin_url is None:
+            return
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        name = make_url(url).database
+        engine = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        finally:
+            engine.dispose()
+        with contextlib.suppress(ValueError):
+            self._made.remove(url)
+
+    def close(self) -> None:
+        for url in list(self._made):
+            self.drop(url)
+
+
+def _wipe_database(url: str) -> None:
+    from sqlalchemy import MetaData, create_engine
+
+    engine = create_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        meta.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclasses.dataclass
+class Row:
+    scenario: str
+    point: str
+    hit: int
+    of: int
+    outcome: str
+    checks: dict[str, bool | None]
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("killed", "raised") and all(
+            v is not False for v in self.checks.values()
+        )
+
+
+def _in_child(world: World, scenario: Scenario, spec: str, report: Path) -> int:
+    """Fork; the child arms ``spec`` and runs the operation. Returns the child's wait status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            _failpoints.configure(spec)
+            scenario.run(world)
+            counts = {name: _failpoints.hits(name) for name in _failpoints.POINTS}
+            report.write_text(json.dumps(counts))
+        except _failpoints.FailpointError:
+            code = 3
+        except BaseException:
+            report.write_text(traceback.format_exc())
+            code = 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.005)
+
+
+def _outcome(status: int) -> str:
+    if status == -1:
+        return "hung"
+    if os.WIFSIGNALED(status):
+        return (
+            "killed" if os.WTERMSIG(status) == signal.SIGKILL else f"signal {os.WTERMSIG(status)}"
+        )
+    return {0: "completed", 3: "raised", 1: "error"}.get(os.WEXITSTATUS(status), "exit?")
+
+
+@contextlib.contextmanager
+def _fresh(workdir: Path, dbs: Databases) -> Iterator[tuple[Path, str | None]]:
+    root = Path(tempfile.mkdtemp(prefix="row-", dir=workdir)) / "pool"
+    url = dbs.new()
+    try:
+        yield root, url
+    finally:
+        dbs.drop(url)
+        shutil.rmtree(root.parent, ignore_errors=True)
+
+
+def probe(scenario: Scenario, workdir: Path, dbs: Databases) -> dict[str, int]:
+    """How often ``scenario`` reaches each failpoint, when nothing fails."""
+    with _fresh(workdir, dbs) as (root, url):
+        world = _setup(root, url)
+        scenario.prepare(world)
+        report = root.parent / "probe.json"
+        spec = ";".join(f"{name}=sleep:0" for name in _failpoints.POINTS)
+        status = _in_child(world, scenario, spec, report)
+        if _outcome(status) != "completed":
+            raise RuntimeError(
+                f"probe of {scenario.name} did not complete ({_outcome(status)}):\n"
+                + (report.read_text() if report.exists() else "")
+            )
+        counts: dict[str, int] = json.loads(report.read_text())
+    return {name: n for name, n in counts.items() if n}
+
+
+def run_row(
+    scenario: Scenario, point: str, hit: int, of: int, action: str, workdir: Path, dbs: Databases
+) -> Row:
+    with _fresh(workdir, dbs) as (root, url):
+        world = _setup(root, url)
+        scenario.prepare(world)
+        report = root.parent / "child.txt"
+        status = _in_child(world, scenario, f"{point}={action}@{hit}", report)
+        outcome = _outcome(status)
+        detail = report.read_text()[-2000:] if outcome == "error" and report.exists() else ""
+        try:
+            checks = check(world)
+        except Exception:
+            checks = {"checker": False}
+            detail += traceback.format_exc()[-2000:]
+        return Row(scenario.name, point, hit, of, outcome, checks, detail)
+
+
+def _load_fp(pool: ArchiveManager, name: str) -> str:
+    return fingerprint(pool.open_archive(name).load_samples())
+
+
+def check(world: World) -> dict[str, bool | None]:
+    checks: dict[str, bool | None] = {
+        "intact": None,
+        "atomic": None,
+        "gc": None,
+        "verify": None,
+        "owned": None,
+    }
+    if world.rebuild:
+        # The lost catalog is rebuilt again (finishing the killed run) before anything is
+        # checked: manifests are the truth.
+        with world.open() as pool:
+            pool.rebuild_catalog()
+            names = {a.name for a in pool.find()}
+        checks["atomic"] = names == {"kept", "held", "doomed", "shared"}
+    with world.open() as pool:
+        checks["intact"] = all(_load_fp(pool, n) == fp for n, fp in world.intact.items())
+        published = {a.name for a in pool.find()}
+        atomic = checks["atomic"] is not False
+        if world.inflight is not None:
+            name, fp = world.inflight
+            if name in published:
+                atomic = atomic and fp != "" and _load_fp(pool, name) == fp
+            else:
+                try:
+                    pool.open_archive(name)
+                    atomic = False
+                except ArchiveNotFoundError:
+                    pass
+        if world.pointer is not None and world.pointer.exists():
+            with RolloutArchive(world.pointer) as facade:
+                atomic = atomic and fingerprint(facade.load_samples()) == world.inflight[1]  # type: ignore[index]
+        if world.owners_before:
+            atomic = atomic and _owners(pool) in (world.owners_before, world.owners_after)
+        checks["atomic"] = atomic
+
+    with world.open(clock=lambda: time.time() + RECOVERY_SKEW) as pool:
+        pool.gc(grace=RECOVERY_GRACE)
+        again = pool.gc(grace=RECOVERY_GRACE)
+        with pool.catalog.read() as conn:
+            leftovers = (
+                conn.execute(leases_table.select()).all()
+                + conn.execute(
+                    archives_table.select().where(archives_table.c.state == "pending")
+                ).all()
+                + conn.execute(
+                    blobs_table.select().where(blobs_table.c.state.in_(("writing", "deleting")))
+                ).all()
+            )
+            rows = set(
+                conn.execute(blobs_table.select().with_only_columns(blobs_table.c.digest)).scalars()
+            )
+        files = set(pool.store.iter_digests())
+        # Release scenarios: what the release frees must be gone if (and only if) it applied.
+        applied = not world.owners_after or _owners(pool) == world.owners_after
+        reclaim = world.reclaim if applied else set()
+        checks["gc"] = (
+            not leftovers
+            and again.blobs == 0
+            and again.orphans == 0
+            and again.temp_files == 0
+            and files == rows
+            and not pool.store.temp_files()
+            and not any(p.exists() for p in world.plant)
+            and not (reclaim & rows)
+        )
+        report = pool.verify(read_data=True)
+        checks["verify"] = report.ok and not report.notices
+        checks["owned"] = _owned_intact(pool, world, published)
+    return checks
+
+
+def _owned_intact(pool: ArchiveManager, world: World, published: set[str]) -> bool:
+    a, ab, r, b = archives_table, archive_blobs_table, retention_table, blobs_table
+    with pool.catalog.read() as conn:
+        owned = conn.execute(
+            ab.select()
+            .with_only_columns(ab.c.digest, b.c.state)
+            .join_from(ab, r, r.c.archive_id == ab.c.archive_id)
+            .join(b, b.c.digest == ab.c.digest, isouter=True)
+        ).all()
+        owned_names = set(
+            conn.execute(
+                a.select().with_only_columns(a.c.name).join_from(a, r, r.c.archive_id == a.c.id)
+            ).scalars()
+        )
+    for digest, state in owned:
+        if state != "live":
+            return False
+        pool.store.check(digest)
+    expected = dict(world.intact)
+    if world.inflight is not None and world.inflight[0] in published:
+        expected[world.inflight[0]] = world.inflight[1]
+    return all(_load_fp(pool, n) == fp for n, fp in expected.items() if n in owned_names) and (
+        set(world.intact) <= owned_names
+    )
+
+
+def matrix(
+    workdir: Path,
+    dbs: Databases,
+    *,
+    only: list[str] | None = None,
+    action: str = "kill",
+    progress: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    rows: list[Row] = []
+    for scenario in SCENARIOS.values():
+        if only and scenario.name not in only:
+            continue
+        counts = probe(scenario, workdir, dbs)
+        for point in _failpoints.POINTS:
+            n = counts.get(point, 0)
+            for hit in sorted({1, n}) if n else ():
+                row = run_row(scenario, point, hit, n, action, workdir, dbs)
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
+    return rows
+
+
+MARK = {True: "ok", False: "FAIL", None: "-"}
+
+
+def table(rows: list[Row]) -> str:
+    head = ("failpoint", "operation", "hit", "outcome", "intact", "atomic", "gc", "verify", "owned")
+    lines = [head]
+    for row in rows:
+        c = row.checks
+        lines.append(
+            (
+                row.point,
+                row.scenario,
+                f"{row.hit}/{row.of}",
+                row.outcome,
+                *(MARK[c.get(k)] for k in ("intact", "atomic", "gc", "verify", "owned")),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = []
+    for i, line in enumerate(lines):
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def uncovered(rows: list[Row]) -> list[str]:
+    hit = {row.point for row in rows}
+    return [name for name in _failpoints.POINTS if name not in hit]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--action", choices=("kill", "raise"), default="kill")
+    parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="repeatable")
+    parser.add_argument("--pg-admin-url", help="run every row on a new PostgreSQL database")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--workdir", type=Path, help="where the pools go (default: a temp dir)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print failures' details")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)  # children are forked: keep the parent free of worker threads
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="crash-matrix-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    dbs = Databases(args.pg_admin_url)
+    started = time.perf_counter()
+
+    def tick(row: Row) -> None:
+        print("." if row.ok else "F", end="", flush=True, file=sys.stderr)
+
+    try:
+        rows = matrix(workdir, dbs, only=args.only, action=args.action, progress=tick)
+    finally:
+        dbs.close()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(file=sys.stderr)
+    backend = "PostgreSQL" if args.pg_admin_url else "SQLite"
+    print(
+        f"crash matrix: action={args.action}, catalog={backend}, {len(rows)} rows in "
+        f"{time.perf_counter() - started:.1f} s\n"
+    )
+    print(table(rows))
+    failed = [row for row in rows if not row.ok]
+    missing = uncovered(rows)
+    print(
+        f"\n{len(rows) - len(failed)}/{len(rows)} rows hold every invariant; "
+        f"{len(_failpoints.POINTS) - len(missing)}/{len(_failpoints.POINTS)} failpoints covered"
+    )
+    for name in missing:
+        print(f"not reached by any operation: {name}")
+    if args.verbose:
+        for row in failed:
+            print(
+                f"\n{row.point} / {row.scenario} hit {row.hit}: {row.outcome} {row.checks}\n{row.detail}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+    # With --only, points of the other operations are expectedly not reached.
+    return 1 if failed or (missing and not args.only) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
