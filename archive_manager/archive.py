@@ -215,6 +215,44 @@ class Archive:
             self._decode_into(decoded, ordinals, digests, by_chunk)
         return [decoded[o, off] for o, off in wanted]
 
+    def load_sample(self, position: int) -> Any:
+        """The sample at ``position`` (0-based, in archive order), reading only its chunk.
+
+        Tensor blobs stay lazy (`TensorRef`) until touched.  Sample keys need not be unique;
+        a position always is, so viewers and tools that list samples address them by it.
+
+        Raises:
+            InvalidInputError: ``position`` is not an int.
+            IndexError: the archive has no sample at ``position`` (negative ones included).
+            IntegrityError: the chunk is missing or damaged (names archive, chunk, blob).
+            ArchiveReleasedError: the archive was released and GC reclaimed its payload.
+        """
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise InvalidInputError(f"position must be an int, not {type(position).__name__}")
+        e, c = entries_table, chunks_table
+        with self._pool.catalog.read() as conn:
+            entry = conn.execute(
+                select(e.c.chunk_ordinal, e.c.offset).where(
+                    e.c.archive_id == self._id, e.c.position == position
+                )
+            ).one_or_none()
+            if entry is None:
+                raise IndexError(
+                    f"archive {self.name!r} has no sample at position {position} "
+                    f"(it holds {self._samples}, from 0)"
+                )
+            ordinal, offset = entry
+            digests = dict(
+                conn.execute(
+                    select(c.c.ordinal, c.c.digest).where(
+                        c.c.archive_id == self._id, c.c.ordinal == ordinal
+                    )
+                ).all()
+            )
+        decoded: dict[tuple[int, int], Any] = {}
+        self._decode_into(decoded, [ordinal], digests, {ordinal: [offset]})
+        return decoded[ordinal, offset]
+
     def _decode_into(
         self,
         decoded: dict[tuple[int, int], Any],
