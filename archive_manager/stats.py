@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
+from ._names import check_archive_name
 from .catalog import archives_table, sample_metadata_table
-from .errors import InvalidInputError, MissingDependencyError
+from .catalog.queries import archive_by_name
+from .errors import ArchiveNotFoundError, InvalidInputError, MissingDependencyError
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -37,7 +40,9 @@ __all__ = [
     "RolloutStats",
     "SampleSummary",
     "StatsCache",
+    "archive_summary",
     "build_stats",
+    "check_plot_path",
     "check_rollout_range",
     "nearest_rank",
     "plot_stats",
@@ -346,6 +351,48 @@ def _batches(values: Sequence[int], size: int = _IN_BATCH) -> Iterable[Sequence[
         yield values[i : i + size]
 
 
+def _sample_rows(
+    conn: Connection, archive_ids: Sequence[int]
+) -> tuple[list[Sequence[Any]], list[Sequence[Any]]]:
+    """The status rows and value rows (see `build_stats`) of these archives."""
+    m = sample_metadata_table
+    status_rows: list[Sequence[Any]] = []
+    value_rows: list[Sequence[Any]] = []
+    for batch in _batches(archive_ids):
+        status_rows += conn.execute(
+            select(
+                m.c.archive_id,
+                m.c.status,
+                func.count(),
+                func.count(m.c.reward),
+                func.sum(m.c.reward),
+                func.count(m.c.response_length),
+                func.sum(m.c.response_length),
+            )
+            .where(m.c.archive_id.in_(batch))
+            .group_by(m.c.archive_id, m.c.status)
+        ).all()
+        value_rows += conn.execute(
+            select(m.c.archive_id, m.c.reward, m.c.response_length).where(m.c.archive_id.in_(batch))
+        ).all()
+    return status_rows, value_rows
+
+
+def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
+    """The `SampleSummary` of one published or released archive (catalog only).
+
+    Raises:
+        ArchiveNotFoundError: no such visible archive.
+    """
+    check_archive_name(name)
+    with pool.catalog.read() as conn:
+        row = archive_by_name(conn, name)
+        if row is None or row.state not in COUNTED_STATES:
+            raise ArchiveNotFoundError(f"archive {name!r} not found")
+        status_rows, value_rows = _sample_rows(conn, [row.id])
+    return summarize_samples([r[1:] for r in status_rows], [r[1:] for r in value_rows])
+
+
 def rollout_stats(
     pool: ArchiveManager,
     rollout_ids: object = None,
@@ -369,7 +416,7 @@ def rollout_stats(
     bounds = check_rollout_range(rollout_ids)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
-    a, m = archives_table, sample_metadata_table
+    a = archives_table
     archive_query = select(
         a.c.id, a.c.manifest_digest, a.c.rollout_id, a.c.evaluation, a.c.state, a.c.bytes
     ).where(*_filters(bounds, evaluation))
@@ -385,27 +432,7 @@ def rollout_stats(
             else:
                 summaries[key] = cached
         ids = sorted(r[0] for key in missing for r in groups[key])
-        status_rows: list[Sequence[Any]] = []
-        value_rows: list[Sequence[Any]] = []
-        for batch in _batches(ids):
-            status_rows += conn.execute(
-                select(
-                    m.c.archive_id,
-                    m.c.status,
-                    func.count(),
-                    func.count(m.c.reward),
-                    func.sum(m.c.reward),
-                    func.count(m.c.response_length),
-                    func.sum(m.c.response_length),
-                )
-                .where(m.c.archive_id.in_(batch))
-                .group_by(m.c.archive_id, m.c.status)
-            ).all()
-            value_rows += conn.execute(
-                select(m.c.archive_id, m.c.reward, m.c.response_length).where(
-                    m.c.archive_id.in_(batch)
-                )
-            ).all()
+        status_rows, value_rows = _sample_rows(conn, ids)
     group_of = {r[0]: key for key in missing for r in groups[key]}
     statuses: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
     values: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
@@ -420,30 +447,53 @@ def rollout_stats(
     return [_combine(key, groups[key], summaries[key]) for key in sorted(groups, key=_order)]
 
 
-def plot_stats(rows: Sequence[RolloutStats], path: str | Path) -> Path:
-    """Draw reward and response length against rollout id into an image file (matplotlib).
-
-    Training and evaluation rollouts are separate series; rows without a rollout id are left
-    out (they have no place on the axis).  The format follows the file's suffix (``.png``,
-    ``.svg``, ``.pdf``).
-
-    Raises:
-        MissingDependencyError: matplotlib is not installed.
-        InvalidInputError: no row has a rollout id, so there is nothing to draw.
-    """
+def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
             "plotting needs matplotlib, which is not installed: pip install 'archive_manager[plot]'"
         ) from exc
+    return Figure
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """Check that a figure can be written to ``path`` before any work is done.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+        InvalidInputError: matplotlib cannot write the file's format (its suffix).
+    """
+    figure = _figure_class()
+    target = Path(path)
+    formats = figure().canvas.get_supported_filetypes()
+    suffix = target.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise InvalidInputError(
+            f"cannot plot to {target.name!r}: give a file ending in one of "
+            + ", ".join(f".{f}" for f in sorted(formats))
+        )
+    return target
+
+
+def plot_stats(rows: Sequence[RolloutStats], path: str | Path) -> Path:
+    """Draw reward and response length against rollout id into an image file (matplotlib).
+
+    Training and evaluation rollouts are separate series; rows without a rollout id are left
+    out (they have no place on the axis).  The format follows the file's suffix (``.png``,
+    ``.svg``, ``.pdf``, ...); missing folders are made.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+        InvalidInputError: an unknown format, or no row has a rollout id to draw.
+    """
+    target = check_plot_path(path)
     drawn = [r for r in rows if r.rollout_id is not None]
     if not drawn:
         raise InvalidInputError("no rollout with a rollout id to plot")
-    target = Path(path)
     # NOTE: a bare Figure (no pyplot) keeps the process's global backend and figure registry
     # untouched; matplotlib recommends it for programs that only write files.
-    fig = Figure(figsize=(9, 6.5), layout="constrained")
+    fig = _figure_class()(figsize=(9, 6.5), layout="constrained")
     reward_ax, length_ax = fig.subplots(2, 1, sharex=True)
     for evaluation, label, marker in ((False, "training", "o"), (True, "evaluation", "s")):
         series = [r for r in drawn if r.evaluation is evaluation]

@@ -22,6 +22,8 @@ from .demo import demo
 from .maintenance import gc, rebuild_catalog, verify
 from .owners import owners, release, release_owner, retain
 from .pool import db, info, init
+from .serve import serve
+from .stats import stats
 
 __all__ = ["ROOT_ENV", "cli", "main"]
 
@@ -79,6 +81,7 @@ for _command in (
     show,
     keys,
     query,
+    stats,
     export,
     import_pt,
     release,
@@ -88,6 +91,7 @@ for _command in (
     gc,
     verify,
     rebuild_catalog,
+    serve,
     demo,
 ):
     cli.add_command(_command)

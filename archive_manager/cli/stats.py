@@ -1,0 +1,103 @@
+"""``archive-manager stats``: training-drift statistics per rollout, as a table, JSON or a
+figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..manager import ArchiveManager
+from ..stats import RolloutStats, check_plot_path, plot_stats
+from ._context import json_option, pass_pool
+from ._output import echo_json, echo_table, human_size
+from ._params import ROLLOUT_RANGE
+
+__all__ = ["stats"]
+
+
+def _number(value: float | None, fmt: str) -> str | None:
+    return None if value is None else format(value, fmt)
+
+
+def _share(value: float | None) -> str | None:
+    return None if value is None else f"{value:.0%}"
+
+
+def _row(r: RolloutStats) -> list[object]:
+    archives = str(r.archives) + (f" ({r.released} released)" if r.released else "")
+    status = ", ".join(f"{s} {n / r.samples:.0%}" for s, n in r.status) if r.samples else None
+    return [
+        r.rollout_id,
+        "yes" if r.evaluation else "no",
+        archives,
+        r.samples,
+        _number(r.reward_mean, ".3f"),
+        _number(r.reward_p50, ".3g"),
+        _number(r.reward_p90, ".3g"),
+        _number(r.length_mean, ".0f"),
+        _number(r.length_p90, ".0f"),
+        _share(r.truncated_share),
+        human_size(r.bytes),
+        status,
+    ]
+
+
+@click.command()
+@click.option("--rollout-id", type=ROLLOUT_RANGE, help="A rollout id or a range A..B (A.., ..B).")
+@click.option(
+    "--evaluation/--no-evaluation",
+    default=None,
+    help="Only evaluation (or only training) rollouts.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw reward and response length against rollout id into this image "
+    "(.png, .svg, .pdf; needs matplotlib: pip install 'archive_manager[plot]').",
+)
+@json_option
+@pass_pool
+def stats(
+    pool: ArchiveManager,
+    rollout_id: tuple[int | None, int | None] | None,
+    evaluation: bool | None,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """Reward, response length and status per rollout, from the catalog (no payload read).
+
+    Published and released archives count; ARCHIVES says how many were released.
+    """
+    if plot is not None:
+        check_plot_path(plot)  # before any work: a missing matplotlib says how to install it
+    rows = pool.stats(rollout_id, evaluation)
+    if as_json:
+        echo_json([r.as_dict() for r in rows])
+    elif not rows:
+        click.echo("no archives match")
+    else:
+        echo_table(
+            [
+                "ROLLOUT",
+                "EVAL",
+                "ARCHIVES",
+                "SAMPLES",
+                "REWARD",
+                "P50",
+                "P90",
+                "LENGTH",
+                "P90",
+                "TRUNC",
+                "SIZE",
+                "STATUS",
+            ],
+            [_row(r) for r in rows],
+            right={0, 3, 4, 5, 6, 7, 8, 9, 10},
+        )
+    if plot is not None:
+        # With --json, stdout holds only the JSON document.
+        if rows:
+            click.echo(f"wrote {plot_stats(rows, plot)}", err=as_json)
+        else:
+            click.echo("nothing to plot", err=True)

@@ -1,0 +1,20 @@
+"""A read-only web viewer of a pool: ``create_app(pool)`` (a Flask app) and ``serve(pool)``.
+
+Needs the ``web`` extra (Flask): ``pip install 'archive_manager[web]'``.
+"""
+
+from __future__ import annotations
+
+from ..errors import MissingDependencyError
+
+try:
+    import flask  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise MissingDependencyError(
+        "the web viewer needs Flask, which is not installed: pip install 'archive_manager[web]'"
+    ) from exc
+
+from .app import create_app
+from .server import DEFAULT_HOST, DEFAULT_PORT, serve, startup_line
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "create_app", "serve", "startup_line"]

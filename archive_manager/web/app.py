@@ -1,0 +1,420 @@
+"""The read-only web viewer: a Flask app over one open pool.
+
+Pages are rendered on the server from Jinja templates (autoescaped: model output is
+untrusted text); the one stylesheet and the one small script ship inside the package, so
+the viewer works on machines without internet.  Every route is a GET that reads the catalog
+(and, for a sample, the one chunk that holds it); none changes the pool.  Request parameters
+are validated and never become paths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, NoReturn
+
+from flask import Blueprint, Flask, current_app, jsonify, render_template, request, url_for
+from jinja2 import StrictUndefined
+from werkzeug.exceptions import HTTPException
+
+from ..cli._output import human_size, local_time
+from ..errors import (
+    ArchiveError,
+    ArchiveNotFoundError,
+    ArchiveReleasedError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidNameError,
+)
+from ..manager import ArchiveManager
+from ..stats import RolloutRange, archive_summary, check_rollout_range
+from .charts import drift_charts
+from .present import DEFAULT_TOKENS_SHOWN, jsonable, pretty_json, resolve_tensor, sample_view
+from .present import tensor_summary as summarize_tensor
+from .queries import SAMPLE_SORTS, SampleFilter, archive_page, entry_of, sample_page
+
+__all__ = ["create_app"]
+
+_POOL_KEY = "archive_manager.pool"
+MAX_PER_PAGE = 1000
+#: Positions beyond this cannot exist (the catalog stores them as 32-bit ints); refusing
+#: them early keeps a huge number from overflowing the database driver.
+_MAX_POSITION = 2**31 - 1
+_MAX_TEXT = 255
+
+# NOTE: a strict policy is a second line behind autoescaping: even if some model output
+# slipped through unescaped, the browser would run no inline script and load nothing from
+# elsewhere.  Charts are inline SVG styled by classes, so no inline style is needed either.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+viewer = Blueprint("viewer", __name__)
+
+
+class NotFound(ArchiveError, LookupError):
+    """A page names something the pool does not hold (a position, a tensor field)."""
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _bad(name: str, detail: str) -> NoReturn:
+    raise InvalidInputError(f"bad query parameter {name!r}: {detail}")
+
+
+def _raw(name: str) -> str | None:
+    value = request.args.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _int(name: str, default: int, low: int, high: int) -> int:
+    text = _raw(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        _bad(name, f"{text[:40]!r} is not a whole number")
+    if not low <= value <= high:
+        _bad(name, f"{value} is not between {low} and {high}")
+    return value
+
+
+def _optional_int(name: str, low: int, high: int) -> int | None:
+    return None if _raw(name) is None else _int(name, low, low, high)
+
+
+def _float(name: str) -> float | None:
+    text = _raw(name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        _bad(name, f"{text[:40]!r} is not a number")
+    if not math.isfinite(value):
+        _bad(name, "must be a finite number")
+    return value
+
+
+def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    text = _raw(name)
+    if text is None:
+        return default
+    if text not in choices:
+        _bad(name, f"{text[:40]!r} is not one of {', '.join(choices)}")
+    return text
+
+
+def _evaluation() -> bool | None:
+    value = _choice("evaluation", ("any", "yes", "no"), "any")
+    return None if value == "any" else value == "yes"
+
+
+def _text(name: str) -> str | None:
+    text = _raw(name)
+    if text is not None and (len(text) > _MAX_TEXT or any(ord(c) < 0x20 for c in text)):
+        _bad(name, f"must be at most {_MAX_TEXT} printable characters")
+    return text
+
+
+def _rollout_range() -> RolloutRange | None:
+    text = _raw("rollout_id")
+    if text is None:
+        return None
+    low_text, sep, high_text = text.partition("..")
+    try:
+        low = int(low_text) if low_text.strip() else None
+        high = int(high_text) if high_text.strip() else None
+    except ValueError:
+        _bad("rollout_id", f"{text[:40]!r} is not a rollout id or a range A..B")
+    if not sep:
+        return check_rollout_range(low)
+    if low is None and high is None:
+        _bad("rollout_id", "a range needs at least one end (A..B, A.. or ..B)")
+    try:
+        return check_rollout_range((low, high))
+    except InvalidInputError as exc:
+        _bad("rollout_id", str(exc))
+
+
+def _wants_json() -> bool:
+    return _choice("format", ("html", "json"), "html") == "json"
+
+
+def _page() -> tuple[int, int]:
+    per_page = _int("per_page", 100, 1, MAX_PER_PAGE)
+    return _int("page", 1, 1, 10**9), per_page
+
+
+def _pages(total: int, per_page: int) -> int:
+    return max(1, math.ceil(total / per_page))
+
+
+def _pool() -> ArchiveManager:
+    pool: ArchiveManager = current_app.extensions[_POOL_KEY]
+    return pool
+
+
+def _respond(template: str, data: Callable[[], Any], **context: Any) -> Any:
+    if _wants_json():
+        return jsonify(jsonable(data()))
+    return render_template(template, **context)
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def _archive_json(info: Any, owners: list[str], chunks: int | None) -> dict[str, Any]:
+    return {**asdict(info), "owners": owners, "chunks": chunks}
+
+
+@viewer.get("/")
+def pool_page() -> Any:
+    """The pool: its archives by rollout (state, samples, bytes, owners) and drift charts."""
+    pool = _pool()
+    _wants_json()  # a bad format is a 400 before any work
+    state = _choice("state", ("visible", "published", "released"), "visible")
+    states = ("published", "released") if state == "visible" else (state,)
+    rollout_ids, evaluation = _rollout_range(), _evaluation()
+    page, per_page = _page()
+    listing = archive_page(
+        pool,
+        states=states,
+        rollout_ids=rollout_ids,
+        evaluation=evaluation,
+        offset=(page - 1) * per_page,
+        limit=per_page,
+    )
+    rows = pool.stats(rollout_ids, evaluation)
+    summary = pool.info()
+    return _respond(
+        "pool.html",
+        lambda: {
+            "pool": summary.as_dict(),
+            "total": listing.total,
+            "page": page,
+            "per_page": per_page,
+            "archives": [
+                _archive_json(i, listing.owners.get(i.name, []), listing.chunks.get(i.name))
+                for i in listing.archives
+            ],
+            "stats": [r.as_dict() for r in rows],
+        },
+        summary=summary,
+        listing=listing,
+        stats=rows,
+        charts=drift_charts(rows),
+        page=page,
+        pages=_pages(listing.total, per_page),
+        per_page=per_page,
+        state=state,
+    )
+
+
+@viewer.get("/stats")
+def stats_page() -> Any:
+    """Training-drift statistics per rollout: a table and the charts."""
+    _wants_json()
+    rows = _pool().stats(_rollout_range(), _evaluation())
+    return _respond(
+        "stats.html", lambda: [r.as_dict() for r in rows], stats=rows, charts=drift_charts(rows)
+    )
+
+
+def _sample_filter() -> SampleFilter:
+    statuses = tuple(s.strip() for s in request.args.getlist("status") if s.strip())
+    for status in statuses:
+        if len(status) > _MAX_TEXT:
+            _bad("status", "too long")
+    return SampleFilter(
+        statuses=statuses,
+        task_key=_text("task_key"),
+        sample_key=_text("sample_key"),
+        min_reward=_float("min_reward"),
+        max_reward=_float("max_reward"),
+        min_length=_optional_int("min_length", 0, _MAX_POSITION),
+        max_length=_optional_int("max_length", 0, _MAX_POSITION),
+        sort=_choice("sort", SAMPLE_SORTS, "position"),
+        descending=_choice("order", ("asc", "desc"), "asc") == "desc",
+    )
+
+
+@viewer.get("/archive/<name>")
+def archive_view(name: str) -> Any:
+    """One archive: its fields, owners, a summary, and its samples filtered and sorted."""
+    pool = _pool()
+    _wants_json()
+    where = _sample_filter()
+    page, per_page = _page()
+    arc = pool.open_archive(name)
+    info, owners, chunks = arc.info(), arc.owners(), arc.chunks()
+    summary = archive_summary(pool, name)
+    samples = sample_page(pool, name, where, offset=(page - 1) * per_page, limit=per_page)
+    return _respond(
+        "archive.html",
+        lambda: {
+            "archive": {**_archive_json(info, owners, len(chunks)), "attrs": arc.attrs},
+            "summary": {**asdict(summary), "status": dict(summary.status)},
+            "total": samples.total,
+            "page": page,
+            "per_page": per_page,
+            "samples": samples.rows,
+        },
+        arc=arc,
+        info=info,
+        owners=owners,
+        chunks=chunks,
+        attrs_json=pretty_json(arc.attrs) if arc.attrs else None,
+        summary=summary,
+        samples=samples,
+        where=where,
+        sorts=SAMPLE_SORTS,
+        page=page,
+        pages=_pages(samples.total, per_page),
+        per_page=per_page,
+    )
+
+
+def _position(name: str, position: int) -> dict[str, Any]:
+    entry = entry_of(_pool(), name, position) if position <= _MAX_POSITION else None
+    if entry is None:
+        raise NotFound(f"archive {name!r} has no sample at position {position}")
+    return entry
+
+
+@viewer.get("/archive/<name>/sample/<int:position>")
+def sample_view_page(name: str, position: int) -> Any:
+    """One sample: texts, tokens with the loss mask, log-probs, metadata, tensor shapes."""
+    pool = _pool()
+    _wants_json()
+    tokens = _choice("tokens", ("some", "all"), "some")
+    arc = pool.open_archive(name)
+    entry = _position(name, position)
+    sample = arc.load_sample(position)
+    view = sample_view(sample, tokens=None if tokens == "all" else DEFAULT_TOKENS_SHOWN)
+    return _respond(
+        "sample.html",
+        lambda: {
+            "archive": arc.name,
+            "position": position,
+            "sample_key": entry["sample_key"],
+            "task_key": entry["task_key"],
+            "catalog": entry["description"],
+            "class": view.class_name,
+            "fields": view.fields,
+        },
+        arc=arc,
+        position=position,
+        entry=entry,
+        view=view,
+        previous=position - 1 if position > 0 else None,
+        following=position + 1 if position + 1 < len(arc) else None,
+    )
+
+
+@viewer.get("/archive/<name>/sample/<int:position>/tensor/<field>")
+def tensor_page(name: str, position: int, field: str) -> Any:
+    """Load one tensor field of a sample (its blob is read now) and summarize it."""
+    pool = _pool()
+    _wants_json()
+    arc = pool.open_archive(name)
+    _position(name, position)
+    try:
+        value = resolve_tensor(arc.load_sample(position), field)
+    except KeyError as exc:
+        raise NotFound(
+            f"sample {position} of archive {name!r} has no tensor field {field!r}"
+        ) from exc
+    summary = summarize_tensor(value)
+    return _respond(
+        "tensor.html", lambda: summary, arc=arc, position=position, field=field, summary=summary
+    )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _error(status: int, title: str, message: str) -> Any:
+    if request.args.get("format") == "json":
+        response = jsonify({"error": message, "status": status})
+    else:
+        response = current_app.response_class(
+            render_template("error.html", status=status, title=title, message=message),
+            mimetype="text/html",
+        )
+    response.status_code = status
+    return response
+
+
+def _handle(exc: Exception) -> Any:
+    if isinstance(exc, HTTPException):
+        return _error(exc.code or 500, exc.name, exc.description or exc.name)
+    # A malformed archive name in a URL names no archive: not found, like any unknown name.
+    if isinstance(exc, (ArchiveNotFoundError, NotFound, InvalidNameError)):
+        return _error(404, "Not found", str(exc))
+    if isinstance(exc, InvalidInputError):
+        return _error(400, "Bad request", str(exc))
+    if isinstance(exc, ArchiveReleasedError):
+        return _error(410, "Released", str(exc))
+    if isinstance(exc, IntegrityError):
+        return _error(500, "Damaged data", str(exc))
+    if isinstance(exc, ArchiveError):
+        return _error(500, "Error", str(exc))
+    current_app.logger.exception("unexpected error on %s", request.path)
+    return _error(500, "Internal error", "the viewer failed; the server log has the details")
+
+
+def _secure(response: Any) -> Any:
+    for header, value in _SECURITY_HEADERS.items():
+        response.headers.setdefault(header, value)
+    return response
+
+
+# --------------------------------------------------------------------------- app
+
+
+def _query_url(**changes: Any) -> str:
+    """The current page's URL with some query parameters changed (None drops one)."""
+    args = request.args.to_dict(flat=False)
+    for key, value in changes.items():
+        if value is None:
+            args.pop(key, None)
+        else:
+            args[key] = [str(value)]
+    return url_for(request.endpoint or "viewer.pool_page", **(request.view_args or {}), **args)
+
+
+def _num(value: Any, fmt: str = ".3g", missing: str = "–") -> str:
+    """Format a number for a page; ``missing`` for None (or a value that is no number)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return missing if value is None else str(value)
+    return format(value, fmt)
+
+
+def create_app(pool: ArchiveManager) -> Flask:
+    """A Flask app that shows ``pool`` read-only (the caller keeps the pool open)."""
+    app = Flask(__name__)
+    app.extensions[_POOL_KEY] = pool
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    # Fail loudly in tests on a template typo instead of rendering an empty string.
+    app.jinja_env.undefined = StrictUndefined
+    app.jinja_env.filters["size"] = human_size
+    app.jinja_env.filters["when"] = local_time
+    app.jinja_env.filters["num"] = _num
+    app.jinja_env.filters["tojson_pretty"] = lambda value: pretty_json(value, preview=None)
+    app.jinja_env.globals["query_url"] = _query_url
+    app.register_blueprint(viewer)
+    app.register_error_handler(Exception, _handle)
+    app.after_request(_secure)
+    return app

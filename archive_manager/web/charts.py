@@ -1,0 +1,298 @@
+"""Line charts as geometry for inline SVG: pure functions, no markup.
+
+The templates draw the SVG from these numbers, so every label goes through Jinja's
+autoescaping like any other text, and the pages need no script and no network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from ..stats import RolloutStats
+
+__all__ = [
+    "Band",
+    "Chart",
+    "Dot",
+    "Line",
+    "Series",
+    "Tick",
+    "drift_charts",
+    "line_chart",
+    "logprob_chart",
+    "mask_runs",
+    "nice_ticks",
+]
+
+#: At most this many points per drawn line: a long response is reduced to per-bucket values.
+MAX_POINTS = 600
+#: Lines with at most this many points also get a dot (with a tooltip) per point.
+MAX_DOTS = 120
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line to draw: values against x (a None value breaks the line)."""
+
+    label: str
+    xs: Sequence[float]
+    ys: Sequence[float | None]
+    style: int = 0
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Tick:
+    """An axis tick: its position in SVG coordinates and its label."""
+
+    position: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Dot:
+    """A point with a tooltip."""
+
+    x: float
+    y: float
+    title: str
+
+
+@dataclass(frozen=True)
+class Line:
+    """A series in SVG coordinates: polyline point lists and optional dots."""
+
+    label: str
+    style: int
+    dashed: bool
+    segments: list[str]
+    dots: list[Dot]
+
+
+@dataclass(frozen=True)
+class Band:
+    """A shaded range of x (e.g. tokens without loss), in SVG coordinates."""
+
+    x: float
+    width: float
+
+
+@dataclass(frozen=True)
+class Chart:
+    """Everything a template needs to draw one chart."""
+
+    title: str
+    width: int
+    height: int
+    left: float
+    top: float
+    right: float
+    bottom: float
+    x_label: str
+    y_label: str
+    x_ticks: list[Tick] = field(default_factory=list)
+    y_ticks: list[Tick] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+    bands: list[Band] = field(default_factory=list)
+    legend: list[tuple[str, int, bool]] = field(default_factory=list)
+    empty: str | None = None
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About ``count`` round tick values covering ``[low, high]`` (steps of 1, 2, 5 x 10^k)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return []
+    if high <= low:
+        return [low]
+    raw = (high - low) / max(1, count)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(low / step - 1e-9) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        ticks.append(0.0 if abs(value) < step * 1e-9 else value)
+        value += step
+    return ticks
+
+
+def _label(value: float) -> str:
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.3g}"
+
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    *,
+    x_label: str = "",
+    y_label: str = "",
+    width: int = 640,
+    height: int = 220,
+    y_range: tuple[float, float] | None = None,
+    bands: Sequence[tuple[float, float]] = (),
+    empty: str = "nothing to draw",
+) -> Chart:
+    """Lay out ``series`` on shared axes; ``bands`` are ``(x_start, x_end)`` ranges to shade.
+
+    The y axis spans the data (or ``y_range``), padded so flat lines stay visible.
+    """
+    left, top, right, bottom = 56.0, 26.0, width - 12.0, height - 34.0
+    chart = Chart(title, width, height, left, top, right, bottom, x_label, y_label)
+    xs = _finite([x for s in series for x, y in zip(s.xs, s.ys, strict=True) if y is not None])
+    ys = _finite([y for s in series for y in s.ys])
+    if not xs or not ys:
+        return replace(chart, empty=empty)
+    x_lo, x_hi = min(xs), max(xs)
+    for start, end in bands:
+        x_lo, x_hi = min(x_lo, start), max(x_hi, end)
+    y_lo, y_hi = y_range if y_range is not None else (min(ys), max(ys))
+    if y_hi - y_lo < 1e-12:
+        pad = abs(y_hi) * 0.1 or 1.0
+        y_lo, y_hi = y_lo - pad, y_hi + pad
+    if x_hi - x_lo < 1e-12:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+
+    def sx(x: float) -> float:
+        return round(left + (x - x_lo) / (x_hi - x_lo) * (right - left), 1)
+
+    def sy(y: float) -> float:
+        y = min(max(y, y_lo), y_hi)
+        return round(bottom - (y - y_lo) / (y_hi - y_lo) * (bottom - top), 1)
+
+    lines = []
+    for s in series:
+        segments: list[str] = []
+        current: list[str] = []
+        dots: list[Dot] = []
+        points = [(x, y) for x, y in zip(s.xs, s.ys, strict=True)]
+        few = sum(1 for _, y in points if y is not None) <= MAX_DOTS
+        for x, y in points:
+            if y is None or not math.isfinite(y):
+                if current:
+                    segments.append(" ".join(current))
+                current = []
+                continue
+            current.append(f"{sx(x)},{sy(y)}")
+            if few:
+                dots.append(Dot(sx(x), sy(y), f"{s.label}: {_label(x)} → {_label(y)}"))
+        if current:
+            segments.append(" ".join(current))
+        lines.append(Line(s.label, s.style, s.dashed, segments, dots))
+    return Chart(
+        title,
+        width,
+        height,
+        left,
+        top,
+        right,
+        bottom,
+        x_label,
+        y_label,
+        x_ticks=[Tick(sx(v), _label(v)) for v in nice_ticks(x_lo, x_hi, 6)],
+        y_ticks=[Tick(sy(v), _label(v)) for v in nice_ticks(y_lo, y_hi, 4)],
+        lines=lines,
+        bands=[Band(sx(a), max(0.5, sx(b) - sx(a))) for a, b in bands],
+        legend=[(s.label, s.style, s.dashed) for s in series],
+    )
+
+
+def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
+    """The pool's drift charts: reward, response length and truncated share by rollout id.
+
+    Training and evaluation rollouts are separate series; rows without a rollout id have no
+    place on the axis and are left out.
+    """
+    charts: dict[str, list[Series]] = {"reward": [], "length": [], "truncated": []}
+    for evaluation, name, base in ((False, "training", 0), (True, "evaluation", 3)):
+        part = [r for r in rows if r.evaluation is evaluation and r.rollout_id is not None]
+        if not part:
+            continue
+        x = [float(r.rollout_id) for r in part if r.rollout_id is not None]
+        charts["reward"] += [
+            Series(f"{name} mean", x, [r.reward_mean for r in part], base),
+            Series(f"{name} p50", x, [r.reward_p50 for r in part], base + 1, dashed=True),
+            Series(f"{name} p90", x, [r.reward_p90 for r in part], base + 2, dashed=True),
+        ]
+        charts["length"] += [
+            Series(f"{name} mean", x, [r.length_mean for r in part], base),
+            Series(f"{name} p90", x, [r.length_p90 for r in part], base + 2, dashed=True),
+        ]
+        charts["truncated"].append(
+            Series(f"{name}", x, [r.truncated_share for r in part], base),
+        )
+    return [
+        line_chart(
+            "Reward by rollout",
+            charts["reward"],
+            x_label="rollout id",
+            y_label="reward",
+            empty="no rollout with a rollout id and a numeric reward",
+        ),
+        line_chart(
+            "Response length by rollout",
+            charts["length"],
+            x_label="rollout id",
+            y_label="tokens",
+            empty="no rollout with a rollout id and response lengths",
+        ),
+        line_chart(
+            "Truncated share by rollout",
+            charts["truncated"],
+            x_label="rollout id",
+            y_label="share",
+            y_range=(0.0, 1.0),
+            empty="no rollout with a rollout id",
+        ),
+    ]
+
+
+def mask_runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Runs of equal loss-mask values: ``(value, start, end)`` with ``end`` exclusive."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((int(mask[start]), start, i))
+            start = i
+    return runs
+
+
+def logprob_chart(log_probs: Sequence[float], loss_mask: Sequence[int] | None) -> Chart:
+    """Per-token log-probs of a response; tokens without loss are shaded.
+
+    A response longer than `MAX_POINTS` tokens is drawn per bucket of consecutive tokens:
+    the bucket's mean and its minimum (the most surprising token), so a single bad token
+    still shows.
+    """
+    n = len(log_probs)
+    bucket = max(1, math.ceil(n / MAX_POINTS))
+    xs, means, lows = [], [], []
+    for start in range(0, n, bucket):
+        part = [v for v in log_probs[start : start + bucket] if math.isfinite(v)]
+        xs.append(float(start))
+        means.append(sum(part) / len(part) if part else None)
+        lows.append(min(part) if part else None)
+    series = [Series("log-prob" if bucket == 1 else f"mean of {bucket} tokens", xs, means, 0)]
+    if bucket > 1:
+        series.append(Series(f"min of {bucket} tokens", xs, lows, 2, dashed=True))
+    bands = []
+    if loss_mask is not None and len(loss_mask) == n:
+        bands = [(float(a), float(b)) for v, a, b in mask_runs(loss_mask) if v == 0]
+    return line_chart(
+        "Log-probs of the response tokens" + (" (shaded: no loss)" if bands else ""),
+        series,
+        x_label="response token",
+        y_label="log-prob",
+        width=900,
+        height=200,
+        bands=bands,
+        empty="no log-probs recorded",
+    )

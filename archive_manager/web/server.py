@@ -1,0 +1,76 @@
+"""Serving the viewer: werkzeug's threaded WSGI server on one address, loopback by default."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+
+from werkzeug.serving import make_server
+
+from ..manager import ArchiveManager
+from .app import create_app
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "is_loopback", "serve", "startup_line"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` answers this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}/"
+
+
+def startup_line(pool: ArchiveManager, host: str, port: int) -> str:
+    """What `serve` says when it starts: the pool, the address it binds to, and who can
+    reach it."""
+    if is_loopback(host):
+        reach = f"bound to {host}: this machine only (--host 0.0.0.0 shares it)"
+    else:
+        reach = (
+            f"bound to {host}: anyone who can reach this machine can read these rollouts "
+            "(there is no authentication)"
+        )
+    return (
+        f"serving pool {pool.root} read-only at {_url(host, port)} "
+        f"(werkzeug threaded server; {reach}); Ctrl-C stops"
+    )
+
+
+def serve(
+    pool: ArchiveManager,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Serve the viewer of ``pool`` until interrupted.
+
+    ``port`` 0 picks a free port; ``announce`` receives the startup line, which names the
+    port actually bound.
+
+    Raises:
+        OSError: the address cannot be bound (in use, or not an address of this machine).
+    """
+    app = create_app(pool)
+    # NOTE: make_server rather than run_simple: it binds before returning, so the startup
+    # line can name the real port (``--port 0``), and it adds no reloader or debugger.
+    server = make_server(host, port, app, threaded=True)
+    if announce is not None:
+        announce(startup_line(pool, host, server.server_port))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
