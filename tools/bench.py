@@ -1,0 +1,763 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark: archive_manager against the tools people use today, in one run.
+
+On the same generated workloads (WORKLOAD.md, seeded), side by side:
+
+* archive_manager, through its public API: ``pool.save``; ``pool.writer`` (streaming);
+  ``open_archive`` + ``load_samples()`` of all samples (tensor refs materialized, so every
+  tool returns the same data); one sample by key and one task key (median over random keys,
+  a fresh ``open_archive`` each time); ``sample_metadata()``; ``find(task_key=...)``;
+  ``release()`` + ``gc(grace=0)``; bytes on disk (blobs plus the catalog's files);
+* slime's way today: ``torch.save({"rollout_id", "samples": [to_dict]})`` + fsync, and
+  ``torch.load(weights_only=False)`` of the whole file (also the only way to one sample);
+* straw (PyPI ``straw-queue``): the samples as ``to_dict`` JSON in records of 64 samples
+  (codec ``json.v1``; tensor fields as straw ``tensor.v1`` records of the same publication),
+  one ``SharedFilesystemStore.publish`` (durable, fsynced by straw); read back with
+  ``store.read`` + ``json.loads`` (samples come back as dicts); one sample or one task key =
+  ``read_record`` of the 64-sample record(s) holding it + ``json.loads`` (straw has no
+  per-sample index; the record positions are taken from the save);
+* the disk's limit: one write + fsync of as many bytes as archive_manager stored, and one read
+  of them.
+
+Every timing is the median of ``--repeat`` runs (tools alternate within each round, so noise
+from other processes spreads over all of them); ratios are peer time / archive_manager time
+(above 1: archive_manager is faster).  Reads come from the page cache on every side.  MB/s is
+the samples' in-memory size (see `samples_nbytes`) per second; for the raw disk it is its bytes.
+
+Peak memory of ``pool.save`` and of loading the 1024-sample rollout (and of torch's two) is
+measured in a fresh subprocess each: the child imports everything and generates the samples,
+resets its peak RSS (``/proc/self/clear_refs``), runs the operation and reports its peak RSS
+minus its RSS before; where that reset is not possible, its ``ru_maxrss`` minus that of a
+child that only imported everything and generated the samples.
+
+Run: ``python3 tools/bench.py [--quick] [--workloads a,b] [--repeat N] [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from archive_manager import ArchiveManager, materialize_tensor_refs
+from archive_manager.synthetic import make_rollout
+
+CHUNK = 64
+REPO = Path(__file__).resolve().parent.parent
+
+try:
+    from straw import Record, SharedFilesystemStore
+    from straw.tensor import tensor_record
+
+    STRAW_SKIPPED: str | None = None
+    STRAW_CODECS = ("bytes.v1", "json.v1", "tensor.v1")
+except ImportError as exc:  # an optional peer: the rest still runs
+    STRAW_SKIPPED = f"straw-queue is not installed ({exc}); pip install 'archive_manager[bench]'"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named rollout shape: ``make_rollout`` arguments, full size and ``--quick`` size."""
+
+    name: str
+    text: str
+    full: dict[str, Any]
+    quick: dict[str, Any]
+
+    def make(self, quick: bool) -> list:
+        """Generate the samples (seeded: every run and every child gets the same ones)."""
+        return make_rollout(seed=1, **(self.quick if quick else self.full))
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload(
+            "realistic-256",
+            "256 samples, 512-token prompts, 1400-4200-token responses",
+            {"n_samples": 256},
+            {"n_samples": 32, "response_min": 64, "response_max": 256},
+        ),
+        Workload(
+            "realistic-1024",
+            "1024 samples, 512-token prompts, 1400-4200-token responses",
+            {"n_samples": 1024},
+            {"n_samples": 96, "response_min": 64, "response_max": 256},
+        ),
+        Workload(
+            "long-context",
+            "64 samples, 1024-token prompts, 32768-token responses",
+            {"n_samples": 64, "prompt_len": 1024, "response_min": 32768, "response_max": 32768},
+            {"n_samples": 8, "prompt_len": 64, "response_min": 2048, "response_max": 2048},
+        ),
+        Workload(
+            "r3",
+            "256 samples as realistic-256 + routed experts int32 [T-1, 48, 8]",
+            {"n_samples": 256, "r3_layers": 48},
+            {"n_samples": 16, "response_min": 64, "response_max": 128, "r3_layers": 48},
+        ),
+    )
+}
+MEMORY_WORKLOAD = "realistic-1024"
+
+
+def samples_nbytes(samples: list) -> int:
+    """The samples' own size: what their values amount to as raw arrays and bytes.
+
+    A number in a list counts 8 bytes (an int64/float64 array's worth, not the ~32 bytes a
+    Python int or float object takes), a tensor its ``nbytes``, a string its UTF-8 bytes;
+    dicts and lists are walked; other scalars count 8 bytes.
+    """
+
+    def size(value: Any) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, str):
+            return len(value.encode("utf-8", "surrogatepass"))
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return sum(size(v) for v in value)
+        return 8
+
+    return sum(size(s.to_dict()) for s in samples)
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes of every file under ``root``."""
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def _median(times: list[float]) -> float:
+    return statistics.median(times)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _materialized(samples: list) -> list:
+    return [materialize_tensor_refs(s) for s in samples]
+
+
+# ------------------------------------------------------------------------------------------
+# torch (slime's dumps), straw, raw
+
+
+def torch_save(samples: list, path: Path) -> int:
+    """slime's debug dump: torch.save of the dicts, then fsync; returns the file's size."""
+    with open(path, "wb") as f:
+        torch.save({"rollout_id": 0, "samples": [s.to_dict() for s in samples]}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return path.stat().st_size
+
+
+def torch_load(path: Path) -> Any:
+    """The whole dump; the only way to get at any sample of it."""
+    return torch.load(path, weights_only=False)
+
+
+@dataclass
+class StrawSaved:
+    """What a straw save leaves: the publication and where each 64-sample record sits."""
+
+    ref: Any
+    json_ordinals: list[int]
+    tensor_ordinals: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+def straw_save(samples: list, root: Path) -> StrawSaved:
+    """Publish the samples as JSON records of 64 samples (tensors as tensor.v1 records)."""
+    records: list[Any] = []
+    json_ordinals: list[int] = []
+    tensor_ordinals: dict[int, dict[str, int]] = {}
+    for start in range(0, len(samples), CHUNK):
+        dicts = []
+        tensors = []
+        for i, sample in enumerate(samples[start : start + CHUNK], start):
+            d = sample.to_dict()
+            for key, value in list(d.items()):
+                if isinstance(value, torch.Tensor):
+                    tensors.append((i, key, tensor_record(value, f"{i}:{key}", kind=key)))
+                    d[key] = None  # restored from its tensor record on read
+            dicts.append(d)
+        json_ordinals.append(len(records))
+        records.append(Record(f"samples-{start}", json.dumps(dicts).encode(), "json.v1"))
+        for i, key, record in tensors:
+            tensor_ordinals.setdefault(i, {})[key] = len(records)
+            records.append(record)
+    with SharedFilesystemStore(root, "bench", codecs=STRAW_CODECS) as store:
+        ref = store.publish(records, submission_id="rollout-0")
+    return StrawSaved(ref, json_ordinals, tensor_ordinals)
+
+
+def _straw_tensor(record: Any) -> torch.Tensor:
+    dtype = getattr(torch, record.metadata["dtype"])
+    return torch.frombuffer(bytearray(record.payload), dtype=dtype).reshape(
+        record.metadata["shape"]
+    )
+
+
+def straw_load_all(store: Any, saved: StrawSaved) -> list[dict]:
+    """Every sample back as a dict, tensors restored."""
+    records = list(store.read(saved.ref))
+    out: list[dict] = []
+    for ordinal in saved.json_ordinals:
+        out.extend(json.loads(records[ordinal].payload))
+    for i, fields in saved.tensor_ordinals.items():
+        for key, ordinal in fields.items():
+            out[i][key] = _straw_tensor(records[ordinal])
+    return out
+
+
+def straw_load_some(store: Any, saved: StrawSaved, positions: list[int]) -> list[dict]:
+    """The samples at ``positions``: read and parse the 64-sample record(s) holding them."""
+    members = store.validate(saved.ref)
+    parsed: dict[int, list[dict]] = {}
+    out = []
+    for i in positions:
+        group = i // CHUNK
+        if group not in parsed:
+            parsed[group] = json.loads(
+                store.read_record(members[saved.json_ordinals[group]]).payload
+            )
+        sample = parsed[group][i % CHUNK]
+        for key, ordinal in saved.tensor_ordinals.get(i, {}).items():
+            sample[key] = _straw_tensor(store.read_record(members[ordinal]))
+        out.append(sample)
+    return out
+
+
+_BLOCK = os.urandom(1 << 22)
+
+
+def raw_write(path: Path, nbytes: int) -> None:
+    """The disk's limit: one file of ``nbytes`` written and fsynced."""
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(_BLOCK[: min(left, len(_BLOCK))])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def raw_read(path: Path) -> int:
+    with open(path, "rb", buffering=0) as f:
+        return sum(len(b) for b in iter(lambda: f.read(1 << 22), b""))
+
+
+# ------------------------------------------------------------------------------------------
+# One workload
+
+
+def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int) -> dict:
+    """Every operation of every tool on one workload; medians of ``repeat`` rounds."""
+    samples = workload.make(quick)
+    nbytes = samples_nbytes(samples)
+    times: dict[str, dict[str, list[float]]] = {}
+
+    def record(op: str, tool: str, seconds: float) -> None:
+        times.setdefault(op, {}).setdefault(tool, []).append(seconds)
+
+    counter = iter(range(10**9))
+    pools: list[ArchiveManager] = []
+    straw_root: Path | None = None
+    straw_saved: StrawSaved | None = None
+    pt = work / "rollout.pt"
+    raw = work / "raw.bin"
+    am_bytes = am_blob_bytes = pt_bytes = straw_bytes = 0
+    try:
+        # Saves, alternating tools within each round.
+        for _ in range(repeat):
+            root = work / f"pool-{next(counter)}"
+            pool = ArchiveManager.open(root)
+            seconds, _ = _timed(lambda p=pool: p.save("rollout-0", samples, rollout_id=0))
+            record("save", "archive_manager", seconds)
+            am_blob_bytes = tree_bytes(root / "blobs")
+            am_bytes = tree_bytes(root)
+            pools.append(pool)
+
+            wroot = work / f"pool-{next(counter)}"
+            with ArchiveManager.open(wroot) as wpool:
+
+                def stream(p: ArchiveManager = wpool) -> None:
+                    with p.writer("rollout-0", rollout_id=0) as w:
+                        for s in samples:
+                            w.add(s)
+
+                record("writer", "archive_manager", _timed(stream)[0])
+            shutil.rmtree(wroot)
+
+            seconds, pt_bytes = _timed(lambda: torch_save(samples, pt))
+            record("save", "torch", seconds)
+
+            if STRAW_SKIPPED is None:
+                if straw_root is not None:
+                    shutil.rmtree(straw_root)
+                straw_root = work / f"straw-{next(counter)}"
+                seconds, straw_saved = _timed(lambda r=straw_root: straw_save(samples, r))
+                record("save", "straw", seconds)
+                straw_bytes = tree_bytes(straw_root)
+
+            record("save", "raw", _timed(lambda n=am_bytes: raw_write(raw, n))[0])
+
+        pool = pools[-1]
+        entries = pool.open_archive("rollout-0").keys()
+        rng = random.Random(0)
+        picks = [rng.randrange(len(entries)) for _ in range(keys)]
+        task_keys = sorted({tk for _, tk in entries if tk is not None})
+        task_picks = [rng.choice(task_keys) for _ in range(keys)] if task_keys else []
+        positions_of: dict[str, list[int]] = {}
+        for i, (_, tk) in enumerate(entries):
+            if tk is not None:
+                positions_of.setdefault(tk, []).append(i)
+        straw_store = (
+            SharedFilesystemStore(straw_root, "bench", codecs=STRAW_CODECS)
+            if STRAW_SKIPPED is None and straw_root
+            else None
+        )
+        try:
+            for _ in range(repeat):
+                seconds, got = _timed(
+                    lambda: _materialized(pool.open_archive("rollout-0").load_samples())
+                )
+                assert len(got) == len(samples)
+                del got
+                record("load_all", "archive_manager", seconds)
+                seconds, got = _timed(lambda: torch_load(pt))
+                assert len(got["samples"]) == len(samples)
+                del got
+                record("load_all", "torch", seconds)
+                if straw_store is not None and straw_saved is not None:
+                    seconds, got = _timed(lambda: straw_load_all(straw_store, straw_saved))
+                    assert len(got) == len(samples)
+                    del got
+                    record("load_all", "straw", seconds)
+                record("load_all", "raw", _timed(lambda: raw_read(raw))[0])
+
+            # Point reads: many random keys, each with a fresh Archive.
+            for i in picks:
+                key = entries[i][0]
+                seconds, got = _timed(
+                    lambda k=key: _materialized(
+                        pool.open_archive("rollout-0").load_samples(sample_key=k)
+                    )
+                )
+                assert got, key
+                record("load_one", "archive_manager", seconds)
+                if straw_store is not None and straw_saved is not None:
+                    seconds, _ = _timed(lambda i=i: straw_load_some(straw_store, straw_saved, [i]))
+                    record("load_one", "straw", seconds)
+            for tk in task_picks:
+                seconds, got = _timed(
+                    lambda k=tk: _materialized(
+                        pool.open_archive("rollout-0").load_samples(task_key=k)
+                    )
+                )
+                assert len(got) == len(positions_of[tk])
+                record("load_task", "archive_manager", seconds)
+                if straw_store is not None and straw_saved is not None:
+                    seconds, _ = _timed(
+                        lambda k=tk: straw_load_some(straw_store, straw_saved, positions_of[k])
+                    )
+                    record("load_task", "straw", seconds)
+                seconds, _ = _timed(lambda k=tk: pool.find(task_key=k))
+                record("find", "archive_manager", seconds)
+            for _ in range(max(repeat, 5)):
+                seconds, meta = _timed(lambda: pool.open_archive("rollout-0").sample_metadata())
+                assert len(meta) == len(samples)
+                record("sample_metadata", "archive_manager", seconds)
+        finally:
+            if straw_store is not None:
+                straw_store.close()
+
+        # Release + gc on every saved pool: each frees one archive's blobs.
+        for p in pools:
+
+            def release_gc(p: ArchiveManager = p) -> int:
+                p.open_archive("rollout-0").release()
+                return p.gc(grace=0).blobs
+
+            seconds, reclaimed = _timed(release_gc)
+            assert reclaimed > 0
+            record("release_gc", "archive_manager", seconds)
+    finally:
+        for p in pools:
+            p.close()
+    medians = {op: {tool: _median(ts) for tool, ts in by.items()} for op, by in times.items()}
+    # Only one way to any sample of a torch dump: load all of it.
+    for op in ("load_one", "load_task"):
+        medians.setdefault(op, {})["torch"] = medians["load_all"]["torch"]
+    return {
+        "workload": workload.name,
+        "description": workload.text if not quick else f"{workload.text} (quick: {workload.quick})",
+        "samples": len(samples),
+        "nbytes": nbytes,
+        "repeat": repeat,
+        "point_reads": keys,
+        "seconds": medians,
+        "bytes": {
+            "archive_manager": am_bytes,
+            "archive_manager_blobs": am_blob_bytes,
+            "torch": pt_bytes,
+            "straw": straw_bytes if STRAW_SKIPPED is None else None,
+            "raw": am_bytes,
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Peak memory, one fresh process per measurement
+
+
+def _rss() -> tuple[int, int] | None:
+    """(current RSS, peak RSS since the last reset) in bytes, from /proc; None elsewhere."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    kib = {
+        line.split(":")[0]: int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith(("VmRSS:", "VmHWM:"))
+    }
+    if len(kib) != 2:
+        return None
+    return kib["VmRSS"] * 1024, kib["VmHWM"] * 1024
+
+
+def _reset_peak_rss() -> bool:
+    # Linux >= 4.0: "5" resets the peak RSS (VmHWM) to the current RSS, so the peak of one
+    # operation can be read apart from what importing and generating the samples took.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def child_main(op: str, workload: str, quick: bool, path: Path) -> None:
+    """Run in a fresh process: generate the samples, run ``op``, print its peak RSS."""
+    samples = WORKLOADS[workload].make(quick)
+    gc.collect()
+    before = _rss()
+    reset = before is not None and _reset_peak_rss()
+    kept: Any = None
+    if op == "am-save":
+        with ArchiveManager.open(path) as pool:
+            pool.save("rollout-0", samples, rollout_id=0)
+    elif op == "am-load":
+        with ArchiveManager.open(path, create=False) as pool:
+            kept = _materialized(pool.open_archive("rollout-0").load_samples())
+    elif op == "torch-save":
+        torch_save(samples, path)
+    elif op == "torch-load":
+        kept = torch_load(path)
+    elif op != "baseline":
+        raise SystemExit(f"unknown child operation {op!r}")
+    after = _rss()
+    print(
+        json.dumps(
+            {
+                "op": op,
+                "rss_before": before[0] if before else None,
+                "peak_since_reset": after[1] if reset and after else None,
+                "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "kept": kept is not None,
+            }
+        )
+    )
+
+
+def _child(op: str, workload: str, quick: bool, path: Path) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    command = [sys.executable, __file__, "--child", op, "--workloads", workload]
+    command += ["--child-path", str(path)] + (["--quick"] if quick else [])
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def measure_memory(quick: bool, work: Path) -> dict:
+    """Peak RSS of saving and loading one workload, each in a fresh process.
+
+    Where /proc allows it, the child resets its peak RSS after generating the samples and
+    reports the peak during the operation minus its RSS just before; elsewhere, the child's
+    ``ru_maxrss`` minus that of a child that only imported everything and generated them.
+    """
+    workload = WORKLOADS[MEMORY_WORKLOAD]
+    nbytes = samples_nbytes(workload.make(quick))
+    pool_root = work / "mem-pool"
+    pt = work / "mem.pt"
+    runs = {
+        op: _child(op, workload.name, quick, path)
+        for op, path in (
+            ("am-save", pool_root),
+            ("am-load", pool_root),
+            ("torch-save", pt),
+            ("torch-load", pt),
+        )
+    }
+    if all(r["peak_since_reset"] is not None for r in runs.values()):
+        method = "peak RSS during the operation minus RSS before it (VmHWM reset)"
+        peaks = {op: r["peak_since_reset"] - r["rss_before"] for op, r in runs.items()}
+    else:
+        method = "ru_maxrss minus that of a child that only imported and generated"
+        baseline = _child("baseline", workload.name, quick, work / "unused")["maxrss"]
+        peaks = {op: r["maxrss"] - baseline for op, r in runs.items()}
+    shutil.rmtree(pool_root, ignore_errors=True)
+    pt.unlink(missing_ok=True)
+    return {
+        "workload": workload.name,
+        "samples_nbytes": nbytes,
+        "method": method,
+        "rss_before": runs["am-save"]["rss_before"],
+        "peak_above_baseline": peaks,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Report
+
+OPS = [
+    ("save", "save (pool.save / torch.save+fsync / straw publish / raw write+fsync)"),
+    ("writer", "save streaming (pool.writer, add() per sample)"),
+    ("load_all", "load all (open + load_samples / torch.load / straw read / raw read)"),
+    ("load_one", "one sample by key (torch: whole file; straw: its 64-sample record)"),
+    ("load_task", "one task key (8 samples; torch: whole file; straw: its record)"),
+    ("sample_metadata", "sample_metadata() of every sample"),
+    ("find", "find(task_key=...)"),
+    ("release_gc", "release() + gc(grace=0)"),
+]
+TOOLS = [
+    ("archive_manager", "archive_manager"),
+    ("torch", "torch"),
+    ("straw", "straw"),
+    ("raw", "raw disk"),
+]
+
+
+def _ratio(peer: float | None, mine: float | None) -> str:
+    if not peer or not mine:
+        return "-"
+    return f"{peer / mine:.1f}x" if peer / mine < 100 else f"{peer / mine:.0f}x"
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1e3:8.2f} ms" if s < 0.1 else f"{s:8.3f} s "
+
+
+def report(r: dict) -> str:
+    lines = [
+        f"== {r['workload']}: {r['description']}",
+        f"   {r['samples']} samples, {r['nbytes'] / 1e6:.1f} MB in memory as raw arrays; "
+        f"medians of {r['repeat']} runs ({r['point_reads']} random keys for point reads)",
+        f"   {'operation':<22}{'tool':<17}{'time':>11}{'MB/s':>9}   archive_manager is",
+    ]
+    secs = r["seconds"]
+    for op, _text in OPS:
+        by = secs.get(op)
+        if not by:
+            continue
+        mine = by.get("archive_manager")
+        for tool, label in TOOLS:
+            if tool not in by:
+                continue
+            s = by[tool]
+            mbs = (r["bytes"]["raw"] if tool == "raw" else r["nbytes"]) / 1e6 / s
+            if tool == "archive_manager":
+                note = ""
+            elif tool == "raw":
+                note = f"{s / mine * 100:.0f}% of raw speed" if mine else ""
+            else:
+                note = f"{_ratio(s, mine)} faster than {label}"
+            lines.append(f"   {op if tool == 'archive_manager' else '':<22}{label:<17}"
+                         f"{_secs(s):>11}{mbs:9.0f}   {note}")  # fmt: skip
+    b = r["bytes"]
+    lines.append(
+        f"   {'bytes on disk':<22}archive_manager {b['archive_manager'] / 1e6:.1f} MB "
+        f"(blobs {b['archive_manager_blobs'] / 1e6:.1f} MB + catalog), torch "
+        f"{b['torch'] / 1e6:.1f} MB ({b['archive_manager'] / b['torch']:.2f}x)"
+        + (
+            f", straw {b['straw'] / 1e6:.1f} MB ({b['archive_manager'] / b['straw']:.2f}x)"
+            if b.get("straw")
+            else ""
+        )
+    )
+    return "\n".join(lines)
+
+
+def report_memory(m: dict) -> str:
+    size = m["samples_nbytes"]
+    lines = [
+        f"== peak memory, {m['workload']}, a fresh process per operation: {m['method']}; "
+        f"the samples' own size is {size / 1e6:.1f} MB (see samples_nbytes)"
+    ]
+    for op, peak in m["peak_above_baseline"].items():
+        lines.append(f"   {op:<12}{peak / 1e6:9.1f} MB  {peak / size:5.2f}x the samples' size")
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, dict], memory: dict | None) -> list[tuple[str, bool, str]]:
+    """The issue's targets, each with whether it holds and the figures."""
+    out: list[tuple[str, bool, str]] = []
+    real = results.get("realistic-1024")
+    if real:
+        s, b = real["seconds"], real["bytes"]
+        am_save, am_load, one = (
+            s["save"]["archive_manager"],
+            s["load_all"]["archive_manager"],
+            s["load_one"]["archive_manager"],
+        )
+        r = s["save"]["torch"] / am_save
+        out.append(("save >= 5x faster than torch.save", r >= 5, f"{r:.1f}x"))
+        if "straw" in s["save"]:
+            r = s["save"]["straw"] / am_save
+            out.append(("save >= 3x faster than straw", r >= 3, f"{r:.1f}x"))
+        r = s["load_all"]["torch"] / am_load
+        out.append(("load all >= 5x faster than torch.load", r >= 5, f"{r:.1f}x"))
+        r = s["load_all"]["torch"] / one
+        out.append(("one sample >= 100x faster than torch.load", r >= 100, f"{r:.0f}x"))
+        out.append(("one sample < 5 ms", one < 5e-3, f"{one * 1e3:.2f} ms"))
+        r = b["archive_manager"] / b["torch"]
+        out.append(("bytes on disk <= 0.6x torch.save's", r <= 0.6, f"{r:.2f}x"))
+    r3 = results.get("r3")
+    if r3:
+        r = r3["seconds"]["save"]["raw"] / r3["seconds"]["save"]["archive_manager"]
+        out.append(("R3 save >= 60% of raw write speed", r >= 0.6, f"{r * 100:.0f}%"))
+    if memory:
+        r = memory["peak_above_baseline"]["am-save"] / memory["samples_nbytes"]
+        out.append(("save peak memory <= 1.5x the samples' size", r <= 1.5, f"{r:.2f}x"))
+    return out
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "load_average": os.getloadavg(),
+    }
+    try:
+        model = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        info["cpu"] = model[0] if model else None
+    except OSError:
+        info["cpu"] = None
+    return info
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one run: a smoke test")
+    ap.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)",
+    )
+    ap.add_argument("--repeat", type=int, default=None, help="runs per timing (default 5; 1 quick)")
+    ap.add_argument("--keys", type=int, default=None, help="random keys for point reads")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-path", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    if args.child:
+        child_main(args.child, names[0], args.quick, args.child_path)
+        return 0
+    repeat = args.repeat or (1 if args.quick else 5)
+    keys = args.keys or (3 if args.quick else 25)
+    if repeat < 1 or keys < 1:
+        ap.error("--repeat and --keys must be >= 1")
+
+    info = machine()
+    print(
+        f"archive_manager end-to-end benchmark, {info['date']}, {info['cpus']} CPUs "
+        f"({info['cpu']}), Python {info['python']}, torch {info['torch']}"
+    )
+    if STRAW_SKIPPED:
+        print(f"straw column skipped: {STRAW_SKIPPED}")
+    base = Path(tempfile.mkdtemp(prefix="bench-", dir=args.dir))
+    results: dict[str, dict] = {}
+    memory = None
+    try:
+        for name in names:
+            work = base / name
+            work.mkdir()
+            results[name] = measure(WORKLOADS[name], args.quick, repeat, work, keys)
+            shutil.rmtree(work, ignore_errors=True)
+            print(report(results[name]), flush=True)
+        if not args.no_memory:
+            work = base / "memory"
+            work.mkdir()
+            memory = measure_memory(args.quick, work)
+            print(report_memory(memory))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    checks = targets(results, memory)
+    if checks:
+        print("== targets (ratios from this run)")
+        for text, ok, figure in checks:
+            print(f"   {'holds' if ok else 'MISSED':<7}{text}: {figure}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "quick": args.quick,
+                    "straw_skipped": STRAW_SKIPPED,
+                    "results": results,
+                    "memory": memory,
+                    "targets": [{"target": t, "holds": ok, "figure": f} for t, ok, f in checks],
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
