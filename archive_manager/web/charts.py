@@ -232,6 +232,7 @@ def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
         line_chart(
             "Reward by rollout",
             charts["reward"],
+            width=460,
             x_label="rollout id",
             y_label="reward",
             empty="no rollout with a rollout id and a numeric reward",
@@ -239,6 +240,7 @@ def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
         line_chart(
             "Response length by rollout",
             charts["length"],
+            width=460,
             x_label="rollout id",
             y_label="tokens",
             empty="no rollout with a rollout id and response lengths",
@@ -246,6 +248,7 @@ def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
         line_chart(
             "Truncated share by rollout",
             charts["truncated"],
+            width=460,
             x_label="rollout id",
             y_label="share",
             y_range=(0.0, 1.0),
@@ -291,8 +294,8 @@ def logprob_chart(log_probs: Sequence[float], loss_mask: Sequence[int] | None) -
         series,
         x_label="response token",
         y_label="log-prob",
-        width=900,
-        height=200,
+        width=1200,
+        height=240,
         bands=bands,
         empty="no log-probs recorded",
     )

@@ -35,15 +35,15 @@ def startup_line(pool: ArchiveManager, host: str, port: int) -> str:
     """What `serve` says when it starts: the pool, the address it binds to, and who can
     reach it."""
     if is_loopback(host):
-        reach = f"bound to {host}: this machine only (--host 0.0.0.0 shares it)"
+        reach = f"bound to {host}: this machine only; pass --host 0.0.0.0 to share it"
     else:
         reach = (
-            f"bound to {host}: anyone who can reach this machine can read these rollouts "
-            "(there is no authentication)"
+            f"bound to {host}: anyone who can reach this machine can read these rollouts, "
+            "there is no authentication"
         )
     return (
-        f"serving pool {pool.root} read-only at {_url(host, port)} "
-        f"(werkzeug threaded server; {reach}); Ctrl-C stops"
+        f"serving pool {pool.root} read-only at {_url(host, port)} with werkzeug's threaded "
+        f"server, {reach}. Ctrl-C stops."
     )
 
 
