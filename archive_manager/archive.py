@@ -229,6 +229,14 @@ class Archive:
         """
         if isinstance(position, bool) or not isinstance(position, int):
             raise InvalidInputError(f"position must be an int, not {type(position).__name__}")
+        missing = IndexError(
+            f"archive {self.name!r} has no sample at position {position} "
+            f"(it holds {self._samples}, from 0)"
+        )
+        # Checked before the query: PostgreSQL refuses to compare an INTEGER column with a
+        # number beyond its range instead of finding nothing.
+        if not 0 <= position < self._samples:
+            raise missing
         e, c = entries_table, chunks_table
         with self._pool.catalog.read() as conn:
             entry = conn.execute(
@@ -237,10 +245,7 @@ class Archive:
                 )
             ).one_or_none()
             if entry is None:
-                raise IndexError(
-                    f"archive {self.name!r} has no sample at position {position} "
-                    f"(it holds {self._samples}, from 0)"
-                )
+                raise missing
             ordinal, offset = entry
             digests = dict(
                 conn.execute(

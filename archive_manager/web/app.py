@@ -347,7 +347,7 @@ def tensor_page(name: str, position: int, field: str) -> Any:
 
 def _error(status: int, title: str, message: str) -> Any:
     if request.args.get("format") == "json":
-        response = jsonify({"error": message, "status": status})
+        response = jsonify({"error": message, "status": status, "title": title})
     else:
         response = current_app.response_class(
             render_template("error.html", status=status, title=title, message=message),

@@ -101,14 +101,18 @@ class Chart:
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering ``[low, high]`` (steps of 1, 2, 5 x 10^k)."""
+    """About ``count`` round tick values within ``[low, high]`` (steps of 1, 2, 2.5, 5 x 10^k)."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return []
     if high <= low:
         return [low]
-    raw = (high - low) / max(1, count)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    span = high - low
+    magnitude = 10 ** math.floor(math.log10(span / max(1, count)))
+    # The round step whose number of intervals is closest to ``count``.
+    step = min(
+        (m * magnitude for m in (1, 2, 2.5, 5, 10)),
+        key=lambda s: (abs(span / s - count), -s),
+    )
     first = math.ceil(low / step - 1e-9) * step
     ticks = []
     value = first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Callable
 
 from werkzeug.serving import make_server
@@ -47,6 +48,19 @@ def startup_line(pool: ArchiveManager, host: str, port: int) -> str:
     )
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(
     pool: ArchiveManager,
     host: str = DEFAULT_HOST,
@@ -63,11 +77,16 @@ def serve(
         OSError: the address cannot be bound (in use, or not an address of this machine).
     """
     app = create_app(pool)
-    # NOTE: make_server rather than run_simple: it binds before returning, so the startup
-    # line can name the real port (``--port 0``), and it adds no reloader or debugger.
-    server = make_server(host, port, app, threaded=True)
+    # NOTE: make_server rather than run_simple: the startup line can name the real port
+    # (``--port 0``), and there is no reloader or debugger.  The socket is bound here, not by
+    # werkzeug, which prints to stderr and exits the process when an address is taken.
+    listener = _listen(host, port)
+    try:
+        server = make_server(host, port, app, threaded=True, fd=listener.fileno())
+    finally:
+        listener.close()  # werkzeug works on its own duplicate of the socket
     if announce is not None:
-        announce(startup_line(pool, host, server.server_port))
+        announce(startup_line(pool, host, server.port))
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,0 +1,628 @@
+"""The web viewer through Flask's test client (on SQLite and PostgreSQL): every route, its
+JSON twin, filters, sorting and pages, hostile model output shown as text, 404/400/410/500
+pages, blob reads per page, and proof that no route changes the pool.  Also the pure
+presentation helpers, `Archive.load_sample`, and ``archive-manager serve`` as a real
+process."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import BlobFiles, canon, snapshot_pool, tiny_rollout
+from markupsafe import escape
+
+import archive_manager
+from archive_manager import ArchiveManager, Sample, TensorRef
+from archive_manager.cli import cli
+from archive_manager.errors import InvalidInputError
+
+flask = pytest.importorskip("flask", reason="the web extra is not installed")
+
+from archive_manager.web import create_app, startup_line  # noqa: E402
+from archive_manager.web.charts import (  # noqa: E402
+    MAX_POINTS,
+    Series,
+    drift_charts,
+    line_chart,
+    logprob_chart,
+    mask_runs,
+    nice_ticks,
+)
+from archive_manager.web.present import jsonable, sample_view  # noqa: E402
+from archive_manager.web.server import is_loopback  # noqa: E402
+
+HOSTILE_NAME = "<i onmouseover=alert(1)>\"x\"&'y'"
+HOSTILE_RESPONSE = "<script>alert('xss')</script><b>bold</b> & done"
+HOSTILE_PROMPT = '<img src=x onerror="alert(2)">'
+HOSTILE_TASK = "<svg onload=alert(3)>"
+HOSTILE_STATUS = "<b>odd</b>"
+HOSTILE_KEY = "</pre><script>alert(4)</script>"
+#: Raw fragments that must never reach a page unescaped.
+RAW = ["<script>alert", "<img src=x", "<svg onload", "<b>odd", "<i onmouseover", "<b>bold"]
+
+# --------------------------------------------------------------------------- the pool
+
+
+def _fill(pool: ArchiveManager) -> None:
+    train = tiny_rollout(10, seed=1, rollout_id=1)
+    train[2].status = Sample.Status.TRUNCATED
+    train[5].status = Sample.Status.ABORTED
+    train[7].reward = None
+    train[3].loss_mask = [1, 0, 0] + [1] * (train[3].response_length - 3)
+    pool.save("train-1", train, rollout_id=1)
+    pool.save("train-2", tiny_rollout(6, seed=2, rollout_id=2), rollout_id=2)
+    pool.save("eval-2", tiny_rollout(4, seed=3, rollout_id=2), rollout_id=2, evaluation=True)
+    pool.save("old-0", tiny_rollout(4, seed=4, rollout_id=0), rollout_id=0)
+    pool.open_archive("old-0").release()
+    hostile = tiny_rollout(3, seed=5, rollout_id=3, as_dict=True)
+    hostile[0].update(
+        response=HOSTILE_RESPONSE,
+        prompt=[{"role": "user", "content": HOSTILE_PROMPT}],
+        metadata={HOSTILE_KEY: HOSTILE_KEY},
+        status=HOSTILE_STATUS,
+        label=HOSTILE_KEY,
+    )
+    pool.save(HOSTILE_NAME, hostile, rollout_id=3, task_keys=[HOSTILE_TASK] * 3)
+
+
+@pytest.fixture
+def viewer_pool(open_pool: Callable[..., ArchiveManager]) -> ArchiveManager:
+    """A pool holding training, evaluation, released and hostile archives; tensors of more
+    than 256 bytes are blobs of their own."""
+    pool = open_pool(inline_limit=256)
+    _fill(pool)
+    return pool
+
+
+@pytest.fixture
+def client(viewer_pool: ArchiveManager) -> Any:
+    return create_app(viewer_pool).test_client()
+
+
+def get(client: Any, url: str, status: int = 200) -> Any:
+    response = client.get(url)
+    assert response.status_code == status, (url, response.status_code, response.text[:500])
+    return response
+
+
+def get_json(client: Any, url: str, status: int = 200) -> Any:
+    response = get(client, url, status)
+    assert response.mimetype == "application/json"
+    return response.get_json()
+
+
+def archive_url(name: str, *rest: str) -> str:
+    return "/".join(["/archive", urllib.parse.quote(name, safe=""), *rest])
+
+
+class BlobReads:
+    """Counts the blob store's reads of one pool (chunks through get, tensors through open)."""
+
+    def __init__(self, pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.get: list[str] = []
+        self.open: list[str] = []
+        for method, log in (("get", self.get), ("open", self.open)):
+            real = getattr(pool.store, method)
+
+            def counted(digest: str, *a: Any, _real: Any = real, _log: Any = log, **k: Any) -> Any:
+                _log.append(digest)
+                return _real(digest, *a, **k)
+
+            monkeypatch.setattr(pool.store, method, counted)
+
+    def reset(self) -> None:
+        self.get.clear()
+        self.open.clear()
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def test_pool_page_lists_archives_with_owners_and_draws_the_charts(client: Any) -> None:
+    html = get(client, "/").text
+    for name in ("train-1", "train-2", "eval-2", "old-0"):
+        assert f">{name}</a>" in html
+    assert "archive:train-1" in html  # owners
+    assert 'class="state released"' in html
+    assert html.count("<svg") == 3 and "Reward by rollout" in html
+    assert "Response length by rollout" in html and "Truncated share by rollout" in html
+    assert "<polyline" in html
+    data = get_json(client, "/?format=json")
+    names = [a["name"] for a in data["archives"]]
+    # By rollout id, then name; released archives are listed (their rows stay).
+    assert names == ["old-0", "train-1", "eval-2", "train-2", HOSTILE_NAME]
+    by_name = {a["name"]: a for a in data["archives"]}
+    assert by_name["train-1"]["owners"] == ["archive:train-1"]
+    assert by_name["old-0"]["owners"] == [] and by_name["old-0"]["state"] == "released"
+    assert by_name["train-1"]["samples"] == 10 and by_name["train-1"]["chunks"] >= 1
+    assert data["total"] == 5
+    assert [(r["rollout_id"], r["evaluation"]) for r in data["stats"]] == [
+        (0, False),
+        (1, False),
+        (2, False),
+        (2, True),
+        (3, False),
+    ]
+    assert data["pool"]["archives"] == {"published": 4, "released": 1}
+
+
+def test_pool_page_filters_and_pages(client: Any) -> None:
+    names = lambda url: [a["name"] for a in get_json(client, url)["archives"]]  # noqa: E731
+    assert names("/?format=json&state=released") == ["old-0"]
+    assert names("/?format=json&state=published&evaluation=yes") == ["eval-2"]
+    assert names("/?format=json&rollout_id=1..2&evaluation=no") == ["train-1", "train-2"]
+    assert names("/?format=json&rollout_id=3") == [HOSTILE_NAME]
+    assert names("/?format=json&per_page=2&page=2") == ["eval-2", "train-2"]
+    assert names("/?format=json&per_page=2&page=9") == []
+    stats = get_json(client, "/?format=json&rollout_id=2..&evaluation=yes")["stats"]
+    assert [(r["rollout_id"], r["evaluation"]) for r in stats] == [(2, True)]
+    html = get(client, "/?per_page=2&page=2").text
+    assert "page 2 of 3" in html and 'rel="next"' in html and 'rel="prev"' in html
+
+
+def test_stats_page_and_json(client: Any, viewer_pool: ArchiveManager) -> None:
+    assert get_json(client, "/stats?format=json") == jsonable(
+        [r.as_dict() for r in viewer_pool.stats()]
+    )
+    assert get_json(client, "/stats?format=json&rollout_id=..1") == jsonable(
+        [r.as_dict() for r in viewer_pool.stats((None, 1))]
+    )
+    html = get(client, "/stats").text
+    assert html.count("<svg") == 3 and "1 released" in html
+
+
+def test_archive_page_filters_sorts_and_pages(client: Any, viewer_pool: ArchiveManager) -> None:
+    url = archive_url("train-1")
+    html = get(client, url).text
+    assert "Archive <span" in html and "archive:train-1" in html
+    assert html.count('class="sample-link"') == 10
+    data = get_json(client, url + "?format=json")
+    assert data["total"] == 10 and [s["position"] for s in data["samples"]] == list(range(10))
+    assert data["archive"]["owners"] == ["archive:train-1"]
+    assert data["summary"]["status"]["truncated"] >= 1
+    keys = viewer_pool.open_archive("train-1").keys()
+    assert [(s["sample_key"], s["task_key"]) for s in data["samples"]] == keys
+
+    truncated = get_json(client, url + "?format=json&status=truncated")
+    meta = viewer_pool.open_archive("train-1").sample_metadata()
+    expected = [i for i, d in enumerate(meta) if d["status"] == "truncated"]
+    assert [s["position"] for s in truncated["samples"]] == expected
+    assert truncated["total"] == len(expected)
+    both = get_json(client, url + "?format=json&status=truncated&status=aborted")
+    assert {s["status"] for s in both["samples"]} == {"truncated", "aborted"}
+
+    by_reward = get_json(client, url + "?format=json&sort=reward&order=desc")["samples"]
+    rewards = [s["reward"] for s in by_reward]
+    assert rewards[-1] is None  # a missing reward sorts last, both ways
+    assert rewards[:-1] == sorted(rewards[:-1], reverse=True)
+    ascending = get_json(client, url + "?format=json&sort=reward")["samples"]
+    assert ascending[-1]["reward"] is None
+    by_length = get_json(client, url + "?format=json&sort=response_length")["samples"]
+    lengths = [s["response_length"] for s in by_length]
+    assert lengths == sorted(lengths)
+    long = get_json(client, url + f"?format=json&min_length={lengths[5]}")["samples"]
+    assert all(s["response_length"] >= lengths[5] for s in long)
+    rich = get_json(client, url + "?format=json&min_reward=0.5&max_reward=1")["samples"]
+    assert all(0.5 <= s["reward"] <= 1 for s in rich)
+    task = keys[0][1]
+    assert {
+        s["task_key"] for s in get_json(client, url + f"?format=json&task_key={task}")["samples"]
+    } == {task}
+
+    paged = get_json(client, url + "?format=json&per_page=3&page=4")
+    assert [s["position"] for s in paged["samples"]] == [9] and paged["total"] == 10
+    html = get(client, url + "?status=truncated&per_page=1").text
+    # The pager keeps the filter.
+    assert re.search(r'href="[^"]*status=truncated[^"]*page=2', html)
+    assert "selected>truncated" in html.replace('"', "").replace(" selected", "selected")
+
+
+def test_sample_page_shows_texts_tokens_logprobs_and_tensor_shapes(
+    client: Any, viewer_pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arc = viewer_pool.open_archive("train-1")
+    sample = arc.load_samples()[3]
+    reads = BlobReads(viewer_pool, monkeypatch)
+    html = get(client, archive_url("train-1", "sample", "3")).text
+    # Only the chunk holding the sample is read; its tensor blob stays unread.
+    assert len(reads.get) == 1 and reads.open == []
+    assert reads.get[0] == arc.chunks()[0]["digest"]
+    assert sample.response in html and sample.prompt in html
+    length = sample.response_length
+    tokens = html[html.index('id="tokens"') :]
+    tokens = tokens[: tokens.index("</div>")]
+    assert tokens.count('class="tok m1"') == length - 2
+    assert tokens.count('class="tok m0"') == 2
+    assert f"{length - 2} of {length} tokens" in html
+    chart = html[html.index('id="logprob-chart"') :]
+    assert "<polyline" in chart and 'class="band"' in chart  # the untrained tokens are shaded
+    tensor = sample.rollout_routed_experts
+    assert f"{list(tensor.shape)}" in html and "int32" in html and "1 tensor blob" in html
+    assert "rollout_routed_experts" in html
+    assert f"<dd>{sample.index}</dd>" in html
+    assert 'rel="prev"' in html and 'rel="next"' in html
+
+    data = get_json(client, archive_url("train-1", "sample", "3") + "?format=json")
+    assert data["sample_key"] == "sample:3" and data["class"] == "archive_manager.Sample"
+    assert data["fields"]["tokens"] == sample.tokens
+    assert data["fields"]["rollout_routed_experts"] == {"tensor": f"int32{list(tensor.shape)}"}
+    assert data["catalog"] == arc.sample_metadata()[3]
+
+
+def test_tensor_summary_is_loaded_on_demand(
+    client: Any, viewer_pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sample = viewer_pool.open_archive("train-1").load_samples()[1]
+    tensor = sample.rollout_routed_experts
+    assert isinstance(tensor, TensorRef)
+    tensor = tensor.materialize()
+    reads = BlobReads(viewer_pool, monkeypatch)
+    url = archive_url("train-1", "sample", "1", "tensor", "rollout_routed_experts")
+    data = get_json(client, url + "?format=json")
+    assert len(reads.open) == 1  # now, and only now, its blob is read
+    assert data["shape"] == list(tensor.shape) and data["dtype"] == "int32"
+    assert data["min"] == tensor.min().item() and data["max"] == tensor.max().item()
+    assert data["first"] == tensor.reshape(-1)[:64].tolist()
+    assert "rollout_routed_experts" in get(client, url).text
+    for field in ("nope", "prompt", "tokens"):
+        error = get_json(
+            client, archive_url("train-1", "sample", "1", "tensor", field) + "?format=json", 404
+        )
+        assert field in error["error"]
+
+
+def test_all_tokens_on_request(viewer_pool: ArchiveManager) -> None:
+    sample = viewer_pool.open_archive("train-1").load_samples()[0]
+    view = sample_view(sample, tokens=3)
+    assert len(view.tokens) == 3 and view.tokens_hidden == sample.response_length - 3
+    assert [c.token for c in view.tokens] == sample.tokens[-sample.response_length :][:3]
+    assert [c.log_prob for c in view.tokens] == sample.rollout_log_probs[:3]
+    full = sample_view(sample, tokens=None)
+    assert len(full.tokens) == sample.response_length and full.tokens_hidden == 0
+
+
+def test_hostile_text_is_shown_as_text(client: Any, viewer_pool: ArchiveManager) -> None:
+    pages = [
+        "/",
+        "/stats",
+        archive_url(HOSTILE_NAME),
+        archive_url(HOSTILE_NAME) + "?status=" + HOSTILE_STATUS,
+        archive_url(HOSTILE_NAME, "sample", "0"),
+        archive_url(HOSTILE_NAME, "sample", "0", "tensor", "rollout_routed_experts"),
+        archive_url(HOSTILE_NAME, "sample", "0", "tensor", HOSTILE_KEY.replace("/", "")),
+        archive_url(HOSTILE_NAME + "<script>"),
+    ]
+    for url in pages:
+        response = client.get(url)
+        assert response.status_code in (200, 404), url
+        for raw in RAW:
+            assert raw not in response.text, (url, raw)
+        assert "Content-Security-Policy" in response.headers
+        assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    sample_page = get(client, archive_url(HOSTILE_NAME, "sample", "0")).text
+    assert (
+        "&lt;script&gt;alert(&#39;xss&#39;)&lt;/script&gt;&lt;b&gt;bold&lt;/b&gt; &amp; done"
+        in sample_page
+    )
+    assert "&lt;img src=x onerror=&#34;alert(2)&#34;&gt;" in sample_page
+    assert "&lt;svg onload=alert(3)&gt;" in sample_page
+    assert "&lt;/pre&gt;&lt;script&gt;alert(4)&lt;/script&gt;" in sample_page
+    assert "&lt;b&gt;odd&lt;/b&gt;" in sample_page
+    assert "&lt;i onmouseover=alert(1)&gt;" in get(client, "/").text
+    # The JSON twin carries the text unchanged (JSON is not HTML).
+    data = get_json(client, archive_url(HOSTILE_NAME, "sample", "0") + "?format=json")
+    assert data["fields"]["response"] == HOSTILE_RESPONSE
+    assert data["task_key"] == HOSTILE_TASK
+
+
+def test_unknown_archive_position_and_route_are_clear_404s(client: Any) -> None:
+    cases = {
+        archive_url("nope"): "archive 'nope' not found",
+        archive_url("pending..name"): "..",
+        archive_url("train-1", "sample", "10"): "no sample at position 10",
+        archive_url("train-1", "sample", str(10**30)): "no sample at position",
+        archive_url("nope", "sample", "0"): "archive 'nope' not found",
+        archive_url("train-1", "sample", "-1"): "not found on the server",
+        "/no/such/page": "not found on the server",
+    }
+    for url, message in cases.items():
+        html = get(client, url, 404).text
+        assert "404" in html and str(escape(message)) in html, url
+        assert "Traceback" not in html
+        error = get_json(client, url + "?format=json", 404)
+        assert error["status"] == 404 and message in error["error"]
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("page=x", "'page'"),
+        ("page=0", "'page'"),
+        ("per_page=5000", "'per_page'"),
+        ("min_reward=abc", "'min_reward'"),
+        ("min_reward=nan", "'min_reward'"),
+        ("max_length=-3", "'max_length'"),
+        ("sort=evil", "'sort'"),
+        ("order=up", "'order'"),
+        ("format=xml", "'format'"),
+        ("task_key=" + "k" * 300, "'task_key'"),
+    ],
+)
+def test_bad_parameters_are_clear_400s(client: Any, query: str, message: str) -> None:
+    response = get(client, archive_url("train-1") + "?" + query, 400)
+    assert str(escape(message)) in response.text and "Traceback" not in response.text
+    if "format=" not in query:
+        error = get_json(client, archive_url("train-1") + "?format=json&" + query, 400)
+        assert message in error["error"] and error["status"] == 400
+
+
+@pytest.mark.parametrize(
+    "query", ["rollout_id=x", "rollout_id=5..1", "rollout_id=..", "evaluation=maybe"]
+)
+def test_bad_pool_and_stats_parameters(client: Any, query: str) -> None:
+    assert "bad query parameter" in get(client, "/?" + query, 400).text
+    error = get_json(client, "/stats?format=json&" + query, 400)
+    assert "bad query parameter" in error["error"]
+    assert str(escape("'state'")) in get(client, "/?state=all", 400).text
+
+
+def test_released_and_reclaimed_archive_is_a_410_and_damage_a_500(
+    client: Any, viewer_pool: ArchiveManager, blob_files_of: Callable[[ArchiveManager], BlobFiles]
+) -> None:
+    from datetime import timedelta
+
+    viewer_pool.gc(grace=timedelta(0))
+    old = get(client, archive_url("old-0"))  # the catalog rows stay
+    assert "released" in old.text
+    gone = get(client, archive_url("old-0", "sample", "0"), 410)
+    assert "was released" in gone.text and "reclaimed" in gone.text
+    blobs = blob_files_of(viewer_pool)
+    blobs.flip_bit(blobs.chunks("train-2")[0])
+    damaged = get(client, archive_url("train-2", "sample", "0"), 500)
+    assert "Damaged data" in damaged.text and blobs.chunks("train-2")[0] in damaged.text
+    assert "Traceback" not in damaged.text
+
+
+def test_no_route_changes_the_pool(
+    client: Any, viewer_pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = client.application
+    for rule in app.url_map.iter_rules():
+        assert rule.methods <= {"GET", "HEAD", "OPTIONS"}, rule
+    before = snapshot_pool(viewer_pool)
+    files_before = _file_hashes(viewer_pool.root)
+    reads = BlobReads(viewer_pool, monkeypatch)
+    for url in ("/", "/stats", "/?format=json", "/stats?format=json"):
+        get(client, url)
+    for name in ("train-1", "eval-2", "old-0", HOSTILE_NAME):
+        get(client, archive_url(name))
+        get(client, archive_url(name) + "?format=json&status=completed&sort=reward")
+    assert reads.get == [] and reads.open == []  # listings read the catalog only
+    for name, size in (("train-1", 10), ("eval-2", 4), (HOSTILE_NAME, 3)):
+        for position in range(size):
+            reads.reset()
+            get(client, archive_url(name, "sample", str(position)))
+            assert len(reads.get) == 1 and reads.open == []  # one chunk per sample page
+            get(client, archive_url(name, "sample", str(position)) + "?format=json&tokens=all")
+            get(
+                client,
+                archive_url(name, "sample", str(position), "tensor", "rollout_routed_experts"),
+            )
+    for method in (client.post, client.put, client.delete, client.patch):
+        for url in ("/", archive_url("train-1"), archive_url("train-1", "sample", "0")):
+            assert method(url).status_code == 405
+    assert snapshot_pool(viewer_pool) == before
+    assert _file_hashes(viewer_pool.root) == files_before
+
+
+def _file_hashes(root: Path) -> dict[str, str]:
+    # The -shm file is SQLite's shared-memory index: readers update it, it holds no data.
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith("-shm")
+    }
+
+
+def test_static_files_ship_in_the_package(client: Any) -> None:
+    css = get(client, "/static/viewer.css")
+    assert css.mimetype == "text/css" and ".tok.m1" in css.text
+    assert "tensor-load" in get(client, "/static/viewer.js").text
+    html = get(client, "/").text
+    assert "http://" not in html.split("<main>")[0] and "https://" not in html  # no CDN
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def test_jsonable_describes_tensors_without_loading_them() -> None:
+    ref = TensorRef("0" * 32, torch.int32, [3, 4], 48)  # no loader: loading would raise
+    value = {
+        "t": torch.zeros(2, dtype=torch.bfloat16),
+        "ref": ref,
+        "nan": float("nan"),
+        "status": Sample.Status.TRUNCATED,
+        "nested": [1, (2.5, None)],
+    }
+    assert jsonable(value) == {
+        "t": {"tensor": "bfloat16[2]"},
+        "ref": {"tensor": "int32[3, 4]"},
+        "nan": "nan",
+        "status": "truncated",
+        "nested": [1, [2.5, None]],
+    }
+    assert jsonable(list(range(40)), preview=3) == [0, 1, 2, "… 37 more"]
+    assert not ref.loaded
+
+
+def test_chart_geometry() -> None:
+    assert nice_ticks(0, 1, 4) == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
+    assert nice_ticks(-3.2, 7, 5) == pytest.approx([-2, 0, 2, 4, 6])
+    assert nice_ticks(1400, 4200, 4) == [2000, 3000, 4000]
+    assert nice_ticks(1400, 4200, 6) == [1500, 2000, 2500, 3000, 3500, 4000]
+    assert nice_ticks(3, 3) == [3]
+    assert mask_runs([1, 1, 0, 0, 0, 1]) == [(1, 0, 2), (0, 2, 5), (1, 5, 6)]
+    assert mask_runs([]) == []
+    chart = line_chart("t", [Series("a", [0, 1, 2, 3], [1.0, None, 2.0, 3.0])])
+    (line,) = chart.lines
+    assert len(line.segments) == 2 and len(line.dots) == 3  # the gap breaks the line
+    assert all(
+        chart.left <= d.x <= chart.right and chart.top <= d.y <= chart.bottom for d in line.dots
+    )
+    empty = line_chart("t", [Series("a", [0], [None])], empty="nothing here")
+    assert empty.empty == "nothing here" and empty.lines == []
+    long = logprob_chart([-0.1] * 5000, [1] * 2500 + [0] * 2500)
+    assert len(long.lines) == 2  # bucket means and minima
+    assert len(long.lines[0].segments[0].split()) <= MAX_POINTS
+    assert len(long.bands) == 1 and long.lines[0].dots == []
+
+
+def test_drift_charts_split_training_and_evaluation(viewer_pool: ArchiveManager) -> None:
+    reward, length, truncated = drift_charts(viewer_pool.stats())
+    assert [s[0] for s in reward.legend] == [
+        "training mean",
+        "training p50",
+        "training p90",
+        "evaluation mean",
+        "evaluation p50",
+        "evaluation p90",
+    ]
+    assert [s[0] for s in truncated.legend] == ["training", "evaluation"]
+    assert not length.empty
+    assert drift_charts([])[0].empty
+
+
+# --------------------------------------------------------------------------- Archive.load_sample
+
+
+def test_load_sample_reads_one_chunk(
+    open_pool: Callable[..., ArchiveManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = open_pool(chunk_size=4)
+    samples = tiny_rollout(10, seed=8)
+    arc = pool.save("a", samples, rollout_id=0)
+    everything = arc.load_samples()
+    reads = BlobReads(pool, monkeypatch)
+    for position in range(10):
+        reads.reset()
+        assert canon(arc.load_sample(position)) == canon(everything[position])
+        assert reads.get == [arc.chunks()[position // 4]["digest"]]
+    for bad in (10, -1, 2**40):
+        with pytest.raises(IndexError, match=f"no sample at position {bad}"):
+            arc.load_sample(bad)
+    for wrong in ("1", 1.0, True, None):
+        with pytest.raises(InvalidInputError):
+            arc.load_sample(wrong)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def test_startup_line_names_the_address_and_who_can_reach_it(tmp_path: Path) -> None:
+    with ArchiveManager.open(tmp_path / "p") as pool:
+        local = startup_line(pool, "127.0.0.1", 8123)
+        assert "http://127.0.0.1:8123/" in local and "this machine only" in local
+        assert "read-only" in local and "werkzeug" in local
+        shared = startup_line(pool, "0.0.0.0", 80)
+        assert "bound to 0.0.0.0" in shared and "no authentication" in shared
+        assert "http://[::1]:9/" in startup_line(pool, "::1", 9)
+    assert is_loopback("127.0.0.1") and is_loopback("127.8.9.10") and is_loopback("::1")
+    assert is_loopback("localhost") and not is_loopback("0.0.0.0") and not is_loopback("a.b")
+
+
+def test_serve_reports_a_busy_port_in_one_line(tmp_path: Path) -> None:
+    ArchiveManager.open(tmp_path / "p").close()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            cli, ["--root", str(tmp_path / "p"), "serve", "--port", str(port)]
+        )
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_serve_without_flask_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ArchiveManager.open(tmp_path / "p").close()
+    for module in list(sys.modules):
+        if module == "archive_manager.web" or module.startswith("archive_manager.web."):
+            monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "flask", None)
+    result = CliRunner().invoke(cli, ["--root", str(tmp_path / "p"), "serve"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: the web viewer needs Flask, which is not installed: "
+        "pip install 'archive_manager[web]'"
+    )
+
+
+def _server_env() -> dict[str, str]:
+    # The checkout the tests import, first on the path of the child (an editable install may
+    # point elsewhere); none of the caller's pool settings leak in.
+    source = str(Path(archive_manager.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVE_MANAGER_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
+    return env
+
+
+@contextlib.contextmanager
+def running_server(root: Path) -> Iterator[tuple[str, str]]:
+    """``archive-manager --root ROOT serve --port 0`` as a real process: yields its base URL
+    and its startup line once it answers; killed at exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "archive_manager.cli", "--root", str(root), "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_server_env(),
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r" at (http://127\.0\.0\.1:\d+/) ", line)
+        if match is None:
+            proc.kill()
+            raise AssertionError(f"no startup line: {line!r} {proc.communicate()[1][-2000:]}")
+        url = match.group(1)
+        with urllib.request.urlopen(url, timeout=30) as response:  # it answers
+            assert response.status == 200
+        yield url, line
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_serve_as_a_real_process(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("r-1", tiny_rollout(4, seed=1, rollout_id=1), rollout_id=1)
+    with running_server(root) as (url, line):
+        assert "bound to 127.0.0.1: this machine only" in line
+        with urllib.request.urlopen(url + "archive/r-1?format=json", timeout=30) as response:
+            data = json.load(response)
+        assert data["total"] == 4
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(url + "archive/missing", timeout=30)
+        assert info.value.code == 404
