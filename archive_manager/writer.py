@@ -11,6 +11,7 @@ import json
 import threading
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from .catalog.queries import (
     mark_live,
     renew_lease,
 )
-from .codec import RawChunk, build_chunk, encode_manifest
+from .codec import EncodedChunk, build_chunk, encode_manifest
 from .errors import (
     ArchiveError,
     ArchiveExistsError,
@@ -65,6 +66,7 @@ __all__ = ["MANIFEST_FORMAT", "ArchiveWriter"]
 MANIFEST_FORMAT = "archive_manager.manifest"
 MANIFEST_VERSION = 1
 _UNSET: Any = object()
+_STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class ArchiveWriter:
         self._created: set[str] = set()  # digests whose row this save inserted
         self._unmarked: list[str] = []  # written, not yet flipped to live
         self._next_ordinal = 0
-        self._pending: Future[None] | None = None
+        self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
         self._state = "open"
         self._lock = threading.Lock()  # one catalog writer of this save at a time
         self._failure: BaseException | None = None
@@ -130,6 +132,7 @@ class ArchiveWriter:
         with pool.catalog.write("save.lease") as conn:
             insert_lease(conn, self._lease, now=now, ttl=pool.lease_ttl, archive_name=self.name)
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
+        self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(
             target=self._keep_alive,
@@ -200,8 +203,8 @@ class ArchiveWriter:
         self._state = "aborted"
         self._stop.set()
         try:
-            if self._pending is not None:
-                self._pending.exception()
+            for pending in self._pending:
+                pending.exception()
         finally:
             self._shutdown()
         self._rollback()
@@ -226,6 +229,7 @@ class ArchiveWriter:
     def _shutdown(self) -> None:
         self._stop.set()
         self._io.shutdown(wait=True)
+        self._packer.shutdown(wait=True)
 
     @staticmethod
     def _keep_alive(
@@ -254,16 +258,22 @@ class ArchiveWriter:
         ordinal = self._next_ordinal
         self._next_ordinal += 1
         self._buffer = []
-        self._wait()  # bounded memory: one chunk in flight while the next one is built
-        self._pending = self._io.submit(self._store_chunk, raw, ordinal)
+        # NOTE: a pipeline of three one-chunk stages: this thread builds chunk i+2 (needs the
+        # GIL) while the packer compresses and hashes chunk i+1 and the I/O thread stores
+        # chunk i (zstd, xxhash, write and fsync release the GIL).  With one stage for pack and
+        # store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
+        # bounded: at most three chunks past their samples.
+        packed = self._packer.submit(raw.pack)
+        while len(self._pending) >= _STORES_IN_FLIGHT:
+            self._pending.popleft().result()
+        self._pending.append(self._io.submit(self._store_chunk, packed, ordinal))
 
     def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+        while self._pending:
+            self._pending.popleft().result()
 
-    def _store_chunk(self, raw: RawChunk, ordinal: int) -> None:
-        enc = raw.pack()
+    def _store_chunk(self, packed: Future[EncodedChunk], ordinal: int) -> None:
+        enc = packed.result()
         blobs = [_Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()]
         blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
         self._store(blobs)

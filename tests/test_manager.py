@@ -179,12 +179,13 @@ def test_writer_publishes_on_clean_exit(pool, rollout, same_samples) -> None:
 def test_writer_rolls_back_on_exception(pool, rollout, snapshot, blob_files_of, same_samples):
     pool.save("other", rollout(70, seed=5), rollout_id=0)
     before = snapshot(pool)
-    samples = rollout(140, seed=6, rollout_id=1)
+    samples = rollout(200, seed=6, rollout_id=1)
     files = blob_files_of(pool)
     with pytest.raises(RuntimeError, match="producer died"), pool.writer("w", rollout_id=1) as w:
         for sample in samples:
             w.add(sample)
-        # Adding sample 128 waited for chunk 0's write: it is on disk and leased.
+        # Two chunks may be in flight: adding sample 192 waited for chunk 0's write, so it is
+        # on disk and leased.
         assert len(files.files()) > len(before.blobs)
         assert len(lease_rows(pool)) == 1
         raise RuntimeError("producer died")
@@ -405,14 +406,15 @@ def test_unregistered_sample_class_is_refused(pool, snapshot) -> None:
     assert snapshot(pool) == before
 
 
-@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (192, 2)])
+@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (256, 2)])
 def test_failed_chunk_write_poisons_the_writer(
     pool, rollout, snapshot, monkeypatch, n_samples, failing_put
 ) -> None:
     """A writer whose chunk failed to store must never publish an archive missing it.
 
-    With 192 samples and the second chunk failing, the third chunk is built but lost when
-    the failure surfaces; a writer that went on would publish entries without chunks.
+    With 256 samples and the second chunk failing, the fourth chunk is built but lost when
+    the failure surfaces (two chunks may be in flight); a writer that went on would publish
+    entries without chunks.
     """
     before = snapshot(pool)
     samples = rollout(n_samples, seed=15)
