@@ -242,7 +242,12 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
     other = {k: v for k, v in fields.items() if k not in _SHOWN and not _is_tensor(v)}
     tensors = _tensors(fields)
     tensor_names = {t.name.partition(".")[0] for t in tensors}
-    other = {k: v for k, v in other.items() if k not in tensor_names}
+    # Empty fields (None, "", [], {}) say nothing about this sample; slime's Sample has many.
+    other = {
+        k: v
+        for k, v in other.items()
+        if k not in tensor_names and not (v is None or (isinstance(v, (str, list, dict)) and not v))
+    }
     metadata = fields.get("metadata")
     train_metadata = fields.get("train_metadata")
     reward = fields.get("reward")

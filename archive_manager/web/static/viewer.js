@@ -15,7 +15,9 @@ document.addEventListener("click", async (event) => {
     url.searchParams.set("format", "json");
     const response = await fetch(url, { headers: { Accept: "application/json" } });
     const body = await response.json();
-    out.textContent = response.ok ? JSON.stringify(body, null, 2) : `error: ${body.error}`;
+    out.textContent = response.ok
+      ? Object.entries(body).map(([key, value]) => `${key}: ${JSON.stringify(value)}`).join("\n")
+      : `error: ${body.error}`;
   } catch (error) {
     out.textContent = `error: ${error}`;
   }
