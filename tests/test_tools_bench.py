@@ -1,0 +1,145 @@
+"""Smoke runs of the benchmark tools at tiny sizes, so they cannot rot, and their helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from archive_manager import Sample
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = REPO / "tools"
+
+
+def _tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", TOOLS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_bench_quick_run_measures_every_operation_of_every_tool(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = _run(
+        TOOLS / "bench.py", "--quick", "--workloads", "realistic-256", "--no-memory",
+        "--keys", "2", "--json", out, "--dir", tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    result = figures["results"]["realistic-256"]
+    seconds = result["seconds"]
+    am_ops = {op for op, by in seconds.items() if "archive_manager" in by}
+    assert am_ops == {
+        "save", "writer", "load_all", "load_one", "load_task", "sample_metadata", "find",
+        "release_gc",
+    }  # fmt: skip
+    assert {"torch", "raw"} <= set(seconds["save"]) and {"torch", "raw"} <= set(seconds["load_all"])
+    assert all(s > 0 for by in seconds.values() for s in by.values())
+    if figures["straw_skipped"] is None:
+        assert "straw" in seconds["save"] and "straw" in seconds["load_one"]
+        assert result["bytes"]["straw"] > 0
+    else:
+        assert "straw column skipped" in done.stdout
+    assert 0 < result["bytes"]["archive_manager_blobs"] < result["bytes"]["archive_manager"]
+    assert result["bytes"]["torch"] > 0
+    assert "== realistic-256" in done.stdout and "faster than torch" in done.stdout
+    assert not list(tmp_path.glob("bench-*")), "the work folder was left behind"
+
+
+def test_bench_rejects_an_unknown_workload(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _tool("bench")
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--workloads", "realistic-256,nope"])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2 and "unknown workload(s) nope" in capsys.readouterr().err
+
+
+def test_bench_memory_child_reports_the_peak_of_one_save(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    done = _run(
+        TOOLS / "bench.py", "--child", "am-save", "--workloads", "realistic-1024", "--quick",
+        "--child-path", pool,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["op"] == "am-save" and report["maxrss"] > report["rss_before"] > 0
+    if report["peak_since_reset"] is not None:
+        assert report["peak_since_reset"] >= report["rss_before"]
+    assert (pool / "catalog.db").is_file() and any((pool / "blobs").rglob("*"))
+
+
+def test_bench_scaling_quick_run(tmp_path: Path) -> None:
+    out = tmp_path / "scaling.json"
+    done = _run(TOOLS / "bench_scaling.py", "--quick", "--json", out, "--dir", tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["archives"] for r in rows] == [2, 6]
+    assert all(set(r["seconds"]) == {"find", "load_one", "gc", "verify"} for r in rows)
+    assert all(s > 0 for r in rows for s in r["seconds"].values())
+    assert "per archive" in done.stdout
+
+
+def test_samples_nbytes_counts_raw_array_sizes() -> None:
+    bench = _tool("bench")
+    s = Sample(tokens=[1, 2, 3], response="héllo", loss_mask=[1, 1], reward=1.0)
+    s.extra = torch.zeros(4, 2, dtype=torch.int32)
+    base = bench.samples_nbytes([Sample()])
+    # 3 tokens (8 bytes each) instead of none, "héllo" is 6 UTF-8 bytes, a 2-item mask instead
+    # of None (a scalar: 8 bytes), the reward a scalar either way, 32 tensor bytes
+    assert bench.samples_nbytes([s]) - base == 3 * 8 + 6 + (2 * 8 - 8) + 32
+
+
+def _result(save: dict, load: float, one: float, am_bytes: int, pt_bytes: int) -> dict:
+    return {
+        "seconds": {
+            "save": save,
+            "load_all": {"archive_manager": load, "torch": 1.0},
+            "load_one": {"archive_manager": one, "torch": 1.0},
+        },
+        "bytes": {"archive_manager": am_bytes, "torch": pt_bytes},
+    }
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
+    bench = _tool("bench")
+    k = 1 if good else 3
+    results = {
+        "realistic-1024": _result(
+            {"archive_manager": 0.1 * k, "torch": 0.55, "straw": 0.35},
+            load=0.15 * k,
+            one=0.004 * k,
+            am_bytes=50 * k,
+            pt_bytes=100,
+        ),
+        "r3": {"seconds": {"save": {"archive_manager": 1.0 * k, "raw": 0.65}}},
+    }
+    memory = {"samples_nbytes": 100, "peak_above_baseline": {"am-save": 140 * k}}
+    checks = bench.targets(results, memory)
+    assert len(checks) == 8
+    assert [ok for _, ok, _ in checks] == [good] * 8
