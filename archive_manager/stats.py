@@ -3,8 +3,11 @@
 For every rollout id and evaluation flag: samples, mean / p50 / p90 reward, mean and p90
 response length, the share of truncated samples, the share of each status, and bytes.
 Counts, sums and shares come from SQL aggregates; only the reward and response-length columns
-are fetched, for the quantiles.  The arithmetic is done by pure functions (`build_stats`) over
-those rows, so it is tested without a database.
+are fetched, for the quantiles.  The arithmetic is done by pure functions (`summarize_samples`,
+`build_stats`) over those rows, so it is tested without a database.  Archives never change
+once visible, so a `StatsCache` keeps each rollout's sample summary until the set of its
+archives changes: asking again reads only the ``archives`` rows (states and bytes, which can
+change) and the rollouts that are new.
 
 Archives count while their catalog rows describe samples that were generated: published ones
 and released ones (a release drops an owner, not the history; the rows stay, so the drift of

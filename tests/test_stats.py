@@ -268,18 +268,20 @@ def test_archive_summary(pool: ArchiveManager) -> None:
 # --------------------------------------------------------------------------- plots and CLI
 
 
-def test_plot_stats_writes_an_image(tmp_path: Path, pool: ArchiveManager) -> None:
-    for rid in range(4):
-        pool.save(f"r{rid}", tiny_rollout(6, seed=rid, rollout_id=rid), rollout_id=rid)
-    pool.save("e", tiny_rollout(6, seed=9, rollout_id=2), rollout_id=2, evaluation=True)
-    out = plot_stats(pool.stats(), tmp_path / "figs" / "drift.png")
+def test_plot_stats_writes_an_image(tmp_path: Path) -> None:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        for rid in range(4):
+            pool.save(f"r{rid}", tiny_rollout(6, seed=rid, rollout_id=rid), rollout_id=rid)
+        pool.save("e", tiny_rollout(6, seed=9, rollout_id=2), rollout_id=2, evaluation=True)
+        rows = pool.stats()
+    out = plot_stats(rows, tmp_path / "figs" / "drift.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    svg = plot_stats(pool.stats(), tmp_path / "drift.svg").read_text()
+    svg = plot_stats(rows, tmp_path / "drift.svg").read_text()
     assert "reward by rollout" in svg and "response length by rollout" in svg
     with pytest.raises(InvalidInputError, match="no rollout with a rollout id"):
-        plot_stats([r for r in pool.stats() if r.rollout_id is None], tmp_path / "x.png")
+        plot_stats([r for r in rows if r.rollout_id is None], tmp_path / "x.png")
     with pytest.raises(InvalidInputError, match=r"\.png"):
-        plot_stats(pool.stats(), tmp_path / "drift.docx")
+        plot_stats(rows, tmp_path / "drift.docx")
 
 
 def _cli_pool(tmp_path: Path) -> Path:

@@ -18,13 +18,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import BlobFiles, canon, snapshot_pool, tiny_rollout
+from conftest import BACKENDS, Backend, BlobFiles, canon, snapshot_pool, tiny_rollout
 from markupsafe import escape
 
 import archive_manager
@@ -81,10 +82,28 @@ def _fill(pool: ArchiveManager) -> None:
     pool.save(HOSTILE_NAME, hostile, rollout_id=3, task_keys=[HOSTILE_TASK] * 3)
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def viewer_pool(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ArchiveManager]:
+    """A pool holding training, evaluation, released and hostile archives (tensors of more
+    than 256 bytes are blobs of their own), on each backend; shared by the tests of this
+    module, which only read it."""
+    server = request.getfixturevalue("pg_server") if request.param == "postgresql" else None
+    backend = Backend(request.param, server)
+    root = tmp_path_factory.mktemp("viewer") / "pool"
+    pool = ArchiveManager.open(root, catalog_url=backend.url(root), inline_limit=256)
+    try:
+        _fill(pool)
+        yield pool
+    finally:
+        pool.close()
+        backend.close()
+
+
 @pytest.fixture
-def viewer_pool(open_pool: Callable[..., ArchiveManager]) -> ArchiveManager:
-    """A pool holding training, evaluation, released and hostile archives; tensors of more
-    than 256 bytes are blobs of their own."""
+def own_viewer_pool(open_pool: Callable[..., ArchiveManager]) -> ArchiveManager:
+    """The same pool, for one test that changes it."""
     pool = open_pool(inline_limit=256)
     _fill(pool)
     return pool
@@ -383,10 +402,10 @@ def test_bad_pool_and_stats_parameters(client: Any, query: str) -> None:
 
 
 def test_released_and_reclaimed_archive_is_a_410_and_damage_a_500(
-    client: Any, viewer_pool: ArchiveManager, blob_files_of: Callable[[ArchiveManager], BlobFiles]
+    own_viewer_pool: ArchiveManager, blob_files_of: Callable[[ArchiveManager], BlobFiles]
 ) -> None:
-    from datetime import timedelta
-
+    viewer_pool = own_viewer_pool
+    client = create_app(viewer_pool).test_client()
     viewer_pool.gc(grace=timedelta(0))
     old = get(client, archive_url("old-0"))  # the catalog rows stay
     assert "released" in old.text
