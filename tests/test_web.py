@@ -18,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +153,9 @@ class BlobReads:
 # --------------------------------------------------------------------------- pages
 
 
-def test_pool_page_lists_archives_with_owners_and_draws_the_charts(client: Any) -> None:
+def test_pool_page_lists_archives_with_owners_and_draws_the_charts(
+    client: Any, viewer_pool: ArchiveManager
+) -> None:
     html = get(client, "/").text
     for name in ("train-1", "train-2", "eval-2", "old-0"):
         assert f">{name}</a>" in html
@@ -170,6 +172,8 @@ def test_pool_page_lists_archives_with_owners_and_draws_the_charts(client: Any) 
     assert by_name["train-1"]["owners"] == ["archive:train-1"]
     assert by_name["old-0"]["owners"] == [] and by_name["old-0"]["state"] == "released"
     assert by_name["train-1"]["samples"] == 10 and by_name["train-1"]["chunks"] >= 1
+    created = datetime.fromisoformat(by_name["train-1"]["created_at"])
+    assert created == viewer_pool.open_archive("train-1").info().created_at
     assert data["total"] == 5
     assert [(r["rollout_id"], r["evaluation"]) for r in data["stats"]] == [
         (0, False),
@@ -213,6 +217,7 @@ def test_archive_page_filters_sorts_and_pages(client: Any, viewer_pool: ArchiveM
     assert html.count('class="sample-link"') == 10
     data = get_json(client, url + "?format=json")
     assert data["total"] == 10 and [s["position"] for s in data["samples"]] == list(range(10))
+    assert datetime.fromisoformat(data["archive"]["published_at"]) is not None
     assert data["archive"]["owners"] == ["archive:train-1"]
     assert data["summary"]["status"]["truncated"] >= 1
     keys = viewer_pool.open_archive("train-1").keys()

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from typing import Any
 
 import numpy as np
@@ -78,8 +79,8 @@ def describe_value(value: object) -> str:
 
 def jsonable(value: Any, *, preview: int | None = None) -> Any:
     """``value`` as JSON data: tensors and arrays described (never loaded), enums as their
-    values, non-finite floats as strings; with ``preview``, long lists are cut to that
-    many items plus a note."""
+    values, times in ISO 8601, non-finite floats as strings; with ``preview``, long lists
+    are cut to that many items plus a note."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -102,6 +103,8 @@ def jsonable(value: Any, *, preview: int | None = None) -> Any:
         return [jsonable(v, preview=preview) for v in items]
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"bytes": len(value)}
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
     return repr(value)
 
 
