@@ -650,3 +650,63 @@ def test_serve_as_a_real_process(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(url + "archive/missing", timeout=30)
         assert info.value.code == 404
+
+
+def test_sample_page_renders_every_field_kind(tmp_path: Path) -> None:
+    """Rewards as dicts, token tensors, numpy arrays, lists and dicts of tensors, no mask,
+    no log-probs, non-finite log-probs, chat prompts with parts: shown, never a 500."""
+    import numpy as np
+
+    odd = {
+        "prompt": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+        "tokens": torch.arange(12, dtype=torch.int64),
+        "response": "ok",
+        "response_length": 4,
+        "reward": {"accuracy": 1.0, "format": float("nan")},
+        "rollout_log_probs": [-0.5, float("-inf"), -0.1, float("nan")],
+        "status": "completed",
+        "rollout_routed_experts": [
+            torch.zeros(5, 2, 2, dtype=torch.int32),
+            torch.ones(6, 2, 2, dtype=torch.int32),
+        ],
+        "multimodal_inputs": {"pixel_values": torch.rand(2, 3, dtype=torch.float16)},
+        "scores": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "metadata": {"when": "now", "nested": {"deep": [1, 2, 3]}},
+    }
+    bare = {"response": "", "status": None, "tokens": [], "response_length": 0}
+    with ArchiveManager.open(tmp_path / "pool", inline_limit=100) as pool:
+        pool.save("odd", [odd, bare], rollout_id=1)
+        client = create_app(pool).test_client()
+        html = get(client, archive_url("odd", "sample", "0")).text
+        assert "accuracy" in html and "int32" in html and "[11, 2, 2]" in html
+        assert "multimodal_inputs.pixel_values" in html and "float16" in html
+        assert "scores" in html and "[2, 3]" in html
+        tokens = html[html.index('id="tokens"') :]
+        # No mask: the four response tokens are neither trained nor untrained.
+        assert tokens[: tokens.index("</div>")].count('class="tok mn"') == 4
+        assert "SYSTEM" in html.upper() and "be brief" in html
+        data = get_json(client, archive_url("odd", "sample", "0") + "?format=json")
+        assert data["fields"]["reward"] == {"accuracy": 1.0, "format": "nan"}
+        assert data["fields"]["rollout_log_probs"] == [-0.5, "-inf", -0.1, "nan"]
+        joined = get_json(
+            client,
+            archive_url("odd", "sample", "0", "tensor", "rollout_routed_experts") + "?format=json",
+        )
+        assert joined["shape"] == [11, 2, 2] and joined["chunks"] == 2 and joined["max"] == 1
+        pixels = get_json(
+            client,
+            archive_url("odd", "sample", "0", "tensor", "multimodal_inputs.pixel_values")
+            + "?format=json",
+        )
+        assert pixels["dtype"] == "float16" and pixels["shape"] == [2, 3]
+        scores = get_json(
+            client, archive_url("odd", "sample", "0", "tensor", "scores") + "?format=json"
+        )
+        assert scores["first"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        empty = get(client, archive_url("odd", "sample", "1")).text
+        assert "empty response" in empty and "no log-probs recorded" in empty
+        assert "no status" in empty and "no tensor fields" in empty
+        assert "no response token ids" in empty
