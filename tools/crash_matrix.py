@@ -51,7 +51,7 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from archive_manager import ArchiveManager, _failpoints
+from archive_manager._names import archive_owner
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -423,6 +424,29 @@ class Databases:
         self._made.append(url)
         return url
 
+    def clone(self, source: str, target: str | None = None) -> str:
+        """A copy of database ``source`` (PostgreSQL's CREATE DATABASE ... TEMPLATE), named
+        as ``target`` (dropped first) or new."""
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        assert self.admin_url is not None
+        name = make_url(target).database if target else f"crash_{uuid.uuid4().hex[:12]}"
+        engine = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                if target:
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                conn.execute(
+                    text(f'CREATE DATABASE "{name}" TEMPLATE "{make_url(source).database}"')
+                )
+        finally:
+            engine.dispose()
+        url = make_url(self.admin_url).set(database=name).render_as_string(hide_password=False)
+        if url not in self._made:
+            self._made.append(url)
+        return url
+
     def drop(self, url: str | None) -> None:
         if url is None or self.admin_url is None:
             return
@@ -471,7 +495,7 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("killed", "raised") and all(
+        return self.outcome in ("killed", "raised", "absorbed") and all(
             v is not False for v in self.checks.values()
         )
 
@@ -517,50 +541,72 @@ def _outcome(status: int) -> str:
     return {0: "completed", 3: "raised", 1: "error"}.get(os.WEXITSTATUS(status), "exit?")
 
 
-@contextlib.contextmanager
-def _fresh(workdir: Path, dbs: Databases) -> Iterator[tuple[Path, str | None]]:
-    root = Path(tempfile.mkdtemp(prefix="row-", dir=workdir)) / "pool"
-    url = dbs.new()
-    try:
-        yield root, url
-    finally:
-        dbs.drop(url)
-        shutil.rmtree(root.parent, ignore_errors=True)
+class Stage:
+    """One scenario's starting pool, set up once and restored before every row.
+
+    The pool is rebuilt in place (same root, same database name) because a catalog is bound
+    to its blob root's path.
+    """
+
+    def __init__(self, scenario: Scenario, workdir: Path, dbs: Databases) -> None:
+        self.scenario = scenario
+        self.dbs = dbs
+        base = Path(tempfile.mkdtemp(prefix=f"{scenario.name}-", dir=workdir))
+        self.saved = base / "template"
+        self.report = base / "child.txt"
+        url = dbs.new()
+        self.world = _setup(base / "pool", url)
+        scenario.prepare(self.world)
+        shutil.copytree(self.world.root, self.saved, symlinks=True)
+        self.saved_url = dbs.clone(url) if url is not None else None
+
+    def restore(self) -> World:
+        shutil.rmtree(self.world.root)
+        shutil.copytree(self.saved, self.world.root, symlinks=True)
+        if self.saved_url is not None:
+            self.dbs.clone(self.saved_url, self.world.url)
+        self.report.unlink(missing_ok=True)
+        if self.world.pointer is not None:
+            shutil.rmtree(self.world.pointer.parent, ignore_errors=True)
+        return self.world
+
+    def close(self) -> None:
+        self.dbs.drop(self.world.url)
+        self.dbs.drop(self.saved_url)
+        shutil.rmtree(self.saved.parent, ignore_errors=True)
 
 
-def probe(scenario: Scenario, workdir: Path, dbs: Databases) -> dict[str, int]:
-    """How often ``scenario`` reaches each failpoint, when nothing fails."""
-    with _fresh(workdir, dbs) as (root, url):
-        world = _setup(root, url)
-        scenario.prepare(world)
-        report = root.parent / "probe.json"
-        spec = ";".join(f"{name}=sleep:0" for name in _failpoints.POINTS)
-        status = _in_child(world, scenario, spec, report)
-        if _outcome(status) != "completed":
-            raise RuntimeError(
-                f"probe of {scenario.name} did not complete ({_outcome(status)}):\n"
-                + (report.read_text() if report.exists() else "")
-            )
-        counts: dict[str, int] = json.loads(report.read_text())
+def probe(stage: Stage) -> dict[str, int]:
+    """How often the stage's operation reaches each failpoint, when nothing fails."""
+    world = stage.restore()
+    spec = ";".join(f"{name}=sleep:0" for name in _failpoints.POINTS)
+    status = _in_child(world, stage.scenario, spec, stage.report)
+    if _outcome(status) != "completed":
+        raise RuntimeError(
+            f"probe of {stage.scenario.name} did not complete ({_outcome(status)}):\n"
+            + (stage.report.read_text() if stage.report.exists() else "")
+        )
+    counts: dict[str, int] = json.loads(stage.report.read_text())
     return {name: n for name, n in counts.items() if n}
 
 
-def run_row(
-    scenario: Scenario, point: str, hit: int, of: int, action: str, workdir: Path, dbs: Databases
-) -> Row:
-    with _fresh(workdir, dbs) as (root, url):
-        world = _setup(root, url)
-        scenario.prepare(world)
-        report = root.parent / "child.txt"
-        status = _in_child(world, scenario, f"{point}={action}@{hit}", report)
-        outcome = _outcome(status)
-        detail = report.read_text()[-2000:] if outcome == "error" and report.exists() else ""
-        try:
-            checks = check(world)
-        except Exception:
-            checks = {"checker": False}
-            detail += traceback.format_exc()[-2000:]
-        return Row(scenario.name, point, hit, of, outcome, checks, detail)
+def run_row(stage: Stage, point: str, hit: int, of: int, action: str) -> Row:
+    """Run the stage's operation in a child armed with ``point=action@hit``; check the pool."""
+    world = stage.restore()
+    report = stage.report
+    status = _in_child(world, stage.scenario, f"{point}={action}@{hit}", report)
+    outcome = _outcome(status)
+    if outcome == "completed" and json.loads(report.read_text()).get(point, 0) >= hit:
+        # The injected error was raised, and the operation's own error path handled it
+        # (e.g. a background write failing while the save already fails for another reason).
+        outcome = "absorbed"
+    detail = report.read_text()[-2000:] if outcome == "error" and report.exists() else ""
+    try:
+        checks = check(world)
+    except Exception:
+        checks = {"checker": False}
+        detail += traceback.format_exc()[-2000:]
+    return Row(stage.scenario.name, point, hit, of, outcome, checks, detail)
 
 
 def _load_fp(pool: ArchiveManager, name: str) -> str:
@@ -640,6 +686,7 @@ def check(world: World) -> dict[str, bool | None]:
 
 
 def _owned_intact(pool: ArchiveManager, world: World, published: set[str]) -> bool:
+    """Owned blobs live and intact; published archives owned by themselves and loadable."""
     a, ab, r, b = archives_table, archive_blobs_table, retention_table, blobs_table
     with pool.catalog.read() as conn:
         owned = conn.execute(
@@ -648,20 +695,32 @@ def _owned_intact(pool: ArchiveManager, world: World, published: set[str]) -> bo
             .join_from(ab, r, r.c.archive_id == ab.c.archive_id)
             .join(b, b.c.digest == ab.c.digest, isouter=True)
         ).all()
-        owned_names = set(
+        self_owned = {
+            name
+            for name, owner in conn.execute(
+                a.select()
+                .with_only_columns(a.c.name, r.c.owner)
+                .join_from(a, r, r.c.archive_id == a.c.id)
+            )
+            if owner == archive_owner(name)
+        }
+        now_published = set(
             conn.execute(
-                a.select().with_only_columns(a.c.name).join_from(a, r, r.c.archive_id == a.c.id)
+                a.select().with_only_columns(a.c.name).where(a.c.state == "published")
             ).scalars()
         )
     for digest, state in owned:
         if state != "live":
             return False
         pool.store.check(digest)
+    # Only a release ends an archive's own ownership, and it also ends publication.
+    if not now_published <= self_owned:
+        return False
     expected = dict(world.intact)
     if world.inflight is not None and world.inflight[0] in published:
         expected[world.inflight[0]] = world.inflight[1]
-    return all(_load_fp(pool, n) == fp for n, fp in expected.items() if n in owned_names) and (
-        set(world.intact) <= owned_names
+    return set(expected) <= now_published and all(
+        _load_fp(pool, n) == fp for n, fp in expected.items()
     )
 
 
@@ -671,20 +730,25 @@ def matrix(
     *,
     only: list[str] | None = None,
     action: str = "kill",
+    first_only: bool = False,
     progress: Callable[[Row], None] | None = None,
 ) -> list[Row]:
     rows: list[Row] = []
     for scenario in SCENARIOS.values():
         if only and scenario.name not in only:
             continue
-        counts = probe(scenario, workdir, dbs)
-        for point in _failpoints.POINTS:
-            n = counts.get(point, 0)
-            for hit in sorted({1, n}) if n else ():
-                row = run_row(scenario, point, hit, n, action, workdir, dbs)
-                rows.append(row)
-                if progress is not None:
-                    progress(row)
+        stage = Stage(scenario, workdir, dbs)
+        try:
+            counts = probe(stage)
+            for point in _failpoints.POINTS:
+                n = counts.get(point, 0)
+                for hit in ([1] if first_only else sorted({1, n})) if n else ():
+                    row = run_row(stage, point, hit, n, action)
+                    rows.append(row)
+                    if progress is not None:
+                        progress(row)
+        finally:
+            stage.close()
     return rows
 
 
@@ -714,6 +778,27 @@ def table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def summary(rows: list[Row]) -> str:
+    """One Markdown line per failpoint: the operations killed there and whether all held."""
+    lines = [
+        "| failpoint | the state a crash there leaves | operations (hits) | rows | invariants |",
+        "|---|---|---|---|---|",
+    ]
+    for point, about in _failpoints.POINTS.items():
+        mine = [r for r in rows if r.point == point]
+        if not mine:
+            lines.append(f"| `{point}` | {about} | not reached | 0 | - |")
+            continue
+        ops: dict[str, list[str]] = {}
+        for r in mine:
+            ops.setdefault(r.scenario, []).append(f"{r.hit}/{r.of}")
+        where = ", ".join(f"{op} ({' '.join(hits)})" for op, hits in ops.items())
+        held = sum(r.ok for r in mine)
+        verdict = "all hold" if held == len(mine) else f"{len(mine) - held} FAIL"
+        lines.append(f"| `{point}` | {about} | {where} | {len(mine)} | {verdict} |")
+    return "\n".join(lines)
+
+
 def uncovered(rows: list[Row]) -> list[str]:
     hit = {row.point for row in rows}
     return [name for name in _failpoints.POINTS if name not in hit]
@@ -724,7 +809,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--action", choices=("kill", "raise"), default="kill")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="repeatable")
     parser.add_argument("--pg-admin-url", help="run every row on a new PostgreSQL database")
+    parser.add_argument(
+        "--pg",
+        action="store_true",
+        help="start a throwaway PostgreSQL server (as the tests do) and use it",
+    )
+    parser.add_argument(
+        "--first-only", action="store_true", help="only the first hit of each point (faster)"
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    parser.add_argument(
+        "--markdown", action="store_true", help="one Markdown line per failpoint (README)"
+    )
     parser.add_argument("--workdir", type=Path, help="where the pools go (default: a temp dir)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print failures' details")
     args = parser.parse_args(argv)
@@ -732,6 +828,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # children are forked: keep the parent free of worker threads
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="crash-matrix-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    server = None
+    if args.pg:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from pgserver import PgServer  # test support, shared with tests/conftest.py
+
+        server = PgServer.start()
+        args.pg_admin_url = server.url()
     dbs = Databases(args.pg_admin_url)
     started = time.perf_counter()
 
@@ -739,9 +842,18 @@ def main(argv: list[str] | None = None) -> int:
         print("." if row.ok else "F", end="", flush=True, file=sys.stderr)
 
     try:
-        rows = matrix(workdir, dbs, only=args.only, action=args.action, progress=tick)
+        rows = matrix(
+            workdir,
+            dbs,
+            only=args.only,
+            action=args.action,
+            first_only=args.first_only,
+            progress=tick,
+        )
     finally:
         dbs.close()
+        if server is not None:
+            server.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     print(file=sys.stderr)
@@ -750,14 +862,14 @@ def main(argv: list[str] | None = None) -> int:
         f"crash matrix: action={args.action}, catalog={backend}, {len(rows)} rows in "
         f"{time.perf_counter() - started:.1f} s\n"
     )
-    print(table(rows))
+    print(summary(rows) if args.markdown else table(rows))
     failed = [row for row in rows if not row.ok]
     missing = uncovered(rows)
     print(
         f"\n{len(rows) - len(failed)}/{len(rows)} rows hold every invariant; "
         f"{len(_failpoints.POINTS) - len(missing)}/{len(_failpoints.POINTS)} failpoints covered"
     )
-    for name in missing:
+    for name in [] if args.only else missing:
         print(f"not reached by any operation: {name}")
     if args.verbose:
         for row in failed:
