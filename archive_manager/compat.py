@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,9 @@ __all__ = ["POINTER_FORMAT", "POINTER_VERSION", "RolloutArchive", "archive_name_
 POINTER_FORMAT = "archive_manager.pointer"
 POINTER_VERSION = 1
 _REQUIRED = ("format", "version", "pool_root", "archive", "manifest_digest")
+#: A pointer holds a few hundred bytes of metadata per sample: 64 MiB is far beyond any
+#: rollout, and a bigger file is not a pointer (nor read whole into memory to find out).
+MAX_POINTER_BYTES = 64 << 20
 
 
 def archive_name_for(path: str | os.PathLike[str]) -> str:
@@ -96,16 +100,32 @@ def _write_pointer(path: Path, content: dict[str, Any]) -> None:
         os.close(dir_fd)
 
 
+def _read_text(path: Path) -> str:
+    # NOTE: opened without blocking and checked to be a regular file of sane size before
+    # reading: a FIFO at the path hung forever, /dev/zero filled memory.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsupportedFormatError(f"{path} is not a pointer file (not a regular file)")
+        if st.st_size > MAX_POINTER_BYTES:
+            raise UnsupportedFormatError(
+                f"{path} is not a pointer file ({st.st_size} bytes; pointer files are at "
+                f"most {MAX_POINTER_BYTES})"
+            )
+        return f.read(MAX_POINTER_BYTES + 1).decode("utf-8")
+
+
 def _read_pointer(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError) as exc:
         raise UnsupportedFormatError(f"cannot read pointer file {path}: {exc}") from exc
     try:
         pointer = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise UnsupportedFormatError(f"{path} is not a pointer file (not JSON: {exc})") from exc
     if not isinstance(pointer, dict):
         raise UnsupportedFormatError(f"{path} is not a pointer file (not a JSON object)")
@@ -113,7 +133,7 @@ def _read_pointer(path: Path) -> dict[str, Any]:
         raise UnsupportedFormatError(
             f"{path} is not an {POINTER_FORMAT} file (format {pointer.get('format')!r})"
         )
-    if pointer.get("version") != POINTER_VERSION:
+    if pointer.get("version") != POINTER_VERSION or type(pointer["version"]) is not int:
         raise UnsupportedFormatError(
             f"{path} is pointer version {pointer.get('version')!r}; this library reads "
             f"version {POINTER_VERSION}"
@@ -121,7 +141,11 @@ def _read_pointer(path: Path) -> dict[str, Any]:
     missing = [k for k in _REQUIRED if k not in pointer]
     if missing:
         raise UnsupportedFormatError(f"pointer file {path} lacks {', '.join(missing)}")
-    if not isinstance(pointer["pool_root"], str) or not isinstance(pointer["archive"], str):
+    if (
+        not isinstance(pointer["pool_root"], str)
+        or "\x00" in pointer["pool_root"]
+        or not isinstance(pointer["archive"], str)
+    ):
         raise UnsupportedFormatError(f"pointer file {path} has a malformed pool_root or archive")
     if not isinstance(pointer.get("catalog_url"), (str, type(None))):
         raise UnsupportedFormatError(f"pointer file {path} has a malformed catalog_url")

@@ -25,7 +25,7 @@ from .catalog import (
     retention_table,
     set_pool_info,
 )
-from .catalog.engine import make_engine
+from .catalog.engine import make_engine, parse_url
 from .catalog.migrate import current_revision, head_revision
 from .catalog.queries import archive_by_name
 from .codec import DEFAULT_INLINE_LIMIT
@@ -178,8 +178,8 @@ class ArchiveManager:
         creating anything."""
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
-        database = make_url(url).database
-        if make_url(url).get_backend_name() == "sqlite" and not (
+        database = parse_url(url).database
+        if parse_url(url).get_backend_name() == "sqlite" and not (
             database and Path(database).is_file()
         ):
             return CatalogStatus(None, head_revision())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -47,6 +48,7 @@ REPLAY_FIELDS = frozenset(
 # bounded so that classes created on the fly cannot grow it without limit.
 _OPAQUE_TYPES: set[type] = {type(None), bool, int, float, str, bytes}
 _MAX_OPAQUE_TYPES = 256
+_MAX_FLOAT_INT = int(sys.float_info.max)  # the largest int a float holds
 _TENSOR_TYPES = (torch.Tensor, TensorRef)
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -61,13 +63,14 @@ def describe_sample(sample: Any) -> dict[str, Any]:
     Returns::
 
         {
-          "index": int | None, "group_index": int | None,
+          "index": int | None, "group_index": int | None,   # ints: None past 64 bits
           "status": str | None,              # the status's string value
           "tokens": int | None,              # len(tokens); None when absent
           "response_length": int | None,
           "loss_mask": int | None,           # lengths; None when absent
           "rollout_log_probs": int | None,
           "reward": int | float | None,      # None unless a finite real number (not bool)
+                                             # within a float's range
           "tensors": {field: {"shape": [int, ...] | None, "dtype": str | None}},
           "lengths": {field: int},           # list-valued REPLAY_FIELDS
         }
@@ -201,10 +204,13 @@ def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
 
 
 def _plain_int(value: Any) -> int | None:
-    if type(value) is int or value is None:
-        return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
+    # NOTE: past 64 bits an int is no index or length anyone can use, and past 4,300 digits
+    # it cannot even be written as JSON (ValueError in the middle of a save): None.
+    if value is None:
+        return None
+    if type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+        value = int(value)
+        return value if -(2**63) <= value < 2**63 else None
     return None
 
 
@@ -238,7 +244,9 @@ def _reward(value: Any) -> int | float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     if isinstance(value, numbers.Integral):
-        return int(value)
+        # An int past a float's range would fail the save (an OverflowError binding the
+        # index column, or a ValueError writing 4,300+ digits as JSON): not a usable reward.
+        return int(value) if abs(int(value)) <= _MAX_FLOAT_INT else None
     number = float(value)
     return number if math.isfinite(number) else None
 

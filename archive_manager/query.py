@@ -112,9 +112,15 @@ class SampleRow:
 def _number(value: object, what: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{what} must be a number")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidInputError(f"{what} is too large for a float") from None
+    if math.isnan(number):
+        raise InvalidInputError(f"{what} must be a number")
+    return number
 
 
 def query_samples(
@@ -187,8 +193,8 @@ def query_samples(
         query = query.where(a.c.state == state)
     query = query.order_by(a.c.rollout_id, a.c.name, e.c.position)
     if limit is not None:
-        if not isinstance(limit, int) or limit < 0:
-            raise InvalidInputError("limit must be an int >= 0")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63:
+            raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
         query = query.limit(limit)
     with pool.catalog.read() as conn:
         return [SampleRow(*row[:2], bool(row[2]), *row[3:]) for row in conn.execute(query)]

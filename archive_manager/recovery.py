@@ -9,13 +9,14 @@ restored as published; external owners such as checkpoints must be retained agai
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from ._digest import is_digest
+from ._digest import check_digest, is_digest
 from ._names import archive_owner, check_archive_name
 from .catalog import (
     archive_blobs_table,
@@ -26,13 +27,15 @@ from .catalog import (
 )
 from .codec import CHUNK_MAGIC, MANIFEST_MAGIC, TENSOR_MAGIC, decode_manifest
 from .errors import ArchiveError
-from .writer import MANIFEST_FORMAT, MANIFEST_VERSION, insert_contents
+from .samples import check_key_text, check_task_key
+from .writer import MANIFEST_FORMAT, MANIFEST_VERSION, check_rollout_id, insert_contents
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
 
 __all__ = ["RebuildReport", "rebuild_catalog"]
 
+_INT32, _INT63 = 2**31, 2**63  # limits of the catalog's INTEGER and BIGINT columns
 _KINDS = {CHUNK_MAGIC: "chunk", TENSOR_MAGIC: "tensor", MANIFEST_MAGIC: "manifest"}
 
 
@@ -103,8 +106,7 @@ def _restore(
     names: set[str],
     now: float,
 ) -> str | None:
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
-        raise ValueError(f"not a version-{MANIFEST_VERSION} archive manifest")
+    manifest = _checked_manifest(manifest)
     name = check_archive_name(manifest["name"])
     if name in names:
         return None
@@ -152,3 +154,64 @@ def _restore(
             )
         )
     return name
+
+
+def _count(value: object, limit: int, what: str) -> int:
+    if type(value) is not int or not 0 <= value < limit:
+        raise ValueError(f"{what} {value!r:.40} is not an int in [0, {limit})")
+    return value
+
+
+def _checked_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` if every field has the shape and range a save writes, else ValueError.
+
+    NOTE: manifests are read back from blob files, which may be damaged or forged; one whose
+    entries were not lists made the insert raise AttributeError and stopped every later
+    rebuild, so everything the catalog will hold is checked before anything is written.
+    """
+    m = manifest
+    if m.get("format") != MANIFEST_FORMAT or type(m.get("version")) is not int:
+        raise ValueError("not an archive manifest")
+    if m["version"] != MANIFEST_VERSION:
+        raise ValueError(f"manifest version {m['version']}; this library reads {MANIFEST_VERSION}")
+    check_archive_name(m.get("name"))
+    check_rollout_id(m.get("rollout_id"))
+    if not isinstance(m.get("evaluation", False), bool):
+        raise ValueError("evaluation is not a bool")
+    if m.get("attrs") is not None and not isinstance(m["attrs"], dict):
+        raise ValueError("attrs is not a JSON object")
+    if m.get("reference") is not None:
+        check_archive_name(m["reference"])
+    created = m.get("created_at")
+    # (an exact comparison: also false for NaN, infinities and ints past any float)
+    if created is not None and not (type(created) in (int, float) and abs(created) < 1e11):
+        raise ValueError(f"created_at {created!r:.40} is not a time")
+    chunks, tensors, entries = m.get("chunks"), m.get("tensors", []), m.get("entries")
+    metadata = m.get("metadata")
+    if not all(isinstance(x, list) for x in (chunks, tensors, entries, metadata)):
+        raise ValueError("chunks, tensors, entries and metadata must be lists")
+    counts = []
+    for chunk in chunks:
+        if not (isinstance(chunk, list) and len(chunk) == 3 and isinstance(chunk[0], str)):
+            raise ValueError(f"chunk {chunk!r:.80} is not [digest, samples, size]")
+        check_digest(chunk[0])
+        counts.append(_count(chunk[1], _INT32, "chunk samples"))
+        _count(chunk[2], _INT63, "chunk size")
+    for digest in tensors:
+        check_digest(digest)
+    if len(entries) != sum(counts) or len(metadata) != len(entries):
+        raise ValueError("entries, metadata and the chunks' sample counts disagree")
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+            raise ValueError(f"entry {entry!r:.80} is not [sample_key, task_key, chunk, offset]")
+        check_key_text(entry[0], "sample key")
+        if entry[1] is not None and not isinstance(entry[1], str):
+            raise ValueError(f"task key {entry[1]!r:.40} is not a str")
+        check_task_key(entry[1])
+        ordinal = _count(entry[2], len(counts), "chunk ordinal")
+        _count(entry[3], counts[ordinal], "offset")
+    if not all(isinstance(d, dict) for d in metadata):
+        raise ValueError("sample metadata must be JSON objects")
+    # NaN and infinities are JSON to Python but not to PostgreSQL's JSON type.
+    json.dumps([m.get("attrs"), metadata], allow_nan=False)
+    return m

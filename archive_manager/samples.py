@@ -360,7 +360,9 @@ def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
         )
         raise UnencodableError(f"cannot store a sample of type {_qualified(cls)}: {hint}")
     if isinstance(obj, Sample):
-        return name, _strip_queue(obj.to_dict())
+        fields = obj.to_dict()
+        _check_status(fields.get("status"))
+        return name, _strip_queue(fields)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -369,6 +371,21 @@ def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
     for key, value in getattr(obj, "__dict__", {}).items():
         fields.setdefault(key, value)
     return name, _strip_queue(fields)
+
+
+def _check_status(status: object) -> None:
+    # NOTE: `Sample.from_dict` turns the stored status back into a `Sample.Status`; a status
+    # it cannot turn back (``status="weird"``) saved fine and made the archive unloadable, so
+    # it is refused when saving.
+    if status is None:
+        return
+    try:
+        Sample.Status(status)
+    except (ValueError, TypeError):
+        valid = ", ".join(repr(s.value) for s in Sample.Status)
+        raise UnencodableError(
+            f"Sample.status {status!r:.80} is not a Sample.Status (nor one of {valid})"
+        ) from None
 
 
 def fields_to_sample(name: str | None, fields: Mapping[str, Any]) -> Any:
@@ -458,7 +475,10 @@ def sample_key(obj_or_fields: Any, position: int) -> str:
     index = _get(obj_or_fields, "index")
     if index is None:
         return f"position:{position}"
-    return f"sample:{index}"
+    try:
+        return f"sample:{index}"
+    except ValueError:  # an int of over 4,300 digits has no str
+        raise InvalidInputError("a sample index is too large to make a sample key") from None
 
 
 MAX_KEY_BYTES = 255
@@ -492,8 +512,12 @@ def check_task_key(task_key: object) -> str | None:
     if task_key is None:
         return None
     if isinstance(task_key, int) and not isinstance(task_key, bool):
-        return str(task_key)
-    if not isinstance(task_key, str):
+        # Checked like any key: a 300-digit int made a key PostgreSQL's column refused.
+        try:
+            task_key = str(task_key)
+        except ValueError:  # over 4,300 digits
+            raise InvalidInputError("a task key int is too large to be a key") from None
+    elif not isinstance(task_key, str):
         raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
     return check_key_text(task_key, "task key")
 
@@ -512,5 +536,8 @@ def task_key_of(obj: Any) -> str | None:
             candidates.append(_get(handle, "task_id"))
     for key in candidates:
         if key is not None:
-            return key if isinstance(key, str) else str(key)
+            try:
+                return key if isinstance(key, str) else str(key)
+            except ValueError:  # an int of over 4,300 digits has no str
+                raise InvalidInputError("a task id is too large to be a task key") from None
     return None

@@ -8,6 +8,7 @@ expired lease, unowned blobs and maybe a pending row, all of which GC clears).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import uuid
 import weakref
@@ -67,6 +68,8 @@ MANIFEST_FORMAT = "archive_manager.manifest"
 MANIFEST_VERSION = 1
 _UNSET: Any = object()
 _STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,16 @@ class _Blob:
 
 
 def check_rollout_id(rollout_id: object) -> int | None:
-    """Rollout ids are ints (or None)."""
-    if rollout_id is None or (isinstance(rollout_id, int) and not isinstance(rollout_id, bool)):
-        return rollout_id
-    raise InvalidInputError(f"rollout_id must be an int or None, not {type(rollout_id).__name__}")
+    """Rollout ids are ints that fit the catalog's 64-bit column (or None)."""
+    if rollout_id is None:
+        return None
+    if not isinstance(rollout_id, int) or isinstance(rollout_id, bool):
+        raise InvalidInputError(
+            f"rollout_id must be an int or None, not {type(rollout_id).__name__}"
+        )
+    if not _INT64_MIN <= rollout_id <= _INT64_MAX:
+        raise InvalidInputError("rollout_id does not fit in 64 bits")
+    return rollout_id
 
 
 class ArchiveWriter:
@@ -532,7 +541,7 @@ def insert_contents(
         sample_metadata_table,
         ("archive_id", "position", "status", "reward", "response_length", "description"),
         [
-            (archive_id, i, _indexed_status(d), d.get("reward"), d.get("response_length"), d)
+            (archive_id, i, _indexed_status(d), _indexed_reward(d), _indexed_length(d), d)
             for i, d in enumerate(metadata)
         ],
     )
@@ -544,6 +553,27 @@ def _indexed_status(description: dict[str, Any]) -> str | None:
     status = description.get("status")
     if isinstance(status, str) and len(status) <= STATUS_LENGTH and "\x00" not in status:
         return status
+    return None
+
+
+def _indexed_reward(description: dict[str, Any]) -> float | None:
+    # A reward the float column cannot hold (an int past 1e308) is left out of the index, and
+    # kept in the description: binding it raised OverflowError in the middle of a save.
+    reward = description.get("reward")
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+        return None
+    try:
+        value = float(reward)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _indexed_length(description: dict[str, Any]) -> int | None:
+    # The column is a 32-bit INTEGER on PostgreSQL: a length past it stays in the description.
+    length = description.get("response_length")
+    if type(length) is int and _INT32_MIN <= length <= _INT32_MAX:
+        return length
     return None
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy.engine.interfaces import ExceptionContext
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 from ..errors import CatalogError, CatalogLockedError, UnsupportedFilesystemError
@@ -53,6 +54,7 @@ __all__ = [
     "filesystem_type",
     "is_network_filesystem",
     "make_engine",
+    "parse_url",
     "read_mount_table",
     "resolve_busy_timeout_ms",
     "sqlite_path",
@@ -212,9 +214,23 @@ def check_local_filesystem(folder: str | os.PathLike[str], mount_table: str | No
 # --- engines ----------------------------------------------------------------------------
 
 
+def parse_url(url: str | URL) -> URL:
+    """``url`` as a SQLAlchemy `URL`; `CatalogError` if it is not one.
+
+    The text is not echoed: an unparsable URL may still hold a password.
+    """
+    try:
+        return make_url(url)
+    except ArgumentError as exc:
+        raise CatalogError(
+            "the catalog URL is not a SQLAlchemy URL (expected e.g. "
+            "sqlite:////abs/path/catalog.db or postgresql+psycopg://user@host/dbname)"
+        ) from exc
+
+
 def sqlite_path(url: str | URL) -> Path | None:
     """The file of a SQLite URL, or None for other databases and in-memory SQLite."""
-    url = make_url(url)
+    url = parse_url(url)
     if url.get_backend_name() != "sqlite":
         return None
     database = url.database
@@ -335,9 +351,10 @@ def make_engine(
 
     Raises:
         UnsupportedFilesystemError: The SQLite file's folder is on a network filesystem.
-        CatalogError: The URL is an in-memory SQLite database, or its driver is missing.
+        CatalogError: The URL is malformed, an in-memory SQLite database, or its driver is
+            missing.
     """
-    url = make_url(url)
+    url = parse_url(url)
     backend = url.get_backend_name()
     if backend == "postgresql":
         return _make_postgresql_engine(url, resolve_busy_timeout_ms(busy_timeout_ms))
@@ -413,6 +430,11 @@ def _create_engine(url: URL, **kwargs: Any) -> Engine:
         raise CatalogError(
             f"the catalog URL {url.render_as_string(hide_password=True)} needs the Python "
             f"module {exc.name!r}, which is not installed: {extra}"
+        ) from exc
+    except NoSuchModuleError as exc:
+        raise CatalogError(
+            f"the catalog URL {url.render_as_string(hide_password=True)} names a database or "
+            f"driver SQLAlchemy does not know ({exc})"
         ) from exc
 
 
