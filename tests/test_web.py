@@ -470,6 +470,9 @@ def test_static_files_ship_in_the_package(client: Any) -> None:
     assert "tensor-load" in get(client, "/static/viewer.js").text
     html = get(client, "/").text
     assert "http://" not in html.split("<main>")[0] and "https://" not in html  # no CDN
+    # No request becomes a path outside the package's static folder.
+    for url in ("/static/../app.py", "/static/..%2Fapp.py", "/static/%2e%2e/%2e%2e/catalog.db"):
+        assert client.get(url).status_code == 404, url
 
 
 # --------------------------------------------------------------------------- pure helpers
