@@ -51,6 +51,7 @@ POINTS: dict[str, str] = {
     **_commit("save.ownership", "save step 4, archive pending with its rows and owner"),
     **_commit("save.publish", "save step 5, archive published"),
     "save.rollback.after_unlink": "a failed save's own blob unlinked, its row not yet deleted",
+    **_commit("save.rollback", "a failed save's rollback: lease and its own blobs' rows dropped"),
     "pointer.before_link": "a pointer file's temp written and fsynced, not yet linked",
     # retention
     **_commit("retain", "retain: an extra owner's row"),

@@ -481,7 +481,7 @@ class ArchiveWriter:
         """Drop the lease; delete the blobs this save created that nothing else holds."""
         store = self._pool.store
         try:
-            with self._pool.catalog.write() as conn:
+            with self._pool.catalog.write("save.rollback") as conn:
                 pending = conn.execute(
                     select(archives_table.c.id).where(
                         archives_table.c.lease_owner == self._lease,
