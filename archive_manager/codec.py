@@ -529,8 +529,8 @@ class _Encoder:
 # (little-endian); version 2 never writes back-references, so every item has a fixed size.
 _MARSHAL_VERSION = 2
 _MARSHAL_LIST_HEAD = 5  # b"[" + u32 count
-_MARSHAL_INT = ord("i")
-_MARSHAL_FLOAT = ord("g")
+_INT_CODES = b"i"
+_FLOAT_CODES = b"g"
 
 
 def _marshalled_numbers(value: list) -> tuple[str, bytes, bool] | None:
@@ -549,30 +549,37 @@ def _marshalled_numbers(value: list) -> tuple[str, bytes, bool] | None:
     except ValueError:  # an object marshal refuses (any non-builtin type), or a cycle
         return None
     n = len(value)
-    if len(data) == _MARSHAL_LIST_HEAD + 5 * n:
-        items = np.frombuffer(data, np.uint8, offset=_MARSHAL_LIST_HEAD).reshape(n, 5)
+    head = _MARSHAL_LIST_HEAD
+    # NOTE: bytes slicing, not numpy, for the type codes and the byte planes: a few C calls
+    # per list instead of a dozen numpy calls, whose overhead dominated for a few thousand items.
+    if len(data) == head + 5 * n:
         # Aligned by induction: item 0 starts right after the head, and an b"i" item is 5 bytes.
-        if not (items[:, 0] == _MARSHAL_INT).all():
+        if data[head::5] != _INT_CODES * n:
             return None
-        ints = np.ndarray((n,), "<i4", data, _MARSHAL_LIST_HEAD + 1, (5,))
-        narrow = _narrow_ints_dtype(ints)
+        narrow = _narrow_ints_dtype(np.ndarray((n,), "<i4", data, head + 1, (5,)))
         width = narrow.itemsize
-        if width == 1:
-            return narrow.name, items[:, 1].tobytes(), False
-        # Little-endian two's complement: the low bytes of an int32 are the narrowed value.
-        return narrow.name, items[:, 1 : 1 + width].T.tobytes(), True
-    if len(data) == _MARSHAL_LIST_HEAD + 9 * n:
-        items = np.frombuffer(data, np.uint8, offset=_MARSHAL_LIST_HEAD).reshape(n, 9)
-        if not (items[:, 0] == _MARSHAL_FLOAT).all():
+        name = _NARROW_NAMES[narrow]  # dtype.name is computed in Python on every access
+        # Little-endian two's complement: the low bytes of an int32 are the narrowed value;
+        # byte plane j of the shuffled layout is byte j of every item.
+        planes = [data[head + 1 + j :: 5] for j in range(width)]
+        return name, b"".join(planes), width > 1
+    if len(data) == head + 9 * n:
+        if data[head::9] != _FLOAT_CODES * n:
             return None
-        bits = np.ndarray((n,), "<i8", data, _MARSHAL_LIST_HEAD + 1, (9,))
+        bits = np.ndarray((n,), "<i8", data, head + 1, (9,))
         with np.errstate(over="ignore", invalid="ignore"):
             narrow = bits.view("<f8").astype(np.float32)
         # Bit-exact, as in `_Encoder._list`: nan payloads, -0.0 and inf must all come back.
-        if np.array_equal(narrow.astype(np.float64).view(np.int64), bits):
-            return "float32", narrow.view(np.uint8).reshape(n, 4).T.tobytes(), True
-        return "float64", items[:, 1:].T.tobytes(), True
+        if (narrow.astype(np.float64).view(np.int64) == bits).all():
+            packed, width, step, first = narrow.tobytes(), 4, 4, 0
+        else:
+            packed, width, step, first = data, 8, 9, head + 1
+        planes = [packed[first + j :: step] for j in range(width)]
+        return ("float32" if width == 4 else "float64"), b"".join(planes), True
     return None
+
+
+_NARROW_NAMES = {dt: dt.name for dt, _, _ in _INT_NARROWING}
 
 
 def _narrow_ints_dtype(ints: np.ndarray) -> np.dtype:
