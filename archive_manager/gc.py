@@ -46,7 +46,12 @@ if TYPE_CHECKING:
 
     from .manager import ArchiveManager
 
-__all__ = ["GcReport", "collect", "plan_orphans"]
+__all__ = ["UNINDEXED_BLOBS", "GcReport", "collect", "plan_orphans"]
+
+UNINDEXED_BLOBS = "unindexed_blobs"
+"""``pool_info`` key set when a catalog was created over a blob root that already held blobs
+(a lost or emptied catalog, a new database): GC refuses to run until `rebuild_catalog` has
+indexed them, or it would delete every one of them as an orphan."""
 
 _BATCH = 500
 # Temp files are young while their writer lives; a writer that has not renamed its temp file
@@ -219,6 +224,13 @@ def collect(
     now = pool.clock()
     cutoff = now - grace
     report = GcReport(dry_run=dry_run)
+    if catalog.get_pool_info(UNINDEXED_BLOBS) is not None:
+        raise GcAbortedError(
+            "gc stopped before deleting anything: this catalog was created over a blob root "
+            "that already held blobs (was the catalog lost, emptied or replaced?), so it "
+            "would take them all for orphans; run rebuild_catalog ('archive-manager "
+            "rebuild-catalog') first"
+        )
     try:
         files = list(store.iter_stat())
         temps = store.temp_files()

@@ -36,7 +36,7 @@ from .errors import (
     InvalidInputError,
     PoolNotFoundError,
 )
-from .gc import GcReport, collect
+from .gc import UNINDEXED_BLOBS, GcReport, collect
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
@@ -241,6 +241,12 @@ class ArchiveManager:
             ArchiveExistsError: the name is taken (nothing is written).
             InvalidNameError, InvalidInputError, UnencodableError: bad input (the pool is left
                 as it was).
+            OSError: a blob could not be written (ENOSPC, EROFS, EACCES, EIO, ...), raised
+                unchanged; the save is rolled back and the pool left as it was.
+            CatalogLockedError, CatalogError: the catalog stayed locked past the busy
+                timeout, or could not be written (a full disk); if the catalog was
+                unreachable even to roll back, the save's lease expires and GC clears
+                what it wrote.
         """
         if reference is not None:
             if samples is not None:
@@ -283,6 +289,8 @@ class ArchiveManager:
 
         Memory stays bounded (one chunk being built, one being written); the archive is
         published on a clean exit of the ``with`` block and rolled back on an exception.
+        Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
+        at the end of the block).
         """
         return ArchiveWriter(self, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
 
@@ -436,7 +444,8 @@ class ArchiveManager:
 
         Raises:
             GcAbortedError: a listing or I/O error, or an inconsistent catalog, stopped it
-                before it deleted anything.
+                before it deleted anything; also while the catalog was created over blobs
+                it does not index (a lost catalog), until `rebuild_catalog` ran.
         """
         seconds = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
         if seconds < 0:
@@ -462,7 +471,9 @@ class ArchiveManager:
 
         Every blob file is indexed; every archive whose manifest and blobs are intact comes
         back published and retained by its own owner (manifests do not record releases or
-        external owners).  Archives already in the catalog are left alone.
+        external owners).  Archives already in the catalog are left alone.  A manifest that
+        is damaged or forged is skipped with its reason (``report.skipped``).  A complete run
+        lets GC work again on a catalog created over existing blobs.
         """
         return rebuild_catalog(self)
 
@@ -499,6 +510,11 @@ def _bind_root(catalog: Catalog, root: Path, *, explicit_url: bool) -> None:
             recorded = get_pool_info(conn, "blob_root")
             if recorded is None:
                 set_pool_info(conn, "blob_root", str(root))
+                if next(iter(BlobStore(root)), None) is not None:
+                    # A new catalog over blobs it does not index: the old catalog was lost
+                    # (deleted, emptied) or another database was named.  GC would take every
+                    # blob for an orphan; it refuses until rebuild_catalog clears this.
+                    set_pool_info(conn, UNINDEXED_BLOBS, "1")
                 return
     if recorded != str(root):
         if not explicit_url and not Path(recorded).exists():

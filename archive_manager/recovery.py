@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from ._digest import check_digest, is_digest
 from ._names import archive_owner, check_archive_name
@@ -23,10 +23,12 @@ from .catalog import (
     archives_table,
     blobs_table,
     insert_rows,
+    pool_info_table,
     retention_table,
 )
 from .codec import CHUNK_MAGIC, MANIFEST_MAGIC, TENSOR_MAGIC, decode_manifest
 from .errors import ArchiveError
+from .gc import UNINDEXED_BLOBS
 from .samples import check_key_text, check_task_key
 from .writer import MANIFEST_FORMAT, MANIFEST_VERSION, check_rollout_id, insert_contents
 
@@ -92,6 +94,9 @@ def rebuild_catalog(pool: ArchiveManager) -> RebuildReport:
         if name is not None:
             report.archives.append(name)
             names.add(name)
+    # Only now, every archive restored: a rebuild that died half-way leaves GC refusing.
+    with pool.catalog.write() as conn:
+        conn.execute(delete(pool_info_table).where(pool_info_table.c.key == UNINDEXED_BLOBS))
     report.archives.sort()
     report.duration = time.perf_counter() - started
     return report

@@ -98,7 +98,9 @@ _LOCAL_FUSE = frozenset({"fuse.fuse-overlayfs"})
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 _SQLITE_READONLY = 8
+_SQLITE_IOERR = 10
 _SQLITE_CORRUPT = 11
+_SQLITE_FULL = 13
 _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
 _CORRUPT_MESSAGES = ("file is not a database", "database disk image is malformed")
@@ -300,6 +302,16 @@ def _translate_sqlite_error(
         return CatalogError(
             f"the catalog file {database} is not a usable SQLite database ({message}): it is "
             "truncated or corrupt; restore it from a backup or rebuild it from the manifests"
+        )
+    if code == _SQLITE_FULL or "database or disk is full" in message:
+        return CatalogError(
+            f"the catalog file {database} cannot grow: the disk (or a quota) is full "
+            f"({message}); nothing was committed, free some space and retry"
+        )
+    if code == _SQLITE_IOERR or "disk I/O error" in message:
+        return CatalogError(
+            f"the catalog file {database} could not be read or written: {message}; nothing "
+            "was committed (check the disk and its free space)"
         )
     if code == _SQLITE_READONLY or "readonly database" in message:
         return CatalogError(
