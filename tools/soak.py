@@ -311,7 +311,8 @@ class Worker:
         name = self._pick()
         if name is None:
             return
-        owner = f"checkpoint:w{self.index}-{self.rng.randrange(1_000_000)}"
+        self._seq += 1
+        owner = f"checkpoint:w{self.index}-{self._seq}"  # unique: it retains one archive
         try:
             self.pool.retain(owner, name)
         except ArchiveReleasedError:
