@@ -119,7 +119,7 @@ WORKLOADS = {
                 "response_min": 64,
                 "response_max": 128,
                 "r3_layers": 48,
-            },  # fmt: skip
+            },
         ),
     )
 }
