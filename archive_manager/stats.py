@@ -43,6 +43,7 @@ __all__ = [
     "RolloutStats",
     "SampleSummary",
     "StatsCache",
+    "archive_filters",
     "archive_summary",
     "build_stats",
     "check_plot_path",
@@ -333,11 +334,15 @@ class StatsCache:
         return len(self._entries)
 
 
-def _filters(
-    rollout_ids: RolloutRange | None, evaluation: bool | None
+def archive_filters(
+    rollout_ids: RolloutRange | None,
+    evaluation: bool | None,
+    states: Sequence[str] = COUNTED_STATES,
 ) -> list[ColumnElement[bool]]:
+    """WHERE clauses on ``archives``: state in ``states``, rollout id in the (inclusive)
+    bounds, the evaluation flag."""
     a = archives_table
-    where: list[ColumnElement[bool]] = [a.c.state.in_(COUNTED_STATES)]
+    where: list[ColumnElement[bool]] = [a.c.state.in_(list(states))]
     if rollout_ids is not None:
         low, high = rollout_ids
         if low is not None:
@@ -422,7 +427,7 @@ def rollout_stats(
     a = archives_table
     archive_query = select(
         a.c.id, a.c.manifest_digest, a.c.rollout_id, a.c.evaluation, a.c.state, a.c.bytes
-    ).where(*_filters(bounds, evaluation))
+    ).where(*archive_filters(bounds, evaluation))
     with pool.catalog.read() as conn:
         groups = _by_group(conn.execute(archive_query).all())
         members = {key: frozenset((r[0], r[1]) for r in rows) for key, rows in groups.items()}

@@ -22,7 +22,7 @@ from ..catalog import (
 )
 from ..catalog.queries import archive_by_name
 from ..errors import ArchiveNotFoundError
-from ..stats import COUNTED_STATES, RolloutRange
+from ..stats import COUNTED_STATES, RolloutRange, archive_filters
 
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
@@ -62,15 +62,7 @@ def archive_page(
 ) -> ArchivePage:
     """Archives in ``states`` matching the filters, one page of them, with owners."""
     a, r, c = archives_table, retention_table, chunks_table
-    where: list[ColumnElement[bool]] = [a.c.state.in_(list(states))]
-    if rollout_ids is not None:
-        low, high = rollout_ids
-        if low is not None:
-            where.append(a.c.rollout_id >= low)
-        if high is not None:
-            where.append(a.c.rollout_id <= high)
-    if evaluation is not None:
-        where.append(a.c.evaluation == evaluation)
+    where = archive_filters(rollout_ids, evaluation, states)
     with pool.catalog.read() as conn:
         total = int(conn.execute(select(func.count()).select_from(a).where(*where)).scalar_one())
         rows = conn.execute(
