@@ -124,7 +124,8 @@ class RolloutStats:
         return {s: n / self.samples for s, n in self.status} if self.samples else {}
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly view (shares included)."""
+        """A JSON-friendly view (shares included).  A mean that overflowed a float (rewards
+        near 1e308 add up to infinity) is None: strict JSON has no infinity."""
         return {
             "rollout_id": self.rollout_id,
             "evaluation": self.evaluation,
@@ -148,8 +149,19 @@ def check_rollout_range(rollout_ids: object) -> RolloutRange | None:
     """Normalize a rollout-id filter: None, an int, a ``range`` (step 1) or ``(low, high)``.
 
     Raises:
-        InvalidInputError: anything else, a range with another step, or low > high.
+        InvalidInputError: anything else, a range with another step, low > high, or an end
+            outside the 64-bit rollout ids the catalog holds.
     """
+    bounds = _check_rollout_range(rollout_ids)
+    for end in bounds or ():
+        if end is not None and not -(2**63) <= end < 2**63:
+            raise InvalidInputError(
+                f"rollout id {end} is out of range: rollout ids are 64-bit signed ints"
+            )
+    return bounds
+
+
+def _check_rollout_range(rollout_ids: object) -> RolloutRange | None:
     if rollout_ids is None:
         return None
     if isinstance(rollout_ids, bool):
@@ -226,12 +238,23 @@ def summarize_samples(
     return SampleSummary(
         status=tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
         rewarded=rewarded,
-        reward_mean=reward_sum / rewarded if rewarded else None,
+        reward_mean=_mean(reward_sum, rewarded, reward_values),
         reward_p50=nearest_rank(reward_values, 0.5),
         reward_p90=nearest_rank(reward_values, 0.9),
-        length_mean=length_sum / measured if measured else None,
+        length_mean=_mean(length_sum, measured, length_values),
         length_p90=nearest_rank(length_values, 0.9),
     )
+
+
+def _mean(total: float, count: int, values: list[float]) -> float | None:
+    """``total / count``; when the SQL sum overflowed (rewards near 1e308), the mean is taken
+    term by term from the values instead, which stays finite whenever the mean is."""
+    if not count:
+        return None
+    if math.isfinite(total):
+        return total / count
+    mean = math.fsum(v / len(values) for v in values) if values else math.nan
+    return mean if math.isfinite(mean) else None
 
 
 def _group_key(rollout_id: int | None, evaluation: Any) -> _Group:

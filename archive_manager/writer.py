@@ -98,7 +98,8 @@ class ArchiveWriter:
 
     Use it through `ArchiveManager.writer` as a context manager: a clean exit publishes, an
     exception rolls back (the lease is dropped and the blobs only this save wrote are
-    removed).  At most one chunk is being encoded and one being written at any time.
+    removed).  Memory stays bounded: at most one chunk is being built, one compressed and
+    one stored (``_STORES_IN_FLIGHT`` queued for the I/O thread) at any time.
     """
 
     def __init__(

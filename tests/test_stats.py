@@ -124,7 +124,11 @@ def test_check_rollout_range_accepts(given: object, expected: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "given", [True, range(5, 5), range(0, 10, 2), (5, 1), (1.5, 2), "1..2", [1, 2], (1, 2, 3)]
+    "given",
+    [
+        *(True, range(5, 5), range(0, 10, 2), (5, 1), (1.5, 2), "1..2", [1, 2], (1, 2, 3)),
+        *(2**63, -(2**63) - 1, (0, 2**70), (-(2**70), None), range(2**63, 2**63 + 1)),
+    ],
 )
 def test_check_rollout_range_refuses(given: object) -> None:
     with pytest.raises(InvalidInputError):
@@ -347,3 +351,25 @@ def test_cli_stats_plot_without_matplotlib_says_how_to_install(
     assert not (tmp_path / "x.png").exists()
     with pytest.raises(MissingDependencyError), ArchiveManager.open(root) as pool:
         plot_stats(pool.stats(), tmp_path / "y.png")
+
+
+def test_rollout_ids_beyond_64_bits_are_refused_everywhere(tmp_path: Path) -> None:
+    root = _cli_pool(tmp_path)
+    with ArchiveManager.open(root) as pool, pytest.raises(InvalidInputError, match="64-bit"):
+        pool.stats(2**70)
+    result = _run(root, "--rollout-id", str(2**70))
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output and "64-bit" in result.output
+
+
+def test_rewards_near_the_float_limit_give_a_finite_mean(pool: ArchiveManager) -> None:
+    """Their SQL sum overflows (PostgreSQL refuses, SQLite says inf); the mean does not."""
+    for name, reward in (("a", 1.7e308), ("b", 1.7e308), ("c", -1.0e308)):
+        samples = tiny_rollout(2, rollout_id=1)
+        for sample in samples:
+            sample.reward = reward
+        pool.save(name, samples, rollout_id=1)
+    (row,) = pool.stats()
+    assert row.reward_mean is not None and math.isfinite(row.reward_mean)
+    assert row.reward_mean == pytest.approx(1.7e308 / 6 * 4 - 1.0e308 / 3)  # 4 + 2 samples
+    json.dumps(row.as_dict(), allow_nan=False)
