@@ -287,8 +287,9 @@ class ArchiveManager:
     ) -> ArchiveWriter:
         """A streaming writer: ``with pool.writer(...) as w: w.add(sample, task_key=...)``.
 
-        Memory stays bounded (one chunk being built, at most two compressed or being stored); the archive is
-        published on a clean exit of the ``with`` block and rolled back on an exception.
+        Memory stays bounded (one chunk being built, at most two compressed or being
+        stored); the archive is published on a clean exit of the ``with`` block and rolled
+        back on an exception.
         Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
         at the end of the block).
         """
