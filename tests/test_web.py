@@ -713,3 +713,120 @@ def test_sample_page_renders_every_field_kind(tmp_path: Path) -> None:
         assert "empty response" in empty and "no log-probs recorded" in empty
         assert "no status" in empty and "no tensor fields" in empty
         assert "no response token ids" in empty
+
+
+# --------------------------------------------------------------------------- review fixes
+
+#: Query keys that are `url_for`'s own arguments or the views' path arguments.
+FOREIGN_QUERY = "name=x&endpoint=x&_anchor=x&_external=1&_scheme=javascript&position=7&field=y"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/stats", archive_url("train-1"), archive_url("train-1", "sample", "0")],
+)
+def test_links_keep_only_the_viewers_own_query_parameters(client: Any, path: str) -> None:
+    """Any query key once went into `url_for`: ``?name=x`` or ``?_external=1`` made every
+    page with a pager or a JSON link a 500.  Links carry only the parameters pages read."""
+    html = get(client, f"{path}?{FOREIGN_QUERY}&per_page=2&tokens=some").text
+    links = [urllib.parse.unquote(h) for h in re.findall(r'href="([^"]*)"', html)]
+    own = [h for h in links if "format=json" in h or "page=" in h]
+    assert own, "the page has a JSON link"
+    for link in own:
+        assert link.startswith("/") and "#" not in link and "javascript" not in link
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)
+        assert not set(query) & {
+            "name",
+            "endpoint",
+            "_anchor",
+            "_external",
+            "_scheme",
+            "position",
+            "field",
+        }
+        assert query.get("per_page") == ["2"]  # the viewer's own parameters are kept
+    json_link = next(h for h in own if "format=json" in h)
+    assert urllib.parse.urlsplit(json_link).path == urllib.parse.unquote(path)
+
+
+def test_huge_finite_rewards_draw_the_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewards of +-1.7e308 overflow the reward mean and the charts' span: the pages and
+    their JSON still answer, and the JSON builds no chart."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", [{"reward": 1.7e308}, {"reward": 1.7e308}], rollout_id=1)
+        pool.save("b", [{"reward": -1.7e308}], rollout_id=2)
+        client = create_app(pool).test_client()
+        for url in ("/", "/stats"):
+            html = get(client, url).text
+            assert "Reward by rollout" in html and "1.7e+308" in html
+        reward = drift_charts(pool.stats())[0]
+        assert reward.empty is None and reward.y_ticks and reward.lines[0].segments
+
+        def no_charts(rows: Any) -> Any:
+            raise AssertionError("a JSON response built the charts")
+
+        monkeypatch.setattr("archive_manager.web.app.drift_charts", no_charts)
+        assert get_json(client, "/?format=json")["total"] == 2
+        assert len(get_json(client, "/stats?format=json")) == 2
+
+
+def test_charts_cope_with_the_largest_floats() -> None:
+    top = sys.float_info.max
+    ticks = nice_ticks(-1.7e308, 1.7e308)
+    assert ticks and all(-1.7e308 <= t <= 1.7e308 for t in ticks) and 0.0 in ticks
+    assert nice_ticks(0.9 * top, top, 4)  # ends (once it never did: high + step overflowed)
+    assert nice_ticks(float("-inf"), 1.0) == []
+    for ys in ([top, top], [-top, top], [top, None, float("inf"), -top], [5e-324, 5e-324]):
+        chart = line_chart("t", [Series("a", [1.0, 1.0, 2.0, 3.0][: len(ys)], ys)])
+        assert chart.empty is None and chart.y_ticks, ys
+        for dot in chart.lines[0].dots:
+            assert chart.left <= dot.x <= chart.right and chart.top <= dot.y <= chart.bottom
+    chart = logprob_chart([1e308, 1e308, -1e308] * 500, None)
+    assert chart.empty is None and chart.y_ticks
+    wide = line_chart("t", [Series("a", [2.0**63, 2.0**63], [1.0, 2.0])])
+    assert wide.x_ticks and wide.lines[0].segments
+
+
+def test_sample_fields_that_cannot_be_drawn_are_named_not_a_500(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokens with a NaN, a mask with a string, complex log-probs (all accepted by a save)
+    are listed as not shown, with the reason; tokens and a mask stored as tensor blobs say
+    so, with the on-demand summary link, and the page reads no blob."""
+    samples = [
+        {"tokens": torch.tensor([1.0, float("nan"), 3.0]), "response_length": 2},
+        {"tokens": [1, 2, 3], "loss_mask": [1, "x"], "response_length": 2},
+        {"tokens": [1, 2, 3], "rollout_log_probs": torch.tensor([1 + 2j, 3j])},
+        {
+            "tokens": torch.arange(100),
+            "loss_mask": torch.ones(50, dtype=torch.int64),
+            "response_length": 50,
+            "response": "fine",
+        },
+    ]
+    with ArchiveManager.open(tmp_path / "pool", inline_limit=64) as pool:
+        pool.save("a", samples, rollout_id=1)
+        client = create_app(pool).test_client()
+        expected = [
+            ("tokens", "item 1 is nan, not a whole number"),
+            ("loss_mask", "item 1 is &#39;x&#39;, not a whole number"),
+            ("rollout_log_probs", "its dtype is complex64"),
+        ]
+        for position, (field, reason) in enumerate(expected):
+            html = get(client, archive_url("a", "sample", str(position))).text
+            assert f'<span class="mono">{field}</span> not shown: {reason}' in html
+            get_json(client, archive_url("a", "sample", str(position)) + "?format=json")
+        assert "loss mask not shown: item 1" in get(client, archive_url("a", "sample", "1")).text
+        reads = BlobReads(pool, monkeypatch)
+        reads.reset()
+        html = get(client, archive_url("a", "sample", "3")).text
+        assert reads.open == []  # no tensor blob read for the page
+        assert "no loss mask" not in html
+        assert "loss mask not shown: stored as a tensor blob (int64[50])" in html
+        for field in ("tokens", "loss_mask"):
+            link = archive_url("a", "sample", "3", "tensor", field)
+            assert f'<span class="mono">{field}</span> not shown: stored as a tensor blob' in html
+            assert f'class="tensor-load" href="{link}"' in html
+        assert 'id="response">fine' in html

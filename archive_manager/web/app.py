@@ -166,10 +166,17 @@ def _pool() -> ArchiveManager:
     return pool
 
 
-def _respond(template: str, data: Callable[[], Any], **context: Any) -> Any:
+def _respond(
+    template: str,
+    data: Callable[[], Any],
+    html_only: Callable[[], dict[str, Any]] | None = None,
+    **context: Any,
+) -> Any:
+    """The JSON of ``data()`` or the page; ``html_only()`` adds context only the page needs
+    (the charts), so a JSON request never builds it."""
     if _wants_json():
         return jsonify(jsonable(data()))
-    return render_template(template, **context)
+    return render_template(template, **context, **(html_only() if html_only else {}))
 
 
 # --------------------------------------------------------------------------- pages
@@ -211,10 +218,10 @@ def pool_page() -> Any:
             ],
             "stats": [r.as_dict() for r in rows],
         },
+        lambda: {"charts": drift_charts(rows)},
         summary=summary,
         listing=listing,
         stats=rows,
-        charts=drift_charts(rows),
         page=page,
         pages=_pages(listing.total, per_page),
         per_page=per_page,
@@ -228,7 +235,10 @@ def stats_page() -> Any:
     _wants_json()
     rows = _pool().stats(_rollout_range(), _evaluation())
     return _respond(
-        "stats.html", lambda: [r.as_dict() for r in rows], stats=rows, charts=drift_charts(rows)
+        "stats.html",
+        lambda: [r.as_dict() for r in rows],
+        lambda: {"charts": drift_charts(rows)},
+        stats=rows,
     )
 
 
@@ -384,10 +394,38 @@ def _secure(response: Any) -> Any:
 # --------------------------------------------------------------------------- app
 
 
+#: The query parameters the pages read; links keep these and drop anything else, so a
+#: request key can never reach `url_for` as one of its own arguments (``endpoint``,
+#: ``_external``, ``_anchor`` ...) or a view's path argument (``name``, ``position``).
+_QUERY_PARAMETERS = frozenset(
+    {
+        "format",
+        "state",
+        "rollout_id",
+        "evaluation",
+        "page",
+        "per_page",
+        "status",
+        "task_key",
+        "sample_key",
+        "min_reward",
+        "max_reward",
+        "min_length",
+        "max_length",
+        "sort",
+        "order",
+        "tokens",
+    }
+)
+
+
 def _query_url(**changes: Any) -> str:
-    """The current page's URL with some query parameters changed (None drops one)."""
-    args = request.args.to_dict(flat=False)
+    """The current page's URL with some query parameters changed (None drops one); only the
+    viewer's own parameters are carried over."""
+    args = {k: v for k, v in request.args.to_dict(flat=False).items() if k in _QUERY_PARAMETERS}
     for key, value in changes.items():
+        if key not in _QUERY_PARAMETERS:
+            raise ValueError(f"query_url: {key!r} is not a query parameter of the viewer")
         if value is None:
             args.pop(key, None)
         else:

@@ -7,6 +7,7 @@ autoescaping like any other text, and the pages need no script and no network.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +31,7 @@ __all__ = [
 MAX_POINTS = 600
 #: Lines with at most this many points also get a dot (with a tooltip) per point.
 MAX_DOTS = 120
+_LARGEST = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,13 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     if high <= low:
         return [low]
     span = high - low
-    magnitude = 10 ** math.floor(math.log10(span / max(1, count)))
+    if not math.isfinite(span):
+        # Both ends are finite but the span is not (e.g. -1.7e308 .. 1.7e308): tick the
+        # halved range, whose span is finite, and double the ticks back.
+        return [min(max(2 * v, low), high) for v in nice_ticks(low / 2, high / 2, count)]
+    magnitude = 10.0 ** math.floor(math.log10(span / max(1, count)))
+    if magnitude == 0:  # a span within a few subnormals of zero: no round steps
+        return [low, high]
     # The round step whose number of intervals is closest to ``count``.
     step = min(
         (m * magnitude for m in (1, 2, 2.5, 5, 10)),
@@ -116,7 +124,9 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     first = math.ceil(low / step - 1e-9) * step
     ticks = []
     value = first
-    while value <= high + step * 1e-9:
+    # ``value - high``, not ``high + step * 1e-9``: near the largest float the latter is
+    # infinite and the loop would never end.  The count cap is a second guard.
+    while value - high <= step * 1e-9 and len(ticks) <= 4 * count:
         ticks.append(0.0 if abs(value) < step * 1e-9 else value)
         value += step
     return ticks
@@ -130,6 +140,22 @@ def _label(value: float) -> str:
 
 def _finite(values: Sequence[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _share(value: float, low: float, high: float) -> float:
+    """Where ``value`` lies between ``low`` and ``high`` (0 to 1), for any finite floats:
+    computed on halves, so a span wider than the largest float does not overflow."""
+    return (value / 2 - low / 2) / (high / 2 - low / 2)
+
+
+def _widen(low: float, high: float, pad: float) -> tuple[float, float]:
+    """``low - pad .. high + pad``, kept within the finite floats."""
+    return max(low - pad, -_LARGEST), min(high + pad, _LARGEST)
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean of finite ``values`` without overflowing on huge ones."""
+    return sum(v / len(values) for v in values)
 
 
 def line_chart(
@@ -159,17 +185,16 @@ def line_chart(
         x_lo, x_hi = min(x_lo, start), max(x_hi, end)
     y_lo, y_hi = y_range if y_range is not None else (min(ys), max(ys))
     if y_hi - y_lo < 1e-12:
-        pad = abs(y_hi) * 0.1 or 1.0
-        y_lo, y_hi = y_lo - pad, y_hi + pad
+        y_lo, y_hi = _widen(y_lo, y_hi, abs(y_hi) * 0.1 if abs(y_hi) > 1e-300 else 1.0)
     if x_hi - x_lo < 1e-12:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
+        x_lo, x_hi = _widen(x_lo, x_hi, max(1.0, abs(x_hi) * 1e-9))
 
     def sx(x: float) -> float:
-        return round(left + (x - x_lo) / (x_hi - x_lo) * (right - left), 1)
+        return round(left + _share(x, x_lo, x_hi) * (right - left), 1)
 
     def sy(y: float) -> float:
         y = min(max(y, y_lo), y_hi)
-        return round(bottom - (y - y_lo) / (y_hi - y_lo) * (bottom - top), 1)
+        return round(bottom - _share(y, y_lo, y_hi) * (bottom - top), 1)
 
     lines = []
     for s in series:
@@ -285,7 +310,7 @@ def logprob_chart(log_probs: Sequence[float], loss_mask: Sequence[int] | None) -
     for start in range(0, n, bucket):
         part = [v for v in log_probs[start : start + bucket] if math.isfinite(v)]
         xs.append(float(start))
-        means.append(sum(part) / len(part) if part else None)
+        means.append(_mean(part) if part else None)
         lows.append(min(part) if part else None)
     series = [Series("log-prob" if bucket == 1 else f"mean of {bucket} tokens", xs, means, 0)]
     if bucket > 1:

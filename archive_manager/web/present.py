@@ -26,6 +26,7 @@ from .charts import Chart, logprob_chart
 
 __all__ = [
     "DEFAULT_TOKENS_SHOWN",
+    "NotShown",
     "SampleView",
     "TensorInfo",
     "TokenCell",
@@ -117,7 +118,7 @@ def pretty_json(value: Any, *, preview: int | None = LIST_PREVIEW) -> str:
 class TokenCell:
     """One response token: its id, whether it is trained on (None: no mask), its log-prob."""
 
-    token: int | str
+    token: int
     trained: bool | None
     log_prob: float | None
 
@@ -131,6 +132,15 @@ class TensorInfo:
     shape: list[int] | None
     stored: str
     loaded: bool
+
+
+@dataclass(frozen=True)
+class NotShown:
+    """Why a field the page would draw (tokens, loss mask, log-probs) is not drawn; with
+    ``tensor``, the field is a tensor blob whose summary can be loaded on demand."""
+
+    reason: str
+    tensor: bool = False
 
 
 @dataclass
@@ -156,24 +166,68 @@ class SampleView:
     train_metadata_json: str | None = None
     other_json: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    #: Fields present but not drawn (tokens, loss_mask, rollout_log_probs) and why.
+    not_shown: dict[str, NotShown] = field(default_factory=dict)
 
 
-def _int_list(value: object) -> list[int] | None:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return [int(v) for v in value.reshape(-1).tolist()]
+def _items(value: object) -> tuple[list[Any] | None, NotShown | None]:
+    """The values of a list or an in-chunk tensor, flattened; never reads a blob."""
+    if isinstance(value, TensorRef):
+        return None, NotShown(
+            f"stored as a tensor blob ({describe_value(value)}), not loaded with the page",
+            tensor=True,
+        )
+    if isinstance(value, torch.Tensor):
+        if value.is_complex():
+            return None, NotShown(f"its dtype is {str(value.dtype).removeprefix('torch.')}")
+        return value.reshape(-1).tolist(), None
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            return None, NotShown(f"its dtype is {value.dtype}")
+        return value.reshape(-1).tolist(), None
     if isinstance(value, (list, tuple)):
-        return list(value)
-    return None
+        return list(value), None
+    return None, NotShown(f"it is a {type(value).__name__}, not a list")
 
 
-def _float_list(value: object) -> list[float] | None:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return [float(v) for v in value.reshape(-1).tolist()]
-    if isinstance(value, (list, tuple)) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    ):
-        return [float(v) for v in value]
-    return None
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _int_list(value: object) -> tuple[list[int] | None, NotShown | None]:
+    """Whole numbers (token ids, a loss mask), or why they cannot be shown."""
+    if value is None:
+        return None, None
+    items, note = _items(value)
+    if items is None:
+        return None, note
+    out = []
+    for i, v in enumerate(items):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int):  # bools are ints: a mask of True / False is fine
+            return None, NotShown(f"item {i} is {_brief(v)}, not a whole number")
+        out.append(int(v))
+    return out, None
+
+
+def _float_list(value: object) -> tuple[list[float] | None, NotShown | None]:
+    """Numbers (log-probs; NaN and infinities kept), or why they cannot be shown."""
+    if value is None:
+        return None, None
+    items, note = _items(value)
+    if items is None:
+        return None, note
+    out = []
+    for i, v in enumerate(items):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None, NotShown(f"item {i} is {_brief(v)}, not a number")
+        try:
+            out.append(float(v))
+        except OverflowError:
+            return None, NotShown(f"item {i} is too large for a float")
+    return out, None
 
 
 def _prompt(value: object) -> tuple[str | None, list[dict[str, str]] | None]:
@@ -225,14 +279,16 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
     class_name, fields = sample_to_fields(sample)
     status = fields.get("status")
     status_text = None if status is None else str(jsonable(status))
-    all_tokens = _int_list(fields.get("tokens")) or []
-    mask = _int_list(fields.get("loss_mask"))
-    log_probs = _float_list(fields.get("rollout_log_probs"))
+    token_ids, tokens_note = _int_list(fields.get("tokens"))
+    all_tokens = token_ids or []
+    mask, mask_note = _int_list(fields.get("loss_mask"))
+    log_probs, log_probs_note = _float_list(fields.get("rollout_log_probs"))
+    notes = {"tokens": tokens_note, "loss_mask": mask_note, "rollout_log_probs": log_probs_note}
     length = fields.get("response_length")
     if not isinstance(length, int) or isinstance(length, bool) or length < 0:
         length = len(mask) if mask is not None else 0
     length = min(length, len(all_tokens)) if all_tokens else length
-    response_ids: Sequence[int | str] = all_tokens[len(all_tokens) - length :] if length else []
+    response_ids: Sequence[int] = all_tokens[len(all_tokens) - length :] if length else []
     shown = len(response_ids) if tokens is None else min(tokens, len(response_ids))
     cells = []
     for i in range(shown):
@@ -267,7 +323,8 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
         trained_tokens=sum(1 for v in mask if v) if mask is not None else None,
         tokens=cells,
         tokens_hidden=len(response_ids) - shown,
-        mean_log_prob=sum(finite) / len(finite) if finite else None,
+        # Each term divided first: a sum of huge log-probs would overflow.
+        mean_log_prob=sum(v / len(finite) for v in finite) if finite else None,
         chart=logprob_chart(log_probs or [], mask),
         tensors=tensors,
         metadata_json=pretty_json(metadata) if metadata else None,
@@ -278,6 +335,7 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
             for k in ("index", "group_index", "rollout_id", "label")
             if fields.get(k) is not None
         },
+        not_shown={k: note for k, note in notes.items() if note is not None},
     )
 
 
