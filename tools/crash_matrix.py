@@ -407,59 +407,51 @@ class Databases:
         self.admin_url = admin_url
         self._made: list[str] = []
 
-    def new(self) -> str | None:
-        if self.admin_url is None:
-            return None
+    def _admin(self, *statements: str) -> None:
         from sqlalchemy import create_engine, text
-        from sqlalchemy.engine import make_url
 
-        name = f"crash_{uuid.uuid4().hex[:12]}"
+        assert self.admin_url is not None
+        # CREATE/DROP DATABASE cannot run inside a transaction.
         engine = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
         try:
             with engine.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
+                for statement in statements:
+                    conn.execute(text(statement))
         finally:
             engine.dispose()
-        url = make_url(self.admin_url).set(database=name).render_as_string(hide_password=False)
-        self._made.append(url)
-        return url
 
-    def clone(self, source: str, target: str | None = None) -> str:
-        """A copy of database ``source`` (PostgreSQL's CREATE DATABASE ... TEMPLATE), named
-        as ``target`` (dropped first) or new."""
-        from sqlalchemy import create_engine, text
+    def _url(self, name: str) -> str:
         from sqlalchemy.engine import make_url
 
         assert self.admin_url is not None
-        name = make_url(target).database if target else f"crash_{uuid.uuid4().hex[:12]}"
-        engine = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
-        try:
-            with engine.connect() as conn:
-                if target:
-                    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-                conn.execute(
-                    text(f'CREATE DATABASE "{name}" TEMPLATE "{make_url(source).database}"')
-                )
-        finally:
-            engine.dispose()
         url = make_url(self.admin_url).set(database=name).render_as_string(hide_password=False)
         if url not in self._made:
             self._made.append(url)
         return url
 
+    def new(self) -> str | None:
+        if self.admin_url is None:
+            return None
+        name = f"crash_{uuid.uuid4().hex[:12]}"
+        self._admin(f'CREATE DATABASE "{name}"')
+        return self._url(name)
+
+    def clone(self, source: str, target: str | None = None) -> str:
+        """A copy of database ``source`` (PostgreSQL's CREATE DATABASE ... TEMPLATE), named
+        as ``target`` (dropped first) or new."""
+        from sqlalchemy.engine import make_url
+
+        name = make_url(target).database if target else f"crash_{uuid.uuid4().hex[:12]}"
+        drop = [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'] if target else []
+        self._admin(*drop, f'CREATE DATABASE "{name}" TEMPLATE "{make_url(source).database}"')
+        return self._url(name)
+
     def drop(self, url: str | None) -> None:
         if url is None or self.admin_url is None:
             return
-        from sqlalchemy import create_engine, text
         from sqlalchemy.engine import make_url
 
-        name = make_url(url).database
-        engine = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
-        try:
-            with engine.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        finally:
-            engine.dispose()
+        self._admin(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
         with contextlib.suppress(ValueError):
             self._made.remove(url)
 
