@@ -628,8 +628,8 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dec
 
 
-def _inflate(body: memoryview, raw_len: int) -> bytes:
-    """Decompress a zstd frame whose size the (untrusted) container states."""
+def _check_frame(body: memoryview, raw_len: int) -> None:
+    """Refuse a zstd frame whose stated sizes (untrusted) are implausible or disagree."""
     if raw_len > body.nbytes * _MAX_RATIO + _RATIO_SLACK:
         raise IntegrityError("compressed data claims an implausible size")
     # NOTE: zstd trusts a frame's own content-size field over max_output_size, so a forged
@@ -637,6 +637,11 @@ def _inflate(body: memoryview, raw_len: int) -> bytes:
     declared = zstandard.get_frame_parameters(body).content_size
     if declared not in (zstandard.CONTENTSIZE_UNKNOWN, raw_len):
         raise IntegrityError("compressed frame disagrees with its stated size")
+
+
+def _inflate(body: memoryview, raw_len: int) -> bytes:
+    """Decompress a zstd frame whose size the (untrusted) container states."""
+    _check_frame(body, raw_len)
     out = _decompressor().decompress(body, max_output_size=max(raw_len, 1))
     if len(out) != raw_len:
         raise IntegrityError("data decompressed to the wrong length")
@@ -799,9 +804,16 @@ def _check_shape(shape: Any) -> tuple[int, ...]:
 class _Decoder:
     """Rebuilds one sample's values from its tree and its record's array section."""
 
-    def __init__(self, arrays: memoryview, loader: Callable[[str], torch.Tensor] | None) -> None:
+    def __init__(
+        self,
+        arrays: memoryview,
+        loader: Callable[[str], torch.Tensor] | None,
+        *,
+        as_arrays: bool = False,
+    ) -> None:
         self.arrays = arrays
         self.loader = loader
+        self.as_arrays = as_arrays
         # NOTE: the encoder gives every array its own bytes, so the descriptors of a record
         # never reference more than its array section; hostile ones that alias the same bytes
         # many times would otherwise multiply the memory a small blob decodes to.
@@ -817,6 +829,28 @@ class _Decoder:
         if self.budget < 0:
             raise IntegrityError("array descriptors reference more bytes than the record holds")
         return self.arrays[offset : offset + nbytes]
+
+    def fields(self, node: Any) -> Any:
+        """The sample's fields; with ``as_arrays``, numeric list fields as numpy arrays."""
+        if not self.as_arrays or type(node) is not dict or _TAG in node:
+            return self.decode(node)
+        return {k: self._field(v) for k, v in node.items()}
+
+    def _field(self, node: Any) -> Any:
+        t = type(node)
+        if t is dict and node.get(_TAG) == "list":
+            dtype = _NUMPY_DTYPES[node["d"]]
+            arr = _unshuffle(self._slice(node), dtype, node["s"])
+            # np.array(the saved list)'s dtype, and memory of its own (not a read-only view
+            # that would keep the whole decompressed record alive).
+            wide = np.int64 if dtype.kind in "iu" else np.float64
+            return arr.astype(wide, copy=not arr.flags.writeable)
+        value = self.decode(node)
+        if type(value) is list and value:
+            arr = _number_array(value)
+            if arr is not None:
+                return arr
+        return value
 
     def decode(self, node: Any) -> Any:
         t = type(node)
@@ -874,6 +908,17 @@ class _Decoder:
         return np.frombuffer(mv, dtype=dtype).reshape(shape)
 
 
+def _number_array(values: list) -> np.ndarray | None:
+    """``np.array(values)`` for a list of exact ints (within int64) or exact floats, else None."""
+    kind = type(values[0])
+    if kind not in (int, float) or countOf(map(type, values), kind) != len(values):
+        return None
+    try:
+        return np.array(values, dtype=np.int64 if kind is int else np.float64)
+    except OverflowError:
+        return None
+
+
 def _hashable(key: Any) -> Any:
     try:
         hash(key)
@@ -916,25 +961,73 @@ class ChunkReader:
         if _HEAD.size + count * _INDEX.size > self._mv.nbytes:
             raise IntegrityError(f"chunk blob {digest} is truncated (index of {count} records)")
         self._count = count
+        self._inflated: dict[int, memoryview] = {}
 
     def __len__(self) -> int:
         return self._count
 
-    def _record(self, i: int) -> memoryview:
+    def inflate(self, offsets: Iterable[int]) -> None:
+        """Decompress these records ahead of `sample`, which then only decodes them.
+
+        One zstd call for all of them releases the GIL once, so a reader thread can inflate
+        the next chunk while the caller decodes this one (one call per record made that
+        thread wait for the GIL after every record).  A record that fails its checks here is
+        left for `sample`, which raises its error with the record named.
+        """
+        todo: list[int] = []
+        frames: list[memoryview] = []
+        sizes: list[int] = []
+        for i in sorted(set(offsets)):
+            if not 0 <= i < self._count or i in self._inflated:
+                continue
+            try:
+                body, raw_len, method = self._body(i)
+                if method == _ZSTD:
+                    _check_frame(body, raw_len)
+            except (ArchiveError, struct.error, zstandard.ZstdError, ValueError):
+                continue
+            if method == _ZSTD:
+                todo.append(i)
+                frames.append(body)
+                sizes.append(raw_len)
+        if not todo:
+            return
+        try:
+            out = _decompressor().multi_decompress_to_buffer(
+                frames, decompressed_sizes=struct.pack(f"<{len(sizes)}Q", *sizes)
+            )
+        except (zstandard.ZstdError, ValueError, TypeError, MemoryError):
+            return  # each `sample` inflates its own record and names the one that fails
+        for i, raw_len, segment in zip(todo, sizes, out, strict=True):
+            view = memoryview(segment)
+            if view.nbytes == raw_len:
+                self._inflated[i] = view
+
+    def _body(self, i: int) -> tuple[memoryview, int, int]:
         offset, stored, raw_len, method = _INDEX.unpack_from(self._mv, _HEAD.size + i * _INDEX.size)
         if offset + stored > self._mv.nbytes or offset < _HEAD.size:
             raise IntegrityError("record runs past the end of the chunk")
-        body = self._mv[offset : offset + stored]
+        return self._mv[offset : offset + stored], raw_len, method
+
+    def _record(self, i: int) -> memoryview:
+        ahead = self._inflated.pop(i, None)
+        if ahead is not None:
+            return ahead
+        body, raw_len, method = self._body(i)
         if method == _RAW:
-            if raw_len != stored:
+            if raw_len != body.nbytes:
                 raise IntegrityError("raw record length mismatch")
             return body
         if method != _ZSTD:
             raise UnsupportedFormatError(f"unknown record compression {method}")
         return memoryview(_inflate(body, raw_len))
 
-    def sample(self, i: int) -> Any:
-        """Decode the sample at offset ``i`` of this chunk."""
+    def sample(self, i: int, *, as_arrays: bool = False) -> Any:
+        """Decode the sample at offset ``i`` of this chunk.
+
+        With ``as_arrays``, every field that is a list of ints (within int64) or of floats
+        comes back as ``np.array(that list)``: same values, int64 or float64, writable.
+        """
         if not 0 <= i < self._count:
             raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
         what = f"chunk blob {self.digest}, record {i}"
@@ -954,7 +1047,7 @@ class ChunkReader:
             if name is not None and type(name) is not str:
                 raise IntegrityError("record names a malformed sample class")
             with _gc_paused():
-                fields = _Decoder(arrays, self.loader).decode(tree["f"])
+                fields = _Decoder(arrays, self.loader, as_arrays=as_arrays).fields(tree["f"])
                 if type(fields) is not dict:
                     raise IntegrityError("record fields are not a mapping")
                 return fields_to_sample(name, fields)

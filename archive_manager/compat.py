@@ -302,9 +302,17 @@ class RolloutArchive:
         """``(sample_key, task_key)`` per sample, in order."""
         return self.archive.keys()
 
-    def load_samples(self, sample_key: str | None = None, task_key: str | None = None) -> list[Any]:
+    def load_samples(
+        self,
+        sample_key: str | None = None,
+        task_key: str | None = None,
+        *,
+        as_arrays: bool = False,
+    ) -> list[Any]:
         """All samples, or those matching every key given (see `Archive.load_samples`)."""
-        return self.archive.load_samples(sample_key=sample_key, task_key=task_key)
+        return self.archive.load_samples(
+            sample_key=sample_key, task_key=task_key, as_arrays=as_arrays
+        )
 
     def sample_metadata(self) -> list[dict[str, Any]]:
         """Per-sample metadata from the catalog."""

@@ -1,0 +1,257 @@
+"""`load_samples(as_arrays=True)`: numeric list fields as ``np.array(the saved list)``, nothing
+else changed; and the read-ahead that inflates chunk k+1 while chunk k is decoded."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archive_manager import RolloutArchive, Sample, TensorRef
+from archive_manager import codec as codec_module
+from archive_manager.codec import ChunkReader, decode_chunk, encode_chunk
+from archive_manager.errors import IntegrityError, InvalidInputError
+
+NUMERIC = ("tokens", "loss_mask", "rollout_log_probs")
+
+
+def as_arrays(samples: list) -> list:
+    """Every sample of one chunk, decoded with ``as_arrays=True``."""
+    enc = encode_chunk(samples)
+    reader = ChunkReader(enc.data, digest=enc.digest)
+    return [reader.sample(i, as_arrays=True) for i in range(len(reader))]
+
+
+def assert_array_of(value: Any, saved: list) -> None:
+    expected = np.array(saved)
+    assert type(value) is np.ndarray
+    assert value.dtype == expected.dtype and value.shape == expected.shape
+    # Bit for bit: NaN payloads and -0.0 included.
+    assert value.tobytes() == expected.tobytes()
+    assert value.flags.writeable
+
+
+int64s = st.integers(-(2**63), 2**63 - 1)
+number_lists = st.one_of(
+    st.lists(st.integers(0, 151_999), min_size=1, max_size=40),
+    st.lists(st.integers(0, 1), min_size=1, max_size=40),
+    st.lists(int64s, min_size=1, max_size=40),
+    st.lists(st.floats(width=32), min_size=1, max_size=40),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=40),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=number_lists)
+def test_numeric_list_fields_are_np_array_of_the_saved_list(values: list) -> None:
+    # Short lists live in the JSON tree, long ones in the array section: both paths.
+    for stored in (values, values * 10):
+        (back,) = as_arrays([{"v": stored, "w": list(stored)}])
+        assert_array_of(back["v"], stored)
+        assert_array_of(back["w"], stored)
+
+
+def test_realistic_samples_keep_every_other_field() -> None:
+    samples = codec_module_rollout()
+    plain = decode_chunk(encode_chunk(samples).data)
+    for saved, fast, slow in zip(samples, as_arrays(samples), plain, strict=True):
+        assert type(fast) is Sample
+        for name in NUMERIC:
+            assert_array_of(getattr(fast, name), getattr(saved, name))
+            assert type(getattr(slow, name)) is list
+        rest = {k: v for k, v in vars(fast).items() if k not in NUMERIC}
+        assert rest == {k: v for k, v in vars(slow).items() if k not in NUMERIC}
+
+
+def codec_module_rollout() -> list:
+    from archive_manager.synthetic import make_rollout
+
+    return make_rollout(6, seed=4, prompt_len=20, response_min=5, response_max=40)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [],
+        [True, False] * 8,
+        [1, 2.5] * 8,
+        [2**70] * 8,
+        [1, None] * 8,
+        ["a", "b"] * 8,
+        [[1, 2], [3, 4]],
+        {"nested": list(range(20))},
+        "text",
+        7,
+        (1, 2, 3),
+    ],
+    ids=repr,
+)
+def test_other_values_stay_as_saved(value: Any) -> None:
+    (back,) = as_arrays([{"v": value}])
+    assert type(back["v"]) is type(value)
+    assert back["v"] == value
+
+
+def test_nested_numeric_lists_stay_lists() -> None:
+    sample = Sample(tokens=list(range(50)), metadata={"ids": list(range(50))})
+    (back,) = as_arrays([sample])
+    assert_array_of(back.tokens, list(range(50)))
+    assert type(back.metadata["ids"]) is list and back.metadata["ids"] == list(range(50))
+
+
+def test_tensors_and_numpy_arrays_are_unchanged() -> None:
+    t = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    a = np.arange(5, dtype=np.float32)
+    (back,) = as_arrays([{"t": t, "a": a}])
+    assert type(back["t"]) is torch.Tensor and torch.equal(back["t"], t)
+    assert back["a"].dtype == np.float32 and np.array_equal(back["a"], a)
+
+
+def test_arrays_are_independent_of_each_other_and_of_later_loads() -> None:
+    enc = encode_chunk([{"v": list(range(100)), "f": [0.5] * 100}])
+    reader = ChunkReader(enc.data)
+    first = reader.sample(0, as_arrays=True)
+    first["v"][:] = -1
+    first["f"][:] = 9.0
+    again = ChunkReader(enc.data).sample(0, as_arrays=True)
+    assert again["v"].tolist() == list(range(100))
+    assert again["f"].tolist() == [0.5] * 100
+
+
+# --------------------------------------------------------------------------- through the pool
+
+
+def test_load_samples_as_arrays_on_a_pool(open_pool, rollout) -> None:
+    pool = open_pool(chunk_size=4)
+    samples = rollout(10, seed=21)
+    arc = pool.save("arr", samples, rollout_id=0)
+    loaded = arc.load_samples(as_arrays=True)
+    assert len(loaded) == 10
+    for saved, back in zip(samples, loaded, strict=True):
+        for name in NUMERIC:
+            assert_array_of(getattr(back, name), getattr(saved, name))
+        assert back.response == saved.response and back.status is saved.status
+    (one,) = arc.load_samples(sample_key="sample:6", as_arrays=True)
+    assert_array_of(one.tokens, samples[6].tokens)
+    group = arc.load_samples(task_key=samples[9].task_key, as_arrays=True)
+    assert [s.index for s in group] == [8, 9]
+    assert_array_of(
+        arc.load_sample(5, as_arrays=True).rollout_log_probs, samples[5].rollout_log_probs
+    )
+    # The default is untouched.
+    assert type(arc.load_samples()[0].tokens) is list
+
+
+def test_facade_passes_as_arrays_through(tmp_path, rollout) -> None:
+    samples = rollout(5, seed=22)
+    path = tmp_path / "rollout_0.json"
+    RolloutArchive.save(path, samples, rollout_id=0).close()
+    with RolloutArchive(path) as arc:
+        loaded = arc.load_samples(as_arrays=True)
+    assert_array_of(loaded[2].loss_mask, samples[2].loss_mask)
+
+
+@pytest.mark.parametrize("flag", [1, 0, "yes", None, np.bool_(True)])
+def test_as_arrays_must_be_a_bool(pool, rollout, flag) -> None:
+    arc = pool.save("flag", rollout(3), rollout_id=0)
+    with pytest.raises(InvalidInputError, match="as_arrays"):
+        arc.load_samples(as_arrays=flag)
+    with pytest.raises(InvalidInputError, match="as_arrays"):
+        arc.load_sample(0, as_arrays=flag)
+
+
+def test_tensor_refs_stay_lazy_with_as_arrays(open_pool, rollout) -> None:
+    pool = open_pool(inline_limit=256)
+    samples = rollout(3, seed=23, r3_layers=2)
+    (back,) = pool.save("r3", samples, rollout_id=0).load_samples(
+        sample_key="sample:1", as_arrays=True
+    )
+    ref = back.rollout_routed_experts
+    assert isinstance(ref, TensorRef) and not ref.loaded
+    assert torch.equal(ref.materialize(), samples[1].rollout_routed_experts)
+
+
+# --------------------------------------------------------------------------- read-ahead
+
+
+def test_many_chunks_load_in_order_and_leave_no_thread(open_pool, rollout, same_samples) -> None:
+    pool = open_pool(chunk_size=3)
+    samples = rollout(20, seed=24)
+    arc = pool.save("ahead", samples, rollout_id=0)
+    before = threading.active_count()
+    same_samples(arc.load_samples(), samples)
+    same_samples(arc.load_samples(task_key=samples[17].task_key), samples[16:20])
+    assert threading.active_count() == before
+
+
+def test_damaged_chunk_mid_archive_names_it_and_leaves_no_thread(
+    open_pool, rollout, blob_files_of
+) -> None:
+    pool = open_pool(chunk_size=3)
+    arc = pool.save("dmg", rollout(20, seed=25), rollout_id=0)
+    files = blob_files_of(pool)
+    chunks = files.chunks("dmg")
+    assert len(chunks) == 7
+    files.flip_bit(chunks[3], pool.store.size(chunks[3]) // 2)
+    before = threading.active_count()
+    for flag in (False, True):
+        with pytest.raises(IntegrityError) as err:
+            arc.load_samples(as_arrays=flag)
+        assert "'dmg'" in str(err.value) and chunks[3] in str(err.value)
+    assert threading.active_count() == before
+
+
+def _forge_record(data: bytes, i: int, how: str) -> bytes:
+    """Chunk bytes whose record ``i`` is damaged in a way the blob digest would not show
+    (the reader is given the bytes directly)."""
+    out = bytearray(data)
+    at = codec_module._HEAD.size + i * codec_module._INDEX.size
+    offset, stored, raw_len, method = codec_module._INDEX.unpack_from(out, at)
+    assert method == codec_module._ZSTD
+    if how == "size":  # the index states a size the frame disagrees with
+        codec_module._INDEX.pack_into(out, at, offset, stored, raw_len + 1, method)
+    else:  # not a zstd frame at all
+        out[offset : offset + 4] = b"\0\0\0\0"
+    return bytes(out)
+
+
+@pytest.mark.parametrize("how", ["size", "frame"])
+def test_inflate_ahead_leaves_a_bad_record_to_sample(how: str) -> None:
+    samples = [{"v": list(range(i, i + 300)), "s": "x" * 600} for i in range(5)]
+    data = _forge_record(encode_chunk(samples).data, 2, how)
+    reader = ChunkReader(data, digest="d")
+    reader.inflate(range(5))  # never raises: the record is left for `sample`
+    for i in (0, 1, 3, 4):
+        assert reader.sample(i)["v"] == samples[i]["v"]
+    with pytest.raises(IntegrityError, match="record 2"):
+        reader.sample(2)
+
+
+def test_inflate_ahead_gives_the_same_records(monkeypatch) -> None:
+    samples = [{"v": [float(i)] * 400, "n": i} for i in range(9)]
+    data = encode_chunk(samples).data
+    plain = [ChunkReader(data).sample(i) for i in range(9)]
+    ahead = ChunkReader(data)
+    ahead.inflate([8, 0, 3, 3, 42, -1])
+
+    def no_inflate(*args: Any) -> bytes:
+        raise AssertionError("a record inflated ahead was inflated again")
+
+    monkeypatch.setattr(codec_module, "_inflate", no_inflate)
+    for i in (8, 0, 3):
+        assert ahead.sample(i) == plain[i] == samples[i]
+    monkeypatch.undo()
+    for i in range(9):  # the rest, and those again, inflate on demand
+        assert ahead.sample(i) == samples[i]
+
+
+def test_a_zstd_frame_past_its_stated_size_is_refused() -> None:
+    # Guards the bound every inflate keeps: raw <= stored * ratio + slack.
+    body = memoryview(b"\x28\xb5\x2f\xfd" + bytes(20))
+    with pytest.raises(IntegrityError, match="implausible"):
+        codec_module._check_frame(body, 10**12)
