@@ -424,6 +424,80 @@ class TestBlobStore(BlobStoreContract):
         assert store.temp_files() == []
         assert list(store.iter_digests()) == []
 
+    @staticmethod
+    def _open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def test_put_many_past_one_batch(self, store, monkeypatch) -> None:
+        kicked: list[int] = []
+        monkeypatch.setattr(blobs, "_start_writeback", lambda fd: kicked.append(fd))
+        old = store.put(b"already here")
+        before = os.stat(store.path(old)).st_ino
+        items = [(os.urandom(200 + i), None) for i in range(2 * blobs._BATCH + 7)]
+        items[100] = (b"already here", None)
+        items.append(items[3])
+        digests = store.put_many(items)
+        assert digests == [digest_of(data) for data, _ in items]
+        assert all(store.get(d) == data for (data, _), d in zip(items, digests, strict=True))
+        assert os.stat(store.path(old)).st_ino == before  # an existing blob is not rewritten
+        # Every new file's writeback was started before its fsync (the duplicate twice).
+        assert len(kicked) == len(items) - 1
+        assert store.temp_files() == []
+
+    def test_put_many_works_without_the_writeback_hint(self, store, monkeypatch) -> None:
+        monkeypatch.setattr(blobs, "_SYNC_FILE_RANGE", lambda *args: -1)  # fails: ignored
+        items = [(os.urandom(300), None) for _ in range(5)]
+        assert [store.get(d) for d in store.put_many(items)] == [d for d, _ in items]
+        monkeypatch.setattr(blobs, "_SYNC_FILE_RANGE", None)  # not Linux
+        items = [(os.urandom(300), None) for _ in range(5)]
+        assert [store.get(d) for d in store.put_many(items)] == [d for d, _ in items]
+
+    @pytest.mark.parametrize("phase", ["write", "fsync"])
+    def test_put_many_failure_leaves_no_temp_file_or_descriptor(
+        self, store, monkeypatch, phase
+    ) -> None:
+        items = [(bytes([i]) * (1000 + i), None) for i in range(blobs._BATCH + 10)]
+        victim = 70  # in the second batch: the first one is already durable
+        if phase == "write":
+            real_write_all = blobs._write_all
+
+            def write_all(fd: int, view: memoryview) -> None:
+                if bytes(view[:1]) == bytes([victim]):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                real_write_all(fd, view)
+
+            monkeypatch.setattr(blobs, "_write_all", write_all)
+        else:
+            real_fsync = os.fsync
+            victim_fds: set[int] = set()
+            real_begin = store._begin
+
+            def begin(digest: str, views: list) -> object:
+                pending = real_begin(digest, views)
+                if bytes(views[0][:1]) == bytes([victim]):
+                    victim_fds.add(pending.fd)
+                return pending
+
+            def fsync(fd: int) -> None:
+                if fd in victim_fds:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+                real_fsync(fd)
+
+            monkeypatch.setattr(store, "_begin", begin)
+            monkeypatch.setattr(blobs.os, "fsync", fsync)
+        fds = self._open_fds()
+        with pytest.raises(OSError) as info:
+            store.put_many(items)
+        assert info.value.errno == (errno.ENOSPC if phase == "write" else errno.EIO)
+        assert self._open_fds() == fds
+        assert store.temp_files() == []
+        stored = set(store.iter_digests())
+        assert digest_of(items[victim][0]) not in stored
+        # The first batch landed whole; whatever else landed is intact.
+        assert {digest_of(d) for d, _ in items[: blobs._BATCH]} <= stored
+        for digest in stored:
+            store.check(digest)
+
     def test_concurrent_puts_from_processes(self, store) -> None:
         size = blobs._BLOCK + 4321
         expected = _payload(size)
