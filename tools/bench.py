@@ -21,7 +21,8 @@ On the same generated workloads (WORKLOAD.md, seeded), side by side:
 
 Every timing is the median of ``--repeat`` runs (tools alternate within each round, so noise
 from other processes spreads over all of them); ratios are peer time / archive_manager time
-(above 1: archive_manager is faster).  Reads come from the page cache on every side.  MB/s is
+(above 1: archive_manager is faster).  Before every save the previous round's file is deleted
+and the page cache flushed (untimed).  Reads come from the page cache on every side.  MB/s is
 the samples' in-memory size (see `samples_nbytes`) per second; for the raw disk it is its bytes.
 
 Peak memory of ``pool.save`` and of loading the 1024-sample rollout (and of torch's two) is
@@ -124,6 +125,7 @@ WORKLOADS = {
     )
 }
 MEMORY_WORKLOAD = "realistic-1024"
+SAVES = ("save", "writer")
 
 
 def samples_nbytes(samples: list) -> int:
@@ -169,6 +171,16 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def _timed_write(fn: Callable[[], Any], *replaced: Path) -> tuple[float, Any]:
+    """`_timed` for a save: ``replaced`` files (the previous round's) are deleted and the page
+    cache flushed first, untimed, so no tool pays for another's (or its own last) writeback
+    or for freeing the blocks of the file it overwrites."""
+    for path in replaced:
+        path.unlink(missing_ok=True)
+    os.sync()
+    return _timed(fn)
 
 
 def _materialized(samples: list) -> list:
@@ -296,6 +308,18 @@ def raw_read(path: Path) -> int:
 # One workload
 
 
+def _release_gc(pool: ArchiveManager, record: Callable[[str, str, float], None]) -> None:
+    """Time release() + gc(grace=0) of the pool's one archive, which frees all its blobs."""
+
+    def release_gc() -> int:
+        pool.open_archive("rollout-0").release()
+        return pool.gc(grace=0).blobs
+
+    seconds, reclaimed = _timed(release_gc)
+    assert reclaimed > 0
+    record("release_gc", "archive_manager", seconds)
+
+
 def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int) -> dict:
     """Every operation of every tool on one workload; medians of ``repeat`` rounds."""
     samples = workload.make(quick)
@@ -315,9 +339,18 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
     try:
         # Saves, alternating tools within each round.
         for _ in range(repeat):
+            if pools:
+                # The previous round's pool: release + gc timed, then its files deleted, as
+                # every other tool's are, so each save writes into the same kind of free space.
+                # NOTE: kept pools made every later save write to never-used blocks, which cost
+                # this virtual disk up to 2x; the raw write reused its own file's blocks.
+                _release_gc(pools[-1], record)
+                done = pools.pop()
+                done.close()
+                shutil.rmtree(done.root)
             root = work / f"pool-{next(counter)}"
             pool = ArchiveManager.open(root)
-            seconds, _ = _timed(lambda p=pool: p.save("rollout-0", samples, rollout_id=0))
+            seconds, _ = _timed_write(lambda p=pool: p.save("rollout-0", samples, rollout_id=0))
             record("save", "archive_manager", seconds)
             am_blob_bytes = tree_bytes(root / "blobs")
             am_bytes = tree_bytes(root)
@@ -331,21 +364,21 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
                         for s in samples:
                             w.add(s)
 
-                record("writer", "archive_manager", _timed(stream)[0])
+                record("writer", "archive_manager", _timed_write(stream)[0])
             shutil.rmtree(wroot)
 
-            seconds, pt_bytes = _timed(lambda: torch_save(samples, pt))
+            seconds, pt_bytes = _timed_write(lambda: torch_save(samples, pt), pt)
             record("save", "torch", seconds)
 
             if STRAW_SKIPPED is None:
                 if straw_root is not None:
                     shutil.rmtree(straw_root)
                 straw_root = work / f"straw-{next(counter)}"
-                seconds, straw_saved = _timed(lambda r=straw_root: straw_save(samples, r))
+                seconds, straw_saved = _timed_write(lambda r=straw_root: straw_save(samples, r))
                 record("save", "straw", seconds)
                 straw_bytes = tree_bytes(straw_root)
 
-            record("save", "raw", _timed(lambda n=am_bytes: raw_write(raw, n))[0])
+            record("save", "raw", _timed_write(lambda n=am_bytes: raw_write(raw, n), raw)[0])
 
         pool = pools[-1]
         entries = pool.open_archive("rollout-0").keys()
@@ -425,20 +458,12 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
             if straw_store is not None:
                 straw_store.close()
 
-        # Release + gc on every saved pool: each frees one archive's blobs.
-        for p in pools:
-
-            def release_gc(p: ArchiveManager = p) -> int:
-                p.open_archive("rollout-0").release()
-                return p.gc(grace=0).blobs
-
-            seconds, reclaimed = _timed(release_gc)
-            assert reclaimed > 0
-            record("release_gc", "archive_manager", seconds)
+        _release_gc(pools[-1], record)
     finally:
         for p in pools:
             p.close()
     medians = {op: {tool: _median(ts) for tool, ts in by.items()} for op, by in times.items()}
+    runs = {op: {tool: ts for tool, ts in by.items()} for op, by in times.items() if op in SAVES}
     # Only one way to any sample of a torch dump: load all of it.
     for op in ("load_arrays", "load_one", "load_task"):
         medians.setdefault(op, {})["torch"] = medians["load_all"]["torch"]
@@ -450,6 +475,7 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
         "repeat": repeat,
         "point_reads": keys,
         "seconds": medians,
+        "save_runs": runs,
         "bytes": {
             "archive_manager": am_bytes,
             "archive_manager_blobs": am_blob_bytes,
