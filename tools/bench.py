@@ -336,12 +336,14 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
     pt = work / "rollout.pt"
     raw = work / "raw.bin"
     am_bytes = am_blob_bytes = pt_bytes = straw_bytes = 0
+    wroot: Path | None = None
     try:
         # Saves, alternating tools within each round.
         for _ in range(repeat):
             if pools:
-                # The previous round's pool: release + gc timed, then its files deleted, as
-                # every other tool's are, so each save writes into the same kind of free space.
+                # The previous round's pool: release + gc timed, then its files deleted right
+                # before this save, as every tool's last output is deleted right before its
+                # next save, so each writes into the space it freed itself.
                 # NOTE: kept pools made every later save write to never-used blocks, which cost
                 # this virtual disk up to 2x; the raw write reused its own file's blocks.
                 _release_gc(pools[-1], record)
@@ -356,6 +358,8 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
             am_bytes = tree_bytes(root)
             pools.append(pool)
 
+            if wroot is not None:
+                shutil.rmtree(wroot)
             wroot = work / f"pool-{next(counter)}"
             with ArchiveManager.open(wroot) as wpool:
 
@@ -365,7 +369,6 @@ def measure(workload: Workload, quick: bool, repeat: int, work: Path, keys: int)
                             w.add(s)
 
                 record("writer", "archive_manager", _timed_write(stream)[0])
-            shutil.rmtree(wroot)
 
             seconds, pt_bytes = _timed_write(lambda: torch_save(samples, pt), pt)
             record("save", "torch", seconds)
