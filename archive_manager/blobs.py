@@ -17,6 +17,8 @@ import mmap
 import os
 import secrets
 import stat
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,7 +36,8 @@ __all__ = ["BlobStore", "MemoryBlobStore"]
 # Read/write/hash granularity: large enough for full disk throughput, small enough for memory.
 _BLOCK = 8 << 20
 # Blobs `put_many` writes before it syncs them: bounds open files and dirty pages in flight.
-_BATCH = 64
+_BATCH = 16
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 _HEX2 = frozenset(f"{i:02x}" for i in range(256))
 _MISSING = (FileNotFoundError, NotADirectoryError)
 
@@ -130,36 +133,24 @@ class _Pending:
 def _abandon(pending: _Pending) -> None:
     with contextlib.suppress(OSError):
         os.close(pending.fd)
-    with contextlib.suppress(FileNotFoundError):
+    # Any error: a temp file left behind is swept by GC's temp cleanup; the caller must see
+    # the failure that made us abandon, not this one.
+    with contextlib.suppress(OSError):
         os.unlink(pending.tmp)
 
 
-def _abandon_staged(staged: tuple[str, _Pending | None]) -> None:
-    if staged[1] is not None:
-        _abandon(staged[1])
-
-
-def _all_or_none(
-    futures: list[concurrent.futures.Future[Any]], undo: Callable[[Any], None] | None
-) -> list[Any]:
-    """The results of ``futures`` once all are done; if any failed, ``undo`` each result that
-    did not and raise the first failure (so no temp file or descriptor is left behind)."""
+def _first_failure(futures: list[concurrent.futures.Future[Any]]) -> BaseException | None:
     concurrent.futures.wait(futures)
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
-    if failed is None:
-        return [f.result() for f in futures]
-    if undo is not None:
-        for f in futures:
-            if f.exception() is None:
-                undo(f.result())
-    raise failed
+    return next((f.exception() for f in futures if f.exception() is not None), None)
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None  # elsewhere fsync alone does it
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.sync_file_range
-    except (OSError, AttributeError):  # not Linux: fsync alone does it
+    except (OSError, AttributeError, TypeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
@@ -223,32 +214,72 @@ class BlobStore:
     ) -> list[str]:
         """`put` each ``(data, digest)`` item; return their digests in order.
 
-        Two phases on ``workers`` threads (write and fsync release the GIL): every new blob's
-        temp file is written and its writeback started, then each is fsynced and renamed.  The
-        disk thus gets every file at once, as it gets one large file, instead of a few at a
-        time; on this project's benchmark machine that wrote 256 R3 tensor blobs 40% faster
-        than writing and fsyncing each in turn.  Each directory that gained entries is synced
-        once at the end rather than once per blob.  Every blob is durable when this returns.
+        Two phases per batch of 16, on ``workers`` threads (write and fsync release the GIL):
+        every new blob's temp file is written and its writeback started, then each is fsynced
+        and renamed.  The disk thus gets many files at once, as it gets one large file, instead
+        of a few at a time; on this project's benchmark machine that wrote 256 R3 tensor blobs
+        (5 MB each) 20-40% faster than writing and fsyncing each in turn.  A batch holds one
+        open file per blob; when the process runs out of descriptors, that batch is written one
+        blob at a time.  Each directory that gained entries is synced once at the end rather
+        than once per blob.  Every blob is durable when this returns.
 
         Raises:
-            As `put`; when an item fails, the others are still finished or removed (a blob
-            this call renamed into place stays: it is a valid blob of its digest).
+            As `put`.  When an item fails, the batch's other temp files are removed, or, once
+            fsyncing began, each is finished or removed (a blob this call renamed into place
+            stays: it is a valid blob of its digest); no temp file or descriptor is left.
         """
         if len(items) <= 1 or workers <= 1:
             return [self.put(data, digest) for data, digest in items]
         digests: list[str] = []
         dirs: set[Path] = set()
-        with concurrent.futures.ThreadPoolExecutor(min(workers, len(items))) as pool:
-            # Batches bound the open files and the dirty pages one call keeps in flight.
+        # Temp files staged and not yet handed to `_finish` (which then owns them): whatever
+        # stops this call, even KeyboardInterrupt, they are closed and removed at the end.
+        staged: set[_Pending] = set()
+        lock = threading.Lock()
+
+        def stage(
+            item: tuple[Buffer | Sequence[Buffer], str | None],
+        ) -> tuple[str, _Pending | None]:
+            digest, pending = self._stage(*item)
+            if pending is not None:
+                with lock:
+                    staged.add(pending)
+            return digest, pending
+
+        def finish(pending: _Pending) -> None:
+            with lock:
+                staged.discard(pending)
+            self._finish(pending, sync_dir=False)
+
+        pool = concurrent.futures.ThreadPoolExecutor(min(workers, len(items)))
+        try:
             for start in range(0, len(items), _BATCH):
-                staged = _all_or_none(
-                    [pool.submit(self._stage, *item) for item in items[start : start + _BATCH]],
-                    _abandon_staged,
-                )
-                begun = [pending for _, pending in staged if pending is not None]
-                _all_or_none([pool.submit(self._finish, p, sync_dir=False) for p in begun], None)
-                digests.extend(digest for digest, _ in staged)
+                batch = items[start : start + _BATCH]
+                futures = [pool.submit(stage, item) for item in batch]
+                failed = _first_failure(futures)
+                if failed is not None:
+                    with lock:
+                        for pending in staged:
+                            _abandon(pending)
+                        staged.clear()
+                    if not (isinstance(failed, OSError) and failed.errno in _OUT_OF_FDS):
+                        raise failed
+                    # Out of file descriptors: this batch one blob at a time, as `put` does.
+                    digests.extend(self.put(data, digest) for data, digest in batch)
+                    continue
+                results = [f.result() for f in futures]
+                begun = [pending for _, pending in results if pending is not None]
+                failed = _first_failure([pool.submit(finish, p) for p in begun])
+                if failed is not None:
+                    raise failed
+                digests.extend(digest for digest, _ in results)
                 dirs.update(pending.target.parent for pending in begun)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            with lock:
+                for pending in staged:
+                    _abandon(pending)
+                staged.clear()
         for folder in sorted(dirs):
             _fsync_dir(folder)
         if dirs:

@@ -832,13 +832,18 @@ class _Decoder:
 
     def fields(self, node: Any) -> Any:
         """The sample's fields; with ``as_arrays``, numeric list fields as numpy arrays."""
-        if not self.as_arrays or type(node) is not dict or _TAG in node:
+        if not self.as_arrays or type(node) is not dict:
             return self.decode(node)
-        return {k: self._field(v) for k, v in node.items()}
+        tag = node.get(_TAG)
+        if tag is None:
+            return {k: self._field(v) for k, v in node.items()}
+        if tag == "map" and type(node.get("v")) is list:  # a dict sample with odd keys
+            return {_hashable(self.decode(k)): self._field(v) for k, v in node["v"]}
+        return self.decode(node)
 
     def _field(self, node: Any) -> Any:
         t = type(node)
-        if t is dict and node.get(_TAG) == "list":
+        if t is dict and node.get(_TAG) == "list" and node.get("d") in _ARRAY_LIST_DTYPES:
             dtype = _NUMPY_DTYPES[node["d"]]
             arr = _unshuffle(self._slice(node), dtype, node["s"])
             # np.array(the saved list)'s dtype, and memory of its own (not a read-only view
@@ -906,6 +911,13 @@ class _Decoder:
         if math.prod(shape) * dtype.itemsize != mv.nbytes:
             raise IntegrityError("numpy array size does not match its stored bytes")
         return np.frombuffer(mv, dtype=dtype).reshape(shape)
+
+
+# The stored dtypes of numeric lists whose values int64 or float64 hold exactly (the encoder
+# writes no others; anything else is decoded as a list and judged by its values).
+_ARRAY_LIST_DTYPES = frozenset(
+    {"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "float32", "float64"}
+)
 
 
 def _number_array(values: list) -> np.ndarray | None:
@@ -977,6 +989,10 @@ class ChunkReader:
         todo: list[int] = []
         frames: list[memoryview] = []
         sizes: list[int] = []
+        # NOTE: records are checked one by one against the ratio bound, but a forged index
+        # can point many of them at one frame; the whole batch keeps the same bound as a
+        # single record, and what is past it is left for `sample` to inflate one at a time.
+        budget = self._mv.nbytes * _MAX_RATIO + _RATIO_SLACK
         for i in sorted(set(offsets)):
             if not 0 <= i < self._count or i in self._inflated:
                 continue
@@ -987,6 +1003,9 @@ class ChunkReader:
             except (ArchiveError, struct.error, zstandard.ZstdError, ValueError):
                 continue
             if method == _ZSTD:
+                budget -= raw_len
+                if budget < 0:
+                    break
                 todo.append(i)
                 frames.append(body)
                 sizes.append(raw_len)

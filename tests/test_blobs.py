@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import concurrent.futures
 import errno
 import itertools
 import multiprocessing
@@ -434,7 +435,7 @@ class TestBlobStore(BlobStoreContract):
         old = store.put(b"already here")
         before = os.stat(store.path(old)).st_ino
         items = [(os.urandom(200 + i), None) for i in range(2 * blobs._BATCH + 7)]
-        items[100] = (b"already here", None)
+        items[blobs._BATCH + 3] = (b"already here", None)
         items.append(items[3])
         digests = store.put_many(items)
         assert digests == [digest_of(data) for data, _ in items]
@@ -457,7 +458,7 @@ class TestBlobStore(BlobStoreContract):
         self, store, monkeypatch, phase
     ) -> None:
         items = [(bytes([i]) * (1000 + i), None) for i in range(blobs._BATCH + 10)]
-        victim = 70  # in the second batch: the first one is already durable
+        victim = blobs._BATCH + 5  # in the second batch: the first one is already durable
         if phase == "write":
             real_write_all = blobs._write_all
 
@@ -497,6 +498,73 @@ class TestBlobStore(BlobStoreContract):
         assert {digest_of(d) for d, _ in items[: blobs._BATCH]} <= stored
         for digest in stored:
             store.check(digest)
+
+    def test_put_many_interrupted_leaves_no_temp_file_or_descriptor(
+        self, store, monkeypatch
+    ) -> None:
+        # The caller's thread is interrupted while the batch is being staged (KeyboardInterrupt
+        # arrives in the thread that waits); the staged temp files must not outlive the call.
+        real_first_failure = blobs._first_failure
+        calls = []
+
+        def interrupted(futures: list) -> None:
+            calls.append(len(futures))
+            if len(calls) == 3:  # second batch, staging
+                concurrent.futures.wait(futures)
+                raise KeyboardInterrupt
+            return real_first_failure(futures)
+
+        monkeypatch.setattr(blobs, "_first_failure", interrupted)
+        items = [(os.urandom(500), None) for _ in range(2 * blobs._BATCH)]
+        fds = self._open_fds()
+        with pytest.raises(KeyboardInterrupt):
+            store.put_many(items)
+        assert self._open_fds() == fds
+        assert store.temp_files() == []
+        stored = set(store.iter_digests())
+        assert stored == {digest_of(d) for d, _ in items[: blobs._BATCH]}
+
+    def test_put_many_out_of_descriptors_writes_one_at_a_time(self, store, monkeypatch) -> None:
+        real_begin = store._begin
+        begun: list[int] = []
+
+        def begin(digest: str, views: list) -> object:
+            begun.append(1)
+            if len(begun) == 5:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            return real_begin(digest, views)
+
+        monkeypatch.setattr(store, "_begin", begin)
+        items = [(os.urandom(400), None) for _ in range(blobs._BATCH + 3)]
+        fds = self._open_fds()
+        digests = store.put_many(items)
+        assert digests == [digest_of(d) for d, _ in items]
+        assert all(store.get(d) == data for (data, _), d in zip(items, digests, strict=True))
+        assert self._open_fds() == fds and store.temp_files() == []
+
+    def test_put_many_reports_the_failure_not_the_cleanup(self, store, monkeypatch) -> None:
+        real_begin = store._begin
+        begun: list[int] = []
+
+        def begin(digest: str, views: list) -> object:
+            begun.append(1)
+            if len(begun) == 6:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_begin(digest, views)
+
+        def unlink(path: object) -> None:  # the filesystem turned read-only meanwhile
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+        monkeypatch.setattr(store, "_begin", begin)
+        items = [(os.urandom(400), None) for _ in range(blobs._BATCH)]
+        fds = self._open_fds()
+        monkeypatch.setattr(blobs.os, "unlink", unlink)
+        with pytest.raises(OSError) as info:
+            store.put_many(items)
+        monkeypatch.undo()
+        assert info.value.errno == errno.ENOSPC
+        assert self._open_fds() == fds  # every descriptor closed, though no file could go
+        assert list(store.iter_digests()) == []
 
     def test_concurrent_puts_from_processes(self, store) -> None:
         size = blobs._BLOCK + 4321

@@ -3,6 +3,10 @@ else changed; and the read-ahead that inflates chunk k+1 while chunk k is decode
 
 from __future__ import annotations
 
+import json
+import struct
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -255,3 +259,115 @@ def test_a_zstd_frame_past_its_stated_size_is_refused() -> None:
     body = memoryview(b"\x28\xb5\x2f\xfd" + bytes(20))
     with pytest.raises(IntegrityError, match="implausible"):
         codec_module._check_frame(body, 10**12)
+
+
+def test_inflate_ahead_keeps_the_blob_ratio_bound_on_an_aliasing_index() -> None:
+    # A forged index whose 64 records all name one highly compressed frame: each passes the
+    # per-record bound, so inflating all of them at once would allocate 64x that; read-ahead
+    # stops at the bound for the whole blob and leaves the rest to `sample`.
+    one = encode_chunk([{"v": [i % 7 for i in range(300_000)]}]).data
+    head, index = codec_module._HEAD, codec_module._INDEX
+    _, stored, raw_len, method = index.unpack_from(one, head.size)
+    frame = one[-stored:]
+    count = 64
+    at = head.size + count * index.size
+    forged = (
+        head.pack(codec_module.CHUNK_MAGIC, codec_module.FORMAT_VERSION, 0, count)
+        + index.pack(at, stored, raw_len, method) * count
+        + frame
+    )
+    reader = ChunkReader(forged, digest="forged")
+    reader.inflate(range(count))
+    inflated = sum(view.nbytes for view in reader._inflated.values())
+    assert 0 < inflated <= len(forged) * codec_module._MAX_RATIO + codec_module._RATIO_SLACK
+    assert len(reader._inflated) < count
+    assert reader.sample(count - 1)["v"][:8] == [0, 1, 2, 3, 4, 5, 6, 0]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values"),
+    [
+        ("uint64", [2**64 - 1, 5] * 8),
+        ("bool", [True, False] * 8),
+        ("complex64", [1 + 2j, 3j] * 8),
+        ("float16", [0.5, 1.5] * 8),
+    ],
+)
+def test_list_dtypes_the_encoder_never_writes_are_judged_by_their_values(
+    dtype: str, values: list
+) -> None:
+    # A chunk from another writer may store a list in any dtype the format names; with
+    # as_arrays it must come back as np.array(the list it decodes to), never wrapped or cast.
+    enc = encode_chunk([{"v": list(range(20))}])
+    record = _replace_list_dtype(enc.data, dtype, values)
+    plain = ChunkReader(record).sample(0)["v"]
+    assert plain == values
+    back = ChunkReader(record).sample(0, as_arrays=True)["v"]
+    expected = codec_module._number_array(values)
+    if expected is None:
+        assert type(back) is list and back == values
+    else:
+        assert_array_of(back, values)
+
+
+def _replace_list_dtype(chunk: bytes, dtype: str, values: list) -> bytes:
+    """A one-record chunk whose field ``v`` is ``values`` stored as a raw ``dtype`` list."""
+    arr = np.array(values, dtype=np.dtype(dtype) if dtype != "bool" else np.bool_)
+    tree = {"c": None, "f": {"v": {"$t": "list", "d": dtype, "o": 0, "n": arr.nbytes, "s": False}}}
+    tree_bytes = json.dumps(tree).encode()
+    head_len = 4 + len(tree_bytes)
+    raw = struct.pack("<I", len(tree_bytes)) + tree_bytes + b"\0" * (-head_len % 8) + arr.tobytes()
+    head, index = codec_module._HEAD, codec_module._INDEX
+    at = head.size + index.size
+    return (
+        head.pack(codec_module.CHUNK_MAGIC, codec_module.FORMAT_VERSION, 0, 1)
+        + index.pack(at, len(raw), len(raw), codec_module._RAW)
+        + raw
+    )
+
+
+def test_dict_samples_with_odd_keys_get_arrays_too() -> None:
+    sample = {"tokens": list(range(30)), 7: [0.25] * 3, "nested": {"x": [1, 2, 3]}}
+    (back,) = as_arrays([sample])
+    assert_array_of(back["tokens"], list(range(30)))
+    assert_array_of(back[7], [0.25] * 3)
+    assert back["nested"] == {"x": [1, 2, 3]}
+
+
+def test_a_load_in_an_atexit_hook_reads_every_chunk(tmp_path) -> None:
+    # At interpreter shutdown no new thread may start: the read-ahead steps aside.
+    script = f"""
+import atexit
+from archive_manager import ArchiveManager
+from archive_manager.synthetic import make_rollout
+
+pool = ArchiveManager.open({str(tmp_path / "pool")!r}, chunk_size=2)
+samples = make_rollout(7, seed=1, prompt_len=10, response_min=5, response_max=20)
+pool.save("r", samples, rollout_id=0)
+
+def at_exit():
+    back = pool.open_archive("r").load_samples()
+    assert [s.tokens for s in back] == [s.tokens for s in samples]
+    print("loaded", len(back))
+
+atexit.register(at_exit)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "loaded 7" in done.stdout, done.stderr
+
+
+def test_a_damaged_record_names_archive_chunk_and_blob(pool, rollout, monkeypatch) -> None:
+    arc = pool.save("named", rollout(5, seed=26), rollout_id=0)
+    (chunk,) = [row["digest"] for row in arc.chunks()]
+
+    def damaged(self: Any, node: Any) -> Any:
+        raise IntegrityError("malformed array descriptor")
+
+    monkeypatch.setattr(codec_module._Decoder, "fields", damaged)
+    with pytest.raises(IntegrityError) as err:
+        arc.load_samples()
+    assert "'named'" in str(err.value) and "chunk 0" in str(err.value)
+    assert chunk in str(err.value) and "record 0" in str(err.value)

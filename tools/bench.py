@@ -22,7 +22,7 @@ On the same generated workloads (WORKLOAD.md, seeded), side by side:
 Every timing is the median of ``--repeat`` runs (tools alternate within each round, so noise
 from other processes spreads over all of them); ratios are peer time / archive_manager time
 (above 1: archive_manager is faster).  Before every save the previous round's file is deleted
-and the page cache flushed (untimed).  Reads come from the page cache on every side.  MB/s is
+and dirty pages written back with `os.sync()` (untimed).  Reads come from the page cache on every side.  MB/s is
 the samples' in-memory size (see `samples_nbytes`) per second; for the raw disk it is its bytes.
 
 Peak memory of ``pool.save`` and of loading the 1024-sample rollout (and of torch's two) is
@@ -174,9 +174,9 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def _timed_write(fn: Callable[[], Any], *replaced: Path) -> tuple[float, Any]:
-    """`_timed` for a save: ``replaced`` files (the previous round's) are deleted and the page
-    cache flushed first, untimed, so no tool pays for another's (or its own last) writeback
-    or for freeing the blocks of the file it overwrites."""
+    """`_timed` for a save: ``replaced`` files (the previous round's) are deleted and every
+    dirty page written back (``os.sync()``) first, untimed, so no tool pays for another's (or
+    its own last) writeback or for freeing the blocks of the file it overwrites."""
     for path in replaced:
         path.unlink(missing_ok=True)
     os.sync()
