@@ -21,9 +21,10 @@ On the same generated workloads (WORKLOAD.md, seeded), side by side:
 
 Every timing is the median of ``--repeat`` runs (tools alternate within each round, so noise
 from other processes spreads over all of them); ratios are peer time / archive_manager time
-(above 1: archive_manager is faster).  Before every save the previous round's file is deleted
-and dirty pages written back with `os.sync()` (untimed).  Reads come from the page cache on every side.  MB/s is
-the samples' in-memory size (see `samples_nbytes`) per second; for the raw disk it is its bytes.
+(above 1: archive_manager is faster).  Before every save the tool's previous output is
+deleted and dirty pages written back with ``os.sync()`` (untimed).  Reads come from the page
+cache on every side.  MB/s is the samples' in-memory size (see `samples_nbytes`) per second;
+for the raw disk it is its bytes.
 
 Peak memory of ``pool.save`` and of loading the 1024-sample rollout (and of torch's two) is
 measured in a fresh subprocess each: the child imports everything and generates the samples,
