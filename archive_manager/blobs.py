@@ -197,7 +197,8 @@ class BlobStore:
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """Store ``data`` (a buffer or a sequence of parts) once and return its digest.
 
-        An existing blob is not rewritten, only its size is compared with the data's.
+        An existing blob is not rewritten, only its size is compared with the data's; its
+        folder is synced, since another writer may have renamed it in and not yet synced it.
 
         Raises:
             IntegrityError: ``digest`` is not the data's digest, or the stored blob's size differs.
@@ -207,6 +208,8 @@ class BlobStore:
         digest, pending = self._stage(data, digest)
         if pending is not None:
             self._finish(pending)
+        else:
+            _fsync_dir(self.path(digest).parent)
         return digest
 
     def put_many(
@@ -273,7 +276,8 @@ class BlobStore:
                 if failed is not None:
                     raise failed
                 digests.extend(digest for digest, _ in results)
-                dirs.update(pending.target.parent for pending in begun)
+                # Existing blobs too: another writer may have renamed one in, unsynced yet.
+                dirs.update(self.path(digest).parent for digest, _ in results)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             with lock:

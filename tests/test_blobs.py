@@ -429,6 +429,20 @@ class TestBlobStore(BlobStoreContract):
     def _open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
+    def test_an_existing_blob_has_its_folder_synced(self, store, monkeypatch) -> None:
+        # Another writer may have renamed it in and not yet synced the folder: a save that
+        # publishes it must not return before the name is durable.
+        first, second = store.put(b"one"), store.put(b"two")
+        synced: list[Path] = []
+        real = blobs._fsync_dir
+        monkeypatch.setattr(blobs, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+        store.put(b"one")
+        assert synced == [store.path(first).parent]
+        synced.clear()
+        store.put_many([(b"one", None), (b"two", None), (b"three", None)])
+        folders = {store.path(d).parent for d in (first, second, digest_of(b"three"))}
+        assert folders <= set(synced)
+
     def test_put_many_past_one_batch(self, store, monkeypatch) -> None:
         kicked: list[int] = []
         monkeypatch.setattr(blobs, "_start_writeback", lambda fd: kicked.append(fd))
