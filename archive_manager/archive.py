@@ -239,8 +239,9 @@ class Archive:
     def load_sample(self, position: int, *, as_arrays: bool = False) -> Any:
         """The sample at ``position`` (0-based, in archive order), reading only its chunk.
 
-        Tensor blobs stay lazy (`TensorRef`) until touched; ``as_arrays`` as in `load_samples`.  Sample keys need not be unique;
-        a position always is, so viewers and tools that list samples address them by it.
+        Tensor blobs stay lazy (`TensorRef`) until touched; ``as_arrays`` as in
+        `load_samples`.  Sample keys need not be unique; a position always is, so viewers and
+        tools that list samples address them by it.
 
         Raises:
             InvalidInputError: ``position`` is not an int.
