@@ -534,6 +534,9 @@ def child_main(op: str, workload: str, quick: bool, path: Path) -> None:
     elif op == "am-load":
         with ArchiveManager.open(path, create=False) as pool:
             kept = _materialized(pool.open_archive("rollout-0").load_samples())
+    elif op == "am-load-arrays":
+        with ArchiveManager.open(path, create=False) as pool:
+            kept = _materialized(pool.open_archive("rollout-0").load_samples(as_arrays=True))
     elif op == "torch-save":
         torch_save(samples, path)
     elif op == "torch-load":
@@ -579,6 +582,7 @@ def measure_memory(quick: bool, work: Path) -> dict:
         for op, path in (
             ("am-save", pool_root),
             ("am-load", pool_root),
+            ("am-load-arrays", pool_root),
             ("torch-save", pt),
             ("torch-load", pt),
         )
@@ -680,7 +684,7 @@ def report_memory(m: dict) -> str:
         f"the samples' own size is {size / 1e6:.1f} MB (see samples_nbytes)"
     ]
     for op, peak in m["peak_above_baseline"].items():
-        lines.append(f"   {op:<12}{peak / 1e6:9.1f} MB  {peak / size:5.2f}x the samples' size")
+        lines.append(f"   {op:<16}{peak / 1e6:9.1f} MB  {peak / size:5.2f}x the samples' size")
     return "\n".join(lines)
 
 
