@@ -538,17 +538,22 @@ class TestBlobStore(BlobStoreContract):
         stored = set(store.iter_digests())
         assert stored == {digest_of(d) for d, _ in items[: blobs._BATCH]}
 
-    def test_put_many_out_of_descriptors_writes_one_at_a_time(self, store, monkeypatch) -> None:
+    @staticmethod
+    def _fail_nth_begin(store: BlobStore, monkeypatch, n: int, err: int) -> None:
+        """Make the ``n``-th temp file that ``store`` starts fail with ``err``."""
         real_begin = store._begin
         begun: list[int] = []
 
         def begin(digest: str, views: list) -> object:
             begun.append(1)
-            if len(begun) == 5:
-                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            if len(begun) == n:
+                raise OSError(err, os.strerror(err))
             return real_begin(digest, views)
 
         monkeypatch.setattr(store, "_begin", begin)
+
+    def test_put_many_out_of_descriptors_writes_one_at_a_time(self, store, monkeypatch) -> None:
+        self._fail_nth_begin(store, monkeypatch, 5, errno.EMFILE)
         items = [(os.urandom(400), None) for _ in range(blobs._BATCH + 3)]
         fds = self._open_fds()
         digests = store.put_many(items)
@@ -557,19 +562,11 @@ class TestBlobStore(BlobStoreContract):
         assert self._open_fds() == fds and store.temp_files() == []
 
     def test_put_many_reports_the_failure_not_the_cleanup(self, store, monkeypatch) -> None:
-        real_begin = store._begin
-        begun: list[int] = []
-
-        def begin(digest: str, views: list) -> object:
-            begun.append(1)
-            if len(begun) == 6:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return real_begin(digest, views)
+        self._fail_nth_begin(store, monkeypatch, 6, errno.ENOSPC)
 
         def unlink(path: object) -> None:  # the filesystem turned read-only meanwhile
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-        monkeypatch.setattr(store, "_begin", begin)
         items = [(os.urandom(400), None) for _ in range(blobs._BATCH)]
         fds = self._open_fds()
         monkeypatch.setattr(blobs.os, "unlink", unlink)
