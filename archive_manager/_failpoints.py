@@ -62,9 +62,16 @@ POINTS: dict[str, str] = {
     "gc.after_unlink": "gc: a deleting blob unlinked, its row not yet deleted",
     **_commit("gc.delete", "gc: a batch of unlinked blobs' rows deleted"),
     "gc.orphan.after_unlink": "gc: an orphan file (no catalog row) unlinked",
-    # catalog recovery
-    **_commit("rebuild.blobs", "rebuild_catalog: blob rows indexed from the files"),
+    # pool identity (docs/architecture.md "Pool identity"); the identity file is written
+    # before ``identity.bind`` commits and after ``identity.adopt``/``identity.rebind`` commit
+    **_commit("identity.bind", "a new or older pool's identity: file written, catalog's row"),
+    **_commit("identity.adopt", "recover: an empty catalog takes over a pool's blob root"),
+    **_commit("identity.rebind", "rebind: a copied pool's new identity in its catalog"),
+    **_commit("identity.move", "a pool moved as a whole: its catalog follows the new root"),
+    # catalog recovery (incremental: only what the catalog lacks)
     **_commit("rebuild.archive", "rebuild_catalog: one archive restored from its manifest"),
+    **_commit("rebuild.blobs", "rebuild_catalog: a batch of row-less blob files indexed"),
+    **_commit("rebuild.finish", "rebuild_catalog: done; GC allowed again, save numbers raised"),
 }
 
 

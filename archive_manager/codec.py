@@ -1110,6 +1110,15 @@ def decode_chunk(
 # Manifests
 
 
+_KINDS = {CHUNK_MAGIC: "chunk", TENSOR_MAGIC: "tensor", MANIFEST_MAGIC: "manifest"}
+MAGIC_SIZE = len(CHUNK_MAGIC)
+
+
+def blob_kind(head: bytes) -> str | None:
+    """``"chunk"``, ``"tensor"`` or ``"manifest"`` from a blob's first `MAGIC_SIZE` bytes."""
+    return _KINDS.get(bytes(head[:MAGIC_SIZE]))
+
+
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     """An archive's manifest (plain JSON-able dict) as blob bytes: magic, version, zstd(JSON)."""
     body = json.dumps(manifest, separators=(",", ":"), allow_nan=True).encode()

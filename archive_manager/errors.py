@@ -22,6 +22,7 @@ __all__ = [
     "LeaseExpiredError",
     "MetadataError",
     "MissingDependencyError",
+    "PoolIdentityError",
     "PoolNotFoundError",
     "UnencodableError",
     "UnsupportedFilesystemError",
@@ -91,6 +92,10 @@ class CatalogVersionError(CatalogError):
 
 class CatalogLockedError(CatalogError, TimeoutError):
     """The catalog stayed locked by another process for longer than the busy timeout."""
+
+
+class PoolIdentityError(CatalogError):
+    """The catalog and the blob root are not one pool's (another catalog, a copy, a lost catalog)."""
 
 
 class UnsupportedFilesystemError(CatalogError):

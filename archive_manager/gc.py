@@ -39,19 +39,24 @@ from .catalog import (
     leases_table,
     retention_table,
 )
-from .errors import GcAbortedError
+from .codec import MAGIC_SIZE, blob_kind
+from .errors import ArchiveError, GcAbortedError, PoolIdentityError
+from .identity import UNINDEXED_BLOBS, check_identity
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from .manager import ArchiveManager
 
-__all__ = ["UNINDEXED_BLOBS", "GcReport", "collect", "plan_orphans"]
-
-UNINDEXED_BLOBS = "unindexed_blobs"
-"""``pool_info`` key set when a catalog was created over a blob root that already held blobs
-(a lost or emptied catalog, a new database): GC refuses to run until `rebuild_catalog` has
-indexed them, or it would delete every one of them as an orphan."""
+__all__ = [
+    "UNINDEXED_BLOBS",
+    "GcReport",
+    "collect",
+    "kind_of",
+    "plan_orphans",
+    "rowless_files",
+    "unindexed_manifests",
+]
 
 _BATCH = 500
 # Temp files are young while their writer lives; a writer that has not renamed its temp file
@@ -231,6 +236,11 @@ def collect(
             "would take them all for orphans; run rebuild_catalog ('archive-manager "
             "rebuild-catalog') first"
         )
+    if pool.identity is not None:
+        try:
+            check_identity(pool.root, pool.identity)
+        except PoolIdentityError as exc:
+            raise GcAbortedError(f"gc stopped before deleting anything: {exc}") from exc
     try:
         files = list(store.iter_stat())
         temps = store.temp_files()
@@ -238,6 +248,7 @@ def collect(
         raise GcAbortedError(
             f"gc stopped before deleting anything: cannot list blobs: {exc}"
         ) from exc
+    _refuse_if_behind(pool, files)
 
     with catalog.read() if dry_run else catalog.write("gc.plan") as conn:
         lt = leases_table
@@ -292,6 +303,61 @@ def collect(
         _remove_temp(store, path)
     report.duration = time.perf_counter() - started
     return report
+
+
+def kind_of(pool: ArchiveManager, digest: str) -> str | None:
+    """The kind of blob file ``digest`` by its magic (None: not a blob of this library).
+
+    Raises:
+        OSError, ArchiveError: the file vanished or cannot be read as a blob.
+    """
+    return blob_kind(pool.store.read_head(digest, MAGIC_SIZE))
+
+
+def rowless_files(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> dict[str, int]:
+    """Of the listed blob files, those with no catalog row, and their sizes."""
+    digests = sorted(d for d, _, _ in files)
+    known: set[str] = set()
+    with pool.catalog.read() as conn:
+        for i in range(0, len(digests), _BATCH):
+            batch = digests[i : i + _BATCH]
+            known.update(
+                conn.execute(
+                    select(blobs_table.c.digest).where(blobs_table.c.digest.in_(batch))
+                ).scalars()
+            )
+    return {d: size for d, size, _ in files if d not in known}
+
+
+def unindexed_manifests(pool: ArchiveManager, rowless: dict[str, int]) -> list[str]:
+    """Of the row-less blob files, the manifests: archives the catalog lacks."""
+    found = []
+    for digest in sorted(rowless):
+        try:
+            if kind_of(pool, digest) == "manifest":
+                found.append(digest)
+        except (OSError, ArchiveError):
+            continue  # vanished or unreadable: nothing anyone can restore from
+    return found
+
+
+def _refuse_if_behind(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> None:
+    """Stop if a manifest on disk has no catalog row: the catalog is behind its blobs.
+
+    NOTE: a save inserts a blob's row before it writes the file, so in a catalog that is not
+    behind, no manifest file is ever without a row.  One that is (restored from a backup, a
+    failover to a lagging replica) lacks the archives saved since, and would take their
+    blobs, manifests included, for orphans: after that no rebuild could bring them back.
+    Only row-less files are read (their first bytes), which a healthy pool has few of.
+    """
+    behind = unindexed_manifests(pool, rowless_files(pool, files))
+    if behind:
+        raise GcAbortedError(
+            f"gc stopped before deleting anything: {len(behind)} archive manifest(s) under "
+            f"blobs/ are missing from the catalog (first: {behind[0]}): the catalog is behind "
+            "its blobs (restored from a backup, or a lagging replica?); run rebuild_catalog "
+            "('archive-manager rebuild-catalog'), which restores only what the catalog lacks"
+        )
 
 
 def _execute(pool: ArchiveManager, progress: Progress | None) -> None:

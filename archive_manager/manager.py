@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -21,9 +22,7 @@ from .catalog import (
     Catalog,
     archives_table,
     entries_table,
-    get_pool_info,
     retention_table,
-    set_pool_info,
 )
 from .catalog.engine import make_engine, parse_url
 from .catalog.migrate import current_revision, head_revision
@@ -34,9 +33,11 @@ from .errors import (
     ArchiveReleasedError,
     CatalogError,
     InvalidInputError,
+    PoolIdentityError,
     PoolNotFoundError,
 )
-from .gc import UNINDEXED_BLOBS, GcReport, collect
+from .gc import GcReport, collect
+from .identity import PoolIdentity, bind_pool, read_identity, safe_url
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
@@ -108,6 +109,7 @@ class ArchiveManager:
         self.chunk_size = chunk_size
         self.inline_limit = inline_limit
         self._stats_cache = StatsCache()
+        self._identity: PoolIdentity | None = None
 
     @classmethod
     def open(
@@ -121,6 +123,8 @@ class ArchiveManager:
         inline_limit: int = DEFAULT_INLINE_LIMIT,
         busy_timeout_ms: int | None = None,
         create: bool = True,
+        recover: bool = False,
+        rebind: bool = False,
     ) -> ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
@@ -135,24 +139,48 @@ class ArchiveManager:
             busy_timeout_ms: How long to wait for another process's catalog lock.
             create: Create the pool if there is none; with False, a missing pool raises
                 `PoolNotFoundError` (so a mistyped path never makes an empty pool).
+            recover: The pool's catalog was lost: let this empty (or missing) catalog take
+                over the blob root, keeping its pool identity; GC stays refused until
+                `rebuild_catalog` has run.  Refused for a root with no identity and no blobs.
+            rebind: ``root`` is a copy of a pool (``cp -a pool copy``, catalog inside it):
+                bind its catalog to it and give the copy a new pool identity, so that copy
+                and original are never taken for one another.
 
         Raises:
-            PoolNotFoundError: ``create`` is False and there is no pool.
+            PoolNotFoundError: ``create`` is False and there is no pool (or, with
+                ``recover``, nothing to recover).
             CatalogVersionError: the pool was written by a newer archive_manager.
-            CatalogError: the catalog cannot be opened, or belongs to another blob root.
+            PoolIdentityError: the catalog and the blob root are not one pool's (another
+                pool's catalog, a copy, a root re-bound to another catalog); the message
+                names both sides and what to do.
+            CatalogError: the catalog cannot be opened.
         """
         path = Path(root).expanduser().resolve()
-        if not create and not cls.exists(path, catalog_url):
+        url = catalog_url or default_catalog_url(path)
+        if not (recover or rebind):
+            missing = _missing_catalog(path, url)
+            if missing is not None:
+                raise missing
+        if not (create or recover or rebind) and not cls.exists(path, catalog_url):
             raise PoolNotFoundError(
                 f"no pool at {path}; create one first (ArchiveManager.open or "
                 "'archive-manager init')"
             )
         path.mkdir(parents=True, exist_ok=True)
-        url = catalog_url or default_catalog_url(path)
         catalog = Catalog.open(url, busy_timeout_ms=busy_timeout_ms)
         try:
-            _bind_root(catalog, path, explicit_url=catalog_url is not None)
-            return cls(
+            store = BlobStore(path)
+            identity = bind_pool(
+                catalog,
+                path,
+                url=url,
+                explicit_url=catalog_url is not None,
+                list_blobs=lambda n: list(itertools.islice(store.iter_digests(), n)),
+                clock=clock or time.time,
+                recover=recover,
+                rebind=rebind,
+            )
+            pool = cls(
                 path,
                 catalog,
                 clock=clock or time.time,
@@ -160,6 +188,8 @@ class ArchiveManager:
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
             )
+            pool._identity = identity
+            return pool
         except BaseException:
             catalog.close()
             raise
@@ -199,6 +229,11 @@ class ArchiveManager:
     def root(self) -> Path:
         """The blob root."""
         return self._root
+
+    @property
+    def identity(self) -> PoolIdentity | None:
+        """The pool's identity (pool id and catalog id) as checked when it was opened."""
+        return self._identity
 
     @property
     def catalog_url(self) -> str:
@@ -446,7 +481,9 @@ class ArchiveManager:
         Raises:
             GcAbortedError: a listing or I/O error, or an inconsistent catalog, stopped it
                 before it deleted anything; also while the catalog was created over blobs
-                it does not index (a lost catalog), until `rebuild_catalog` ran.
+                it does not index (a lost catalog), or while manifests on disk are missing
+                from the catalog (one restored from a backup), until `rebuild_catalog` ran;
+                also when the pool's identity at the blob root changed since it was opened.
         """
         seconds = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
         if seconds < 0:
@@ -467,16 +504,22 @@ class ArchiveManager:
         """
         return verify_pool(self, read_data=read_data, subset=subset, progress=progress)
 
-    def rebuild_catalog(self) -> RebuildReport:
-        """Restore archives from their manifest blobs after the catalog was lost.
+    def rebuild_catalog(
+        self, *, progress: Callable[[int, int], None] | None = None
+    ) -> RebuildReport:
+        """Restore the archives the catalog lacks from their manifest blobs.
 
-        Every blob file is indexed; every archive whose manifest and blobs are intact comes
-        back published and retained by its own owner (manifests do not record releases or
-        external owners).  Archives already in the catalog are left alone.  A manifest that
-        is damaged or forged is skipped with its reason (``report.skipped``).  A complete run
-        lets GC work again on a catalog created over existing blobs.
+        For a lost catalog (open the pool with ``recover=True``), a catalog restored from a
+        backup or a lagging replica (manifests written since are missing from it), or one
+        that survived in part.  Incremental: only blob files without a catalog row are
+        looked at, and nothing the catalog records changes, so it is safe while saves and GC
+        run.  Each restored archive comes back published and retained by its own owner
+        (manifests record neither releases nor external owners).  When several manifests
+        name one archive, the one saved last wins (the published one); every manifest not
+        restored is in ``report.skipped`` with its reason.  A complete run lets GC work again.
+        ``progress(done, total)`` is called per archive name.
         """
-        return rebuild_catalog(self)
+        return rebuild_catalog(self, progress=progress)
 
     def import_pt(
         self,
@@ -503,27 +546,25 @@ class ArchiveManager:
         return audit_owners(self)
 
 
-def _bind_root(catalog: Catalog, root: Path, *, explicit_url: bool) -> None:
-    """Record the blob root in a new catalog; refuse a catalog bound to another root."""
-    recorded = catalog.get_pool_info("blob_root")
-    if recorded is None:
-        with catalog.write() as conn:
-            recorded = get_pool_info(conn, "blob_root")
-            if recorded is None:
-                set_pool_info(conn, "blob_root", str(root))
-                if next(iter(BlobStore(root)), None) is not None:
-                    # A new catalog over blobs it does not index: the old catalog was lost
-                    # (deleted, emptied) or another database was named.  GC would take every
-                    # blob for an orphan; it refuses until rebuild_catalog clears this.
-                    set_pool_info(conn, UNINDEXED_BLOBS, "1")
-                return
-    if recorded != str(root):
-        if not explicit_url and not Path(recorded).exists():
-            # The pool folder was moved as a whole (catalog inside it): follow it.
-            with catalog.write() as conn:
-                set_pool_info(conn, "blob_root", str(root))
-            return
-        raise CatalogError(
-            f"this catalog belongs to the pool at {recorded}, not {root}: two pools must not "
-            "share one catalog"
-        )
+def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
+    """The error for a SQLite catalog file that is gone while its blob root holds a pool.
+
+    NOTE: checked before the catalog is opened, which would create an empty file: a refused
+    open must leave the pool as it was.  (A PostgreSQL database has no such cheap test;
+    there the identity check refuses the empty catalog after it was set up.)
+    """
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    if Path(parsed.database).exists() or not root.is_dir():
+        return None
+    identity = read_identity(root)
+    if identity is None and next(iter(BlobStore(root).iter_digests()), None) is None:
+        return None
+    held = f"pool {identity.pool_id[:12]}" if identity is not None else "blobs"
+    return PoolIdentityError(
+        f"the catalog {safe_url(url)} is missing, but the blob root {root} holds {held}: if "
+        "the catalog was lost, run 'archive-manager rebuild-catalog' (ArchiveManager.open(root, "
+        "recover=True), then rebuild_catalog()); if the pool's catalog is elsewhere, pass its "
+        "URL (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
+    )

@@ -1,23 +1,34 @@
-"""Catalog recovery: rebuild archives, chunks, entries, metadata and ownership from the
-manifest blobs when the catalog was lost (`ArchiveManager.rebuild_catalog`).
+"""Catalog recovery (docs/architecture.md, "Recovery"): restore the archives the catalog lacks
+from the manifest blobs under the blob root (`ArchiveManager.rebuild_catalog`).
 
 Manifests are the source of truth for what an archive is; the catalog is an index over them.
-What manifests do not record comes back conservatively: every restored archive is published
-and retained by its own owner (a released archive whose payload GC had not reclaimed yet is
-restored as published; external owners such as checkpoints must be retained again).
+The rebuild is *incremental*: it looks only at blob files that have no catalog row (a lost
+catalog has none; one restored from a backup lacks what was written after the backup) and
+never changes what the catalog already records.  That is what makes it safe beside live
+saves and GC: a save inserts a blob's row before it writes the file, so a file without a row
+is never one a save in flight is writing, and every step below runs under the catalog's write
+lock, which GC's unlinks also take.
+
+Per archive, one transaction: the name is still free, every blob it needs is present (a file,
+or a row that is not being deleted), rows are added for the blobs that had none, and the
+archive is inserted published and owned by its own owner.  When several manifests name one
+archive, the one saved last wins (`Manifest.order`: the published one, see the manifest
+module); every other manifest is reported with its reason.  Owners other than the archive's
+own (checkpoints, queues) and releases are not in manifests: they must be restored by hand.
 """
 
 from __future__ import annotations
 
-import json
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
+from sqlalchemy import exc as sa_exc
 
-from ._digest import check_digest, is_digest
-from ._names import archive_owner, check_archive_name
+from ._names import archive_owner
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -26,24 +37,26 @@ from .catalog import (
     pool_info_table,
     retention_table,
 )
-from .codec import CHUNK_MAGIC, MANIFEST_MAGIC, TENSOR_MAGIC, decode_manifest
+from .catalog.queries import archive_by_name, blob_rows, raise_save_seq
 from .errors import ArchiveError
-from .gc import UNINDEXED_BLOBS
-from .samples import check_key_text, check_task_key
-from .writer import MANIFEST_FORMAT, MANIFEST_VERSION, check_rollout_id, insert_contents
+from .gc import kind_of, rowless_files
+from .identity import UNINDEXED_BLOBS
+from .manifest import Manifest
+from .writer import insert_contents
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
 
 __all__ = ["RebuildReport", "rebuild_catalog"]
 
-_INT32, _INT63 = 2**31, 2**63  # limits of the catalog's INTEGER and BIGINT columns
-_KINDS = {CHUNK_MAGIC: "chunk", TENSOR_MAGIC: "tensor", MANIFEST_MAGIC: "manifest"}
+_BATCH = 500
+
+Progress = Callable[[int, int], None]
 
 
 @dataclass
 class RebuildReport:
-    """What `rebuild_catalog` restored and what it had to skip, with reasons."""
+    """What `rebuild_catalog` restored and what it did not, each with its reason."""
 
     archives: list[str] = field(default_factory=list)
     blobs: int = 0
@@ -56,97 +69,151 @@ class RebuildReport:
         return dict(self.__dict__)
 
 
-def _kind_of(pool: ArchiveManager, digest: str) -> str | None:
-    with open(pool.store.path(digest), "rb") as f:
-        return _KINDS.get(f.read(len(CHUNK_MAGIC)))
+class _Skip(Exception):
+    """This manifest's archive cannot be restored; the message says why."""
 
 
-def rebuild_catalog(pool: ArchiveManager) -> RebuildReport:
-    """Index every blob file and restore every archive whose manifest and blobs are intact.
+def rebuild_catalog(pool: ArchiveManager, *, progress: Progress | None = None) -> RebuildReport:
+    """Index every blob file the catalog lacks and restore every archive the catalog lacks
+    whose manifest and blobs are intact (see the module docstring).
 
-    Archives already in the catalog are left alone, so it is safe to run on a catalog that
-    survived in part.
+    Safe on a live pool and on a catalog that survived in part or was restored from a backup:
+    what the catalog records is never changed, and a rebuild killed anywhere is finished by
+    the next one (GC refuses until then).
     """
     started = time.perf_counter()
     report = RebuildReport()
     now = pool.clock()
-    files = {d: size for d, size, _ in pool.store.iter_stat()}
+    rowless = rowless_files(pool, list(pool.store.iter_stat()))
     kinds: dict[str, str] = {}
-    for digest in files:
-        kind = _kind_of(pool, digest)
+    for digest in sorted(rowless):
+        try:
+            kind = kind_of(pool, digest)
+        except (OSError, ArchiveError):
+            continue  # vanished since the listing (a GC or a rollback took it)
         if kind is None:
             report.unknown_files.append(digest)
         else:
             kinds[digest] = kind
-    with pool.catalog.write("rebuild.blobs") as conn:
-        known = set(conn.execute(select(blobs_table.c.digest)).scalars())
-        rows = [(d, files[d], k, "live", now) for d, k in sorted(kinds.items()) if d not in known]
-        insert_rows(conn, blobs_table, ("digest", "size", "kind", "state", "created_at"), rows)
-        report.blobs = len(rows)
-        names = set(conn.execute(select(archives_table.c.name)).scalars())
+    by_name: dict[str, list[tuple[Manifest, str]]] = defaultdict(list)
+    highest_seq = 0
     for digest in sorted(d for d, k in kinds.items() if k == "manifest"):
         try:
-            manifest = decode_manifest(pool.store.get(digest), digest)
-            name = _restore(pool, digest, manifest, files, kinds, names, now)
-        except (ArchiveError, KeyError, TypeError, ValueError) as exc:
+            manifest = Manifest.decode(pool.store.get(digest), digest)
+        except (ArchiveError, OSError, KeyError, TypeError, ValueError) as exc:
             report.skipped[digest] = f"{type(exc).__name__}: {exc}"
             continue
-        if name is not None:
+        by_name[manifest.name].append((manifest, digest))
+        highest_seq = max(highest_seq, manifest.save_seq or 0)
+    for done, name in enumerate(sorted(by_name), start=1):
+        group = sorted(by_name[name], key=lambda md: (md[0].order, md[1]), reverse=True)
+        (winner, digest), losers = group[0], group[1:]
+        for manifest, other in losers:
+            report.skipped[other] = (
+                f"superseded: archive {name!r} was saved again later (manifest {digest}"
+                f"{_seq_text(winner)}; this one{_seq_text(manifest)})"
+            )
+        try:
+            report.blobs += _restore(pool, digest, winner, kinds, rowless, now)
+        except _Skip as exc:
+            report.skipped[digest] = str(exc)
+        except sa_exc.IntegrityError as exc:
+            report.skipped[digest] = f"archive {name!r} could not be inserted: {exc.orig}"
+        else:
             report.archives.append(name)
-            names.add(name)
+        if progress is not None:
+            progress(done, len(by_name))
+    report.blobs += _index_rest(pool, rowless, kinds, now)
     # Only now, every archive restored: a rebuild that died half-way leaves GC refusing.
-    with pool.catalog.write() as conn:
+    with pool.catalog.write("rebuild.finish") as conn:
+        raise_save_seq(conn, highest_seq)
         conn.execute(delete(pool_info_table).where(pool_info_table.c.key == UNINDEXED_BLOBS))
     report.archives.sort()
     report.duration = time.perf_counter() - started
     return report
 
 
+def _seq_text(manifest: Manifest) -> str:
+    if manifest.save_seq is not None:
+        return f", save {manifest.save_seq}"
+    return f", created at {manifest.created_at}"
+
+
 def _restore(
     pool: ArchiveManager,
     digest: str,
-    manifest: dict[str, Any],
-    files: dict[str, int],
+    m: Manifest,
     kinds: dict[str, str],
-    names: set[str],
+    rowless: dict[str, int],
     now: float,
-) -> str | None:
-    manifest = _checked_manifest(manifest)
-    name = check_archive_name(manifest["name"])
-    if name in names:
-        return None
-    chunks = {i: (d, int(n), int(size)) for i, (d, n, size) in enumerate(manifest["chunks"])}
-    tensors = list(manifest.get("tensors", []))
-    needed = {d: "chunk" for d, _, _ in chunks.values()} | {d: "tensor" for d in tensors}
-    for d, kind in needed.items():
-        if not is_digest(d) or d not in files or kinds.get(d) != kind:
-            raise ValueError(f"its {kind} blob {d} is missing or not a {kind}")
+) -> int:
+    """Insert archive ``m`` if its name is free and every blob it needs is there; return
+    how many blob rows it added."""
+    needed: dict[str, str] = {d: "chunk" for d, _, _ in m.chunks}
+    needed.update({d: "tensor" for d in m.tensors})
     needed[digest] = "manifest"
-    entries = [
-        (position, sk, tk, int(ordinal), int(offset))
-        for position, (sk, tk, ordinal, offset) in enumerate(manifest["entries"])
-    ]
-    metadata = list(manifest["metadata"])
-    if len(metadata) != len(entries):
-        raise ValueError("entries and metadata disagree in length")
-    created = float(manifest.get("created_at") or now)
+    chunk_sizes = {d: size for d, _, size in m.chunks}
+    store = pool.store
     with pool.catalog.write("rebuild.archive") as conn:
+        existing = archive_by_name(conn, m.name)
+        if existing is not None:
+            raise _Skip(
+                f"the catalog already has an archive {m.name!r} (state {existing.state}); "
+                "what the catalog records is kept"
+            )
+        rows = blob_rows(conn, list(needed))
+        sizes: dict[str, int] = {}
+        new_rows: list[tuple[str, int, str, str, float]] = []
+        revive: list[str] = []
+        for d, kind in needed.items():
+            row = rows.get(d)
+            # Under the write lock: GC and rollbacks unlink only while holding it, so a file
+            # seen here stays until this transaction ends.
+            present = store.has(d)
+            if row is None:
+                if not present or kinds.get(d, kind) != kind or d not in rowless:
+                    raise _Skip(f"its {kind} blob {d} is missing or not a {kind}")
+                size = rowless[d]
+                new_rows.append((d, size, kind, "live", now))
+            else:
+                if row.kind != kind:
+                    raise _Skip(f"its {kind} blob {d} is recorded as a {row.kind}")
+                if not present:
+                    raise _Skip(f"its {kind} blob {d} is missing (recorded {row.state})")
+                size = int(row.size)
+                if row.state == "deleting":
+                    # GC unlinks only rows still 'deleting', under this lock: taking the row
+                    # back here keeps the file.
+                    revive.append(d)
+            if d in chunk_sizes and chunk_sizes[d] != size:
+                raise _Skip(f"its chunk blob {d} holds {size} bytes, not {chunk_sizes[d]}")
+            sizes[d] = size
+        insert_rows(conn, blobs_table, ("digest", "size", "kind", "state", "created_at"), new_rows)
+        if revive:
+            conn.execute(
+                update(blobs_table)
+                .where(blobs_table.c.digest.in_(revive), blobs_table.c.state == "deleting")
+                .values(state="live", created_at=now)
+            )
+        created = m.created_at if m.created_at is not None else now
         archive_id = conn.execute(
             archives_table.insert().values(
-                name=name,
-                rollout_id=manifest.get("rollout_id"),
-                evaluation=bool(manifest.get("evaluation")),
+                name=m.name,
+                rollout_id=m.rollout_id,
+                evaluation=m.evaluation,
                 state="published",
                 manifest_digest=digest,
-                samples=len(entries),
-                bytes=sum(files[d] for d in needed),
+                samples=len(m.entries),
+                bytes=sum(sizes.values()),
                 created_at=created,
                 published_at=created,
-                attrs=manifest.get("attrs"),
-                reference_name=manifest.get("reference"),
+                attrs=m.attrs,
+                reference_name=m.reference,
             )
         ).inserted_primary_key[0]
-        insert_contents(conn, archive_id, chunks, entries, metadata)
+        chunks = {i: c for i, c in enumerate(m.chunks)}
+        entries = [(pos, *e) for pos, e in enumerate(m.entries)]
+        insert_contents(conn, archive_id, chunks, entries, list(m.metadata))
         insert_rows(
             conn,
             archive_blobs_table,
@@ -155,68 +222,33 @@ def _restore(
         )
         conn.execute(
             retention_table.insert().values(
-                owner=archive_owner(name), archive_id=archive_id, created_at=now
+                owner=archive_owner(m.name), archive_id=archive_id, created_at=now
             )
         )
-    return name
+    return len(new_rows)
 
 
-def _count(value: object, limit: int, what: str) -> int:
-    if type(value) is not int or not 0 <= value < limit:
-        raise ValueError(f"{what} {value!r:.40} is not an int in [0, {limit})")
-    return value
-
-
-def _checked_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    """``manifest`` if every field has the shape and range a save writes, else ValueError.
-
-    NOTE: manifests are read back from blob files, which may be damaged or forged; one whose
-    entries were not lists made the insert raise AttributeError and stopped every later
-    rebuild, so everything the catalog will hold is checked before anything is written.
-    """
-    m = manifest
-    if m.get("format") != MANIFEST_FORMAT or type(m.get("version")) is not int:
-        raise ValueError("not an archive manifest")
-    if m["version"] != MANIFEST_VERSION:
-        raise ValueError(f"manifest version {m['version']}; this library reads {MANIFEST_VERSION}")
-    check_archive_name(m.get("name"))
-    check_rollout_id(m.get("rollout_id"))
-    if not isinstance(m.get("evaluation", False), bool):
-        raise ValueError("evaluation is not a bool")
-    if m.get("attrs") is not None and not isinstance(m["attrs"], dict):
-        raise ValueError("attrs is not a JSON object")
-    if m.get("reference") is not None:
-        check_archive_name(m["reference"])
-    created = m.get("created_at")
-    # (an exact comparison: also false for NaN, infinities and ints past any float)
-    if created is not None and not (type(created) in (int, float) and abs(created) < 1e11):
-        raise ValueError(f"created_at {created!r:.40} is not a time")
-    chunks, tensors, entries = m.get("chunks"), m.get("tensors", []), m.get("entries")
-    metadata = m.get("metadata")
-    if not all(isinstance(x, list) for x in (chunks, tensors, entries, metadata)):
-        raise ValueError("chunks, tensors, entries and metadata must be lists")
-    counts = []
-    for chunk in chunks:
-        if not (isinstance(chunk, list) and len(chunk) == 3 and isinstance(chunk[0], str)):
-            raise ValueError(f"chunk {chunk!r:.80} is not [digest, samples, size]")
-        check_digest(chunk[0])
-        counts.append(_count(chunk[1], _INT32, "chunk samples"))
-        _count(chunk[2], _INT63, "chunk size")
-    for digest in tensors:
-        check_digest(digest)
-    if len(entries) != sum(counts) or len(metadata) != len(entries):
-        raise ValueError("entries, metadata and the chunks' sample counts disagree")
-    for entry in entries:
-        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
-            raise ValueError(f"entry {entry!r:.80} is not [sample_key, task_key, chunk, offset]")
-        check_key_text(entry[0], "sample key")
-        if entry[1] is not None and not isinstance(entry[1], str):
-            raise ValueError(f"task key {entry[1]!r:.40} is not a str")
-        check_task_key(entry[1])
-        ordinal = _count(entry[2], len(counts), "chunk ordinal")
-        _count(entry[3], counts[ordinal], "offset")
-    if not all(isinstance(d, dict) for d in metadata):
-        raise ValueError("sample metadata must be JSON objects")
-    # NaN and infinities are JSON to Python but not to PostgreSQL's JSON type.
-    json.dumps([m.get("attrs"), metadata], allow_nan=False)
-    return m
+def _index_rest(
+    pool: ArchiveManager, rowless: dict[str, int], kinds: dict[str, str], now: float
+) -> int:
+    """Give every remaining row-less blob file of a known kind a ``live`` row (unowned: GC
+    reclaims it after the grace period); return how many rows it added."""
+    store = pool.store
+    digests = sorted(d for d in rowless if d in kinds)
+    added = 0
+    for i in range(0, len(digests), _BATCH):
+        batch = digests[i : i + _BATCH]
+        with pool.catalog.write("rebuild.blobs") as conn:
+            known = set(
+                conn.execute(
+                    select(blobs_table.c.digest).where(blobs_table.c.digest.in_(batch))
+                ).scalars()
+            )
+            rows = [
+                (d, rowless[d], kinds[d], "live", now)
+                for d in batch
+                if d not in known and store.has(d)
+            ]
+            insert_rows(conn, blobs_table, ("digest", "size", "kind", "state", "created_at"), rows)
+            added += len(rows)
+    return added

@@ -45,9 +45,10 @@ from .catalog.queries import (
     hold_blobs,
     insert_lease,
     mark_live,
+    next_save_seq,
     renew_lease,
 )
-from .codec import EncodedChunk, build_chunk, encode_manifest
+from .codec import EncodedChunk, build_chunk
 from .errors import (
     ArchiveError,
     ArchiveExistsError,
@@ -55,6 +56,7 @@ from .errors import (
     InvalidInputError,
     LeaseExpiredError,
 )
+from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
 from .metadata import describe_sample
 from .samples import check_key_text, check_task_key, sample_key, task_key_of
 
@@ -62,10 +64,8 @@ if TYPE_CHECKING:
     from .archive import Archive
     from .manager import ArchiveManager
 
-__all__ = ["MANIFEST_FORMAT", "ArchiveWriter"]
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 
-MANIFEST_FORMAT = "archive_manager.manifest"
-MANIFEST_VERSION = 1
 _UNSET: Any = object()
 _STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -191,13 +191,13 @@ class ArchiveWriter:
             elif self._buffer:
                 self._flush()
             self._wait()
-            manifest = self._manifest()
-            data = encode_manifest(manifest)
-            manifest_digest = codec.digest_of(data)
-            self._store([_Blob(manifest_digest, [data], len(data), "manifest")])
+            archive_id, manifest = self._commit_ownership()
+            # NOTE: written after the ownership commit, which gave it its save number (the
+            # manifest module says why that number must come from the name's claim), and
+            # before publication, so a published archive always has its manifest on disk.
+            self._pool.store.put_many([(manifest.parts, manifest.digest)])
             failpoint("save.manifest.after_write")
-            archive_id = self._commit_ownership(manifest_digest)
-            self._publish(archive_id)
+            self._publish(archive_id, manifest.digest)
         except BaseException:
             self.abort()
             raise
@@ -300,47 +300,55 @@ class ArchiveWriter:
                 mark_live(conn, self._unmarked)
                 self._unmarked = []
             hold_blobs(conn, self._lease, [b.digest for b in blobs])
-            rows = blob_rows(conn, [b.digest for b in blobs])
-            for blob in _unique(blobs):
-                row = rows.get(blob.digest)
-                if row is None:
-                    conn.execute(
-                        blobs_table.insert().values(
-                            digest=blob.digest,
-                            size=blob.size,
-                            kind=blob.kind,
-                            state="writing",
-                            created_at=now,
-                        )
-                    )
-                    self._created.add(blob.digest)
-                    to_write.append(blob)
-                elif row.size != blob.size:
-                    raise IntegrityError(
-                        f"blob {blob.digest} is recorded with {row.size} bytes but encodes to "
-                        f"{blob.size}: digest collision or a damaged catalog"
-                    )
-                elif row.state == "deleting":
-                    # A GC marked it and died (or has not reached it): GC unlinks only rows
-                    # still 'deleting' and only under the catalog's write lock, which this
-                    # transaction holds, so taking the row back here cannot race it.
-                    store.delete(blob.digest)
-                    conn.execute(
-                        update(blobs_table)
-                        .where(blobs_table.c.digest == blob.digest)
-                        .values(state="writing", created_at=now)
-                    )
-                    to_write.append(blob)
-                elif row.state == "writing" or not store.has(blob.digest):
-                    # Another save may be writing it, or a file went missing: putting the same
-                    # bytes again is idempotent and heals the pool.
-                    to_write.append(blob)
+            to_write = self._claim_rows(conn, blobs, now)
         store.put_many([(blob.parts, blob.digest) for blob in to_write])
         with self._lock:
             self._unmarked.extend(b.digest for b in to_write)
         for blob in blobs:
             self._blob_kinds[blob.digest] = blob.kind
             self._blob_sizes[blob.digest] = blob.size
+
+    def _claim_rows(self, conn: Connection, blobs: list[_Blob], now: float) -> list[_Blob]:
+        """Inside a write transaction: insert or take back the rows of ``blobs``; return the
+        blobs whose files must be written (absent, being written, or taken back from GC)."""
+        store = self._pool.store
+        to_write: list[_Blob] = []
+        rows = blob_rows(conn, [b.digest for b in blobs])
+        for blob in _unique(blobs):
+            row = rows.get(blob.digest)
+            if row is None:
+                conn.execute(
+                    blobs_table.insert().values(
+                        digest=blob.digest,
+                        size=blob.size,
+                        kind=blob.kind,
+                        state="writing",
+                        created_at=now,
+                    )
+                )
+                self._created.add(blob.digest)
+                to_write.append(blob)
+            elif row.size != blob.size:
+                raise IntegrityError(
+                    f"blob {blob.digest} is recorded with {row.size} bytes but encodes to "
+                    f"{blob.size}: digest collision or a damaged catalog"
+                )
+            elif row.state == "deleting":
+                # A GC marked it and died (or has not reached it): GC unlinks only rows
+                # still 'deleting' and only under the catalog's write lock, which this
+                # transaction holds, so taking the row back here cannot race it.
+                store.delete(blob.digest)
+                conn.execute(
+                    update(blobs_table)
+                    .where(blobs_table.c.digest == blob.digest)
+                    .values(state="writing", created_at=now)
+                )
+                to_write.append(blob)
+            elif row.state == "writing" or not store.has(blob.digest):
+                # Another save may be writing it, or a file went missing: putting the same
+                # bytes again is idempotent and heals the pool.
+                to_write.append(blob)
+        return to_write
 
     def _adopt_reference(self, source: Archive) -> None:
         """Share another archive's chunks and tensor blobs: hold them, copy its rows."""
@@ -403,31 +411,38 @@ class ArchiveWriter:
             self._blob_kinds[b.digest] = b.kind
             self._blob_sizes[b.digest] = b.size or 0
 
-    def _manifest(self) -> dict[str, Any]:
+    def _manifest(self, *, save_seq: int, created_at: float) -> _Blob:
         chunks = [self._chunks[i] for i in range(len(self._chunks))]
-        return {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "name": self.name,
-            "rollout_id": self.rollout_id,
-            "evaluation": self.evaluation,
-            "attrs": self.attrs,
-            "reference": self._reference.name if self._reference is not None else None,
-            "created_at": self._pool.clock(),
-            "chunks": [[d, n, size] for d, n, size in chunks],
-            "tensors": sorted(d for d, k in self._blob_kinds.items() if k == "tensor"),
-            "entries": [[sk, tk, o, off] for _, sk, tk, o, off in self._entries],
-            "metadata": self._metadata,
-        }
+        data = Manifest(
+            name=self.name,
+            rollout_id=self.rollout_id,
+            evaluation=self.evaluation,
+            attrs=self.attrs,
+            reference=self._reference.name if self._reference is not None else None,
+            created_at=created_at,
+            chunks=chunks,
+            tensors=sorted(d for d, k in self._blob_kinds.items() if k == "tensor"),
+            entries=[(sk, tk, o, off) for _, sk, tk, o, off in self._entries],
+            metadata=self._metadata,
+            save_seq=save_seq,
+        ).encode()
+        return _Blob(codec.digest_of(data), [data], len(data), "manifest")
 
-    def _commit_ownership(self, manifest_digest: str) -> int:
-        """Step 4: archive (pending), chunks, entries, metadata and ownership, in one commit."""
+    def _commit_ownership(self) -> tuple[int, _Blob]:
+        """Step 4: claim the name with a save number, then, in the same commit, the archive
+        (pending), its manifest's row, chunks, entries, metadata and ownership."""
         now = self._pool.clock()
-        total = sum(self._blob_sizes.values())
         with self._lock, self._pool.catalog.write("save.ownership") as conn:
             check_lease(conn, self._lease, now=now)
             mark_live(conn, self._unmarked)
             self._unmarked = []
+            if archive_by_name(conn, self.name) is not None:
+                raise ArchiveExistsError(f"archive {self.name!r} already exists")
+            manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
+            self._claim_rows(conn, [manifest], now)
+            self._blob_kinds[manifest.digest] = "manifest"
+            self._blob_sizes[manifest.digest] = manifest.size
+            total = sum(self._blob_sizes.values())
             try:
                 archive_id = conn.execute(
                     archives_table.insert().values(
@@ -435,7 +450,7 @@ class ArchiveWriter:
                         rollout_id=self.rollout_id,
                         evaluation=self.evaluation,
                         state="pending",
-                        manifest_digest=manifest_digest,
+                        manifest_digest=manifest.digest,
                         samples=len(self._entries),
                         bytes=total,
                         created_at=now,
@@ -461,11 +476,12 @@ class ArchiveWriter:
             # Ownership has passed to the archive's owner; the lease row itself stays until
             # publication so that GC can tell a live pending save from a dead one.
             conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == self._lease))
-        return int(archive_id)
+        return int(archive_id), manifest
 
-    def _publish(self, archive_id: int) -> None:
-        """Step 5: make the archive visible, end the lease."""
+    def _publish(self, archive_id: int, manifest_digest: str) -> None:
+        """Step 5: mark the manifest durable, make the archive visible, end the lease."""
         with self._lock, self._pool.catalog.write("save.publish") as conn:
+            mark_live(conn, [manifest_digest])
             published = conn.execute(
                 update(archives_table)
                 .where(archives_table.c.id == archive_id, archives_table.c.state == "pending")

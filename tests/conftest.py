@@ -507,7 +507,7 @@ def die_before_publish(
 ) -> None:
     """A save killed after it committed ownership (step 4) but before it published (step 5)."""
 
-    def publish(self: ArchiveWriter, archive_id: int) -> None:
+    def publish(self: ArchiveWriter, archive_id: int, manifest: str) -> None:
         raise Killed
 
     def abort(self: ArchiveWriter) -> None:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete
 
 from archive_manager import ArchiveManager, RolloutArchive, Sample
-from archive_manager.catalog import archives_table
+from archive_manager.catalog import archives_table, blobs_table
 from archive_manager.cli import cli
 from archive_manager.codec import (
     ChunkReader,
@@ -268,8 +268,10 @@ def test_forged_manifest_is_skipped_and_the_rebuild_goes_on(
     with open_on(backend, tmp_path / "pool", chunk_size=4) as pool:
         pool.save("lost", tiny_rollout(8, seed=5), rollout_id=5)
         lost = decode_manifest(pool.store.get(pool.open_archive("lost").manifest_digest))  # type: ignore[arg-type]
-        with pool.catalog.write() as conn:  # as if the catalog had lost it
+        with pool.catalog.write() as conn:  # as if the catalog were a backup from before it
+            digests = set(pool.store.iter_digests())
             conn.execute(delete(archives_table).where(archives_table.c.name == "lost"))
+            conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(digests)))
         forged = copy.deepcopy(lost)
         forged["name"] = "forged"
         FORGERIES[forgery](forged)

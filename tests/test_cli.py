@@ -495,12 +495,17 @@ def test_verify_ok_and_damaged(run: Callable[..., Result], root: Path) -> None:
 
 
 def test_rebuild_catalog(run: Callable[..., Result], root: Path) -> None:
-    assert "restored 0 archive(s)" in ok(run("rebuild-catalog")).stdout
+    assert "restored 0 archive(s)" in ok(run("rebuild-catalog", "--yes")).stdout
     for path in root.glob("catalog.db*"):
         path.unlink()
-    ok(run("init"))
-    assert as_json(run("ls", "--json")) == []
-    rebuilt = as_json(run("rebuild-catalog", "--json"))
+    # The catalog is lost: reads refuse, naming the verb that recovers; init does not
+    # quietly make a new catalog over the old blobs; none of them creates a file.
+    assert "rebuild-catalog" in failed(run("ls"))
+    assert "rebuild-catalog" in failed(run("init"))
+    declined = run("rebuild-catalog", input="n\n")  # asks first
+    assert declined.exit_code == 1 and "Aborted" in declined.output
+    assert not (root / "catalog.db").exists()
+    rebuilt = as_json(run("rebuild-catalog", "--yes", "--json"))
     assert rebuilt["archives"] == ["eval-1", "train-0"]
     assert {a["name"] for a in as_json(run("ls", "--json"))} == {"train-0", "eval-1"}
 

@@ -192,8 +192,8 @@ def test_the_checker_catches_a_visible_archive_without_owner(tmp_path: Path) -> 
 
     commit_ownership = ArchiveWriter._commit_ownership
 
-    def publish_first(self: ArchiveWriter, manifest_digest: str) -> int:
-        archive_id = commit_ownership(self, manifest_digest)
+    def publish_first(self: ArchiveWriter) -> tuple[int, object]:
+        archive_id, manifest = commit_ownership(self)
         with self._pool.catalog.write() as conn:
             conn.execute(
                 update(archives_table)
@@ -202,7 +202,7 @@ def test_the_checker_catches_a_visible_archive_without_owner(tmp_path: Path) -> 
             )
             conn.execute(delete(retention_table).where(retention_table.c.archive_id == archive_id))
         os.kill(os.getpid(), signal.SIGKILL)  # the crash: visible, not owned
-        return archive_id
+        return archive_id, manifest
 
     def sabotaged_save(world: crash_matrix.World) -> None:
         ArchiveWriter._commit_ownership = publish_first  # type: ignore[method-assign]

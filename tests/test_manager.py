@@ -250,10 +250,10 @@ def paused_publish(monkeypatch) -> Iterator[tuple[threading.Event, threading.Eve
     reached, go = threading.Event(), threading.Event()
     real = ArchiveWriter._publish
 
-    def paused(self: ArchiveWriter, archive_id: int) -> None:
+    def paused(self: ArchiveWriter, archive_id: int, manifest: str) -> None:
         reached.set()
         assert go.wait(60)
-        real(self, archive_id)
+        real(self, archive_id, manifest)
 
     monkeypatch.setattr(ArchiveWriter, "_publish", paused)
     yield reached, go

@@ -316,7 +316,7 @@ def test_owners_of_a_dead_pending_save(
     class Killed(BaseException):
         pass
 
-    def publish(self: ArchiveWriter, archive_id: int) -> None:
+    def publish(self: ArchiveWriter, archive_id: int, manifest: str) -> None:
         raise Killed
 
     with monkeypatch.context() as m:

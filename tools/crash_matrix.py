@@ -69,7 +69,7 @@ from archive_manager.catalog import (
 )
 from archive_manager.codec import TensorRef
 from archive_manager.compat import RolloutArchive
-from archive_manager.errors import ArchiveNotFoundError, UnencodableError
+from archive_manager.errors import ArchiveNotFoundError, PoolIdentityError, UnencodableError
 from archive_manager.synthetic import make_rollout
 
 CHILD_TIMEOUT = 120.0
@@ -145,7 +145,10 @@ class World:
     owners_after: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     reclaim: set[str] = dataclasses.field(default_factory=set)  # blobs gc must remove
     plant: list[Path] = dataclasses.field(default_factory=list)  # files gc must remove
-    rebuild: bool = False
+    rebuild: bool = False  # the checker finishes a rebuild first, then expects ``names``
+    recover: bool = False  # the catalog was lost: that rebuild opens with recover=True
+    names: set[str] = dataclasses.field(default_factory=set)
+    rebind: bool = False  # a copy being rebound: the checker reruns an interrupted rebind
 
     def open(self, **options: Any) -> ArchiveManager:
         return ArchiveManager.open(self.root, self.url, **{**POOL_OPTIONS, **options})
@@ -343,7 +346,8 @@ def _run_gc(world: World) -> None:
 
 
 def _prepare_rebuild(world: World) -> None:
-    world.rebuild = True
+    world.rebuild = world.recover = True
+    world.names = {"kept", "held", "doomed", "shared"}
     if world.url is None:
         for path in world.root.glob("catalog.db*"):
             path.unlink()
@@ -352,8 +356,125 @@ def _prepare_rebuild(world: World) -> None:
 
 
 def _run_rebuild(world: World) -> None:
+    with world.open(recover=True) as pool:
+        pool.rebuild_catalog()
+
+
+def _copy_catalog(world: World, to: str) -> None:
+    """Copy the pool's (closed) catalog: a SQLite backup, or a PostgreSQL database clone."""
+    if world.url is None:
+        import sqlite3
+
+        source = sqlite3.connect(world.root / "catalog.db")
+        target = sqlite3.connect(to)
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+        return
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(world.url).set(database="postgres")
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    source, target = make_url(world.url).database, make_url(to).database
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{target}" TEMPLATE "{source}"'))
+    finally:
+        engine.dispose()
+
+
+def _prepare_restore(world: World) -> None:
+    """A catalog backup taken, then 'late' saved, then the backup restored over the catalog."""
+    from sqlalchemy.engine import make_url
+
+    world.rebuild = True
+    world.names = {"kept", "held", "doomed", "shared", "late"}
+    if world.url is None:
+        backup = str(world.root.parent / "backup.db")
+    else:
+        backup = (
+            make_url(world.url)
+            .set(database=f"bk_{uuid.uuid4().hex[:12]}")
+            .render_as_string(hide_password=False)
+        )
+    _copy_catalog(world, backup)
+    with world.open() as pool:
+        samples = rollout(12, 7)
+        pool.save("late", samples, rollout_id=4)
+        world.intact["late"] = fingerprint(samples)
+    if world.url is None:
+        for path in world.root.glob("catalog.db*"):
+            path.unlink()
+        shutil.copy(backup, world.root / "catalog.db")
+        os.unlink(backup)
+    else:
+        backup_world = World(world.root, backup, intact={})
+        _copy_catalog(backup_world, world.url)
+        _drop(backup)
+
+
+def _drop(url: str) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    engine = create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
+    finally:
+        engine.dispose()
+
+
+def _run_restore(world: World) -> None:
     with world.open() as pool:
         pool.rebuild_catalog()
+
+
+def _prepare_first_open(world: World) -> None:
+    """The pool as an earlier version left it: no identity file, no ids in the catalog."""
+    from archive_manager.catalog import pool_info_table
+
+    (world.root / "archive-pool.json").unlink()
+    with world.open() as pool, pool.catalog.write() as conn:
+        conn.execute(
+            pool_info_table.delete().where(pool_info_table.c.key.in_(["pool_id", "catalog_id"]))
+        )
+    (world.root / "archive-pool.json").unlink()
+
+
+def _run_first_open(world: World) -> None:
+    with world.open():
+        pass
+
+
+def _set_recorded_root(world: World, where: Path) -> None:
+    from archive_manager.catalog import set_pool_info
+
+    with world.open() as pool, pool.catalog.write() as conn:
+        set_pool_info(conn, "blob_root", str(where))
+
+
+def _prepare_move(world: World) -> None:
+    """The pool folder was moved: its catalog still records a root that no longer exists."""
+    _set_recorded_root(world, world.root.parent / "moved-away")
+
+
+def _prepare_rebind(world: World) -> None:
+    """The pool is a copy (``cp -a``): the original, same identity, is still in place."""
+    original = world.root.parent / "original"
+    original.mkdir()
+    shutil.copy(world.root / "archive-pool.json", original / "archive-pool.json")
+    _set_recorded_root(world, original)
+    world.rebind = True
+
+
+def _run_rebind(world: World) -> None:
+    with world.open(rebind=True):
+        pass
 
 
 SCENARIOS = {
@@ -392,6 +513,22 @@ SCENARIOS = {
         ),
         Scenario(
             "rebuild", "rebuild_catalog after the catalog was lost", _prepare_rebuild, _run_rebuild
+        ),
+        Scenario(
+            "restore",
+            "rebuild_catalog after a catalog backup was restored ('late' saved since)",
+            _prepare_restore,
+            _run_restore,
+        ),
+        Scenario(
+            "move", "the first open of a pool moved as a whole", _prepare_move, _run_first_open
+        ),
+        Scenario("rebind", "rebind of a copied pool", _prepare_rebind, _run_rebind),
+        Scenario(
+            "first_open",
+            "the first open of a pool written before pool identities",
+            _prepare_first_open,
+            _run_first_open,
         ),
     )
 }
@@ -616,10 +753,14 @@ def check(world: World) -> dict[str, bool | None]:
     if world.rebuild:
         # The lost catalog is rebuilt again (finishing the killed run) before anything is
         # checked: manifests are the truth.
-        with world.open() as pool:
+        with world.open(recover=world.recover) as pool:
             pool.rebuild_catalog()
             names = {a.name for a in pool.find()}
-        checks["atomic"] = names == {"kept", "held", "doomed", "shared"}
+        checks["atomic"] = names == world.names
+    if world.rebind:
+        # What the operator does after a crash: run rebind again (refused once it completed).
+        with contextlib.suppress(PoolIdentityError):
+            world.open(rebind=True).close()
     with world.open() as pool:
         checks["intact"] = all(_load_fp(pool, n) == fp for n, fp in world.intact.items())
         published = {a.name for a in pool.find()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,9 +182,15 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
                     raise
 
 
+# NOTE: Alembic keeps its running environment in module globals, so two threads migrating
+# two catalogs at once broke each other (KeyError: 'script').
+_ALEMBIC_LOCK = threading.Lock()
+
+
 def _upgrade_in(conn: Connection, revision: str) -> None:
     _check_known(_current_in(conn), _where(conn))
-    command.upgrade(_config(conn), revision)
+    with _ALEMBIC_LOCK:
+        command.upgrade(_config(conn), revision)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -234,7 +241,8 @@ def ensure_current(engine: Engine) -> str:
         if current is not None:
             _check_format(_format_version_in(conn), where)
         if current != head:
-            command.upgrade(_config(conn), "head")
+            with _ALEMBIC_LOCK:
+                command.upgrade(_config(conn), "head")
         found = _format_version_in(conn)
         if found is None:
             conn.execute(

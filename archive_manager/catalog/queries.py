@@ -19,6 +19,7 @@ from .models import (
     blobs_table,
     lease_blobs_table,
     leases_table,
+    pool_info_table,
     retention_table,
 )
 
@@ -31,8 +32,12 @@ __all__ = [
     "hold_blobs",
     "insert_lease",
     "mark_live",
+    "next_save_seq",
+    "raise_save_seq",
     "renew_lease",
 ]
+
+SAVE_SEQ = "save_seq"
 
 # NOTE: SQLite allows 32766 bound parameters per statement; IN lists are cut well below it.
 _IN_BATCH = 5000
@@ -162,3 +167,39 @@ def is_retained(conn: Connection, archive_id: int) -> bool:
     return bool(
         conn.execute(select(exists().where(retention_table.c.archive_id == archive_id))).scalar()
     )
+
+
+def _stored_seq(conn: Connection) -> int:
+    value = conn.execute(
+        select(pool_info_table.c.value).where(pool_info_table.c.key == SAVE_SEQ)
+    ).scalar_one_or_none()
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def _store_seq(conn: Connection, seq: int) -> None:
+    t = pool_info_table
+    if conn.execute(t.update().where(t.c.key == SAVE_SEQ).values(value=str(seq))).rowcount == 0:
+        conn.execute(t.insert().values(key=SAVE_SEQ, value=str(seq)))
+
+
+def next_save_seq(conn: Connection, now: float) -> int:
+    """The next save number: above every number given before, and at least ``now`` in
+    microseconds (inside a write transaction, which serialises the callers).
+
+    NOTE: a counter alone would restart from an old value in a catalog restored from a
+    backup, and hand out numbers that manifests written after the backup already carry;
+    tied to the clock, numbers keep rising across a restore unless the clock went back by
+    more than the time since the backup.
+    """
+    seq = max(_stored_seq(conn) + 1, int(now * 1_000_000))
+    _store_seq(conn, seq)
+    return seq
+
+
+def raise_save_seq(conn: Connection, seen: int) -> None:
+    """Make every later save number exceed ``seen`` (a rebuild found manifests up to it)."""
+    if seen > _stored_seq(conn):
+        _store_seq(conn, seen)

@@ -19,7 +19,7 @@ from ..catalog.migrate import CATALOG_URL_ENV
 from ._context import CliError, PoolState, is_reportable, one_line
 from .archives import export, import_pt, keys, ls, query, show
 from .demo import demo
-from .maintenance import gc, rebuild_catalog, verify
+from .maintenance import gc, rebind, rebuild_catalog, verify
 from .owners import owners, release, release_owner, retain
 from .pool import db, info, init
 from .serve import serve
@@ -91,6 +91,7 @@ for _command in (
     gc,
     verify,
     rebuild_catalog,
+    rebind,
     serve,
     demo,
 ):

@@ -71,7 +71,9 @@ class PoolState:
         """Whether a pool is there (its catalog was set up), creating nothing."""
         return ArchiveManager.exists(self.root, self.catalog_url)
 
-    def open(self, *, create: bool = False) -> ArchiveManager:
+    def open(
+        self, *, create: bool = False, recover: bool = False, rebind: bool = False
+    ) -> ArchiveManager:
         """The open pool (opened on first use, closed when the command ends).
 
         Raises:
@@ -80,8 +82,12 @@ class PoolState:
         """
         if self._pool is None:
             try:
-                self._pool = ArchiveManager.open(self.root, self.catalog_url, create=create)
+                self._pool = ArchiveManager.open(
+                    self.root, self.catalog_url, create=create, recover=recover, rebind=rebind
+                )
             except PoolNotFoundError as exc:
+                if recover:
+                    raise CliError(str(exc)) from exc
                 # The library's message names its API; this one names the CLI's remedies.
                 raise CliError(
                     f"no pool at {self.root} (catalog {self.shown_catalog_url()}); "

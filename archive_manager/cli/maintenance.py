@@ -8,7 +8,7 @@ import click
 
 from ..gc import GcReport
 from ..manager import ArchiveManager
-from ._context import dry_run_option, json_option, pass_pool, yes_option
+from ._context import PoolState, dry_run_option, json_option, pass_pool, pass_state, yes_option
 from ._output import (
     echo_fields,
     echo_json,
@@ -19,7 +19,7 @@ from ._output import (
 )
 from ._params import DURATION, check_subset
 
-__all__ = ["gc", "rebuild_catalog", "verify"]
+__all__ = ["gc", "rebind", "rebuild_catalog", "verify"]
 
 
 def _has_work(report: GcReport) -> bool:
@@ -131,11 +131,26 @@ def verify(
 
 
 @click.command("rebuild-catalog")
+@yes_option
 @json_option
-@pass_pool
-def rebuild_catalog(pool: ArchiveManager, as_json: bool) -> None:
-    """Restore archives from their manifest blobs after the catalog was lost."""
-    report = pool.rebuild_catalog()
+@pass_state
+def rebuild_catalog(state: PoolState, yes: bool, as_json: bool) -> None:
+    """Restore the archives the catalog lacks from their manifest blobs.
+
+    For a catalog that was lost (deleted, emptied: the root's blobs are taken over by the
+    catalog given), restored from a backup, or failed over to a lagging replica.  What the
+    catalog records is kept; only what it lacks is added.
+    """
+    if not yes:
+        click.confirm(
+            f"Rebuild the catalog {state.shown_catalog_url()} of the pool at {state.root} "
+            "from its blobs?",
+            abort=True,
+            err=True,
+        )
+    pool = state.open(recover=True)
+    with progress_reporter("restoring archives", enabled=not as_json) as progress:
+        report = pool.rebuild_catalog(progress=progress)
     if as_json:
         echo_json(report.as_dict())
         return
@@ -144,7 +159,35 @@ def rebuild_catalog(pool: ArchiveManager, as_json: bool) -> None:
         + (f": {', '.join(report.archives)}" if report.archives else "")
     )
     for digest, reason in sorted(report.skipped.items()):
-        click.echo(f"skipped manifest {digest}: {reason}")
+        click.echo(f"not restored: manifest {digest}: {reason}")
     if report.unknown_files:
         click.echo(f"{len(report.unknown_files)} blob file(s) of unknown kind left alone")
     click.echo(f"took {human_duration(report.duration)}")
+
+
+@click.command("rebind")
+@yes_option
+@json_option
+@pass_state
+def rebind(state: PoolState, yes: bool, as_json: bool) -> None:
+    """Make a copied pool (cp -a pool copy) a pool of its own, with a new identity.
+
+    Run it on the copy, with the copy's catalog (the catalog file inside the copy, or a copy
+    of the database).  The original is untouched; the two can never be taken for one another
+    afterwards.
+    """
+    if not yes:
+        click.confirm(
+            f"Give the pool at {state.root} (catalog {state.shown_catalog_url()}) a new "
+            "identity of its own?",
+            abort=True,
+            err=True,
+        )
+    pool = state.open(rebind=True)
+    identity = pool.identity
+    assert identity is not None  # set by every open
+    result = {"root": str(pool.root), "pool_id": identity.pool_id, "catalog": identity.catalog}
+    if as_json:
+        echo_json(result)
+        return
+    click.echo(f"the pool at {pool.root} is now pool {identity.pool_id}")

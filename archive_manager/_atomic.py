@@ -1,0 +1,62 @@
+"""Small files written atomically and durably: temp file, fsync, rename (or link), fsync dir.
+
+Blobs have their own batched path (`archive_manager.blobs`); this is for the pool's few
+other files (the identity file, exports, pointer files), where one write at a time is fine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["fsync_dir", "write_atomic"]
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or link in ``folder`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        # Some filesystems refuse fsync on a directory (EINVAL); the rename itself is done.
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, mode: int = 0o644) -> bool:
+    """Write ``data`` to ``path`` so that readers see the old file, or none, or all of it.
+
+    With ``exclusive``, the file is only created, never replaced: it is linked into place,
+    which fails when the name exists (then False is returned and nothing changed), so two
+    processes racing to create it cannot both win.
+
+    Returns:
+        True if ``path`` now holds ``data``; False only with ``exclusive`` when it existed.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        else:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(path.parent)
+    return True

@@ -1,0 +1,469 @@
+"""Pool identity: which catalog and which blob root form one pool (docs/architecture.md,
+"Pool identity").
+
+A pool gets a random ``pool_id`` when it is created, and the catalog that serves it a random
+``catalog_id``.  Both are recorded twice: in the catalog (``pool_info``) and in the small file
+``<root>/archive-pool.json``.  Every open compares the two and refuses, naming both sides,
+when they are not one pool's.  That is what stops the accidents that lose published archives:
+a second job opening the blob root with another catalog (each GC would delete the other's
+blobs as orphans), a copied pool used in place of the original, a stale catalog used after the
+root was re-bound.  The identity file is written before a new catalog claims an empty root,
+and exclusively (a hard link, which fails when the name exists), so of two catalogs racing
+for one root exactly one wins.
+
+Deliberate ways through, each explicit:
+
+* ``recover=True`` (``archive-manager rebuild-catalog``): an empty catalog takes over a blob
+  root whose catalog was lost; GC stays refused until `rebuild_catalog` has indexed the blobs.
+* ``rebind=True`` (``archive-manager rebind``): a copy of a pool (``cp -a pool copy``) becomes
+  a pool of its own, with a new identity, so the copy and the original can never be confused.
+* A pool folder moved as a whole (its default catalog inside it) is followed, as before.
+* Pools written before identities existed get one on their first open by the catalog that
+  indexes their blobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.engine import make_url
+
+from ._atomic import write_atomic
+from .catalog import (
+    Catalog,
+    archives_table,
+    blobs_table,
+    get_pool_info,
+    set_pool_info,
+)
+from .errors import PoolIdentityError, PoolNotFoundError
+
+__all__ = [
+    "IDENTITY_FILE",
+    "UNINDEXED_BLOBS",
+    "PoolIdentity",
+    "bind_pool",
+    "check_identity",
+    "read_identity",
+    "safe_url",
+]
+
+IDENTITY_FILE = "archive-pool.json"
+_FORMAT = "archive_manager.pool"
+_VERSION = 1
+_MAX_FILE = 64 << 10  # an identity file is ~300 bytes; anything huge is not one
+# How many blob files an identity-less catalog must index before it may claim their root.
+_SAMPLE = 64
+
+UNINDEXED_BLOBS = "unindexed_blobs"
+"""``pool_info`` key set when a catalog took over a blob root that already held blobs (a lost
+or emptied catalog, ``recover=True``): GC refuses to run until `rebuild_catalog` has indexed
+them, or it would delete every one of them as an orphan."""
+
+
+@dataclass(frozen=True)
+class PoolIdentity:
+    """Who a pool is: its id, the id of the catalog serving it, and that catalog's URL
+    (without any password; for messages only)."""
+
+    pool_id: str
+    catalog_id: str
+    catalog: str = ""
+    bound_at: float = 0.0
+
+    def same_as(self, other: PoolIdentity | None) -> bool:
+        """One pool served by one catalog (URLs may differ: a database restored elsewhere)."""
+        return (
+            other is not None
+            and other.pool_id == self.pool_id
+            and other.catalog_id == self.catalog_id
+        )
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password removed (never written to disk, logs or messages)."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # an unparsable URL is refused elsewhere; show nothing of it here
+        return "<unparsable catalog URL>"
+    if parsed.password is not None:
+        parsed = parsed.set(password=None)
+    return parsed.render_as_string(hide_password=False)
+
+
+def read_identity(root: Path) -> PoolIdentity | None:
+    """The identity recorded at ``root`` (None if the file is absent).
+
+    Raises:
+        PoolIdentityError: the file exists but is not an identity file (damaged, or not a
+            regular file).
+    """
+    path = root / IDENTITY_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PoolIdentityError(f"cannot read the pool identity file {path}: {exc}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_FILE:
+            raise PoolIdentityError(f"{path} is not a pool identity file")
+        data = os.read(fd, _MAX_FILE)
+    finally:
+        os.close(fd)
+    try:
+        content = json.loads(data)
+        if content.get("format") != _FORMAT or type(content.get("version")) is not int:
+            raise ValueError("not an identity file")
+        if content["version"] > _VERSION:
+            raise PoolIdentityError(
+                f"{path} was written by a newer archive_manager (identity version "
+                f"{content['version']}); upgrade archive_manager"
+            )
+        pool_id, catalog_id = content["pool_id"], content["catalog_id"]
+        if not (isinstance(pool_id, str) and isinstance(catalog_id, str)):
+            raise ValueError("ids are not strings")
+        catalog = content.get("catalog", "")
+        bound_at = content.get("bound_at", 0.0)
+        return PoolIdentity(
+            pool_id,
+            catalog_id,
+            catalog if isinstance(catalog, str) else "",
+            float(bound_at) if isinstance(bound_at, (int, float)) else 0.0,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PoolIdentityError(
+            f"the pool identity file {path} is damaged ({exc}); if this folder is the pool's "
+            f"blob root, move the file aside and open the pool again with its catalog"
+        ) from exc
+
+
+def _file_bytes(identity: PoolIdentity) -> bytes:
+    content: dict[str, Any] = {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "pool_id": identity.pool_id,
+        "catalog_id": identity.catalog_id,
+        "catalog": identity.catalog,
+        "bound_at": identity.bound_at,
+        "note": "archive_manager pool identity: do not edit; a copied pool takes a new one with 'archive-manager rebind'",
+    }
+    return (json.dumps(content, indent=1) + "\n").encode()
+
+
+def _catalog_identity(conn: Any) -> PoolIdentity | None:
+    pool_id, catalog_id = get_pool_info(conn, "pool_id"), get_pool_info(conn, "catalog_id")
+    if pool_id is None or catalog_id is None:
+        return None
+    return PoolIdentity(pool_id, catalog_id)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _indexes(catalog: Catalog, digests: list[str]) -> bool:
+    """Whether the catalog has a row for each of ``digests`` (a sample of the root's files)."""
+    if not digests:
+        return True
+    with catalog.read() as conn:
+        known = set(
+            conn.execute(
+                select(blobs_table.c.digest).where(blobs_table.c.digest.in_(digests))
+            ).scalars()
+        )
+    return known.issuperset(digests)
+
+
+@dataclass
+class _State:
+    """What one open sees: the catalog's side and the root's side."""
+
+    recorded_root: str | None
+    catalog_id: PoolIdentity | None
+    file_id: PoolIdentity | None
+    has_archives: bool
+    unindexed: bool
+
+
+def _read_state(catalog: Catalog, root: Path) -> _State:
+    file_id = read_identity(root)
+    with catalog.read() as conn:
+        recorded = get_pool_info(conn, "blob_root")
+        ident = _catalog_identity(conn)
+        has_archives = bool(conn.execute(select(exists().where(archives_table.c.id > 0))).scalar())
+        unindexed = get_pool_info(conn, UNINDEXED_BLOBS) is not None
+    return _State(recorded, ident, file_id, has_archives, unindexed)
+
+
+def bind_pool(
+    catalog: Catalog,
+    root: Path,
+    *,
+    url: str,
+    explicit_url: bool,
+    list_blobs: Callable[[int], list[str]],
+    clock: Callable[[], float],
+    recover: bool = False,
+    rebind: bool = False,
+) -> PoolIdentity:
+    """Check that ``catalog`` and the blob root ``root`` are one pool's, binding them if new.
+
+    ``list_blobs(n)`` returns up to ``n`` digests of blob files under the root (any n of
+    them).  See the module docstring for ``recover`` and ``rebind``.
+
+    Raises:
+        PoolIdentityError: they are not one pool's, with what each side says and what to do.
+    """
+    for _ in range(8):  # each retry follows a racing process that wrote first
+        state = _read_state(catalog, root)
+        if rebind:
+            return _rebind(catalog, root, state, url=url, explicit_url=explicit_url, clock=clock)
+        result = _bind_once(
+            catalog,
+            root,
+            state,
+            url=url,
+            explicit_url=explicit_url,
+            list_blobs=list_blobs,
+            clock=clock,
+            recover=recover,
+        )
+        if result is not None:
+            return result
+    raise PoolIdentityError(f"the identity of the pool at {root} keeps changing under this open")
+
+
+def _bind_once(
+    catalog: Catalog,
+    root: Path,
+    s: _State,
+    *,
+    url: str,
+    explicit_url: bool,
+    list_blobs: Callable[[int], list[str]],
+    clock: Callable[[], float],
+    recover: bool,
+) -> PoolIdentity | None:
+    shown = safe_url(url)
+    here = str(root)
+    moved = s.recorded_root is not None and s.recorded_root != here
+    if moved and (explicit_url or Path(s.recorded_root).exists()):  # type: ignore[arg-type]
+        _refuse_other_root(s, root, shown, explicit_url=explicit_url)
+    c, f = s.catalog_id, s.file_id
+    if c is not None and f is not None:
+        if c.same_as(f):
+            if moved:
+                # The pool folder was moved as a whole (catalog inside it): follow it.
+                with catalog.write("identity.move") as conn:
+                    set_pool_info(conn, "blob_root", here)
+            return f
+        if recover and not s.has_archives:
+            return _adopt(catalog, root, f, url=url, list_blobs=list_blobs, clock=clock)
+        if c.pool_id == f.pool_id:
+            raise PoolIdentityError(
+                f"the blob root {root} was re-bound to another catalog ({f.catalog or '?'}, "
+                f"catalog id {f.catalog_id[:12]}), probably by a rebuild-catalog after this "
+                f"catalog ({shown}, catalog id {c.catalog_id[:12]}) was thought lost; this "
+                "catalog no longer serves the pool: open the pool with the other catalog"
+            )
+        raise PoolIdentityError(
+            f"the catalog {shown} belongs to pool {c.pool_id[:12]}, but the blob root {root} "
+            f"belongs to pool {f.pool_id[:12]} (catalog {f.catalog or '?'}): open the root with "
+            "its own catalog (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
+            + (
+                "; if a rebind of this root was interrupted, run 'archive-manager rebind' again"
+                if s.recorded_root == here
+                else ""
+            )
+        )
+    if c is not None:  # f is None: the identity file was lost, or a crash came before it
+        if not s.unindexed and not _indexes(catalog, list_blobs(_SAMPLE)):
+            raise PoolIdentityError(
+                f"the catalog {shown} (pool {c.pool_id[:12]}) does not index the blobs under "
+                f"{root}, and the root has no identity file: another catalog writes here"
+            )
+        ident = PoolIdentity(c.pool_id, c.catalog_id, shown, clock())
+        if not write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True):
+            return None
+        if moved:
+            with catalog.write("identity.move") as conn:
+                set_pool_info(conn, "blob_root", here)
+        return ident
+    # The catalog has no identity: new, or written before identities existed.
+    blobs = list_blobs(_SAMPLE)
+    if f is not None:
+        if f.catalog == shown and (
+            (s.recorded_root is None and not blobs)
+            or (s.recorded_root == here and not s.unindexed and _indexes(catalog, blobs))
+        ):
+            # This catalog's own creation (or first open by this version) was killed between
+            # writing the identity file and committing it to the catalog.
+            return _commit_new(catalog, root, f, unindexed=False)
+        if recover and not s.has_archives:
+            return _adopt(catalog, root, f, url=url, list_blobs=list_blobs, clock=clock)
+        raise PoolIdentityError(
+            f"the blob root {root} belongs to pool {f.pool_id[:12]}, whose catalog is "
+            f"{f.catalog or '?'}; this catalog ({shown}) is not that pool's. Open the root with "
+            "its catalog (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL); if that catalog was "
+            "lost, run 'archive-manager rebuild-catalog' to take over the root with this one"
+        )
+    if s.recorded_root is None:  # a new catalog
+        if recover and not blobs:
+            raise PoolNotFoundError(
+                f"nothing to recover at {root}: it holds no pool identity and no blobs"
+            )
+        if blobs and not recover:
+            raise PoolIdentityError(
+                f"the blob root {root} holds blobs but no pool identity, and the catalog "
+                f"{shown} is new: if this root's catalog was lost, run 'archive-manager "
+                "rebuild-catalog' (ArchiveManager.open(..., recover=True), then "
+                "rebuild_catalog()); if another catalog indexes these blobs, open the root "
+                "with that catalog"
+            )
+        ident = PoolIdentity(_new_id(), _new_id(), shown, clock())
+        if not write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True):
+            return None
+        return _commit_new(catalog, root, ident, unindexed=bool(blobs))
+    # A catalog written before identities existed, bound to this root: the migration.
+    if (s.unindexed or not _indexes(catalog, blobs)) and not recover:
+        raise PoolIdentityError(
+            f"the catalog {shown} does not index the blobs under {root} (written by "
+            "another catalog, or this catalog was emptied): open the root with the "
+            "catalog that wrote them, or run 'archive-manager rebuild-catalog'"
+        )
+    ident = PoolIdentity(_new_id(), _new_id(), shown, clock())
+    if not write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True):
+        return None
+    return _commit_new(catalog, root, ident, unindexed=s.unindexed)
+
+
+def _commit_new(
+    catalog: Catalog, root: Path, ident: PoolIdentity, *, unindexed: bool
+) -> PoolIdentity:
+    """Record ``ident`` (already in the root's file) in the catalog, unless a racing open of
+    the same catalog recorded one first, which must then be the same."""
+    with catalog.write("identity.bind") as conn:
+        current = _catalog_identity(conn)
+        if current is not None:
+            if not current.same_as(ident):
+                raise PoolIdentityError(
+                    f"the catalog {ident.catalog} was bound to pool {current.pool_id[:12]} while "
+                    f"this open bound the blob root {root} to pool {ident.pool_id[:12]}"
+                )
+            return ident
+        set_pool_info(conn, "pool_id", ident.pool_id)
+        set_pool_info(conn, "catalog_id", ident.catalog_id)
+        if get_pool_info(conn, "blob_root") is None:
+            set_pool_info(conn, "blob_root", str(root))
+        if unindexed:
+            set_pool_info(conn, UNINDEXED_BLOBS, "1")
+    return ident
+
+
+def _adopt(
+    catalog: Catalog,
+    root: Path,
+    f: PoolIdentity,
+    *,
+    url: str,
+    list_blobs: Callable[[int], list[str]],
+    clock: Callable[[], float],
+) -> PoolIdentity:
+    """``recover``: this empty catalog takes over the pool ``f`` (its catalog was lost)."""
+    ident = PoolIdentity(f.pool_id, _new_id(), safe_url(url), clock())
+    with catalog.write("identity.adopt") as conn:
+        set_pool_info(conn, "pool_id", ident.pool_id)
+        set_pool_info(conn, "catalog_id", ident.catalog_id)
+        set_pool_info(conn, "blob_root", str(root))
+        if list_blobs(1):
+            set_pool_info(conn, UNINDEXED_BLOBS, "1")
+    # NOTE: after the catalog's commit: a crash in between leaves the file naming the old
+    # catalog id, which this (non-empty only after a rebuild) catalog can adopt again.
+    write_atomic(root / IDENTITY_FILE, _file_bytes(ident))
+    return ident
+
+
+def _rebind(
+    catalog: Catalog,
+    root: Path,
+    s: _State,
+    *,
+    url: str,
+    explicit_url: bool,
+    clock: Callable[[], float],
+) -> PoolIdentity:
+    """``rebind``: this root is a copy of a pool; give it (and its catalog) a new identity."""
+    shown = safe_url(url)
+    c, f = s.catalog_id, s.file_id
+    if s.recorded_root is None:
+        raise PoolIdentityError(
+            f"the catalog {shown} is new: there is no pool to rebind (open the pool without "
+            "rebind to create one)"
+        )
+    if s.recorded_root == str(root):
+        if c is not None and f is not None and c.pool_id != f.pool_id:
+            # A rebind killed between its catalog commit and the identity file: finish it.
+            ident = PoolIdentity(c.pool_id, c.catalog_id, shown, clock())
+            write_atomic(root / IDENTITY_FILE, _file_bytes(ident))
+            return ident
+        raise PoolIdentityError(f"the pool at {root} is already bound to the catalog {shown}")
+    if c is not None and f is not None and c.pool_id != f.pool_id:
+        raise PoolIdentityError(
+            f"the catalog {shown} belongs to pool {c.pool_id[:12]} but the blob root {root} to "
+            f"pool {f.pool_id[:12]}: a copy has the same pool id on both sides; these are not "
+            "a pool and its copy"
+        )
+    if explicit_url:
+        original = Path(s.recorded_root)
+        try:
+            source = read_identity(original)
+        except PoolIdentityError:
+            source = None
+        if source is not None and c is not None and c.same_as(source):
+            raise PoolIdentityError(
+                f"the catalog {shown} still serves the pool at {original}: a copy needs a copy "
+                "of the catalog too (e.g. pg_dump the database into a new one) and that new "
+                "catalog's URL"
+            )
+    ident = PoolIdentity(_new_id(), _new_id(), shown, clock())
+    with catalog.write("identity.rebind") as conn:
+        set_pool_info(conn, "pool_id", ident.pool_id)
+        set_pool_info(conn, "catalog_id", ident.catalog_id)
+        set_pool_info(conn, "blob_root", str(root))
+    write_atomic(root / IDENTITY_FILE, _file_bytes(ident))
+    return ident
+
+
+def _refuse_other_root(s: _State, root: Path, shown: str, *, explicit_url: bool) -> None:
+    copy = s.catalog_id is not None and s.catalog_id.same_as(s.file_id)
+    if copy and not explicit_url:
+        raise PoolIdentityError(
+            f"the pool at {root} is a copy of the pool at {s.recorded_root} (same identity); "
+            f"to use the copy as a pool of its own, run 'archive-manager --root {root} rebind' "
+            "(ArchiveManager.open(root, rebind=True)), which gives it a new identity"
+        )
+    raise PoolIdentityError(
+        f"the catalog {shown} belongs to the pool at {s.recorded_root}, not {root}: two pools "
+        "must not share one catalog"
+    )
+
+
+def check_identity(root: Path, expected: PoolIdentity) -> None:
+    """Refuse to go on (GC, before it deletes anything) if the root was re-bound meanwhile."""
+    found = read_identity(root)
+    if not expected.same_as(found):
+        raise PoolIdentityError(
+            f"the pool identity at {root} changed while this pool was open (now "
+            f"{'none' if found is None else found.pool_id[:12] + '/' + found.catalog_id[:12]}); "
+            "reopen the pool"
+        )
