@@ -72,31 +72,33 @@ def test_a_second_catalog_is_refused_even_on_an_empty_root(
         ArchiveManager.open(root, catalog_url=other_url(backend, tmp_path))
 
 
+def _race_open(root: Path, url: str, start: threading.Barrier, out: list[object]) -> None:
+    start.wait()
+    try:
+        ArchiveManager.open(root, catalog_url=url).close()
+        out.append(url)
+    except PoolIdentityError as exc:
+        out.append(exc)
+
+
 def test_two_catalogs_racing_for_an_empty_root_one_wins(tmp_path: Path) -> None:
     for round_ in range(6):
         root = tmp_path / f"pool-{round_}"
         root.mkdir()
         urls = [f"sqlite:///{tmp_path / f'cat-{round_}-{i}.db'}" for i in range(2)]
-        results: list[object] = [None, None]
+        results: list[object] = []
         start = threading.Barrier(2)
-
-        def opener(i: int) -> None:
-            start.wait()
-            try:
-                ArchiveManager.open(root, catalog_url=urls[i]).close()  # noqa: B023
-                results[i] = "ok"  # noqa: B023
-            except PoolIdentityError as exc:
-                results[i] = exc  # noqa: B023
-
-        threads = [threading.Thread(target=opener, args=(i,)) for i in range(2)]
+        threads = [
+            threading.Thread(target=_race_open, args=(root, url, start, results)) for url in urls
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert results.count("ok") == 1, results
-        winner = urls[results.index("ok")]
+        winners = [r for r in results if isinstance(r, str)]
+        assert len(winners) == 1 and len(results) == 2, results
         found = read_identity(root)
-        assert found is not None and found.catalog == winner
+        assert found is not None and found.catalog == winners[0]
 
 
 def test_many_openers_of_one_new_pool_agree(tmp_path: Path) -> None:
