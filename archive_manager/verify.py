@@ -28,6 +28,7 @@ from .catalog import (
     retention_table,
 )
 from .errors import BlobNotFoundError, IntegrityError, InvalidInputError
+from .gc import unindexed_manifests
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -244,15 +245,27 @@ def verify_pool(
                     digest,
                 )
             )
-    for digest, size in files.items():
-        if digest not in blobs:
-            notice(
+    rowless = {d: size for d, size in files.items() if d not in blobs}
+    behind = set(unindexed_manifests(pool, rowless))
+    for digest, size in rowless.items():
+        if digest in behind:
+            # A catalog behind its blobs (restored from a backup): an archive it lacks.
+            problem(
                 Finding(
-                    "orphan-file",
-                    f"file of blob {digest} ({size} bytes) has no catalog row; gc removes it",
+                    "unindexed-manifest",
+                    f"manifest blob {digest} has no catalog row: the catalog lacks its archive "
+                    "(restored from a backup?); run rebuild-catalog (gc refuses until then)",
                     digest,
                 )
             )
+            continue
+        notice(
+            Finding(
+                "orphan-file",
+                f"file of blob {digest} ({size} bytes) has no catalog row; gc removes it",
+                digest,
+            )
+        )
 
     retained = set()
     for archive_id, row in archives.items():

@@ -1,0 +1,315 @@
+"""Recovery from what operators do to catalogs: restore a backup, lose the catalog, rebuild
+while training runs.  Nothing published may be lost, and a rebuild never changes what the
+catalog already records."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    Backend,
+    FakeClock,
+    assert_loads,
+    die_before_publish,
+    open_on,
+    tiny_rollout,
+)
+from sqlalchemy.engine import make_url
+
+from archive_manager import ArchiveManager, ArchiveWriter
+from archive_manager.catalog import blobs_table
+from archive_manager.errors import ArchiveExistsError, GcAbortedError
+from archive_manager.manifest import Manifest
+
+
+def blob_files(root: Path) -> set[str]:
+    return {p.name for p in (root / "blobs").rglob("*") if p.is_file()}
+
+
+class CatalogBackup:
+    """A backup of a pool's catalog, restored later over it: SQLite's online backup API for the
+    file, ``pg_dump``/``pg_restore`` for a PostgreSQL database (as an operator would)."""
+
+    def __init__(self, backend: Backend, root: Path, url: str | None, where: Path) -> None:
+        self.backend, self.root, self.url, self.where = backend, root, url, where
+
+    def _libpq(self) -> str:
+        assert self.url is not None
+        return make_url(self.url).set(drivername="postgresql").render_as_string(False)
+
+    def take(self) -> None:
+        if self.url is None:
+            src = sqlite3.connect(self.root / "catalog.db")
+            dst = sqlite3.connect(self.where)
+            try:
+                src.backup(dst)
+            finally:
+                src.close()
+                dst.close()
+            return
+        bindir = self.backend.server.bindir  # type: ignore[union-attr]
+        subprocess.run(
+            [str(bindir / "pg_dump"), "-Fc", "-f", str(self.where), self._libpq()],
+            check=True,
+            capture_output=True,
+        )
+
+    def restore(self) -> None:
+        if self.url is None:
+            for path in self.root.glob("catalog.db*"):
+                path.unlink()
+            src = sqlite3.connect(self.where)
+            dst = sqlite3.connect(self.root / "catalog.db")
+            try:
+                src.backup(dst)
+            finally:
+                src.close()
+                dst.close()
+            return
+        bindir = self.backend.server.bindir  # type: ignore[union-attr]
+        subprocess.run(
+            [
+                str(bindir / "pg_restore"),
+                "--clean",
+                "--if-exists",
+                "--single-transaction",
+                "-d",
+                self._libpq(),
+                str(self.where),
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+
+@pytest.fixture
+def backup(tmp_path: Path, backend: Backend) -> CatalogBackup:
+    root = tmp_path / "pool"
+    return CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")
+
+
+def test_a_restored_backup_loses_nothing_saved_after_it(
+    backup: CatalogBackup, backend: Backend
+) -> None:
+    """The reproduction: restore a backup, run GC (default grace) — every archive saved
+    after the backup lost its blobs, manifests included, so no rebuild could help."""
+    root = backup.root
+    with open_on(backend, root) as pool:
+        pool.save("before", tiny_rollout(seed=1), rollout_id=1)
+    backup.take()
+    with open_on(backend, root) as pool:
+        pool.save("after-1", tiny_rollout(seed=2), rollout_id=2)
+        pool.save("after-2", tiny_rollout(seed=3), rollout_id=3)
+        pool.retain("checkpoint:x", "before")
+    backup.restore()
+    files = blob_files(root)
+    with open_on(backend, root) as pool:
+        assert {a.name for a in pool.find()} == {"before"}
+        for grace in (3600.0, 0.0):
+            with pytest.raises(GcAbortedError, match="behind its blobs"):
+                pool.gc(grace=grace)
+        assert not pool.verify().ok  # the missing archives are damage to report
+        assert blob_files(root) == files
+        report = pool.rebuild_catalog()
+        assert report.archives == ["after-1", "after-2"]
+        assert pool.gc(grace=0).blobs == 0
+        for name, seed in (("before", 1), ("after-1", 2), ("after-2", 3)):
+            assert_loads(pool, name, tiny_rollout(seed=seed))
+        assert pool.verify(read_data=True).ok
+        # A second rebuild finds nothing to do and changes nothing.
+        assert pool.rebuild_catalog().archives == []
+        # Save numbers keep rising above every manifest on disk.
+        seqs = [
+            Manifest.decode(pool.store.get(a.manifest_digest)).save_seq  # type: ignore[arg-type]
+            for a in (pool.open_archive(n) for n in ("before", "after-1", "after-2"))
+        ]
+        pool.save("later", tiny_rollout(seed=4), rollout_id=4)
+        later = pool.open_archive("later")
+        assert Manifest.decode(pool.store.get(later.manifest_digest)).save_seq > max(seqs)  # type: ignore[arg-type,operator]
+
+
+def test_a_name_saved_again_after_a_restore_keeps_the_catalogs_version(
+    backup: CatalogBackup, backend: Backend
+) -> None:
+    root = backup.root
+    open_on(backend, root).close()
+    backup.take()
+    with open_on(backend, root) as pool:
+        pool.save("x", tiny_rollout(seed=1), rollout_id=1)
+    backup.restore()
+    with open_on(backend, root) as pool:
+        pool.save("x", tiny_rollout(seed=2), rollout_id=1)  # the catalog did not know x
+        report = pool.rebuild_catalog()  # no IntegrityError: reported, kept as is
+        assert report.archives == []
+        assert any("already has an archive 'x'" in r for r in report.skipped.values())
+        assert_loads(pool, "x", tiny_rollout(seed=2))
+        pool.gc(grace=0)
+        assert_loads(pool, "x", tiny_rollout(seed=2))
+
+
+def lose_catalog(backend: Backend, root: Path) -> str | None:
+    """Delete the catalog (the SQLite file, or swap in a new empty database)."""
+    if backend.name == "sqlite":
+        for path in root.glob("catalog.db*"):
+            path.unlink()
+        return None
+    return backend.new_url()
+
+
+def test_rebuild_restores_the_published_version_not_a_crashed_attempt(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save of x killed after its manifest, x saved again and published, the catalog lost:
+    the rebuild kept whichever manifest had the lower digest.  Eight names, so that a
+    rule that picks by chance fails with near certainty."""
+    root, clock = tmp_path / "pool", FakeClock()
+    names = [f"x{i}" for i in range(8)]
+    with open_on(backend, root, clock=clock, lease_ttl=60) as pool:
+        for i, name in enumerate(names):
+            die_before_publish(pool, name, tiny_rollout(seed=100 + i), monkeypatch)
+        clock.advance(120)  # the crashed saves' leases lapse...
+        assert len(pool.gc(grace=3600).rolled_back) == len(names)  # ...their rows roll back
+        for i, name in enumerate(names):
+            pool.save(name, tiny_rollout(seed=200 + i), rollout_id=i)
+    url = lose_catalog(backend, root)
+    with ArchiveManager.open(root, catalog_url=url, recover=True, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert report.archives == sorted(names)
+        superseded = [r for r in report.skipped.values() if r.startswith("superseded")]
+        assert len(superseded) == len(names)
+        for i, name in enumerate(names):
+            assert_loads(pool, name, tiny_rollout(seed=200 + i))
+        clock.advance(7200)
+        pool.gc()
+        for i, name in enumerate(names):
+            assert_loads(pool, name, tiny_rollout(seed=200 + i))
+
+
+def test_rebuild_beside_a_save_in_flight_publishes_nothing_of_it(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reached, go = threading.Event(), threading.Event()
+    real = ArchiveWriter._commit_ownership
+
+    def paused(self: ArchiveWriter) -> Any:
+        reached.set()
+        assert go.wait(60)
+        return real(self)
+
+    monkeypatch.setattr(ArchiveWriter, "_commit_ownership", paused)
+    errors: list[BaseException] = []
+
+    def save() -> None:
+        try:
+            pool.save("inflight", tiny_rollout(seed=9), rollout_id=9)
+        except BaseException as exc:
+            errors.append(exc)
+
+    saver = threading.Thread(target=save)
+    saver.start()
+    assert reached.wait(60)
+    report = pool.rebuild_catalog()
+    assert report.archives == [] and report.blobs == 0
+    go.set()
+    saver.join(60)
+    assert not errors
+    assert_loads(pool, "inflight", tiny_rollout(seed=9))
+    verify = pool.verify()
+    assert verify.ok and not verify.notices
+
+
+def test_rebuild_beside_a_crashed_save_gc_is_collecting(
+    open_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    pool = open_pool(clock=clock, lease_ttl=60)
+    die_before_publish(pool, "crashed", tiny_rollout(seed=3), monkeypatch)
+    clock.advance(7200)
+    pool.gc(dry_run=False)  # rolls it back and reclaims what it wrote
+    report = pool.rebuild_catalog()
+    assert "crashed" not in report.archives
+    assert pool.find(state=None) == []
+    assert pool.gc().blobs == 0 and pool.verify().ok
+
+
+def test_a_file_vanishing_during_rebuild_is_skipped(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool.save("a", tiny_rollout(), rollout_id=1)
+    real = pool.store.iter_stat
+
+    def with_a_ghost() -> Any:
+        yield from real()
+        yield ("0" * 32, 10, time.time())  # listed, then gone
+
+    monkeypatch.setattr(pool.store, "iter_stat", with_a_ghost)
+    report = pool.rebuild_catalog()
+    assert report.archives == [] and report.blobs == 0
+    with pool.catalog.read() as conn:
+        assert "0" * 32 not in set(conn.execute(blobs_table.select()).scalars())
+
+
+def test_rebuild_gc_and_saves_together_lose_nothing(tmp_path: Path, backend: Backend) -> None:
+    """Savers, a GC loop (grace 0) and a rebuild loop on one live pool, for a few seconds."""
+    root = tmp_path / "pool"
+    url = backend.url(root)
+    open_on(backend, root).close()
+    stop = time.monotonic() + 6
+    saved: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def saver(prefix: str) -> None:
+        with ArchiveManager.open(root, catalog_url=url, chunk_size=2) as pool:
+            i = 0
+            while time.monotonic() < stop:
+                name = f"{prefix}-{i}"
+                try:
+                    # Same seeds across savers: blobs are shared, so dedup races GC.
+                    pool.save(name, tiny_rollout(4, seed=i % 5), rollout_id=i)
+                    saved[name] = i % 5
+                    if i % 3 == 0:
+                        pool.open_archive(name).release()
+                        del saved[name]
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                i += 1
+
+    def looper(what: str) -> None:
+        with ArchiveManager.open(root, catalog_url=url) as pool:
+            while time.monotonic() < stop:
+                try:
+                    if what == "gc":
+                        pool.gc(grace=0)
+                    else:
+                        assert pool.rebuild_catalog().archives == []
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+
+    threads = [
+        threading.Thread(target=saver, args=("a",)),
+        threading.Thread(target=saver, args=("b",)),
+        threading.Thread(target=looper, args=("gc",)),
+        threading.Thread(target=looper, args=("rebuild",)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    with ArchiveManager.open(root, catalog_url=url) as pool:
+        assert len(saved) > 4
+        for name, seed in saved.items():
+            assert_loads(pool, name, tiny_rollout(4, seed=seed))
+        pool.gc(grace=0)
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems
+        with pytest.raises(ArchiveExistsError):
+            pool.save(next(iter(saved)), tiny_rollout(), rollout_id=0)
