@@ -41,14 +41,16 @@ def _commit(step: str, what: str) -> dict[str, str]:
 
 
 POINTS: dict[str, str] = {
-    # save (DESIGN.md "Save protocol"), in protocol order
+    # save (docs/architecture.md "Save protocol"), in protocol order
     **_commit("save.lease", "save step 1, the lease"),
     **_commit("save.blobs", "save step 2, holding a chunk's blobs under the lease"),
     "blob.after_temp_write": "a blob's temp file written and fsynced, not yet renamed",
     "blob.after_rename": "a blob renamed to its final name, its folder not yet synced",
     "blob.after_dir_sync": "a batch of blobs durable, not yet marked live",
-    "save.manifest.after_write": "the manifest blob durable, ownership not yet committed",
-    **_commit("save.ownership", "save step 4, archive pending with its rows and owner"),
+    **_commit(
+        "save.ownership", "save step 3, name claimed: archive pending with its rows and owner"
+    ),
+    "save.manifest.after_write": "save step 4, the manifest blob durable, not yet published",
     **_commit("save.publish", "save step 5, archive published"),
     "save.rollback.after_unlink": "a failed save's own blob unlinked, its row not yet deleted",
     **_commit("save.rollback", "a failed save's rollback: lease and its own blobs' rows dropped"),
@@ -57,7 +59,7 @@ POINTS: dict[str, str] = {
     **_commit("retain", "retain: an extra owner's row"),
     **_commit("release", "Archive.release: dropping the archive's own owner"),
     **_commit("release_owner", "release_owner: dropping every row of an owner"),
-    # GC (DESIGN.md "GC protocol")
+    # GC (docs/architecture.md "GC protocol")
     **_commit("gc.plan", "gc plan: leases expired, dead saves rolled back, blobs marked deleting"),
     "gc.after_unlink": "gc: a deleting blob unlinked, its row not yet deleted",
     **_commit("gc.delete", "gc: a batch of unlinked blobs' rows deleted"),

@@ -1,4 +1,4 @@
-"""Garbage collection (DESIGN.md, "GC protocol"): a plan, then its execution.
+"""Garbage collection (docs/architecture.md, "GC protocol"): a plan, then its execution.
 
 The plan recomputes reachability in full every run: a blob is kept while an owned archive's
 rows name it or a live lease holds it.  Deciding is a pure function of catalog rows and file

@@ -5,7 +5,7 @@
 behaviour) so that rollouts saved from slime load back as the objects slime expects.
 
 Loading never imports or instantiates a class by name: only classes in this module's
-registry are rebuilt, anything else comes back as a plain dict (DESIGN.md, safety rules).
+registry are rebuilt, anything else comes back as a plain dict (docs/architecture.md, "Safety rules").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The save protocol (DESIGN.md, "Save protocol"): lease, blobs, manifest, ownership, publish.
+"""The save protocol (docs/architecture.md, "Save protocol"): lease, blobs, ownership, manifest,
+publish.
 
 Every step that makes something durable is ordered so that a process killed anywhere leaves
 either a published archive whose every blob is owned and present, or nothing visible (an

@@ -10,7 +10,7 @@ save through the pointer-file facade, retain, release, release_owner, gc, rebuil
    (published archives, one released, one held by an extra owner, an orphan file and a stale
    temp file where the operation is gc), and the operation runs in a forked child process
    armed to die there (``kill``: SIGKILL, or ``raise`` with ``--action raise``);
-3. the parent reopens the pool and checks the invariants of DESIGN.md:
+3. the parent reopens the pool and checks the invariants of docs/architecture.md:
 
    - ``intact``: every archive published and owned before loads identical (before any gc);
    - ``atomic``: the archive in flight is wholly published (loads identical) or invisible;
