@@ -429,7 +429,9 @@ def _rebind(
             source = read_identity(original)
         except PoolIdentityError:
             source = None
-        if source is not None and c is not None and c.same_as(source):
+        # A copy of the database has the same ids as the original's: only the URL tells
+        # the original's own database (which must not be taken) from a copy of it.
+        if source is not None and c is not None and c.same_as(source) and source.catalog == shown:
             raise PoolIdentityError(
                 f"the catalog {shown} still serves the pool at {original}: a copy needs a copy "
                 "of the catalog too (e.g. pg_dump the database into a new one) and that new "

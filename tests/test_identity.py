@@ -266,6 +266,29 @@ def test_a_copy_cannot_take_the_originals_database(tmp_path: Path, backend: Back
         assert_loads(pool, "a", tiny_rollout())
 
 
+def test_a_copy_with_a_copy_of_the_database_can_be_rebound(
+    tmp_path: Path, backend: Backend
+) -> None:
+    if backend.name != "postgresql":
+        pytest.skip("an external catalog only")
+    from sqlalchemy.engine import make_url
+
+    root, copy = tmp_path / "pool", tmp_path / "copy"
+    with open_on(backend, root) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+    shutil.copytree(root, copy)
+    source = make_url(backend.url(root)).database
+    assert backend.server is not None and source is not None
+    copy_url = backend.server.create_database(template=source)  # "pg_dump | psql newdb"
+    with ArchiveManager.open(copy, catalog_url=copy_url, rebind=True) as pool:
+        pool.open_archive("a").release()
+        pool.gc(grace=0)
+    with open_on(backend, root) as pool:  # the original and its database are untouched
+        assert_loads(pool, "a", tiny_rollout())
+        assert pool.verify(read_data=True).ok
+    backend.server.drop_database(copy_url)
+
+
 def test_a_moved_pool_is_followed(tmp_path: Path) -> None:
     root, moved = tmp_path / "pool", tmp_path / "moved"
     with ArchiveManager.open(root) as pool:

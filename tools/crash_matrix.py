@@ -467,7 +467,11 @@ def _prepare_rebind(world: World) -> None:
     """The pool is a copy (``cp -a``): the original, same identity, is still in place."""
     original = world.root.parent / "original"
     original.mkdir()
-    shutil.copy(world.root / "archive-pool.json", original / "archive-pool.json")
+    content = json.loads((world.root / "archive-pool.json").read_text())
+    if world.url is not None:
+        # The copy's catalog is a copy of the original's database: same ids, another URL.
+        content["catalog"] = "postgresql+psycopg://original-host/original"
+    (original / "archive-pool.json").write_text(json.dumps(content))
     _set_recorded_root(world, original)
     world.rebind = True
 
