@@ -648,7 +648,7 @@ def test_every_verb_with_a_postgresql_catalog_url(tmp_path: Path, pg_server) -> 
         ok(run("release-owner", "checkpoint:c1", "--yes"))
         ok(run("gc", "--grace", "0", "--yes"))
         ok(run("verify", "--read-data"))
-        assert "restored 0 archive(s)" in ok(run("rebuild-catalog")).stdout
+        assert "restored 0 archive(s)" in ok(run("rebuild-catalog", "--yes")).stdout
         # Another root with this catalog is refused, in one line.
         other = runner.invoke(cli, ["--root", str(tmp_path / "other"), "--catalog-url", url, "ls"])
         assert other.exit_code == 1 and "belongs to the pool at" in other.output
