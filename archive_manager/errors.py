@@ -15,6 +15,7 @@ __all__ = [
     "CatalogError",
     "CatalogLockedError",
     "CatalogVersionError",
+    "ForeignCatalogError",
     "GcAbortedError",
     "IntegrityError",
     "InvalidInputError",
@@ -91,6 +92,11 @@ class CatalogVersionError(CatalogError):
 
 class CatalogLockedError(CatalogError, TimeoutError):
     """The catalog stayed locked by another process for longer than the busy timeout."""
+
+
+class ForeignCatalogError(CatalogError):
+    """A pointer file names a catalog the caller did not configure, or a file that is no
+    catalog; it was neither connected to nor opened."""
 
 
 class UnsupportedFilesystemError(CatalogError):

@@ -84,7 +84,7 @@ def test_training_loop_saves_resumes_checks_and_collects(
     assert pointer["pool_root"] == str(pool_root)
     assert pointer["archive"] == archive_name_for(run / "rollout_2.json")
     assert (pointer["rollout_id"], pointer["evaluation"]) == (2, False)
-    assert "catalog_url" not in pointer  # the default catalog is not spelled out
+    assert "catalog" not in pointer  # the default catalog is not spelled out
     assert pointer["metadata"] == as_json([describe_sample(s) for s in saved[2]])
     with ArchiveManager.open(pool_root, create=False) as pool:
         infos = pool.find()
@@ -362,7 +362,7 @@ def test_catalog_url_is_recorded_when_not_the_default(
     samples = rollout(4, seed=6)
     RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0, args=args).close()
     pointer = read_pointer(tmp_path / "run" / "r.json")
-    assert pointer["catalog_url"] == url
+    assert pointer["catalog"] == url and "catalog_url" not in pointer
     assert pointer["pool_root"] == str((tmp_path / "blobs-here").resolve())
     assert not (tmp_path / "blobs-here" / "catalog.db").exists()
     with RolloutArchive(tmp_path / "run" / "r.json") as arc:
@@ -404,12 +404,25 @@ BAD_POINTERS = {
         "format 'vime.straw'",
         True,
     ),
-    "newer version": (_with(version=2), UnsupportedFormatError, "version 2", True),
-    "version as text": (_with(version="1"), UnsupportedFormatError, "version '1'", True),
+    "newer version": (_with(version=3), UnsupportedFormatError, "version 3", True),
+    "version as text": (_with(version="2"), UnsupportedFormatError, "version '2'", True),
+    "version as bool": (_with(version=True), UnsupportedFormatError, "version True", True),
     "not an object": (lambda p: [p], UnsupportedFormatError, "not a JSON object", True),
     "malformed metadata": (_with(metadata="x"), UnsupportedFormatError, "metadata", True),
     "malformed pool root": (_with(pool_root=7), UnsupportedFormatError, "pool_root", True),
-    "malformed catalog url": (_with(catalog_url=5), UnsupportedFormatError, "catalog_url", True),
+    "malformed catalog": (_with(catalog=5), UnsupportedFormatError, "malformed catalog", True),
+    "unparsable catalog": (
+        _with(catalog="::not a url"),
+        UnsupportedFormatError,
+        "malformed catalog .not a SQLAlchemy URL",
+        True,
+    ),
+    "malformed version 1 catalog_url": (
+        _with(version=1, catalog_url=5),
+        UnsupportedFormatError,
+        "malformed catalog_url",
+        True,
+    ),
     "digest escapes the pool": (
         _with(manifest_digest="../../etc/passwd"),
         InvalidNameError,
