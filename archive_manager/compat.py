@@ -435,7 +435,7 @@ class RolloutArchive:
             except BaseException:
                 arc.release()  # no pointer names it: nothing could ever read or release it
                 raise
-        return cls(target)
+        return cls(target, root=pool_root, catalog_url=url)
 
     @staticmethod
     def check_metadata(path: str | os.PathLike[str], args: Any) -> list[dict[str, Any]]:
