@@ -194,7 +194,7 @@ def _open_pool(
             raise PoolNotFoundError(
                 f"no pool at {pool_root}: no catalog at {file} (named by pointer file {path})"
             )
-        if probe.kind == "foreign":
+        if probe.kind in ("foreign", "not-sqlite"):
             raise ForeignCatalogError(
                 f"pointer file {path} names {file}, which is not an archive_manager catalog "
                 f"({probe.reason}); it was left untouched"

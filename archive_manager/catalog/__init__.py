@@ -132,8 +132,9 @@ def _refuse_foreign_sqlite(url: str) -> None:
 
     NOTE: the engine's first connection switches the file to WAL for good, and a migration
     would then add the catalog's tables to another program's database.  A file that cannot
-    be told apart here (being created by another process, damaged) is left to the engine,
-    which waits for the creator's lock or reports the damage.
+    be told apart here (being created by another process, damaged, no SQLite header) is
+    left to the engine, which waits for the creator's lock or reports the damage (SQLite
+    writes nothing to a file whose header it does not recognize).
     """
     path = sqlite_path(url)
     if path is None:

@@ -24,7 +24,7 @@ __all__ = ["SQLITE_HEADER", "SqliteProbe", "probe_sqlite_catalog"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 
-ProbeKind = Literal["absent", "empty", "foreign", "catalog"]
+ProbeKind = Literal["absent", "empty", "not-sqlite", "foreign", "catalog"]
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,11 @@ class SqliteProbe:
     """What a SQLite path holds.
 
     ``kind`` is ``"absent"`` (no file), ``"empty"`` (a database with no table: a pool may be
-    created in it), ``"foreign"`` (not an archive_manager catalog; ``reason`` says why) or
-    ``"catalog"`` (stamped by archive_manager; ``revision`` is its Alembic revision, None
-    while the stamp holds none).
+    created in it), ``"not-sqlite"`` (a regular file without SQLite's header: another kind
+    of file, or a catalog damaged beyond recognition), ``"foreign"`` (another program's
+    database, or no regular file) or ``"catalog"`` (stamped by archive_manager; ``revision``
+    is its Alembic revision, None while the stamp holds none).  ``reason`` says why a file
+    is not a catalog.
     """
 
     kind: ProbeKind
@@ -84,7 +86,7 @@ def probe_sqlite_catalog(path: str | os.PathLike[str], *, timeout_s: float = 5.0
     if not header:
         return SqliteProbe("empty")
     if not header.startswith(SQLITE_HEADER):
-        return SqliteProbe("foreign", reason="not a SQLite database")
+        return SqliteProbe("not-sqlite", reason="not a SQLite database")
     try:
         conn = sqlite3.connect(_read_only_uri(path), uri=True, timeout=timeout_s)
     except sqlite3.Error as exc:
