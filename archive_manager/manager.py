@@ -166,7 +166,8 @@ class ArchiveManager:
 
     @staticmethod
     def exists(root: str | os.PathLike[str], catalog_url: str | None = None) -> bool:
-        """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing."""
+        """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing
+        and changing no file (a SQLite file is only read, see `catalog.probe`)."""
         status = ArchiveManager.catalog_status(root, catalog_url)
         return status.current is not None
 

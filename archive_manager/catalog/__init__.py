@@ -184,7 +184,9 @@ class Catalog:
             UnsupportedFilesystemError: A SQLite catalog on a network filesystem.
             CatalogVersionError: The catalog was written by a newer archive_manager.
             CatalogLockedError: Another process held the catalog locked for too long.
-            CatalogError: The catalog cannot be opened (corrupt file, foreign tables, ...).
+            CatalogError: The catalog cannot be opened (corrupt file, foreign tables, ...);
+                an existing SQLite file that is another program's database is refused
+                before anything touches it.
         """
         _refuse_foreign_sqlite(url)
         engine = make_engine(
