@@ -15,6 +15,7 @@ __all__ = [
     "CatalogError",
     "CatalogLockedError",
     "CatalogVersionError",
+    "ForeignCatalogError",
     "GcAbortedError",
     "IntegrityError",
     "InvalidInputError",
@@ -96,6 +97,11 @@ class CatalogLockedError(CatalogError, TimeoutError):
 
 class PoolIdentityError(CatalogError):
     """The catalog and the blob root are not one pool's (another catalog, a copy, a lost catalog)."""
+
+
+class ForeignCatalogError(CatalogError):
+    """A pointer file names a catalog the caller did not configure, or a file that is no
+    catalog; it was neither connected to nor opened."""
 
 
 class UnsupportedFilesystemError(CatalogError):

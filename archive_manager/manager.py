@@ -13,7 +13,6 @@ from typing import Any
 
 from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
 
 from ._names import archive_owner, check_archive_name, check_owner
 from .archive import Archive, ArchiveInfo, infos
@@ -24,8 +23,9 @@ from .catalog import (
     entries_table,
     retention_table,
 )
-from .catalog.engine import make_engine, parse_url
+from .catalog.engine import make_engine, parse_url, shown_url, sqlite_path
 from .catalog.migrate import current_revision, head_revision
+from .catalog.probe import probe_sqlite_catalog
 from .catalog.queries import archive_by_name
 from .codec import DEFAULT_INLINE_LIMIT
 from .errors import (
@@ -196,7 +196,8 @@ class ArchiveManager:
 
     @staticmethod
     def exists(root: str | os.PathLike[str], catalog_url: str | None = None) -> bool:
-        """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing."""
+        """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing
+        and changing no file (a SQLite file is only read, see `catalog.probe`)."""
         status = ArchiveManager.catalog_status(root, catalog_url)
         return status.current is not None
 
@@ -208,18 +209,18 @@ class ArchiveManager:
         creating anything."""
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
-        database = parse_url(url).database
-        if parse_url(url).get_backend_name() == "sqlite" and not (
-            database and Path(database).is_file()
-        ):
-            return CatalogStatus(None, head_revision())
+        if parse_url(url).get_backend_name() == "sqlite":
+            # NOTE: never through the engine, whose first connection switches the file to
+            # WAL mode: asking must leave a file that is no catalog exactly as it was.
+            file = sqlite_path(url)
+            probe = probe_sqlite_catalog(file) if file is not None else None
+            revision = probe.revision if probe is not None else None
+            return CatalogStatus(revision, head_revision())
         engine = make_engine(url)
         try:
             return CatalogStatus(current_revision(engine), head_revision())
         except sa_exc.SQLAlchemyError as exc:
-            raise CatalogError(
-                f"cannot read the catalog at {make_url(url).render_as_string()}: {exc}"
-            ) from exc
+            raise CatalogError(f"cannot read the catalog at {shown_url(url)}: {exc}") from exc
         finally:
             engine.dispose()
 
@@ -251,8 +252,7 @@ class ArchiveManager:
         self.close()
 
     def __repr__(self) -> str:
-        shown = make_url(self.catalog_url).render_as_string(hide_password=True)
-        return f"ArchiveManager({str(self._root)!r}, catalog_url={shown!r})"
+        return f"ArchiveManager({str(self._root)!r}, catalog_url={shown_url(self.catalog_url)!r})"
 
     # ------------------------------------------------------------------ saving
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
 
 from .catalog import (
     FORMAT_VERSION,
@@ -22,6 +21,7 @@ from .catalog import (
     get_pool_info,
     sample_metadata_table,
 )
+from .catalog.engine import shown_url
 from .errors import InvalidInputError
 from .samples import check_key_text
 
@@ -61,7 +61,7 @@ def pool_summary(pool: ArchiveManager) -> PoolSummary:
     with pool.catalog.read() as conn:
         summary = PoolSummary(
             root=str(pool.root),
-            catalog_url=make_url(pool.catalog_url).render_as_string(hide_password=True),
+            catalog_url=shown_url(pool.catalog_url),
             format_version=int(get_pool_info(conn, "format_version") or FORMAT_VERSION),
             catalog_revision=current_revision(conn),
         )

@@ -41,6 +41,7 @@ from archive_manager.compat import MAX_POINTER_BYTES
 from archive_manager.errors import (
     ArchiveError,
     CatalogError,
+    ForeignCatalogError,
     IntegrityError,
     InvalidInputError,
     InvalidNameError,
@@ -310,11 +311,22 @@ BAD_POINTER_FIELDS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "version true (== 1 in Python)": ({"version": True}, UnsupportedFormatError, "version"),
     "version 1.0": ({"version": 1.0}, UnsupportedFormatError, "version"),
     "pool root with NUL": ({"pool_root": "/tmp/a\x00b"}, UnsupportedFormatError, "pool_root"),
-    "catalog URL not a URL": ({"catalog_url": "not a url"}, CatalogError, "not a SQLAlchemy"),
-    "catalog URL of an unknown database": (
-        {"catalog_url": "nosuchdb://x/y"},
-        CatalogError,
-        "database or driver",
+    "catalog not a URL": ({"catalog": "not a url"}, UnsupportedFormatError, "not a SQLAlchemy"),
+    "version 1 catalog URL not a URL": (
+        {"version": 1, "catalog_url": "not a url"},
+        UnsupportedFormatError,
+        "not a SQLAlchemy",
+    ),
+    # A pointer alone never chooses a database to connect to, whatever its kind.
+    "catalog of an unknown database": (
+        {"catalog": "nosuchdb://x/y"},
+        ForeignCatalogError,
+        "does not choose the database server",
+    ),
+    "version 1 catalog URL of an unknown database": (
+        {"version": 1, "catalog_url": "nosuchdb://x/y"},
+        ForeignCatalogError,
+        "does not choose the database server",
     ),
 }
 

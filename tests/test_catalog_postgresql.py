@@ -4,21 +4,26 @@ tests/test_catalog.py and tests/test_catalog_migrations.py on both.)"""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pgserver import PgServer
 from sqlalchemy import insert, select, text, update
 
-from archive_manager import ArchiveManager
+from archive_manager import ArchiveManager, RolloutArchive
 from archive_manager.catalog import Catalog, archives_table, pool_info_table
 from archive_manager.catalog.engine import PG_WRITE_LOCK, make_engine
-from archive_manager.errors import CatalogError, CatalogLockedError
+from archive_manager.catalog.migrate import CATALOG_URL_ENV
+from archive_manager.compat import POINTER_VERSION
+from archive_manager.errors import CatalogError, CatalogLockedError, ForeignCatalogError
 
 
 @pytest.fixture
@@ -224,3 +229,93 @@ def test_pool_on_postgresql_binds_its_blob_root(pg_url: str, tmp_path: Path) -> 
     (tmp_path / "a").rename(tmp_path / "moved")
     with pytest.raises(CatalogError, match="two pools must not share one catalog"):
         ArchiveManager.open(tmp_path / "moved", catalog_url=pg_url)
+
+
+# --------------------------------------------------------------------------- pointer files
+
+SECRET = "s3cret-pw"
+
+
+def with_password(url: str) -> str:
+    """``url`` logging in with a password (the throwaway server trusts loopback, so any
+    password is accepted: what matters is where it ends up)."""
+    return url.replace("://postgres@", f"://postgres:{SECRET}@", 1)
+
+
+def _files_text(folder: Path) -> str:
+    return "".join(
+        p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file()
+    )
+
+
+def test_facade_on_a_server_catalog_writes_and_shows_no_password(
+    pg_server: PgServer, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CATALOG_URL_ENV, raising=False)
+    secret_url = with_password(pg_url)
+    args = SimpleNamespace(archive_root=str(tmp_path / "shared"), archive_catalog_url=secret_url)
+    samples = [{"index": i, "tokens": [1, 2, i]} for i in range(3)]
+    path = tmp_path / "run" / "rollout_0.json"
+    old = os.umask(0o022)
+    try:
+        RolloutArchive.save(path, samples, rollout_id=0, args=args).close()
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by the team: nothing secret in it
+    pointer = json.loads(path.read_text())
+    assert pointer["version"] == POINTER_VERSION and pointer["catalog"] == pg_url
+    assert SECRET not in _files_text(tmp_path)  # not in the pointer, not in the pool root
+
+    # Without the caller's URL the pointer is refused, and nothing connects.
+    with pytest.raises(ForeignCatalogError, match="catalog_url=") as info:
+        RolloutArchive(path)
+    assert pg_url in str(info.value)
+    # With it (argument, args or environment), it opens; nothing shown holds the password.
+    for how in ({"catalog_url": secret_url}, {"args": args}, {}):
+        if not how:
+            monkeypatch.setenv(CATALOG_URL_ENV, secret_url)
+        with RolloutArchive(path, **how) as arc:
+            assert arc.load_samples() == samples
+            shown = [repr(arc), repr(arc.pool), repr(arc.pool.catalog), json.dumps(arc.pointer)]
+            shown.append(str(arc.pool.info().catalog_url))
+            assert not [s for s in shown if SECRET in s], shown
+    # Another database of the same server is another catalog: refused before connecting.
+    other = pg_server.create_database()
+    try:
+        monkeypatch.setenv(CATALOG_URL_ENV, with_password(other))
+        with pytest.raises(ForeignCatalogError, match="not the configured") as info:
+            RolloutArchive(path)
+        assert SECRET not in str(info.value)
+    finally:
+        pg_server.drop_database(other)
+    monkeypatch.delenv(CATALOG_URL_ENV)
+
+    # A version 1 pointer held the password; it opens with the caller's URL and never
+    # shows the password, not even when refused.
+    v1 = {k: v for k, v in pointer.items() if k != "catalog"}
+    v1_path = tmp_path / "run" / "old.json"
+    v1_path.write_text(json.dumps({**v1, "version": 1, "catalog_url": secret_url}))
+    with pytest.raises(ForeignCatalogError) as info:
+        RolloutArchive(v1_path)
+    assert SECRET not in str(info.value) and pg_url in str(info.value)
+    with RolloutArchive(v1_path, catalog_url=secret_url) as arc:
+        assert arc.load_samples() == samples
+        assert SECRET not in json.dumps(arc.pointer) and arc.pointer["catalog"] == pg_url
+    with RolloutArchive(v1_path, catalog_url=pg_url) as arc:  # trust auth: no password needed
+        assert len(arc) == 3
+    v1_path.unlink()  # the only file here that ever held the password: the test wrote it
+
+    # A reference save opens its source with the saver's catalog.
+    ref = RolloutArchive.save(
+        tmp_path / "run" / "replay_0.json", None, rollout_id=0, args=args, reference=path
+    )
+    with ref:
+        assert ref.load_samples() == samples
+    # Saving the path again after release: a new generation, same rules.
+    with RolloutArchive(path, args=args) as arc:
+        arc.release()
+    path.unlink()
+    RolloutArchive.save(path, samples[:1], rollout_id=0, args=args).close()
+    with RolloutArchive(path, args=args) as arc:
+        assert arc.load_samples() == samples[:1] and arc.name.endswith("%~2")
+    assert SECRET not in _files_text(tmp_path)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -654,3 +655,47 @@ def test_every_verb_with_a_postgresql_catalog_url(tmp_path: Path, pg_server) -> 
         assert other.exit_code == 1 and "belongs to the pool at" in other.output
     finally:
         pg_server.drop_database(url)
+
+
+def test_no_verb_shows_a_catalog_password(tmp_path: Path, pg_server) -> None:
+    """A password in ``--catalog-url`` (in the URL's user part or as libpq's ``password``
+    query parameter) reaches the server and nothing else: not stdout, stderr or ``--json``."""
+    secret = "s3cret-pw"
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    unreachable = f"postgresql+psycopg://u:{secret}@127.0.0.1:{closed.getsockname()[1]}/x"
+    closed.close()
+    runner = CliRunner()
+    outputs: list[str] = []
+
+    def run(root: Path, at: str, *args: str) -> Result:
+        result = runner.invoke(cli, ["--root", str(root), "--catalog-url", at, *args])
+        outputs.append(result.output + result.stderr)
+        return result
+
+    for n, form in enumerate(("user", "query")):
+        url = pg_server.create_database()
+        try:
+            if form == "user":
+                secret_url = url.replace("://postgres@", f"://postgres:{secret}@", 1)
+            else:
+                secret_url = f"{url}?password={secret}"
+            root = tmp_path / f"pool-{n}"
+            assert as_json(run(root, secret_url, "db", "current", "--json"))["current"] is None
+            assert "no pool" in failed(run(root, secret_url, "info"))
+            ok(run(root, secret_url, "init"))
+            ok(run(root, secret_url, "init"))
+            info = as_json(run(root, secret_url, "info", "--json"))
+            assert info["catalog_url"].endswith(url.rsplit("/", 1)[1])
+            ok(run(root, secret_url, "info"))
+            ok(run(root, secret_url, "db", "current"))
+            assert as_json(run(root, secret_url, "db", "current", "--json"))["up_to_date"]
+            ok(run(root, secret_url, "db", "upgrade"))
+            ok(run(root, secret_url, "ls", "--json"))
+            other = tmp_path / "other"
+            assert "belongs to the pool at" in failed(run(other, secret_url, "ls"))
+        finally:
+            pg_server.drop_database(url)
+    assert "cannot reach" in failed(run(tmp_path / "x", unreachable, "info"))
+    failed(run(tmp_path / "x", unreachable, "db", "current"))
+    assert not [o for o in outputs if secret in o], outputs

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import socket
+import sqlite3
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -16,16 +19,21 @@ from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from archive_manager import ArchiveManager, RolloutArchive, Sample, describe_sample
 from archive_manager._names import check_archive_name
 from archive_manager.blobs import BlobStore
+from archive_manager.cli import cli
 from archive_manager.compat import POINTER_FORMAT, POINTER_VERSION, archive_name_for
 from archive_manager.errors import (
+    ArchiveExistsError,
     ArchiveNotFoundError,
     ArchiveReleasedError,
+    CatalogError,
+    ForeignCatalogError,
     IntegrityError,
     InvalidInputError,
     InvalidNameError,
@@ -84,7 +92,7 @@ def test_training_loop_saves_resumes_checks_and_collects(
     assert pointer["pool_root"] == str(pool_root)
     assert pointer["archive"] == archive_name_for(run / "rollout_2.json")
     assert (pointer["rollout_id"], pointer["evaluation"]) == (2, False)
-    assert "catalog_url" not in pointer  # the default catalog is not spelled out
+    assert "catalog" not in pointer  # the default catalog is not spelled out
     assert pointer["metadata"] == as_json([describe_sample(s) for s in saved[2]])
     with ArchiveManager.open(pool_root, create=False) as pool:
         infos = pool.find()
@@ -362,7 +370,7 @@ def test_catalog_url_is_recorded_when_not_the_default(
     samples = rollout(4, seed=6)
     RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0, args=args).close()
     pointer = read_pointer(tmp_path / "run" / "r.json")
-    assert pointer["catalog_url"] == url
+    assert pointer["catalog"] == url and "catalog_url" not in pointer
     assert pointer["pool_root"] == str((tmp_path / "blobs-here").resolve())
     assert not (tmp_path / "blobs-here" / "catalog.db").exists()
     with RolloutArchive(tmp_path / "run" / "r.json") as arc:
@@ -404,12 +412,25 @@ BAD_POINTERS = {
         "format 'vime.straw'",
         True,
     ),
-    "newer version": (_with(version=2), UnsupportedFormatError, "version 2", True),
-    "version as text": (_with(version="1"), UnsupportedFormatError, "version '1'", True),
+    "newer version": (_with(version=3), UnsupportedFormatError, "version 3", True),
+    "version as text": (_with(version="2"), UnsupportedFormatError, "version '2'", True),
+    "version as bool": (_with(version=True), UnsupportedFormatError, "version True", True),
     "not an object": (lambda p: [p], UnsupportedFormatError, "not a JSON object", True),
     "malformed metadata": (_with(metadata="x"), UnsupportedFormatError, "metadata", True),
     "malformed pool root": (_with(pool_root=7), UnsupportedFormatError, "pool_root", True),
-    "malformed catalog url": (_with(catalog_url=5), UnsupportedFormatError, "catalog_url", True),
+    "malformed catalog": (_with(catalog=5), UnsupportedFormatError, "malformed catalog", True),
+    "unparsable catalog": (
+        _with(catalog="::not a url"),
+        UnsupportedFormatError,
+        "malformed catalog .not a SQLAlchemy URL",
+        True,
+    ),
+    "malformed version 1 catalog_url": (
+        _with(version=1, catalog_url=5),
+        UnsupportedFormatError,
+        "malformed catalog_url",
+        True,
+    ),
     "digest escapes the pool": (
         _with(manifest_digest="../../etc/passwd"),
         InvalidNameError,
@@ -672,3 +693,264 @@ def test_archive_name_decodes_to_the_absolute_path(tail: str) -> None:
     name = archive_name_for(path)
     assert check_archive_name(name) == name
     assert urllib.parse.unquote(name, errors="surrogatepass") == os.path.abspath(Path(path))
+
+
+# --------------------------------------------------------------------------- pointers are input
+
+
+@pytest.fixture
+def listener() -> Any:
+    """A TCP socket listening on loopback that nobody should ever connect to."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+def assert_never_connected(server: socket.socket) -> None:
+    with pytest.raises(BlockingIOError):
+        conn, _ = server.accept()
+        conn.close()
+
+
+def test_pointer_naming_a_server_catalog_never_gets_a_connection(
+    tmp_path: Path, saved_pointer: dict[str, Any], listener: socket.socket, monkeypatch
+) -> None:
+    """A crafted pointer aims at a server the caller never configured, with the caller's
+    ``$PGPASSWORD`` in reach: it is refused before any connection, in words that show no
+    password, whatever else the caller configured."""
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("PGPASSWORD", "hunter2-env")
+    monkeypatch.setenv("ARCHIVE_MANAGER_BUSY_TIMEOUT_MS", "1000")  # old code: fail fast
+    monkeypatch.delenv("ARCHIVE_MANAGER_CATALOG_URL", raising=False)
+    evil = f"postgresql+psycopg://evil:hunter2-file@127.0.0.1:{port}/pool"
+    v1 = {**saved_pointer, "version": 1, "catalog_url": evil}
+    v2 = {**saved_pointer, "catalog": f"postgresql://evil@127.0.0.1:{port}/pool"}
+    no_metadata = {k: v for k, v in v1.items() if k != "metadata"}
+    ours = f"sqlite:///{tmp_path / 'archive-pool' / 'catalog.db'}"
+    other_server = "postgresql+psycopg://me:mine@127.0.0.1:1/pool"
+    for name, content in (("v1", v1), ("v2", v2), ("bare", no_metadata)):
+        path = write_pointer(tmp_path / f"{name}.json", content)
+        attempts = [
+            lambda p=path: RolloutArchive(p),
+            lambda p=path: RolloutArchive(p, catalog_url=ours),  # configured, but another
+            lambda p=path: RolloutArchive(p, args=SimpleNamespace(archive_catalog_url=ours)),
+            lambda p=path: RolloutArchive(p, catalog_url=other_server),
+        ]
+        if name == "bare":
+            attempts.append(lambda p=path: RolloutArchive.check_metadata(p, None))
+        for attempt in attempts:
+            with pytest.raises(ForeignCatalogError, match=f"127.0.0.1:{port}") as info:
+                attempt()
+            assert_never_connected(listener)
+            assert "hunter2" not in str(info.value) and "mine" not in str(info.value)
+            assert "\n" not in str(info.value)
+        # The environment's catalog is configuration too; another database is refused.
+        monkeypatch.setenv("ARCHIVE_MANAGER_CATALOG_URL", other_server)
+        with pytest.raises(ForeignCatalogError, match="not the configured") as info:
+            RolloutArchive(path)
+        assert "mine" not in str(info.value) and "hunter2" not in str(info.value)
+        monkeypatch.delenv("ARCHIVE_MANAGER_CATALOG_URL")
+    assert_never_connected(listener)
+    # The pointer's own metadata needs no catalog at all.
+    assert len(RolloutArchive.check_metadata(tmp_path / "v1.json", None)) == 3
+
+
+def test_refusals_name_the_way_to_configure_the_catalog(
+    tmp_path: Path, saved_pointer: dict[str, Any], monkeypatch
+) -> None:
+    monkeypatch.delenv("ARCHIVE_MANAGER_CATALOG_URL", raising=False)
+    path = write_pointer(
+        tmp_path / "p.json", {**saved_pointer, "catalog": "postgresql://team@db-host/rollouts"}
+    )
+    with pytest.raises(ForeignCatalogError) as info:
+        RolloutArchive(path)
+    message = str(info.value)
+    assert "postgresql://team@db-host/rollouts" in message
+    assert "catalog_url=" in message and "$ARCHIVE_MANAGER_CATALOG_URL" in message
+    assert isinstance(info.value, CatalogError)
+
+
+def _foreign_sqlite_files(folder: Path) -> dict[str, Path]:
+    """A SQLite database of another program (rollback journal), one in WAL mode (closed), a
+    text file and a FIFO, each named ``catalog.db`` in a folder of its own."""
+    made: dict[str, Path] = {}
+    for kind in ("rollback", "wal", "text", "fifo"):
+        (folder / kind).mkdir(parents=True)
+        made[kind] = path = folder / kind / "catalog.db"
+        if kind == "text":
+            path.write_text("not a database, but precious")
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            conn = sqlite3.connect(path)
+            if kind == "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("CREATE TABLE accounts (name TEXT, balance INT)")
+            conn.execute("INSERT INTO accounts VALUES ('alice', 10)")
+            conn.commit()
+            conn.close()
+    return made
+
+
+def _folder_state(folder: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(folder.rglob("*"))
+        if not p.is_dir()
+    }
+
+
+def test_pointer_naming_a_foreign_sqlite_file_leaves_it_byte_identical(
+    tmp_path: Path, saved_pointer: dict[str, Any]
+) -> None:
+    files = _foreign_sqlite_files(tmp_path / "theirs")
+    before = _folder_state(tmp_path / "theirs")
+    for kind, file in files.items():
+        by_root = {**saved_pointer, "pool_root": str(file.parent)}
+        by_url = {**saved_pointer, "catalog": f"sqlite:///{file}"}
+        by_v1_url = {**saved_pointer, "version": 1, "catalog_url": f"sqlite:///{file}"}
+        for n, content in enumerate((by_root, by_url, by_v1_url)):
+            path = write_pointer(tmp_path / f"{kind}-{n}.json", content)
+            with pytest.raises(ForeignCatalogError, match="not an archive_manager catalog"):
+                RolloutArchive(path)
+            bare = write_pointer(tmp_path / f"{kind}-{n}-bare.json", _without("metadata")(content))
+            with pytest.raises(ForeignCatalogError, match="left untouched"):
+                RolloutArchive.check_metadata(bare, None)
+        # Asked directly, the pool API does not touch them either.
+        assert ArchiveManager.exists(file.parent) is False
+        assert ArchiveManager.catalog_status(file.parent).current is None
+        with pytest.raises(PoolNotFoundError):
+            ArchiveManager.open(file.parent, create=False)
+        # Not even to create a pool in it (a file that is no SQLite file at all may be a
+        # damaged catalog, and is named so).
+        refusal = "not a usable SQLite" if kind == "text" else "not an archive_manager catalog"
+        with pytest.raises(CatalogError, match=refusal):
+            ArchiveManager.open(file.parent)
+    assert _folder_state(tmp_path / "theirs") == before  # no byte changed, no -wal, no -shm
+
+
+def test_caller_configuration_wins_over_the_pointer(tmp_path: Path, rollout, same_samples) -> None:
+    samples = rollout(4, seed=3)
+    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0).close()
+    pool = tmp_path / "run" / "archive-pool"
+    moved = tmp_path / "moved"
+    pool.rename(moved)
+    # A crafted pool root in the pointer is ignored when the caller names the pool.
+    pointer = read_pointer(tmp_path / "run" / "r.json")
+    crafted = write_pointer(tmp_path / "crafted.json", {**pointer, "pool_root": "/nonexistent"})
+    for how in (
+        {"root": moved},
+        {"args": SimpleNamespace(archive_root=str(moved))},
+        {"root": moved, "catalog_url": f"sqlite:///{moved / 'catalog.db'}"},
+        {"args": SimpleNamespace(archive_root=str(moved), archive_catalog_url=None)},
+    ):
+        with RolloutArchive(crafted, **how) as arc:
+            assert arc.pool.root == moved.resolve()
+            same_samples(arc.load_samples(), samples)
+    args = SimpleNamespace(archive_root=str(moved))
+    bare = write_pointer(tmp_path / "bare.json", _without("metadata")(pointer))
+    assert len(RolloutArchive.check_metadata(bare, args)) == 4
+    with pytest.raises(PoolNotFoundError, match="/nonexistent"):
+        RolloutArchive(crafted)
+    assert not Path("/nonexistent").exists()  # not made by opening
+
+
+def test_version_1_pointers_still_open(tmp_path: Path, rollout, same_samples) -> None:
+    samples = rollout(4, seed=5)
+    (tmp_path / "elsewhere").mkdir()
+    url = f"sqlite:///{tmp_path / 'elsewhere' / 'catalog.db'}"
+    args = SimpleNamespace(archive_root=str(tmp_path / "blobs"), archive_catalog_url=url)
+    RolloutArchive.save(tmp_path / "a.json", samples, rollout_id=0).close()
+    RolloutArchive.save(tmp_path / "b.json", samples, rollout_id=0, args=args).close()
+    a, b = read_pointer(tmp_path / "a.json"), read_pointer(tmp_path / "b.json")
+    assert a["version"] == b["version"] == POINTER_VERSION == 2
+    old_a = write_pointer(tmp_path / "old-a.json", {**a, "version": 1})
+    old_b = {k: v for k, v in b.items() if k != "catalog"}
+    old_b = write_pointer(tmp_path / "old-b.json", {**old_b, "version": 1, "catalog_url": url})
+    for path in (old_a, old_b):
+        with RolloutArchive(path) as arc:
+            same_samples(arc.load_samples(), samples)
+            assert "catalog_url" not in arc.pointer
+    with RolloutArchive(old_b, args=args) as arc:
+        assert arc.pointer["catalog"] == url
+
+
+# --------------------------------------------------------------------------- saving a path again
+
+
+def _forget_pointer(path: Path, *, release: bool, collect: bool) -> None:
+    with RolloutArchive(path) as arc:
+        if release:
+            arc.release()
+        if collect:
+            arc.pool.gc(grace=0)
+    path.unlink()
+
+
+def test_a_path_is_saved_again_after_its_archive_was_released(
+    tmp_path: Path, rollout, same_samples
+) -> None:
+    path = tmp_path / "run" / "rollout_3.json"
+    rounds = [rollout(4, seed=40 + k, rollout_id=3) for k in range(3)]
+    names = []
+    for k, samples in enumerate(rounds):
+        with RolloutArchive.save(path, samples, rollout_id=3) as arc:
+            names.append(arc.name)
+            assert arc.name == archive_name_for(path, k + 1)
+        assert read_pointer(path)["archive"] == names[-1]  # the pointer names the real one
+        # Opening the pointer loads the newest archive, never a released one.
+        with RolloutArchive(path) as arc:
+            same_samples(arc.load_samples(), samples)
+        assert RolloutArchive.check_metadata(path, None) == [
+            as_json(describe_sample(s)) for s in samples
+        ]
+        if k < len(rounds) - 1:
+            _forget_pointer(path, release=True, collect=k == 0)  # collected, or not yet
+    assert len(set(names)) == 3 and names[0] == archive_name_for(path)
+    with ArchiveManager.open(tmp_path / "run" / "archive-pool", create=False) as pool:
+        states = {info.name: info.state for info in pool.find(state=None)}
+        assert states == {names[0]: "released", names[1]: "released", names[2]: "published"}
+        with pytest.raises(ArchiveReleasedError):
+            pool.open_archive(names[0]).load_samples()
+
+
+def test_saving_over_a_deleted_pointer_of_a_published_archive_says_how(
+    tmp_path: Path, rollout, same_samples, snapshot
+) -> None:
+    path = tmp_path / "run" / "rollout_3.json"
+    RolloutArchive.save(path, rollout(4, seed=1), rollout_id=3).close()
+    path.unlink()  # deleted without releasing: the archive is still published
+    root = tmp_path / "run" / "archive-pool"
+    with ArchiveManager.open(root, create=False) as pool:
+        state = snapshot(pool)
+        with pytest.raises(ArchiveExistsError, match="still published") as info:
+            RolloutArchive.save(path, rollout(4, seed=2), rollout_id=3)
+        assert snapshot(pool) == state
+    assert isinstance(info.value, FileExistsError) and not path.exists()
+    # The message holds the very command that makes the path usable again.
+    message = str(info.value)
+    command = message.split("release it (", 1)[1].split(", or Archive.release()", 1)[0]
+    argv = shlex.split(command)
+    assert argv[0] == "archive-manager"
+    result = CliRunner().invoke(cli, [*argv[1:], "--yes"])
+    assert result.exit_code == 0, result.output
+    again = rollout(4, seed=2)
+    with RolloutArchive.save(path, again, rollout_id=3) as arc:
+        assert arc.name == archive_name_for(path, 2)
+        same_samples(arc.load_samples(), again)
+
+
+def test_archive_name_generations_never_collide_with_paths(tmp_path: Path) -> None:
+    folder = "/" + "/".join(["ロールアウトのデータ" * 6] * 8)
+    paths = ["/runs/r.json", "/runs/r.json%~2", "/runs/r.json%25~2", f"{folder}/r.json"]
+    names = {archive_name_for(p, g) for p in paths for g in (1, 2, 3, 10, 12345)}
+    assert len(names) == len(paths) * 5
+    for name in names:
+        assert check_archive_name(name) == name and len(name.encode("utf-8")) <= 255
+    assert archive_name_for("/runs/r.json", 2) == archive_name_for("/runs/r.json") + "%~2"
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(InvalidInputError, match="generation"):
+            archive_name_for("/runs/r.json", bad)  # type: ignore[arg-type]

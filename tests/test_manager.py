@@ -4,22 +4,28 @@ visibility of pending saves, bad input that must leave the pool as it was, lease
 from __future__ import annotations
 
 import gc
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
-from archive_manager import ArchiveWriter, Sample
-from archive_manager.catalog import blobs_table, leases_table
+from archive_manager import ArchiveManager, ArchiveWriter, Sample
+from archive_manager import manager as manager_module
+from archive_manager.catalog import Catalog, blobs_table, leases_table
+from archive_manager.catalog.engine import catalog_identity, make_engine, public_url, shown_url
 from archive_manager.errors import (
     ArchiveError,
     ArchiveExistsError,
     ArchiveNotFoundError,
+    CatalogError,
     InvalidInputError,
     InvalidNameError,
     LeaseExpiredError,
+    PoolNotFoundError,
     UnencodableError,
 )
 from tests.conftest import blob_files
@@ -535,3 +541,91 @@ def test_int_task_keys_are_strings_everywhere(pool, rollout) -> None:
     assert [k for _, k in arc.keys()] == ["7", "7", None]
     assert len(arc.load_samples(task_key=7)) == 2
     assert [i.name for i in pool.find(task_key=7)] == ["ints"]
+
+
+# --------------------------------------------------------------------------- catalog URLs
+
+
+SECRET_URLS = [
+    "postgresql+psycopg://team:s3cret@db-host:5432/rollouts",
+    "postgresql+psycopg://team@db-host/rollouts?password=s3cret&application_name=train",
+    "postgresql://team:s3cret@db-host/rollouts?sslpassword=s3cret",
+    "mysql+pymysql://team@db-host/rollouts?passwd=s3cret",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_shown_and_public_urls_hold_no_password(url: str) -> None:
+    shown, public = shown_url(url), public_url(url)
+    assert "s3cret" not in shown and "s3cret" not in public
+    assert "db-host" in shown and "rollouts" in public and "team@" in public
+    assert catalog_identity(public) == catalog_identity(url)  # the same database
+    assert "application_name=train" in public or "application_name" not in url
+    if ":s3cret@" in url:
+        assert "team:***@" in shown  # says a password was given, not which
+
+
+def test_catalog_identity_tells_databases_apart() -> None:
+    same = [
+        "postgresql+psycopg://a:x@DB-Host:5432/pool",
+        "postgresql://b@db-host/pool",
+        "postgresql+psycopg2://db-host/pool?password=y",
+    ]
+    assert len({catalog_identity(u) for u in same}) == 1
+    others = [
+        "postgresql://db-host:5433/pool",
+        "postgresql://db-host/other",
+        "postgresql://db-host2/pool",
+        "sqlite:////pool/catalog.db",
+    ]
+    assert len({catalog_identity(u) for u in [same[0], *others]}) == 5
+    assert catalog_identity("sqlite:////a/../b/c.db") == catalog_identity("sqlite:////b/c.db")
+
+
+def test_an_unparsable_url_is_never_echoed() -> None:
+    assert "s3cret" not in shown_url("::team:s3cret@nowhere")
+
+
+def test_repr_and_errors_of_a_pool_hide_the_password(tmp_path, monkeypatch) -> None:
+    url = SECRET_URLS[1]
+    catalog = Catalog(make_engine(url), url)  # never connects: nothing is run on it
+    pool = ArchiveManager(tmp_path / "pool", catalog)
+    try:
+        assert "s3cret" not in repr(pool) and "db-host" in repr(pool)
+        assert "s3cret" not in repr(catalog)
+    finally:
+        catalog.close()
+
+    def broken(engine):
+        raise sa_exc.OperationalError("SELECT version_num", {}, Exception("boom"))
+
+    monkeypatch.setattr(manager_module, "current_revision", broken)
+    with pytest.raises(CatalogError, match="boom") as info:
+        ArchiveManager.catalog_status(tmp_path / "pool", SECRET_URLS[0])
+    assert "s3cret" not in str(info.value) and "db-host" in str(info.value)
+
+
+def test_asking_about_a_foreign_sqlite_file_leaves_it_as_it_was(tmp_path) -> None:
+    theirs = tmp_path / "theirs.db"
+    conn = sqlite3.connect(theirs)
+    conn.execute("CREATE TABLE blobs (digest TEXT PRIMARY KEY)")  # a catalog's table name
+    conn.commit()
+    conn.close()
+    before = theirs.read_bytes()
+    url = f"sqlite:///{theirs}"
+    assert ArchiveManager.exists(tmp_path / "pool", url) is False
+    assert ArchiveManager.catalog_status(tmp_path / "pool", url).current is None
+    with pytest.raises(PoolNotFoundError):
+        ArchiveManager.open(tmp_path / "pool", url, create=False)
+    with pytest.raises(CatalogError, match="no revision stamp"):
+        ArchiveManager.open(tmp_path / "pool", url)
+    with pytest.raises(CatalogError, match="no revision stamp"):
+        Catalog.open(url)
+    assert theirs.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("theirs")) == [
+        "theirs.db"
+    ]
+    # An empty file (or a new one) is where a new catalog may be made.
+    (tmp_path / "empty.db").touch()
+    with ArchiveManager.open(tmp_path / "pool", f"sqlite:///{tmp_path / 'empty.db'}") as pool:
+        assert ArchiveManager.exists(pool.root, pool.catalog_url)

@@ -830,3 +830,27 @@ def test_sample_fields_that_cannot_be_drawn_are_named_not_a_500(
             assert f'<span class="mono">{field}</span> not shown: stored as a tensor blob' in html
             assert f'class="tensor-load" href="{link}"' in html
         assert 'id="response">fine' in html
+
+
+def test_no_page_shows_the_catalog_password(tmp_path: Path, pg_server: Any) -> None:
+    secret = "s3cret-pw"
+    url = pg_server.create_database()
+    database = url.rsplit("/", 1)[1]
+    try:
+        # The password in the URL's user part, then as libpq's query parameter.
+        for n, secret_url in enumerate(
+            (url.replace("://postgres@", f"://postgres:{secret}@", 1), f"{url}?password={secret}")
+        ):
+            with ArchiveManager.open(tmp_path / "pool", catalog_url=secret_url) as pool:
+                if n == 0:
+                    pool.save("train-1", tiny_rollout(3, seed=1, rollout_id=1), rollout_id=1)
+                client = create_app(pool).test_client()
+                pages = [
+                    get(client, page).text
+                    for page in ("/", "/?format=json", "/stats", "/stats?format=json")
+                ]
+                pages.append(get(client, archive_url("train-1")).text)
+                assert database in pages[0]  # the catalog is shown ...
+                assert not [p for p in pages if secret in p]  # ... without its password
+    finally:
+        pg_server.drop_database(url)

@@ -780,7 +780,7 @@ def check(world: World) -> dict[str, bool | None]:
                 except ArchiveNotFoundError:
                     pass
         if world.pointer is not None and world.pointer.exists():
-            with RolloutArchive(world.pointer) as facade:
+            with RolloutArchive(world.pointer, catalog_url=world.url) as facade:
                 atomic = atomic and fingerprint(facade.load_samples()) == world.inflight[1]  # type: ignore[index]
         if world.owners_before:
             atomic = atomic and _owners(pool) in (world.owners_before, world.owners_after)

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from sqlalchemy import select
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine
 
 from .._failpoints import failpoint
 from ..errors import CatalogError
@@ -33,6 +33,8 @@ from .engine import (
     is_network_filesystem,
     make_engine,
     read_mount_table,
+    shown_url,
+    sqlite_path,
 )
 from .migrate import current_revision, ensure_current, head_revision, upgrade
 from .models import (
@@ -63,6 +65,7 @@ from .models import (
     retention_table,
     sample_metadata_table,
 )
+from .probe import probe_sqlite_catalog
 
 __all__ = [
     "ARCHIVE_STATES",
@@ -124,6 +127,29 @@ def set_pool_info(conn: Connection, key: str, value: str | None) -> None:
         conn.execute(pool_info_table.insert().values(key=key, value=value))
 
 
+def _refuse_foreign_sqlite(url: str) -> None:
+    """Refuse an existing SQLite file that is not a catalog before the engine touches it.
+
+    NOTE: the engine's first connection switches the file to WAL for good, and a migration
+    would then add the catalog's tables to another program's database.  A file that cannot
+    be told apart here (being created by another process, damaged, no SQLite header) is
+    left to the engine, which waits for the creator's lock or reports the damage (SQLite
+    writes nothing to a file whose header it does not recognize).
+    """
+    path = sqlite_path(url)
+    if path is None:
+        return
+    try:
+        probe = probe_sqlite_catalog(path)
+    except CatalogError:
+        return
+    if probe.kind == "foreign":
+        raise CatalogError(
+            f"the file {path} is not an archive_manager catalog ({probe.reason}); refusing "
+            "to touch it: name a new or empty file for a new catalog"
+        )
+
+
 class Catalog:
     """An open catalog: an engine on a migrated, version-checked database.
 
@@ -158,8 +184,11 @@ class Catalog:
             UnsupportedFilesystemError: A SQLite catalog on a network filesystem.
             CatalogVersionError: The catalog was written by a newer archive_manager.
             CatalogLockedError: Another process held the catalog locked for too long.
-            CatalogError: The catalog cannot be opened (corrupt file, foreign tables, ...).
+            CatalogError: The catalog cannot be opened (corrupt file, foreign tables, ...);
+                an existing SQLite file that is another program's database is refused
+                before anything touches it.
         """
+        _refuse_foreign_sqlite(url)
         engine = make_engine(
             url, busy_timeout_ms=busy_timeout_ms, check_filesystem=check_filesystem
         )
@@ -186,8 +215,7 @@ class Catalog:
         return self._engine.dialect.name
 
     def __repr__(self) -> str:
-        shown = make_url(self._url).render_as_string(hide_password=True)
-        return f"Catalog({shown!r})"
+        return f"Catalog({shown_url(self._url)!r})"
 
     def _check_open(self) -> None:
         if self._closed:

@@ -49,14 +49,17 @@ __all__ = [
     "PG_WRITE_LOCK",
     "POSTGRES_EXTRA_HINT",
     "WRITE_OPTION",
+    "catalog_identity",
     "check_journal_mode",
     "check_local_filesystem",
     "filesystem_type",
     "is_network_filesystem",
     "make_engine",
     "parse_url",
+    "public_url",
     "read_mount_table",
     "resolve_busy_timeout_ms",
+    "shown_url",
     "sqlite_path",
 ]
 
@@ -228,6 +231,53 @@ def parse_url(url: str | URL) -> URL:
             "the catalog URL is not a SQLAlchemy URL (expected e.g. "
             "sqlite:////abs/path/catalog.db or postgresql+psycopg://user@host/dbname)"
         ) from exc
+
+
+#: Query parameters in which a driver takes a password (libpq's ``password`` and
+#: ``sslpassword``, MySQL drivers' ``passwd``): as secret as the password field itself.
+_SECRET_QUERY_KEYS = frozenset({"password", "passwd", "sslpassword"})
+
+#: The server's port when a URL names none, so that ``host`` and ``host:5432`` are one catalog.
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306, "mssql": 1433}
+
+
+def _without_secrets(url: URL) -> URL:
+    query = {k: v for k, v in url.query.items() if k.lower() not in _SECRET_QUERY_KEYS}
+    return URL.create(url.drivername, url.username, None, url.host, url.port, url.database, query)
+
+
+def shown_url(url: str | URL) -> str:
+    """``url`` as messages, logs, ``--json`` and pages may show it: no password.
+
+    The password reads ``***``; password query parameters are left out; a URL that does
+    not parse is not echoed at all (its text may hold a password).
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "<unparsable catalog URL>"
+    masked = _without_secrets(parsed)
+    if parsed.password is not None:
+        masked = masked.set(password="***")
+    return masked.render_as_string(hide_password=True)
+
+
+def public_url(url: str | URL) -> str:
+    """``url`` with its password removed (not masked): what may be written to a file."""
+    return _without_secrets(parse_url(url)).render_as_string(hide_password=False)
+
+
+def catalog_identity(url: str | URL) -> tuple[str, ...]:
+    """Which database ``url`` reaches, whoever logs in: backend, host, port and database
+    (a SQLite file by its real path); never the user, password or driver."""
+    parsed = parse_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        path = sqlite_path(parsed)
+        return ("sqlite", os.path.realpath(path) if path is not None else ":memory:")
+    host = parsed.host or parsed.query.get("host") or ""
+    port = parsed.port or parsed.query.get("port") or _DEFAULT_PORTS.get(backend, "")
+    return (backend, str(host).lower(), str(port), parsed.database or "")
 
 
 def sqlite_path(url: str | URL) -> Path | None:
@@ -440,12 +490,12 @@ def _create_engine(url: URL, **kwargs: Any) -> Engine:
     except ModuleNotFoundError as exc:
         extra = POSTGRES_EXTRA_HINT if url.get_backend_name() == "postgresql" else "install it"
         raise CatalogError(
-            f"the catalog URL {url.render_as_string(hide_password=True)} needs the Python "
+            f"the catalog URL {shown_url(url)} needs the Python "
             f"module {exc.name!r}, which is not installed: {extra}"
         ) from exc
     except NoSuchModuleError as exc:
         raise CatalogError(
-            f"the catalog URL {url.render_as_string(hide_password=True)} names a database or "
+            f"the catalog URL {shown_url(url)} names a database or "
             f"driver SQLAlchemy does not know ({exc})"
         ) from exc
 
@@ -534,7 +584,7 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
     if url.drivername == "postgresql":
         # SQLAlchemy's default driver is psycopg2; the one this library supports is psycopg 3.
         url = url.set(drivername="postgresql+psycopg")
-    where = url.render_as_string(hide_password=True)
+    where = shown_url(url)
     connect_args: dict[str, Any] = {}
     if "application_name" not in url.query:
         # Shown in pg_stat_activity, so an operator can tell who holds the write lock.

@@ -22,7 +22,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import CatalogError, CatalogVersionError
-from .engine import WRITE_OPTION
+from .engine import WRITE_OPTION, shown_url
 from .models import FORMAT_VERSION, Base, pool_info_table
 
 __all__ = [
@@ -143,7 +143,7 @@ def _check_format(found: int | None, where: str) -> None:
 
 
 def _where(bind: Engine | Connection) -> str:
-    return bind.engine.url.render_as_string(hide_password=True)
+    return shown_url(bind.engine.url)
 
 
 @contextmanager

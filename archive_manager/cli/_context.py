@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
-from sqlalchemy.engine import make_url
 
+from ..catalog.engine import shown_url
 from ..errors import ArchiveError, PoolNotFoundError
 from ..manager import ArchiveManager, default_catalog_url
 
@@ -54,7 +54,7 @@ class PoolState:
     """``ctx.obj``: where the pool is, and the pool once a command asked for it."""
 
     root: Path
-    catalog_url: str | None
+    catalog_url: str | None = field(repr=False)  # may hold a password
     root_given: bool = False
     _pool: ArchiveManager | None = None
 
@@ -65,7 +65,7 @@ class PoolState:
 
     def shown_catalog_url(self) -> str:
         """The catalog URL with any password hidden."""
-        return make_url(self.effective_catalog_url).render_as_string(hide_password=True)
+        return shown_url(self.effective_catalog_url)
 
     def exists(self) -> bool:
         """Whether a pool is there (its catalog was set up), creating nothing."""
