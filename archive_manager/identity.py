@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import exists, select
-from sqlalchemy.engine import make_url
 
 from ._atomic import write_atomic
 from .catalog import (
@@ -44,6 +43,7 @@ from .catalog import (
     get_pool_info,
     set_pool_info,
 )
+from .catalog.engine import public_url
 from .errors import PoolIdentityError, PoolNotFoundError
 
 __all__ = [
@@ -89,14 +89,11 @@ class PoolIdentity:
 
 
 def safe_url(url: str) -> str:
-    """``url`` with its password removed (never written to disk, logs or messages)."""
+    """``url`` with its password removed (what the identity file and messages may hold)."""
     try:
-        parsed = make_url(url)
+        return public_url(url)
     except Exception:  # an unparsable URL is refused elsewhere; show nothing of it here
         return "<unparsable catalog URL>"
-    if parsed.password is not None:
-        parsed = parsed.set(password=None)
-    return parsed.render_as_string(hide_password=False)
 
 
 def read_identity(root: Path) -> PoolIdentity | None:
