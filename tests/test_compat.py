@@ -559,6 +559,8 @@ def test_failed_pointer_write_releases_the_new_archive(
     def no_space(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
+    # The pool exists already: creating one links its identity file, which would fail first.
+    ArchiveManager.open(tmp_path / "archive-pool").close()
     monkeypatch.setattr(os, "link", no_space)
     with pytest.raises(OSError, match="No space left"):
         RolloutArchive.save(tmp_path / "r.json", rollout(3), rollout_id=0)
