@@ -7,11 +7,37 @@ other files (the identity file, exports, pointer files), where one write at a ti
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from pathlib import Path
 
 __all__ = ["fsync_dir", "write_atomic"]
+
+# A filesystem without hard links (some FUSE and object-store mounts) says so with these.
+_NO_LINKS = frozenset(
+    getattr(errno, name)
+    for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EMLINK")
+    if hasattr(errno, name)
+)
+
+
+def _create_exclusive(path: Path, data: bytes, mode: int) -> bool:
+    """Exclusive creation without a link: O_EXCL on the final name (a crash mid-write leaves
+    a short file, which its reader must refuse as damaged)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return False
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path.parent)
+    return True
 
 
 def fsync_dir(folder: Path) -> None:
@@ -53,6 +79,10 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, mode: int 
                 os.link(tmp, path)
             except FileExistsError:
                 return False
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                return _create_exclusive(path, data, mode)
         else:
             os.replace(tmp, path)
     finally:

@@ -336,3 +336,20 @@ def test_a_pool_written_before_identities_refuses_a_catalog_that_does_not_index_
     # ...and its own catalog still claims it afterwards.
     with ArchiveManager.open(root) as pool:
         assert len(pool.open_archive("kept")) == 6
+
+
+def test_a_filesystem_without_hard_links_still_gets_an_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    def no_links(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        assert pool.identity is not None and pool.identity.same_as(read_identity(pool.root))
+    with pytest.raises(PoolIdentityError):
+        ArchiveManager.open(tmp_path / "pool", catalog_url=f"sqlite:///{tmp_path / 'x.db'}")
