@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import stat
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ import xxhash
 
 from ._digest import check_digest
 from ._failpoints import failpoint
-from ._names import MAX_NAME_BYTES
+from ._names import MAX_NAME_BYTES, invisible_character
 from .archive import Archive
 from .errors import InvalidInputError, MetadataError, UnsupportedFormatError
 from .manager import ArchiveManager, default_catalog_url
@@ -40,13 +41,22 @@ def archive_name_for(path: str | os.PathLike[str]) -> str:
     """The archive name of a pointer path: its absolute path, made safe for a name.
 
     Two runs that both save ``rollout_3.json`` in different folders of one shared pool get
-    different names.  ``%``, ``/``, ``\\``, control characters and ``..`` are percent-encoded;
-    a name that would pass 255 bytes keeps its tail and gains a digest of the whole path.
+    different names.  ``%``, ``/``, ``\\``, whitespace, control and other invisible
+    characters and ``..`` are percent-encoded, and so is every non-ASCII character of a path
+    that is not in Unicode NFC (new names are stored in NFC: a path spelt otherwise would
+    not keep its own name); a name that would pass 255 bytes keeps its tail and gains a
+    digest of the whole path.
     """
     text = os.path.abspath(Path(path).expanduser())
+    not_nfc = not unicodedata.is_normalized("NFC", text)
     out = []
     for ch in text:
-        if ch in "%/\\" or ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F or _surrogate(ch):
+        if (
+            ch in "%/\\"
+            or ch.isspace()
+            or invisible_character(ch) is not None
+            or (not_nfc and not ch.isascii())
+        ):
             # NOTE: the UTF-8 bytes, each as %XX: ``%{ord(ch):X}`` made U+2000 and " 00"
             # both "%2000".  Surrogates (undecodable bytes in a file name) are no valid name
             # text, so they are encoded too.
@@ -61,10 +71,6 @@ def archive_name_for(path: str | os.PathLike[str]) -> str:
         tail = name.encode("utf-8")[-(MAX_NAME_BYTES - len(tag)) :].decode("utf-8", "ignore")
         name = tail + tag
     return name
-
-
-def _surrogate(ch: str) -> bool:
-    return 0xD800 <= ord(ch) <= 0xDFFF
 
 
 def _pool_location(path: Path, args: Any) -> tuple[Path, str | None]:
