@@ -23,6 +23,7 @@ import json
 import os
 import shlex
 import stat
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ import xxhash
 
 from ._digest import check_digest
 from ._failpoints import failpoint
-from ._names import MAX_NAME_BYTES
+from ._names import MAX_NAME_BYTES, invisible_character
 from .archive import Archive
 from .catalog.engine import catalog_identity, parse_url, public_url, shown_url, sqlite_path
 from .catalog.migrate import CATALOG_URL_ENV
@@ -72,17 +73,26 @@ def archive_name_for(path: str | os.PathLike[str], generation: int = 1) -> str:
     """The archive name of a pointer path: its absolute path, made safe for a name.
 
     Two runs that both save ``rollout_3.json`` in different folders of one shared pool get
-    different names.  ``%``, ``/``, ``\\``, control characters and ``..`` are percent-encoded;
-    a name that would pass 255 bytes keeps its tail and gains a digest of the whole path.
-    A ``generation`` past 1 (a path saved again after its first archive was released) adds
-    ``%~<generation>``, which no path's encoding contains: ``%`` is always encoded as ``%25``.
+    different names.  ``%``, ``/``, ``\\``, whitespace, control and other invisible
+    characters and ``..`` are percent-encoded, and so is every non-ASCII character of a path
+    that is not in Unicode NFC (new names are stored in NFC: a path spelt otherwise would
+    not keep its own name); a name that would pass 255 bytes keeps its tail and gains a
+    digest of the whole path.  A ``generation`` past 1 (a path saved again after its first
+    archive was released) adds ``%~<generation>``, which no path's encoding contains: ``%``
+    is always encoded as ``%25``.
     """
     if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
         raise InvalidInputError("generation must be an int >= 1")
     text = os.path.abspath(Path(path).expanduser())
+    not_nfc = not unicodedata.is_normalized("NFC", text)
     out = []
     for ch in text:
-        if ch in "%/\\" or ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F or _surrogate(ch):
+        if (
+            ch in "%/\\"
+            or ch.isspace()
+            or invisible_character(ch) is not None
+            or (not_nfc and not ch.isascii())
+        ):
             # NOTE: the UTF-8 bytes, each as %XX: ``%{ord(ch):X}`` made U+2000 and " 00"
             # both "%2000".  Surrogates (undecodable bytes in a file name) are no valid name
             # text, so they are encoded too.
@@ -98,10 +108,6 @@ def archive_name_for(path: str | os.PathLike[str], generation: int = 1) -> str:
         tail = name.encode("utf-8")[-(MAX_NAME_BYTES - len(tag)) :].decode("utf-8", "ignore")
         return tail + tag
     return name + suffix
-
-
-def _surrogate(ch: str) -> bool:
-    return 0xD800 <= ord(ch) <= 0xDFFF
 
 
 def _configured(

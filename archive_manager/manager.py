@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +16,7 @@ from typing import Any
 from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
 
-from ._names import archive_owner, check_archive_name, check_owner
+from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from .archive import Archive, ArchiveInfo, infos
 from .blobs import BlobStore
 from .catalog import (
@@ -26,7 +28,7 @@ from .catalog import (
 from .catalog.engine import make_engine, parse_url, shown_url, sqlite_path
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
-from .catalog.queries import archive_by_name
+from .catalog.queries import archive_by_name, stored_owner
 from .codec import DEFAULT_INLINE_LIMIT
 from .errors import (
     ArchiveNotFoundError,
@@ -52,6 +54,30 @@ __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
 DEFAULT_CHUNK_SIZE = 64
 _STATES = ("pending", "published", "released")
+_MAX_GRACE = timedelta.max.total_seconds()
+
+
+def _grace_seconds(grace: object) -> float:
+    """A GC grace period in seconds: a `timedelta`, or a real number of seconds, between 0
+    and what a `timedelta` can hold (the CLI's limit too)."""
+    if isinstance(grace, timedelta):
+        seconds = grace.total_seconds()
+    elif isinstance(grace, numbers.Real) and not isinstance(grace, bool):
+        try:
+            seconds = float(grace)
+        except OverflowError:  # an int past a float's range
+            seconds = math.inf
+    else:
+        raise InvalidInputError(
+            f"grace must be a timedelta or a number of seconds, not {type(grace).__name__}"
+        )
+    if not seconds >= 0:  # NaN too
+        raise InvalidInputError("grace must be a duration of zero or more seconds")
+    if seconds > _MAX_GRACE:
+        raise InvalidInputError(
+            f"grace is out of range: at most {_MAX_GRACE:.0f} seconds (timedelta.max)"
+        )
+    return seconds
 
 
 def _seconds(value: timedelta | float) -> float:
@@ -357,6 +383,9 @@ class ArchiveManager:
 
         ``state=None`` means every state (pending saves included); ``since`` keeps archives
         created at or after that time (a naive datetime is local time).
+
+        Raises:
+            InvalidInputError: a filter of the wrong type or out of range.
         """
         a, e = archives_table, entries_table
         query = select(a)
@@ -372,7 +401,13 @@ class ArchiveManager:
         if since is not None:
             if not isinstance(since, datetime):
                 raise InvalidInputError("since must be a datetime")
-            query = query.where(a.c.created_at >= since.timestamp())
+            try:
+                cutoff = since.timestamp()
+            except (OverflowError, ValueError, OSError):
+                # A naive datetime.min or max is local time, which may fall outside the
+                # range datetime can hold once moved to UTC.
+                raise InvalidInputError(f"since {since} is out of range") from None
+            query = query.where(a.c.created_at >= cutoff)
         if state is not None:
             if state not in _STATES:
                 raise InvalidInputError(f"state must be one of {', '.join(_STATES)} or None")
@@ -415,15 +450,18 @@ class ArchiveManager:
     def retain(self, owner: str, name: str) -> bool:
         """Make ``owner`` (e.g. ``checkpoint:step-1200``) retain archive ``name``'s blobs.
 
+        The owner is stored in Unicode NFC, as archive names are (see `archive_manager._names`).
+
         Returns:
             True if the owner was added, False if it already retained the archive.
 
         Raises:
+            InvalidNameError: a malformed owner, or one holding invisible characters.
             ArchiveNotFoundError: no such published archive.
             ArchiveReleasedError: the archive was released and nothing retains it anymore
                 (its payload may already be reclaimed).
         """
-        owner = check_owner(owner)
+        owner = check_new_owner(owner)
         check_archive_name(name)
         r = retention_table
         with self.catalog.write("retain") as conn:
@@ -431,7 +469,7 @@ class ArchiveManager:
             if row is None or row.state == "pending":
                 raise ArchiveNotFoundError(f"archive {name!r} not found")
             held = set(conn.execute(select(r.c.owner).where(r.c.archive_id == row.id)).scalars())
-            if owner in held:
+            if held.intersection(name_spellings(owner)):
                 return False
             if not held:
                 raise ArchiveReleasedError(
@@ -447,18 +485,22 @@ class ArchiveManager:
         if (owner is None) == (name is None):
             raise InvalidInputError("give exactly one of owner or name")
         if owner is not None:
-            return plan_release(self, owner=check_owner(owner))
+            with self.catalog.read() as conn:
+                owner = stored_owner(conn, check_owner(owner))
+            return plan_release(self, owner=owner)
         archive = self.open_archive(name)  # type: ignore[arg-type]
         return plan_release(self, owner=archive_owner(archive.name), archive=archive.name)
 
     def release_owner(self, owner: str) -> int:
-        """Drop every retention of ``owner``.
+        """Drop every retention of ``owner`` (its exact stored string, or another Unicode
+        normal form of it when no owner is stored under the exact one).
 
         Returns:
             How many archives it retained (0: it held nothing, and nothing changed).
         """
         owner = check_owner(owner)
         with self.catalog.write("release_owner") as conn:
+            owner = stored_owner(conn, owner)
             return int(
                 conn.execute(
                     delete(retention_table).where(retention_table.c.owner == owner)
@@ -479,15 +521,14 @@ class ArchiveManager:
         ``dry_run`` returns the plan (blobs and bytes per archive) and deletes nothing.
 
         Raises:
+            InvalidInputError: ``grace`` is negative, not a number, or past `timedelta.max`.
             GcAbortedError: a listing or I/O error, or an inconsistent catalog, stopped it
                 before it deleted anything; also while the catalog was created over blobs
                 it does not index (a lost catalog), or while manifests on disk are missing
                 from the catalog (one restored from a backup), until `rebuild_catalog` ran;
                 also when the pool's identity at the blob root changed since it was opened.
         """
-        seconds = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
-        if seconds < 0:
-            raise InvalidInputError("grace must not be negative")
+        seconds = _grace_seconds(grace)
         return collect(self, grace=seconds, dry_run=dry_run, progress=progress)
 
     def verify(

@@ -80,6 +80,9 @@ def describe_sample(sample: Any) -> dict[str, Any]:
     ``shape`` is None when the chunks cannot be concatenated), or a dict of them one level
     deep (key ``"<field>.<key>"``).  dtype is torch's name without ``torch.``.  Fields
     starting with ``_queue_`` are ignored: they are never stored.
+
+    Raises:
+        UnencodableError: not a sample, or a status no catalog can store (a lone surrogate).
     """
     fields = sample if type(sample) is dict else _fields_of(sample)
     tensors: dict[str, dict[str, Any]] = {}
@@ -233,7 +236,16 @@ def _status(value: Any) -> str | None:
         return None
     if isinstance(value, Enum):
         value = value.value
-    return value if isinstance(value, str) else str(value)
+    status = value if isinstance(value, str) else str(value)
+    try:
+        status.encode("utf-8")
+    except UnicodeEncodeError:
+        # NOTE: the catalog indexes the status as text, which no driver can encode with a
+        # lone surrogate in it: the save failed with the driver's UnicodeEncodeError.
+        raise UnencodableError(
+            f"sample status {status!r:.80} is not valid unicode text (a lone surrogate)"
+        ) from None
+    return status
 
 
 def _reward(value: Any) -> int | float | None:

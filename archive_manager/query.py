@@ -176,6 +176,10 @@ def query_samples(
                     f"up to {STATUS_LENGTH} characters (longer ones are kept in each "
                     "sample's metadata only)"
                 )
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # the driver's error, raised mid-query
+                raise InvalidInputError(f"status {value!r:.80} is not valid unicode text") from None
         query = query.where(m.c.status.in_(statuses))
     bounds = (
         (m.c.reward, min_reward, max_reward, "reward"),

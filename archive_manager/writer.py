@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 from . import codec
 from ._failpoints import failpoint
-from ._names import LEASE_PREFIX, archive_owner, check_archive_name
+from ._names import LEASE_PREFIX, archive_owner, check_new_archive_name
 from .catalog import (
     STATUS_LENGTH,
     archive_blobs_table,
@@ -114,7 +114,7 @@ class ArchiveWriter:
         reference: Archive | None = None,
     ) -> None:
         self._pool = pool
-        self.name = check_archive_name(name)
+        self.name = check_new_archive_name(name)
         self.rollout_id = check_rollout_id(rollout_id)
         if not isinstance(evaluation, bool):
             raise InvalidInputError("evaluation must be a bool")

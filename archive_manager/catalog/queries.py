@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.engine import Connection, Row
 
+from .._names import name_spellings
 from ..errors import LeaseExpiredError
 from .models import (
     archive_blobs_table,
@@ -35,6 +36,7 @@ __all__ = [
     "next_save_seq",
     "raise_save_seq",
     "renew_lease",
+    "stored_owner",
 ]
 
 SAVE_SEQ = "save_seq"
@@ -143,8 +145,28 @@ def mark_live(conn: Connection, digests: Collection[str]) -> None:
 
 
 def archive_by_name(conn: Connection, name: str) -> Row[Any] | None:
-    """The archive row named ``name``, in any state, or None."""
-    return conn.execute(select(archives_table).where(archives_table.c.name == name)).one_or_none()
+    """The archive row named ``name``, in any state, or None.
+
+    ``name`` is tried as given, then in NFC and NFD (`name_spellings`): new names are stored
+    in NFC, and a name an older version stored in another form stays reachable by it.
+    """
+    spellings = name_spellings(name)
+    rows = conn.execute(select(archives_table).where(archives_table.c.name.in_(spellings))).all()
+    by_name = {row.name: row for row in rows}
+    return next((by_name[s] for s in spellings if s in by_name), None)
+
+
+def stored_owner(conn: Connection, owner: str) -> str:
+    """The spelling of ``owner`` that retention rows hold (see `archive_by_name`): the
+    exact string if any row holds it, else its NFC or NFD form if one does, else
+    ``owner`` unchanged."""
+    spellings = name_spellings(owner)
+    held = set(
+        conn.execute(
+            select(retention_table.c.owner).where(retention_table.c.owner.in_(spellings)).distinct()
+        ).scalars()
+    )
+    return next((s for s in spellings if s in held), owner)
 
 
 def archive_bytes(conn: Connection, archive_ids: Sequence[int]) -> Mapping[int, int]:

@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from .. import __version__
 from ..catalog.migrate import CATALOG_URL_ENV
-from ._context import CliError, PoolState, is_reportable, one_line
+from ._context import CliError, PoolState, is_reportable, make_message_safe, one_line
 from .archives import export, import_pt, keys, ls, query, show
 from .demo import demo
 from .maintenance import gc, rebind, rebuild_catalog, verify
@@ -32,12 +32,30 @@ DEFAULT_ROOT = "./archive-pool"
 
 
 class _Cli(click.Group):
-    """The group; turns library and filesystem errors into one line on stderr."""
+    """The group; turns library and filesystem errors into one line on stderr, and keeps
+    control characters the user typed out of click's usage errors."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        """Parse the group's own options (``--root``); a usage error is made terminal-safe."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            make_message_safe(exc)
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the verb; report an `ArchiveError` or `OSError` as ``error: ...``, exit 1."""
         try:
             return super().invoke(ctx)
+        except click.ClickException as exc:
+            make_message_safe(exc)
+            raise
         except Exception as exc:
             if is_reportable(exc):
                 raise CliError(one_line(exc)) from exc

@@ -14,6 +14,7 @@ import click
 from ..catalog.engine import shown_url
 from ..errors import ArchiveError, PoolNotFoundError
 from ..manager import ArchiveManager, default_catalog_url
+from ._output import terminal_safe
 
 __all__ = [
     "CliError",
@@ -21,6 +22,7 @@ __all__ = [
     "dry_run_option",
     "is_reportable",
     "json_option",
+    "make_message_safe",
     "one_line",
     "pass_pool",
     "pass_state",
@@ -45,8 +47,21 @@ class CliError(click.ClickException):
     exit_code = 1
 
     def show(self, file: IO[Any] | None = None) -> None:
-        """Print ``error: <message>`` (click's default would print ``Error: ...``)."""
-        click.echo(f"error: {self.format_message()}", err=True, file=file)
+        """Print ``error: <message>`` (click's default would print ``Error: ...``), with
+        the user's text in it made `terminal_safe`."""
+        click.echo(f"error: {terminal_safe(self.format_message())}", err=True, file=file)
+
+
+def make_message_safe(exc: click.ClickException) -> None:
+    """Make the text click will print for ``exc`` `terminal_safe`, in place.
+
+    Click's own usage errors echo what the user typed (``No such command``, a bad option
+    value, a file name) and print it later, when the command has returned.
+    """
+    exc.message = terminal_safe(exc.message)
+    shown = getattr(exc, "ui_filename", None)  # click.FileError prints it beside the message
+    if isinstance(shown, str):
+        exc.ui_filename = terminal_safe(shown)  # type: ignore[attr-defined]
 
 
 @dataclass

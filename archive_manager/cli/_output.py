@@ -1,10 +1,19 @@
 """Formatting for the CLI: aligned tables, human sizes and durations, local times, JSON, and
-progress bars that appear only on a terminal."""
+progress bars that appear only on a terminal.
+
+Archive names, keys, statuses, owners and attrs come from whoever wrote the pool, so every
+line for people passes through `terminal_safe`: a control character, a bidi override or a
+zero-width character in them is shown as an escape (``\\x1b``, ``\\u202e``) and never
+reaches the terminal.  ``--json`` output stays exact: such characters are JSON ``\\u``
+escapes there, which decode to the stored text.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+import unicodedata
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
@@ -15,7 +24,10 @@ from typing import Any
 
 import click
 
+from .._names import INVISIBLE_CATEGORIES
+
 __all__ = [
+    "echo",
     "echo_fields",
     "echo_json",
     "echo_table",
@@ -23,6 +35,7 @@ __all__ = [
     "human_size",
     "local_time",
     "progress_reporter",
+    "terminal_safe",
     "to_jsonable",
 ]
 
@@ -82,9 +95,65 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+_NOT_PRINTABLE_ASCII = re.compile(r"[^ -~]")
+_NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _unsafe(char: str) -> bool:
+    # Every ASCII character outside ' '..'~' is a C0 control or DEL.
+    return char.isascii() or unicodedata.category(char) in INVISIBLE_CATEGORIES
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if not _unsafe(char):
+        return char
+    code = ord(char)
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def terminal_safe(text: object) -> str:
+    """``text`` (or its ``str``) with every character that could act on a terminal or hide
+    itself shown as a Python-style escape: C0 controls (tab and newline too, which would
+    break a table's line), DEL, C1 controls, bidi controls, zero-width and other format
+    characters, lone surrogates, line and paragraph separators (`INVISIBLE_CATEGORIES`).
+
+    Printable text, non-ASCII included, is unchanged; so is a backslash, so a stored
+    ``\\x1b`` (four characters) and a real escape look alike here: ``--json`` tells them
+    apart.
+    """
+    return _NOT_PRINTABLE_ASCII.sub(_escape, text if isinstance(text, str) else str(text))
+
+
+def echo(message: object = "", *, err: bool = False) -> None:
+    """`click.echo` of one line for people, made `terminal_safe`."""
+    click.echo(terminal_safe(message), err=err)
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char == "\n" or not _unsafe(char):
+        return char  # a newline of the indentation, or printable text
+    code = ord(char)
+    if code > 0xFFFF:  # JSON spells characters past the BMP as a UTF-16 surrogate pair
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
 def echo_json(value: Any) -> None:
-    """Print ``value`` as indented JSON on stdout."""
-    click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+    """Print ``value`` as indented JSON on stdout.
+
+    Non-ASCII text stays readable; characters that would act on a terminal are ``\\u``
+    escapes (``json.dumps`` escapes C0 controls, not DEL, C1 or bidi controls, and writing a
+    lone surrogate raw would fail to encode), which JSON decodes to the same text.
+    """
+    text = json.dumps(to_jsonable(value), indent=2, ensure_ascii=False)
+    click.echo(_NOT_PRINTABLE_ASCII.sub(_json_escape, text))
 
 
 def echo_table(
@@ -95,8 +164,11 @@ def echo_table(
     indent: int = 0,
     err: bool = False,
 ) -> None:
-    """Print an aligned table; columns whose index is in ``right`` are right-aligned."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    """Print an aligned table (every cell `terminal_safe`); columns whose index is in
+    ``right`` are right-aligned."""
+    cells = [[terminal_safe(h) for h in headers]] + [
+        ["-" if c is None else terminal_safe(c) for c in r] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     pad = " " * indent
     for row in cells:
@@ -110,13 +182,12 @@ def echo_table(
 def echo_fields(
     fields: Sequence[tuple[str, object]], *, indent: int = 0, err: bool = False
 ) -> None:
-    """Print ``label  value`` lines with the values aligned."""
+    """Print ``label  value`` lines with the values aligned (and `terminal_safe`)."""
     width = max((len(label) for label, _ in fields), default=0)
     pad = " " * indent
     for label, value in fields:
-        click.echo(
-            f"{pad}{label.ljust(width)}  {'-' if value is None else value}".rstrip(), err=err
-        )
+        shown = "-" if value is None else terminal_safe(value)
+        click.echo(f"{pad}{label.ljust(width)}  {shown}".rstrip(), err=err)
 
 
 @contextmanager

@@ -19,18 +19,29 @@ _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
+def _looks_like_duration(text: str) -> bool:
+    value = text.strip().lower()
+    return value == "0" or _DURATION.match(value) is not None
+
+
 def parse_duration(text: str) -> timedelta:
     """``90s``, ``30m``, ``2h``, ``3d``, ``1w``, or combined (``1h30m``); ``0`` is zero.
 
     Raises:
-        ValueError: not a duration.
+        ValueError: not a duration, or one longer than a `timedelta` can hold.
     """
     value = text.strip().lower()
     if value == "0":
         return timedelta(0)
     if not _DURATION.match(value):
         raise ValueError(f"{text!r} is not a duration such as 30m, 2h, 3d or 1h30m")
-    return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value)))
+    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # also for the float infinity of a number of 309+ digits
+        raise ValueError(
+            f"{text!r} is too long a duration: at most {timedelta.max.days} days"
+        ) from None
 
 
 class Duration(click.ParamType):
@@ -59,13 +70,15 @@ class Since(click.ParamType):
         if isinstance(value, datetime):
             return value
         text = str(value).strip()
+        if _looks_like_duration(text):
+            try:
+                return datetime.now(timezone.utc) - parse_duration(text)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+            except OverflowError:
+                self.fail(f"{text!r} ago is before the year 1", param, ctx)
         try:
-            return datetime.now(timezone.utc) - parse_duration(text)
-        except ValueError:
-            pass
-        try:
-            # A naive time is the user's local time, as every time the CLI prints.
-            return datetime.fromisoformat(text).astimezone()
+            when = datetime.fromisoformat(text)
         except ValueError:
             self.fail(
                 f"{text!r} is neither a duration (2h, 3d) nor a date/time (2024-05-01, "
@@ -73,6 +86,12 @@ class Since(click.ParamType):
                 param,
                 ctx,
             )
+        try:
+            # A naive time is the user's local time, as every time the CLI prints.
+            return when.astimezone()
+        except (OverflowError, ValueError, OSError):
+            # Year 1 or 9999 moved out of datetime's range by the time zone's offset.
+            self.fail(f"{text!r} is out of range once in local time", param, ctx)
 
 
 class RolloutRange(click.ParamType):

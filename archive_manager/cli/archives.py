@@ -13,7 +13,7 @@ from ..archive import ArchiveInfo
 from ..manager import ArchiveManager
 from ..query import summarize
 from ._context import CliError, json_option, pass_pool
-from ._output import echo_fields, echo_json, echo_table, human_size, local_time
+from ._output import echo, echo_fields, echo_json, echo_table, human_size, local_time
 from ._params import ROLLOUT_RANGE, SINCE
 
 __all__ = ["export", "import_pt", "keys", "ls", "query", "show"]
@@ -80,7 +80,7 @@ def ls(
         echo_json([asdict(i) for i in found])
         return
     if not found:
-        click.echo("no archives match")
+        echo("no archives match")
         return
     echo_table(
         ["NAME", "ROLLOUT", "EVAL", "STATE", "SAMPLES", "SIZE", "CREATED"],
@@ -135,14 +135,14 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("owners", ", ".join(owners) or "none (released; gc may reclaim its payload)"),
         ]
     )
-    click.echo(f"chunks ({len(chunks)})")
+    echo(f"chunks ({len(chunks)})")
     echo_table(
         ["#", "BLOB", "SAMPLES", "SIZE"],
         [[c["ordinal"], c["digest"], c["samples"], human_size(c["size"])] for c in chunks],
         right={0, 2, 3},
         indent=2,
     )
-    click.echo("samples (from the catalog)")
+    echo("samples (from the catalog)")
     status = ", ".join(f"{n} {s}" for s, n in sorted(summary["status"].items()))
     echo_fields(
         [
@@ -222,7 +222,7 @@ def query(
         echo_json([r.as_dict() for r in rows])
         return
     if not rows:
-        click.echo("no samples match")
+        echo("no samples match")
         return
     echo_table(
         ["ARCHIVE", "ROLLOUT", "POS", "SAMPLE KEY", "TASK KEY", "STATUS", "REWARD", "LENGTH"],
@@ -264,7 +264,7 @@ def export(pool: ArchiveManager, name: str, out: Path, force: bool, as_json: boo
     if as_json:
         echo_json(result)
     else:
-        click.echo(
+        echo(
             f"exported {len(arc)} samples of {arc.name!r} to {path} ({human_size(result['bytes'])})"
         )
 
@@ -288,7 +288,7 @@ def import_pt(
     if as_json:
         echo_json(asdict(info))
         return
-    click.echo(
+    echo(
         f"imported {info.samples} samples from {file} as archive {info.name!r} "
         f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
     )

@@ -10,6 +10,7 @@ from ..gc import GcReport
 from ..manager import ArchiveManager
 from ._context import PoolState, dry_run_option, json_option, pass_pool, pass_state, yes_option
 from ._output import (
+    echo,
     echo_fields,
     echo_json,
     echo_table,
@@ -35,7 +36,7 @@ def _has_work(report: GcReport) -> bool:
 def _echo_gc(report: GcReport, *, err: bool = False) -> None:
     """Print a GC report (or plan); on stderr for the preview before a prompt."""
     verb = "would reclaim" if report.dry_run else "reclaimed"
-    click.echo(f"{verb} {report.blobs} blob(s), {human_size(report.bytes)}", err=err)
+    echo(f"{verb} {report.blobs} blob(s), {human_size(report.bytes)}", err=err)
     if report.per_archive:
         echo_table(
             ["ARCHIVE", "BLOBS", "BYTES"],
@@ -57,7 +58,7 @@ def _echo_gc(report: GcReport, *, err: bool = False) -> None:
     # Only what happened: a line of zeros per kind would bury the one that matters.
     echo_fields([(k, v) for k, v in extras if v not in (0, "", "0 (0 B)")], indent=2, err=err)
     if not err:
-        click.echo(f"took {human_duration(report.duration)}")
+        echo(f"took {human_duration(report.duration)}")
 
 
 @click.command()
@@ -120,12 +121,12 @@ def verify(
     else:
         for kind, findings in (("problem", report.problems), ("notice", report.notices)):
             for f in findings:
-                click.echo(f"{kind}: [{f.kind}] {f.message}")
+                echo(f"{kind}: [{f.kind}] {f.message}")
         checked = f"{report.blobs_checked} blob(s) checked"
         if read_data:
             checked += f", {human_size(report.bytes_read)} rehashed"
         status = "ok" if report.ok else f"{len(report.problems)} problem(s) found"
-        click.echo(f"{status}: {checked} in {human_duration(report.duration)}")
+        echo(f"{status}: {checked} in {human_duration(report.duration)}")
     if not report.ok:
         ctx.exit(1)
 
@@ -154,15 +155,15 @@ def rebuild_catalog(state: PoolState, yes: bool, as_json: bool) -> None:
     if as_json:
         echo_json(report.as_dict())
         return
-    click.echo(
+    echo(
         f"indexed {report.blobs} blob file(s); restored {len(report.archives)} archive(s)"
         + (f": {', '.join(report.archives)}" if report.archives else "")
     )
     for digest, reason in sorted(report.skipped.items()):
-        click.echo(f"not restored: manifest {digest}: {reason}")
+        echo(f"not restored: manifest {digest}: {reason}")
     if report.unknown_files:
-        click.echo(f"{len(report.unknown_files)} blob file(s) of unknown kind left alone")
-    click.echo(f"took {human_duration(report.duration)}")
+        echo(f"{len(report.unknown_files)} blob file(s) of unknown kind left alone")
+    echo(f"took {human_duration(report.duration)}")
 
 
 @click.command("rebind")
@@ -190,4 +191,4 @@ def rebind(state: PoolState, yes: bool, as_json: bool) -> None:
     if as_json:
         echo_json(result)
         return
-    click.echo(f"the pool at {pool.root} is now pool {identity.pool_id}")
+    echo(f"the pool at {pool.root} is now pool {identity.pool_id}")

@@ -9,7 +9,7 @@ import click
 from ..manager import ArchiveManager
 from ..retention import ReleasePlan
 from ._context import dry_run_option, json_option, pass_pool, yes_option
-from ._output import echo_json, echo_table, human_size
+from ._output import echo, echo_json, echo_table, human_size, terminal_safe
 
 __all__ = ["owners", "release", "release_owner", "retain"]
 
@@ -38,7 +38,7 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
         if as_json:
             echo_json(result)
         else:
-            click.echo(f"archive {arc.name!r} is already released; nothing changed")
+            echo(f"archive {arc.name!r} is already released; nothing changed")
         return
     if dry_run or not yes:
         others = plan.still_retained.get(arc.name, [])
@@ -46,7 +46,7 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
         if not as_json:
             kept = f"; still retained by {', '.join(others)}" if others else ""
             prefix = "would release" if dry_run else "will release"
-            click.echo(
+            echo(
                 f"{prefix} archive {arc.name!r} ({len(arc)} samples){kept}; {_frees(plan)}",
                 err=not dry_run,
             )
@@ -56,12 +56,12 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
             echo_json(result)
         return
     if not yes:
-        click.confirm(f"Release archive {arc.name!r}?", abort=True, err=True)
+        click.confirm(terminal_safe(f"Release archive {arc.name!r}?"), abort=True, err=True)
     result["released"] = arc.release()
     if as_json:
         echo_json(result)
     else:
-        click.echo(f"released archive {arc.name!r}; run 'archive-manager gc' to reclaim space")
+        echo(f"released archive {arc.name!r}; run 'archive-manager gc' to reclaim space")
 
 
 @click.command()
@@ -75,9 +75,9 @@ def retain(pool: ArchiveManager, owner: str, name: str, as_json: bool) -> None:
     if as_json:
         echo_json({"owner": owner, "archive": name, "added": added})
     elif added:
-        click.echo(f"{owner} now retains archive {name!r}")
+        echo(f"{owner} now retains archive {name!r}")
     else:
-        click.echo(f"{owner} already retains archive {name!r}; nothing changed")
+        echo(f"{owner} already retains archive {name!r}; nothing changed")
 
 
 @click.command("release-owner")
@@ -99,7 +99,7 @@ def release_owner(
             if as_json:
                 echo_json(result)
             else:
-                click.echo(f"{owner} retains nothing; nothing to do")
+                echo(f"{owner} retains nothing; nothing to do")
             return
         result.update(
             archives=plan.archives,
@@ -113,7 +113,7 @@ def release_owner(
                 f"; {name} stays retained by {', '.join(others)}"
                 for name, others in plan.still_retained.items()
             )
-            click.echo(
+            echo(
                 f"{prefix} {owner}: it retains {len(plan.archives)} archive(s) "
                 f"({', '.join(plan.archives)}){kept}; {_frees(plan)}",
                 err=not dry_run,
@@ -123,16 +123,14 @@ def release_owner(
             if as_json:
                 echo_json(result)
             return
-        click.confirm(f"Release owner {owner}?", abort=True, err=True)
+        click.confirm(terminal_safe(f"Release owner {owner}?"), abort=True, err=True)
     result["released"] = count = pool.release_owner(owner)
     if as_json:
         echo_json(result)
     elif count:
-        click.echo(
-            f"released {owner} from {count} archive(s); run 'archive-manager gc' to reclaim space"
-        )
+        echo(f"released {owner} from {count} archive(s); run 'archive-manager gc' to reclaim space")
     else:
-        click.echo(f"{owner} retained nothing; nothing changed")
+        echo(f"{owner} retained nothing; nothing changed")
 
 
 @click.command()
@@ -161,16 +159,14 @@ def owners(pool: ArchiveManager, as_json: bool) -> None:
             right={2, 3, 4, 5},
         )
     else:
-        click.echo("no owners")
-    click.echo(
-        f"unowned blobs awaiting gc: {report.unowned_blobs} ({human_size(report.unowned_bytes)})"
-    )
+        echo("no owners")
+    echo(f"unowned blobs awaiting gc: {report.unowned_blobs} ({human_size(report.unowned_bytes)})")
     if report.live_leases:
-        click.echo(f"saves in flight (live leases): {', '.join(report.live_leases)}")
+        echo(f"saves in flight (live leases): {', '.join(report.live_leases)}")
     if report.stale_leases:
-        click.echo(f"stale leases (gc drops them): {', '.join(report.stale_leases)}")
+        echo(f"stale leases (gc drops them): {', '.join(report.stale_leases)}")
     if report.released_with_payload:
-        click.echo(
+        echo(
             "released archives whose payload is still stored: "
             + ", ".join(report.released_with_payload)
         )

@@ -9,7 +9,7 @@ import click
 from ..catalog.migrate import known_revisions
 from ..manager import ArchiveManager, CatalogStatus
 from ._context import PoolState, json_option, pass_pool, pass_state
-from ._output import echo_fields, echo_json, human_size
+from ._output import echo, echo_fields, echo_json, human_size
 
 __all__ = ["db", "info", "init"]
 
@@ -22,7 +22,7 @@ def init(state: PoolState) -> None:
     pool = state.open(create=True)
     summary = pool.info()
     verb = "pool already exists at" if existed else "created pool at"
-    click.echo(f"{verb} {pool.root}")
+    echo(f"{verb} {pool.root}")
     echo_fields(
         [
             ("catalog", summary.catalog_url),
@@ -93,9 +93,9 @@ def db_upgrade(state: PoolState, as_json: bool) -> None:
     if as_json:
         echo_json(result)
     elif before == after:
-        click.echo(f"catalog already at the newest revision {after}")
+        echo(f"catalog already at the newest revision {after}")
     else:
-        click.echo(f"catalog upgraded from revision {before} to {after}")
+        echo(f"catalog upgraded from revision {before} to {after}")
 
 
 @click.command()

@@ -10,7 +10,7 @@ import click
 from ..manager import ArchiveManager
 from ..stats import RolloutStats, check_plot_path, plot_stats
 from ._context import json_option, pass_pool
-from ._output import echo_json, echo_table, human_size
+from ._output import echo, echo_json, echo_table, human_size
 from ._params import ROLLOUT_RANGE
 
 __all__ = ["stats"]
@@ -75,7 +75,7 @@ def stats(
     if as_json:
         echo_json([r.as_dict() for r in rows])
     elif not rows:
-        click.echo("no archives match")
+        echo("no archives match")
     else:
         echo_table(
             [
@@ -98,6 +98,6 @@ def stats(
     if plot is not None:
         # With --json, stdout holds only the JSON document.
         if rows:
-            click.echo(f"wrote {plot_stats(rows, plot)}", err=as_json)
+            echo(f"wrote {plot_stats(rows, plot)}", err=as_json)
         else:
-            click.echo("nothing to plot", err=True)
+            echo("nothing to plot", err=True)
