@@ -316,7 +316,8 @@ def _describe_process(pid: int) -> LockHolder:
     stopped = False
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        # One line whatever the arguments hold (a ``python -c`` script has newlines).
+        text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
         if text:
             text = _URL_PASSWORD.sub(r"\1***@", text)
             command = text if len(text) <= _COMMAND_SHOWN else text[: _COMMAND_SHOWN - 3] + "..."
