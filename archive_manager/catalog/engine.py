@@ -284,7 +284,7 @@ def parse_lock_table(
     pids: list[int] = []
     for line in lock_table.splitlines():
         fields = line.split()
-        if len(fields) < 8 or fields[1] == "->" or fields[1] != "POSIX" or fields[3] != "WRITE":
+        if len(fields) < 8 or fields[1] != "POSIX" or fields[3] != "WRITE":  # "->": waiting
             continue
         try:
             pid = int(fields[4])
@@ -647,8 +647,8 @@ def idle_in_transaction_timeout_ms(busy_timeout_ms: int) -> int:
 
     Half the busy timeout, and at least a second. Half: a writer that starts waiting for the
     lock at the moment its holder stops gets it after at most this long, well inside its own
-    busy timeout, instead of timing out together with the kill. At least a second: archive_
-    manager's write transactions go from statement to statement in milliseconds (those that
+    busy timeout, instead of timing out together with the kill. At least a second: the
+    library's write transactions go from statement to statement in milliseconds (those that
     do file I/O under the lock call `pin_write_lock`), so only a stopped (or wedged) process
     sits idle for that long, even with a tiny busy timeout. It does not depend on the lease:
     the server's rollback undoes everything of the cut transaction, and what the stopped
@@ -711,8 +711,8 @@ def _translate_postgresql_error(
         )
     if state in _PG_SERVER_GOING_AWAY:
         return CatalogUnreachableError(
-            f"the catalog server of {where} went away (restarting or shutting down); "
-            f"nothing of the transaction was committed: {reason}"
+            f"the catalog server of {where} went away (restarting or shutting down), rolling "
+            f"back any transaction this process had open: {reason}"
         )
     if state in (_PG_SERIALIZATION_FAILURE, _PG_DEADLOCK):
         what = "a deadlock" if state == _PG_DEADLOCK else "a serialization failure"
