@@ -38,46 +38,61 @@ pytestmark = pytest.mark.timeout(120)
 
 TESTS = Path(__file__).resolve().parent
 
-_STOPPING_SAVER = """
+_STOPPING_CHILD = """
 import os, signal, sys
-sys.path.insert(0, sys.argv[5])
-import archive_manager.catalog as catalog_module
-from archive_manager import ArchiveManager
+sys.path.insert(0, sys.argv[6])
+from archive_manager import ArchiveManager, _failpoints
 from conftest import tiny_rollout
 
-root, url, name, seed = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4])
-real_failpoint = catalog_module.failpoint
+root, url, job, point, seed = sys.argv[1], sys.argv[2] or None, sys.argv[3], sys.argv[4], sys.argv[5]
+real_fire = _failpoints._fire
 stopped = []
 
 
-def failpoint(point):
-    # Stop the whole process, as Ctrl-Z does, inside its first chunk's write transaction.
-    if point == "save.blobs.before_commit" and not stopped:
-        stopped.append(point)
+def fire(name):
+    # Stop the whole process, as Ctrl-Z does, the first time it reaches the point.
+    if name == point and not stopped:
+        stopped.append(name)
         print("stopping", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
-    real_failpoint(point)
+    real_fire(name)
 
 
-catalog_module.failpoint = failpoint
+armed = f"{point}=sleep:0"  # armed, so that the library calls fire()
+if job == "failed-save":  # a save that fails after its blobs, so it rolls them back
+    armed += ";save.manifest.after_write=raise"
+_failpoints.configure(armed)
+_failpoints._fire = fire
 try:
     with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
-        pool.save(name, tiny_rollout(24, seed=seed), rollout_id=seed)
+        if job in ("save", "failed-save"):
+            pool.save("b", tiny_rollout(24, seed=int(seed)), rollout_id=int(seed))
+        else:
+            pool.gc(grace=0)
 except Exception as exc:
     print(f"failed {type(exc).__name__}: {exc}", flush=True)
     sys.exit(1)
-print("published", flush=True)
+print("done", flush=True)
 """
 
 
-class StoppedSaver:
-    """A child process saving archive ``name`` that stops itself inside a write transaction."""
+class StoppedChild:
+    """A child process that saves archive "b" (``job="save"``) or runs GC, and stops itself
+    with SIGSTOP the first time it reaches failpoint ``point``."""
 
     def __init__(
-        self, root: Path, url: str | None, name: str, seed: int, env: dict[str, str] | None = None
+        self,
+        root: Path,
+        url: str | None,
+        *,
+        job: str = "save",
+        point: str = "save.blobs.before_commit",
+        seed: int = 2,
+        env: dict[str, str] | None = None,
     ) -> None:
+        args = [str(root), url or "", job, point, str(seed), str(TESTS)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _STOPPING_SAVER, str(root), url or "", name, str(seed), TESTS],
+            [sys.executable, "-c", _STOPPING_CHILD, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -113,8 +128,8 @@ class StoppedSaver:
 
 
 @pytest.fixture
-def stoppers() -> Iterator[list[StoppedSaver]]:
-    started: list[StoppedSaver] = []
+def stoppers() -> Iterator[list[StoppedChild]]:
+    started: list[StoppedChild] = []
     yield started
     for child in started:
         child.close()
@@ -141,7 +156,7 @@ def pg_backend(pg_server) -> Iterator[Backend]:
 
 
 def test_a_stopped_postgresql_writer_is_cut_off_and_fenced(
-    tmp_path: Path, pg_backend: Backend, stoppers: list[StoppedSaver]
+    tmp_path: Path, pg_backend: Backend, stoppers: list[StoppedChild]
 ) -> None:
     """The child holds the write lock, stopped. Another process retains, saves and runs GC
     within its busy timeout (the server ends the child's idle session after 1 s). Resumed,
@@ -151,7 +166,7 @@ def test_a_stopped_postgresql_writer_is_cut_off_and_fenced(
     _saved_pool(pg_backend, root)
     url = pg_backend.url(root)
     # The holder's busy timeout sets its own bound: 2 s -> its session may idle 1 s.
-    child = StoppedSaver(root, url, "b", seed=2, env={"ARCHIVE_MANAGER_BUSY_TIMEOUT_MS": "2000"})
+    child = StoppedChild(root, url, env={"ARCHIVE_MANAGER_BUSY_TIMEOUT_MS": "2000"})
     stoppers.append(child)
     child.wait_stopped()
     with open_on(pg_backend, root, busy_timeout_ms=20_000, chunk_size=8) as pool:
@@ -169,6 +184,41 @@ def test_a_stopped_postgresql_writer_is_cut_off_and_fenced(
         pool.gc(grace=0)
         assert_loads(pool, "a", tiny_rollout(16, seed=1))
         assert_loads(pool, "c", tiny_rollout(16, seed=3))
+
+
+@pytest.mark.parametrize(
+    ("job", "point"), [("gc", "gc.after_unlink"), ("failed-save", "save.rollback.after_unlink")]
+)
+def test_a_writer_stopped_between_unlinks_keeps_the_lock(
+    tmp_path: Path, pg_backend: Backend, stoppers: list[StoppedChild], job: str, point: str
+) -> None:
+    """A GC, or a failed save rolling its blobs back, stopped between two unlinks of its
+    transaction is not cut off by the idle bound (it pinned the lock): were it, another
+    writer could make a blob anew that the resumed process then unlinks. It blocks writers
+    until it resumes, as on SQLite, then finishes; nothing published is lost."""
+    root = tmp_path / "pool"
+    with open_on(pg_backend, root, chunk_size=8) as pool:
+        pool.save("keep", tiny_rollout(8, seed=1), rollout_id=1)
+        pool.save("a", tiny_rollout(16, seed=4), rollout_id=4)
+        pool.open_archive("a").release()  # GC has several blobs to unlink
+    env = {"ARCHIVE_MANAGER_BUSY_TIMEOUT_MS": "2000"}  # an idle bound of 1 s
+    child = StoppedChild(root, pg_backend.url(root), job=job, point=point, seed=5, env=env)
+    stoppers.append(child)
+    child.wait_stopped()
+    time.sleep(idle_in_transaction_timeout_ms(2000) / 1000 * 2.5)
+    with open_on(pg_backend, root, busy_timeout_ms=300, chunk_size=8) as pool:
+        with pytest.raises(CatalogLockedError):
+            pool.retain("checkpoint:1", "keep")
+        code, line = child.resume()
+        if job == "gc":
+            assert (code, line) == (0, "done")
+            assert pool.gc(grace=0).blobs == 0  # the resumed GC finished its work
+        else:
+            assert code == 1 and line.startswith("failed FailpointError"), line
+            assert _leases(pool) == []
+        pool.retain("checkpoint:1", "keep")
+        assert pool.verify(read_data=True).ok
+        assert_loads(pool, "keep", tiny_rollout(8, seed=1))
 
 
 def test_pinned_write_lock_outlives_the_idle_bound(pg_backend: Backend, tmp_path: Path) -> None:
@@ -197,13 +247,13 @@ def test_idle_bound_follows_the_busy_timeout() -> None:
 
 
 def test_a_stopped_sqlite_writer_is_named_in_the_locked_error(
-    tmp_path: Path, stoppers: list[StoppedSaver]
+    tmp_path: Path, stoppers: list[StoppedChild]
 ) -> None:
     if not Path("/proc/locks").exists():
         pytest.skip("needs /proc/locks (Linux)")
     root = tmp_path / "pool"
     _saved_pool(Backend("sqlite", None), root)
-    child = StoppedSaver(root, None, "b", seed=2)
+    child = StoppedChild(root, None)
     stoppers.append(child)
     child.wait_stopped()
     with ArchiveManager.open(root, busy_timeout_ms=300) as pool:
@@ -226,7 +276,7 @@ def test_a_stopped_sqlite_writer_is_named_in_the_locked_error(
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert f"pid {child.pid} (stopped; " in lines[0]
     code, line = child.resume()  # SQLite never took the lock away: the save finishes
-    assert (code, line) == (0, "published")
+    assert (code, line) == (0, "done")
     with ArchiveManager.open(root) as pool:
         pool.retain("checkpoint:1", "a")
         assert_loads(pool, "b", tiny_rollout(24, seed=2))
