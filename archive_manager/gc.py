@@ -37,6 +37,7 @@ from .catalog import (
     chunks_table,
     lease_blobs_table,
     leases_table,
+    pin_write_lock,
     retention_table,
 )
 from .codec import MAGIC_SIZE, blob_kind
@@ -376,6 +377,8 @@ def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
                 .scalars()
                 .all()
             )
+            if still:
+                pin_write_lock(conn)
             for digest in still:
                 try:
                     pool.store.delete(digest)
@@ -397,6 +400,8 @@ def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
             # Re-checked under the write lock: a save that inserted a row since the listing
             # owns the file now.
             known = set(conn.execute(select(b.c.digest).where(b.c.digest.in_(batch))).scalars())
+            if len(known) < len(batch):
+                pin_write_lock(conn)
             for digest in batch:
                 if digest not in known:
                     try:

@@ -28,6 +28,7 @@ from ._failpoints import failpoint
 from ._names import LEASE_PREFIX, archive_owner, check_new_archive_name
 from .catalog import (
     STATUS_LENGTH,
+    CatalogUnreachableError,
     archive_blobs_table,
     archives_table,
     blobs_table,
@@ -35,6 +36,7 @@ from .catalog import (
     entries_table,
     insert_rows,
     lease_blobs_table,
+    pin_write_lock,
     retention_table,
     sample_metadata_table,
 )
@@ -53,6 +55,7 @@ from .codec import EncodedChunk, build_chunk
 from .errors import (
     ArchiveError,
     ArchiveExistsError,
+    CatalogLockedError,
     IntegrityError,
     InvalidInputError,
     LeaseExpiredError,
@@ -69,6 +72,13 @@ __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 
 _UNSET: Any = object()
 _STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
+# A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
+# back from a restart is noticed within seconds, and an outage costs a few dozen attempts.
+_RENEW_FIRST_RETRY = 0.1
+_RENEW_MAX_RETRY = 2.0
+# Renewal failures that pass: the server unreachable or restarting, the lock held past the
+# busy timeout.  Anything else (the lease found lapsed or taken over, a bug) is final.
+_RENEW_TRANSIENT = (CatalogUnreachableError, CatalogLockedError)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -142,6 +152,7 @@ class ArchiveWriter:
         now = pool.clock()
         with pool.catalog.write("save.lease") as conn:
             insert_lease(conn, self._lease, now=now, ttl=pool.lease_ttl, archive_name=self.name)
+        self._expires_at = now + pool.lease_ttl  # as last renewed; only the heartbeat moves it
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
         self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
         self._stop = threading.Event()
@@ -250,18 +261,42 @@ class ArchiveWriter:
         # lease; a paused (SIGSTOP) or dead process stops renewing and is fenced out.  It holds
         # the writer only weakly: a writer dropped without commit or abort stops renewing, so
         # its lease expires and GC reclaims what it held.
+        # A renewal that fails for a passing reason is retried with backoff for as long as the
+        # lease stands, so a catalog outage shorter than the lease costs no save.  Retrying
+        # cannot revive a lease: renew_lease extends it only if it is still live at the time
+        # read under the write lock, and GC drops only lapsed ones; either answer is final.
         while not stop.wait(interval):
-            writer = ref()
-            if writer is None:
-                return
-            try:
-                with writer._lock, writer._pool.catalog.write() as conn:
-                    renew_lease(
-                        conn, writer._lease, now=writer._pool.clock(), ttl=writer._pool.lease_ttl
-                    )
-            except BaseException as exc:  # surfaced by the next add/commit
-                writer._failure = exc
-                return
+            delay = _RENEW_FIRST_RETRY
+            while True:
+                writer = ref()
+                if writer is None:
+                    return
+                try:
+                    with writer._lock, writer._pool.catalog.write() as conn:
+                        writer._expires_at = renew_lease(
+                            conn,
+                            writer._lease,
+                            now=writer._pool.clock(),
+                            ttl=writer._pool.lease_ttl,
+                        )
+                    break
+                except _RENEW_TRANSIENT as exc:
+                    if writer._pool.clock() >= writer._expires_at:
+                        lapsed = LeaseExpiredError(
+                            f"{writer._lease} of the save of {writer.name!r} lapsed while its "
+                            f"renewal kept failing ({exc}); nothing was published (a writer "
+                            "must not publish over blobs that GC may have reclaimed)"
+                        )
+                        lapsed.__cause__ = exc
+                        writer._failure = lapsed
+                        return
+                except BaseException as exc:  # surfaced by the next add/commit
+                    writer._failure = exc
+                    return
+                del writer
+                if stop.wait(delay):
+                    return
+                delay = min(delay * 2, _RENEW_MAX_RETRY)
             del writer
 
     def _flush(self) -> None:
@@ -338,6 +373,7 @@ class ArchiveWriter:
                 # A GC marked it and died (or has not reached it): GC unlinks only rows
                 # still 'deleting' and only under the catalog's write lock, which this
                 # transaction holds, so taking the row back here cannot race it.
+                pin_write_lock(conn)
                 store.delete(blob.digest)
                 conn.execute(
                     update(blobs_table)
@@ -510,6 +546,8 @@ class ArchiveWriter:
                     conn.execute(delete(archives_table).where(archives_table.c.id == pending))
                 drop_lease(conn, self._lease)
                 orphans = [d for d in sorted(self._created) if not _held(conn, d)]
+                if orphans:
+                    pin_write_lock(conn)
                 for digest in orphans:
                     # Deleted under the write lock, as GC does, so no save can adopt it now.
                     store.delete(digest)

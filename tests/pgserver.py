@@ -108,6 +108,8 @@ class PgServer:
         self.port = port
         self.host = "127.0.0.1"
         self._stopped = False
+        self._max_connections = 300
+        self._durable = False
 
     # ------------------------------------------------------------------ life cycle
 
@@ -153,6 +155,7 @@ class PgServer:
             last_error: Exception | None = None
             for _ in range(attempts):
                 server = cls(bindir, base, _free_port())
+                server._max_connections, server._durable = max_connections, durable
                 try:
                     server._pg_ctl_start(prefix, max_connections, durable)
                     return server
@@ -201,6 +204,30 @@ class PgServer:
         if result.returncode != 0:
             tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
             raise RuntimeError(f"pg_ctl start failed: {result.stderr.strip()} {tail.strip()}")
+
+    def stop_in_place(self, mode: str = "fast") -> None:
+        """Stop the server but keep its data dir and port, as in an outage; see `start_in_place`.
+
+        ``mode`` is ``pg_ctl stop``'s: ``fast`` ends every session (rolling back open
+        transactions), as a restart or a failover does; ``immediate`` is a crash.
+        """
+        _run(
+            [
+                *_as_server_user(),
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-m",
+                mode,
+                "-w",
+                "stop",
+            ],
+            "pg_ctl stop",
+        )
+
+    def start_in_place(self) -> None:
+        """Start the server again on its own data dir and port after `stop_in_place`."""
+        self._pg_ctl_start(_as_server_user(), self._max_connections, self._durable)
 
     def stop(self) -> None:
         """Stop the server at once and remove its folder; idempotent."""

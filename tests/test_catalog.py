@@ -37,6 +37,7 @@ from archive_manager.catalog.engine import (
     check_journal_mode,
     check_local_filesystem,
     filesystem_type,
+    idle_in_transaction_timeout_ms,
     is_network_filesystem,
     make_engine,
     resolve_busy_timeout_ms,
@@ -230,10 +231,13 @@ def test_begin_statements(catalog: Catalog) -> None:
     if catalog.dialect_name == "sqlite":
         assert statements == ["BEGIN IMMEDIATE", "SELECT 1", "BEGIN", "SELECT 2"]
     else:
-        # The write lock goes with BEGIN, in one round trip; readers get one snapshot.
+        # The write lock and the writer's idle bound go with BEGIN, in one round trip;
+        # readers get one snapshot.
+        idle = idle_in_transaction_timeout_ms(catalog._busy_timeout_ms)
+        bound = f"SET LOCAL idle_in_transaction_session_timeout = {idle}"
         lock = f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})"
         assert statements == [
-            f"BEGIN ISOLATION LEVEL READ COMMITTED; {lock}",
+            f"BEGIN ISOLATION LEVEL READ COMMITTED; {bound}; {lock}",
             "SELECT 1",
             "BEGIN ISOLATION LEVEL REPEATABLE READ",
             "SELECT 2",

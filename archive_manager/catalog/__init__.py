@@ -14,12 +14,13 @@ The catalog knows nothing of blob files; it only indexes them.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
 from sqlalchemy import select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, RootTransaction
 
 from .._failpoints import failpoint
 from ..errors import CatalogError
@@ -28,11 +29,14 @@ from .engine import (
     BUSY_TIMEOUT_ENV,
     DEFAULT_BUSY_TIMEOUT_MS,
     WRITE_OPTION,
+    CatalogUnreachableError,
     check_local_filesystem,
     filesystem_type,
     is_network_filesystem,
     make_engine,
+    pin_write_lock,
     read_mount_table,
+    resolve_busy_timeout_ms,
     shown_url,
     sqlite_path,
 )
@@ -80,6 +84,7 @@ __all__ = [
     "Base",
     "Blob",
     "Catalog",
+    "CatalogUnreachableError",
     "Chunk",
     "Entry",
     "Lease",
@@ -102,6 +107,7 @@ __all__ = [
     "lease_blobs_table",
     "leases_table",
     "make_engine",
+    "pin_write_lock",
     "pool_info_table",
     "read_mount_table",
     "retention_table",
@@ -157,10 +163,11 @@ class Catalog:
     and end.
     """
 
-    def __init__(self, engine: Engine, url: str) -> None:
+    def __init__(self, engine: Engine, url: str, *, busy_timeout_ms: int | None = None) -> None:
         """Wrap an engine whose database is already migrated; use `Catalog.open` instead."""
         self._engine = engine
         self._url = url
+        self._busy_timeout_ms = resolve_busy_timeout_ms(busy_timeout_ms)
         self._local = threading.local()
         self._closed = False
 
@@ -197,7 +204,7 @@ class Catalog:
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, url)
+        return cls(engine, url, busy_timeout_ms=busy_timeout_ms)
 
     @property
     def engine(self) -> Engine:
@@ -245,12 +252,15 @@ class Catalog:
 
         On SQLite the transaction starts with ``BEGIN IMMEDIATE``, on PostgreSQL with the
         catalog's advisory write lock, so a second writer waits (up to the busy timeout) at
-        its start instead of failing halfway. Nothing is retried: writers that take turns
-        cannot deadlock or hit serialization failures (see `engine`), and the block may have
-        done file I/O that must not run twice.
+        its start instead of failing halfway. A catalog server that cannot be reached (a
+        restart, a network blip) is waited for too, up to the busy timeout, while nothing of
+        the transaction has run. Nothing else is retried: writers that take turns cannot
+        deadlock or hit serialization failures (see `engine`), and the block may have done
+        file I/O that must not run twice.
 
         Raises:
-            CatalogError: A write is already open on this thread (it would wait for itself).
+            CatalogError: A write is already open on this thread (it would wait for itself),
+                or the server stayed unreachable past the busy timeout.
             CatalogLockedError: Another writer held the lock longer than the busy timeout.
         """
         self._check_open()
@@ -261,16 +271,39 @@ class Catalog:
             )
         self._local.writing = True
         try:
-            with self._engine.connect() as conn:
-                conn.execution_options(**{WRITE_OPTION: True})
-                with conn.begin():
-                    yield conn
-                    if step is not None:
-                        failpoint(f"{step}.before_commit")
+            conn, transaction = self._begin_write()
+            with conn, transaction:
+                yield conn
+                if step is not None:
+                    failpoint(f"{step}.before_commit")
         finally:
             self._local.writing = False
         if step is not None:
             failpoint(f"{step}.after_commit")
+
+    def _begin_write(self) -> tuple[Connection, RootTransaction]:
+        """Connect and begin a write transaction, waiting out an unreachable server."""
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        delay = 0.05
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = self._engine.connect()
+                conn.execution_options(**{WRITE_OPTION: True})
+                return conn, conn.begin()
+            except CatalogUnreachableError:
+                # NOTE: safe to retry only because the caller's block has not run yet; the
+                # pool's pre-ping drops the dead connections a server restart left behind.
+                if conn is not None:
+                    conn.close()
+                if time.monotonic() + delay > deadline:
+                    raise
+            except BaseException:
+                if conn is not None:
+                    conn.close()
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def get_pool_info(self, key: str) -> str | None:
         """The ``pool_info`` value under ``key``, or None (its own read transaction)."""

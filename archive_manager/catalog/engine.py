@@ -14,6 +14,16 @@ COMMITTED, so each statement after the lock sees every commit made before it; re
 REPEATABLE READ snapshot per transaction and never wait for writers. As for SQLite, the
 driver's own BEGIN is off and the ``begin`` event sends ours (with the lock: one round trip).
 
+A process stopped inside a write transaction (Ctrl-Z, a suspended batch job, a debugger)
+holds the write lock until it resumes. PostgreSQL bounds that: every write transaction sets
+``idle_in_transaction_session_timeout`` (`idle_in_transaction_timeout_ms`: half the busy
+timeout), so the server ends a session that sits idle inside one and other writers go on; the
+stopped process finds its transaction gone when it resumes, and a save's lease fences out
+the rest (DESIGN.md, "Save protocol"). A transaction that unlinks blob files under the lock
+calls `pin_write_lock` first, because other writers rely on those unlinks happening while it
+holds the lock. SQLite cannot bound it: when the busy timeout runs out, `CatalogLockedError`
+names the processes holding the lock (`sqlite_lock_holders`, from ``/proc/locks``).
+
 NOTE: no retry of serialization failures or deadlocks (SQLSTATE 40001, 40P01). With one lock
 taken first by every writer, two archive_manager writers never hold row locks at once, so
 they cannot deadlock; READ COMMITTED writers never get 40001, and REPEATABLE READ readers,
@@ -31,6 +41,8 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +61,24 @@ __all__ = [
     "PG_WRITE_LOCK",
     "POSTGRES_EXTRA_HINT",
     "WRITE_OPTION",
+    "CatalogUnreachableError",
+    "LockHolder",
     "catalog_identity",
     "check_journal_mode",
     "check_local_filesystem",
     "filesystem_type",
+    "idle_in_transaction_timeout_ms",
     "is_network_filesystem",
     "make_engine",
+    "parse_lock_table",
     "parse_url",
+    "pin_write_lock",
     "public_url",
     "read_mount_table",
     "resolve_busy_timeout_ms",
     "shown_url",
+    "sqlite_lock_holders",
+    "sqlite_locked_message",
     "sqlite_path",
 ]
 
@@ -107,6 +126,16 @@ _SQLITE_FULL = 13
 _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
 _CORRUPT_MESSAGES = ("file is not a database", "database disk image is malformed")
+
+
+class CatalogUnreachableError(CatalogError):
+    """The catalog server could not be reached, or went away (restart, shutdown, network), or
+    ended this session (a write transaction left idle too long).
+
+    Only the engine raises it; callers catch `CatalogError`. `Catalog.write` waits through it
+    while no statement of its transaction has run yet, and a save's lease heartbeat retries
+    through it: a server restart is an outage to wait out, not a reason to fail.
+    """
 
 
 def resolve_busy_timeout_ms(value: int | None = None) -> int:
@@ -214,6 +243,154 @@ def check_local_filesystem(folder: str | os.PathLike[str], mount_table: str | No
             "catalog; keep the catalog on a local disk, or use a server catalog "
             "(catalog_url='postgresql+psycopg://user@host/dbname')"
         )
+
+
+# --- who holds a SQLite catalog's write lock: a pure parser plus a thin reader ------------
+
+# NOTE: SQLite's unix VFS keeps a WAL database's write lock as an fcntl (POSIX) lock on one
+# byte of the -shm file, byte 120 (UNIX_SHM_BASE + WAL_WRITE_LOCK), held exclusively from
+# BEGIN IMMEDIATE to the end of the transaction. A database a foreign program took out of WAL
+# mode is locked through the database file itself: any exclusive lock on it counts.
+_SHM_WRITE_LOCK_BYTE = 120
+_STOPPED_STATES = ("T", "t")  # stopped by a signal (Ctrl-Z, SIGSTOP) or by a tracer
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_COMMAND_SHOWN = 200
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """A process that holds a SQLite catalog's write lock, as ``/proc`` tells it."""
+
+    pid: int
+    command: str | None
+    """Its command line (passwords in URLs masked, cut short), None when unreadable."""
+    stopped: bool
+    """True when a signal or a debugger stopped it: it holds the lock until it resumes."""
+
+
+def parse_lock_table(
+    lock_table: str, shm: tuple[int, int, int] | None, database: tuple[int, int, int] | None
+) -> list[int]:
+    """The pids holding a SQLite catalog's write lock, from the text of ``/proc/locks``.
+
+    Args:
+        lock_table: The text of ``/proc/locks``: per line ``N: POSIX ADVISORY WRITE pid
+            major:minor:inode start end``, with the device numbers in hex; waiting requests
+            (``N: -> ...``) hold nothing and are skipped.
+        shm: (major, minor, inode) of the catalog's ``-shm`` file, None if it has none.
+        database: (major, minor, inode) of the catalog file.
+
+    Returns:
+        Each pid once, in the order listed, that holds an exclusive POSIX lock covering the
+        WAL write-lock byte of ``shm`` or any part of ``database``.
+    """
+    pids: list[int] = []
+    for line in lock_table.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or fields[1] != "POSIX" or fields[3] != "WRITE":  # "->": waiting
+            continue
+        try:
+            pid = int(fields[4])
+            major, minor, inode = fields[5].split(":")
+            where = (int(major, 16), int(minor, 16), int(inode))
+            start = int(fields[6])
+            end = None if fields[7] == "EOF" else int(fields[7])
+        except ValueError:
+            continue
+        covers_write_byte = start <= _SHM_WRITE_LOCK_BYTE and (
+            end is None or end >= _SHM_WRITE_LOCK_BYTE
+        )
+        holds = (where == shm and covers_write_byte) or where == database
+        if pid > 0 and holds and pid not in pids:
+            pids.append(pid)
+    return pids
+
+
+def _file_id(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
+def _describe_process(pid: int) -> LockHolder:
+    command: str | None = None
+    stopped = False
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        # One line whatever the arguments hold (a ``python -c`` script has newlines).
+        text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
+        if text:
+            text = _URL_PASSWORD.sub(r"\1***@", text)
+            command = text if len(text) <= _COMMAND_SHOWN else text[: _COMMAND_SHOWN - 3] + "..."
+    except OSError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        # "pid (comm) state ...": comm may hold spaces and parentheses, so split after it.
+        state = stat.rpartition(")")[2].split()[:1]
+        stopped = bool(state) and state[0] in _STOPPED_STATES
+    except OSError:
+        pass
+    return LockHolder(pid, command, stopped)
+
+
+def sqlite_lock_holders(database: str | os.PathLike[str]) -> list[LockHolder] | None:
+    """The processes holding the write lock of the SQLite catalog file ``database``.
+
+    Returns:
+        The holders (usually one), an empty list when ``/proc/locks`` names none (the lock
+        was just released, or its holder lives in another pid namespace), or None where
+        there is no ``/proc/locks`` to read (not Linux).
+    """
+    try:
+        lock_table = Path("/proc/locks").read_text(errors="replace")
+    except OSError:
+        return None
+    path = os.fspath(database)
+    pids = parse_lock_table(lock_table, _file_id(f"{path}-shm"), _file_id(path))
+    return [_describe_process(pid) for pid in pids]
+
+
+def _describe_holder(holder: LockHolder) -> str:
+    facts = []
+    if holder.pid == os.getpid():
+        facts.append("this process: another of its connections")
+    if holder.stopped:
+        facts.append("stopped")
+    if holder.command:
+        facts.append(holder.command)
+    return f"pid {holder.pid}" + (f" ({'; '.join(facts)})" if facts else "")
+
+
+def sqlite_locked_message(
+    database: str, busy_timeout_ms: int, reason: str, holders: Sequence[LockHolder] | None
+) -> str:
+    """The text of the `CatalogLockedError` for a SQLite catalog whose busy timeout ran out.
+
+    It names who holds the write lock when ``holders`` does, and else says how to find out.
+    """
+    head = (
+        f"the catalog {database} stayed locked for longer than the busy timeout "
+        f"({busy_timeout_ms} ms): "
+    )
+    if not holders:
+        return head + (
+            f"another process holds its write lock; find it with 'fuser -v {database}-shm' or "
+            f"'lsof {database}-shm' (a stopped process, state T in ps, holds it until it "
+            f"resumes or ends); retry later ({reason})"
+        )
+    named = ", ".join(_describe_holder(h) for h in holders)
+    stopped = [h.pid for h in holders if h.stopped]
+    if stopped:
+        advice = (
+            "a stopped process (Ctrl-Z, a suspended job, a debugger) holds it until it resumes "
+            f"(kill -CONT {' '.join(map(str, stopped))}) or ends"
+        )
+    else:
+        advice = "wait for it to finish, or end it"
+    return head + f"its write lock is held by {named}; {advice}, then retry ({reason})"
 
 
 # --- engines ----------------------------------------------------------------------------
@@ -343,10 +520,11 @@ def _translate_sqlite_error(
         return None
     code, message = _error_code(exc), str(exc)
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or (code is None and "database is locked" in message):
+        # Looked up now, while the holder still holds the lock: the usual holder is a process
+        # stopped inside a write transaction, and only a name tells the operator which.
+        holders = sqlite_lock_holders(database)
         return CatalogLockedError(
-            f"the catalog {database} stayed locked by another process for longer than the "
-            f"busy timeout ({busy_timeout_ms} ms); retry later, or find the process holding "
-            f"the write lock ({message})"
+            sqlite_locked_message(database, busy_timeout_ms, message, holders)
         )
     if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or any(m in message for m in _CORRUPT_MESSAGES):
         return CatalogError(
@@ -508,6 +686,42 @@ _PG_DEADLOCK = "40P01"
 _PG_BAD_AUTH = ("28000", "28P01")
 _PG_NO_DATABASE = "3D000"
 _PG_TOO_MANY_CONNECTIONS = "53300"
+_PG_IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+# admin_shutdown (pg_ctl stop/restart, pg_terminate_backend), crash_shutdown (another backend
+# crashed), cannot_connect_now (starting up or shutting down): the server comes back.
+_PG_SERVER_GOING_AWAY = ("57P01", "57P02", "57P03")
+
+
+def idle_in_transaction_timeout_ms(busy_timeout_ms: int) -> int:
+    """How long a PostgreSQL write transaction may sit idle before the server ends it.
+
+    Half the busy timeout, and at least a second. Half: a writer that starts waiting for the
+    lock at the moment its holder stops gets it after at most this long, well inside its own
+    busy timeout, instead of timing out together with the kill. At least a second: the
+    library's write transactions go from statement to statement in milliseconds (those that
+    do file I/O under the lock call `pin_write_lock`), so only a stopped (or wedged) process
+    sits idle for that long, even with a tiny busy timeout. It does not depend on the lease:
+    the server's rollback undoes everything of the cut transaction, and what the stopped
+    process did before it is what its lease protects, which lapses on its own, as for any
+    paused writer. The bound is the holder's: each process sets it from its own busy timeout.
+    """
+    return max(busy_timeout_ms // 2, 1000)
+
+
+def pin_write_lock(conn: Connection) -> None:
+    """Keep this write transaction's lock until it ends, however long the process stops.
+
+    Call it inside `Catalog.write` before doing file I/O that other writers rely on happening
+    while this transaction holds the write lock (unlinking blobs: a save that finds a blob
+    ``deleting`` writes it anew, and a stopped GC whose session the server ended would unlink
+    the new file when it resumes). On PostgreSQL it lifts the idle-in-transaction bound
+    (`idle_in_transaction_timeout_ms`) for the rest of the transaction, so a process stopped
+    from now on blocks every writer until it resumes, as on SQLite; if the server already
+    ended the session, this statement fails and the caller unlinks nothing. Elsewhere a
+    no-op: SQLite never takes a lock from its holder.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = 0")
 
 
 def _pg_reason(exc: BaseException) -> str:
@@ -537,6 +751,19 @@ def _translate_postgresql_error(
             "write lock (pg_locks, locktype 'advisory', joined to pg_stat_activity) "
             f"({reason})"
         )
+    if state == _PG_IDLE_IN_TRANSACTION_TIMEOUT:
+        return CatalogUnreachableError(
+            f"the catalog server of {where} ended this process's write transaction: it sat "
+            "idle inside it for longer than "
+            f"{idle_in_transaction_timeout_ms(busy_timeout_ms)} ms, as a process stopped by "
+            "Ctrl-Z, a debugger or a suspended job does; nothing of it was committed, and "
+            f"other writers went on meanwhile ({reason})"
+        )
+    if state in _PG_SERVER_GOING_AWAY:
+        return CatalogUnreachableError(
+            f"the catalog server of {where} went away (restarting or shutting down), rolling "
+            f"back any transaction this process had open: {reason}"
+        )
     if state in (_PG_SERIALIZATION_FAILURE, _PG_DEADLOCK):
         what = "a deadlock" if state == _PG_DEADLOCK else "a serialization failure"
         return CatalogError(
@@ -550,7 +777,7 @@ def _translate_postgresql_error(
         state = _connect_failure_state(reason)
         if state is None:
             # Refused, unknown host, timeout, or a connection lost mid-transaction.
-            return CatalogError(f"cannot reach the catalog server of {where}: {reason}")
+            return CatalogUnreachableError(f"cannot reach the catalog server of {where}: {reason}")
     if state in _PG_BAD_AUTH:
         return CatalogError(f"the catalog server refused the login for {where}: {reason}")
     if state == _PG_NO_DATABASE:
@@ -605,9 +832,14 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
     # NOTE: writers must stay at READ COMMITTED: at REPEATABLE READ the snapshot would be taken
     # by the statement that waits for the write lock, i.e. before the previous writer
     # committed, and the protocols' read-then-write steps would act on stale rows. Readers
-    # get one snapshot for their whole transaction.
+    # get one snapshot for their whole transaction. SET LOCAL bounds only this transaction's
+    # idleness (see `idle_in_transaction_timeout_ms`): readers, which block no writer, may
+    # hold a snapshot open across the caller's work.
     write_begin = (
-        f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
+        "BEGIN ISOLATION LEVEL READ COMMITTED; "
+        "SET LOCAL idle_in_transaction_session_timeout = "
+        f"{idle_in_transaction_timeout_ms(timeout_ms):d}; "
+        f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
     )
     read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     no_parameters = {"no_parameters": True}  # several statements: the simple query protocol
