@@ -317,16 +317,12 @@ def kind_of(pool: ArchiveManager, digest: str) -> str | None:
 
 def rowless_files(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> dict[str, int]:
     """Of the listed blob files, those with no catalog row, and their sizes."""
-    digests = sorted(d for d, _, _ in files)
-    known: set[str] = set()
+    if not files:
+        return {}
+    # One scan of the digests: GC reads them all anyway, and 200 IN-lists of 500 for a pool
+    # of 100,000 blobs cost more than the scan.
     with pool.catalog.read() as conn:
-        for i in range(0, len(digests), _BATCH):
-            batch = digests[i : i + _BATCH]
-            known.update(
-                conn.execute(
-                    select(blobs_table.c.digest).where(blobs_table.c.digest.in_(batch))
-                ).scalars()
-            )
+        known = set(conn.execute(select(blobs_table.c.digest)).scalars())
     return {d: size for d, size, _ in files if d not in known}
 
 

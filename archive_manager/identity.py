@@ -308,6 +308,13 @@ def _bind_once(
             return _commit_new(catalog, root, f, unindexed=False)
         if recover and not s.has_archives:
             return _adopt(catalog, root, f, url=url, list_blobs=list_blobs, clock=clock)
+        if f.catalog == shown:
+            raise PoolIdentityError(
+                f"the catalog {shown} of pool {f.pool_id[:12]} at {root} is empty (lost, "
+                "emptied or replaced) while the blob root holds the pool's blobs: run "
+                "'archive-manager rebuild-catalog' to restore it from them "
+                "(ArchiveManager.open(root, recover=True), then rebuild_catalog())"
+            )
         raise PoolIdentityError(
             f"the blob root {root} belongs to pool {f.pool_id[:12]}, whose catalog is "
             f"{f.catalog or '?'}; this catalog ({shown}) is not that pool's. Open the root with "

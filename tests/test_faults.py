@@ -50,6 +50,7 @@ from archive_manager.errors import (
     CatalogLockedError,
     CatalogVersionError,
     GcAbortedError,
+    PoolIdentityError,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -466,8 +467,9 @@ def test_unreadable_catalog_file_is_a_clear_error(
 @pytest.mark.parametrize("loss", ["emptied", "deleted"])
 def test_lost_catalog_never_lets_gc_delete_the_blobs(tmp_path: Path, loss: str) -> None:
     """A catalog emptied to 0 bytes (SQLite takes it for a new database) or deleted: the pool
-    opens empty, and GC used to delete every blob as an orphan.  Now GC refuses until the
-    catalog is rebuilt from the manifests; then all is back."""
+    opened empty, and GC used to delete every blob as an orphan.  Now the open is refused
+    (the blob root belongs to a pool this catalog does not know) unless it is a recovery, and
+    GC refuses until the catalog is rebuilt from the manifests; then all is back."""
     root = tmp_path / "pool"
     files = _closed_pool(root)
     db = root / "catalog.db"
@@ -477,12 +479,15 @@ def test_lost_catalog_never_lets_gc_delete_the_blobs(tmp_path: Path, loss: str) 
         db.unlink()
     clock = wall_clock()
     clock.advance(7200)  # every blob is past the default grace period
-    with ArchiveManager.open(root, clock=clock, **POOL) as pool:
+    with pytest.raises(PoolIdentityError, match="rebuild-catalog"):
+        ArchiveManager.open(root, clock=clock, **POOL)
+    assert _one_line_error(_cli(root, "gc", "--yes")).count("rebuild") >= 1
+    assert blob_files(root) == files
+    with ArchiveManager.open(root, clock=clock, recover=True, **POOL) as pool:
         assert pool.find(state=None) == []
         for grace in (0, 3600):
             with pytest.raises(GcAbortedError, match="rebuild"):
                 pool.gc(grace=grace)
-        assert _one_line_error(_cli(root, "gc", "--yes")).count("rebuild") >= 1
         assert blob_files(root) == files
         assert pool.rebuild_catalog().archives == ["a"]
         pool.gc(grace=0)
@@ -500,7 +505,10 @@ def test_new_database_for_an_existing_blob_root_never_lets_gc_delete(
         pool.save("a", tiny_rollout(16, seed=1), rollout_id=1)
     files = blob_files(root)
     url = backend.new_url() if backend.name == "postgresql" else f"sqlite:///{tmp_path}/new.db"
-    with ArchiveManager.open(root, catalog_url=url, **POOL) as pool:
+    with pytest.raises(PoolIdentityError, match="rebuild-catalog"):
+        ArchiveManager.open(root, catalog_url=url, **POOL)
+    assert blob_files(root) == files
+    with ArchiveManager.open(root, catalog_url=url, recover=True, **POOL) as pool:
         with pytest.raises(GcAbortedError, match="rebuild"):
             pool.gc(grace=0)
         assert blob_files(root) == files
