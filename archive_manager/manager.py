@@ -187,7 +187,11 @@ class ArchiveManager:
             missing = _missing_catalog(path, url)
             if missing is not None:
                 raise missing
-        if not (create or recover or rebind) and not cls.exists(path, catalog_url):
+        if (
+            not (create or recover or rebind)
+            and not cls.exists(path, catalog_url)
+            and not _unusable_sqlite_file(url)
+        ):
             raise PoolNotFoundError(
                 f"no pool at {path}; create one first (ArchiveManager.open or "
                 "'archive-manager init')"
@@ -609,3 +613,17 @@ def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
         "recover=True), then rebuild_catalog()); if the pool's catalog is elsewhere, pass its "
         "URL (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
     )
+
+
+def _unusable_sqlite_file(url: str) -> bool:
+    """A SQLite catalog file is there but is damaged (truncated, overwritten):
+    opening it then says what is wrong with it, which "no pool here" would hide."""
+    if parse_url(url).get_backend_name() != "sqlite":
+        return False
+    file = sqlite_path(url)
+    if file is None:
+        return False
+    try:
+        return probe_sqlite_catalog(file).kind == "not-sqlite"
+    except CatalogError:
+        return True

@@ -441,12 +441,18 @@ def blob_files_of() -> Callable[[ArchiveManager], BlobFiles]:
 
 
 def table_rows(pool: ArchiveManager) -> dict[str, list[tuple]]:
-    """Every row of every catalog table, sorted, by table name."""
+    """Every row of every catalog table, sorted, by table name.
+
+    Except the save counter (``pool_info`` ``save_seq``): like a database sequence it is
+    consumed by a save that then fails, and that is no change to what the pool holds.
+    """
     names = sorted(inspect(pool.catalog.engine).get_table_names())
     out: dict[str, list[tuple]] = {}
     with pool.catalog.read() as conn:
         for name in names:
             rows = conn.execute(text(f'SELECT * FROM "{name}"')).all()
+            if name == "pool_info":
+                rows = [r for r in rows if r[0] != "save_seq"]
             out[name] = sorted((tuple(r) for r in rows), key=repr)
     return out
 

@@ -109,7 +109,8 @@ def probe_sqlite_catalog(path: str | os.PathLike[str], *, timeout_s: float = 5.0
     except sqlite3.Error as exc:
         raise CatalogError(
             f"the catalog file {path} is not a usable SQLite database ({exc}): it is "
-            "truncated or corrupt"
+            "truncated or corrupt; restore it from a backup or rebuild it from the manifests "
+            "('archive-manager rebuild-catalog')"
         ) from exc
     finally:
         conn.close()
