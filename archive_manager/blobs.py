@@ -35,7 +35,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,9 +57,8 @@ _HEX2 = frozenset(f"{i:02x}" for i in range(256))
 _MISSING = (FileNotFoundError, NotADirectoryError)
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Every temp file a put makes ends so; the sweep leaves anything else in tmp/ alone.
-TEMP_SUFFIX = ".tmp"
+_TEMP_SUFFIX = ".tmp"
 _KINDS = {
     stat.S_IFLNK: "symlink",
     stat.S_IFDIR: "directory",
@@ -119,7 +118,7 @@ def _missing(digest: str) -> BlobNotFoundError:
     return BlobNotFoundError(f"blob {digest} is missing")
 
 
-def _not_regular(digest: str, path: Path, mode: int) -> IntegrityError:
+def _not_regular(digest: str, path: str | Path, mode: int) -> IntegrityError:
     kind = _KINDS.get(stat.S_IFMT(mode), "file of unknown type")
     return IntegrityError(f"blob {digest} is not a regular file: {path} is a {kind}")
 
@@ -132,14 +131,7 @@ def _linked_folder(folder: Path | str, digest: str | None = None) -> PoolLayoutE
     )
 
 
-def _is_link(path: Path | str, dir_fd: int | None = None) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _check_folders(folders: Sequence[Path], digest: str | None = None) -> None:
+def _check_folders(folders: Sequence[str | Path], digest: str | None = None) -> None:
     """PoolLayoutError if one of ``folders`` (outermost first) is a symlink.
 
     Stops at the first one missing: nothing below it exists to lead anywhere.
@@ -153,19 +145,18 @@ def _check_folders(folders: Sequence[Path], digest: str | None = None) -> None:
             raise _linked_folder(folder, digest)
 
 
-def _open_folder(name: Path | str, dir_fd: int | None = None, shown: Path | None = None) -> int:
-    """A descriptor of the folder ``name`` (relative to ``dir_fd``), never through a symlink.
+def _subfolders(entries: Iterable[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+    """The fan-out folders (two hex digits, real directories) among ``entries``.
 
-    Listing through descriptors, not paths, means a folder swapped for a link after it was
-    checked is still never followed.
+    PoolLayoutError for one that is a symlink; a stray file bearing such a name is skipped.
     """
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        # Linux says ENOTDIR, others ELOOP, for O_DIRECTORY | O_NOFOLLOW on a link.
-        if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(name, dir_fd):
-            raise _linked_folder(shown or name) from None
-        raise
+    for entry in entries:
+        if entry.name not in _HEX2:
+            continue
+        if entry.is_symlink():
+            raise _linked_folder(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            yield entry
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -256,6 +247,7 @@ class BlobStore:
         # can compare paths textually.
         self._root = Path(os.path.abspath(root))
         self._blobs = self._root / "blobs"
+        self._blobs_str = str(self._blobs)
         self._tmp = self._root / "tmp"
 
     def __repr__(self) -> str:
@@ -271,11 +263,15 @@ class BlobStore:
         d = check_digest(digest)
         return self._blobs / d[0:2] / d[2:4] / d
 
-    def _checked_path(self, digest: str) -> Path:
-        """`path`, after checking that none of its folders is a symlink (PoolLayoutError)."""
-        path = self.path(digest)
-        _check_folders((self._blobs, path.parent.parent, path.parent), digest)
-        return path
+    def _checked_path(self, digest: str) -> str:
+        """`path` as a string, after checking that none of its folders is a symlink
+        (PoolLayoutError)."""
+        d = check_digest(digest)
+        # Strings, not Paths: building Paths cost more than the three lstat calls.
+        outer = f"{self._blobs_str}{os.sep}{d[0:2]}"
+        inner = f"{outer}{os.sep}{d[2:4]}"
+        _check_folders((self._blobs_str, outer, inner), d)
+        return f"{inner}{os.sep}{d}"
 
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """Store ``data`` (a buffer or a sequence of parts) once and return its digest.
@@ -393,7 +389,7 @@ class BlobStore:
         """Write ``views`` to a new read-only temp file and start its writeback; not synced."""
         _check_folders((self._tmp,), digest)
         _ensure_dir(self._tmp)
-        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             hasher = xxhash.xxh3_128()
@@ -557,56 +553,39 @@ class BlobStore:
     def _scan(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
         """Regular files with canonical names in real fan-out folders, never through a link.
 
-        PoolLayoutError if ``blobs/`` or a fan-out folder is a symlink; a folder or file that
-        vanishes while listed is skipped.  Each entry is only valid (``stat``) until the next.
+        PoolLayoutError if ``blobs/`` or a fan-out folder is a symlink; a folder that vanishes
+        while listed is skipped.  (A folder swapped for a link between its check and its
+        listing leads no unlink astray: `delete` checks the folders again.)
         """
         # scandir, not glob or stat per path: GC lists 100k blobs and must stay well under a second.
+        _check_folders((self._blobs,))
         try:
-            top = _open_folder(self._blobs)
+            top = os.scandir(self._blobs_str)
         except FileNotFoundError:
             return
-        try:
-            for a, a_fd in self._subfolders(top, self._blobs):
+        with top:
+            for a in _subfolders(top):
                 try:
-                    for b, b_fd in self._subfolders(a_fd, self._blobs / a):
-                        prefix = a + b
-                        try:
-                            with os.scandir(b_fd) as files:
-                                for f in files:
-                                    name = f.name
-                                    # (is_file never raises FileNotFoundError: it says False)
-                                    if (
-                                        name.startswith(prefix)
-                                        and is_digest(name)
-                                        and f.is_file(follow_symlinks=False)
-                                    ):
-                                        yield name, f
-                        finally:
-                            os.close(b_fd)
-                finally:
-                    os.close(a_fd)
-        finally:
-            os.close(top)
-
-    @staticmethod
-    def _subfolders(parent_fd: int, parent: Path) -> Iterator[tuple[str, int]]:
-        """``(name, descriptor)`` of each fan-out folder (two hex digits) in ``parent_fd``.
-
-        The caller closes each descriptor; PoolLayoutError for one that is a symlink.
-        """
-        with os.scandir(parent_fd) as entries:
-            for entry in entries:
-                if entry.name not in _HEX2:
-                    continue
-                try:
-                    if entry.is_symlink():
-                        raise _linked_folder(parent / entry.name)
-                    if not entry.is_dir(follow_symlinks=False):
-                        continue  # a stray file bearing a folder's name
-                    fd = _open_folder(entry.name, parent_fd, parent / entry.name)
+                    level2 = os.scandir(a.path)
                 except _MISSING:
-                    continue  # removed (or replaced by a file) since it was listed
-                yield entry.name, fd
+                    continue  # removed (or replaced by a file) since ``blobs/`` was listed
+                with level2:
+                    for b in _subfolders(level2):
+                        prefix = a.name + b.name
+                        try:
+                            files = os.scandir(b.path)
+                        except _MISSING:
+                            continue
+                        with files:
+                            for f in files:
+                                name = f.name
+                                # (is_file never raises FileNotFoundError: it says False)
+                                if (
+                                    name.startswith(prefix)
+                                    and is_digest(name)
+                                    and f.is_file(follow_symlinks=False)
+                                ):
+                                    yield name, f
 
     def temp_files(self) -> list[tuple[Path, float]]:
         """``(path, mtime)`` of each temp file in ``tmp/``: writes in flight or left by a crash.
@@ -614,22 +593,20 @@ class BlobStore:
         Only regular files named ``*.tmp`` directly in ``tmp/`` are temp files; anything else
         there is not the store's and is left alone.  PoolLayoutError if ``tmp/`` is a symlink.
         """
-        try:
-            fd = _open_folder(self._tmp)
-        except FileNotFoundError:
-            return []
+        _check_folders((self._tmp,))
         found = []
         try:
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    if not entry.name.endswith(TEMP_SUFFIX):
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        if entry.is_file(follow_symlinks=False):
-                            mtime = entry.stat(follow_symlinks=False).st_mtime
-                            found.append((self._tmp / entry.name, mtime))
-        finally:
-            os.close(fd)
+            entries = os.scandir(self._tmp)
+        except FileNotFoundError:
+            return []
+        with entries:
+            for entry in entries:
+                if not entry.name.endswith(_TEMP_SUFFIX):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file(follow_symlinks=False):
+                        mtime = entry.stat(follow_symlinks=False).st_mtime
+                        found.append((Path(entry.path), mtime))
         return found
 
     def remove_temp(self, path: str | os.PathLike[str]) -> bool:
@@ -642,7 +619,7 @@ class BlobStore:
             PoolLayoutError: ``tmp/`` is a symlink.
         """
         full = os.path.abspath(path)
-        if os.path.dirname(full) != str(self._tmp) or not full.endswith(TEMP_SUFFIX):
+        if os.path.dirname(full) != str(self._tmp) or not full.endswith(_TEMP_SUFFIX):
             raise InvalidNameError(f"not a temp file of this blob store: {os.fspath(path)!r}")
         _check_folders((self._tmp,))
         try:
