@@ -28,6 +28,7 @@ from conftest import FakeClock, assert_loads, tiny_rollout, wall_clock
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, blobs, materialize_tensor_refs
+from archive_manager._digest import digest_of
 from archive_manager.blobs import BlobStore
 from archive_manager.catalog import archive_blobs_table, archives_table, chunks_table
 from archive_manager.cli import cli
@@ -222,7 +223,7 @@ def test_a_new_blob_is_never_renamed_into_a_linked_folder(
 ) -> None:
     # The fan-out folder becomes a link between the temp write and the rename.
     data = b"renamed late"
-    digest = blobs.digest_of(data)
+    digest = digest_of(data)
     target_folder = store.path(digest).parent
     real = store._begin
 
@@ -244,7 +245,7 @@ def test_a_blob_path_that_is_a_symlink_is_never_read_nor_deleted_through(
     store: BlobStore, tmp_path: Path
 ) -> None:
     data = b"the right bytes, outside the pool"
-    digest = blobs.digest_of(data)
+    digest = digest_of(data)
     outside = tmp_path / "copy"
     outside.write_bytes(data)  # even the right bytes: a link is not the pool's blob
     store.put(b"makes the folders")
@@ -320,9 +321,7 @@ def test_a_folder_that_vanishes_while_listed_is_skipped(
 ) -> None:
     kept = store.put(b"stays")
     gone = next(
-        store.put(bytes([i]) * 3)
-        for i in range(256)
-        if blobs.digest_of(bytes([i]) * 3)[:2] != kept[:2]
+        store.put(bytes([i]) * 3) for i in range(256) if digest_of(bytes([i]) * 3)[:2] != kept[:2]
     )
     folder = store.path(gone).parent.parent if level == "fan-out" else store.path(gone).parent
     real_scandir = os.scandir
@@ -406,7 +405,7 @@ def test_gc_with_a_linked_blob_folder_deletes_nothing(
     elsewhere = tmp_path / "elsewhere"
     move_out(folder, elsewhere)
     # Old files with canonical names out there, as in another pool: orphans to a blind GC.
-    strays = [elsewhere / "stray", elsewhere / blobs.digest_of(b"stray")]
+    strays = [elsewhere / "stray", elsewhere / digest_of(b"stray")]
     for p in strays:
         p.write_bytes(b"not this pool's")
         age(p, OLD, clock.now)
@@ -510,7 +509,7 @@ def test_files_that_vanish_during_gc_are_skipped(
     vanishing = {
         *digests_of(pool, "gone", "tensor"),
         *digests_of(pool, "gone", "manifest"),
-        blobs.digest_of(b"orphan"),
+        digest_of(b"orphan"),
     }
     real_listing = pool.store.iter_stat
 
@@ -532,7 +531,7 @@ def test_files_that_vanish_during_gc_are_skipped(
     monkeypatch.setattr(pool.store, "delete", delete)
     report = pool.gc(grace=0)
     assert report.orphans == 1 and report.blobs == len(digests_of(pool, "gone", "chunk")) + len(
-        vanishing - {blobs.digest_of(b"orphan")}
+        vanishing - {digest_of(b"orphan")}
     )
     monkeypatch.undo()
     assert pool.verify().ok
@@ -544,7 +543,7 @@ def test_gc_survives_a_fan_out_folder_vanishing_while_listed(
     pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     released_pool(pool, clock)
-    orphan = blobs.digest_of(b"orphan")
+    orphan = digest_of(b"orphan")
     folder = pool.store.path(orphan).parent
     assert [p.name for p in folder.iterdir()] == [orphan]
     real_scandir = os.scandir
