@@ -5,6 +5,21 @@ The store knows nothing of the catalog: it writes, reads, verifies, lists and un
 
 OS errors other than "not found" (EACCES, ENOSPC, EROFS, ...) propagate unchanged as `OSError`;
 a failed `BlobStore.put` leaves neither a temp file nor a blob behind.
+
+Nothing is read, written, listed or unlinked through a symlink, which could lead out of the
+pool (``tmp/`` linked to a shared scratch folder would have GC sweep that folder):
+
+* the folders of the pool, ``blobs/``, ``tmp/`` and the fan-out folders ``blobs/ab/`` and
+  ``blobs/ab/cd/``, must be real directories.  Each is looked at (``lstat``) whenever it is
+  used, and one that is a symlink makes the operation raise `PoolLayoutError` (an `OSError`)
+  before it touches anything, so GC stops with `GcAbortedError`.  The root itself may be a
+  symlink: to keep a pool on another disk, link its root, not its folders.  (A process that
+  swaps a folder for a link while the pool is in use is not defended against.)
+* a blob is read only from a regular file: its path is opened without following a symlink
+  and without blocking (a FIFO would block a plain open), then checked with ``fstat``; a
+  symlink, FIFO, device, socket or directory there is an `IntegrityError` naming the blob.
+  `delete` unlinks whatever non-directory is at the blob's path (a symlink itself, never its
+  target); listings and the temp sweep see regular files only.
 """
 
 from __future__ import annotations
@@ -20,7 +35,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +44,7 @@ import xxhash
 
 from ._digest import Buffer, check_digest, digest_of, is_digest
 from ._failpoints import failpoint
-from .errors import BlobNotFoundError, IntegrityError, InvalidNameError
+from .errors import BlobNotFoundError, IntegrityError, InvalidNameError, PoolLayoutError
 
 __all__ = ["BlobStore", "MemoryBlobStore"]
 
@@ -40,6 +55,18 @@ _BATCH = 16
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 _HEX2 = frozenset(f"{i:02x}" for i in range(256))
 _MISSING = (FileNotFoundError, NotADirectoryError)
+# O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+# Every temp file a put makes ends so; the sweep leaves anything else in tmp/ alone.
+_TEMP_SUFFIX = ".tmp"
+_KINDS = {
+    stat.S_IFLNK: "symlink",
+    stat.S_IFDIR: "directory",
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+}
 
 
 def _views(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
@@ -89,6 +116,47 @@ def _corrupt(digest: str, size: int, actual: str) -> IntegrityError:
 
 def _missing(digest: str) -> BlobNotFoundError:
     return BlobNotFoundError(f"blob {digest} is missing")
+
+
+def _not_regular(digest: str, path: str | Path, mode: int) -> IntegrityError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "file of unknown type")
+    return IntegrityError(f"blob {digest} is not a regular file: {path} is a {kind}")
+
+
+def _linked_folder(folder: Path | str, digest: str | None = None) -> PoolLayoutError:
+    return PoolLayoutError(
+        ("" if digest is None else f"blob {digest}: ")
+        + f"{folder} is a symlink; the pool's folders must be real directories (to keep a "
+        "pool on another disk, link its root instead)"
+    )
+
+
+def _check_folders(folders: Sequence[str | Path], digest: str | None = None) -> None:
+    """PoolLayoutError if one of ``folders`` (outermost first) is a symlink.
+
+    Stops at the first one missing: nothing below it exists to lead anywhere.
+    """
+    for folder in folders:
+        try:
+            mode = os.lstat(folder).st_mode
+        except _MISSING:
+            return
+        if stat.S_ISLNK(mode):
+            raise _linked_folder(folder, digest)
+
+
+def _subfolders(entries: Iterable[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+    """The fan-out folders (two hex digits, real directories) among ``entries``.
+
+    PoolLayoutError for one that is a symlink; a stray file bearing such a name is skipped.
+    """
+    for entry in entries:
+        if entry.name not in _HEX2:
+            continue
+        if entry.is_symlink():
+            raise _linked_folder(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            yield entry
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -179,6 +247,7 @@ class BlobStore:
         # can compare paths textually.
         self._root = Path(os.path.abspath(root))
         self._blobs = self._root / "blobs"
+        self._blobs_str = str(self._blobs)
         self._tmp = self._root / "tmp"
 
     def __repr__(self) -> str:
@@ -193,6 +262,16 @@ class BlobStore:
         """The file of ``digest``; InvalidNameError unless it is a canonical digest."""
         d = check_digest(digest)
         return self._blobs / d[0:2] / d[2:4] / d
+
+    def _checked_path(self, digest: str) -> str:
+        """`path` as a string, after checking that none of its folders is a symlink
+        (PoolLayoutError)."""
+        d = check_digest(digest)
+        # Strings, not Paths: building Paths cost more than the three lstat calls.
+        outer = f"{self._blobs_str}{os.sep}{d[0:2]}"
+        inner = f"{outer}{os.sep}{d[2:4]}"
+        _check_folders((self._blobs_str, outer, inner), d)
+        return f"{inner}{os.sep}{d}"
 
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """Store ``data`` (a buffer or a sequence of parts) once and return its digest.
@@ -295,17 +374,22 @@ class BlobStore:
     ) -> tuple[str, _Pending | None]:
         """`put`'s first half: the digest, and a pending temp file unless the blob exists."""
         views, digest = _prepare(data, digest)
+        path = self._checked_path(digest)
         try:
-            stored = os.stat(self.path(digest)).st_size
+            st = os.lstat(path)
         except FileNotFoundError:
             return digest, self._begin(digest, views)
-        _check_size(digest, stored, views)
+        # A FIFO or a link there is damage to report, not a blob to dedup against or replace.
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(digest, path, st.st_mode)
+        _check_size(digest, st.st_size, views)
         return digest, None
 
     def _begin(self, digest: str, views: list[memoryview]) -> _Pending:
         """Write ``views`` to a new read-only temp file and start its writeback; not synced."""
+        _check_folders((self._tmp,), digest)
         _ensure_dir(self._tmp)
-        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             hasher = xxhash.xxh3_128()
@@ -336,6 +420,8 @@ class BlobStore:
             finally:
                 os.close(pending.fd)
             failpoint("blob.after_temp_write")
+            # Again: a fan-out folder made or replaced since `_stage` looked must not be a link.
+            _check_folders((self._blobs, target.parent.parent, target.parent), target.name)
             _ensure_dir(target.parent)
             # Atomic; concurrent writers of one digest replace identical bytes with identical bytes.
             os.rename(tmp, target)
@@ -349,10 +435,28 @@ class BlobStore:
             failpoint("blob.after_dir_sync")
 
     def _open_fd(self, digest: str) -> int:
+        """A blocking read descriptor of ``digest``'s file, which must be a regular file."""
+        path = self._checked_path(digest)
         try:
-            return os.open(self.path(digest), os.O_RDONLY)
+            fd = os.open(path, _READ_FLAGS)
         except _MISSING:
             raise _missing(digest) from None
+        except OSError:
+            # ELOOP for a symlink, ENXIO for a socket, ...: say what is there if it is no file.
+            with contextlib.suppress(OSError):
+                mode = os.lstat(path).st_mode
+                if not stat.S_ISREG(mode):
+                    raise _not_regular(digest, path, mode) from None
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise _not_regular(digest, path, mode)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def get(self, digest: str) -> bytes:
         """The verified bytes of ``digest``; BlobNotFoundError or IntegrityError on damage."""
@@ -388,25 +492,37 @@ class BlobStore:
             os.close(fd)
 
     def has(self, digest: str) -> bool:
-        """True when a file exists for ``digest`` (its bytes are not read)."""
+        """True when a regular file exists for ``digest`` (its bytes are not read)."""
+        path = self._checked_path(digest)
         try:
-            return stat.S_ISREG(os.stat(self.path(digest)).st_mode)
+            return stat.S_ISREG(os.lstat(path).st_mode)
         except _MISSING:
             return False
 
     def size(self, digest: str) -> int:
-        """The stored size of ``digest`` in bytes; BlobNotFoundError if missing."""
+        """The stored size of ``digest`` in bytes.
+
+        Raises:
+            BlobNotFoundError: no file is there.
+            IntegrityError: something other than a regular file is there.
+        """
+        path = self._checked_path(digest)
         try:
-            return os.stat(self.path(digest)).st_size
+            st = os.lstat(path)
         except _MISSING:
             raise _missing(digest) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(digest, path, st.st_mode)
+        return st.st_size
 
     def delete(self, digest: str) -> bool:
-        """Unlink ``digest``; False if it was already gone."""
+        """Unlink ``digest``'s path (a symlink there itself, never its target); False if
+        nothing was there."""
+        path = self._checked_path(digest)
         # The directory is not synced: a crash may resurrect the file, which is then an
         # orphan the next GC reclaims, while a sync per blob would slow GC of 100k blobs.
         try:
-            os.unlink(self.path(digest))
+            os.unlink(path)
         except _MISSING:
             return False
         return True
@@ -438,28 +554,40 @@ class BlobStore:
         for digest, entry in self._scan():
             try:
                 st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
+            except _MISSING:
                 continue  # deleted since it was listed
             yield digest, st.st_size, st.st_mtime
 
     def _scan(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """Regular files with canonical names in real fan-out folders, never through a link.
+
+        PoolLayoutError if ``blobs/`` or a fan-out folder is a symlink; a folder that vanishes
+        while listed is skipped.  (A folder swapped for a link between its check and its
+        listing leads no unlink astray: `delete` checks the folders again.)
+        """
         # scandir, not glob or stat per path: GC lists 100k blobs and must stay well under a second.
+        _check_folders((self._blobs,))
         try:
-            top = os.scandir(self._blobs)
+            top = os.scandir(self._blobs_str)
         except FileNotFoundError:
             return
         with top:
-            for a in top:
-                if a.name not in _HEX2 or not a.is_dir(follow_symlinks=False):
-                    continue
-                with os.scandir(a.path) as level2:
-                    for b in level2:
-                        if b.name not in _HEX2 or not b.is_dir(follow_symlinks=False):
-                            continue
+            for a in _subfolders(top):
+                try:
+                    level2 = os.scandir(a.path)
+                except _MISSING:
+                    continue  # removed (or replaced by a file) since ``blobs/`` was listed
+                with level2:
+                    for b in _subfolders(level2):
                         prefix = a.name + b.name
-                        with os.scandir(b.path) as files:
+                        try:
+                            files = os.scandir(b.path)
+                        except _MISSING:
+                            continue
+                        with files:
                             for f in files:
                                 name = f.name
+                                # (is_file never raises FileNotFoundError: it says False)
                                 if (
                                     name.startswith(prefix)
                                     and is_digest(name)
@@ -468,24 +596,44 @@ class BlobStore:
                                     yield name, f
 
     def temp_files(self) -> list[tuple[Path, float]]:
-        """``(path, mtime)`` of each file in ``tmp/``: writes in flight or left by a crash."""
+        """``(path, mtime)`` of each temp file in ``tmp/``: writes in flight or left by a crash.
+
+        Only regular files named ``*.tmp`` directly in ``tmp/`` are temp files; anything else
+        there is not the store's and is left alone.  PoolLayoutError if ``tmp/`` is a symlink.
+        """
+        _check_folders((self._tmp,))
         found = []
         try:
-            with os.scandir(self._tmp) as entries:
-                for entry in entries:
-                    with contextlib.suppress(FileNotFoundError):
-                        if entry.is_file(follow_symlinks=False):
-                            found.append((Path(entry.path), entry.stat().st_mtime))
+            entries = os.scandir(self._tmp)
         except FileNotFoundError:
-            pass
+            return []
+        with entries:
+            for entry in entries:
+                if not entry.name.endswith(_TEMP_SUFFIX):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file(follow_symlinks=False):
+                        mtime = entry.stat(follow_symlinks=False).st_mtime
+                        found.append((Path(entry.path), mtime))
         return found
 
     def remove_temp(self, path: str | os.PathLike[str]) -> bool:
-        """Unlink a file directly inside ``tmp/``; False if already gone."""
-        if os.path.dirname(os.path.abspath(path)) != str(self._tmp):
+        """Unlink a temp file (a regular ``*.tmp`` file directly inside ``tmp/``).
+
+        Returns False if it is gone, or is no longer a regular file (then it is left alone).
+
+        Raises:
+            InvalidNameError: ``path`` is not a temp file's name in ``tmp/``.
+            PoolLayoutError: ``tmp/`` is a symlink.
+        """
+        full = os.path.abspath(path)
+        if os.path.dirname(full) != str(self._tmp) or not full.endswith(_TEMP_SUFFIX):
             raise InvalidNameError(f"not a temp file of this blob store: {os.fspath(path)!r}")
+        _check_folders((self._tmp,))
         try:
-            os.unlink(path)
+            if not stat.S_ISREG(os.lstat(full).st_mode):
+                return False
+            os.unlink(full)
         except FileNotFoundError:
             return False
         return True

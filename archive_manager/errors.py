@@ -24,6 +24,7 @@ __all__ = [
     "MetadataError",
     "MissingDependencyError",
     "PoolIdentityError",
+    "PoolLayoutError",
     "PoolNotFoundError",
     "UnencodableError",
     "UnsupportedFilesystemError",
@@ -49,6 +50,11 @@ class ArchiveReleasedError(ArchiveError):
 
 class PoolNotFoundError(ArchiveError, FileNotFoundError):
     """No pool exists at this root (and creating one was not asked for)."""
+
+
+class PoolLayoutError(ArchiveError, OSError):
+    """A folder of the pool (``blobs/``, ``tmp/``, a fan-out folder) is a symlink, which the pool
+    refuses to read, write, list or unlink through: it may lead out of the pool."""
 
 
 class IntegrityError(ArchiveError):

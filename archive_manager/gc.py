@@ -4,7 +4,10 @@ The plan recomputes reachability in full every run: a blob is kept while an owne
 rows name it or a live lease holds it.  Deciding is a pure function of catalog rows and file
 listings (`plan_orphans`, `_retained`); the shell around it does the I/O in this order:
 
-1. list ``blobs/`` and ``tmp/`` (any error stops GC before it deletes anything);
+1. list ``blobs/`` and ``tmp/`` (any error stops GC before it deletes anything, and so does
+   a symlink in place of ``blobs/``, ``tmp/`` or a fan-out folder: GC never lists or unlinks
+   through one; only regular files with canonical names are listed, and in ``tmp/`` only
+   regular ``*.tmp`` files);
 2. one transaction: drop expired leases, roll back pending saves whose lease is gone, mark
    ``deleting`` every unretained blob older than the grace period, after checking that no
    owned archive's chunk or manifest is among them (a broken invariant stops GC);
@@ -377,7 +380,7 @@ def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
                 pin_write_lock(conn)
             for digest in still:
                 try:
-                    pool.store.delete(digest)
+                    _unlink(pool, digest)
                 except OSError as exc:
                     # The transaction rolls back: the rows stay 'deleting' for the next GC.
                     raise GcAbortedError(f"gc could not unlink blob {digest}: {exc}") from exc
@@ -401,13 +404,21 @@ def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
             for digest in batch:
                 if digest not in known:
                     try:
-                        pool.store.delete(digest)
+                        _unlink(pool, digest)
                     except OSError as exc:
                         raise GcAbortedError(f"gc could not unlink orphan {digest}: {exc}") from exc
                     failpoint("gc.orphan.after_unlink")
 
 
+def _unlink(pool: ArchiveManager, digest: str) -> None:
+    """Unlink ``digest``'s file; one already gone is what GC wanted (any store's delete may
+    say so with FileNotFoundError rather than False)."""
+    with contextlib.suppress(FileNotFoundError):
+        pool.store.delete(digest)
+
+
 def _remove_temp(store: Any, path: Path) -> None:
-    # A writer may have finished (renamed) it meanwhile, or it is already gone.
+    # A writer may have finished (renamed) it meanwhile, or it is already gone; a tmp/ that
+    # became a symlink since it was listed (PoolLayoutError, an OSError) is not swept.
     with contextlib.suppress(OSError):
         store.remove_temp(path)

@@ -203,8 +203,10 @@ def verify_pool(
     # A recorded blob the listing missed is only missing if its file is still absent and its
     # row is still the very row of the snapshot (GC and saves give a row a new created_at or
     # a new state whenever its file may legitimately come or go).
+    # A FIFO, symlink or folder at a blob's path is not listed; the recheck finds it.
+    not_files: dict[str, str] = {}
     moved = _recheck_unlisted(
-        pool, {d: row for d, row in blobs.items() if row.state != "deleting"}, files
+        pool, {d: row for d, row in blobs.items() if row.state != "deleting"}, files, not_files
     )
 
     problem, notice = report.problems.append, report.notices.append
@@ -212,7 +214,9 @@ def verify_pool(
         on_disk = files.get(digest)
         if digest in moved:
             continue
-        if row.state == "live":
+        if digest in not_files:
+            problem(damaged("corrupt-blob", digest, not_files[digest]))
+        elif row.state == "live":
             if on_disk is None:
                 problem(
                     damaged(
@@ -300,10 +304,11 @@ def verify_pool(
                     )
                 )
             elif digest not in files and digest not in moved:
+                what = "path holds no regular file" if digest in not_files else "file is missing"
                 problem(
                     Finding(
                         "archive-blob",
-                        f"archive {name!r} needs blob {digest}, whose file is missing",
+                        f"archive {name!r} needs blob {digest}, whose {what}",
                         digest,
                         name,
                     )
@@ -379,9 +384,12 @@ def verify_pool(
             if progress is not None:
                 progress(i, len(todo))
         found: dict[str, int] = {}
-        moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found)
+        replaced: dict[str, str] = {}
+        moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found, replaced)
         for digest in vanished:
-            if digest not in moved and digest not in found:
+            if digest in replaced:
+                problem(damaged("corrupt-blob", digest, replaced[digest]))
+            elif digest not in moved and digest not in found:
                 problem(
                     damaged("missing-blob", digest, f"blob {digest} vanished while being verified")
                 )
@@ -393,11 +401,16 @@ def verify_pool(
 
 
 def _recheck_unlisted(
-    pool: ArchiveManager, rows: dict[str, Any], files: dict[str, int]
+    pool: ArchiveManager,
+    rows: dict[str, Any],
+    files: dict[str, int],
+    not_files: dict[str, str],
 ) -> set[str]:
     """Look again at the blobs of ``rows`` that ``files`` (the listing) lacks.
 
-    A file found now is added to ``files``.  Returns the digests whose row changed since
+    A file found now is added to ``files``; a path holding something other than a regular
+    file (a FIFO, a symlink, a folder) is put in ``not_files`` with the store's message, and
+    is neither read nor judged missing.  Returns the digests whose row changed since
     ``rows`` were read (gone, another state, re-created): their files may come and go
     legitimately, so their absence is no damage.  The file is looked at before the row is
     read again, so a missing file whose row did not change was missing while it was live.
@@ -408,6 +421,8 @@ def _recheck_unlisted(
             files[digest] = pool.store.size(digest)
         except BlobNotFoundError:
             absent.append(digest)
+        except IntegrityError as exc:
+            not_files[digest] = str(exc)
     if not absent:
         return set()
     b = blobs_table
