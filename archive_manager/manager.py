@@ -187,11 +187,14 @@ class ArchiveManager:
             missing = _missing_catalog(path, url)
             if missing is not None:
                 raise missing
-        if (
-            not (create or recover or rebind)
-            and not cls.exists(path, catalog_url)
-            and not _unusable_sqlite_file(url)
-        ):
+        if not (create or recover or rebind) and not cls.exists(path, catalog_url):
+            damaged = _damaged_sqlite_file(url)
+            if damaged is not None:
+                raise PoolNotFoundError(
+                    f"no pool at {path}: the catalog file {damaged} is not a usable SQLite "
+                    "database (truncated or corrupt?); restore it from a backup or rebuild it "
+                    "from the manifests ('archive-manager rebuild-catalog')"
+                )
             raise PoolNotFoundError(
                 f"no pool at {path}; create one first (ArchiveManager.open or "
                 "'archive-manager init')"
@@ -615,15 +618,15 @@ def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
     )
 
 
-def _unusable_sqlite_file(url: str) -> bool:
-    """A SQLite catalog file is there but is damaged (truncated, overwritten):
-    opening it then says what is wrong with it, which "no pool here" would hide."""
+def _damaged_sqlite_file(url: str) -> Path | None:
+    """The SQLite catalog file if it is there but damaged (truncated, overwritten)."""
     if parse_url(url).get_backend_name() != "sqlite":
-        return False
+        return None
     file = sqlite_path(url)
     if file is None:
-        return False
+        return None
     try:
-        return probe_sqlite_catalog(file).kind == "not-sqlite"
+        damaged = probe_sqlite_catalog(file).kind == "not-sqlite"
     except CatalogError:
-        return True
+        damaged = True
+    return Path(file) if damaged else None

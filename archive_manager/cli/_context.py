@@ -101,7 +101,8 @@ class PoolState:
                     self.root, self.catalog_url, create=create, recover=recover, rebind=rebind
                 )
             except PoolNotFoundError as exc:
-                if recover:
+                if recover or "catalog file" in str(exc):
+                    # Nothing to recover, or a damaged catalog: the library's words say more.
                     raise CliError(str(exc)) from exc
                 # The library's message names its API; this one names the CLI's remedies.
                 raise CliError(
