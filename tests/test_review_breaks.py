@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import assert_loads, tiny_rollout
+from conftest import Backend, assert_loads, tiny_rollout
 
 from archive_manager import ArchiveManager
-from archive_manager.errors import ArchiveError, PoolIdentityError
+from archive_manager.errors import (
+    ArchiveError,
+    InvalidInputError,
+    InvalidNameError,
+    PoolIdentityError,
+)
 
 
 def _backup_sqlite(root: Path, where: Path) -> None:
@@ -136,3 +143,95 @@ def test_a_name_saved_again_after_a_restore_does_not_lose_the_published_archive(
         pool.gc(grace=0)
         gone = [d for d in first_chunks if not pool.store.has(d)]
         assert gone == [], f"GC deleted {len(gone)} chunks of the published rollout_7"
+
+
+def test_a_shared_pool_mounted_at_another_path_opens_on_postgresql(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """The scale-out deployment (PostgreSQL catalog, blobs on a shared filesystem): machine A
+    mounts the blob root at /mnt/pool, machine B (a Kubernetes volume) at /data/pool.  Seen
+    from B, the root holds the very identity file the catalog records (same pool id, same
+    catalog id) and the path A recorded does not exist there.  B is refused ("two pools must
+    not share one catalog") although it is one pool and one catalog; it should open (nothing
+    about it is a copy or a second catalog).  Simulated by renaming the folder."""
+    if backend.name != "postgresql":
+        pytest.skip("a shared pool needs a server catalog")
+    machine_a, machine_b = tmp_path / "mnt-pool", tmp_path / "data-pool"
+    url = backend.url(machine_a)
+    with ArchiveManager.open(machine_a, catalog_url=url) as pool:
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+    machine_a.rename(machine_b)  # what B sees: the same files, at its own mount point
+    with ArchiveManager.open(machine_b, catalog_url=url) as pool:
+        assert_loads(pool, "a", tiny_rollout(seed=1))
+
+
+# --------------------------------------------------------------------------- claim 9
+
+
+def test_no_fragment_of_an_unencoded_password_reaches_an_error_message(tmp_path: Path) -> None:
+    """An operator pastes a password holding '@' without percent-encoding it
+    (`postgresql+psycopg://trainer:hunter2@xyzzy@127.0.0.1:1/rl`).  SQLAlchemy takes the
+    password to end at the first '@' and the rest (`xyzzy`) for part of the host, so the
+    message ("cannot reach the catalog server of ...:***@xyzzy@127.0.0.1:1/rl: failed to
+    resolve host 'xyzzy@127.0.0.1'") prints the password's tail twice; so does the CLI.  No
+    part of a password may be shown: a URL whose host holds '@' should be treated like an
+    unparsable one (not echoed)."""
+    url = "postgresql+psycopg://trainer:hunter2@xyzzy@127.0.0.1:1/rl"
+    with pytest.raises(ArchiveError) as caught:
+        ArchiveManager.open(tmp_path / "pool", catalog_url=url).close()
+    assert "xyzzy" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------- claim 10
+
+
+@pytest.mark.parametrize(
+    "char",
+    ["\u034f", "\ufe0f", "\U000e0100", "\u3164", "\u115f", "\u2800"],
+    ids=["CGJ", "VS16", "VS17", "hangul-filler", "choseong-filler", "braille-blank"],
+)
+def test_names_refuse_invisible_default_ignorable_characters(tmp_path: Path, char: str) -> None:
+    """A hostile user saves `ckpt-1200` + an invisible character beside the real
+    `ckpt-1200`: two archives that look identical in `ls`, the viewer and the terminal, and
+    `release` of the one seen may hit the other.  Names refuse zero-width characters, but
+    only by category (Cc, Cf, Cs, Zl, Zp): the combining grapheme joiner and variation
+    selectors (Mn, zero width, Default_Ignorable_Code_Point) and the Hangul fillers / Braille
+    blank (letters and symbols that render as nothing) pass.  Expected: InvalidNameError, as
+    for U+200B."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("ckpt-1200", tiny_rollout(n=1), rollout_id=1)
+        with pytest.raises(InvalidNameError):
+            pool.save("ckpt-1200" + char, tiny_rollout(n=1, seed=2), rollout_id=1)
+
+
+# --------------------------------------------------------------------------- claim 11
+
+
+def test_a_huge_lease_ttl_is_a_library_error(tmp_path: Path) -> None:
+    """`lease_ttl=10**400` (a config value in microseconds read as seconds, say) raises a raw
+    `OverflowError: int too large to convert to float` from `ArchiveManager.open`; a library
+    error (InvalidInputError, as `gc(grace=...)` gives) is expected."""
+    with pytest.raises(InvalidInputError):
+        ArchiveManager.open(tmp_path / "pool", lease_ttl=10**400).close()
+
+
+@pytest.mark.parametrize(
+    "ttl", [float("inf"), 1e300, timedelta.max], ids=["inf", "1e300", "timedelta.max"]
+)
+def test_an_unbounded_lease_ttl_is_refused_or_works_without_a_traceback(
+    tmp_path: Path, ttl: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lease_ttl=timedelta.max` (or inf, 1e300) is accepted by `open`, but every save's
+    heartbeat thread then dies at once with `OverflowError: timestamp out of range for
+    platform time_t` (`Event.wait(ttl / n)`), a raw traceback on stderr of every training
+    job.  Expected: refused on open with InvalidInputError (a lease that never expires also
+    means a crashed writer leaks forever), or saves that work without a thread dying."""
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    try:
+        pool = ArchiveManager.open(tmp_path / "pool", lease_ttl=ttl)  # type: ignore[arg-type]
+    except InvalidInputError:
+        return
+    with pool:
+        pool.save("a", tiny_rollout(n=1), rollout_id=1)
+    assert died == []
