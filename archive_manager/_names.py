@@ -29,6 +29,7 @@ __all__ = [
     "check_new_owner",
     "check_owner",
     "invisible_character",
+    "is_invisible",
     "name_spellings",
 ]
 
@@ -44,13 +45,37 @@ _RESERVED = (ARCHIVE_OWNER_PREFIX, LEASE_PREFIX, GC_LEASE_PREFIX)
 #: around them is shown.  New names and owners may not hold them; the CLI escapes them.
 INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
+#: Characters of other categories that render as nothing: Unicode's Default_Ignorable_Code_Point
+#: ranges outside Cf (the combining grapheme joiner, Hangul fillers, Mongolian and other
+#: variation selectors, tag characters) and blank letters and symbols (the Braille blank).
+_INVISIBLE_RANGES = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+
+
+def is_invisible(char: str) -> bool:
+    """Whether ``char`` is invisible or acts on the terminal (see `INVISIBLE_CATEGORIES`)."""
+    if unicodedata.category(char) in INVISIBLE_CATEGORIES:
+        return True
+    code = ord(char)
+    return any(low <= code <= high for low, high in _INVISIBLE_RANGES)
+
 
 def invisible_character(text: str) -> str | None:
     """The first character of ``text`` that a new name or owner may not hold, or None."""
     if text.isascii():
         # NOTE: the fast path: ASCII can only hold C0 controls and DEL, both category Cc.
         return next((c for c in text if ord(c) < 0x20 or ord(c) == 0x7F), None)
-    return next((c for c in text if unicodedata.category(c) in INVISIBLE_CATEGORIES), None)
+    return next((c for c in text if is_invisible(c)), None)
 
 
 def _describe(char: str) -> str:

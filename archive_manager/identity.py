@@ -48,6 +48,7 @@ from .errors import PoolIdentityError, PoolNotFoundError
 
 __all__ = [
     "IDENTITY_FILE",
+    "SPARE_FILE",
     "UNINDEXED_BLOBS",
     "PoolIdentity",
     "bind_pool",
@@ -57,6 +58,10 @@ __all__ = [
 ]
 
 IDENTITY_FILE = "archive-pool.json"
+# NOTE: a spare copy where operators do not tidy up (the blob listing reads only digest
+# names in fan-out folders): a deleted identity file must not let a stale catalog, which
+# indexes every blob it knew, bind the root again and lock out the catalog serving it.
+SPARE_FILE = ".archive-pool.json"
 _FORMAT = "archive_manager.pool"
 _VERSION = 1
 _MAX_FILE = 64 << 10  # an identity file is ~300 bytes; anything huge is not one
@@ -97,13 +102,20 @@ def safe_url(url: str) -> str:
 
 
 def read_identity(root: Path) -> PoolIdentity | None:
-    """The identity recorded at ``root`` (None if the file is absent).
+    """The identity recorded at ``root`` (None if it has none): its identity file, or, if an
+    operator deleted that, the copy kept under ``blobs/``.
 
     Raises:
-        PoolIdentityError: the file exists but is not an identity file (damaged, or not a
+        PoolIdentityError: a file exists but is not an identity file (damaged, or not a
             regular file).
     """
-    path = root / IDENTITY_FILE
+    found = _read_identity_file(root / IDENTITY_FILE)
+    if found is None and not (root / "blobs").is_symlink():
+        found = _read_identity_file(root / "blobs" / SPARE_FILE)
+    return found
+
+
+def _read_identity_file(path: Path) -> PoolIdentity | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -155,6 +167,32 @@ def _file_bytes(identity: PoolIdentity) -> bytes:
         "note": "archive_manager pool identity: do not edit; a copied pool takes a new one with 'archive-manager rebind'",
     }
     return (json.dumps(content, indent=1) + "\n").encode()
+
+
+def _write_identity(root: Path, ident: PoolIdentity, *, exclusive: bool = False) -> bool:
+    """Write the identity file (exclusively: False if one exists), then its spare copy."""
+    data = _file_bytes(ident)
+    if not write_atomic(root / IDENTITY_FILE, data, exclusive=exclusive):
+        return False
+    _write_spare(root, data)
+    return True
+
+
+def _write_spare(root: Path, data: bytes) -> None:
+    blobs = root / "blobs"
+    if blobs.is_symlink():
+        return  # the blob store refuses such a pool anyway
+    blobs.mkdir(exist_ok=True)
+    write_atomic(blobs / SPARE_FILE, data)
+
+
+def _ensure_files(root: Path, ident: PoolIdentity) -> None:
+    """After a successful open: both files present (either may have been deleted)."""
+    if not (root / IDENTITY_FILE).exists():
+        write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True)
+    spare = root / "blobs" / SPARE_FILE
+    if not spare.exists() and not (root / "blobs").is_symlink():
+        _write_spare(root, (root / IDENTITY_FILE).read_bytes())
 
 
 def _catalog_identity(conn: Any) -> PoolIdentity | None:
@@ -224,7 +262,9 @@ def bind_pool(
     for _ in range(8):  # each retry follows a racing process that wrote first
         state = _read_state(catalog, root)
         if rebind:
-            return _rebind(catalog, root, state, url=url, explicit_url=explicit_url, clock=clock)
+            result = _rebind(catalog, root, state, url=url, explicit_url=explicit_url, clock=clock)
+            _ensure_files(root, result)
+            return result
         result = _bind_once(
             catalog,
             root,
@@ -236,6 +276,7 @@ def bind_pool(
             recover=recover,
         )
         if result is not None:
+            _ensure_files(root, result)
             return result
     raise PoolIdentityError(f"the identity of the pool at {root} keeps changing under this open")
 
@@ -254,9 +295,18 @@ def _bind_once(
     shown = safe_url(url)
     here = str(root)
     moved = s.recorded_root is not None and s.recorded_root != here
+    c, f = s.catalog_id, s.file_id
+    if moved and c is not None and c.same_as(f):
+        recorded = Path(s.recorded_root)  # type: ignore[arg-type]
+        if _same_folder(recorded, root):
+            return f  # one folder reached by two paths (a symlink, a bind mount)
+        if explicit_url and not recorded.exists():
+            # One pool seen at another mount point (each machine mounts the shared blob
+            # root where it likes): the ids prove it is this pool; the recorded path, which
+            # other machines still use, is left as it is.
+            return f
     if moved and (explicit_url or Path(s.recorded_root).exists()):  # type: ignore[arg-type]
         _refuse_other_root(s, root, shown, explicit_url=explicit_url)
-    c, f = s.catalog_id, s.file_id
     if c is not None and f is not None:
         if c.same_as(f):
             if moved:
@@ -290,7 +340,7 @@ def _bind_once(
                 f"{root}, and the root has no identity file: another catalog writes here"
             )
         ident = PoolIdentity(c.pool_id, c.catalog_id, shown, clock())
-        if not write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True):
+        if not _write_identity(root, ident, exclusive=True):
             return None
         if moved:
             with catalog.write("identity.move") as conn:
@@ -335,7 +385,7 @@ def _bind_once(
                 "with that catalog"
             )
         ident = PoolIdentity(_new_id(), _new_id(), shown, clock())
-        if not write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True):
+        if not _write_identity(root, ident, exclusive=True):
             return None
         return _commit_new(catalog, root, ident, unindexed=bool(blobs))
     # A catalog written before identities existed, bound to this root: the migration.
@@ -346,9 +396,16 @@ def _bind_once(
             "catalog that wrote them, or run 'archive-manager rebuild-catalog'"
         )
     ident = PoolIdentity(_new_id(), _new_id(), shown, clock())
-    if not write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True):
+    if not _write_identity(root, ident, exclusive=True):
         return None
     return _commit_new(catalog, root, ident, unindexed=s.unindexed)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _commit_new(
@@ -393,7 +450,7 @@ def _adopt(
             set_pool_info(conn, UNINDEXED_BLOBS, "1")
     # NOTE: after the catalog's commit: a crash in between leaves the file naming the old
     # catalog id, which this (non-empty only after a rebuild) catalog can adopt again.
-    write_atomic(root / IDENTITY_FILE, _file_bytes(ident))
+    _write_identity(root, ident)
     return ident
 
 
@@ -418,7 +475,7 @@ def _rebind(
         if c is not None and f is not None and c.pool_id != f.pool_id:
             # A rebind killed between its catalog commit and the identity file: finish it.
             ident = PoolIdentity(c.pool_id, c.catalog_id, shown, clock())
-            write_atomic(root / IDENTITY_FILE, _file_bytes(ident))
+            _write_identity(root, ident)
             return ident
         raise PoolIdentityError(f"the pool at {root} is already bound to the catalog {shown}")
     if c is not None and f is not None and c.pool_id != f.pool_id:
@@ -446,7 +503,7 @@ def _rebind(
         set_pool_info(conn, "pool_id", ident.pool_id)
         set_pool_info(conn, "catalog_id", ident.catalog_id)
         set_pool_info(conn, "blob_root", str(root))
-    write_atomic(root / IDENTITY_FILE, _file_bytes(ident))
+    _write_identity(root, ident)
     return ident
 
 

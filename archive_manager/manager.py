@@ -39,7 +39,7 @@ from .errors import (
     PoolNotFoundError,
 )
 from .gc import GcReport, collect
-from .identity import PoolIdentity, bind_pool, read_identity, safe_url
+from .identity import IDENTITY_FILE, PoolIdentity, bind_pool, read_identity, safe_url
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
@@ -80,10 +80,21 @@ def _grace_seconds(grace: object) -> float:
     return seconds
 
 
+# A lease lives at most this long without renewal: beyond it a crashed writer would hold its
+# blobs for weeks, and the heartbeat's waits would overflow the platform's time_t.
+MAX_LEASE_TTL = 7 * 24 * 3600.0
+
+
 def _seconds(value: timedelta | float) -> float:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds > 0:
-        raise InvalidInputError("durations must be positive")
+    try:
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise InvalidInputError(f"a duration in seconds was expected, not {value!r:.40}") from exc
+    if not 0 < seconds <= MAX_LEASE_TTL:
+        raise InvalidInputError(
+            f"lease_ttl must be positive and at most {MAX_LEASE_TTL:.0f} s (7 days), "
+            f"not {value!r:.40}"
+        )
     return seconds
 
 
@@ -198,6 +209,16 @@ class ArchiveManager:
             raise PoolNotFoundError(
                 f"no pool at {path}; create one first (ArchiveManager.open or "
                 "'archive-manager init')"
+            )
+        if recover and read_identity(path) is None and not _has_blobs(path):
+            # Checked before anything is created: a mistyped root must stay as it was.
+            raise PoolNotFoundError(
+                f"nothing to recover at {path}: it holds no pool identity and no blobs"
+            )
+        if rebind and read_identity(path) is None:
+            raise PoolIdentityError(
+                f"there is no pool to rebind at {path}: it has no pool identity file "
+                f"({IDENTITY_FILE}); rebind a complete copy of a pool"
             )
         path.mkdir(parents=True, exist_ok=True)
         catalog = Catalog.open(url, busy_timeout_ms=busy_timeout_ms)
@@ -630,3 +651,9 @@ def _damaged_sqlite_file(url: str) -> Path | None:
     except CatalogError:
         damaged = True
     return Path(file) if damaged else None
+
+
+def _has_blobs(root: Path) -> bool:
+    if not (root / "blobs").is_dir():
+        return False
+    return next(iter(BlobStore(root).iter_digests()), None) is not None

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select, update
 from sqlalchemy import exc as sa_exc
 
-from ._names import archive_owner
+from ._names import MAX_NAME_BYTES, archive_owner
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -59,6 +59,7 @@ class RebuildReport:
     """What `rebuild_catalog` restored and what it did not, each with its reason."""
 
     archives: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)  # restored name -> name it had
     blobs: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
     unknown_files: list[str] = field(default_factory=list)
@@ -114,13 +115,16 @@ def rebuild_catalog(pool: ArchiveManager, *, progress: Progress | None = None) -
                 f"{_seq_text(winner)}; this one{_seq_text(manifest)})"
             )
         try:
-            report.blobs += _restore(pool, digest, winner, kinds, rowless, now)
+            added, restored_as = _restore(pool, digest, winner, kinds, rowless, now)
+            report.blobs += added
         except _Skip as exc:
             report.skipped[digest] = str(exc)
         except sa_exc.IntegrityError as exc:
             report.skipped[digest] = f"archive {name!r} could not be inserted: {exc.orig}"
         else:
-            report.archives.append(name)
+            report.archives.append(restored_as)
+            if restored_as != name:
+                report.renamed[restored_as] = name
         if progress is not None:
             progress(done, len(by_name))
     report.blobs += _index_rest(pool, rowless, kinds, now)
@@ -146,22 +150,32 @@ def _restore(
     kinds: dict[str, str],
     rowless: dict[str, int],
     now: float,
-) -> int:
-    """Insert archive ``m`` if its name is free and every blob it needs is there; return
-    how many blob rows it added."""
+) -> tuple[int, str]:
+    """Insert archive ``m`` if every blob it needs is there; return how many blob rows it
+    added and the name it got (its own, unless the catalog has another archive of that
+    name)."""
     needed: dict[str, str] = {d: "chunk" for d, _, _ in m.chunks}
     needed.update({d: "tensor" for d in m.tensors})
     needed[digest] = "manifest"
     chunk_sizes = {d: size for d, _, size in m.chunks}
     store = pool.store
     with pool.catalog.write("rebuild.archive") as conn:
-        existing = archive_by_name(conn, m.name)
-        if existing is not None:
-            raise _Skip(
-                f"the catalog already has an archive {m.name!r} (state {existing.state}); "
-                "what the catalog records is kept"
-            )
         rows = blob_rows(conn, list(needed))
+        if digest in rows:
+            raise _Skip("its manifest was indexed meanwhile (by another rebuild, or a save)")
+        name = m.name
+        existing = archive_by_name(conn, name)
+        if existing is not None:
+            # NOTE: a catalog restored from a backup, then a save of a name that an archive
+            # published after the backup also had: both were real.  Keeping only the
+            # catalog's would leave the other's blobs unowned for the next GC, so it comes
+            # back under a name of its own (reported), and nothing is lost.
+            name = _restored_name(m, digest)
+            if archive_by_name(conn, name) is not None:
+                raise _Skip(
+                    f"the catalog already has archives {m.name!r} and {name!r}; what the "
+                    "catalog records is kept"
+                )
         sizes: dict[str, int] = {}
         new_rows: list[tuple[str, int, str, str, float]] = []
         revive: list[str] = []
@@ -198,7 +212,7 @@ def _restore(
         created = m.created_at if m.created_at is not None else now
         archive_id = conn.execute(
             archives_table.insert().values(
-                name=m.name,
+                name=name,
                 rollout_id=m.rollout_id,
                 evaluation=m.evaluation,
                 state="published",
@@ -222,10 +236,19 @@ def _restore(
         )
         conn.execute(
             retention_table.insert().values(
-                owner=archive_owner(m.name), archive_id=archive_id, created_at=now
+                owner=archive_owner(name), archive_id=archive_id, created_at=now
             )
         )
-    return len(new_rows)
+    return len(new_rows), name
+
+
+def _restored_name(m: Manifest, digest: str) -> str:
+    """``<name>~restored-<save number or digest>``, cut to fit the name limit."""
+    suffix = f"~restored-{m.save_seq if m.save_seq is not None else digest[:16]}"
+    base = m.name
+    while len((base + suffix).encode()) > MAX_NAME_BYTES:
+        base = base[:-1]
+    return base.rstrip() + suffix
 
 
 def _index_rest(

@@ -438,12 +438,12 @@ def _prepare_first_open(world: World) -> None:
     """The pool as an earlier version left it: no identity file, no ids in the catalog."""
     from archive_manager.catalog import pool_info_table
 
-    (world.root / "archive-pool.json").unlink()
     with world.open() as pool, pool.catalog.write() as conn:
         conn.execute(
             pool_info_table.delete().where(pool_info_table.c.key.in_(["pool_id", "catalog_id"]))
         )
     (world.root / "archive-pool.json").unlink()
+    (world.root / "blobs" / ".archive-pool.json").unlink()
 
 
 def _run_first_open(world: World) -> None:

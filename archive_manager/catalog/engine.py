@@ -402,12 +402,20 @@ def parse_url(url: str | URL) -> URL:
     The text is not echoed: an unparsable URL may still hold a password.
     """
     try:
-        return make_url(url)
+        parsed = make_url(url)
     except ArgumentError as exc:
         raise CatalogError(
             "the catalog URL is not a SQLAlchemy URL (expected e.g. "
             "sqlite:////abs/path/catalog.db or postgresql+psycopg://user@host/dbname)"
         ) from exc
+    if parsed.host is not None and "@" in parsed.host:
+        # NOTE: a password holding a bare '@' ends at its first one for SQLAlchemy, and the
+        # rest of it becomes part of the host, which every message would then show.
+        raise CatalogError(
+            "the catalog URL holds an '@' that is not percent-encoded (in its password?): "
+            "write it as %40; the URL is not shown, since it may hold a password"
+        )
+    return parsed
 
 
 #: Query parameters in which a driver takes a password (libpq's ``password`` and
@@ -433,6 +441,8 @@ def shown_url(url: str | URL) -> str:
         parsed = make_url(url)
     except ArgumentError:
         return "<unparsable catalog URL>"
+    if parsed.host is not None and "@" in parsed.host:
+        return "<catalog URL with an unencoded '@'>"  # the host would show a password's tail
     masked = _without_secrets(parsed)
     if parsed.password is not None:
         masked = masked.set(password="***")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import unicodedata
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
@@ -24,7 +23,7 @@ from typing import Any
 
 import click
 
-from .._names import INVISIBLE_CATEGORIES
+from .._names import is_invisible
 
 __all__ = [
     "echo",
@@ -101,7 +100,7 @@ _NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 def _unsafe(char: str) -> bool:
     # Every ASCII character outside ' '..'~' is a C0 control or DEL.
-    return char.isascii() or unicodedata.category(char) in INVISIBLE_CATEGORIES
+    return char.isascii() or is_invisible(char)
 
 
 def _escape(match: re.Match[str]) -> str:
