@@ -45,6 +45,7 @@ from archive_manager.catalog import (
     retention_table,
     sample_metadata_table,
 )
+from archive_manager.identity import SPARE_FILE
 from archive_manager.samples import sample_to_fields
 from archive_manager.synthetic import make_rollout
 
@@ -346,12 +347,16 @@ def blob_files(root: Path) -> list[str]:
     base = root / "blobs"
     if not base.exists():
         return []
-    return sorted(str(p.relative_to(base)) for p in base.rglob("*") if not p.is_dir())
+    return sorted(
+        str(p.relative_to(base)) for p in base.rglob("*") if not p.is_dir() and p.name != SPARE_FILE
+    )
 
 
 def blob_names(pool: ArchiveManager) -> set[str]:
     """Names of every file under ``blobs/`` (canonical or not)."""
-    return {p.name for p in (pool.root / "blobs").rglob("*") if p.is_file()}
+    return {
+        p.name for p in (pool.root / "blobs").rglob("*") if p.is_file() and p.name != SPARE_FILE
+    }
 
 
 def blob_sizes(pool: ArchiveManager) -> dict[str, int]:
@@ -419,7 +424,11 @@ class BlobFiles:
 
     def delete_all(self) -> int:
         """Unlink every file under ``blobs/``; return how many."""
-        files = [p for p in (self.pool.root / "blobs").rglob("*") if not p.is_dir()]
+        files = [
+            p
+            for p in (self.pool.root / "blobs").rglob("*")
+            if not p.is_dir() and p.name != SPARE_FILE
+        ]
         for path in files:
             make_writable(path)
             path.unlink()

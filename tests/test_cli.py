@@ -26,6 +26,7 @@ from archive_manager.catalog import head_revision
 from archive_manager.cli import cli
 from archive_manager.cli._output import human_size, progress_reporter
 from archive_manager.cli._params import ROLLOUT_RANGE, parse_duration
+from archive_manager.identity import SPARE_FILE
 from archive_manager.synthetic import make_rollout
 
 SHAPE = {"prompt_len": 8, "response_min": 4, "response_max": 16}
@@ -453,7 +454,7 @@ def test_release_owner_dry_run_is_the_release_plan(
 
 
 def _blob_count(root: Path) -> int:
-    return sum(1 for p in (root / "blobs").rglob("*") if p.is_file())
+    return sum(1 for p in (root / "blobs").rglob("*") if p.is_file() and p.name != SPARE_FILE)
 
 
 def test_gc_dry_run_decline_and_yes(run: Callable[..., Result], root: Path) -> None:
@@ -485,7 +486,7 @@ def test_verify_ok_and_damaged(run: Callable[..., Result], root: Path) -> None:
     assert as_json(run("verify", "--subset", "1/2", "--json"))["read_data"] is True
     assert run("verify", "--subset", "200%").exit_code == 2
 
-    victim = next(p for p in (root / "blobs").rglob("*") if p.is_file())
+    victim = next(p for p in (root / "blobs").rglob("*") if p.is_file() and p.name != SPARE_FILE)
     victim.parent.chmod(0o755)
     victim.unlink()
     damaged = run("verify", "--json")
