@@ -220,15 +220,17 @@ def test_pool_on_postgresql_binds_its_blob_root(pg_url: str, tmp_path: Path) -> 
     with ArchiveManager.open(tmp_path / "a", catalog_url=pg_url) as pool:
         assert pool.catalog.get_pool_info("blob_root") == str((tmp_path / "a").resolve())
         pool.save("x", [{"index": 0, "tokens": [1, 2]}], rollout_id=1)
-    # Same root again: fine. Another root with the same catalog: refused, even when the
-    # recorded root is gone (only a SQLite catalog inside the pool follows a moved pool).
+    # Same root again: fine. Another root with the same catalog: refused.
     with ArchiveManager.open(tmp_path / "a", catalog_url=pg_url) as pool:
         assert [i.name for i in pool.find()] == ["x"]
     with pytest.raises(CatalogError, match="belongs to the pool at"):
         ArchiveManager.open(tmp_path / "b", catalog_url=pg_url)
+    # The same blob root at another path (another machine's mount point) carries the pool's
+    # identity: it opens, and the recorded root stays what the other machines use.
     (tmp_path / "a").rename(tmp_path / "moved")
-    with pytest.raises(CatalogError, match="two pools must not share one catalog"):
-        ArchiveManager.open(tmp_path / "moved", catalog_url=pg_url)
+    with ArchiveManager.open(tmp_path / "moved", catalog_url=pg_url) as pool:
+        assert [i.name for i in pool.find()] == ["x"]
+        assert pool.catalog.get_pool_info("blob_root") == str((tmp_path / "a").resolve())
 
 
 # --------------------------------------------------------------------------- pointer files
