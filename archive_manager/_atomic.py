@@ -29,6 +29,13 @@ def _create_exclusive(path: Path, data: bytes, mode: int) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     except FileExistsError:
         return False
+    _write_and_close(fd, data)
+    fsync_dir(path.parent)
+    return True
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd``, synced, then closed (also on failure)."""
     try:
         view = memoryview(data)
         while view:
@@ -36,8 +43,6 @@ def _create_exclusive(path: Path, data: bytes, mode: int) -> bool:
         os.fsync(fd)
     finally:
         os.close(fd)
-    fsync_dir(path.parent)
-    return True
 
 
 def fsync_dir(folder: Path) -> None:
@@ -67,13 +72,7 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, mode: int 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_and_close(fd, data)
         if exclusive:
             try:
                 os.link(tmp, path)

@@ -18,6 +18,7 @@ import torch
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
+from ._atomic import fsync_dir
 from ._names import archive_owner
 from .catalog import (
     archives_table,
@@ -406,7 +407,7 @@ class Archive:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         return target
 
     def release(self) -> bool:
@@ -455,19 +456,6 @@ def _torch_native(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def infos(rows: Sequence[Row[Any]]) -> list[ArchiveInfo]:

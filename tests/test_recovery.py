@@ -32,6 +32,16 @@ def blob_files(root: Path) -> set[str]:
     return {p.name for p in (root / "blobs").rglob("*") if p.is_file()}
 
 
+def sqlite_copy(source: Path, target: Path) -> None:
+    """Copy a SQLite database with SQLite's online backup API (as ``.backup`` does)."""
+    src, dst = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
 class CatalogBackup:
     """A backup of a pool's catalog, restored later over it: SQLite's online backup API for the
     file, ``pg_dump``/``pg_restore`` for a PostgreSQL database (as an operator would)."""
@@ -45,13 +55,7 @@ class CatalogBackup:
 
     def take(self) -> None:
         if self.url is None:
-            src = sqlite3.connect(self.root / "catalog.db")
-            dst = sqlite3.connect(self.where)
-            try:
-                src.backup(dst)
-            finally:
-                src.close()
-                dst.close()
+            sqlite_copy(self.root / "catalog.db", self.where)
             return
         bindir = self.backend.server.bindir  # type: ignore[union-attr]
         subprocess.run(
@@ -64,13 +68,7 @@ class CatalogBackup:
         if self.url is None:
             for path in self.root.glob("catalog.db*"):
                 path.unlink()
-            src = sqlite3.connect(self.where)
-            dst = sqlite3.connect(self.root / "catalog.db")
-            try:
-                src.backup(dst)
-            finally:
-                src.close()
-                dst.close()
+            sqlite_copy(self.where, self.root / "catalog.db")
             return
         bindir = self.backend.server.bindir  # type: ignore[union-attr]
         subprocess.run(
