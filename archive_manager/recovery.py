@@ -195,9 +195,11 @@ def _restore(
                 if not present:
                     raise _Skip(f"its {kind} blob {d} is missing (recorded {row.state})")
                 size = int(row.size)
-                if row.state == "deleting":
+                if row.state in ("deleting", "writing"):
                     # GC unlinks only rows still 'deleting', under this lock: taking the row
-                    # back here keeps the file.
+                    # back here keeps the file.  A 'writing' row whose file is at its final
+                    # name is complete (files are renamed there after their fsync); a save
+                    # that never finishes would leave it 'writing' for good.
                     revive.append(d)
             if d in chunk_sizes and chunk_sizes[d] != size:
                 raise _Skip(f"its chunk blob {d} holds {size} bytes, not {chunk_sizes[d]}")
@@ -206,7 +208,10 @@ def _restore(
         if revive:
             conn.execute(
                 update(blobs_table)
-                .where(blobs_table.c.digest.in_(revive), blobs_table.c.state == "deleting")
+                .where(
+                    blobs_table.c.digest.in_(revive),
+                    blobs_table.c.state.in_(("deleting", "writing")),
+                )
                 .values(state="live", created_at=now)
             )
         created = m.created_at if m.created_at is not None else now

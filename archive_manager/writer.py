@@ -436,7 +436,13 @@ class ArchiveWriter:
             check_lease(conn, self._lease, now=self._pool.clock())
             hold_blobs(conn, self._lease, digests)
             rows = blob_rows(conn, digests)
-            gone = [d for d in digests if d not in rows or rows[d].state != "live"]
+            # The file too: a catalog restored from a backup keeps 'live' rows of blobs that
+            # GC deleted after the backup.
+            gone = [
+                d
+                for d in digests
+                if d not in rows or rows[d].state != "live" or not self._pool.store.has(d)
+            ]
         if gone:
             source.raise_reclaimed(f"{len(gone)} of its blobs are gone (first: {gone[0]})")
         for ordinal, digest, samples, size in chunks:

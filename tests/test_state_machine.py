@@ -62,7 +62,6 @@ from archive_manager.errors import (
     ArchiveNotFoundError,
     ArchiveReleasedError,
     GcAbortedError,
-    IntegrityError,
     PoolIdentityError,
 )
 from archive_manager.identity import IDENTITY_FILE
@@ -627,13 +626,6 @@ def test_a_backup_taken_during_a_save_loses_nothing_published(
         assert_loads(pool, "x", tiny_rollout())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IntegrityError,
-    reason="a restored catalog keeps 'live' rows of blobs that gc deleted after the backup; "
-    "a reference save trusts them (unlike a save of samples, which checks the file) and "
-    "publishes an archive whose chunks are missing",
-)
 def test_a_reference_to_an_archive_reclaimed_after_the_backup_loads(
     tmp_path: Path, backend: Backend
 ) -> None:
@@ -654,13 +646,6 @@ def test_a_reference_to_an_archive_reclaimed_after_the_backup_loads(
             assert_loads(pool, "y", tiny_rollout())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a rebuild restores an archive onto blob rows that a save in flight inserted as "
-    "'writing' for files already on disk; if that save never finishes, the rows stay "
-    "'writing' and verify reports the published archive as damaged (archive-blob) for good",
-)
 def test_a_rebuild_beside_a_save_that_never_finishes_leaves_no_damage(
     tmp_path: Path, backend: Backend
 ) -> None:
