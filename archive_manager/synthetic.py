@@ -1,4 +1,4 @@
-"""Seeded synthetic rollouts shaped like real ones (see WORKLOAD.md), for demos, tests and
+"""Seeded synthetic rollouts shaped like real ones (docs/architecture.md, "Workload"), for demos, tests and
 benchmarks.  Nothing is downloaded; the same seed always gives the same rollout."""
 
 from __future__ import annotations

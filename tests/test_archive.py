@@ -49,7 +49,7 @@ def test_dict_samples_round_trip(pool, rollout, same_samples) -> None:
 
 
 def _mixed_samples() -> list:
-    """Every value kind DESIGN.md promises, and the edge cases of each."""
+    """Every value kind the public API promises (README), and the edge cases of each."""
     long_text = "tokens are words " * 100 + "\ud800 lone surrogate, ünïcödé, 漢字"
     first = {
         "none": None,

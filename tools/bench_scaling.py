@@ -2,7 +2,7 @@
 """Scaling: how ``find``, loading one key, ``gc`` and ``verify`` grow with the pool.
 
 Pools of 10, 100 and 1,000 archives (``--sizes``) of 1024 samples each are filled cheaply:
-every archive saves the same small samples (WORKLOAD.md's shape, 4-token prompts, 4-8-token
+every archive saves the same small samples (the shape of docs/architecture.md "Workload", 4-token prompts, 4-8-token
 responses) under its own name, rollout id and task keys (``task_keys=``, one prompt group of 8
 per key), so the chunk blobs are stored once and referenced by every archive (a handful of
 real blobs), while the catalog holds every archive's own chunks, entries, metadata, owner and

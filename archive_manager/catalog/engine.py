@@ -7,7 +7,7 @@ write lock up front with ``BEGIN IMMEDIATE``: a second writer then waits in the 
 instead of failing mid-transaction with an unretryable ``SQLITE_BUSY_SNAPSHOT``.
 
 PostgreSQL gets the same semantics on purpose, so that the save and GC protocols' correctness
-argument (DESIGN.md) carries over word for word: every write transaction first takes one
+argument (docs/architecture.md) carries over word for word: every write transaction first takes one
 transaction-scoped advisory lock (`PG_WRITE_LOCK`), so writers take turns exactly as under
 ``BEGIN IMMEDIATE``, waiting up to the busy timeout (``lock_timeout``); writers run at READ
 COMMITTED, so each statement after the lock sees every commit made before it; readers get one
@@ -19,7 +19,7 @@ holds the write lock until it resumes. PostgreSQL bounds that: every write trans
 ``idle_in_transaction_session_timeout`` (`idle_in_transaction_timeout_ms`: half the busy
 timeout), so the server ends a session that sits idle inside one and other writers go on; the
 stopped process finds its transaction gone when it resumes, and a save's lease fences out
-the rest (DESIGN.md, "Save protocol"). A transaction that unlinks blob files under the lock
+the rest (docs/architecture.md, "Save protocol"). A transaction that unlinks blob files under the lock
 calls `pin_write_lock` first, because other writers rely on those unlinks happening while it
 holds the lock. SQLite cannot bound it: when the busy timeout runs out, `CatalogLockedError`
 names the processes holding the lock (`sqlite_lock_holders`, from ``/proc/locks``).

@@ -26,7 +26,8 @@ _STEPS = 8
 # Routing replay ("R3") tensors on the last rollout: [tokens - 1, layers, topk] int32, kept
 # small so the demo stays quick while showing a real tensor field.
 _R3_LAYERS, _R3_TOPK = 4, 2
-_PROMPT_LEN, _RESPONSE_MIN, _RESPONSE_MAX = 512, 1400, 4200  # WORKLOAD.md's typical shapes
+# Typical shapes (docs/architecture.md, "Workload").
+_PROMPT_LEN, _RESPONSE_MIN, _RESPONSE_MAX = 512, 1400, 4200
 _TASK_KEY = "rollout-1/group-3"
 _SAMPLE_KEY = "sample:5"
 
