@@ -419,6 +419,7 @@ class Archive:
         """
         owner = archive_owner(self.name)
         record = None
+        self._pool.journal.ready()
         with self._pool.catalog.write("release") as conn:
             conn.execute(
                 delete(retention_table).where(

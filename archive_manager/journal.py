@@ -62,6 +62,7 @@ __all__ = [
     "CHECKPOINT_EVERY",
     "JOURNAL_CHECKPOINT",
     "JOURNAL_DIR",
+    "JOURNAL_POOL",
     "JOURNAL_UNRESOLVED",
     "ArchiveState",
     "Audit",
@@ -90,6 +91,8 @@ __all__ = [
 JOURNAL_DIR = "journal"
 JOURNAL_CHECKPOINT = "journal_checkpoint"
 """``pool_info``: ``<seq>-<digest>`` of the newest checkpoint this catalog's state includes."""
+JOURNAL_POOL = "journal_pool"
+"""``pool_info``: the pool id the catalog's checkpoint was written under."""
 JOURNAL_UNRESOLVED = "journal_unresolved"
 """``pool_info``: JSON list of damaged journal files a rebuild could not apply; GC refuses
 until an operator accepts the rebuilt state (`ArchiveManager.rebuild_catalog(resolve=True)`)."""
@@ -221,6 +224,7 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
     data = _CKPT_MAGIC + zstandard.ZstdCompressor(level=3).compress(_encode_json(doc))
     staged = Staged(seq, _digest(data), data, "ckpt")
     set_pool_info(conn, JOURNAL_CHECKPOINT, f"{seq:020d}-{staged.digest}")
+    set_pool_info(conn, JOURNAL_POOL, pool_id)
     conn.execute(delete(journal_table).where(journal_table.c.seq <= seq))
     return staged
 
@@ -306,6 +310,15 @@ class Journal:
                 "never read or written through one; put a real folder there"
             )
         return self.folder
+
+    def ready(self) -> None:
+        """Check the folder (creating it if missing) before a decision is made: one that
+        could not be recorded is refused up front, not found out after its commit.
+
+        Raises:
+            PoolLayoutError: a symlink or a file where the folder should be.
+        """
+        self._checked(create=True)
 
     def write(self, staged: Staged) -> None:
         """Write a committed record or checkpoint durably (temp, fsync, rename, fsync dir)."""
@@ -711,21 +724,28 @@ def audit(catalog: Catalog, journal: Journal) -> Audit:
 
 
 def adopt(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> bool:
-    """Give a catalog without a journal position its first checkpoint (a new pool, or one
-    written before the journal existed); return whether it did.
+    """Write a checkpoint at open where the journal needs one; return whether it did:
 
-    Not when the journal folder already holds files (this catalog never saw them: it is a
-    lost catalog's replacement, or behind; `rebuild_catalog` brings it forward), nor while a
-    recovered catalog awaits its rebuild.
+    * a catalog without a journal position (a new pool, or one written before the journal
+      existed), unless the journal folder already holds files: then this catalog never saw
+      them (a lost catalog's replacement, or one behind), and `rebuild_catalog` brings it
+      forward;
+    * a catalog whose checkpoint was written under another pool id (a copy given an identity
+      of its own by a rebind): a rebuild of the copy would refuse the original's files.
+
+    Never while a recovered catalog awaits its rebuild.
     """
     from .identity import UNINDEXED_BLOBS
 
     with catalog.read() as conn:
-        if get_pool_info(conn, JOURNAL_CHECKPOINT) is not None:
-            return False
         if get_pool_info(conn, UNINDEXED_BLOBS) is not None:
             return False
-    if journal.entries():
+        position = get_pool_info(conn, JOURNAL_CHECKPOINT)
+        stamped = get_pool_info(conn, JOURNAL_POOL)
+        pool_id = pool_id_of(conn)
+    if position is not None and stamped == pool_id:
+        return False
+    if position is None and journal.entries():
         return False
     checkpoint(catalog, journal, clock)
     return True

@@ -43,7 +43,6 @@ from .identity import IDENTITY_FILE, PoolIdentity, bind_pool, read_identity, saf
 from .journal import (
     Journal,
     adopt,
-    checkpoint,
     pool_id_of,
     release_owner_op,
     retain_op,
@@ -254,12 +253,7 @@ class ArchiveManager:
                 inline_limit=inline_limit,
             )
             pool._identity = identity
-            if rebind:
-                # The copy's journal files carry the original's pool id, which a rebuild of
-                # the copy would refuse: a checkpoint under the new id supersedes them.
-                checkpoint(catalog, pool.journal, pool.clock)
-            else:
-                adopt(catalog, pool.journal, pool.clock)
+            adopt(catalog, pool.journal, pool.clock)
             return pool
         except BaseException:
             catalog.close()
@@ -510,6 +504,7 @@ class ArchiveManager:
         check_archive_name(name)
         r = retention_table
         record = None
+        self.journal.ready()
         with self.catalog.write("retain") as conn:
             row = archive_by_name(conn, name)
             if row is None or row.state == "pending":
@@ -553,6 +548,7 @@ class ArchiveManager:
         owner = check_owner(owner)
         r, a = retention_table, archives_table
         record = None
+        self.journal.ready()
         with self.catalog.write("release_owner") as conn:
             owner = stored_owner(conn, owner)
             held = [

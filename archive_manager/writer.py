@@ -205,6 +205,7 @@ class ArchiveWriter:
             elif self._buffer:
                 self._flush()
             self._wait()
+            self._pool.journal.ready()
             archive_id, manifest = self._commit_ownership()
             # NOTE: written after the ownership commit, which gave it its save number (the
             # manifest module says why that number must come from the name's claim), and
