@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import stat
@@ -46,7 +47,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
 from ._atomic import fsync_dir, write_atomic
+from ._digest import is_digest
 from ._failpoints import failpoint
+from ._names import archive_owner, check_archive_name, check_owner
 from .catalog import (
     Catalog,
     archives_table,
@@ -394,7 +397,9 @@ class Journal:
                 raise ValueError(f"kind {doc.get('kind')!r}")
             if doc.get("seq") != entry.seq:
                 raise ValueError(f"number {doc.get('seq')!r} is not the one in its name")
-        except (ValueError, zstandard.ZstdError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError, zstandard.ZstdError) as exc:
+            # RecursionError: JSON nested past the interpreter's limit (a crafted file whose
+            # name matches its bytes all the same).
             raise JournalDamagedError(f"journal file {entry.name} is not readable: {exc}") from exc
         if pool_id is not None and doc.get("pool_id") != pool_id:
             raise JournalDamagedError(
@@ -446,12 +451,33 @@ def _time(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("a time is not a number")
-    return float(value)
+    try:
+        seconds = float(value)
+    except OverflowError as exc:
+        raise ValueError("a time is out of range") from exc
+    if not math.isfinite(seconds):
+        raise ValueError("a time is not finite")
+    return seconds
+
+
+def _name(value: Any) -> str:
+    """An archive name from a journal file, held to the rules every name is (a crafted file
+    must not bring in a name the library would refuse)."""
+    return check_archive_name(_text(value, "an archive name"))
+
+
+def _owner(value: Any) -> str:
+    # External or the pool's own (``archive:<name>``): both are in the journal.
+    return check_owner(_text(value, "an owner"), external=False)
+
+
+def _manifest(value: Any) -> str:
+    if not is_digest(value):
+        raise ValueError(f"{value!r:.80} is not a manifest digest")
+    return str(value)
 
 
 def _owner_of(name: str) -> str:
-    from ._names import archive_owner
-
     return archive_owner(name)
 
 
@@ -472,9 +498,9 @@ def load_checkpoint(doc: dict[str, Any]) -> JournalState:
         for pair in a.get("owners", []):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise ValueError(f"an owner of {manifest!r} is malformed")
-            owners[_text(pair[0], "an owner")] = _time(pair[1]) or 0.0
-        state.archives[_text(manifest, "a manifest")] = ArchiveState(
-            name=_text(a.get("name"), "a name"),
+            owners[_owner(pair[0])] = _time(pair[1]) or 0.0
+        state.archives[_manifest(manifest)] = ArchiveState(
+            name=_name(a.get("name")),
             state=a["state"],
             published_at=_time(a.get("published_at")),
             released_at=_time(a.get("released_at")),
@@ -498,12 +524,12 @@ def apply_record(state: JournalState, doc: dict[str, Any]) -> None:
         kind = op.get("op")
         at = _time(op.get("at")) or 0.0
         if kind == "release_owner":
-            owner = _text(op.get("owner"), "owner")
-            for a in state.archives.values():
-                a.owners.pop(owner, None)
+            owner = _owner(op.get("owner"))
+            for held in state.archives.values():
+                held.owners.pop(owner, None)
             continue
-        manifest = _text(op.get("manifest"), "manifest")
-        name = _text(op.get("archive"), "archive")
+        manifest = _manifest(op.get("manifest"))
+        name = _name(op.get("archive"))
         a = state.archives.get(manifest)
         if kind == "publish":
             if a is None:
@@ -517,7 +543,7 @@ def apply_record(state: JournalState, doc: dict[str, Any]) -> None:
             if a is None:
                 a = state.archives[manifest] = ArchiveState(name, "published", partial=True)
                 a.owners[_owner_of(name)] = at
-            a.owners.setdefault(_text(op.get("owner"), "owner"), at)
+            a.owners.setdefault(_owner(op.get("owner")), at)
         elif kind == "release":
             if a is None:
                 a = state.archives[manifest] = ArchiveState(name, "released", partial=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from conftest import Backend, assert_loads, open_on, tiny_rollout
+from conftest import Backend, FakeClock, assert_loads, die_before_publish, open_on, tiny_rollout
 from sqlalchemy import select
 from test_recovery import CatalogBackup, lose_catalog
 
@@ -406,3 +406,147 @@ def test_a_record_renames_an_archive_to_a_name_the_api_refuses(
         report = pool.rebuild_catalog()
         assert report.archives == ["a"], report.archives
         assert_loads(pool, "a", tiny_rollout(seed=1))
+
+
+def test_a_retried_save_is_renamed_by_a_backup_of_its_failed_attempt(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim 2 ("a backup taken between a save's ownership commit and its publication no
+    longer loses that archive").  The everyday version of that window: the first attempt of
+    the save of ``x`` dies after its ownership commit (a preempted trainer), the nightly
+    backup is taken then, GC rolls the dead attempt back and the trainer's retry publishes
+    ``x`` and a checkpoint pins it.  Restore the backup and rebuild: the catalog's dead
+    *pending* row still claims ``x``, so the published ``x`` (which the journal knows as
+    ``x``) comes back as ``x~restored-<n>``, and ``x`` itself names the dead attempt (rolled
+    back by the next GC).  Every reader of ``x`` (a loader by name, the checkpoint's
+    manifest, a queue) now fails, although nothing but a backup was restored."""
+    root, clock = tmp_path / "pool", FakeClock()
+    backup = CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")
+    with open_on(backend, root, clock=clock, lease_ttl=60) as pool:
+        pool.save("seed", tiny_rollout(seed=0), rollout_id=0)
+        die_before_publish(pool, "x", tiny_rollout(seed=1), monkeypatch)
+        backup.take()
+        clock.advance(120)
+        assert pool.gc(grace=3600).rolled_back == ["x"]
+        pool.save("x", tiny_rollout(seed=2), rollout_id=2)  # the retry
+        pool.retain("checkpoint:step-3", "x")
+        before = facts(pool)
+    backup.restore()
+    with open_on(backend, root, clock=clock, lease_ttl=60) as pool:
+        report = pool.rebuild_catalog()
+        assert report.renamed == {}, report.renamed
+        assert_loads(pool, "x", tiny_rollout(seed=2))
+        assert facts(pool) == before
+
+
+def test_a_folder_named_like_a_superseded_record_aborts_every_gc(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """Claims 4 and 6 (odd entries in journal/ are never applied; GC keeps the journal
+    bounded).  `Journal.remove` suppresses only `FileNotFoundError`; a *folder* named like a
+    journal file at or below the checkpoint (a ``cp -r`` slip, a restore tool, a hostile
+    user) makes `os.unlink` raise, so `maintain` fails at the end of every GC run
+    (`GcAbortedError`) and no GC ever again removes superseded files or reports success."""
+    from archive_manager.errors import GcAbortedError
+
+    root = tmp_path / "pool"
+    with open_on(backend, root) as pool:
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+        pool.rebuild_catalog()  # ends with a checkpoint past the folder's number
+        (root / JOURNAL_DIR / f"{1:020d}-{'0' * 32}.rec").mkdir()
+        try:
+            pool.gc(grace=0)
+        except GcAbortedError as exc:
+            pytest.fail(f"gc aborted by a folder in journal/: {exc}")
+
+
+# --------------------------------------------------------------------------- legacy pools
+
+
+def test_a_pre_upgrade_backup_of_a_legacy_pool_is_brought_forward(tmp_path: Path) -> None:
+    """Claims 2 and 7 (legacy pools keep working; a catalog restored from a backup is
+    detected as behind and brought forward).  The operator's obvious backup of a pool of the
+    previous release is its catalog as it was before the upgrade (tests/data/legacy-pool-r2,
+    its recorded root set to where it lives, as for a pool that never moved).  Upgrade, save
+    ``new``, pin ``kept`` with a checkpoint and release it, then restore that backup: the
+    catalog has no identity and does not index the blobs saved since, so a plain open
+    refuses it as "empty (lost, emptied or replaced)" and says to recover, and
+    ``recover=True`` refuses it too (it has archives): neither the pool nor
+    `rebuild-catalog` opens, and the decisions in the journal cannot be brought forward.
+    SQLite only (the legacy pool's catalog is a SQLite file)."""
+    import shutil
+    import sqlite3
+    import tarfile
+
+    from archive_manager.errors import PoolIdentityError
+
+    data = Path(__file__).resolve().parent / "data" / "legacy-pool-r2.tar.gz"
+    with tarfile.open(data) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = next(p.parent for p in tmp_path.rglob("catalog.db"))
+    with sqlite3.connect(root / "catalog.db") as db:  # a legacy pool that never moved
+        db.execute("UPDATE pool_info SET value = ? WHERE key = 'blob_root'", (str(root),))
+    db.close()
+    shutil.copy(root / "catalog.db", tmp_path / "pre-upgrade.db")
+    with ArchiveManager.open(root) as pool:
+        for i in range(3):
+            pool.save(f"new{i}", tiny_rollout(seed=10 + i), rollout_id=10 + i)
+        pool.retain("checkpoint:step-9", "kept")
+        pool.open_archive("kept").release()
+        before = facts(pool)
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    shutil.copy(tmp_path / "pre-upgrade.db", root / "catalog.db")
+    try:
+        pool = ArchiveManager.open(root)
+    except PoolIdentityError as plain:
+        try:
+            pool = ArchiveManager.open(root, recover=True)
+        except PoolIdentityError as recovering:
+            pytest.fail(f"the restored backup opens neither way: {plain} / {recovering}")
+    with pool:
+        report = pool.rebuild_catalog()
+        assert not report.journal_foreign, report.journal_foreign
+        assert facts(pool) == before
+
+
+# --------------------------------------------------------------------------- gaps
+
+
+def test_a_save_that_returned_is_rolled_back_when_its_record_failed_and_a_backup_is_restored(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims 2 and 5 ("a backup taken between a save's ownership commit and its publication
+    no longer loses that archive"; "a gap loses nothing published").  A record that cannot
+    be written (ENOSPC, EIO on journal/) is only logged, and the save *returns* its archive:
+    this gap is not "a decision that never returned to its caller".  If the catalog backup
+    was taken between that save's ownership commit and its publication, the restored catalog
+    holds the archive *pending* and the journal holds no file it lacks, so nothing looks
+    behind: GC is not refused, rolls the published archive back as a dead save and reclaims
+    its blobs."""
+    from archive_manager import journal as journal_mod
+    from archive_manager.writer import ArchiveWriter
+
+    root, clock = tmp_path / "pool", FakeClock()
+    backup = CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")
+    with open_on(backend, root, clock=clock, lease_ttl=60) as pool:
+        pool.save("seed", tiny_rollout(seed=0), rollout_id=0)
+        publish = ArchiveWriter._publish
+
+        def backup_then_publish(self: ArchiveWriter, archive_id: int, manifest: str) -> Any:
+            backup.take()  # the nightly backup, between ownership and publication
+            return publish(self, archive_id, manifest)
+
+        def no_space(*args: Any, **kwargs: Any) -> bool:
+            raise OSError(28, "No space left on device")
+
+        with monkeypatch.context() as m:
+            m.setattr(ArchiveWriter, "_publish", backup_then_publish)
+            m.setattr(journal_mod, "write_atomic", no_space)
+            pool.save("x", tiny_rollout(seed=1), rollout_id=1)  # returns: x is published
+        assert pool.open_archive("x").state == "published"
+    backup.restore()
+    clock.advance(3600)
+    with open_on(backend, root, clock=clock, lease_ttl=60) as pool:
+        pool.gc(grace=0)
+        assert_loads(pool, "x", tiny_rollout(seed=1))
