@@ -49,6 +49,14 @@ from .journal import (
     stage_record,
     write_committed,
 )
+from .lens import (
+    Group,
+    PromptChange,
+    PromptRollout,
+    group_summaries,
+    prompt_changes,
+    prompt_history,
+)
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
@@ -483,6 +491,52 @@ class ArchiveManager:
         ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
         """
         return rollout_stats(self, rollout_ids, evaluation, cache=self._stats_cache)
+
+    # ------------------------------------------------------------------ the RL lens
+
+    def groups(self, name: str) -> list[Group]:
+        """The prompt groups of archive ``name``: per task key its size, reward mean, std
+        (``n - 1``), min and max, GRPO advantages per sample, mean length, statuses, and
+        whether every reward is equal (`Group.zero_variance`).  From the catalog alone.
+
+        Raises:
+            ArchiveNotFoundError: no such published or released archive.
+        """
+        check_archive_name(name)
+        return group_summaries(self.catalog, name)
+
+    def prompt_history(
+        self,
+        task_key: str,
+        rollout_ids: object = None,
+        *,
+        evaluation: bool | None = None,
+        pass_threshold: float = 0.0,
+    ) -> list[PromptRollout]:
+        """How each rollout did on one prompt: group size, mean reward, pass rate (rewards
+        above ``pass_threshold``), mean length, in rollout order.  From the catalog alone."""
+        return prompt_history(
+            self.catalog,
+            task_key,
+            rollout_ids=rollout_ids,
+            evaluation=evaluation,
+            pass_threshold=pass_threshold,
+        )
+
+    def prompt_changes(
+        self,
+        before: object,
+        after: object,
+        *,
+        evaluation: bool | None = None,
+        direction: str | None = None,
+        limit: int | None = None,
+    ) -> list[PromptChange]:
+        """Prompts seen in both rollout ranges, ranked by the change of their mean reward
+        (``direction``: ``"regressed"``, ``"improved"`` or None for either way)."""
+        return prompt_changes(
+            self.catalog, before, after, evaluation=evaluation, direction=direction, limit=limit
+        )
 
     # ------------------------------------------------------------------ owners
 
