@@ -157,7 +157,10 @@ def test_a_deeply_nested_record_crashes_the_rebuild(tmp_path: Path, backend: Bac
     bit of fuzzing writes one) holding deeply nested JSON: `json.loads` raises
     `RecursionError`, which neither `Journal.read` nor `replay` catches.  The file makes the
     catalog "behind", so GC refuses until a rebuild, and the rebuild (the CLI verb too)
-    dies with a traceback: the pool can never be brought forward, not even with --resolve."""
+    dies with a traceback: the pool can never be brought forward, not even with --resolve.
+
+    Fixed during the review by bb20ea8 (journal fields held to the library's rules, deep
+    JSON is damage); kept as a regression test."""
     root = tmp_path / "pool"
     with open_on(backend, root) as pool:
         pool.save("a", tiny_rollout(seed=1), rollout_id=1)
@@ -347,7 +350,10 @@ def test_a_record_with_nan_times_is_applied_and_loses_the_archive(
     fails, `_restore` reports ``a`` "could not be inserted", `_index_rest` gives its blobs
     unowned rows, and the next GC reclaims a published archive; on PostgreSQL the hold is
     stored with a NaN time and the rebuild then dies writing its checkpoint (``ValueError:
-    Out of range float values``), so the catalog stays behind and GC refused for good."""
+    Out of range float values``), so the catalog stays behind and GC refused for good.
+
+    Fixed during the review by bb20ea8 (journal fields held to the library's rules, deep
+    JSON is damage); kept as a regression test."""
     root = tmp_path / "pool"
     with open_on(backend, root) as pool:
         pool.save("a", tiny_rollout(seed=1), rollout_id=1)
@@ -382,7 +388,10 @@ def test_a_record_renames_an_archive_to_a_name_the_api_refuses(
     pool (its pool id is in archive-pool.json) naming ``a``'s manifest as
     ``../../etc/passwd`` and a lost catalog bring ``a`` back under that name, which
     `check_archive_name` refuses: ``a`` can no longer be opened, loaded or released by name
-    (its bytes are kept forever), and ``a`` is gone."""
+    (its bytes are kept forever), and ``a`` is gone.
+
+    Fixed during the review by bb20ea8 (journal fields held to the library's rules, deep
+    JSON is damage); kept as a regression test."""
     root = tmp_path / "pool"
     with open_on(backend, root) as pool:
         pool.save("a", tiny_rollout(seed=1), rollout_id=1)

@@ -149,3 +149,39 @@ def test_cli(tmp_path: Path) -> None:
     assert done.exit_code == 2 and "--to" in done.output
     done = runner.invoke(cli, [*base, "groups", "nope"])
     assert done.exit_code == 1 and "error:" in done.output and "Traceback" not in done.output
+
+
+def test_viewer_group_and_prompt_pages(tmp_path: Path) -> None:
+    pytest.importorskip("flask")
+    from conftest import snapshot_pool
+
+    from archive_manager.web.app import create_app
+
+    hostile = "<script>alert(1)</script>"
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        samples = rollout(1, seed=1)
+        for s in samples[:4]:
+            s["task_key"] = hostile
+            s["response"] = "<b>bold</b> answer"
+        pool.save("r1", samples, rollout_id=1)
+        pool.save("r2", rollout(2, seed=2), rollout_id=2)
+        before = snapshot_pool(pool)
+        client = create_app(pool).test_client()
+        page = client.get("/archive/r1/group", query_string={"task_key": hostile})
+        assert page.status_code == 200
+        assert hostile not in page.text and "&lt;script&gt;" in page.text
+        assert "&lt;b&gt;bold&lt;/b&gt; answer" in page.text
+        data = client.get(
+            "/archive/r1/group", query_string={"task_key": "q2", "format": "json", "sort": "reward"}
+        ).json
+        assert data["group"] == pool.groups("r1")[2].as_dict()
+        assert len(data["responses"]) == data["group"]["size"]
+        history = client.get("/prompt", query_string={"task_key": "q2", "format": "json"}).json
+        assert [h["rollout_id"] for h in history["history"]] == [1, 2]
+        page = client.get("/prompt", query_string={"task_key": "q2"})
+        assert page.status_code == 200 and "<svg" in page.text and "/archive/r2/group" in page.text
+        assert client.get("/archive/r1/group?task_key=missing").status_code == 404
+        assert client.get("/archive/r1/group").status_code == 400
+        assert client.get("/prompt").status_code == 400
+        assert "/archive/r1/group?task_key=q2" in client.get("/archive/r1").text
+        assert snapshot_pool(pool) == before
