@@ -22,7 +22,7 @@ from .catalog import archives_table, entries_table, sample_metadata_table
 from .catalog.queries import archive_by_name
 from .errors import ArchiveNotFoundError, InvalidInputError
 from .samples import check_task_key
-from .stats import COUNTED_STATES, archive_filters, check_rollout_range
+from .stats import COUNTED_STATES, archive_filters, check_rollout_range, mean_std
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -100,24 +100,9 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    # Each value divided first: rewards near the float limit overflow any sum of them.
-    mean = math.fsum(v / len(values) for v in values)
-    if len(values) < 2:
-        return mean, None
-    try:
-        var = math.fsum(((v - mean) / len(values)) * (v - mean) for v in values)
-        var *= len(values) / (len(values) - 1)
-    except OverflowError:
-        return mean, None
-    return mean, math.sqrt(var) if math.isfinite(var) else None
-
-
 def _group(task_key: str | None, rows: list[Any]) -> Group:
     rewards = [r for r in (_finite(row.reward) for row in rows) if r is not None]
-    mean, std = _mean_std(rewards)
+    mean, std = mean_std(rewards)
     lengths = [row.response_length for row in rows if row.response_length is not None]
     group = Group(
         task_key=task_key,
@@ -282,7 +267,7 @@ def prompt_history(
                 archives=tuple(sorted({row.name for row in rows})),
                 size=size,
                 rewarded=len(rewards),
-                reward_mean=_mean_std(rewards)[0],
+                reward_mean=mean_std(rewards)[0],
                 pass_rate=sum(r > threshold for r in rewards) / len(rewards) if rewards else None,
                 length_mean=math.fsum(lengths) / len(lengths) if lengths else None,
             )
@@ -339,8 +324,8 @@ def prompt_changes(
     changes = [
         PromptChange(
             key,
-            _mean_std(old[key])[0],  # type: ignore[arg-type]
-            _mean_std(new[key])[0],  # type: ignore[arg-type]
+            mean_std(old[key])[0],  # type: ignore[arg-type]
+            mean_std(new[key])[0],  # type: ignore[arg-type]
             len(old[key]),
             len(new[key]),
         )

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
 from ._names import check_archive_name
-from .catalog import archives_table, sample_metadata_table
+from .catalog import archives_table, entries_table, sample_metadata_table
 from .catalog.queries import archive_by_name
 from .errors import ArchiveNotFoundError, InvalidInputError, MissingDependencyError
 
@@ -106,6 +106,17 @@ class RolloutStats:
     length_mean: float | None
     length_p90: float | None
     status: tuple[tuple[str, int], ...]
+    # Prompt groups (the samples of one archive that share a task key) with at least two
+    # numeric rewards; of those, how many had every reward equal (they teach GRPO nothing),
+    # and the mean of their reward standard deviations (n - 1).
+    groups: int = 0
+    zero_variance_groups: int = 0
+    group_std_mean: float | None = None
+
+    @property
+    def zero_variance_share(self) -> float | None:
+        """Share of the prompt groups whose rewards are all equal (None for no group)."""
+        return self.zero_variance_groups / self.groups if self.groups else None
 
     @property
     def truncated_share(self) -> float | None:
@@ -142,6 +153,10 @@ class RolloutStats:
             "truncated_share": self.truncated_share,
             "status": dict(self.status),
             "status_shares": self.status_shares,
+            "groups": self.groups,
+            "zero_variance_groups": self.zero_variance_groups,
+            "zero_variance_share": self.zero_variance_share,
+            "group_std_mean": self.group_std_mean,
         }
 
 
@@ -198,6 +213,9 @@ class SampleSummary:
     reward_p90: float | None
     length_mean: float | None
     length_p90: float | None
+    groups: int = 0
+    zero_variance_groups: int = 0
+    group_std_mean: float | None = None
 
     @property
     def samples(self) -> int:
@@ -205,8 +223,46 @@ class SampleSummary:
         return sum(n for _, n in self.status)
 
 
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (``n - 1``, as ``torch.std``) of finite floats;
+    each value is divided before summing, so values near the float limit do not overflow."""
+    if not values:
+        return None, None
+    n = len(values)
+    mean = math.fsum(v / n for v in values)
+    if n < 2:
+        return mean, None
+    try:
+        var = math.fsum(((v - mean) / n) * (v - mean) for v in values) * (n / (n - 1))
+    except OverflowError:
+        return mean, None
+    return mean, math.sqrt(var) if math.isfinite(var) else None
+
+
+def group_spread(rewards: Iterable[Sequence[Any]]) -> tuple[int, int, float | None]:
+    """``(groups, zero_variance_groups, mean of their stds)`` over ``(archive_id, task_key,
+    reward)`` rows: groups with at least two finite rewards count."""
+    by_group: dict[tuple[Any, Any], list[float]] = defaultdict(list)
+    for archive_id, task_key, reward in rewards:
+        if reward is not None and math.isfinite(float(reward)):
+            by_group[(archive_id, task_key)].append(float(reward))
+    stds: list[float] = []
+    groups = flat = 0
+    for values in by_group.values():
+        if len(values) < 2:
+            continue
+        groups += 1
+        flat += min(values) == max(values)
+        std = mean_std(values)[1]
+        if std is not None:
+            stds.append(std)
+    return groups, flat, mean_std(stds)[0]
+
+
 def summarize_samples(
-    status_rows: Iterable[Sequence[Any]], value_rows: Iterable[Sequence[Any]]
+    status_rows: Iterable[Sequence[Any]],
+    value_rows: Iterable[Sequence[Any]],
+    group_rows: Iterable[Sequence[Any]] = (),
 ) -> SampleSummary:
     """Add up the sample rows of one group; pure, no I/O.
 
@@ -216,6 +272,8 @@ def summarize_samples(
             a reward, ``measured`` those with a response length.
         value_rows: ``(reward, response_length)`` per sample (either may be None), for the
             quantiles.
+        group_rows: ``(archive_id, task_key, reward)`` per sample with a task key and a
+            reward, for the prompt-group figures (`group_spread`).
     """
     counts: dict[str, int] = defaultdict(int)
     rewarded = measured = 0
@@ -235,7 +293,11 @@ def summarize_samples(
             length_values.append(float(length))
     reward_values.sort()
     length_values.sort()
+    groups, flat, std_mean = group_spread(group_rows)
     return SampleSummary(
+        groups=groups,
+        zero_variance_groups=flat,
+        group_std_mean=std_mean,
         status=tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
         rewarded=rewarded,
         reward_mean=_mean(reward_sum, rewarded, reward_values),
@@ -283,6 +345,9 @@ def _combine(
         length_mean=summary.length_mean,
         length_p90=summary.length_p90,
         status=summary.status,
+        groups=summary.groups,
+        zero_variance_groups=summary.zero_variance_groups,
+        group_std_mean=summary.group_std_mean,
     )
 
 
@@ -297,6 +362,7 @@ def build_stats(
     archive_rows: Iterable[Sequence[Any]],
     status_rows: Iterable[Sequence[Any]],
     value_rows: Iterable[Sequence[Any]],
+    group_rows: Iterable[Sequence[Any]] = (),
 ) -> list[RolloutStats]:
     """Assemble `RolloutStats` from catalog rows; pure, no I/O.
 
@@ -306,6 +372,7 @@ def build_stats(
         status_rows: ``(archive_id, status, samples, rewarded, reward_sum, measured,
             length_sum)`` per archive and status (see `summarize_samples`).
         value_rows: ``(archive_id, reward, response_length)`` per sample.
+        group_rows: ``(archive_id, task_key, reward)`` per sample with both.
 
     Returns:
         One row per rollout id and evaluation flag, by rollout id (None last), training
@@ -321,8 +388,12 @@ def build_stats(
     for row in value_rows:
         if row[0] in group_of:
             values[group_of[row[0]]].append(row[1:])
+    spreads: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    for row in group_rows:
+        if row[0] in group_of:
+            spreads[group_of[row[0]]].append(row)
     return [
-        _combine(key, groups[key], summarize_samples(statuses[key], values[key]))
+        _combine(key, groups[key], summarize_samples(statuses[key], values[key], spreads[key]))
         for key in sorted(groups, key=_order)
     ]
 
@@ -384,11 +455,12 @@ def _batches(values: Sequence[int], size: int = _IN_BATCH) -> Iterable[Sequence[
 
 def _sample_rows(
     conn: Connection, archive_ids: Sequence[int]
-) -> tuple[list[Sequence[Any]], list[Sequence[Any]]]:
-    """The status rows and value rows (see `build_stats`) of these archives."""
-    m = sample_metadata_table
+) -> tuple[list[Sequence[Any]], list[Sequence[Any]], list[Sequence[Any]]]:
+    """The status rows, value rows and group rows (see `build_stats`) of these archives."""
+    m, e = sample_metadata_table, entries_table
     status_rows: list[Sequence[Any]] = []
     value_rows: list[Sequence[Any]] = []
+    group_rows: list[Sequence[Any]] = []
     for batch in _batches(archive_ids):
         status_rows += conn.execute(
             select(
@@ -406,7 +478,12 @@ def _sample_rows(
         value_rows += conn.execute(
             select(m.c.archive_id, m.c.reward, m.c.response_length).where(m.c.archive_id.in_(batch))
         ).all()
-    return status_rows, value_rows
+        group_rows += conn.execute(
+            select(e.c.archive_id, e.c.task_key, m.c.reward)
+            .join(m, (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position))
+            .where(e.c.archive_id.in_(batch), e.c.task_key.is_not(None), m.c.reward.is_not(None))
+        ).all()
+    return status_rows, value_rows, group_rows
 
 
 def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
@@ -420,8 +497,8 @@ def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
         row = archive_by_name(conn, name)
         if row is None or row.state not in COUNTED_STATES:
             raise ArchiveNotFoundError(f"archive {name!r} not found")
-        status_rows, value_rows = _sample_rows(conn, [row.id])
-    return summarize_samples([r[1:] for r in status_rows], [r[1:] for r in value_rows])
+        status_rows, value_rows, group_rows = _sample_rows(conn, [row.id])
+    return summarize_samples([r[1:] for r in status_rows], [r[1:] for r in value_rows], group_rows)
 
 
 def rollout_stats(
@@ -463,16 +540,19 @@ def rollout_stats(
             else:
                 summaries[key] = cached
         ids = sorted(r[0] for key in missing for r in groups[key])
-        status_rows, value_rows = _sample_rows(conn, ids)
+        status_rows, value_rows, group_rows = _sample_rows(conn, ids)
     group_of = {r[0]: key for key in missing for r in groups[key]}
     statuses: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
     values: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
+    spreads: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
     for row in status_rows:
         statuses[group_of[row[0]]].append(row[1:])
     for row in value_rows:
         values[group_of[row[0]]].append(row[1:])
+    for row in group_rows:
+        spreads[group_of[row[0]]].append(row)
     for key in missing:
-        summaries[key] = summarize_samples(statuses[key], values[key])
+        summaries[key] = summarize_samples(statuses[key], values[key], spreads[key])
         if cache is not None:
             cache.put(key, members[key], summaries[key])
     return [_combine(key, groups[key], summaries[key]) for key in sorted(groups, key=_order)]

@@ -185,3 +185,26 @@ def test_viewer_group_and_prompt_pages(tmp_path: Path) -> None:
         assert client.get("/prompt").status_code == 400
         assert "/archive/r1/group?task_key=q2" in client.get("/archive/r1").text
         assert snapshot_pool(pool) == before
+
+
+def test_stats_carry_group_figures(tmp_path: Path, backend: Backend) -> None:
+    """stats(): share of zero-variance groups and mean within-group std, equal to what
+    groups() computes archive by archive (catalog only)."""
+    with open_on(backend, tmp_path / "pool") as pool:
+        pool.save("r2a", rollout(2, seed=2), rollout_id=2)
+        pool.save("r2b", rollout(2, seed=7, prompts=3), rollout_id=2)
+        pool.save("r3", [{"tokens": [1], "reward": 1.0}], rollout_id=3)  # no task key
+        rows = {r.rollout_id: r for r in pool.stats()}
+        groups = [g for name in ("r2a", "r2b") for g in pool.groups(name) if g.rewarded >= 2]
+        assert rows[2].groups == len(groups)
+        assert rows[2].zero_variance_groups == sum(g.zero_variance for g in groups)
+        stds = [g.reward_std for g in groups if g.reward_std is not None]
+        assert rows[2].group_std_mean == pytest.approx(sum(stds) / len(stds))
+        assert rows[2].zero_variance_share == pytest.approx(
+            rows[2].zero_variance_groups / len(groups)
+        )
+        assert rows[3].groups == 0 and rows[3].zero_variance_share is None
+        assert pool.stats()[0].as_dict()["zero_variance_share"] == rows[2].zero_variance_share
+    done = CliRunner().invoke(cli, ["--root", str(tmp_path / "pool"), "stats"])
+    if backend.name == "sqlite":
+        assert done.exit_code == 0 and "FLAT" in done.output and "GROUP STD" in done.output

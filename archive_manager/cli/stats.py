@@ -38,6 +38,8 @@ def _row(r: RolloutStats) -> list[object]:
         _number(r.length_mean, ".0f"),
         _number(r.length_p90, ".0f"),
         _share(r.truncated_share),
+        _share(r.zero_variance_share),
+        _number(r.group_std_mean, ".3f"),
         human_size(r.bytes),
         status,
     ]
@@ -67,7 +69,9 @@ def stats(
 ) -> None:
     """Reward, response length and status per rollout, from the catalog (no payload read).
 
-    Published and released archives count; ARCHIVES says how many were released.
+    Published and released archives count; ARCHIVES says how many were released.  FLAT is
+    the share of prompt groups (samples of one archive sharing a task key, two or more
+    rewards) whose rewards are all equal; GROUP STD the mean reward std within a group.
     """
     if plot is not None:
         check_plot_path(plot)  # before any work: a missing matplotlib says how to install it
@@ -89,11 +93,13 @@ def stats(
                 "LENGTH",
                 "P90",
                 "TRUNC",
+                "FLAT",
+                "GROUP STD",
                 "SIZE",
                 "STATUS",
             ],
             [_row(r) for r in rows],
-            right={0, 3, 4, 5, 6, 7, 8, 9, 10},
+            right={0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12},
         )
     if plot is not None:
         # With --json, stdout holds only the JSON document.
