@@ -58,7 +58,7 @@ from .catalog import (
     retention_table,
     set_pool_info,
 )
-from .catalog.queries import SAVE_SEQ, next_save_seq
+from .catalog.queries import SAVE_SEQ, next_save_seq, raise_save_seq
 from .errors import ArchiveError, JournalDamagedError, PoolLayoutError
 
 __all__ = [
@@ -92,6 +92,7 @@ __all__ = [
 ]
 
 JOURNAL_DIR = "journal"
+DAMAGED_DIR = "damaged"
 JOURNAL_CHECKPOINT = "journal_checkpoint"
 """``pool_info``: ``<seq>-<digest>`` of the newest checkpoint this catalog's state includes."""
 JOURNAL_POOL = "journal_pool"
@@ -110,12 +111,24 @@ _CKPT_MAGIC = b"AMJC\x01"
 # A record is a few hundred bytes; a release_owner of many archives a few hundred KB.  Files
 # past these bounds are not ours, and are not read into memory.
 _MAX_RECORD = 64 << 20
-_MAX_CHECKPOINT = 4 << 30
+_MAX_CHECKPOINT = 1 << 30  # compressed or not: 100,000 archives take ~30 MB
+_MAX_SEQ = 2**63 - 1  # a BIGINT: a number past it is no number of ours
+# Numbers are microseconds of the clock: one further ahead than this is not one of ours (a
+# crafted or damaged name), and must not drag the counter towards its end.
+_FUTURE_US = 86_400 * 1_000_000
 _TEMP_MIN_AGE = 3600.0
 
 _log = logging.getLogger("archive_manager")
 
 OPS = ("publish", "retain", "release", "release_owner")
+
+
+def _parse(name: str) -> Entry | None:
+    """The journal file a name describes (None: not a journal file's name)."""
+    match = _NAME.match(name)
+    if match is None or int(match.group(1)) > _MAX_SEQ:
+        return None
+    return Entry(int(match.group(1)), match.group(2), match.group(3))
 
 
 def _digest(data: bytes) -> str:
@@ -175,7 +188,9 @@ def stage_record(conn: Connection, pool_id: str, ops: list[dict[str, Any]], now:
         }
     )
     staged = Staged(seq, _digest(data), data, "rec")
-    conn.execute(journal_table.insert().values(seq=seq, digest=staged.digest, created_at=now))
+    conn.execute(
+        journal_table.insert().values(seq=seq, digest=staged.digest, created_at=now, data=data)
+    )
     return staged
 
 
@@ -273,6 +288,15 @@ class CatalogPosition:
         return cp is not None and entry.seq <= cp.seq and entry != cp
 
 
+def catalog_records(conn: Connection) -> dict[Entry, bytes]:
+    """The records the catalog committed since its checkpoint, with their bytes."""
+    t = journal_table
+    return {
+        Entry(int(seq), str(digest), "rec"): bytes(data)
+        for seq, digest, data in conn.execute(select(t.c.seq, t.c.digest, t.c.data))
+    }
+
+
 def catalog_position(conn: Connection) -> CatalogPosition:
     """Read what the catalog knows of the journal."""
     checkpoint = parse_position(get_pool_info(conn, JOURNAL_CHECKPOINT))
@@ -339,9 +363,9 @@ class Journal:
             return []
         found = []
         for name in os.listdir(folder):
-            match = _NAME.match(name)
-            if match is not None:
-                found.append(Entry(int(match.group(1)), match.group(2), match.group(3)))
+            entry = _parse(name)
+            if entry is not None:
+                found.append(entry)
         return sorted(found)
 
     def strays(self) -> list[str]:
@@ -352,7 +376,9 @@ class Journal:
         return sorted(
             n
             for n in os.listdir(folder)
-            if _NAME.match(n) is None and not (n.startswith(".") and n.endswith(".tmp"))
+            if _parse(n) is None
+            and not (n.startswith(".") and n.endswith(".tmp"))
+            and n != DAMAGED_DIR
         )
 
     def read(self, entry: Entry, pool_id: str | None) -> dict[str, Any]:
@@ -374,39 +400,7 @@ class Journal:
                 chunks.append(chunk)
         finally:
             os.close(fd)
-        data = b"".join(chunks)
-        if _digest(data) != entry.digest:
-            raise JournalDamagedError(
-                f"journal file {entry.name} is damaged: its bytes do not match its digest"
-            )
-        try:
-            if entry.kind == "ckpt":
-                if not data.startswith(_CKPT_MAGIC):
-                    raise ValueError("not a checkpoint")
-                raw = zstandard.ZstdDecompressor().decompress(
-                    data[len(_CKPT_MAGIC) :], max_output_size=_MAX_CHECKPOINT
-                )
-            else:
-                raw = data
-            doc = json.loads(raw)
-            if not isinstance(doc, dict):
-                raise ValueError("not an object")
-            if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
-                raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
-            if doc.get("kind") != ("checkpoint" if entry.kind == "ckpt" else "record"):
-                raise ValueError(f"kind {doc.get('kind')!r}")
-            if doc.get("seq") != entry.seq:
-                raise ValueError(f"number {doc.get('seq')!r} is not the one in its name")
-        except (ValueError, RecursionError, zstandard.ZstdError) as exc:
-            # RecursionError: JSON nested past the interpreter's limit (a crafted file whose
-            # name matches its bytes all the same).
-            raise JournalDamagedError(f"journal file {entry.name} is not readable: {exc}") from exc
-        if pool_id is not None and doc.get("pool_id") != pool_id:
-            raise JournalDamagedError(
-                f"journal file {entry.name} belongs to another pool ({doc.get('pool_id')!r}); "
-                "it was never applied"
-            )
-        return doc
+        return decode(entry, b"".join(chunks), pool_id)
 
     def remove(self, entries: Iterable[Entry]) -> int:
         """Unlink superseded files; return how many went."""
@@ -415,10 +409,32 @@ class Journal:
             return 0
         removed = 0
         for entry in entries:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(folder / entry.name)
                 removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # a folder or something else under a journal file's name
+                _log.warning("journal/%s was not removed: %s", entry.name, exc)
         return removed
+
+    def quarantine(self, names: Iterable[str]) -> list[str]:
+        """Move damaged or foreign files into ``journal/damaged/`` (kept as evidence, out of
+        every listing); return the names moved."""
+        folder = self._checked(create=False)
+        if folder is None:
+            return []
+        target = folder / DAMAGED_DIR
+        with contextlib.suppress(FileExistsError):
+            target.mkdir()
+        moved = []
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.replace(folder / name, target / name)
+                moved.append(name)
+        fsync_dir(target)
+        fsync_dir(folder)
+        return moved
 
     def sweep_temps(self, now: float) -> int:
         """Remove temp files of writers dead for an hour; return how many."""
@@ -435,6 +451,46 @@ class Journal:
                     os.unlink(folder / name)
                     removed += 1
         return removed
+
+
+def decode(entry: Entry, data: bytes, pool_id: str | None) -> dict[str, Any]:
+    """A journal file's bytes decoded, checked against its name and ``pool_id``.
+
+    Raises:
+        JournalDamagedError: damaged, not a journal file, or another pool's.
+    """
+    if _digest(data) != entry.digest:
+        raise JournalDamagedError(
+            f"journal file {entry.name} is damaged: its bytes do not match its digest"
+        )
+    try:
+        if entry.kind == "ckpt":
+            if not data.startswith(_CKPT_MAGIC):
+                raise ValueError("not a checkpoint")
+            raw = zstandard.ZstdDecompressor().decompress(
+                data[len(_CKPT_MAGIC) :], max_output_size=_MAX_CHECKPOINT
+            )
+        else:
+            raw = data
+        doc = json.loads(raw)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
+            raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
+        if doc.get("kind") != ("checkpoint" if entry.kind == "ckpt" else "record"):
+            raise ValueError(f"kind {doc.get('kind')!r}")
+        if doc.get("seq") != entry.seq:
+            raise ValueError(f"number {doc.get('seq')!r} is not the one in its name")
+    except (ValueError, RecursionError, zstandard.ZstdError) as exc:
+        # RecursionError: JSON nested past the interpreter's limit (a crafted file whose
+        # name matches its bytes all the same).
+        raise JournalDamagedError(f"journal file {entry.name} is not readable: {exc}") from exc
+    if pool_id is not None and doc.get("pool_id") != pool_id:
+        raise JournalDamagedError(
+            f"journal file {entry.name} belongs to another pool ({doc.get('pool_id')!r}); "
+            "it was never applied"
+        )
+    return doc
 
 
 # --------------------------------------------------------------------------- replay
@@ -567,40 +623,60 @@ class Replay:
     highest_seq: int = 0
 
 
-def replay(journal: Journal, pool_id: str | None, entries: list[Entry] | None = None) -> Replay:
+def replay(
+    journal: Journal,
+    pool_id: str | None,
+    entries: list[Entry] | None = None,
+    own: dict[Entry, bytes] | None = None,
+    *,
+    now: float | None = None,
+) -> Replay:
     """The newest readable checkpoint and every readable record after it, applied in order.
 
-    A damaged checkpoint is passed over for an older one (and reported); damaged records are
-    reported and skipped; records of another pool are refused.
+    ``own``: records the catalog holds itself (`catalog_records`), used instead of their files
+    (which may not be written yet, or were lost).  A damaged checkpoint is passed over for an
+    older one (and reported); damaged records are reported and skipped; records of another
+    pool, and numbers from the future (``now`` in seconds), are refused.
     """
     entries = journal.entries() if entries is None else entries
-    checkpoints = sorted((e for e in entries if e.kind == "ckpt"), reverse=True)
+    own = own or {}
+    horizon = None if now is None else int(now * 1_000_000) + _FUTURE_US
+    every = sorted(set(entries) | set(own))
     out = Replay(JournalState(), None)
-    out.highest_seq = max((e.seq for e in entries), default=0)
-    for entry in checkpoints:
+
+    def load(entry: Entry) -> dict[str, Any]:
+        if entry in own:
+            return decode(entry, own[entry], pool_id)
+        if horizon is not None and entry.seq > horizon:
+            raise JournalDamagedError(
+                f"journal file {entry.name} carries a number from the future; not applied"
+            )
+        return journal.read(entry, pool_id)
+
+    for entry in sorted((e for e in every if e.kind == "ckpt"), reverse=True):
         try:
-            doc = journal.read(entry, pool_id)
-            state = load_checkpoint(doc)
+            state = load_checkpoint(load(entry))
         except FileNotFoundError:
             continue
-        except (JournalDamagedError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (JournalDamagedError, OSError, ValueError, KeyError, TypeError, MemoryError) as exc:
             _note_bad(out, entry, exc)
             continue
         out.state, out.checkpoint = state, entry
+        out.highest_seq = entry.seq
         break
     base = out.checkpoint.seq if out.checkpoint is not None else -1
-    for entry in entries:
+    for entry in every:
         if entry.kind != "rec" or entry.seq <= base:
             continue
         try:
-            doc = journal.read(entry, pool_id)
-            apply_record(out.state, doc)
+            apply_record(out.state, load(entry))
         except FileNotFoundError:
             continue
         except (JournalDamagedError, OSError, ValueError, KeyError, TypeError) as exc:
             _note_bad(out, entry, exc)
             continue
         out.applied.append(entry)
+        out.highest_seq = max(out.highest_seq, entry.seq)
     return out
 
 
@@ -678,32 +754,40 @@ def checkpoint(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -
     """Write a checkpoint of the catalog's retention state and remove what it supersedes.
 
     The checkpoint is committed as the catalog's position first and written after (as every
-    record is), so a file exists only for what a catalog committed; the files it supersedes
-    go only once it is durable.  A crash in between leaves the older checkpoint and records
-    in place, which still describe the same state.
+    record is), so a file exists only for what a catalog committed.  Then only what the
+    checkpoint *before* it supersedes is removed: the previous checkpoint and the records
+    since it stay, so a damaged newest checkpoint still has one to fall back to.
     """
     now = clock()
     with catalog.write("journal.checkpoint") as conn:
         staged = stage_checkpoint(conn, pool_id_of(conn), catalog_state(conn), now)
     journal.write(staged)
-    with catalog.read() as conn:
-        position = catalog_position(conn)
-    journal.remove(e for e in journal.entries() if position.superseded(e))
+    journal.remove(removable(journal.entries(), Entry(staged.seq, staged.digest, "ckpt")))
     return staged
+
+
+def removable(entries: list[Entry], newest: Entry) -> list[Entry]:
+    """The files that the checkpoint before ``newest`` (a durable one) supersedes: every file
+    at or below that one's number but itself.  Nothing without an earlier checkpoint."""
+    older = [e for e in entries if e.kind == "ckpt" and e != newest and e.seq <= newest.seq]
+    if not older:
+        return []
+    keep = max(older)
+    return [e for e in entries if e.seq <= keep.seq and e not in (keep, newest)]
 
 
 def write_committed(journal: Journal, staged: Staged | None) -> None:
     """Write a record its transaction committed.  A failure is logged, not raised: the
-    decision is made (the catalog has it), and the next GC's checkpoint covers the gap
-    (docs/architecture.md, "Retention journal")."""
+    decision is made, the catalog holds the record's bytes, and the next GC writes the file
+    from them (docs/architecture.md, "Retention journal")."""
     if staged is None:
         return
     try:
         journal.write(staged)
     except (OSError, ArchiveError) as exc:
         _log.warning(
-            "journal record %s was not written (%s); the catalog has the decision, and the "
-            "next gc writes a checkpoint that covers it",
+            "journal record %s was not written (%s); the catalog holds it, and the next gc "
+            "writes it",
             staged.name,
             exc,
         )
@@ -769,28 +853,47 @@ def adopt(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> boo
         position = get_pool_info(conn, JOURNAL_CHECKPOINT)
         stamped = get_pool_info(conn, JOURNAL_POOL)
         pool_id = pool_id_of(conn)
+    try:
+        entries = journal.entries()
+    except OSError:
+        # Unlistable (a symlink in its place: PoolLayoutError): reading the pool needs no
+        # journal; every decision checks the folder first and refuses.
+        return False
+    horizon = int(clock() * 1_000_000) + _FUTURE_US
+    highest = max((e.seq for e in entries if e.seq <= horizon), default=0)
+    with catalog.read() as conn:
+        behind_counter = highest > _stored_counter(conn)
+    if behind_counter:
+        # A catalog restored from a backup, opened on a host whose clock is behind the one
+        # that wrote the newest journal file: its next numbers must still come after it, or
+        # a replay would put its decisions before older ones.
+        with catalog.write() as conn:
+            raise_save_seq(conn, highest)
     if position is not None and stamped == pool_id:
         return False
-    if position is None and journal.entries():
+    if position is None and entries:
         return False
     checkpoint(catalog, journal, clock)
     return True
 
 
 def maintain(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> Staged | None:
-    """After a GC: write a checkpoint when records piled up, a committed record has no file
-    (a process stopped between its commit and its record) or the catalog's checkpoint file
-    is missing; remove superseded files and stale temp files.  Returns the new checkpoint."""
+    """After a GC: write the files of committed records that have none (a process stopped
+    between its commit and its record, or could not write it), from the bytes the catalog
+    holds; write a checkpoint when records piled up or the catalog's checkpoint file is
+    missing; remove superseded files and stale temp files.  Returns the new checkpoint."""
     found = audit(catalog, journal)
+    if found.gaps:
+        with catalog.read() as conn:
+            own = catalog_records(conn)
+        for entry, data in sorted(own.items()):
+            if entry.seq in found.gaps:
+                journal.write(Staged(entry.seq, entry.digest, data, "rec"))
     written = None
-    if (
-        found.gaps
-        or found.missing_checkpoint
-        or found.position.checkpoint is None
-        or len(found.position.records) >= CHECKPOINT_EVERY
-    ):
+    cp = found.position.checkpoint
+    if found.missing_checkpoint or cp is None or len(found.position.records) >= CHECKPOINT_EVERY:
         written = checkpoint(catalog, journal, clock)
     else:
-        journal.remove(e for e in found.entries if found.position.superseded(e))
+        journal.remove(removable(found.entries, cp))
     journal.sweep_temps(clock())
     return written

@@ -615,10 +615,12 @@ class ArchiveManager:
                 )
             ]
             count = int(conn.execute(delete(r).where(r.c.owner == owner)).rowcount)
-            if count:
-                now = self.clock()
-                op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
-                record = stage_record(conn, pool_id_of(conn), [op], now)
+            # NOTE: recorded even when this catalog holds nothing of the owner: on a catalog
+            # restored from a backup, the holds it lacks are in the journal, and the rebuild
+            # must drop them too.
+            now = self.clock()
+            op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
+            record = stage_record(conn, pool_id_of(conn), [op], now)
         # After the commit, before returning: docs/architecture.md, "Retention journal".
         write_committed(self.journal, record)
         return count

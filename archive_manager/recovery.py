@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
 
 from ._names import MAX_NAME_BYTES, archive_owner
 from .catalog import (
@@ -35,6 +36,8 @@ from .catalog import (
     archives_table,
     blobs_table,
     insert_rows,
+    leases_table,
+    pin_write_lock,
     pool_info_table,
     retention_table,
     set_pool_info,
@@ -43,7 +46,15 @@ from .catalog.queries import archive_by_name, blob_rows, raise_save_seq
 from .errors import ArchiveError
 from .gc import kind_of, rowless_files
 from .identity import UNINDEXED_BLOBS
-from .journal import JOURNAL_UNRESOLVED, ArchiveState, Replay, audit, checkpoint, replay
+from .journal import (
+    JOURNAL_UNRESOLVED,
+    ArchiveState,
+    Replay,
+    audit,
+    catalog_records,
+    checkpoint,
+    replay,
+)
 from .manifest import Manifest
 from .writer import insert_contents
 
@@ -74,7 +85,9 @@ class RebuildReport:
     reclaimed: list[str] = field(default_factory=list)
     journal_damaged: dict[str, str] = field(default_factory=dict)
     journal_foreign: list[str] = field(default_factory=list)
-    journal_gaps: int = 0
+    # Archives the journal knows only in part (a retain or release whose publication record
+    # it lacks): their own owner was assumed.
+    journal_partial: list[str] = field(default_factory=list)
     unresolved: bool = False
     duration: float = 0.0
 
@@ -124,10 +137,23 @@ def rebuild_catalog(
         except (ArchiveError, OSError, KeyError, TypeError, ValueError) as exc:
             report.skipped[digest] = f"{type(exc).__name__}: {exc}"
             continue
-        by_name[manifest.name].append((manifest, digest))
+        # The name the journal knows it by: an archive an earlier rebuild restored under
+        # another name (`~restored-`) must not be taken for an older save of its first name.
+        known = journal.state.archives.get(digest) if journal is not None else None
+        by_name[known.name if known is not None else manifest.name].append((manifest, digest))
         highest_seq = max(highest_seq, manifest.save_seq or 0)
     for done, name in enumerate(sorted(by_name), start=1):
-        group = sorted(by_name[name], key=lambda md: (md[0].order, md[1]), reverse=True)
+        # The journal's published (or released) archive of a name wins over manifests it
+        # does not know (a save of that name that never published); then the save order.
+        group = sorted(
+            by_name[name],
+            key=lambda md: (
+                journal is not None and md[1] in journal.state.archives,
+                md[0].order,
+                md[1],
+            ),
+            reverse=True,
+        )
         (winner, digest), losers = group[0], group[1:]
         for manifest, other in losers:
             report.skipped[other] = (
@@ -150,10 +176,14 @@ def rebuild_catalog(
             progress(done, len(by_name))
     report.blobs += _index_rest(pool, rowless, kinds, now)
     if journal is not None:
-        _bring_forward(pool, journal, report, gap_mode=report.journal_gaps > 0)
-        _note_reclaimed(pool, journal, report)
-        highest_seq = max(highest_seq, journal.highest_seq)
+        final = _bring_forward(pool, report)
+        _note_reclaimed(pool, final, report)
+        highest_seq = max(highest_seq, final.highest_seq)
+        report.journal_partial = sorted(a.name for a in final.state.archives.values() if a.partial)
     report.unresolved = bool(report.journal_damaged) and not resolve
+    if resolve and (report.journal_damaged or report.journal_foreign):
+        # Accepted: kept as evidence under journal/damaged/, out of every later listing.
+        pool.journal.quarantine([*report.journal_damaged, *report.journal_foreign])
     # Only now, every archive restored: a rebuild that died half-way leaves GC refusing.
     with pool.catalog.write("rebuild.finish") as conn:
         raise_save_seq(conn, highest_seq)
@@ -201,6 +231,13 @@ def _restore(
             raise _Skip("its manifest was indexed meanwhile (by another rebuild, or a save)")
         name = decided.name if decided is not None else m.name
         existing = archive_by_name(conn, name)
+        if existing is not None and decided is not None and _dead_pending(conn, existing, now):
+            # A save of this name that never published (a backup caught it pending, its
+            # process is gone), while the journal has the name published with this manifest:
+            # the published archive takes its name back; the dead claim is rolled back, as
+            # GC would.
+            conn.execute(delete(archives_table).where(archives_table.c.id == existing.id))
+            existing = None
         if existing is not None:
             # NOTE: a catalog restored from a backup, then a save of a name that an archive
             # published after the backup also had: both were real.  Keeping only the
@@ -292,6 +329,16 @@ def _restore(
     return len(new_rows), name
 
 
+def _dead_pending(conn: Connection, row: Any, now: float) -> bool:
+    """``row`` is a pending archive whose save's lease is gone or expired."""
+    if row.state != "pending":
+        return False
+    lease = conn.execute(
+        select(leases_table.c.expires_at).where(leases_table.c.owner == row.lease_owner)
+    ).scalar()
+    return lease is None or lease <= now
+
+
 def _restored_name(m: Manifest, digest: str) -> str:
     """``<name>~restored-<save number or digest>``, cut to fit the name limit."""
     suffix = f"~restored-{m.save_seq if m.save_seq is not None else digest[:16]}"
@@ -327,21 +374,29 @@ def _index_rest(
     return added
 
 
+def _replay(pool: ArchiveManager, conn: Connection | None = None) -> tuple[Replay, bool]:
+    """The retention journal replayed (its files and the records this catalog holds
+    itself), and whether the catalog is behind it."""
+    found = audit(pool.catalog, pool.journal)
+    if conn is None:
+        with pool.catalog.read() as reader:
+            own = catalog_records(reader)
+    else:
+        own = catalog_records(conn)
+    pool_id = pool.identity.pool_id if pool.identity is not None else None
+    replayed = replay(pool.journal, pool_id, found.entries, own, now=pool.clock())
+    return replayed, found.behind
+
+
 def _read_journal(pool: ArchiveManager, report: RebuildReport) -> Replay | None:
     """The retention journal replayed, when the catalog is behind it (a lost catalog, one
     restored from a backup or a lagging replica); None when the catalog knows every file."""
-    found = audit(pool.catalog, pool.journal)
-    if not found.behind:
+    replayed, behind = _replay(pool)
+    if not behind:
         return None
-    pool_id = pool.identity.pool_id if pool.identity is not None else None
-    replayed = replay(pool.journal, pool_id, found.entries)
     report.journal_applied = True
     report.journal_damaged = dict(replayed.damaged)
     report.journal_foreign = list(replayed.foreign)
-    base = replayed.checkpoint.seq if replayed.checkpoint is not None else -1
-    # Decisions this catalog committed whose record files never reached the journal (their
-    # process stopped in between): the journal cannot vouch for them, the catalog can.
-    report.journal_gaps = sum(1 for seq in found.gaps if seq > base)
     return replayed
 
 
@@ -355,18 +410,20 @@ def _own_owner_renamed(decided: ArchiveState, name: str) -> dict[str, float]:
     return owners
 
 
-def _bring_forward(
-    pool: ArchiveManager, journal: Replay, report: RebuildReport, *, gap_mode: bool
-) -> None:
-    """Give the archives the catalog already has the owners, states and times the journal
-    records, in one transaction (docs/architecture.md, "Recovery").
+def _bring_forward(pool: ArchiveManager, report: RebuildReport) -> Replay:
+    """Give the archives the catalog has the owners, states and times the journal records,
+    in one transaction (docs/architecture.md, "Recovery"); return the replay it used.
 
-    With ``gap_mode`` (the catalog committed decisions whose records are missing), neither
-    side is complete: owners are the union of both (a hold is never dropped on a guess), and
-    a state the two disagree on follows the archive's own owner.
+    The journal is read again under the write lock: every decision commits under it, and the
+    catalog holds the bytes of each record it committed, so a decision made while the rebuild
+    ran (its file perhaps not yet written) is part of what is applied, in its place.
     """
     a, r, b = archives_table, retention_table, blobs_table
     with pool.catalog.write("rebuild.journal") as conn:
+        pin_write_lock(conn)
+        journal, _ = _replay(pool, conn)
+        report.journal_damaged = dict(journal.damaged)
+        report.journal_foreign = list(journal.foreign)
         rows = {
             row.manifest_digest: row
             for row in conn.execute(
@@ -386,10 +443,6 @@ def _bring_forward(
             )
             wanted = _own_owner_renamed(decided, row.name)
             state = decided.state
-            if gap_mode:
-                wanted = {**wanted, **held}
-                if row.state in ("published", "released") and row.state != state:
-                    state = "published" if archive_owner(row.name) in wanted else "released"
             changes: list[str] = []
             values: dict[str, Any] = {}
             if row.state == "pending":
@@ -423,6 +476,7 @@ def _bring_forward(
                 changes += [f"owner {o} restored" for o in added]
             if changes:
                 report.brought_forward[row.name] = changes
+    return journal
 
 
 def _note_reclaimed(pool: ArchiveManager, journal: Replay, report: RebuildReport) -> None:

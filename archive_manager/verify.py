@@ -430,7 +430,7 @@ def _check_journal(pool: ArchiveManager, report: VerifyReport, *, read_data: boo
                 "journal-gap",
                 f"{len(found.gaps)} committed decision(s) have no journal record yet (a "
                 "process stopped between its commit and its record, or is writing it now); "
-                "the next gc writes a checkpoint that covers them",
+                "the catalog holds them, and the next gc writes their files",
             )
         )
     if found.missing_checkpoint:

@@ -164,10 +164,12 @@ def test_decisions_on_a_restored_catalog_are_kept_in_order(
     backup.restore()
     with open_on(backend, root) as pool:
         pool.retain("job:y", "a")  # made on the stale catalog
-        pool.release_owner("job:x")  # the stale catalog holds no job:x: nothing to record
+        # The stale catalog holds no job:x, but the user let it go after its retain: the
+        # release is recorded all the same, and the rebuild applies it in its place.
+        assert pool.release_owner("job:x") == 0
         pool.rebuild_catalog()
         owners = {o for o, _ in facts(pool)["a"][3]}
-        assert owners == {"archive:a", "job:x", "job:y"}
+        assert owners == {"archive:a", "job:y"}
         pool.gc(grace=0)
         assert pool.verify(read_data=True).ok
 
@@ -267,9 +269,12 @@ def test_a_process_killed_between_its_commit_and_its_record(
         assert facts(pool) == before
 
 
-def test_gap_mode_keeps_the_holds_of_both_sides(tmp_path: Path, backend: Backend) -> None:
-    """A restored catalog that made a decision whose record is missing, and lacks one the
-    journal has: neither side is complete, so owners are the union."""
+def test_a_record_file_never_written_comes_from_the_catalog(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """A restored catalog made a decision whose record file is gone (a process stopped before
+    writing it, a full disk): the catalog holds the record's bytes, so the rebuild applies it
+    in its place, and GC writes the file again."""
     root = tmp_path / "pool"
     backup = CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")
     with open_on(backend, root) as pool:
@@ -281,30 +286,64 @@ def test_gap_mode_keeps_the_holds_of_both_sides(tmp_path: Path, backend: Backend
         pool.retain("job:catalog-only", "a")
         gap = journal_files(root)[:-1][-1]  # the newest record: that retain's
         gap.unlink()
-        report = pool.rebuild_catalog()
-        assert report.journal_gaps == 1
+        assert {f.kind for f in pool.verify().notices} >= {"journal-gap"}
+        pool.rebuild_catalog()
         owners = {o for o, _ in facts(pool)["a"][3]}
         assert owners == {"archive:a", "job:journal-only", "job:catalog-only"}
+        pool.gc(grace=0)
+        assert "journal-gap" not in {f.kind for f in pool.verify().notices}
 
 
 def test_checkpoints_bound_the_journal(
     tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """GC checkpoints once records pile up, and removes what the checkpoint before the
+    newest supersedes: the journal holds at most two checkpoints and the records since the
+    older one, however many decisions were made."""
     monkeypatch.setattr(journal, "CHECKPOINT_EVERY", 5)
     root = tmp_path / "pool"
     with open_on(backend, root) as pool:
         pool.save("a", tiny_rollout(), rollout_id=1)
-        for i in range(8):
-            pool.retain(f"job:{i}", "a")
-        assert len(list((root / JOURNAL_DIR).glob("*.rec"))) == 9
-        pool.gc(grace=0)
-        assert [p.suffix for p in (root / JOURNAL_DIR).iterdir()] == [".ckpt"]
+        for round_ in range(4):
+            for i in range(6):
+                pool.retain(f"job:{round_}-{i}", "a")
+            pool.gc(grace=0)
+            files = list((root / JOURNAL_DIR).iterdir())
+            assert len([p for p in files if p.suffix == ".ckpt"]) <= 2
+            assert len(files) <= 2 + 2 * 7
         with pool.catalog.read() as conn:
             assert conn.execute(select(journal_table)).all() == []
         before = facts(pool)
     with recover(backend, root) as pool:
         pool.rebuild_catalog()
         assert facts(pool) == before
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal, "CHECKPOINT_EVERY", 2)
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        for i in range(3):
+            pool.retain(f"job:{i}", "a")
+        pool.gc(grace=0)
+        pool.open_archive("a").release()
+        pool.retain("job:late", "a")
+        pool.gc(grace=0)
+        before = facts(pool)
+    newest = max((root / JOURNAL_DIR).glob("*.ckpt"))
+    newest.chmod(0o644)
+    data = bytearray(newest.read_bytes())
+    data[-3] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    with ArchiveManager.open(root, recover=True) as pool:
+        report = pool.rebuild_catalog()
+        assert list(report.journal_damaged) == [newest.name] and report.unresolved
+        assert facts(pool) == before  # the checkpoint before it and the records since
 
 
 def test_a_rebound_copy_rebuilds_with_its_own_identity(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -262,6 +263,9 @@ class JournalRecord(Base):
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     digest: Mapped[str] = mapped_column(_DIGEST, nullable=False)
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    # The record itself (a few hundred bytes): a file that could not be written, or not yet,
+    # is written again from here, and a rebuild replays this catalog's own decisions exactly.
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
 pool_info_table: Table = PoolInfo.__table__  # type: ignore[assignment]

@@ -6,9 +6,10 @@ Create Date: 2026-12-02
 
 Ownership decisions (publish, retain, release, release_owner) are also written as small
 record files under ``<root>/journal/`` (docs/architecture.md, "Retention journal"). The
-catalog keeps the number and digest of each record it committed since its last checkpoint,
-so that a record file it does not know shows that the catalog is behind the pool (restored
-from a backup, a lagging replica). A new table: nothing to copy on SQLite.
+catalog keeps each record it committed since its last checkpoint (number, digest, bytes), so
+that a record file it does not know shows that the catalog is behind the pool (restored from a
+backup, a lagging replica), and a record file that was never written can be written again.
+A new table: nothing to copy on SQLite.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def upgrade() -> None:
         sa.Column("seq", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("digest", sa.String(length=32), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
+        sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("seq", name=op.f("pk_journal")),
     )
 
