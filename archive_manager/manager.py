@@ -223,8 +223,11 @@ class ArchiveManager:
             if missing is not None:
                 raise missing
         reason = "it was opened read-only" if read_only else None
-        if read_only is None and not (recover or rebind) and path.is_dir():
+        if read_only is None and path.is_dir():
             reason = _unwritable(path)
+        if reason is not None and (recover or rebind):
+            what = "recover" if recover else "rebind"
+            raise ReadOnlyPoolError(f"{what} writes the pool, which is read-only here ({reason})")
         if reason is not None:
             return cls._open_read_only(
                 path,
@@ -263,12 +266,16 @@ class ArchiveManager:
         # None: a catalog this process may not write (a SQLite file or folder, a PostgreSQL
         # role that may only read) opens read-only even where the blob root is writable.
         catalog = Catalog.open(
-            url,
-            busy_timeout_ms=busy_timeout_ms,
-            read_only=None if read_only is None and not (recover or rebind) else False,
+            url, busy_timeout_ms=busy_timeout_ms, read_only=None if read_only is None else False
         )
         if catalog.read_only:
             catalog.close()
+            if recover or rebind:
+                what = "recover" if recover else "rebind"
+                raise ReadOnlyPoolError(
+                    f"{what} writes the pool, whose catalog is read-only here "
+                    f"({catalog.read_only_reason})"
+                )
             if not cls.exists(path, catalog_url):
                 raise PoolNotFoundError(
                     f"no pool at {path}, and this process cannot create one "
