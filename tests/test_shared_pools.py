@@ -428,10 +428,10 @@ def test_readme_grants_give_a_reader_and_a_writer_role(tmp_path: Path, pg_server
             host=pg_server.host, port=pg_server.port, user="postgres", dbname=database,
             autocommit=True,
         ) as conn:
-            for statement in sql.split(";"):
-                lines = [ln for ln in statement.splitlines() if not ln.strip().startswith("--")]
-                if "".join(lines).strip():
-                    conn.execute("\n".join(lines))  # type: ignore[arg-type]
+            code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
+            for statement in code.split(";"):
+                if statement.strip():
+                    conn.execute(statement)  # type: ignore[arg-type]
 
         def url(role: str) -> str:
             return owner_url.replace("://postgres@", f"://{role}@")
