@@ -62,7 +62,9 @@ def require_mount_namespace() -> None:
 def require_users() -> None:
     """Skip (or fail) unless throwaway users and groups can be made (and a mount namespace)."""
     require_mount_namespace()
-    missing = [t for t in ("useradd", "groupadd", "userdel", "groupdel", "setpriv") if not shutil.which(t)]
+    missing = [
+        t for t in ("useradd", "groupadd", "userdel", "groupdel", "setpriv") if not shutil.which(t)
+    ]
     if missing:
         skip_or_fail(f"{', '.join(missing)} missing: no throwaway users")
 
@@ -81,9 +83,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def read_only_mount_command(source: Path, mount: Path, command: list[str]) -> list[str]:
     """``command`` run in a private mount namespace where ``mount`` is a read-only bind mount
     of ``source`` (nothing of it is visible outside the namespace)."""
-    script = (
-        f'mount --bind "$1" "$2" && mount -o remount,ro,bind "$2" && shift 2 && exec "$@"'
-    )
+    script = 'mount --bind "$1" "$2" && mount -o remount,ro,bind "$2" && shift 2 && exec "$@"'
     return ["unshare", "-m", "sh", "-c", script, "sh", str(source), str(mount), *command]
 
 

@@ -192,11 +192,13 @@ def test_an_unchanging_catalog_that_changes_under_a_read_is_refused_then_followe
     with ArchiveManager.open(root) as pool:
         fill(pool)
     with ArchiveManager.open(root, read_only=True) as reader:
-        with pytest.raises(CatalogError, match="changed while this process read it"):
-            with reader.catalog.read() as conn:
-                conn.execute(select(archives_table.c.name)).all()
-                with ArchiveManager.open(root) as writer:
-                    writer.save("third", rollout(3), rollout_id=3)
+        with (
+            pytest.raises(CatalogError, match="changed while this process read it"),
+            reader.catalog.read() as conn,
+        ):
+            conn.execute(select(archives_table.c.name)).all()
+            with ArchiveManager.open(root) as writer:
+                writer.save("third", rollout(3), rollout_id=3)
         assert [i.name for i in reader.find()] == ["first", "second", "third"]
 
 
@@ -317,9 +319,7 @@ def test_every_read_on_a_read_only_mount_writes_nothing(
     with open_on(backend, root) as pool:
         fill(pool)
     pointer = tmp_path / "run" / "rollout_7.json"
-    RolloutArchive.save(
-        pointer, rollout(7), rollout_id=7, args=_Args(root, url)
-    ).close()
+    RolloutArchive.save(pointer, rollout(7), rollout_id=7, args=_Args(root, url)).close()
     # The pointer records the writable path; the reader reaches the pool by the mount.
     data = json.loads(pointer.read_text())
     data["pool_root"] = str(mount_point / "pool")
@@ -425,7 +425,10 @@ def test_readme_grants_give_a_reader_and_a_writer_role(tmp_path: Path, pg_server
         with ArchiveManager.open(root, owner_url) as pool:  # the owner creates the catalog
             fill(pool)
         with psycopg.connect(
-            host=pg_server.host, port=pg_server.port, user="postgres", dbname=database,
+            host=pg_server.host,
+            port=pg_server.port,
+            user="postgres",
+            dbname=database,
             autocommit=True,
         ) as conn:
             code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
@@ -462,15 +465,17 @@ def test_readme_grants_give_a_reader_and_a_writer_role(tmp_path: Path, pg_server
                 with pytest.raises(ReadOnlyPoolError):
                     write()
             # The server refuses what got past the gate too, with the same error.
-            with pytest.raises(ReadOnlyPoolError):
-                with reader.catalog.engine.connect() as conn:
-                    conn.exec_driver_sql("DELETE FROM retention")
+            with pytest.raises(ReadOnlyPoolError), reader.catalog.engine.connect() as conn:
+                conn.exec_driver_sql("DELETE FROM retention")
         with ArchiveManager.open(root, owner_url) as owner:
             assert snapshot_pool(owner) == state
     finally:
         pg_server.drop_database(owner_url)
         with psycopg.connect(
-            host=pg_server.host, port=pg_server.port, user="postgres", dbname="postgres",
+            host=pg_server.host,
+            port=pg_server.port,
+            user="postgres",
+            dbname="postgres",
             autocommit=True,
         ) as conn:
             for role in (reader_role, writer_role):
@@ -582,8 +587,18 @@ def test_two_accounts_of_one_group_share_a_pool(tmp_path: Path) -> None:
             script.write_text(_MEMBER)
             os.chmod(script, 0o644)
             steps: list[tuple[str, list[str]]] = [
-                (alice, ["-m", "archive_manager.cli", "--root", str(root), "init",
-                         "--shared-group", group]),
+                (
+                    alice,
+                    [
+                        "-m",
+                        "archive_manager.cli",
+                        "--root",
+                        str(root),
+                        "init",
+                        "--shared-group",
+                        group,
+                    ],
+                ),
                 (alice, [str(script), str(root), "save", "alice-1", "1"]),
                 (bob, [str(script), str(root), "save", "bob-1", "2"]),
                 (bob, [str(script), str(root), "release", "alice-1", "0"]),
@@ -598,8 +613,16 @@ def test_two_accounts_of_one_group_share_a_pool(tmp_path: Path) -> None:
             for user, args in steps:
                 setup, prefix = as_user_prefix(user, group, base)
                 command = " ".join(
-                    _quote(a) for a in [*prefix, "sh", "-c", 'umask 022 && exec "$@"', "sh",
-                                        sys.executable, *args]
+                    _quote(a)
+                    for a in [
+                        *prefix,
+                        "sh",
+                        "-c",
+                        'umask 022 && exec "$@"',
+                        "sh",
+                        sys.executable,
+                        *args,
+                    ]
                 )
                 lines.append(f"{setup}{command}")
             outputs = []

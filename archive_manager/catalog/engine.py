@@ -71,8 +71,8 @@ __all__ = [
     "LockHolder",
     "catalog_identity",
     "check_journal_mode",
-    "check_read_unchanged",
     "check_local_filesystem",
+    "check_read_unchanged",
     "filesystem_type",
     "idle_in_transaction_timeout_ms",
     "is_network_filesystem",
@@ -809,9 +809,7 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
         raw.isolation_level = None  # BEGIN comes from the "begin" event, as for writers
         return raw
 
-    engine = create_engine(
-        url, creator=connect, poolclass=QueuePool, pool_size=5, max_overflow=64
-    )
+    engine = create_engine(url, creator=connect, poolclass=QueuePool, pool_size=5, max_overflow=64)
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
