@@ -143,5 +143,6 @@ def info(pool: ArchiveManager, as_json: bool) -> None:
             ("stored", human_size(summary.stored_bytes)),
             ("referenced", f"{human_size(summary.logical_bytes)} (by published archives)"),
             ("dedup ratio", f"{summary.dedup_ratio:.2f}x"),
+            ("access", f"read-only ({pool.read_only_reason})" if pool.read_only else "read-write"),
         ]
     )
