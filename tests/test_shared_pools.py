@@ -452,7 +452,7 @@ def test_readme_grants_give_a_reader_and_a_writer_role(tmp_path: Path, pg_server
             state = snapshot_pool(owner)
         with ArchiveManager.open(root, url(reader_role)) as reader:
             assert reader.read_only
-            assert "may only read" in (reader.read_only_reason or "")
+            assert "may not write" in (reader.read_only_reason or "")
             assert [i.name for i in reader.find()] == ["first", "third"]
             assert len(reader.open_archive("third").load_samples()) == 6
             assert reader.verify(read_data=True).ok and reader.stats()

@@ -180,7 +180,11 @@ def _server_role_unwritable(engine: Engine) -> str | None:
     with engine.connect() as conn, conn.begin():
         allowed, found = conn.execute(
             text(
-                "SELECT bool_and(has_table_privilege(c.oid, 'INSERT, UPDATE, DELETE')), count(*) "
+                # NOTE: one privilege per call: with several listed, PostgreSQL answers
+                # whether *any* of them is held.
+                "SELECT bool_and(has_table_privilege(c.oid, 'INSERT') "
+                "AND has_table_privilege(c.oid, 'UPDATE') "
+                "AND has_table_privilege(c.oid, 'DELETE')), count(*) "
                 "FROM pg_class c WHERE c.relkind = 'r' AND c.relname = ANY(:names) "
                 "AND pg_table_is_visible(c.oid)"
             ),
@@ -188,7 +192,7 @@ def _server_role_unwritable(engine: Engine) -> str | None:
         ).one()
     if not found or allowed:
         return None
-    return "the catalog role may only read its tables (no INSERT, UPDATE and DELETE)"
+    return "the catalog role may not write the catalog's tables (INSERT, UPDATE and DELETE)"
 
 
 class Catalog:
