@@ -75,7 +75,12 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(WORKTREE), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep
     )
-    env.pop("ARCHIVE_MANAGER_READ_ONLY", None)
+    for name in (
+        "ARCHIVE_MANAGER_READ_ONLY",
+        "ARCHIVE_MANAGER_CATALOG_URL",
+        "ARCHIVE_MANAGER_ROOT",
+    ):
+        env.pop(name, None)  # the tester's own settings must not reach the child
     env.update(extra)
     return env
 
