@@ -136,7 +136,18 @@ def share_pool(
     name, gid = _group(group)
     root = Path(root)
     report = SharedReport(name, gid)
+    try:
+        _share(root, gid, catalog_file, report)
+    except PermissionError as exc:
+        raise PermissionError(
+            exc.errno,
+            f"cannot give {exc.filename} to group {name} ({exc.strerror}): run this as the "
+            f"owner of the pool's files, who must be a member of {name}, or as root",
+        ) from exc
+    return report
 
+
+def _share(root: Path, gid: int, catalog_file: Path | None, report: SharedReport) -> None:
     def chown(path: Path, st: os.stat_result) -> None:
         if st.st_gid != gid:
             os.chown(path, -1, gid, follow_symlinks=False)
@@ -168,7 +179,6 @@ def share_pool(
             os.chmod(path, wanted)
             report.files += 1
             report.changed.append(str(path))
-    return report
 
 
 def _fix_command(root: Path, group: str, catalog_url: str | None) -> str:
@@ -221,12 +231,12 @@ def shared_problems(
         problems.append(
             f"{len(folders)} folder(s) of the pool shared with group {group} lack the group, "
             f"its write bit or the set-group-id bit ({shown}): other members cannot save, "
-            f"release or collect there; fix it with: {fix}"
+            f"release or collect there; fix it with: {fix} (as the owner of those files, or root)"
         )
     if files:
         problems.append(
             f"the catalog file(s) {', '.join(files)} of the pool shared with group {group} are "
             f"not readable and writable by the group: other members cannot open the pool; "
-            f"fix it with: {fix}"
+            f"fix it with: {fix} (as the owner of those files, or root)"
         )
     return problems

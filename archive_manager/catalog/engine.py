@@ -936,8 +936,9 @@ def _translate_postgresql_error(
     if state == _PG_NO_PRIVILEGE:
         return ReadOnlyPoolError(
             f"the catalog {where} refused this role a write ({reason}); nothing was "
-            "committed: a role that may only read opens the pool read-only, and a writer "
-            "role needs the GRANTs of the README's 'Shared pools: readers and writers'"
+            "committed: a role that may only read opens the pool read-only, a writer role "
+            "needs the GRANTs of the README's 'Shared pools: readers and writers', and a "
+            "catalog upgrade needs the catalog's owner ('archive-manager db upgrade' as it)"
         )
     if state == _PG_LOCK_NOT_AVAILABLE:
         return CatalogLockedError(
