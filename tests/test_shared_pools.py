@@ -202,6 +202,40 @@ def test_an_unchanging_catalog_that_changes_under_a_read_is_refused_then_followe
         assert [i.name for i in reader.find()] == ["first", "second", "third"]
 
 
+def test_a_reader_follows_a_writer_that_opens_after_it(tmp_path: Path) -> None:
+    """Immutable while nobody had the catalog open; once a writer holds it (-wal and -shm
+    exist) the reader's next read goes through the WAL and sees every commit."""
+    from archive_manager.catalog.engine import sqlite_read_mode
+
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        fill(pool)
+    with ArchiveManager.open(root, read_only=True) as reader:
+        assert sqlite_read_mode(root / "catalog.db") == "immutable"
+        assert len(reader.find()) == 2
+        with ArchiveManager.open(root) as writer:
+            writer.save("third", rollout(3), rollout_id=3)
+            assert sqlite_read_mode(root / "catalog.db") == "ro"
+            assert [i.name for i in reader.find()] == ["first", "second", "third"]
+            writer.save("fourth", rollout(4), rollout_id=4)
+            assert len(reader.open_archive("fourth").load_samples()) == 6
+
+
+def test_a_wal_without_its_shm_file_is_refused_clearly(tmp_path: Path) -> None:
+    from archive_manager.catalog.engine import sqlite_read_mode
+
+    database = tmp_path / "catalog.db"
+    database.write_bytes(b"")
+    assert sqlite_read_mode(database) == "immutable"
+    Path(f"{database}-wal").write_bytes(b"")  # a writer opening it right now: no commit yet
+    assert sqlite_read_mode(database) == "immutable"
+    Path(f"{database}-wal").write_bytes(b"\0" * 4096)
+    with pytest.raises(CatalogError, match="no -shm file"):
+        sqlite_read_mode(database)
+    Path(f"{database}-shm").write_bytes(b"")
+    assert sqlite_read_mode(database) == "ro"
+
+
 def test_the_facade_reads_a_pool_it_may_not_write(tmp_path: Path) -> None:
     pointer = tmp_path / "run" / "rollout_1.json"
     RolloutArchive.save(pointer, rollout(1), rollout_id=1).close()
