@@ -433,6 +433,57 @@ def test_a_reader_on_a_read_only_mount_follows_a_live_writer(
         assert [i.name for i in writer.find()] == ["first", "second", "third"]
 
 
+_KILLED_WRITER = """
+import os, sys
+from archive_manager import ArchiveManager
+from archive_manager.synthetic import make_rollout
+pool = ArchiveManager.open(sys.argv[1])
+pool.save("third", make_rollout(6, seed=3, prompt_len=8, response_min=4, response_max=12,
+                                group_size=2), rollout_id=3)
+os._exit(0)  # as SIGKILL leaves it: -wal and -shm stay, the last commits only in the WAL
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_reader_on_a_read_only_mount_reads_what_a_killed_writer_committed(
+    tmp_path: Path, mount_point: Path
+) -> None:
+    """A training job killed with the catalog open leaves -wal and -shm and no process: the
+    reader, which may recover nothing, still reads every commit (SQLite rebuilds the WAL index
+    in its own memory) and changes nothing."""
+    require_mount_namespace()
+    source = tmp_path / "data"
+    root = source / "pool"
+    out = tmp_path / "out"
+    out.mkdir()
+    with ArchiveManager.open(root) as pool:
+        fill(pool)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(root)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert killed.returncode == 0, killed.stderr
+    assert side_files(root) == ["catalog.db-shm", "catalog.db-wal"]
+    before = tree(source)
+    done = subprocess.run(
+        _reader(source, mount_point, None, out, None),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["names"] == ["first", "second", "third"]
+    result["names"] = ["first", "second"]
+    _check_reads(result)
+    assert tree(source) == before
+
+
 # --------------------------------------------------------------------------- PostgreSQL roles
 
 
