@@ -8,6 +8,10 @@ Usage::
         with catalog.read() as conn:           # one consistent snapshot, rolled back at exit
             conn.execute(select(archives_table)).all()
 
+``Catalog.open(url, read_only=True)`` only reads: it creates and migrates nothing, and
+`Catalog.write` raises `ReadOnlyPoolError` before anything begins (docs/architecture.md,
+Shared pools).
+
 The catalog knows nothing of blob files; it only indexes them.
 """
 

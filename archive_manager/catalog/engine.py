@@ -24,6 +24,11 @@ calls `pin_write_lock` first, because other writers rely on those unlinks happen
 holds the lock. SQLite cannot bound it: when the busy timeout runs out, `CatalogLockedError`
 names the processes holding the lock (`sqlite_lock_holders`, from ``/proc/locks``).
 
+A reader's engine (``read_only=True``) never writes: on SQLite it opens the file ``mode=ro``
+or ``immutable=1`` as `sqlite_read_mode` decides, without the WAL switch or any pragma that
+writes, and refuses a write transaction at BEGIN; on PostgreSQL its reads are READ ONLY
+(docs/architecture.md, Shared pools).
+
 NOTE: no retry of serialization failures or deadlocks (SQLSTATE 40001, 40P01). With one lock
 taken first by every writer, two archive_manager writers never hold row locks at once, so
 they cannot deadlock; READ COMMITTED writers never get 40001, and REPEATABLE READ readers,
