@@ -419,8 +419,10 @@ class Archive:
         """
         owner = archive_owner(self.name)
         record = None
-        self._pool.journal.ready()
         with self._pool.catalog.write("release") as conn:
+            # Inside: a read-only pool is refused by the write gate first; a journal folder
+            # that cannot take the record rolls the release back.
+            self._pool.journal.ready()
             conn.execute(
                 delete(retention_table).where(
                     retention_table.c.owner == owner, retention_table.c.archive_id == self._id

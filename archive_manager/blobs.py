@@ -45,6 +45,7 @@ import xxhash
 from ._digest import Buffer, check_digest, digest_of, is_digest
 from ._failpoints import failpoint
 from .errors import BlobNotFoundError, IntegrityError, InvalidNameError, PoolLayoutError
+from .permissions import share_like_parent
 
 __all__ = ["BlobStore", "MemoryBlobStore"]
 
@@ -183,8 +184,12 @@ def _ensure_dir(path: Path) -> None:
     if path.parent == path or path.is_dir():
         return
     _ensure_dir(path.parent)
-    with contextlib.suppress(FileExistsError):
+    try:
         os.mkdir(path)
+    except FileExistsError:
+        pass
+    else:
+        share_like_parent(path)  # a group-shared pool stays shared (permissions.py)
     # Synced even if a concurrent writer made it: ours may be the rename that depends on it.
     _fsync_dir(path.parent)
 

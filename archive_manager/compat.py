@@ -162,7 +162,11 @@ def _is_sqlite(url: str) -> bool:
 
 
 def _open_pool(
-    path: Path, pointer: dict[str, Any], root: Path | None, catalog_url: str | None
+    path: Path,
+    pointer: dict[str, Any],
+    root: Path | None,
+    catalog_url: str | None,
+    read_only: bool | None = None,
 ) -> ArchiveManager:
     """Open the pool of a pointer, connecting to nothing and opening nothing it alone names.
 
@@ -206,7 +210,7 @@ def _open_pool(
                 f"({probe.reason}); it was left untouched"
             )
         catalog_url = pointer.get("catalog")  # None: the pool root's own catalog
-    return ArchiveManager.open(pool_root, catalog_url, create=False)
+    return ArchiveManager.open(pool_root, catalog_url, create=False, read_only=read_only)
 
 
 def _write_pointer(path: Path, content: dict[str, Any]) -> None:
@@ -329,6 +333,7 @@ class RolloutArchive:
         *,
         catalog_url: str | None = None,
         args: Any = None,
+        read_only: bool | None = None,
     ) -> None:
         """Open the archive a pointer file names.
 
@@ -337,7 +342,9 @@ class RolloutArchive:
         ``args.archive_catalog_url``) over its catalog.  A pointer whose pool has a server
         catalog needs that catalog's URL, with credentials, from the caller (those, or
         ``$ARCHIVE_MANAGER_CATALOG_URL``): the pointer holds none, and nothing it names
-        alone is ever connected to.
+        alone is ever connected to.  ``read_only`` is `ArchiveManager.open`'s: None opens
+        the pool read-only when this process cannot write it (then `release` raises
+        `ReadOnlyPoolError`).
 
         Raises:
             FileNotFoundError: no pointer file at ``path``.
@@ -351,7 +358,7 @@ class RolloutArchive:
         self.path = Path(path)
         self.pointer = _read_pointer(self.path)
         pool_root, url = _configured(args, root, catalog_url)
-        self.pool = _open_pool(self.path, self.pointer, pool_root, url)
+        self.pool = _open_pool(self.path, self.pointer, pool_root, url, read_only)
         try:
             self.archive: Archive = self.pool.open_archive(self.pointer["archive"])
             if self.archive.manifest_digest != self.pointer["manifest_digest"]:

@@ -27,6 +27,7 @@ __all__ = [
     "PoolIdentityError",
     "PoolLayoutError",
     "PoolNotFoundError",
+    "ReadOnlyPoolError",
     "UnencodableError",
     "UnsupportedFilesystemError",
     "UnsupportedFormatError",
@@ -56,6 +57,11 @@ class PoolNotFoundError(ArchiveError, FileNotFoundError):
 class PoolLayoutError(ArchiveError, OSError):
     """A folder of the pool (``blobs/``, ``tmp/``, a fan-out folder) is a symlink, which the pool
     refuses to read, write, list or unlink through: it may lead out of the pool."""
+
+
+class ReadOnlyPoolError(ArchiveError, PermissionError):
+    """The pool is open read-only here (asked for, or this process cannot write it): a save,
+    release, retain, GC or rebuild is refused before it changes anything."""
 
 
 class IntegrityError(ArchiveError):

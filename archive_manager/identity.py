@@ -53,6 +53,7 @@ __all__ = [
     "PoolIdentity",
     "bind_pool",
     "check_identity",
+    "check_pool_read_only",
     "read_identity",
     "safe_url",
 ]
@@ -399,6 +400,41 @@ def _bind_once(
     if not _write_identity(root, ident, exclusive=True):
         return None
     return _commit_new(catalog, root, ident, unindexed=s.unindexed)
+
+
+def check_pool_read_only(
+    catalog: Catalog, root: Path, *, url: str, list_blobs: Callable[[int], list[str]]
+) -> PoolIdentity:
+    """`bind_pool` for a reader: check that ``catalog`` and ``root`` are one pool's, writing
+    nothing (docs/architecture.md, Pool identity and Shared pools).
+
+    Both sides must name one pool (or the root's identity file was lost and the catalog
+    indexes its blobs).  Where they are, the recorded root is not compared: a reader sees the
+    pool through a read-only mount, a snapshot or a copy, at any path, and writes nothing
+    that could make a copy pass for the original.  What a writable open would repair (an
+    identity to record, a moved pool to follow) is refused with what to run.
+
+    Raises:
+        PoolIdentityError: they are not one pool's, or only a writable open can tell.
+    """
+    s = _read_state(catalog, root)
+    shown = safe_url(url)
+    c, f = s.catalog_id, s.file_id
+    if c is not None and c.same_as(f):
+        return f  # type: ignore[return-value]
+    if c is not None and f is None and not s.unindexed and _indexes(catalog, list_blobs(_SAMPLE)):
+        return PoolIdentity(c.pool_id, c.catalog_id, shown)
+    if c is not None and f is not None:
+        raise PoolIdentityError(
+            f"the catalog {shown} belongs to pool {c.pool_id[:12]}/{c.catalog_id[:12]}, but the "
+            f"blob root {root} to pool {f.pool_id[:12]}/{f.catalog_id[:12]}: open the root with "
+            "its own catalog (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
+        )
+    raise PoolIdentityError(
+        f"the catalog {shown} and the blob root {root} cannot be told to be one pool without "
+        "writing (the catalog has no pool identity yet, or does not index these blobs); open "
+        "the pool once with write access, then read it here"
+    )
 
 
 def _same_folder(a: Path, b: Path) -> bool:

@@ -60,6 +60,7 @@ from .catalog import (
 )
 from .catalog.queries import SAVE_SEQ, next_save_seq, raise_save_seq
 from .errors import ArchiveError, JournalDamagedError, PoolLayoutError
+from .permissions import share_like_parent
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -329,6 +330,7 @@ class Journal:
                 return None
             with contextlib.suppress(FileExistsError):
                 self.folder.mkdir()
+            share_like_parent(self.folder)  # a group-shared pool stays shared
             fsync_dir(self._root)
             st = os.lstat(self.folder)
         if not stat.S_ISDIR(st.st_mode):
@@ -427,6 +429,7 @@ class Journal:
         target = folder / DAMAGED_DIR
         with contextlib.suppress(FileExistsError):
             target.mkdir()
+        share_like_parent(target)
         moved = []
         for name in names:
             with contextlib.suppress(OSError):

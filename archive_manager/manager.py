@@ -17,6 +17,7 @@ from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
 
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
+from ._readonly_store import ReadOnlyBlobStore
 from .archive import Archive, ArchiveInfo, infos
 from .blobs import BlobStore
 from .catalog import (
@@ -37,10 +38,19 @@ from .errors import (
     InvalidInputError,
     PoolIdentityError,
     PoolNotFoundError,
+    ReadOnlyPoolError,
 )
 from .gc import GcReport, collect
-from .identity import IDENTITY_FILE, PoolIdentity, bind_pool, read_identity, safe_url
+from .identity import (
+    IDENTITY_FILE,
+    PoolIdentity,
+    bind_pool,
+    check_pool_read_only,
+    read_identity,
+    safe_url,
+)
 from .journal import (
+    JOURNAL_DIR,
     Journal,
     adopt,
     pool_id_of,
@@ -57,6 +67,7 @@ from .lens import (
     prompt_changes,
     prompt_history,
 )
+from .permissions import SharedReport, share_pool
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
@@ -180,6 +191,7 @@ class ArchiveManager:
         create: bool = True,
         recover: bool = False,
         rebind: bool = False,
+        read_only: bool | None = None,
     ) -> ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
@@ -200,10 +212,18 @@ class ArchiveManager:
             rebind: ``root`` is a copy of a pool (``cp -a pool copy``, catalog inside it):
                 bind its catalog to it and give the copy a new pool identity, so that copy
                 and original are never taken for one another.
+            read_only: Only read the pool: create, migrate and write nothing, not even a
+                ``-wal``/``-shm`` or temp file; every write (save, release, retain, gc,
+                rebuild) raises `ReadOnlyPoolError` before it changes anything
+                (docs/architecture.md, Shared pools).  None (the default): read-only when this
+                process cannot write an existing pool (a read-only mount, no write permission
+                on its folders or catalog file, a PostgreSQL role that may only read).
 
         Raises:
             PoolNotFoundError: ``create`` is False and there is no pool (or, with
-                ``recover``, nothing to recover).
+                ``recover``, nothing to recover); with ``read_only``, no pool (a reader
+                never creates one).
+            ReadOnlyPoolError: ``read_only`` with ``recover`` or ``rebind``, which write.
             CatalogVersionError: the pool was written by a newer archive_manager.
             PoolIdentityError: the catalog and the blob root are not one pool's (another
                 pool's catalog, a copy, a root re-bound to another catalog); the message
@@ -212,10 +232,33 @@ class ArchiveManager:
         """
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
+        if read_only not in (None, True, False):
+            raise InvalidInputError("read_only must be True, False or None (detect)")
+        if read_only and (recover or rebind):
+            what = "recover" if recover else "rebind"
+            raise ReadOnlyPoolError(f"{what} writes the pool; it cannot run read-only")
         if not (recover or rebind):
             missing = _missing_catalog(path, url)
             if missing is not None:
                 raise missing
+        reason = "it was opened read-only" if read_only else None
+        if read_only is None and path.is_dir():
+            reason = _unwritable(path)
+        if reason is not None and (recover or rebind):
+            what = "recover" if recover else "rebind"
+            raise ReadOnlyPoolError(f"{what} writes the pool, which is read-only here ({reason})")
+        if reason is not None:
+            return cls._open_read_only(
+                path,
+                url,
+                catalog_url=catalog_url,
+                reason=reason,
+                clock=clock,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+                busy_timeout_ms=busy_timeout_ms,
+            )
         if not (create or recover or rebind) and not cls.exists(path, catalog_url):
             damaged = _damaged_sqlite_file(url)
             if damaged is not None:
@@ -239,7 +282,35 @@ class ArchiveManager:
                 f"({IDENTITY_FILE}); rebind a complete copy of a pool"
             )
         path.mkdir(parents=True, exist_ok=True)
-        catalog = Catalog.open(url, busy_timeout_ms=busy_timeout_ms)
+        # None: a catalog this process may not write (a SQLite file or folder, a PostgreSQL
+        # role that may only read) opens read-only even where the blob root is writable.
+        catalog = Catalog.open(
+            url, busy_timeout_ms=busy_timeout_ms, read_only=None if read_only is None else False
+        )
+        if catalog.read_only:
+            catalog.close()
+            if recover or rebind:
+                what = "recover" if recover else "rebind"
+                raise ReadOnlyPoolError(
+                    f"{what} writes the pool, whose catalog is read-only here "
+                    f"({catalog.read_only_reason})"
+                )
+            if not cls.exists(path, catalog_url):
+                raise PoolNotFoundError(
+                    f"no pool at {path}, and this process cannot create one "
+                    f"({catalog.read_only_reason})"
+                )
+            return cls._open_read_only(
+                path,
+                url,
+                catalog_url=catalog_url,
+                reason=catalog.read_only_reason or "read-only",
+                clock=clock,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+                busy_timeout_ms=busy_timeout_ms,
+            )
         try:
             store = BlobStore(path)
             identity = bind_pool(
@@ -262,6 +333,49 @@ class ArchiveManager:
             )
             pool._identity = identity
             adopt(catalog, pool.journal, pool.clock)
+            return pool
+        except BaseException:
+            catalog.close()
+            raise
+
+    @classmethod
+    def _open_read_only(
+        cls,
+        path: Path,
+        url: str,
+        *,
+        catalog_url: str | None,
+        reason: str,
+        clock: Callable[[], float] | None,
+        lease_ttl: timedelta | float,
+        chunk_size: int,
+        inline_limit: int,
+        busy_timeout_ms: int | None,
+    ) -> ArchiveManager:
+        """`open` for a reader: nothing is created, migrated, bound or repaired."""
+        if not cls.exists(path, catalog_url):
+            raise PoolNotFoundError(f"no pool at {path} (a read-only open never creates one)")
+        catalog = Catalog.open(
+            url, busy_timeout_ms=busy_timeout_ms, read_only=True, read_only_reason=reason
+        )
+        try:
+            store = ReadOnlyBlobStore(path, reason)
+            identity = check_pool_read_only(
+                catalog,
+                path,
+                url=url,
+                list_blobs=lambda n: list(itertools.islice(store.iter_digests(), n)),
+            )
+            pool = cls(
+                path,
+                catalog,
+                clock=clock or time.time,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+            )
+            pool.store = store
+            pool._identity = identity
             return pool
         except BaseException:
             catalog.close()
@@ -313,6 +427,42 @@ class ArchiveManager:
     def catalog_url(self) -> str:
         """The catalog's SQLAlchemy URL."""
         return self.catalog.url
+
+    @property
+    def read_only(self) -> bool:
+        """True when the pool is only read here (every write raises `ReadOnlyPoolError`)."""
+        return self.catalog.read_only
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why the pool is only read here (asked for, a read-only mount, ...), or None."""
+        return self.catalog.read_only_reason
+
+    def _refuse_if_read_only(self, what: str) -> None:
+        # An early exit for verbs that would read much before their first catalog write;
+        # the guarantee itself is `Catalog.write`'s gate.
+        if self.read_only:
+            raise ReadOnlyPoolError(
+                f"the pool at {self._root} is read-only here ({self.read_only_reason}): "
+                f"{what} is refused; nothing was changed"
+            )
+
+    def share_with_group(self, group: str | int) -> SharedReport:
+        """Let every account of ``group`` save into, release from and collect this pool.
+
+        Folders get the group, its write bit and the set-group-id bit (new folders inherit
+        the group, and `BlobStore` gives them the group's write bit); the SQLite catalog file
+        (and its ``-wal``/``-shm``) gets the group's read and write bits; blob files stay
+        read-only for everyone.  Idempotent: run it again to repair what `verify` reports
+        (docs/architecture.md, Shared pools).
+
+        Raises:
+            InvalidInputError: no such group.
+            ReadOnlyPoolError: the pool is open read-only.
+            OSError: a file could not be changed (this account neither owns it nor is root).
+        """
+        self._refuse_if_read_only("sharing the pool with a group")
+        return share_pool(self._root, group, catalog_file=sqlite_path(self.catalog_url))
 
     def close(self) -> None:
         """Release the catalog's connections; idempotent."""
@@ -558,8 +708,10 @@ class ArchiveManager:
         check_archive_name(name)
         r = retention_table
         record = None
-        self.journal.ready()
         with self.catalog.write("retain") as conn:
+            # Inside: a read-only pool is refused by the write gate first; a journal folder
+            # that cannot take the record rolls the decision back.
+            self.journal.ready()
             row = archive_by_name(conn, name)
             if row is None or row.state == "pending":
                 raise ArchiveNotFoundError(f"archive {name!r} not found")
@@ -602,8 +754,8 @@ class ArchiveManager:
         owner = check_owner(owner)
         r, a = retention_table, archives_table
         record = None
-        self.journal.ready()
         with self.catalog.write("release_owner") as conn:
+            self.journal.ready()
             owner = stored_owner(conn, owner)
             held = [
                 (n, d)
@@ -647,6 +799,8 @@ class ArchiveManager:
                 also when the pool's identity at the blob root changed since it was opened.
         """
         seconds = _grace_seconds(grace)
+        if not dry_run:
+            self._refuse_if_read_only("gc")
         return collect(self, grace=seconds, dry_run=dry_run, progress=progress)
 
     def verify(
@@ -685,6 +839,7 @@ class ArchiveManager:
         rebuild with ``resolve=True`` accepts the rebuilt owners.
         ``progress(done, total)`` is called per archive name.
         """
+        self._refuse_if_read_only("rebuild_catalog")
         return rebuild_catalog(self, progress=progress, resolve=resolve)
 
     def import_pt(
@@ -701,6 +856,7 @@ class ArchiveManager:
         Raises:
             UnsupportedFormatError: not a dump, or it needs pickle and was not trusted.
         """
+        self._refuse_if_read_only("import_pt")
         rollout_id, samples = read_pt_dump(path, trust_pickle=trust_pickle)
         if not (rollout_id is None or isinstance(rollout_id, int)):
             rollout_id = None
@@ -748,6 +904,23 @@ def _damaged_sqlite_file(url: str) -> Path | None:
     except CatalogError:
         damaged = True
     return Path(file) if damaged else None
+
+
+def _unwritable(root: Path) -> str | None:
+    """Why this process cannot write the pool at ``root`` (None: it can, as far as the
+    folders tell; the catalog is asked by `Catalog.open`)."""
+    # NOTE: access(2) answers EROFS for W_OK on a read-only mount even to root, whom
+    # permission bits never stop.
+    for folder in (root, root / "blobs", root / "tmp", root / JOURNAL_DIR):
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            try:
+                mount_read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+            except OSError:
+                mount_read_only = False
+            if mount_read_only:
+                return f"{folder} is on a read-only mount"
+            return f"this process may not write {folder}"
+    return None
 
 
 def _has_blobs(root: Path) -> bool:

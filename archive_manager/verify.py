@@ -27,9 +27,11 @@ from .catalog import (
     leases_table,
     retention_table,
 )
+from .catalog.engine import shown_url, sqlite_path
 from .errors import BlobNotFoundError, IntegrityError, InvalidInputError, JournalDamagedError
 from .gc import unindexed_manifests
 from .journal import audit
+from .permissions import shared_problems
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -398,6 +400,16 @@ def verify_pool(
     else:
         report.blobs_checked = len(blobs)
     _check_journal(pool, report, read_data=read_data)
+    # A notice, not damage: nothing is lost, but another member of a group-shared pool is
+    # locked out until the bits are fixed (docs/architecture.md, Shared pools).
+    catalog_file = sqlite_path(pool.catalog_url)
+    own_catalog = catalog_file is not None and catalog_file.absolute().parent == pool.root
+    for message in shared_problems(
+        pool.root,
+        catalog_file=catalog_file,
+        catalog_url=None if own_catalog else shown_url(pool.catalog_url),
+    ):
+        report.notices.append(Finding("permissions", message))
     report.duration = time.perf_counter() - started
     return report
 

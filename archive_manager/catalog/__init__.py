@@ -8,22 +8,27 @@ Usage::
         with catalog.read() as conn:           # one consistent snapshot, rolled back at exit
             conn.execute(select(archives_table)).all()
 
+``Catalog.open(url, read_only=True)`` only reads: it creates and migrates nothing, and
+`Catalog.write` raises `ReadOnlyPoolError` before anything begins (docs/architecture.md,
+Shared pools).
+
 The catalog knows nothing of blob files; it only indexes them.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 
 from .._failpoints import failpoint
-from ..errors import CatalogError
+from ..errors import CatalogError, ReadOnlyPoolError
 from .bulk import insert_rows
 from .engine import (
     BUSY_TIMEOUT_ENV,
@@ -31,6 +36,7 @@ from .engine import (
     WRITE_OPTION,
     CatalogUnreachableError,
     check_local_filesystem,
+    check_read_unchanged,
     filesystem_type,
     is_network_filesystem,
     make_engine,
@@ -40,7 +46,7 @@ from .engine import (
     shown_url,
     sqlite_path,
 )
-from .migrate import current_revision, ensure_current, head_revision, upgrade
+from .migrate import check_current, current_revision, ensure_current, head_revision, upgrade
 from .models import (
     ARCHIVE_STATES,
     BLOB_KINDS,
@@ -158,6 +164,43 @@ def _refuse_foreign_sqlite(url: str) -> None:
         )
 
 
+def _sqlite_unwritable(url: str) -> str | None:
+    """Why this process cannot write the SQLite catalog at ``url`` (None: it can, or the
+    catalog is not SQLite).  Writing needs the file and its folder (for ``-wal``/``-shm``)."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    folder = path.absolute().parent
+    # NOTE: access(2) also answers EROFS for a read-only mount, which is what stops root.
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"this process may not write the catalog file {path}"
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        return f"this process may not write the catalog's folder {folder}"
+    return None
+
+
+def _server_role_unwritable(engine: Engine) -> str | None:
+    """Why this server role may not write the catalog's tables (None: it may, or they do
+    not exist yet and will be created by this open)."""
+    names = sorted(Base.metadata.tables)
+    with engine.connect() as conn, conn.begin():
+        allowed, found = conn.execute(
+            text(
+                # NOTE: one privilege per call: with several listed, PostgreSQL answers
+                # whether *any* of them is held.
+                "SELECT bool_and(has_table_privilege(c.oid, 'INSERT') "
+                "AND has_table_privilege(c.oid, 'UPDATE') "
+                "AND has_table_privilege(c.oid, 'DELETE')), count(*) "
+                "FROM pg_class c WHERE c.relkind = 'r' AND c.relname = ANY(:names) "
+                "AND pg_table_is_visible(c.oid)"
+            ),
+            {"names": names},
+        ).one()
+    if not found or allowed:
+        return None
+    return "the catalog role may not write the catalog's tables (INSERT, UPDATE and DELETE)"
+
+
 class Catalog:
     """An open catalog: an engine on a migrated, version-checked database.
 
@@ -165,13 +208,24 @@ class Catalog:
     and end.
     """
 
-    def __init__(self, engine: Engine, url: str, *, busy_timeout_ms: int | None = None) -> None:
-        """Wrap an engine whose database is already migrated; use `Catalog.open` instead."""
+    def __init__(
+        self,
+        engine: Engine,
+        url: str,
+        *,
+        busy_timeout_ms: int | None = None,
+        read_only_reason: str | None = None,
+    ) -> None:
+        """Wrap an engine whose database is already migrated; use `Catalog.open` instead.
+
+        ``read_only_reason`` (None: a writer) says why this catalog is only read here; every
+        `write` then raises `ReadOnlyPoolError` with it."""
         self._engine = engine
         self._url = url
         self._busy_timeout_ms = resolve_busy_timeout_ms(busy_timeout_ms)
         self._local = threading.local()
         self._closed = False
+        self._read_only_reason = read_only_reason
 
     @classmethod
     def open(
@@ -180,6 +234,8 @@ class Catalog:
         *,
         busy_timeout_ms: int | None = None,
         check_filesystem: bool = True,
+        read_only: bool | None = False,
+        read_only_reason: str | None = None,
     ) -> Catalog:
         """Open (creating or upgrading as needed) the catalog at ``url``.
 
@@ -188,6 +244,11 @@ class Catalog:
             busy_timeout_ms: How long a SQLite writer waits for another's lock; None reads
                 ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
             check_filesystem: Refuse a SQLite file on a network filesystem.
+            read_only: Only read: create, migrate and write nothing, and refuse every
+                `write` (docs/architecture.md, Shared pools).  None: read-only when this
+                process cannot write the catalog (a SQLite file or folder it may not write,
+                a PostgreSQL role without INSERT, UPDATE and DELETE on the catalog's tables).
+            read_only_reason: Why the caller asked for ``read_only`` (for messages).
 
         Raises:
             UnsupportedFilesystemError: A SQLite catalog on a network filesystem.
@@ -198,15 +259,53 @@ class Catalog:
                 before anything touches it.
         """
         _refuse_foreign_sqlite(url)
+        if read_only is None:
+            read_only_reason = _sqlite_unwritable(url)
+            read_only = read_only_reason is not None
+        elif read_only and read_only_reason is None:
+            read_only_reason = "it was opened read-only"
         engine = make_engine(
-            url, busy_timeout_ms=busy_timeout_ms, check_filesystem=check_filesystem
+            url,
+            busy_timeout_ms=busy_timeout_ms,
+            check_filesystem=check_filesystem,
+            read_only=read_only,
         )
         try:
-            ensure_current(engine)
+            if not read_only and engine.dialect.name == "postgresql":
+                refused = _server_role_unwritable(engine)
+                if refused is not None:
+                    # A role that may only read gets a reader's engine (READ ONLY reads).
+                    engine.dispose()
+                    read_only, read_only_reason = True, refused
+                    engine = make_engine(
+                        url,
+                        busy_timeout_ms=busy_timeout_ms,
+                        check_filesystem=check_filesystem,
+                        read_only=True,
+                    )
+            if read_only:
+                check_current(engine)
+            else:
+                ensure_current(engine)
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, url, busy_timeout_ms=busy_timeout_ms)
+        return cls(
+            engine,
+            url,
+            busy_timeout_ms=busy_timeout_ms,
+            read_only_reason=read_only_reason if read_only else None,
+        )
+
+    @property
+    def read_only(self) -> bool:
+        """True when this catalog is only read here (every `write` is refused)."""
+        return self._read_only_reason is not None
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why this catalog is only read here, or None for a writer."""
+        return self._read_only_reason
 
     @property
     def engine(self) -> Engine:
@@ -241,8 +340,12 @@ class Catalog:
             try:
                 yield conn
             finally:
-                if transaction.is_active:
-                    transaction.rollback()
+                try:
+                    if self.read_only:
+                        check_read_unchanged(conn)
+                finally:
+                    if transaction.is_active:
+                        transaction.rollback()
 
     @contextmanager
     def write(self, step: str | None = None) -> Iterator[Connection]:
@@ -261,11 +364,21 @@ class Catalog:
         file I/O that must not run twice.
 
         Raises:
+            ReadOnlyPoolError: the catalog is only read here; nothing was begun.
             CatalogError: A write is already open on this thread (it would wait for itself),
                 or the server stayed unreachable past the busy timeout.
             CatalogLockedError: Another writer held the lock longer than the busy timeout.
         """
         self._check_open()
+        if self._read_only_reason is not None:
+            # NOTE: the one gate every catalog write of every protocol passes (save, release,
+            # retain, GC, rebuild, identity): refused before a transaction begins, so a
+            # reader never takes the write lock nor reaches a SQLite or server message.
+            raise ReadOnlyPoolError(
+                f"the pool's catalog {shown_url(self._url)} is read-only here "
+                f"({self._read_only_reason}): saves, releases, retains, gc and rebuilds are "
+                "refused; nothing was changed"
+            )
         if getattr(self._local, "writing", False):
             raise CatalogError(
                 "catalog.write() is already open on this thread; a second one would wait "

@@ -24,6 +24,11 @@ calls `pin_write_lock` first, because other writers rely on those unlinks happen
 holds the lock. SQLite cannot bound it: when the busy timeout runs out, `CatalogLockedError`
 names the processes holding the lock (`sqlite_lock_holders`, from ``/proc/locks``).
 
+A reader's engine (``read_only=True``) never writes: on SQLite it opens the file ``mode=ro``
+or ``immutable=1`` as `sqlite_read_mode` decides, without the WAL switch or any pragma that
+writes, and refuses a write transaction at BEGIN; on PostgreSQL its reads are READ ONLY
+(docs/architecture.md, Shared pools).
+
 NOTE: no retry of serialization failures or deadlocks (SQLSTATE 40001, 40P01). With one lock
 taken first by every writer, two archive_manager writers never hold row locks at once, so
 they cannot deadlock; READ COMMITTED writers never get 40001, and REPEATABLE READ readers,
@@ -49,10 +54,16 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy.engine.interfaces import ExceptionContext
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
-from ..errors import CatalogError, CatalogLockedError, UnsupportedFilesystemError
+from ..errors import (
+    ArchiveError,
+    CatalogError,
+    CatalogLockedError,
+    ReadOnlyPoolError,
+    UnsupportedFilesystemError,
+)
 
 __all__ = [
     "BUSY_TIMEOUT_ENV",
@@ -66,6 +77,7 @@ __all__ = [
     "catalog_identity",
     "check_journal_mode",
     "check_local_filesystem",
+    "check_read_unchanged",
     "filesystem_type",
     "idle_in_transaction_timeout_ms",
     "is_network_filesystem",
@@ -80,6 +92,7 @@ __all__ = [
     "sqlite_lock_holders",
     "sqlite_locked_message",
     "sqlite_path",
+    "sqlite_read_mode",
 ]
 
 BUSY_TIMEOUT_ENV = "ARCHIVE_MANAGER_BUSY_TIMEOUT_MS"
@@ -523,8 +536,8 @@ def _error_code(exc: BaseException) -> int | None:
 
 
 def _translate_sqlite_error(
-    exc: BaseException, database: str, busy_timeout_ms: int
-) -> CatalogError | None:
+    exc: BaseException, database: str, busy_timeout_ms: int, *, read_only: bool = False
+) -> ArchiveError | None:
     """The `CatalogError` a raw sqlite3 error stands for, or None to let it through."""
     if not isinstance(exc, sqlite3.Error):
         return None
@@ -550,6 +563,10 @@ def _translate_sqlite_error(
         return CatalogError(
             f"the catalog file {database} could not be read or written: {message}; nothing "
             "was committed (check the disk and its free space)"
+        )
+    if read_only and (code == _SQLITE_READONLY or "readonly database" in message):
+        return ReadOnlyPoolError(
+            f"the catalog {database} is open read-only here; nothing was written ({message})"
         )
     if code == _SQLITE_READONLY or "readonly database" in message:
         return CatalogError(
@@ -588,6 +605,7 @@ def make_engine(
     *,
     busy_timeout_ms: int | None = None,
     check_filesystem: bool = True,
+    read_only: bool = False,
 ) -> Engine:
     """Create the catalog's engine; the only place engines are made.
 
@@ -598,6 +616,8 @@ def make_engine(
         busy_timeout_ms: How long a writer waits for another's lock; None reads
             ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
         check_filesystem: Refuse a SQLite file on a network filesystem.
+        read_only: A reader's engine: it never creates, switches or migrates anything (see
+            `sqlite_read_mode` for SQLite; PostgreSQL reads in READ ONLY transactions).
 
     Raises:
         UnsupportedFilesystemError: The SQLite file's folder is on a network filesystem.
@@ -607,7 +627,9 @@ def make_engine(
     url = parse_url(url)
     backend = url.get_backend_name()
     if backend == "postgresql":
-        return _make_postgresql_engine(url, resolve_busy_timeout_ms(busy_timeout_ms))
+        return _make_postgresql_engine(
+            url, resolve_busy_timeout_ms(busy_timeout_ms), read_only=read_only
+        )
     if backend != "sqlite":
         engine = _create_engine(url, pool_pre_ping=True)
         _track_for_fork(engine)
@@ -623,6 +645,8 @@ def make_engine(
         check_local_filesystem(path.absolute().parent)
     timeout_ms = resolve_busy_timeout_ms(busy_timeout_ms)
     database = str(path)
+    if read_only:
+        return _make_sqlite_reader(url, path, timeout_ms)
 
     # NOTE: QueuePool keeps connection set-up out of every transaction, and a save opens
     # several: measured, a read transaction takes 43 us pooled vs 300 us with NullPool, a
@@ -672,6 +696,160 @@ def make_engine(
     return engine
 
 
+# --- SQLite readers that write nothing -----------------------------------------------------
+
+# Bytes of a WAL file's header: a shorter -wal holds no commit (docs/architecture.md, Shared
+# pools).
+_WAL_HEADER = 32
+
+
+def sqlite_read_mode(path: str | os.PathLike[str]) -> str:
+    """How a reader that must write nothing opens the SQLite catalog ``path``: ``"ro"`` or
+    ``"immutable"`` (docs/architecture.md, Shared pools).
+
+    NOTE: SQLite reads a WAL database it may not write only if its ``-wal`` and ``-shm``
+    files already exist, or as ``immutable`` (https://www.sqlite.org/wal.html#readonly,
+    https://www.sqlite.org/walformat.html); a plain ``mode=ro`` open of a WAL file without
+    them fails ("unable to open database file") where they cannot be created, and creates
+    them where they can.  So:
+
+    * both exist: a process has the catalog open (or died with it open).  ``mode=ro`` reads
+      through them under the writers' locks: each read transaction is a consistent snapshot
+      of the last commit before it began, as for any WAL reader.
+    * no ``-wal`` (or an empty one, which holds no commit): no process has the catalog open
+      and the file holds every commit.  ``immutable=1`` reads it with no lock and no side
+      file; since SQLite then assumes nobody changes it, `check_read_unchanged` watches the
+      file for a writer that opens it meanwhile.
+
+    Raises:
+        CatalogError: a ``-wal`` that holds commits but no ``-shm`` (a writer died in a state
+            only a writable open recovers): reading the file alone could return half a
+            checkpoint.
+    """
+    database = os.fspath(path)
+    try:
+        wal_size = os.stat(f"{database}-wal").st_size
+    except FileNotFoundError:
+        return "immutable"
+    if os.path.exists(f"{database}-shm"):
+        return "ro"
+    if wal_size < _WAL_HEADER:
+        return "immutable"
+    raise CatalogError(
+        f"the catalog {database} has a write-ahead log ({database}-wal) but no -shm file: a "
+        "process that wrote it died, and only a process that may write the pool can recover "
+        "it; open the pool once with write access (any read verb does), then read it here"
+    )
+
+
+class _ReaderConnection(sqlite3.Connection):
+    """A reader's sqlite3 connection, with how it was opened (see `sqlite_read_mode`)."""
+
+    read_mode: str = "ro"
+    database: str = ""
+    stamp: tuple[int, ...] | None = None
+
+
+def _stamp(database: str) -> tuple[int, ...] | None:
+    """What changes when anything writes the file: inode, size, mtime, ctime."""
+    try:
+        st = os.stat(database)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def check_read_unchanged(conn: Connection) -> None:
+    """At the end of a read transaction: refuse what an ``immutable`` connection read if the
+    catalog file changed meanwhile (a writer opened the catalog and checkpointed into it).
+
+    NOTE: SQLite trusts an immutable file not to change and keeps its pages cached across
+    transactions; a changed file could give rows that mix two states.  An unchanged file
+    (inode, size, mtime, ctime) proves the pages read were one state, however stale.
+
+    Raises:
+        CatalogError: the file changed; the connection is dropped, so a retry reads anew (and
+            through the writer's WAL, see `sqlite_read_mode`).
+    """
+    try:
+        raw = conn.connection.dbapi_connection
+    except Exception:  # an invalidated connection: nothing was read through it
+        return
+    if not isinstance(raw, _ReaderConnection) or raw.read_mode != "immutable":
+        return
+    if _stamp(raw.database) == raw.stamp:
+        return
+    conn.invalidate()
+    raise CatalogError(
+        f"the catalog {raw.database} changed while this process read it (it was read as an "
+        "unchanging file because no process had it open; a writer opened it meanwhile): "
+        "what was read cannot be trusted; retry, and the read follows the writer's log"
+    )
+
+
+def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
+    """The engine of a reader that writes nothing: no WAL switch, no side files, no lock
+    taken for writing (see `sqlite_read_mode`)."""
+    database = str(path.absolute())
+
+    def connect() -> sqlite3.Connection:
+        mode = sqlite_read_mode(database)
+        stamp = _stamp(database)
+        query = "mode=ro" if mode == "ro" else "immutable=1"
+        try:
+            raw = sqlite3.connect(
+                f"{Path(database).as_uri()}?{query}",
+                uri=True,
+                timeout=timeout_ms / 1000.0,
+                factory=_ReaderConnection,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            translated = _translate_sqlite_error(exc, database, timeout_ms, read_only=True)
+            if translated is None:
+                raise
+            raise translated from exc
+        assert isinstance(raw, _ReaderConnection)
+        raw.read_mode, raw.database, raw.stamp = mode, database, stamp
+        raw.isolation_level = None  # BEGIN comes from the "begin" event, as for writers
+        return raw
+
+    engine = create_engine(url, creator=connect, poolclass=QueuePool, pool_size=5, max_overflow=64)
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+        # A pooled connection opened in the other mode, or an immutable one whose file changed
+        # since (its page cache is stale), is replaced by a new one.
+        if not isinstance(dbapi_connection, _ReaderConnection):
+            return
+        try:
+            mode = sqlite_read_mode(database)
+        except CatalogError:
+            raise DisconnectionError() from None  # the new connection reports it
+        stale = dbapi_connection.read_mode == "immutable" and (
+            _stamp(database) != dbapi_connection.stamp
+        )
+        if mode != dbapi_connection.read_mode or stale:
+            raise DisconnectionError()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION):
+            raise ReadOnlyPoolError(f"the catalog {database} is open read-only here")
+        conn.exec_driver_sql("BEGIN")
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        translated = _translate_sqlite_error(
+            context.original_exception, database, timeout_ms, read_only=True
+        )
+        if translated is not None:
+            raise translated from context.original_exception
+
+    _track_for_fork(engine)
+    return engine
+
+
 def _create_engine(url: URL, **kwargs: Any) -> Engine:
     try:
         return create_engine(url, **kwargs)
@@ -691,6 +869,8 @@ def _create_engine(url: URL, **kwargs: Any) -> Engine:
 # --- PostgreSQL ---------------------------------------------------------------------------
 
 _PG_LOCK_NOT_AVAILABLE = "55P03"
+_PG_NO_PRIVILEGE = "42501"
+_PG_READ_ONLY_TRANSACTION = "25006"
 _PG_SERIALIZATION_FAILURE = "40001"
 _PG_DEADLOCK = "40P01"
 _PG_BAD_AUTH = ("28000", "28P01")
@@ -743,8 +923,8 @@ def _pg_reason(exc: BaseException) -> str:
 
 
 def _translate_postgresql_error(
-    exc: BaseException, where: str, busy_timeout_ms: int
-) -> CatalogError | None:
+    exc: BaseException, where: str, busy_timeout_ms: int, *, read_only: bool = False
+) -> ArchiveError | None:
     """The `CatalogError` a raw psycopg error stands for, or None to let it through."""
     try:
         import psycopg
@@ -754,6 +934,17 @@ def _translate_postgresql_error(
         return None
     state = getattr(exc, "sqlstate", None)
     reason = _pg_reason(exc)
+    if state == _PG_READ_ONLY_TRANSACTION or (read_only and state == _PG_NO_PRIVILEGE):
+        return ReadOnlyPoolError(
+            f"the catalog {where} is open read-only here; nothing was written ({reason})"
+        )
+    if state == _PG_NO_PRIVILEGE:
+        return ReadOnlyPoolError(
+            f"the catalog {where} refused this role a write ({reason}); nothing was "
+            "committed: a role that may only read opens the pool read-only, a writer role "
+            "needs the GRANTs of the README's 'Shared pools: readers and writers', and a "
+            "catalog upgrade needs the catalog's owner ('archive-manager db upgrade' as it)"
+        )
     if state == _PG_LOCK_NOT_AVAILABLE:
         return CatalogLockedError(
             f"the catalog {where} stayed locked by another process for longer than the busy "
@@ -817,7 +1008,7 @@ def _connect_failure_state(reason: str) -> str | None:
     return None
 
 
-def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
+def _make_postgresql_engine(url: URL, timeout_ms: int, *, read_only: bool = False) -> Engine:
     if url.drivername == "postgresql":
         # SQLAlchemy's default driver is psycopg2; the one this library supports is psycopg 3.
         url = url.set(drivername="postgresql+psycopg")
@@ -851,7 +1042,9 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
         f"{idle_in_transaction_timeout_ms(timeout_ms):d}; "
         f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
     )
-    read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ"
+    # A reader's transactions are READ ONLY as well: the server itself refuses any write that
+    # got past `Catalog.write`'s gate (docs/architecture.md, Shared pools).
+    read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ" + (" READ ONLY" if read_only else "")
     no_parameters = {"no_parameters": True}  # several statements: the simple query protocol
 
     @event.listens_for(engine, "connect")
@@ -872,7 +1065,9 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
     def _on_error(context: ExceptionContext) -> None:
         if context.is_pre_ping:
             return  # a stale pooled connection: the pool reconnects by itself
-        translated = _translate_postgresql_error(context.original_exception, where, timeout_ms)
+        translated = _translate_postgresql_error(
+            context.original_exception, where, timeout_ms, read_only=read_only
+        )
         if translated is not None:
             raise translated from context.original_exception
 

@@ -28,6 +28,7 @@ from .models import FORMAT_VERSION, Base, pool_info_table
 __all__ = [
     "CATALOG_URL_ENV",
     "VERSION_TABLE",
+    "check_current",
     "current_revision",
     "ensure_current",
     "head_revision",
@@ -205,6 +206,36 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def _foreign_catalog_tables(conn: Connection) -> set[str]:
     return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
+
+
+def check_current(engine: Engine) -> str:
+    """For a reader: check that the catalog is at this library's head, changing nothing.
+
+    A read-only open cannot migrate, and an older or newer schema cannot be read safely.
+
+    Returns:
+        The head revision.
+
+    Raises:
+        CatalogVersionError: The catalog is newer than this library, or older (then the
+            message says to upgrade it once with write access).
+        CatalogError: There is no catalog in the database.
+    """
+    head, where = head_revision(), _where(engine)
+    with engine.connect() as conn, conn.begin():
+        current = _current_in(conn)
+        _check_known(current, where)
+        if current is None:
+            raise CatalogError(f"there is no catalog in {where} (a read-only open creates none)")
+        found = _format_version_in(conn)
+        _check_format(found, where)
+    if current != head or found != FORMAT_VERSION:
+        raise CatalogVersionError(
+            f"the catalog {where} is at revision {current!r}, older than this archive_manager's "
+            f"{head!r}, and a read-only open cannot migrate it: run 'archive-manager db "
+            "upgrade' once with write access (or read it with the archive_manager that wrote it)"
+        )
+    return head
 
 
 def ensure_current(engine: Engine) -> str:

@@ -26,9 +26,10 @@ from .pool import db, info, init
 from .serve import serve
 from .stats import stats
 
-__all__ = ["ROOT_ENV", "cli", "main"]
+__all__ = ["READ_ONLY_ENV", "ROOT_ENV", "cli", "main"]
 
 ROOT_ENV = "ARCHIVE_MANAGER_ROOT"
+READ_ONLY_ENV = "ARCHIVE_MANAGER_READ_ONLY"
 DEFAULT_ROOT = "./archive-pool"
 
 
@@ -79,14 +80,23 @@ class _Cli(click.Group):
     show_envvar=True,
     help="SQLAlchemy URL of the catalog (default: SQLite in the root).",
 )
+@click.option(
+    "--read-only",
+    is_flag=True,
+    envvar=READ_ONLY_ENV,
+    show_envvar=True,
+    help="Only read the pool: write nothing there, refuse every write. Without it, a pool "
+    "this process cannot write is opened read-only anyway.",
+)
 @click.version_option(__version__, "--version", "-V", prog_name="archive-manager")
 @click.pass_context
-def cli(ctx: click.Context, root: Path, catalog_url: str | None) -> None:
+def cli(ctx: click.Context, root: Path, catalog_url: str | None, read_only: bool) -> None:
     """Immutable, indexed archives of RL rollouts: inspect and maintain a storage pool."""
     state = PoolState(
         root=root,
         catalog_url=catalog_url or None,
         root_given=ctx.get_parameter_source("root") is not ParameterSource.DEFAULT,
+        read_only=read_only,
     )
     ctx.obj = state
     ctx.call_on_close(state.close)

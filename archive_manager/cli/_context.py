@@ -71,6 +71,9 @@ class PoolState:
     root: Path
     catalog_url: str | None = field(repr=False)  # may hold a password
     root_given: bool = False
+    read_only: bool = False
+    """``--read-only`` / ``$ARCHIVE_MANAGER_READ_ONLY``: open the pool read-only even where it
+    could be written (otherwise read-only only when it cannot be)."""
     _pool: ArchiveManager | None = None
 
     @property
@@ -87,9 +90,15 @@ class PoolState:
         return ArchiveManager.exists(self.root, self.catalog_url)
 
     def open(
-        self, *, create: bool = False, recover: bool = False, rebind: bool = False
+        self,
+        *,
+        create: bool = False,
+        recover: bool = False,
+        rebind: bool = False,
+        read_only: bool = False,
     ) -> ArchiveManager:
-        """The open pool (opened on first use, closed when the command ends).
+        """The open pool (opened on first use, closed when the command ends); read-only when
+        ``read_only`` or ``--read-only`` says so, or when it cannot be written.
 
         Raises:
             CliError: there is no pool here and ``create`` is False: a mistyped ``--root``
@@ -98,7 +107,12 @@ class PoolState:
         if self._pool is None:
             try:
                 self._pool = ArchiveManager.open(
-                    self.root, self.catalog_url, create=create, recover=recover, rebind=rebind
+                    self.root,
+                    self.catalog_url,
+                    create=create,
+                    recover=recover,
+                    rebind=rebind,
+                    read_only=True if (read_only or self.read_only) else None,
                 )
             except PoolNotFoundError as exc:
                 if recover or "catalog file" in str(exc):

@@ -8,29 +8,49 @@ import click
 
 from ..catalog.migrate import known_revisions
 from ..manager import ArchiveManager, CatalogStatus
-from ._context import PoolState, json_option, pass_pool, pass_state
+from ._context import CliError, PoolState, json_option, pass_pool, pass_state
 from ._output import echo, echo_fields, echo_json, human_size
 
 __all__ = ["db", "info", "init"]
 
 
 @click.command()
+@click.option(
+    "--shared-group",
+    metavar="GROUP",
+    help="Let every account of GROUP save into, release from and collect the pool: folders "
+    "get the group, its write bit and set-group-id, the catalog file group read and write. "
+    "Run it again to repair what 'verify' reports.",
+)
 @pass_state
-def init(state: PoolState) -> None:
+def init(state: PoolState, shared_group: str | None) -> None:
     """Create a pool at --root (a catalog and a blob folder); harmless if one is there."""
+    if state.read_only:
+        raise CliError("init writes the pool; it cannot run with --read-only")
     existed = state.exists()
     pool = state.open(create=True)
+    if pool.read_only:
+        raise CliError(
+            f"the pool at {pool.root} is read-only here ({pool.read_only_reason}); init "
+            "needs write access"
+        )
+    shared = pool.share_with_group(shared_group) if shared_group is not None else None
     summary = pool.info()
     verb = "pool already exists at" if existed else "created pool at"
     echo(f"{verb} {pool.root}")
-    echo_fields(
-        [
-            ("catalog", summary.catalog_url),
-            ("format version", summary.format_version),
-            ("catalog revision", summary.catalog_revision),
-        ],
-        indent=2,
-    )
+    fields: list[tuple[str, Any]] = [
+        ("catalog", summary.catalog_url),
+        ("format version", summary.format_version),
+        ("catalog revision", summary.catalog_revision),
+    ]
+    if shared is not None:
+        fields.append(
+            (
+                "shared with group",
+                f"{shared.group} ({shared.folders} folder(s), {shared.files} file(s) changed)",
+            )
+        )
+    echo_fields(fields, indent=2)
 
 
 def _catalog_status(state: PoolState) -> CatalogStatus:
@@ -123,5 +143,6 @@ def info(pool: ArchiveManager, as_json: bool) -> None:
             ("stored", human_size(summary.stored_bytes)),
             ("referenced", f"{human_size(summary.logical_bytes)} (by published archives)"),
             ("dedup ratio", f"{summary.dedup_ratio:.2f}x"),
+            ("access", f"read-only ({pool.read_only_reason})" if pool.read_only else "read-write"),
         ]
     )

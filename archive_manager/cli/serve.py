@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..manager import ArchiveManager
-from ._context import CliError, pass_pool
+from ._context import CliError, PoolState, pass_state
 
 __all__ = ["serve"]
 
@@ -25,15 +24,17 @@ __all__ = ["serve"]
     show_default=True,
     help="Port to listen on (0: any free port, shown when it starts).",
 )
-@pass_pool
-def serve(pool: ArchiveManager, host: str, port: int) -> None:
+@pass_state
+def serve(state: PoolState, host: str, port: int) -> None:
     """Serve a read-only web viewer of the pool: archives, samples, drift charts.
 
-    Needs the web extra: pip install 'archive_manager[web]'.
+    The pool is opened read-only (the viewer never writes), so an account that may only
+    read the pool can run it.  Needs the web extra: pip install 'archive_manager[web]'.
     """
     # Imported here: Flask is an optional extra, and every other verb must work without it.
     from ..web import serve as run
 
+    pool = state.open(read_only=True)
     try:
         run(pool, host, port, announce=click.echo)
     except OSError as exc:
