@@ -189,7 +189,7 @@ def _key_text(key: Any) -> str:
 def _describe_tensor(value: torch.Tensor | TensorRef) -> dict[str, Any]:
     dtype = value.dtype
     name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
-    if getattr(value, "is_nested", False):
+    if isinstance(value, torch.Tensor) and value.is_nested:
         return {"shape": None, "dtype": name}  # its .shape raises: the rows differ in size
     return {"shape": list(value.shape), "dtype": name}
 
@@ -214,7 +214,8 @@ def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
             dtype = None
             break
     name = None if dtype is None else _dtype_name(dtype)
-    if any(getattr(chunk, "is_nested", False) for chunk in value):
+    # NOTE: isinstance first: a TensorRef would load its blob to answer is_nested
+    if any(isinstance(chunk, torch.Tensor) and chunk.is_nested for chunk in value):
         return {"shape": None, "dtype": name}
     first = value[0].shape
     rows = 0
