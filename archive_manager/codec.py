@@ -511,8 +511,8 @@ class _Encoder:
             if not top:
                 raise
             # converted here, at the top, where the stack has room again
-            exc = UnencodableError("the value is nested too deeply to be stored")
-            raise _at(exc, _key_text(key)) from None
+            deep = UnencodableError("the value is nested too deeply to be stored")
+            raise _at(deep, _key_text(key)) from None
         finally:
             self.active.discard(id(value))
 

@@ -204,16 +204,16 @@ def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
         return None
     if not all(isinstance(chunk, _TENSOR_TYPES) for chunk in value):
         return None  # a mixed list is not a tensor; the codec stores it item by item
-    dtype: torch.dtype | None = value[0].dtype
-    for chunk in value[1:]:
-        try:
+    dtype: torch.dtype = value[0].dtype
+    name: str | None = None
+    try:
+        for chunk in value[1:]:
             dtype = torch.promote_types(dtype, chunk.dtype)  # what torch.cat would produce
-        except RuntimeError:
-            # NOTE: torch promotes neither float8 nor uint16/32/64 with other dtypes, so
-            # torch.cat would fail too; the codec still stores the chunks one by one.
-            dtype = None
-            break
-    name = None if dtype is None else _dtype_name(dtype)
+        name = _dtype_name(dtype)
+    except RuntimeError:
+        # NOTE: torch promotes neither float8 nor uint16/32/64 with other dtypes, so torch.cat
+        # would fail too; the codec still stores the chunks one by one.
+        pass
     # NOTE: isinstance first: a TensorRef would load its blob to answer is_nested
     if any(isinstance(chunk, torch.Tensor) and chunk.is_nested for chunk in value):
         return {"shape": None, "dtype": name}
@@ -224,7 +224,7 @@ def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
         if len(shape) == 0 or shape[1:] != first[1:]:
             return {"shape": None, "dtype": name}
         rows += shape[0]
-    return {"shape": [rows, *first[1:]] if dtype is not None else None, "dtype": name}
+    return {"shape": [rows, *first[1:]] if name is not None else None, "dtype": name}
 
 
 def _plain_int(value: Any) -> int | None:

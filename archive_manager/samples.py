@@ -350,15 +350,18 @@ def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
     * `Sample` or a registered subclass: its `Sample.to_dict` (status string, helpers as
       dicts, extra attributes included).
     * another registered dataclass: its fields, then the extra attributes in its
-      ``__dict__``.  An `enum.Enum` held directly by a declared field is stored as its
-      ``.value``; `fields_to_sample` turns it back when the field's annotation (or
-      default) names one Enum type.  Enums elsewhere are left for the codec to reject.
+      ``__dict__``.  A member of the one Enum type a field's annotation (or default)
+      names is stored as its ``.value``, which `fields_to_sample` turns back.  Enums
+      elsewhere are left for the codec to reject (they would load as their values).
     * a mapping: ``(None, a shallow copy)``.
 
     Keys starting with ``_queue_`` are dropped in every case.  Values are not copied.
 
     Raises:
-        UnencodableError: ``obj`` is neither a mapping nor an instance of a registered class.
+        UnencodableError: ``obj`` is neither a mapping nor an instance of a registered class;
+            or it would not load as saved: a dataclass field without a value, an enum-typed
+            field holding a non-member that would load as a member (docs/architecture.md,
+            "Samples and values").
     """
     if isinstance(obj, Mapping):
         return None, _strip_queue(dict(obj))
@@ -475,7 +478,7 @@ def _rebuild(cls: type, data: dict[str, Any]) -> Any:
     """An instance of the dataclass ``cls`` holding ``data`` (which this consumes): the
     declared fields first, then the extra attributes; no code of the class runs, except a
     default factory for a field the data lacks."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     put = object.__setattr__  # also past a frozen class's __setattr__, and into slots
     missing = dataclasses.MISSING
     for name, default, factory in _rebuild_plan(cls):
