@@ -20,6 +20,7 @@ __all__ = [
     "IntegrityError",
     "InvalidInputError",
     "InvalidNameError",
+    "JournalDamagedError",
     "LeaseExpiredError",
     "MetadataError",
     "MissingDependencyError",
@@ -63,6 +64,11 @@ class IntegrityError(ArchiveError):
 
 class BlobNotFoundError(IntegrityError, FileNotFoundError):
     """A blob that should exist is not in the blob store."""
+
+
+class JournalDamagedError(IntegrityError):
+    """A retention journal file whose bytes do not match its name, that does not parse, or
+    that belongs to another pool; it is never applied."""
 
 
 class UnsupportedFormatError(ArchiveError, ValueError):
