@@ -40,6 +40,7 @@ __all__ = [
     "ChunkReader",
     "EncodedChunk",
     "EncodedSample",
+    "GilHandOver",
     "RawChunk",
     "TensorBlob",
     "TensorRef",
@@ -787,17 +788,6 @@ def encode_sample(
     pad = -head_len % _ALIGN
     data = b"".join([_TREE_LEN.pack(len(tree_bytes)), tree_bytes, b"\0" * pad, *record.arrays])
     return EncodedSample(data, tensor_blobs)
-
-
-def encode_sample_record(
-    sample: Any, inline_limit: int, tensor_blobs: dict[str, TensorBlob]
-) -> bytes:
-    """One sample as an uncompressed record (tree + arrays); its tensor blobs are added to
-    ``tensor_blobs``."""
-    encoded = encode_sample(sample, inline_limit=inline_limit)
-    for digest, blob in encoded.tensor_blobs.items():
-        tensor_blobs.setdefault(digest, blob)
-    return encoded.record
 
 
 def _pack(raw: bytes) -> tuple[bytes, int, int]:
