@@ -466,30 +466,30 @@ class _Encoder:
         if key in self.active:
             raise UnencodableError("a sample holds a reference cycle; it cannot be stored")
         self.active.add(key)
-        self._count(value, key)
-
-    def _count(self, value: Any, key: int) -> None:
         if key in self.seen:
-            self.repeated += len(value) + 1
-            if self.repeated > _MAX_REPEATED_ITEMS:
-                raise UnencodableError(
-                    "a sample holds the same lists, tuples or dicts so many times that storing "
-                    f"it would write more than {_MAX_REPEATED_ITEMS:,} items again (samples are "
-                    "stored as trees: a shared value is written once per place it appears)"
-                )
+            self._count(value, key)
         else:
             self.seen.add(key)
 
+    def _count(self, value: Any, key: int) -> None:
+        """Count a container met again (its id is in ``seen``)."""
+        self.repeated += len(value) + 1
+        if self.repeated > _MAX_REPEATED_ITEMS:
+            raise UnencodableError(
+                "a sample holds the same lists, tuples or dicts so many times that storing "
+                f"it would write more than {_MAX_REPEATED_ITEMS:,} items again (samples are "
+                "stored as trees: a shared value is written once per place it appears)"
+            )
+
     def _items(self, values: list | tuple) -> list[Any]:
         self._enter(values)
-        out: list[Any] = []
+        item: Any = None
         try:
-            # NOTE: a loop, not a comprehension, so that an error can name the item
-            for v in values:
-                out.append(self.encode(v))
-            return out
+            return [self.encode(item := v) for v in values]
         except UnencodableError as exc:
-            raise _at(exc, f"[{len(out)}]") from None
+            # The first item that is the failing one: encoding the same object fails alike.
+            index = next(i for i, v in enumerate(values) if v is item)
+            raise _at(exc, f"[{index}]") from None
         finally:
             self.active.discard(id(values))
 
@@ -497,15 +497,13 @@ class _Encoder:
         self._enter(value)
         key: Any = None
         try:
+            # NOTE: ``key :=`` keeps the key being encoded for the error message below
             if _TAG not in value and all(type(k) is str for k in value):
-                out: dict[str, Any] = {}
-                for key, v in value.items():
-                    out[key] = self.encode(v)
-                return out
-            pairs = []
-            for key, v in value.items():
-                pairs.append([self._key(key), self.encode(v)])
-            return {_TAG: "map", "v": pairs}
+                return {(key := k): self.encode(v) for k, v in value.items()}
+            return {
+                _TAG: "map",
+                "v": [[self._key(key := k), self.encode(v)] for k, v in value.items()],
+            }
         except UnencodableError as exc:
             raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
         except RecursionError:
@@ -536,7 +534,11 @@ class _Encoder:
         if len(value) >= _MIN_ARRAY_LEN:
             node = self._array(value)
             if node is not None:
-                self._count(value, id(value))
+                key = id(value)
+                if key in self.seen:
+                    self._count(value, key)
+                else:
+                    self.seen.add(key)
                 return node
         return self._items(value)
 
@@ -778,11 +780,16 @@ def encode_sample(
     tensor_blobs: dict[str, TensorBlob] = {}
     record = _Record(inline_limit, tensor_blobs, copy=copy)
     encoder = _Encoder(record)
+    # see _gc_paused; inline, as this runs for every sample
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        with _gc_paused():
-            tree = {"c": name, "f": encoder._dict(fields, top=True)}
+        tree = {"c": name, "f": encoder._dict(fields, top=True)}
     except UnencodableError as exc:
         raise _at(exc, "sample field ") from None
+    finally:
+        if was_enabled:
+            gc.enable()
     tree_bytes = _dumps(tree)
     head_len = _TREE_LEN.size + len(tree_bytes)
     pad = -head_len % _ALIGN
