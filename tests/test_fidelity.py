@@ -525,13 +525,12 @@ def test_every_value_save_accepts_loads_equal_everywhere(
     arrays = arc.load_samples(as_arrays=True)
     for loaded, sample in zip(arrays, expected, strict=True):
         assert_same(fields_of(loaded), expected_arrays(sample))
-    # the viewer's JSON (and page) of every sample
+    # the viewer's JSON of every sample
     client = create_app(fpool).test_client()
     for position in range(len(expected)):
         response = client.get(f"/archive/{name}/sample/{position}?format=json")
         assert response.status_code == 200, response.get_data(as_text=True)[:300]
         json.loads(response.get_data(as_text=True))
-        assert client.get(f"/archive/{name}/sample/{position}").status_code == 200
     # export_pt: loads with weights_only; Sample objects import back equal
     path = tmp_path_factory.mktemp("export") / "dump.pt"
     if not all(exportable(fields_of(s)) for s in expected):
