@@ -27,13 +27,21 @@ from .catalog import (
     retention_table,
     sample_metadata_table,
 )
-from .codec import ChunkReader, _gc_paused, decode_tensor_blob, materialize_tensor_refs
+from .codec import (
+    ChunkReader,
+    _at,
+    _gc_paused,
+    _key_text,
+    decode_tensor_blob,
+    materialize_tensor_refs,
+)
 from .errors import (
     ArchiveNotFoundError,
     ArchiveReleasedError,
     BlobNotFoundError,
     IntegrityError,
     InvalidInputError,
+    UnencodableError,
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
 from .samples import check_key_text, check_task_key, sample_to_fields
@@ -390,14 +398,23 @@ class Archive:
         """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``.
 
         Self-contained (tensors materialized), loadable with ``torch.load(weights_only=True)``,
-        written atomically; parent folders are created.
+        written atomically; parent folders are created.  numpy arrays become tensors and
+        numpy scalars (values and keys) Python numbers, the types that loader accepts.
+
+        Raises:
+            UnencodableError: a sample holds an int too large for that loader (2,040 bits
+                or more); the message names the sample and field, and no file is written.
         """
         target = Path(path)
+        samples = []
+        for position, sample in enumerate(self.load_samples()):
+            try:
+                samples.append(_torch_native(sample_to_fields(materialize_tensor_refs(sample))[1]))
+            except UnencodableError as exc:
+                raise _at(
+                    exc, f"cannot export sample {position} of {self.name!r}: field "
+                ) from None
         target.parent.mkdir(parents=True, exist_ok=True)
-        samples = [
-            _torch_native(sample_to_fields(materialize_tensor_refs(s))[1])
-            for s in self.load_samples()
-        ]
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -446,30 +463,76 @@ class Archive:
 
 
 _PLAIN = frozenset({type(None), bool, int, float, str})
+# The widest ints torch.load(weights_only=True) reads: pickle's LONG1 holds up to 255 bytes
+# of two's complement; a wider int is written as LONG4, which that loader refuses.
+_PT_INT_MIN, _PT_INT_MAX = -(2**2039), 2**2039 - 1
 
 
-def _torch_native(value: Any) -> Any:
+def _pt_int(value: int) -> int:
+    if not _PT_INT_MIN <= value <= _PT_INT_MAX:
+        raise UnencodableError(
+            f"an int of {value.bit_length():,} bits cannot be exported: "
+            "torch.load(weights_only=True) reads ints of at most 2,040 bits (sign included)"
+        )
+    return value
+
+
+def _torch_native(value: Any, *, top: bool = True) -> Any:
     """``value`` with numpy arrays as tensors and numpy scalars as Python numbers.
 
-    NOTE: `torch.load(weights_only=True)` refuses numpy objects, which the codec stores
-    faithfully; an export must load with it, so they become their torch/Python equivalents.
+    NOTE: `torch.load(weights_only=True)` refuses numpy objects (values or keys) and ints past
+    `_PT_INT_MAX`, which the codec stores faithfully; an export must load with it (and import
+    back equal), so numpy becomes its torch/Python equivalents and huge ints are refused.
     """
     kind = type(value)
+    if kind is int:
+        return _pt_int(value)
     if kind in _PLAIN or isinstance(value, torch.Tensor):
         return value
     if kind is list:
-        if set(map(type, value)) <= _PLAIN:  # token ids, masks, log-probs: no copy
+        kinds = set(map(type, value))
+        if kinds <= _PLAIN:  # token ids, masks, log-probs: no copy
+            if int in kinds:
+                _check_ints(value, kinds)
             return value
-        return [_torch_native(v) for v in value]
+        return _native_items(value)
     if kind is tuple:
-        return tuple(_torch_native(v) for v in value)
+        return tuple(_native_items(value))
     if kind is dict:
-        return {k: _torch_native(v) for k, v in value.items()}
+        out = {}
+        key: Any = None
+        try:
+            for key, v in value.items():
+                out[_torch_native(key, top=False)] = _torch_native(v, top=False)
+        except UnencodableError as exc:
+            raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
+        return out
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value.copy())
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _native_items(values: list | tuple) -> list[Any]:
+    out: list[Any] = []
+    try:
+        for v in values:
+            out.append(_torch_native(v, top=False))
+    except UnencodableError as exc:
+        raise _at(exc, f"[{len(out)}]") from None
+    return out
+
+
+def _check_ints(values: list, kinds: set[type]) -> None:
+    if kinds == {int} and min(values) >= _PT_INT_MIN and max(values) <= _PT_INT_MAX:
+        return
+    for i, v in enumerate(values):
+        if type(v) is int:
+            try:
+                _pt_int(v)
+            except UnencodableError as exc:
+                raise _at(exc, f"[{i}]") from None
 
 
 def infos(rows: Sequence[Row[Any]]) -> list[ArchiveInfo]:

@@ -39,6 +39,8 @@ __all__ = [
     "DEFAULT_INLINE_LIMIT",
     "ChunkReader",
     "EncodedChunk",
+    "EncodedSample",
+    "GilHandOver",
     "RawChunk",
     "TensorBlob",
     "TensorRef",
@@ -48,6 +50,7 @@ __all__ = [
     "decode_tensor_blob",
     "encode_chunk",
     "encode_manifest",
+    "encode_sample",
     "encode_tensor_blob",
     "materialize_tensor_refs",
 ]
@@ -84,6 +87,13 @@ _NAN_BITS = struct.Struct("<d")
 _CANONICAL_NAN = _NAN_BITS.pack(math.nan)
 _BIG_INT = 10**600
 _NEG_BIG_INT = -_BIG_INT
+# One rule for both sides: the encoder refuses what the decoder would refuse as corrupt.
+_MAX_DIMS = 64
+# NOTE: a sample is stored as a tree, so a sub-list, tuple or dict that it holds several times
+# (a DAG, not a cycle) is written out once per path to it.  ``v = [v, v]`` repeated 40 times is
+# 2**40 lists: past this many items written again for repeated containers, the save is refused
+# (docs/architecture.md, "Samples and values").
+_MAX_REPEATED_ITEMS = 1 << 20
 
 # dtype names are part of the on-disk format: never reorder or rename.
 _DTYPE_NAMES = (
@@ -293,13 +303,18 @@ class EncodedChunk:
 class _Record:
     """Collects one sample's arrays while its tree is built."""
 
-    __slots__ = ("arrays", "inline_limit", "size", "tensor_blobs")
+    __slots__ = ("arrays", "copy", "inline_limit", "size", "tensor_blobs")
 
-    def __init__(self, inline_limit: int, tensor_blobs: dict[str, TensorBlob]) -> None:
+    def __init__(
+        self, inline_limit: int, tensor_blobs: dict[str, TensorBlob], *, copy: bool = False
+    ) -> None:
         self.arrays: list[Buffer] = []
         self.size = 0
         self.inline_limit = inline_limit
         self.tensor_blobs = tensor_blobs
+        # Everything else is copied into the record anyway; only a tensor blob's parts can
+        # alias the caller's memory (see `encode_sample`).
+        self.copy = copy
 
     def add(self, data: Buffer) -> tuple[int, int]:
         pad = -self.size % _ALIGN
@@ -327,8 +342,13 @@ class _Record:
 
 def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
     """The tensor's raw bytes, without copying a contiguous CPU tensor."""
-    if t.layout != torch.strided:
-        raise UnencodableError(f"cannot store a {t.layout} tensor; convert it to dense first")
+    if t.layout != torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout)
+        raise UnencodableError(f"cannot store a {kind} tensor; convert it to dense first")
+    if t.dim() > _MAX_DIMS:
+        raise UnencodableError(
+            f"cannot store a tensor of {t.dim()} dimensions (at most {_MAX_DIMS})"
+        )
     if t.is_quantized or t.dtype not in _TORCH_DTYPE_NAMES:
         raise UnencodableError(f"cannot store a tensor of dtype {t.dtype}")
     if t.device.type == "meta":
@@ -399,6 +419,10 @@ class _Encoder:
     def __init__(self, record: _Record) -> None:
         self.record = record
         self.active: set[int] = set()
+        # Containers met so far (all alive: the sample holds them while it is encoded) and the
+        # items written again because a container was met again (see _MAX_REPEATED_ITEMS).
+        self.seen: set[int] = set()
+        self.repeated = 0
 
     def encode(self, value: Any) -> Any:
         t = type(value)
@@ -442,66 +466,125 @@ class _Encoder:
         if key in self.active:
             raise UnencodableError("a sample holds a reference cycle; it cannot be stored")
         self.active.add(key)
+        if key in self.seen:
+            self._count(value, key)
+        else:
+            self.seen.add(key)
 
-    def _items(self, values: Iterable[Any]) -> list[Any]:
+    def _count(self, value: Any, key: int) -> None:
+        """Count a container met again (its id is in ``seen``)."""
+        self.repeated += len(value) + 1
+        if self.repeated > _MAX_REPEATED_ITEMS:
+            raise UnencodableError(
+                "a sample holds the same lists, tuples or dicts so many times that storing "
+                f"it would write more than {_MAX_REPEATED_ITEMS:,} items again (samples are "
+                "stored as trees: a shared value is written once per place it appears)"
+            )
+
+    def _items(self, values: list | tuple) -> list[Any]:
         self._enter(values)
+        item: Any = None
         try:
-            return [self.encode(v) for v in values]
+            return [self.encode(item := v) for v in values]
+        except UnencodableError as exc:
+            # The first item that is the failing one: encoding the same object fails alike.
+            index = next(i for i, v in enumerate(values) if v is item)
+            raise _at(exc, f"[{index}]") from None
         finally:
             self.active.discard(id(values))
 
-    def _dict(self, value: dict) -> Any:
+    def _dict(self, value: dict, *, top: bool = False) -> Any:
         self._enter(value)
+        key: Any = None
         try:
+            # NOTE: ``key :=`` keeps the key being encoded for the error message below
             if _TAG not in value and all(type(k) is str for k in value):
-                return {k: self.encode(v) for k, v in value.items()}
-            return {_TAG: "map", "v": [[self.encode(k), self.encode(v)] for k, v in value.items()]}
+                return {(key := k): self.encode(v) for k, v in value.items()}
+            return {
+                _TAG: "map",
+                "v": [[self._key(key := k), self.encode(v)] for k, v in value.items()],
+            }
+        except UnencodableError as exc:
+            raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
+        except RecursionError:
+            if not top:
+                raise
+            # converted here, at the top, where the stack has room again
+            deep = UnencodableError("the value is nested too deeply to be stored")
+            raise _at(deep, _key_text(key)) from None
         finally:
             self.active.discard(id(value))
 
+    def _key(self, key: Any) -> Any:
+        """A mapping key: what decodes to an equal, hashable key."""
+        t = type(key)
+        if t is tuple:
+            self._enter(key)
+            try:
+                return {_TAG: "tuple", "v": [self._key(k) for k in key]}
+            finally:
+                self.active.discard(id(key))
+        if isinstance(key, (torch.Tensor, TensorRef)):
+            # NOTE: a tensor hashes by identity, so a loaded copy would never equal the key
+            # it replaces (and a lazy ref above the inline limit is not hashable at all).
+            raise UnencodableError("a tensor cannot be stored as a mapping key")
+        return self.encode(key)
+
     def _list(self, value: list) -> Any:
         if len(value) >= _MIN_ARRAY_LEN:
-            fast = _marshalled_numbers(value)
-            if fast is not None:
-                dtype, data, shuffled = fast
-                offset, nbytes = self.record.add(data)
-                return {_TAG: "list", "d": dtype, "o": offset, "n": nbytes, "s": shuffled}
-            # Exact types, not isinstance: bools, IntEnums and numpy scalars must not turn into
-            # plain numbers.  list.count of one type beats set(map(type, ...)) by 2x here.
-            kinds = list(map(type, value))
-            kind = kinds[0]
-            if kinds.count(kind) == len(kinds):
-                if kind is int:
-                    # struct.pack(*list) converts 3x faster than array.array or np.array.
-                    try:
-                        ints = np.frombuffer(struct.pack(f"<{len(value)}q", *value), np.int64)
-                    except struct.error:
-                        return self._items(value)  # beyond int64: JSON keeps any size exact
-                    narrow = _narrow_ints_dtype(ints)
-                    return {
-                        _TAG: "list",
-                        "d": narrow.name,
-                        **self.record.add_shuffled(ints.astype(narrow, copy=False)),
-                    }
-                if kind is float:
-                    floats = np.frombuffer(struct.pack(f"<{len(value)}d", *value), np.float64)
-                    # NOTE: out-of-range values and signalling NaNs warn on the cast (an error
-                    # under -W error); they just fail the bit-exact check below.
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        narrow = floats.astype(np.float32)
-                    # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
-                    if np.array_equal(
-                        narrow.astype(np.float64).view(np.int64), floats.view(np.int64)
-                    ):
-                        return {_TAG: "list", "d": "float32", **self.record.add_shuffled(narrow)}
-                    return {_TAG: "list", "d": "float64", **self.record.add_shuffled(floats)}
+            node = self._array(value)
+            if node is not None:
+                key = id(value)
+                if key in self.seen:
+                    self._count(value, key)
+                else:
+                    self.seen.add(key)
+                return node
         return self._items(value)
+
+    def _array(self, value: list) -> dict[str, Any] | None:
+        """A numeric list as one binary array, or None when it is not one."""
+        fast = _marshalled_numbers(value)
+        if fast is not None:
+            dtype, data, shuffled = fast
+            offset, nbytes = self.record.add(data)
+            return {_TAG: "list", "d": dtype, "o": offset, "n": nbytes, "s": shuffled}
+        # Exact types, not isinstance: bools, IntEnums and numpy scalars must not turn into
+        # plain numbers.  list.count of one type beats set(map(type, ...)) by 2x here.
+        kinds = list(map(type, value))
+        kind = kinds[0]
+        if kinds.count(kind) == len(kinds):
+            if kind is int:
+                # struct.pack(*list) converts 3x faster than array.array or np.array.
+                try:
+                    ints = np.frombuffer(struct.pack(f"<{len(value)}q", *value), np.int64)
+                except struct.error:
+                    return None  # beyond int64: JSON keeps any size exact
+                narrow = _narrow_ints_dtype(ints)
+                return {
+                    _TAG: "list",
+                    "d": narrow.name,
+                    **self.record.add_shuffled(ints.astype(narrow, copy=False)),
+                }
+            if kind is float:
+                floats = np.frombuffer(struct.pack(f"<{len(value)}d", *value), np.float64)
+                # NOTE: out-of-range values and signalling NaNs warn on the cast (an error
+                # under -W error); they just fail the bit-exact check below.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    narrow = floats.astype(np.float32)
+                # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
+                if np.array_equal(narrow.astype(np.float64).view(np.int64), floats.view(np.int64)):
+                    return {_TAG: "list", "d": "float32", **self.record.add_shuffled(narrow)}
+                return {_TAG: "list", "d": "float64", **self.record.add_shuffled(floats)}
+        return None
 
     def _tensor(self, value: torch.Tensor) -> Any:
         t, raw = _tensor_bytes(value)
         dtype = _TORCH_DTYPE_NAMES[t.dtype]
         if raw.nbytes > self.record.inline_limit:
             blob = encode_tensor_blob(t)
+            if self.record.copy:
+                blob.parts = [bytes(p) for p in blob.parts]
             self.record.tensor_blobs.setdefault(blob.digest, blob)
             return {
                 _TAG: "ref",
@@ -657,21 +740,61 @@ def _dumps(tree: Any) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def encode_sample_record(
-    sample: Any, inline_limit: int, tensor_blobs: dict[str, TensorBlob]
-) -> bytes:
-    """One sample as an uncompressed record (tree + arrays)."""
-    name, fields = sample_to_fields(sample)
-    record = _Record(inline_limit, tensor_blobs)
-    encoder = _Encoder(record)
+@dataclass
+class EncodedSample:
+    """One sample as a chunk record (uncompressed) and the tensor blobs it references."""
+
+    record: bytes
+    tensor_blobs: dict[str, TensorBlob]
+
+
+def _key_text(key: Any) -> str:
     try:
-        tree = {"c": name, "f": encoder._dict(fields)}
-    except RecursionError as exc:
-        raise UnencodableError("a sample is nested too deeply to be stored") from exc
+        text = repr(key)
+    except ValueError:  # an int of over 4,300 digits (alone or in a tuple) has no repr
+        return f"<{type(key).__name__} too large to print>"
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _at(exc: UnencodableError, step: str) -> UnencodableError:
+    """``exc`` with ``step`` (a field, a key, an index) prefixed to the path it names."""
+    reason = exc.__dict__.setdefault("reason", str(exc))
+    path = exc.__dict__["path"] = step + exc.__dict__.get("path", "")
+    exc.args = (f"{path}: {reason}",)
+    return exc
+
+
+def encode_sample(
+    sample: Any, *, inline_limit: int = DEFAULT_INLINE_LIMIT, copy: bool = False
+) -> EncodedSample:
+    """One sample as a record and its tensor blobs, ready for `RawChunk.add`.
+
+    With ``copy``, no part of the result aliases the sample's memory (tensor blobs copy their
+    bytes), so the caller may change the sample afterwards: what was encoded is what is stored.
+
+    Raises:
+        UnencodableError: a value cannot be stored losslessly and safely; the message names
+            the field and the path to the value.
+    """
+    name, fields = sample_to_fields(sample)
+    tensor_blobs: dict[str, TensorBlob] = {}
+    record = _Record(inline_limit, tensor_blobs, copy=copy)
+    encoder = _Encoder(record)
+    # see _gc_paused; inline, as this runs for every sample
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        tree = {"c": name, "f": encoder._dict(fields, top=True)}
+    except UnencodableError as exc:
+        raise _at(exc, "sample field ") from None
+    finally:
+        if was_enabled:
+            gc.enable()
     tree_bytes = _dumps(tree)
     head_len = _TREE_LEN.size + len(tree_bytes)
     pad = -head_len % _ALIGN
-    return b"".join([_TREE_LEN.pack(len(tree_bytes)), tree_bytes, b"\0" * pad, *record.arrays])
+    data = b"".join([_TREE_LEN.pack(len(tree_bytes)), tree_bytes, b"\0" * pad, *record.arrays])
+    return EncodedSample(data, tensor_blobs)
 
 
 def _pack(raw: bytes) -> tuple[bytes, int, int]:
@@ -712,6 +835,12 @@ class RawChunk:
     records: list[bytes]
     tensor_blobs: dict[str, TensorBlob]
 
+    def add(self, encoded: EncodedSample) -> None:
+        """Append one encoded sample (see `encode_sample`)."""
+        self.records.append(encoded.record)
+        for digest, blob in encoded.tensor_blobs.items():
+            self.tensor_blobs.setdefault(digest, blob)
+
     def pack(self) -> EncodedChunk:
         """Compress the records and assemble the chunk blob."""
         records = _pack_all(self.records)
@@ -740,23 +869,34 @@ def build_chunk(samples: Sequence[Any], *, inline_limit: int = DEFAULT_INLINE_LI
     """
     if inline_limit < 0:
         raise ValueError("inline_limit must be >= 0")
-    tensor_blobs: dict[str, TensorBlob] = {}
-    records = []
-    handed = time.perf_counter()
+    raw = RawChunk([], {})
+    hand_over = GilHandOver()
     with _gc_paused():
         for sample in samples:
-            records.append(encode_sample_record(sample, inline_limit, tensor_blobs))
-            # NOTE: a hand-over of the GIL between samples.  A writer packs and stores earlier
-            # chunks on other threads whose every syscall and zstd call releases the GIL and
-            # then waits for it: behind a thread that never lets go, each wait lasts the 5 ms
-            # switch interval.  Measured: 16 blob writes took 0.74 s beside a busy encoder,
-            # 0.05 s with this yield.  Not after every sample: sleep(0) naps for the kernel's
-            # timer slack (~60 us), which added 80 ms to a 1024-sample save.
-            now = time.perf_counter()
-            if now - handed > _HAND_OVER_EVERY:
-                time.sleep(0)
-                handed = time.perf_counter()
-    return RawChunk(records, tensor_blobs)
+            raw.add(encode_sample(sample, inline_limit=inline_limit))
+            hand_over()
+    return raw
+
+
+class GilHandOver:
+    """Call between samples while encoding: lets go of the GIL about every millisecond.
+
+    NOTE: a writer packs and stores earlier chunks on other threads whose every syscall and
+    zstd call releases the GIL and then waits for it: behind a thread that never lets go, each
+    wait lasts the 5 ms switch interval.  Measured: 16 blob writes took 0.74 s beside a busy
+    encoder, 0.05 s with this yield.  Not after every sample: sleep(0) naps for the kernel's
+    timer slack (~60 us), which added 80 ms to a 1024-sample save.
+    """
+
+    __slots__ = ("handed",)
+
+    def __init__(self) -> None:
+        self.handed = time.perf_counter()
+
+    def __call__(self) -> None:
+        if time.perf_counter() - self.handed > _HAND_OVER_EVERY:
+            time.sleep(0)
+            self.handed = time.perf_counter()
 
 
 def encode_chunk(
@@ -796,7 +936,7 @@ def _integrity(what: str, exc: BaseException) -> ArchiveError:
 def _check_shape(shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise IntegrityError(f"malformed tensor shape {shape!r:.80}")
-    if len(shape) > 64:
+    if len(shape) > _MAX_DIMS:
         raise IntegrityError("tensor has too many dimensions")
     return tuple(shape)
 
@@ -931,6 +1071,12 @@ def _number_array(values: list) -> np.ndarray | None:
         return None
 
 
+# NOTE: json's own decoder returns one shared object for every NaN it reads, and two distinct
+# NaN keys ({nan_a: 1, nan_b: 2}, or tuple keys holding them) then collapse into one on load,
+# since a dict finds a key by identity before equality.  float() makes a new object each time.
+_TREE_DECODER = json.JSONDecoder(parse_constant=float)
+
+
 def _hashable(key: Any) -> Any:
     try:
         hash(key)
@@ -1062,7 +1208,7 @@ class ChunkReader:
             tree_end = _TREE_LEN.size + tree_len
             if tree_end > rec.nbytes:
                 raise IntegrityError("tree runs past the end of its record")
-            tree = json.loads(
+            tree = _TREE_DECODER.decode(
                 bytes(rec[_TREE_LEN.size : tree_end]).decode("utf-8", "surrogatepass")
             )
             arrays = rec[tree_end + (-tree_end % _ALIGN) :]

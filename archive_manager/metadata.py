@@ -106,7 +106,7 @@ def describe_sample(sample: Any) -> dict[str, Any]:
                 _add_mapping(tensors, key, value)
         elif cls is TensorRef or isinstance(value, torch.Tensor):
             if not _is_queue_key(key):
-                tensors[key if type(key) is str else str(key)] = _describe_tensor(value)
+                tensors[key if type(key) is str else _key_text(key)] = _describe_tensor(value)
         elif isinstance(value, Mapping):
             _add_mapping(tensors, key, value)
         elif isinstance(value, (list, tuple)):
@@ -164,7 +164,7 @@ def _add_tensor(tensors: dict[str, dict[str, Any]], key: Any, value: Any) -> Non
         return
     entry = _describe_tensor_value(value)
     if entry is not None:
-        tensors[key if isinstance(key, str) else str(key)] = entry
+        tensors[key if isinstance(key, str) else _key_text(key)] = entry
 
 
 def _add_mapping(tensors: dict[str, dict[str, Any]], key: Any, value: Mapping[Any, Any]) -> None:
@@ -174,12 +174,23 @@ def _add_mapping(tensors: dict[str, dict[str, Any]], key: Any, value: Mapping[An
     opaque = _OPAQUE_TYPES
     for sub_key, sub_value in value.items():
         if type(sub_value) not in opaque:
-            _add_tensor(tensors, f"{key}.{sub_key}", sub_value)
+            _add_tensor(tensors, f"{_key_text(key)}.{_key_text(sub_key)}", sub_value)
+
+
+def _key_text(key: Any) -> str:
+    if type(key) is str:
+        return key
+    try:
+        return str(key)
+    except ValueError:  # an int of over 4,300 digits, alone or in a tuple, has no str
+        return f"<{type(key).__name__} too large to print>"
 
 
 def _describe_tensor(value: torch.Tensor | TensorRef) -> dict[str, Any]:
     dtype = value.dtype
     name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        return {"shape": None, "dtype": name}  # its .shape raises: the rows differ in size
     return {"shape": list(value.shape), "dtype": name}
 
 
@@ -193,17 +204,27 @@ def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
         return None
     if not all(isinstance(chunk, _TENSOR_TYPES) for chunk in value):
         return None  # a mixed list is not a tensor; the codec stores it item by item
-    dtype = value[0].dtype
-    for chunk in value[1:]:
-        dtype = torch.promote_types(dtype, chunk.dtype)  # what torch.cat would produce
+    dtype: torch.dtype = value[0].dtype
+    name: str | None = None
+    try:
+        for chunk in value[1:]:
+            dtype = torch.promote_types(dtype, chunk.dtype)  # what torch.cat would produce
+        name = _dtype_name(dtype)
+    except RuntimeError:
+        # NOTE: torch promotes neither float8 nor uint16/32/64 with other dtypes, so torch.cat
+        # would fail too; the codec still stores the chunks one by one.
+        pass
+    # NOTE: isinstance first: a TensorRef would load its blob to answer is_nested
+    if any(isinstance(chunk, torch.Tensor) and chunk.is_nested for chunk in value):
+        return {"shape": None, "dtype": name}
     first = value[0].shape
     rows = 0
     for chunk in value:
         shape = chunk.shape
         if len(shape) == 0 or shape[1:] != first[1:]:
-            return {"shape": None, "dtype": _dtype_name(dtype)}
+            return {"shape": None, "dtype": name}
         rows += shape[0]
-    return {"shape": [rows, *first[1:]], "dtype": _dtype_name(dtype)}
+    return {"shape": [rows, *first[1:]] if name is not None else None, "dtype": name}
 
 
 def _plain_int(value: Any) -> int | None:
@@ -236,7 +257,7 @@ def _status(value: Any) -> str | None:
         return None
     if isinstance(value, Enum):
         value = value.value
-    status = value if isinstance(value, str) else str(value)
+    status = value if isinstance(value, str) else _key_text(value)
     try:
         status.encode("utf-8")
     except UnicodeEncodeError:

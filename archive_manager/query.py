@@ -210,6 +210,16 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def _mean(values: list[float]) -> float:
+    try:
+        return statistics.fmean(values)
+    except OverflowError:
+        # NOTE: the sum of two rewards of 1e308 overflows; the mean of finite values never
+        # does, taken term by term (show printed an OverflowError traceback).
+        count = len(values)
+        return math.fsum(v / count for v in values)
+
+
 def summarize(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Response-length and reward statistics and status counts of sample descriptions."""
     lengths = [
@@ -225,7 +235,7 @@ def summarize(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not values:
             return None
         return {
-            "mean": statistics.fmean(values),
+            "mean": _mean(values),
             "p50": _quantile(values, 0.5),
             "p90": _quantile(values, 0.9),
             "min": min(values),

@@ -209,15 +209,7 @@ class Sample:
         Raises:
             ValueError: the status string is not one of `Sample.Status`.
         """
-        data = dict(data)
-        status = data.get("status")
-        data["status"] = Sample.Status.PENDING if status is None else Sample.Status(status)
-        spec_info = data.get("spec_info")
-        if spec_info is None or isinstance(spec_info, Mapping):
-            data["spec_info"] = Sample.SpecInfo.from_dict(spec_info or {})
-        prefix = data.get("prefix_cache_info")
-        if prefix is None or isinstance(prefix, Mapping):
-            data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
+        data = _sample_values(dict(data))
         init_names = _init_names(cls)
         sample = cls(**{k: v for k, v in data.items() if k in init_names})
         for key, value in data.items():
@@ -238,6 +230,19 @@ class Sample:
         if self.loss_mask is None:
             return self.response_length
         return int(sum(self.loss_mask))
+
+
+def _sample_values(data: dict[str, Any]) -> dict[str, Any]:
+    """`Sample.to_dict` output (a dict the caller owns) with status and helpers as objects."""
+    status = data.get("status")
+    data["status"] = Sample.Status.PENDING if status is None else Sample.Status(status)
+    spec_info = data.get("spec_info")
+    if spec_info is None or isinstance(spec_info, Mapping):
+        data["spec_info"] = Sample.SpecInfo.from_dict(spec_info or {})
+    prefix = data.get("prefix_cache_info")
+    if prefix is None or isinstance(prefix, Mapping):
+        data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
+    return data
 
 
 # --------------------------------------------------------------------------- registry
@@ -270,6 +275,14 @@ def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
     """
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise UnencodableError(f"only dataclass types can be registered as samples, got {cls!r}")
+    try:
+        object.__new__(cls)
+    except TypeError as exc:
+        # e.g. a dataclass that subclasses a builtin: loading rebuilds instances this way
+        raise UnencodableError(
+            f"{_qualified(cls)} cannot be rebuilt without calling its constructor ({exc}); "
+            "it cannot be registered as a sample class"
+        ) from None
     if name is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(name, str) or not name:
@@ -337,15 +350,18 @@ def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
     * `Sample` or a registered subclass: its `Sample.to_dict` (status string, helpers as
       dicts, extra attributes included).
     * another registered dataclass: its fields, then the extra attributes in its
-      ``__dict__``.  An `enum.Enum` held directly by a declared field is stored as its
-      ``.value``; `fields_to_sample` turns it back when the field's annotation (or
-      default) names one Enum type.  Enums elsewhere are left for the codec to reject.
+      ``__dict__``.  A member of the one Enum type a field's annotation (or default)
+      names is stored as its ``.value``, which `fields_to_sample` turns back.  Enums
+      elsewhere are left for the codec to reject (they would load as their values).
     * a mapping: ``(None, a shallow copy)``.
 
     Keys starting with ``_queue_`` are dropped in every case.  Values are not copied.
 
     Raises:
-        UnencodableError: ``obj`` is neither a mapping nor an instance of a registered class.
+        UnencodableError: ``obj`` is neither a mapping nor an instance of a registered class;
+            or it would not load as saved: a dataclass field without a value, an enum-typed
+            field holding a non-member that would load as a member (docs/architecture.md,
+            "Samples and values").
     """
     if isinstance(obj, Mapping):
         return None, _strip_queue(dict(obj))
@@ -364,13 +380,38 @@ def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
         _check_status(fields.get("status"))
         return name, _strip_queue(fields)
     fields: dict[str, Any] = {}
+    enums = _enum_fields(cls)
     for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        fields[f.name] = value.value if isinstance(value, enum.Enum) else value
+        try:
+            value = getattr(obj, f.name)
+        except AttributeError:
+            # a field(init=False) without a default that __post_init__ never set
+            raise UnencodableError(
+                f"sample field {f.name!r} of {_qualified(cls)} has no value"
+            ) from None
+        enum_type = enums.get(f.name)
+        if enum_type is not None:
+            value = _enum_field_value(cls, f.name, enum_type, value)
+        fields[f.name] = value
     # slots dataclasses have no __dict__: their fields are all there is
     for key, value in getattr(obj, "__dict__", {}).items():
         fields.setdefault(key, value)
     return name, _strip_queue(fields)
+
+
+def _enum_field_value(cls: type, name: str, enum_type: type[enum.Enum], value: Any) -> Any:
+    """What an enum-typed field stores: a member's value; anything else as it is, unless the
+    load would turn it into a member (which would not be what was saved)."""
+    if isinstance(value, enum_type):
+        return value.value
+    try:
+        member = enum_type(value)
+    except (ValueError, TypeError):
+        return value  # stays as it is on load too
+    raise UnencodableError(
+        f"sample field {name!r} of {_qualified(cls)} holds {value!r:.80}, not a "
+        f"{enum_type.__qualname__}, but it would load as {member}; store the member itself"
+    )
 
 
 def _check_status(status: object) -> None:
@@ -396,6 +437,12 @@ def fields_to_sample(name: str | None, fields: Mapping[str, Any]) -> Any:
     converted back from their values).  ``None`` or an unknown name returns a plain dict:
     a name never causes an import.  ``_queue_*`` keys are dropped.
 
+    Instances are rebuilt without calling the class's ``__init__``, ``__post_init__`` or
+    ``__setattr__``: the stored values are set as they are (docs/architecture.md, "Samples
+    and values"), so a ``__post_init__`` that normalises fields does not run twice and
+    ``init=False`` fields and frozen classes load as saved.  A field the stored fields lack
+    (saved by an older version of the class) gets its default.
+
     Raises:
         UnsupportedFormatError: a registered class no longer accepts the stored fields.
     """
@@ -405,7 +452,7 @@ def fields_to_sample(name: str | None, fields: Mapping[str, Any]) -> Any:
         return data
     try:
         if issubclass(cls, Sample):
-            return cls.from_dict(data)
+            return _rebuild(cls, _sample_values(data))
         return _build_dataclass(cls, data)
     except (TypeError, ValueError, AttributeError) as exc:
         raise UnsupportedFormatError(
@@ -419,11 +466,33 @@ def _build_dataclass(cls: type, data: dict[str, Any]) -> Any:
             # not one of its values: keep what was stored rather than fail the load
             with contextlib.suppress(ValueError):
                 data[key] = enum_type(data[key])
-    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
-    obj = cls(**{k: v for k, v in data.items() if k in init_names})
+    return _rebuild(cls, data)
+
+
+@functools.cache
+def _rebuild_plan(cls: type) -> tuple[tuple[str, Any, Any], ...]:
+    return tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(cls))
+
+
+def _rebuild(cls: type, data: dict[str, Any]) -> Any:
+    """An instance of the dataclass ``cls`` holding ``data`` (which this consumes): the
+    declared fields first, then the extra attributes; no code of the class runs, except a
+    default factory for a field the data lacks."""
+    obj: Any = object.__new__(cls)
+    put = object.__setattr__  # also past a frozen class's __setattr__, and into slots
+    missing = dataclasses.MISSING
+    for name, default, factory in _rebuild_plan(cls):
+        if name in data:
+            value = data.pop(name)
+        elif default is not missing:
+            value = default
+        elif factory is not missing:
+            value = factory()
+        else:
+            raise TypeError(f"the stored fields lack {name!r}, which has no default")
+        put(obj, name, value)
     for key, value in data.items():
-        if key not in init_names:
-            setattr(obj, key, value)
+        put(obj, key, value)
     return obj
 
 

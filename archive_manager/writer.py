@@ -51,7 +51,7 @@ from .catalog.queries import (
     next_save_seq,
     renew_lease,
 )
-from .codec import EncodedChunk, build_chunk
+from .codec import EncodedChunk
 from .errors import (
     ArchiveError,
     ArchiveExistsError,
@@ -135,7 +135,11 @@ class ArchiveWriter:
         self._lease = f"{LEASE_PREFIX}{uuid.uuid4().hex}"
         self._entries: list[tuple[int, str, str | None, int, int]] = []
         self._metadata: list[dict[str, Any]] = []
-        self._buffer: list[Any] = []
+        # The samples of the chunk being filled, encoded at add() (see `add`).
+        self._buffer = codec.RawChunk([], {})
+        self._hand_over = codec.GilHandOver()
+        # `save_samples` holds its samples until the save returns: it may skip the copy.
+        self._copy = True
         self._chunks: dict[int, tuple[str, int, int]] = {}
         self._blob_kinds: dict[str, str] = {}
         self._blob_sizes: dict[str, int] = {}
@@ -172,7 +176,16 @@ class ArchiveWriter:
         return len(self._entries)
 
     def add(self, sample: Any, task_key: Any = _UNSET) -> None:
-        """Append one sample.  ``task_key`` overrides the key read from the sample."""
+        """Append one sample.  ``task_key`` overrides the key read from the sample.
+
+        The sample is encoded now: what it holds at this call is what is stored, and the
+        caller may reuse or change it afterwards.
+
+        Raises:
+            UnencodableError: the sample holds a value that cannot be stored; nothing of it
+                was added and the writer stays usable.
+            InvalidInputError: its task key or sample key cannot be a catalog key (idem).
+        """
         self._check_open()
         if self._reference is not None:
             raise InvalidInputError("a reference archive takes no samples")
@@ -180,11 +193,15 @@ class ArchiveWriter:
         key = check_task_key(key)
         position = len(self._entries)
         skey = check_key_text(sample_key(sample, position), "sample key")
+        # NOTE: encoded before it is described, so the description only ever sees values the
+        # codec accepted; nothing is appended until both succeeded.
+        encoded = codec.encode_sample(sample, inline_limit=self._pool.inline_limit, copy=self._copy)
         description = describe_sample(sample)
-        self._entries.append((position, skey, key, self._next_ordinal, len(self._buffer)))
+        self._entries.append((position, skey, key, self._next_ordinal, len(self._buffer.records)))
         self._metadata.append(description)
-        self._buffer.append(sample)
-        if len(self._buffer) >= self._pool.chunk_size:
+        self._buffer.add(encoded)
+        self._hand_over()
+        if len(self._buffer.records) >= self._pool.chunk_size:
             try:
                 self._flush()
             except BaseException as exc:
@@ -202,7 +219,7 @@ class ArchiveWriter:
             self._check_open()
             if self._reference is not None:
                 self._adopt_reference(self._reference)
-            elif self._buffer:
+            elif self._buffer.records:
                 self._flush()
             self._wait()
             self._pool.journal.ready()
@@ -307,10 +324,10 @@ class ArchiveWriter:
             del writer
 
     def _flush(self) -> None:
-        raw = build_chunk(self._buffer, inline_limit=self._pool.inline_limit)
+        raw = self._buffer
         ordinal = self._next_ordinal
         self._next_ordinal += 1
-        self._buffer = []
+        self._buffer = codec.RawChunk([], {})
         # NOTE: a pipeline of three one-chunk stages: this thread builds chunk i+2 (needs the
         # GIL) while the packer compresses and hashes chunk i+1 and the I/O thread stores
         # chunk i (zstd, xxhash, write and fsync release the GIL).  With one stage for pack and
@@ -693,6 +710,10 @@ def save_samples(
             )
         keys = [check_task_key(k) for k in task_keys]
     writer = ArchiveWriter(pool, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
+    # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored before
+    # it does: the tensor blobs may reference the samples' memory instead of a copy (a memcpy
+    # of every big tensor would cost pool.save, the headline number).
+    writer._copy = False
     try:
         for i, sample in enumerate(samples):
             if task_keys is None:

@@ -43,6 +43,8 @@ DEFAULT_TOKENS_SHOWN = 2048
 LIST_PREVIEW = 32
 #: Values of a tensor listed by its on-demand summary.
 TENSOR_PREVIEW = 64
+# Ints of up to this many bits have fewer than 4,300 digits, Python's limit for writing them.
+_JSON_INT_BITS = 14_000
 
 #: Fields the page shows in their own sections; the rest go to "other fields".
 _SHOWN = frozenset(
@@ -82,8 +84,12 @@ def jsonable(value: Any, *, preview: int | None = None) -> Any:
     """``value`` as JSON data: tensors and arrays described (never loaded), enums as their
     values, times in ISO 8601, non-finite floats as strings; with ``preview``, long lists
     are cut to that many items plus a note."""
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, int):
+        # NOTE: JSON writes an int in decimal, which Python refuses past 4,300 digits (the
+        # page failed with a ValueError): such ints are shown in hex.
+        return value if value.bit_length() <= _JSON_INT_BITS else hex(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if _is_tensor(value):
@@ -95,7 +101,7 @@ def jsonable(value: Any, *, preview: int | None = None) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value), preview=preview)
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v, preview=preview) for k, v in value.items()}
+        return {_key_text(k): jsonable(v, preview=preview) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         items = list(value)
         if preview is not None and len(items) > preview:
@@ -107,6 +113,15 @@ def jsonable(value: Any, *, preview: int | None = None) -> Any:
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     return repr(value)
+
+
+def _key_text(key: object) -> str:
+    if isinstance(key, int) and not isinstance(key, bool) and key.bit_length() > _JSON_INT_BITS:
+        return hex(key)
+    try:
+        return str(key)
+    except ValueError:  # a tuple holding an int of over 4,300 digits
+        return repr(jsonable(key))
 
 
 def pretty_json(value: Any, *, preview: int | None = LIST_PREVIEW) -> str:
@@ -191,7 +206,10 @@ def _items(value: object) -> tuple[list[Any] | None, NotShown | None]:
 
 
 def _brief(value: object) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # holds an int of over 4,300 digits
+        text = f"a {type(value).__name__}"
     return text if len(text) <= 40 else text[:39] + "…"
 
 
@@ -208,6 +226,8 @@ def _int_list(value: object) -> tuple[list[int] | None, NotShown | None]:
             v = int(v)
         if not isinstance(v, int):  # bools are ints: a mask of True / False is fine
             return None, NotShown(f"item {i} is {_brief(v)}, not a whole number")
+        if v.bit_length() > 64:  # no token id; and past 4,300 digits it cannot be printed
+            return None, NotShown(f"item {i} is an int of {v.bit_length()} bits")
         out.append(int(v))
     return out, None
 
@@ -327,8 +347,8 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
         mean_log_prob=sum(v / len(finite) for v in finite) if finite else None,
         chart=logprob_chart(log_probs or [], mask),
         tensors=tensors,
-        metadata_json=pretty_json(metadata) if metadata else None,
-        train_metadata_json=pretty_json(train_metadata) if train_metadata else None,
+        metadata_json=None if _empty(metadata) else pretty_json(metadata),
+        train_metadata_json=None if _empty(train_metadata) else pretty_json(train_metadata),
         other_json=pretty_json(other) if other else None,
         summary={
             k: jsonable(fields.get(k))
@@ -337,6 +357,11 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
         },
         not_shown={k: note for k, note in notes.items() if note is not None},
     )
+
+
+def _empty(value: object) -> bool:
+    # NOTE: not ``not value``: a tensor of several values has no truth value
+    return value is None or (isinstance(value, (str, list, tuple, dict)) and not value)
 
 
 def resolve_tensor(sample: Any, name: str) -> Any:
