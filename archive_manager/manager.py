@@ -18,7 +18,7 @@ from sqlalchemy import exc as sa_exc
 
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from .archive import Archive, ArchiveInfo, infos
-from .blobs import BlobStore
+from .blobs import AbstractBlobStore, BlobStore
 from .catalog import (
     Catalog,
     archives_table,
@@ -132,6 +132,7 @@ class ArchiveManager:
         lease_ttl: timedelta | float = DEFAULT_LEASE_TTL,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         inline_limit: int = DEFAULT_INLINE_LIMIT,
+        store: AbstractBlobStore | None = None,
     ) -> None:
         """Wrap an open catalog and blob root; use `ArchiveManager.open` instead."""
         if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -140,7 +141,7 @@ class ArchiveManager:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
         self.catalog = catalog
-        self.store = BlobStore(root)
+        self.store: AbstractBlobStore = BlobStore(root) if store is None else store
         self.clock = clock
         self.lease_ttl = _seconds(lease_ttl)
         self.chunk_size = chunk_size
@@ -162,6 +163,7 @@ class ArchiveManager:
         create: bool = True,
         recover: bool = False,
         rebind: bool = False,
+        store: AbstractBlobStore | None = None,
     ) -> ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
@@ -182,6 +184,9 @@ class ArchiveManager:
             rebind: ``root`` is a copy of a pool (``cp -a pool copy``, catalog inside it):
                 bind its catalog to it and give the copy a new pool identity, so that copy
                 and original are never taken for one another.
+            store: Where the blobs are kept: any `AbstractBlobStore` (docs/architecture.md,
+                "Blob store contract"); default the filesystem store under ``root``.  The
+                pool identity file and a default SQLite catalog stay in ``root``.
 
         Raises:
             PoolNotFoundError: ``create`` is False and there is no pool (or, with
@@ -194,8 +199,14 @@ class ArchiveManager:
         """
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
+        if store is not None and not isinstance(store, AbstractBlobStore):
+            raise InvalidInputError(
+                "store must be an archive_manager.blobs.AbstractBlobStore, not "
+                f"{type(store).__name__}"
+            )
+        blobs = BlobStore(path) if store is None else store
         if not (recover or rebind):
-            missing = _missing_catalog(path, url)
+            missing = _missing_catalog(path, url, blobs)
             if missing is not None:
                 raise missing
         if not (create or recover or rebind) and not cls.exists(path, catalog_url):
@@ -210,7 +221,7 @@ class ArchiveManager:
                 f"no pool at {path}; create one first (ArchiveManager.open or "
                 "'archive-manager init')"
             )
-        if recover and read_identity(path) is None and not _has_blobs(path):
+        if recover and read_identity(path) is None and not _has_blobs(blobs):
             # Checked before anything is created: a mistyped root must stay as it was.
             raise PoolNotFoundError(
                 f"nothing to recover at {path}: it holds no pool identity and no blobs"
@@ -223,13 +234,12 @@ class ArchiveManager:
         path.mkdir(parents=True, exist_ok=True)
         catalog = Catalog.open(url, busy_timeout_ms=busy_timeout_ms)
         try:
-            store = BlobStore(path)
             identity = bind_pool(
                 catalog,
                 path,
                 url=url,
                 explicit_url=catalog_url is not None,
-                list_blobs=lambda n: list(itertools.islice(store.iter_digests(), n)),
+                list_blobs=lambda n: list(itertools.islice(blobs.iter_digests(), n)),
                 clock=clock or time.time,
                 recover=recover,
                 rebind=rebind,
@@ -241,6 +251,7 @@ class ArchiveManager:
                 lease_ttl=lease_ttl,
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
+                store=blobs,
             )
             pool._identity = identity
             return pool
@@ -615,7 +626,7 @@ class ArchiveManager:
         return audit_owners(self)
 
 
-def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
+def _missing_catalog(root: Path, url: str, store: AbstractBlobStore) -> PoolIdentityError | None:
     """The error for a SQLite catalog file that is gone while its blob root holds a pool.
 
     NOTE: checked before the catalog is opened, which would create an empty file: a refused
@@ -628,7 +639,7 @@ def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
     if Path(parsed.database).exists() or not root.is_dir():
         return None
     identity = read_identity(root)
-    if identity is None and next(iter(BlobStore(root).iter_digests()), None) is None:
+    if identity is None and not _has_blobs(store):
         return None
     held = f"pool {identity.pool_id[:12]}" if identity is not None else "blobs"
     return PoolIdentityError(
@@ -653,7 +664,5 @@ def _damaged_sqlite_file(url: str) -> Path | None:
     return Path(file) if damaged else None
 
 
-def _has_blobs(root: Path) -> bool:
-    if not (root / "blobs").is_dir():
-        return False
-    return next(iter(BlobStore(root).iter_digests()), None) is not None
+def _has_blobs(store: AbstractBlobStore) -> bool:
+    return next(iter(store.iter_digests()), None) is not None

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from archive_manager import blobs
 from archive_manager._digest import digest_of
 from archive_manager.blobs import BlobStore, MemoryBlobStore
+from archive_manager.blobs import local as blobs
 from archive_manager.errors import BlobNotFoundError, IntegrityError, InvalidNameError
 
 BAD_DIGESTS = [

@@ -39,7 +39,8 @@ from conftest import (
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from archive_manager import ArchiveManager, blobs
+from archive_manager import ArchiveManager
+from archive_manager.blobs import local as blobs
 from archive_manager.catalog.engine import PG_WRITE_LOCK
 from archive_manager.catalog.migrate import VERSION_TABLE
 from archive_manager.catalog.models import FORMAT_VERSION
