@@ -34,7 +34,7 @@ import abc
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 from .._digest import Buffer
 
@@ -80,7 +80,8 @@ class AbstractBlobStore(abc.ABC):
     that a store may replace with a faster one.
     """
 
-    capabilities: ClassVar[Capabilities]
+    #: What the store can do; a class attribute of each store (a wrapper sets its own).
+    capabilities: Capabilities
 
     # ------------------------------------------------------------------ writing
 
