@@ -25,7 +25,7 @@ from .catalog import (
     entries_table,
     retention_table,
 )
-from .catalog.engine import make_engine, parse_url, shown_url, sqlite_path
+from .catalog.engine import dialect_of, make_engine, parse_url, shown_url, sqlite_path
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
 from .catalog.queries import archive_by_name, stored_owner
@@ -199,6 +199,7 @@ class ArchiveManager:
         """
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
+        dialect_of(url)  # an unsupported database is refused before anything is created
         if store is not None and not isinstance(store, AbstractBlobStore):
             raise InvalidInputError(
                 "store must be an archive_manager.blobs.AbstractBlobStore, not "

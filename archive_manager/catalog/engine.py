@@ -41,7 +41,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ __all__ = [
     "catalog_identity",
     "check_journal_mode",
     "check_local_filesystem",
+    "dialect_of",
     "filesystem_type",
     "idle_in_transaction_timeout_ms",
     "is_network_filesystem",
@@ -583,6 +584,36 @@ def _track_for_fork(engine: Engine) -> None:
         _engines.add(engine)
 
 
+@dataclass(frozen=True)
+class _Dialect:
+    """What one database needs so that the save and GC protocols hold on it: an engine whose
+    ``begin`` event takes the one write lock for writers and whose ``handle_error`` event
+    turns the driver's errors into `CatalogError` (bulk inserts: `catalog.bulk`)."""
+
+    write_lock: str
+    make_engine: Callable[[URL, int, bool], Engine]
+
+
+def dialect_of(url: str | URL) -> str:
+    """The name of the catalog database ``url`` names (``sqlite``, ``postgresql``).
+
+    Raises:
+        CatalogError: the URL is malformed, or names a database this library does not support:
+            the protocols rely on the write lock each supported dialect sets up, which a
+            plain engine of another database would run without.
+    """
+    parsed = parse_url(url)
+    name = parsed.get_backend_name()
+    if name not in _DIALECTS:
+        supported = ", ".join(f"{n} ({d.write_lock})" for n, d in sorted(_DIALECTS.items()))
+        raise CatalogError(
+            f"the catalog URL {shown_url(parsed)} names a {name!r} database, which archive_manager "
+            f"does not support: saves and GC need a catalog that serialises writers, and only "
+            f"these are set up to: {supported}"
+        )
+    return name
+
+
 def make_engine(
     url: str | URL,
     *,
@@ -594,25 +625,24 @@ def make_engine(
     Args:
         url: A SQLAlchemy URL. SQLite must be a file; PostgreSQL (``postgresql+psycopg://``;
             a bare ``postgresql://`` means psycopg 3 too) gets the write lock described above;
-            other databases get a plain engine.
+            other databases are refused.
         busy_timeout_ms: How long a writer waits for another's lock; None reads
             ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
         check_filesystem: Refuse a SQLite file on a network filesystem.
 
     Raises:
         UnsupportedFilesystemError: The SQLite file's folder is on a network filesystem.
-        CatalogError: The URL is malformed, an in-memory SQLite database, or its driver is
+        CatalogError: The URL is malformed, names a database other than SQLite and
+            PostgreSQL (`dialect_of`), an in-memory SQLite database, or its driver is
             missing.
     """
-    url = parse_url(url)
-    backend = url.get_backend_name()
-    if backend == "postgresql":
-        return _make_postgresql_engine(url, resolve_busy_timeout_ms(busy_timeout_ms))
-    if backend != "sqlite":
-        engine = _create_engine(url, pool_pre_ping=True)
-        _track_for_fork(engine)
-        return engine
+    name = dialect_of(url)
+    return _DIALECTS[name].make_engine(
+        parse_url(url), resolve_busy_timeout_ms(busy_timeout_ms), check_filesystem
+    )
 
+
+def _make_sqlite_engine(url: URL, timeout_ms: int, check_filesystem: bool) -> Engine:
     path = sqlite_path(url)
     if path is None:
         raise CatalogError(
@@ -621,7 +651,6 @@ def make_engine(
         )
     if check_filesystem:
         check_local_filesystem(path.absolute().parent)
-    timeout_ms = resolve_busy_timeout_ms(busy_timeout_ms)
     database = str(path)
 
     # NOTE: QueuePool keeps connection set-up out of every transaction, and a save opens
@@ -817,7 +846,7 @@ def _connect_failure_state(reason: str) -> str | None:
     return None
 
 
-def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
+def _make_postgresql_engine(url: URL, timeout_ms: int, check_filesystem: bool = True) -> Engine:
     if url.drivername == "postgresql":
         # SQLAlchemy's default driver is psycopg2; the one this library supports is psycopg 3.
         url = url.set(drivername="postgresql+psycopg")
@@ -878,3 +907,11 @@ def _make_postgresql_engine(url: URL, timeout_ms: int) -> Engine:
 
     _track_for_fork(engine)
     return engine
+
+
+# The registry of supported catalog databases (docs/architecture.md, "Safety rules": the
+# catalog serialises writers).  A database is added here with its engine set-up, or not at all.
+_DIALECTS: dict[str, _Dialect] = {
+    "sqlite": _Dialect("BEGIN IMMEDIATE, WAL", _make_sqlite_engine),
+    "postgresql": _Dialect("an advisory write lock", _make_postgresql_engine),
+}
