@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from archive_manager._digest import digest_of
-from archive_manager.blobs import BlobStore, MemoryBlobStore
+from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore
 from archive_manager.blobs import local as blobs
 from archive_manager.errors import IntegrityError, InvalidNameError
 from archive_manager.testing import FaultyBlobStore
@@ -151,6 +151,24 @@ class TestBlobStore(BlobStoreContract):
         assert not leftover.exists()
         assert store.remove_temp(leftover) is False
         assert store.temp_files() == []
+
+    def test_temp_files_are_the_incomplete_writes_and_are_swept_by_age(self, store) -> None:
+        store.put(b"makes the folders")
+        tmp = store.root / "tmp"
+        old, young = tmp / "dead.1.abc.tmp", tmp / "live.2.def.tmp"
+        for path, mtime in ((old, 2_000_000), (young, 3_000_000)):
+            path.write_bytes(b"half a blob")
+            os.utime(path, (mtime, mtime))
+        (tmp / "notes.txt").write_bytes(b"an operator's")
+        assert sorted(store.incomplete_writes(), key=lambda w: w.mtime) == [
+            IncompleteWrite(old.name, 2_000_000.0),
+            IncompleteWrite(young.name, 3_000_000.0),
+        ]
+        assert store.sweep_incomplete(1_000_000) == 0
+        assert store.sweep_incomplete(2_500_000) == 1
+        assert not old.exists() and young.exists() and (tmp / "notes.txt").exists()
+        assert store.remove_incomplete(IncompleteWrite(young.name, 0.0)) is True
+        assert store.incomplete_writes() == []
 
     def test_remove_temp_refuses_paths_outside_tmp(self, store) -> None:
         digest = store.put(b"precious")
