@@ -195,7 +195,9 @@ class ArchiveManager:
             PoolIdentityError: the catalog and the blob root are not one pool's (another
                 pool's catalog, a copy, a root re-bound to another catalog); the message
                 names both sides and what to do.
-            CatalogError: the catalog cannot be opened.
+            CatalogError: the catalog cannot be opened, or its URL names a database other
+                than SQLite and PostgreSQL.
+            InvalidInputError: ``store`` is not an `AbstractBlobStore`.
         """
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
