@@ -59,6 +59,12 @@ POINTS: dict[str, str] = {
     **_commit("retain", "retain: an extra owner's row"),
     **_commit("release", "Archive.release: dropping the archive's own owner"),
     **_commit("release_owner", "release_owner: dropping every row of an owner"),
+    # the retention journal (docs/architecture.md "Retention journal"): a decision's record
+    # is written after its transaction commits (publish, retain, release, release_owner)
+    "journal.before_write": "a decision committed in the catalog, its journal record not written",
+    "journal.after_write": "a journal record durable (file and folder synced), call not returned",
+    **_commit("journal.checkpoint", "a journal checkpoint made the catalog's position"),
+    **_commit("rebuild.journal", "rebuild_catalog: the journal's owners and states applied"),
     # GC (docs/architecture.md "GC protocol")
     **_commit("gc.plan", "gc plan: leases expired, dead saves rolled back, blobs marked deleting"),
     "gc.after_unlink": "gc: a deleting blob unlinked, its row not yet deleted",

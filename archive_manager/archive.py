@@ -35,6 +35,7 @@ from .errors import (
     IntegrityError,
     InvalidInputError,
 )
+from .journal import pool_id_of, release_op, stage_record, write_committed
 from .samples import check_key_text, check_task_key, sample_to_fields
 
 if TYPE_CHECKING:
@@ -417,17 +418,28 @@ class Archive:
             True if this call released it, False if it was released already.
         """
         owner = archive_owner(self.name)
+        record = None
+        self._pool.journal.ready()
         with self._pool.catalog.write("release") as conn:
             conn.execute(
                 delete(retention_table).where(
                     retention_table.c.owner == owner, retention_table.c.archive_id == self._id
                 )
             )
+            now = self._pool.clock()
             changed = conn.execute(
                 update(archives_table)
                 .where(archives_table.c.id == self._id, archives_table.c.state == "published")
-                .values(state="released", released_at=self._pool.clock())
+                .values(state="released", released_at=now)
             ).rowcount
+            manifest = conn.execute(
+                select(archives_table.c.manifest_digest).where(archives_table.c.id == self._id)
+            ).scalar()
+            if changed == 1 and manifest is not None:
+                op = release_op(self.name, manifest, at=now)
+                record = stage_record(conn, pool_id_of(conn), [op], now)
+        # After the commit, before returning: docs/architecture.md, "Retention journal".
+        write_committed(self._pool.journal, record)
         return changed == 1
 
 

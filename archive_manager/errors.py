@@ -22,6 +22,7 @@ __all__ = [
     "IntegrityError",
     "InvalidInputError",
     "InvalidNameError",
+    "JournalDamagedError",
     "LeaseExpiredError",
     "MetadataError",
     "MissingDependencyError",
@@ -84,6 +85,11 @@ class BlobNotFoundError(IntegrityError, FileNotFoundError):
 class BlobCorruptError(IntegrityError):
     """A stored blob does not hash to its digest, has another size than the data put again
     under that digest, or is no blob at all (a FIFO or a symlink in its place)."""
+
+
+class JournalDamagedError(IntegrityError):
+    """A retention journal file whose bytes do not match its name, that does not parse, or
+    that belongs to another pool; it is never applied."""
 
 
 class UnsupportedFormatError(ArchiveError, ValueError):

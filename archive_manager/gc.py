@@ -46,6 +46,7 @@ from .catalog import (
 from .codec import MAGIC_SIZE, blob_kind
 from .errors import ArchiveError, GcAbortedError, PoolIdentityError
 from .identity import UNINDEXED_BLOBS, check_identity
+from .journal import audit, maintain
 
 if TYPE_CHECKING:
     from .blobs import AbstractBlobStore, IncompleteWrite
@@ -253,6 +254,7 @@ def collect(
             f"gc stopped before deleting anything: cannot list blobs: {exc}"
         ) from exc
     _refuse_if_behind(pool, files)
+    _refuse_if_behind_journal(pool)
 
     with catalog.read() if dry_run else catalog.write("gc.plan") as conn:
         lt = leases_table
@@ -305,6 +307,11 @@ def collect(
     _remove_orphans(pool, [d for d, _ in orphans])
     for write in stale_temps:
         _remove_incomplete(store, write)
+    try:
+        maintain(catalog, pool.journal, pool.clock)
+    except OSError as exc:
+        # Everything GC had to do is done; the journal is tidied by the next run.
+        raise GcAbortedError(f"gc could not write the journal's checkpoint: {exc}") from exc
     report.duration = time.perf_counter() - started
     return report
 
@@ -357,6 +364,38 @@ def _refuse_if_behind(pool: ArchiveManager, files: list[tuple[str, int, float]])
             f"blobs/ are missing from the catalog (first: {behind[0]}): the catalog is behind "
             "its blobs (restored from a backup, or a lagging replica?); run rebuild_catalog "
             "('archive-manager rebuild-catalog'), which restores only what the catalog lacks"
+        )
+
+
+def _refuse_if_behind_journal(pool: ArchiveManager) -> None:
+    """Stop if the retention journal holds decisions the catalog lacks, or a rebuild left
+    damaged journal files for an operator to decide on (docs/architecture.md, "Retention
+    journal").
+
+    NOTE: a catalog behind the journal (restored from a backup, a lagging replica) may lack
+    the publication of an archive it still holds as pending, the release of an archive or an
+    owner's hold: GC would roll back the first and, once its other owners let go, reclaim
+    what the missing hold protects.
+    """
+    try:
+        found = audit(pool.catalog, pool.journal)
+    except OSError as exc:
+        raise GcAbortedError(
+            f"gc stopped before deleting anything: cannot list the journal: {exc}"
+        ) from exc
+    if found.position.unresolved:
+        raise GcAbortedError(
+            "gc stopped before deleting anything: the last rebuild could not read "
+            f"{len(found.position.unresolved)} journal file(s) (first: "
+            f"{found.position.unresolved[0]}), so owners may be missing; check the pool, then "
+            "accept the rebuilt owners with 'archive-manager rebuild-catalog --resolve'"
+        )
+    if found.behind:
+        raise GcAbortedError(
+            f"gc stopped before deleting anything: {len(found.unknown)} retention journal "
+            f"file(s) under journal/ are unknown to the catalog (first: {found.unknown[0].name}): "
+            "the catalog is behind the pool (restored from a backup, or a lagging replica?); "
+            "run rebuild_catalog ('archive-manager rebuild-catalog'), which brings it forward"
         )
 
 

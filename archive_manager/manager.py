@@ -40,6 +40,23 @@ from .errors import (
 )
 from .gc import GcReport, collect
 from .identity import IDENTITY_FILE, PoolIdentity, bind_pool, read_identity, safe_url
+from .journal import (
+    Journal,
+    adopt,
+    pool_id_of,
+    release_owner_op,
+    retain_op,
+    stage_record,
+    write_committed,
+)
+from .lens import (
+    Group,
+    PromptChange,
+    PromptRollout,
+    group_summaries,
+    prompt_changes,
+    prompt_history,
+)
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
@@ -148,6 +165,7 @@ class ArchiveManager:
         self.inline_limit = inline_limit
         self._stats_cache = StatsCache()
         self._identity: PoolIdentity | None = None
+        self.journal = Journal(root)
 
     @classmethod
     def open(
@@ -257,6 +275,7 @@ class ArchiveManager:
                 store=blobs,
             )
             pool._identity = identity
+            adopt(catalog, pool.journal, pool.clock)
             return pool
         except BaseException:
             catalog.close()
@@ -487,6 +506,52 @@ class ArchiveManager:
         """
         return rollout_stats(self, rollout_ids, evaluation, cache=self._stats_cache)
 
+    # ------------------------------------------------------------------ the RL lens
+
+    def groups(self, name: str) -> list[Group]:
+        """The prompt groups of archive ``name``: per task key its size, reward mean, std
+        (``n - 1``), min and max, GRPO advantages per sample, mean length, statuses, and
+        whether every reward is equal (`Group.zero_variance`).  From the catalog alone.
+
+        Raises:
+            ArchiveNotFoundError: no such published or released archive.
+        """
+        check_archive_name(name)
+        return group_summaries(self.catalog, name)
+
+    def prompt_history(
+        self,
+        task_key: str,
+        rollout_ids: object = None,
+        *,
+        evaluation: bool | None = None,
+        pass_threshold: float = 0.0,
+    ) -> list[PromptRollout]:
+        """How each rollout did on one prompt: group size, mean reward, pass rate (rewards
+        above ``pass_threshold``), mean length, in rollout order.  From the catalog alone."""
+        return prompt_history(
+            self.catalog,
+            task_key,
+            rollout_ids=rollout_ids,
+            evaluation=evaluation,
+            pass_threshold=pass_threshold,
+        )
+
+    def prompt_changes(
+        self,
+        before: object,
+        after: object,
+        *,
+        evaluation: bool | None = None,
+        direction: str | None = None,
+        limit: int | None = None,
+    ) -> list[PromptChange]:
+        """Prompts seen in both rollout ranges, ranked by the change of their mean reward
+        (``direction``: ``"regressed"``, ``"improved"`` or None for either way)."""
+        return prompt_changes(
+            self.catalog, before, after, evaluation=evaluation, direction=direction, limit=limit
+        )
+
     # ------------------------------------------------------------------ owners
 
     def retain(self, owner: str, name: str) -> bool:
@@ -506,6 +571,8 @@ class ArchiveManager:
         owner = check_new_owner(owner)
         check_archive_name(name)
         r = retention_table
+        record = None
+        self.journal.ready()
         with self.catalog.write("retain") as conn:
             row = archive_by_name(conn, name)
             if row is None or row.state == "pending":
@@ -518,7 +585,13 @@ class ArchiveManager:
                     f"archive {name!r} was released and no owner retains it; its payload may "
                     "already be reclaimed, so it cannot be retained again"
                 )
-            conn.execute(r.insert().values(owner=owner, archive_id=row.id, created_at=self.clock()))
+            now = self.clock()
+            conn.execute(r.insert().values(owner=owner, archive_id=row.id, created_at=now))
+            if row.manifest_digest is not None:
+                op = retain_op(owner, row.name, row.manifest_digest, at=now)
+                record = stage_record(conn, pool_id_of(conn), [op], now)
+        # After the commit, before returning: docs/architecture.md, "Retention journal".
+        write_committed(self.journal, record)
         return True
 
     def release_plan(self, *, owner: str | None = None, name: str | None = None) -> ReleasePlan:
@@ -541,13 +614,28 @@ class ArchiveManager:
             How many archives it retained (0: it held nothing, and nothing changed).
         """
         owner = check_owner(owner)
+        r, a = retention_table, archives_table
+        record = None
+        self.journal.ready()
         with self.catalog.write("release_owner") as conn:
             owner = stored_owner(conn, owner)
-            return int(
-                conn.execute(
-                    delete(retention_table).where(retention_table.c.owner == owner)
-                ).rowcount
-            )
+            held = [
+                (n, d)
+                for n, d in conn.execute(
+                    select(a.c.name, a.c.manifest_digest)
+                    .join(r, r.c.archive_id == a.c.id)
+                    .where(r.c.owner == owner)
+                    .order_by(a.c.name)
+                )
+            ]
+            count = int(conn.execute(delete(r).where(r.c.owner == owner)).rowcount)
+            if count:
+                now = self.clock()
+                op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
+                record = stage_record(conn, pool_id_of(conn), [op], now)
+        # After the commit, before returning: docs/architecture.md, "Retention journal".
+        write_committed(self.journal, record)
+        return count
 
     # ------------------------------------------------------------------ maintenance
 
@@ -588,21 +676,28 @@ class ArchiveManager:
         return verify_pool(self, read_data=read_data, subset=subset, progress=progress)
 
     def rebuild_catalog(
-        self, *, progress: Callable[[int, int], None] | None = None
+        self, *, progress: Callable[[int, int], None] | None = None, resolve: bool = False
     ) -> RebuildReport:
-        """Restore the archives the catalog lacks from their manifest blobs.
+        """Restore what the catalog lacks from the pool itself: archives from their manifest
+        blobs, owners, states and release times from the retention journal.
 
         For a lost catalog (open the pool with ``recover=True``), a catalog restored from a
-        backup or a lagging replica (manifests written since are missing from it), or one
-        that survived in part.  Incremental: only blob files without a catalog row are
-        looked at, and nothing the catalog records changes, so it is safe while saves and GC
-        run.  Each restored archive comes back published and retained by its own owner
-        (manifests record neither releases nor external owners).  When several manifests
-        name one archive, the one saved last wins (the published one); every manifest not
-        restored is in ``report.skipped`` with its reason.  A complete run lets GC work again.
+        backup or a lagging replica (manifests and decisions written since are missing from
+        it), or one that survived in part.  Only blob files without a catalog row are looked
+        at; when the catalog is behind the journal, the archives it has get the owners and
+        states the journal records (a pending archive published since, an owner added or
+        dropped since, a release).  Safe while saves and GC run.  An archive whose manifest
+        the journal does not cover (a save that stopped between its publication and its
+        journal record) comes back published and retained by its own owner.  When several
+        manifests name one archive, the one saved last wins (the published one); every
+        manifest not restored is in ``report.skipped`` with its reason.
+
+        A complete run writes a journal checkpoint and lets GC work again, unless journal
+        files were damaged (``report.journal_damaged``): then GC stays refused until a
+        rebuild with ``resolve=True`` accepts the rebuilt owners.
         ``progress(done, total)`` is called per archive name.
         """
-        return rebuild_catalog(self, progress=progress)
+        return rebuild_catalog(self, progress=progress, resolve=resolve)
 
     def import_pt(
         self,

@@ -19,6 +19,7 @@ own (checkpoints, queues) and releases are not in manifests: they must be restor
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -36,11 +37,13 @@ from .catalog import (
     insert_rows,
     pool_info_table,
     retention_table,
+    set_pool_info,
 )
 from .catalog.queries import archive_by_name, blob_rows, raise_save_seq
 from .errors import ArchiveError
 from .gc import kind_of, rowless_files
 from .identity import UNINDEXED_BLOBS
+from .journal import JOURNAL_UNRESOLVED, ArchiveState, Replay, audit, checkpoint, replay
 from .manifest import Manifest
 from .writer import insert_contents
 
@@ -63,6 +66,16 @@ class RebuildReport:
     blobs: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
     unknown_files: list[str] = field(default_factory=list)
+    # The retention journal (docs/architecture.md, "Retention journal"): what it brought to
+    # archives the catalog had (name -> what changed), the archives it knows were released
+    # and reclaimed (nothing to restore), and the journal files it could not use.
+    journal_applied: bool = False
+    brought_forward: dict[str, list[str]] = field(default_factory=dict)
+    reclaimed: list[str] = field(default_factory=list)
+    journal_damaged: dict[str, str] = field(default_factory=dict)
+    journal_foreign: list[str] = field(default_factory=list)
+    journal_gaps: int = 0
+    unresolved: bool = False
     duration: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -74,17 +87,24 @@ class _Skip(Exception):
     """This manifest's archive cannot be restored; the message says why."""
 
 
-def rebuild_catalog(pool: ArchiveManager, *, progress: Progress | None = None) -> RebuildReport:
-    """Index every blob file the catalog lacks and restore every archive the catalog lacks
-    whose manifest and blobs are intact (see the module docstring).
+def rebuild_catalog(
+    pool: ArchiveManager, *, progress: Progress | None = None, resolve: bool = False
+) -> RebuildReport:
+    """Index every blob file the catalog lacks, restore every archive the catalog lacks whose
+    manifest and blobs are intact, and, when the catalog is behind the retention journal,
+    bring its owners and states forward (see the module docstring).
 
-    Safe on a live pool and on a catalog that survived in part or was restored from a backup:
-    what the catalog records is never changed, and a rebuild killed anywhere is finished by
-    the next one (GC refuses until then).
+    Safe on a live pool and on a catalog that survived in part or was restored from a backup,
+    and a rebuild killed anywhere is finished by the next one (GC refuses until then).
+    ``resolve`` accepts the result although journal files were damaged (GC refuses until a
+    rebuild ran with it, see `RebuildReport.unresolved`).
     """
     started = time.perf_counter()
     report = RebuildReport()
     now = pool.clock()
+    # Listed before the blobs: a decision committed meanwhile is either in this listing or
+    # made on a catalog that has every row it needs.
+    journal = _read_journal(pool, report)
     rowless = rowless_files(pool, list(pool.store.iter_stat()))
     kinds: dict[str, str] = {}
     for digest in sorted(rowless):
@@ -115,7 +135,8 @@ def rebuild_catalog(pool: ArchiveManager, *, progress: Progress | None = None) -
                 f"{_seq_text(winner)}; this one{_seq_text(manifest)})"
             )
         try:
-            added, restored_as = _restore(pool, digest, winner, kinds, rowless, now)
+            decided = journal.state.archives.get(digest) if journal is not None else None
+            added, restored_as = _restore(pool, digest, winner, kinds, rowless, now, decided)
             report.blobs += added
         except _Skip as exc:
             report.skipped[digest] = str(exc)
@@ -128,10 +149,23 @@ def rebuild_catalog(pool: ArchiveManager, *, progress: Progress | None = None) -
         if progress is not None:
             progress(done, len(by_name))
     report.blobs += _index_rest(pool, rowless, kinds, now)
+    if journal is not None:
+        _bring_forward(pool, journal, report, gap_mode=report.journal_gaps > 0)
+        _note_reclaimed(pool, journal, report)
+        highest_seq = max(highest_seq, journal.highest_seq)
+    report.unresolved = bool(report.journal_damaged) and not resolve
     # Only now, every archive restored: a rebuild that died half-way leaves GC refusing.
     with pool.catalog.write("rebuild.finish") as conn:
         raise_save_seq(conn, highest_seq)
         conn.execute(delete(pool_info_table).where(pool_info_table.c.key == UNINDEXED_BLOBS))
+        if report.unresolved:
+            set_pool_info(conn, JOURNAL_UNRESOLVED, json.dumps(sorted(report.journal_damaged)))
+        else:
+            conn.execute(delete(pool_info_table).where(pool_info_table.c.key == JOURNAL_UNRESOLVED))
+    if not report.unresolved:
+        # The rebuilt state is the pool's from here on: a checkpoint of it supersedes every
+        # journal file read (and any damaged one the operator accepted).
+        checkpoint(pool.catalog, pool.journal, pool.clock)
     report.archives.sort()
     report.duration = time.perf_counter() - started
     return report
@@ -150,10 +184,12 @@ def _restore(
     kinds: dict[str, str],
     rowless: dict[str, int],
     now: float,
+    decided: ArchiveState | None = None,
 ) -> tuple[int, str]:
     """Insert archive ``m`` if every blob it needs is there; return how many blob rows it
     added and the name it got (its own, unless the catalog has another archive of that
-    name)."""
+    name).  ``decided``: what the retention journal knows of it (name, state, times and
+    owners); without it, the archive comes back published and owned by itself."""
     needed: dict[str, str] = {d: "chunk" for d, _, _ in m.chunks}
     needed.update({d: "tensor" for d in m.tensors})
     needed[digest] = "manifest"
@@ -163,7 +199,7 @@ def _restore(
         rows = blob_rows(conn, list(needed))
         if digest in rows:
             raise _Skip("its manifest was indexed meanwhile (by another rebuild, or a save)")
-        name = m.name
+        name = decided.name if decided is not None else m.name
         existing = archive_by_name(conn, name)
         if existing is not None:
             # NOTE: a catalog restored from a backup, then a save of a name that an archive
@@ -215,17 +251,25 @@ def _restore(
                 .values(state="live", created_at=now)
             )
         created = m.created_at if m.created_at is not None else now
+        state, published_at, released_at = "published", created, None
+        owners = {archive_owner(name): now}
+        if decided is not None:
+            state = decided.state
+            published_at = decided.published_at if decided.published_at is not None else created
+            released_at = decided.released_at
+            owners = _own_owner_renamed(decided, name)
         archive_id = conn.execute(
             archives_table.insert().values(
                 name=name,
                 rollout_id=m.rollout_id,
                 evaluation=m.evaluation,
-                state="published",
+                state=state,
                 manifest_digest=digest,
                 samples=len(m.entries),
                 bytes=sum(sizes.values()),
                 created_at=created,
-                published_at=created,
+                published_at=published_at,
+                released_at=released_at,
                 attrs=m.attrs,
                 reference_name=m.reference,
             )
@@ -239,10 +283,11 @@ def _restore(
             ("archive_id", "digest", "kind"),
             [(archive_id, d, k) for d, k in sorted(needed.items())],
         )
-        conn.execute(
-            retention_table.insert().values(
-                owner=archive_owner(name), archive_id=archive_id, created_at=now
-            )
+        insert_rows(
+            conn,
+            retention_table,
+            ("owner", "archive_id", "created_at"),
+            [(o, archive_id, at) for o, at in sorted(owners.items())],
         )
     return len(new_rows), name
 
@@ -280,3 +325,125 @@ def _index_rest(
             insert_rows(conn, blobs_table, ("digest", "size", "kind", "state", "created_at"), rows)
             added += len(rows)
     return added
+
+
+def _read_journal(pool: ArchiveManager, report: RebuildReport) -> Replay | None:
+    """The retention journal replayed, when the catalog is behind it (a lost catalog, one
+    restored from a backup or a lagging replica); None when the catalog knows every file."""
+    found = audit(pool.catalog, pool.journal)
+    if not found.behind:
+        return None
+    pool_id = pool.identity.pool_id if pool.identity is not None else None
+    replayed = replay(pool.journal, pool_id, found.entries)
+    report.journal_applied = True
+    report.journal_damaged = dict(replayed.damaged)
+    report.journal_foreign = list(replayed.foreign)
+    base = replayed.checkpoint.seq if replayed.checkpoint is not None else -1
+    # Decisions this catalog committed whose record files never reached the journal (their
+    # process stopped in between): the journal cannot vouch for them, the catalog can.
+    report.journal_gaps = sum(1 for seq in found.gaps if seq > base)
+    return replayed
+
+
+def _own_owner_renamed(decided: ArchiveState, name: str) -> dict[str, float]:
+    """The journal's owners of an archive, its own owner under the name it has here."""
+    owners = dict(decided.owners)
+    if decided.name != name:
+        at = owners.pop(archive_owner(decided.name), None)
+        if at is not None:
+            owners[archive_owner(name)] = at
+    return owners
+
+
+def _bring_forward(
+    pool: ArchiveManager, journal: Replay, report: RebuildReport, *, gap_mode: bool
+) -> None:
+    """Give the archives the catalog already has the owners, states and times the journal
+    records, in one transaction (docs/architecture.md, "Recovery").
+
+    With ``gap_mode`` (the catalog committed decisions whose records are missing), neither
+    side is complete: owners are the union of both (a hold is never dropped on a guess), and
+    a state the two disagree on follows the archive's own owner.
+    """
+    a, r, b = archives_table, retention_table, blobs_table
+    with pool.catalog.write("rebuild.journal") as conn:
+        rows = {
+            row.manifest_digest: row
+            for row in conn.execute(
+                select(a.c.id, a.c.name, a.c.state, a.c.manifest_digest, a.c.published_at).where(
+                    a.c.manifest_digest.is_not(None)
+                )
+            )
+        }
+        for manifest, decided in sorted(journal.state.archives.items()):
+            row = rows.get(manifest)
+            if row is None:
+                continue
+            held = dict(
+                conn.execute(
+                    select(r.c.owner, r.c.created_at).where(r.c.archive_id == row.id)
+                ).all()
+            )
+            wanted = _own_owner_renamed(decided, row.name)
+            state = decided.state
+            if gap_mode:
+                wanted = {**wanted, **held}
+                if row.state in ("published", "released") and row.state != state:
+                    state = "published" if archive_owner(row.name) in wanted else "released"
+            changes: list[str] = []
+            values: dict[str, Any] = {}
+            if row.state == "pending":
+                # Published in the journal's history after this catalog's copy was taken
+                # (a backup taken mid-save): the save's lease is long gone.
+                values.update(lease_owner=None, published_at=decided.published_at)
+                conn.execute(
+                    update(b)
+                    .where(b.c.digest == manifest, b.c.state == "writing")
+                    .values(state="live")
+                )
+                changes.append(f"{state} (was pending)")
+            elif row.state != state:
+                changes.append(f"{state} (was {row.state})")
+            if row.state != state:
+                values.update(state=state, released_at=decided.released_at)
+            if values:
+                conn.execute(update(a).where(a.c.id == row.id).values(**values))
+            gone = sorted(set(held) - set(wanted))
+            if gone:
+                conn.execute(delete(r).where(r.c.archive_id == row.id, r.c.owner.in_(gone)))
+                changes += [f"owner {o} dropped" for o in gone]
+            added = sorted(set(wanted) - set(held))
+            if added:
+                insert_rows(
+                    conn,
+                    r,
+                    ("owner", "archive_id", "created_at"),
+                    [(o, row.id, wanted[o]) for o in added],
+                )
+                changes += [f"owner {o} restored" for o in added]
+            if changes:
+                report.brought_forward[row.name] = changes
+
+
+def _note_reclaimed(pool: ArchiveManager, journal: Replay, report: RebuildReport) -> None:
+    """Report the journal's archives that could not come back: released and reclaimed ones
+    (nothing is lost), and owned ones whose manifest is gone (those are)."""
+    with pool.catalog.read() as conn:
+        have = set(
+            conn.execute(
+                select(archives_table.c.manifest_digest).where(
+                    archives_table.c.manifest_digest.is_not(None)
+                )
+            ).scalars()
+        )
+    for manifest, decided in sorted(journal.state.archives.items()):
+        if manifest in have or manifest in report.skipped:
+            continue
+        if decided.state == "released" and not decided.owners:
+            report.reclaimed.append(decided.name)
+        else:
+            owners = ", ".join(sorted(decided.owners)) or "none"
+            report.skipped[manifest] = (
+                f"archive {decided.name!r} ({decided.state}, owners: {owners}) is in the "
+                "retention journal, but its manifest is gone from blobs/: it cannot be restored"
+            )

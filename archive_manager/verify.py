@@ -27,8 +27,9 @@ from .catalog import (
     leases_table,
     retention_table,
 )
-from .errors import BlobNotFoundError, IntegrityError, InvalidInputError
+from .errors import BlobNotFoundError, IntegrityError, InvalidInputError, JournalDamagedError
 from .gc import unindexed_manifests
+from .journal import audit
 
 if TYPE_CHECKING:
     from .manager import ArchiveManager
@@ -396,8 +397,63 @@ def verify_pool(
         report.blobs_checked = len(todo)
     else:
         report.blobs_checked = len(blobs)
+    _check_journal(pool, report, read_data=read_data)
     report.duration = time.perf_counter() - started
     return report
+
+
+def _check_journal(pool: ArchiveManager, report: VerifyReport, *, read_data: bool) -> None:
+    """The retention journal against the catalog (docs/architecture.md, "Retention
+    journal"); with ``read_data``, every journal file still in use is read and checked."""
+    problem, notice = report.problems.append, report.notices.append
+    found = audit(pool.catalog, pool.journal)
+    if found.unknown:
+        problem(
+            Finding(
+                "journal-behind",
+                f"{len(found.unknown)} retention journal file(s) hold decisions the catalog "
+                f"lacks (first: {found.unknown[0].name}): the catalog is behind the pool "
+                "(restored from a backup?); run rebuild-catalog (gc refuses until then)",
+            )
+        )
+    for name in found.position.unresolved:
+        problem(
+            Finding(
+                "journal-unresolved",
+                f"journal file {name} could not be read by the last rebuild, so owners may be "
+                "missing; gc refuses until 'archive-manager rebuild-catalog --resolve'",
+            )
+        )
+    if found.gaps:
+        notice(
+            Finding(
+                "journal-gap",
+                f"{len(found.gaps)} committed decision(s) have no journal record yet (a "
+                "process stopped between its commit and its record, or is writing it now); "
+                "the next gc writes a checkpoint that covers them",
+            )
+        )
+    if found.missing_checkpoint:
+        notice(
+            Finding(
+                "journal-checkpoint",
+                "the catalog's journal checkpoint file is missing; the next gc writes one",
+            )
+        )
+    for name in found.strays:
+        notice(Finding("journal-stray", f"journal/{name} is not a journal file; left alone"))
+    if not read_data:
+        return
+    pool_id = pool.identity.pool_id if pool.identity is not None else None
+    for entry in found.entries:
+        if found.position.superseded(entry):
+            continue
+        try:
+            pool.journal.read(entry, pool_id)
+        except FileNotFoundError:
+            continue  # superseded by a checkpoint since the listing
+        except (JournalDamagedError, OSError) as exc:
+            problem(Finding("journal-damaged", str(exc)))
 
 
 def _recheck_unlisted(

@@ -60,6 +60,7 @@ from .errors import (
     InvalidInputError,
     LeaseExpiredError,
 )
+from .journal import Staged, pool_id_of, publish_op, stage_record, write_committed
 from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
 from .metadata import describe_sample
 from .samples import check_key_text, check_task_key, sample_key, task_key_of
@@ -140,6 +141,7 @@ class ArchiveWriter:
         self._blob_sizes: dict[str, int] = {}
         self._created: set[str] = set()  # digests whose row this save inserted
         self._unmarked: list[str] = []  # written, not yet flipped to live
+        self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
         self._next_ordinal = 0
         self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
         self._state = "open"
@@ -203,18 +205,23 @@ class ArchiveWriter:
             elif self._buffer:
                 self._flush()
             self._wait()
+            self._pool.journal.ready()
             archive_id, manifest = self._commit_ownership()
             # NOTE: written after the ownership commit, which gave it its save number (the
             # manifest module says why that number must come from the name's claim), and
             # before publication, so a published archive always has its manifest on disk.
             self._pool.store.put_many([(manifest.parts, manifest.digest)])
             failpoint("save.manifest.after_write")
-            self._publish(archive_id, manifest.digest)
+            record = self._publish(archive_id, manifest.digest)
         except BaseException:
             self.abort()
             raise
         self._state = "committed"
-        self._shutdown()
+        try:
+            # After the commit, before returning: docs/architecture.md, "Retention journal".
+            write_committed(self._pool.journal, record)
+        finally:
+            self._shutdown()
         self.archive = self._pool.open_archive(self.name)
         return self.archive
 
@@ -479,6 +486,7 @@ class ArchiveWriter:
             check_lease(conn, self._lease, now=now)
             mark_live(conn, self._unmarked)
             self._unmarked = []
+            self._owned_at = now
             if archive_by_name(conn, self.name) is not None:
                 raise ArchiveExistsError(f"archive {self.name!r} already exists")
             manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
@@ -521,14 +529,16 @@ class ArchiveWriter:
             conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == self._lease))
         return int(archive_id), manifest
 
-    def _publish(self, archive_id: int, manifest_digest: str) -> None:
-        """Step 5: mark the manifest durable, make the archive visible, end the lease."""
+    def _publish(self, archive_id: int, manifest_digest: str) -> Staged:
+        """Step 5: mark the manifest durable, make the archive visible, end the lease; stage
+        the publication's journal record (written once this commits)."""
         with self._lock, self._pool.catalog.write("save.publish") as conn:
             mark_live(conn, [manifest_digest])
+            now = self._pool.clock()
             published = conn.execute(
                 update(archives_table)
                 .where(archives_table.c.id == archive_id, archives_table.c.state == "pending")
-                .values(state="published", published_at=self._pool.clock(), lease_owner=None)
+                .values(state="published", published_at=now, lease_owner=None)
             ).rowcount
             if published != 1:
                 raise LeaseExpiredError(
@@ -536,6 +546,8 @@ class ArchiveWriter:
                     "published (its lease expired)"
                 )
             drop_lease(conn, self._lease)
+            op = publish_op(self.name, manifest_digest, at=now, owned_at=self._owned_at)
+            return stage_record(conn, pool_id_of(conn), [op], now)
 
     def _rollback(self) -> None:
         """Drop the lease; delete the blobs this save created that nothing else holds."""

@@ -473,6 +473,7 @@ class PoolSnapshot:
     blobs: list[str]
     temp: list[str]
     rows: dict[str, list[tuple]]
+    journal: list[str] = dataclasses.field(default_factory=list)  # retention journal files
 
     def row_counts(self) -> dict[str, int]:
         """Rows per catalog table."""
@@ -485,6 +486,7 @@ def snapshot_pool(pool: ArchiveManager) -> PoolSnapshot:
         blobs=blob_files(pool.root),
         temp=sorted(str(p) for p, _ in pool.store.temp_files()),
         rows=table_rows(pool),
+        journal=sorted(p.name for p in (pool.root / "journal").glob("*")),
     )
 
 

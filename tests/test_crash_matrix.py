@@ -124,9 +124,14 @@ def _assert_all_hold(rows: list[crash_matrix.Row], *, every_point: bool = True) 
         assert crash_matrix.uncovered(rows) == []
 
 
+LOST = [name for name in crash_matrix.SCENARIOS if name.endswith("_lost")]
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_crash_matrix_kill_sqlite(tmp_path: Path) -> None:
-    rows = crash_matrix.matrix(tmp_path, crash_matrix.Databases(None))
+    only = [name for name in crash_matrix.SCENARIOS if name not in LOST]
+    rows = crash_matrix.matrix(tmp_path, crash_matrix.Databases(None), only=only)
     _assert_all_hold(rows)
     assert all(r.outcome == "killed" for r in rows)
     # Both the first and the last hit of the points a save reaches many times.
@@ -139,6 +144,19 @@ def test_crash_matrix_kill_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_crash_matrix_kill_then_lose_the_catalog_sqlite(tmp_path: Path) -> None:
+    """Every durable step of save, retain, release and release_owner killed, then the catalog
+    lost and rebuilt from the manifests and the retention journal: the same owners come
+    back (the in-flight decision all or nothing)."""
+    rows = crash_matrix.matrix(tmp_path, crash_matrix.Databases(None), only=LOST, first_only=True)
+    _assert_all_hold(rows, every_point=False)
+    assert {"journal.before_write", "journal.after_write"} <= {r.point for r in rows}
+    assert {r.scenario for r in rows} == set(LOST)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_crash_matrix_raise_sqlite(tmp_path: Path) -> None:
     rows = crash_matrix.matrix(
         tmp_path, crash_matrix.Databases(None), action="raise", first_only=True
@@ -147,13 +165,14 @@ def test_crash_matrix_raise_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_crash_matrix_kill_postgresql(tmp_path: Path, pg_server) -> None:  # type: ignore[no-untyped-def]
     dbs = crash_matrix.Databases(pg_server.url())
     try:
         # stream, reference, failed_save and pointer differ from save above the catalog
         # (writer and blob layer), which the SQLite matrix covers; every catalog step is here.
         only = ["save", "retain", "release", "release_owner", "gc", "rebuild", "restore"]
-        only += ["first_open", "rebind"]
+        only += ["first_open", "rebind", "retain_lost", "release_owner_lost"]
         rows = crash_matrix.matrix(tmp_path, dbs, only=only, first_only=True)
     finally:
         dbs.close()

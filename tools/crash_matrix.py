@@ -149,6 +149,10 @@ class World:
     recover: bool = False  # the catalog was lost: that rebuild opens with recover=True
     names: set[str] = dataclasses.field(default_factory=set)
     rebind: bool = False  # a copy being rebound: the checker reruns an interrupted rebind
+    # The catalog is lost right after the crash: the checker rebuilds it from the manifests
+    # and the retention journal first, and expects the same owners (issue: a lost catalog
+    # loses no retention decision).
+    lose_catalog: bool = False
 
     def open(self, **options: Any) -> ArchiveManager:
         return ArchiveManager.open(self.root, self.url, **{**POOL_OPTIONS, **options})
@@ -348,11 +352,32 @@ def _run_gc(world: World) -> None:
 def _prepare_rebuild(world: World) -> None:
     world.rebuild = world.recover = True
     world.names = {"kept", "held", "doomed", "shared"}
+    _lose_catalog(world)
+
+
+def _lose_catalog(world: World) -> None:
     if world.url is None:
         for path in world.root.glob("catalog.db*"):
             path.unlink()
     else:
         _wipe_database(world.url)
+
+
+def _then_lose_catalog(prepare: Callable[[World], None]) -> Callable[[World], None]:
+    """``prepare``, and the catalog is lost after the operation (see `World.lose_catalog`);
+    a save's owners are checked too."""
+
+    def prepare_and_lose(world: World) -> None:
+        prepare(world)
+        world.lose_catalog = True
+        if not world.owners_before:
+            with world.open() as pool:
+                world.owners_before = _owners(pool)
+            world.owners_after = {k: set(v) for k, v in world.owners_before.items()}
+            if world.inflight is not None:
+                world.owners_after[world.inflight[0]] = {archive_owner(world.inflight[0])}
+
+    return prepare_and_lose
 
 
 def _run_rebuild(world: World) -> None:
@@ -436,13 +461,14 @@ def _run_restore(world: World) -> None:
 
 def _prepare_first_open(world: World) -> None:
     """The pool as an earlier version left it: no identity file, no ids in the catalog."""
-    from archive_manager.catalog import pool_info_table
+    from archive_manager.catalog import journal_table, pool_info_table
 
     with world.open() as pool, pool.catalog.write() as conn:
-        conn.execute(
-            pool_info_table.delete().where(pool_info_table.c.key.in_(["pool_id", "catalog_id"]))
-        )
+        keys = ["pool_id", "catalog_id", "journal_checkpoint", "journal_pool"]
+        conn.execute(pool_info_table.delete().where(pool_info_table.c.key.in_(keys)))
+        conn.execute(journal_table.delete())
     (world.root / "archive-pool.json").unlink()
+    shutil.rmtree(world.root / "journal")
     (world.root / "blobs" / ".archive-pool.json").unlink()
 
 
@@ -528,6 +554,30 @@ SCENARIOS = {
             "move", "the first open of a pool moved as a whole", _prepare_move, _run_first_open
         ),
         Scenario("rebind", "rebind of a copied pool", _prepare_rebind, _run_rebind),
+        Scenario(
+            "save_lost",
+            "pool.save, then the catalog lost and rebuilt (journal)",
+            _then_lose_catalog(_prepare_save),
+            _run_save,
+        ),
+        Scenario(
+            "retain_lost",
+            "pool.retain, then the catalog lost and rebuilt (journal)",
+            _then_lose_catalog(_prepare_retain),
+            _run_retain,
+        ),
+        Scenario(
+            "release_lost",
+            "Archive.release, then the catalog lost and rebuilt (journal)",
+            _then_lose_catalog(_prepare_release),
+            _run_release,
+        ),
+        Scenario(
+            "release_owner_lost",
+            "pool.release_owner, then the catalog lost and rebuilt (journal)",
+            _then_lose_catalog(_prepare_release_owner),
+            _run_release_owner,
+        ),
         Scenario(
             "first_open",
             "the first open of a pool written before pool identities",
@@ -754,6 +804,12 @@ def check(world: World) -> dict[str, bool | None]:
         "verify": None,
         "owned": None,
     }
+    if world.lose_catalog:
+        _lose_catalog(world)
+        with world.open(recover=True) as pool:
+            report = pool.rebuild_catalog()
+        if report.unresolved or report.skipped:
+            checks["atomic"] = False
     if world.rebuild:
         # The lost catalog is rebuilt again (finishing the killed run) before anything is
         # checked: manifests are the truth.

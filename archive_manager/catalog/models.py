@@ -38,6 +38,7 @@ __all__ = [
     "Blob",
     "Chunk",
     "Entry",
+    "JournalRecord",
     "Lease",
     "LeaseBlob",
     "PoolInfo",
@@ -48,6 +49,7 @@ __all__ = [
     "blobs_table",
     "chunks_table",
     "entries_table",
+    "journal_table",
     "lease_blobs_table",
     "leases_table",
     "pool_info_table",
@@ -250,6 +252,18 @@ class LeaseBlob(Base):
     digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
 
 
+class JournalRecord(Base):
+    """A retention record this catalog committed since its last journal checkpoint
+    (docs/architecture.md, "Retention journal"): a record file on disk that is not here, and
+    not older than the checkpoint, is one this catalog never saw (it is behind the pool)."""
+
+    __tablename__ = "journal"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    digest: Mapped[str] = mapped_column(_DIGEST, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
 pool_info_table: Table = PoolInfo.__table__  # type: ignore[assignment]
 blobs_table: Table = Blob.__table__  # type: ignore[assignment]
 archives_table: Table = Archive.__table__  # type: ignore[assignment]
@@ -260,3 +274,4 @@ archive_blobs_table: Table = ArchiveBlob.__table__  # type: ignore[assignment]
 retention_table: Table = Retention.__table__  # type: ignore[assignment]
 leases_table: Table = Lease.__table__  # type: ignore[assignment]
 lease_blobs_table: Table = LeaseBlob.__table__  # type: ignore[assignment]
+journal_table: Table = JournalRecord.__table__  # type: ignore[assignment]

@@ -19,6 +19,7 @@ from ..catalog.migrate import CATALOG_URL_ENV
 from ._context import CliError, PoolState, is_reportable, make_message_safe, one_line
 from .archives import export, import_pt, keys, ls, query, show
 from .demo import demo
+from .lens import groups, prompts
 from .maintenance import gc, rebind, rebuild_catalog, verify
 from .owners import owners, release, release_owner, retain
 from .pool import db, info, init
@@ -100,6 +101,8 @@ for _command in (
     keys,
     query,
     stats,
+    groups,
+    prompts,
     export,
     import_pt,
     release,

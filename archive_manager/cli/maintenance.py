@@ -8,7 +8,15 @@ import click
 
 from ..gc import GcReport
 from ..manager import ArchiveManager
-from ._context import PoolState, dry_run_option, json_option, pass_pool, pass_state, yes_option
+from ._context import (
+    CliError,
+    PoolState,
+    dry_run_option,
+    json_option,
+    pass_pool,
+    pass_state,
+    yes_option,
+)
 from ._output import (
     echo,
     echo_fields,
@@ -132,38 +140,71 @@ def verify(
 
 
 @click.command("rebuild-catalog")
+@click.option(
+    "--resolve",
+    is_flag=True,
+    help="Accept the rebuilt owners although journal files were damaged (lets gc run again).",
+)
 @yes_option
 @json_option
 @pass_state
-def rebuild_catalog(state: PoolState, yes: bool, as_json: bool) -> None:
-    """Restore the archives the catalog lacks from their manifest blobs.
+def rebuild_catalog(state: PoolState, resolve: bool, yes: bool, as_json: bool) -> None:
+    """Restore what the catalog lacks from the pool: archives from their manifest blobs,
+    owners, states and release times from the retention journal.
 
     For a catalog that was lost (deleted, emptied: the root's blobs are taken over by the
-    catalog given), restored from a backup, or failed over to a lagging replica.  What the
-    catalog records is kept; only what it lacks is added.
+    catalog given), restored from a backup, or failed over to a lagging replica.  Archives
+    the catalog lacks are added; archives it has get the owners and states the journal
+    recorded since.
     """
     if not yes:
         click.confirm(
             f"Rebuild the catalog {state.shown_catalog_url()} of the pool at {state.root} "
-            "from its blobs?",
+            "from its blobs and retention journal?",
             abort=True,
             err=True,
         )
     pool = state.open(recover=True)
     with progress_reporter("restoring archives", enabled=not as_json) as progress:
-        report = pool.rebuild_catalog(progress=progress)
+        report = pool.rebuild_catalog(progress=progress, resolve=resolve)
     if as_json:
         echo_json(report.as_dict())
+        if report.unresolved:
+            click.get_current_context().exit(1)
         return
     echo(
         f"indexed {report.blobs} blob file(s); restored {len(report.archives)} archive(s)"
         + (f": {', '.join(report.archives)}" if report.archives else "")
     )
+    for restored, was in sorted(report.renamed.items()):
+        echo(f"restored {was!r} as {restored!r}: the catalog has another archive of that name")
+    for name, changes in sorted(report.brought_forward.items()):
+        echo(f"brought forward from the journal: {name}: {'; '.join(changes)}")
+    if report.reclaimed:
+        echo(
+            f"{len(report.reclaimed)} released archive(s) whose payload was reclaimed stay "
+            f"gone: {', '.join(report.reclaimed)}"
+        )
     for digest, reason in sorted(report.skipped.items()):
         echo(f"not restored: manifest {digest}: {reason}")
     if report.unknown_files:
         echo(f"{len(report.unknown_files)} blob file(s) of unknown kind left alone")
+    if report.journal_gaps:
+        echo(
+            f"{report.journal_gaps} decision(s) of this catalog have no journal record: owners "
+            "of both sides were kept"
+        )
+    for name in report.journal_foreign:
+        echo(f"journal file {name} belongs to another pool: not applied")
+    for name, reason in sorted(report.journal_damaged.items()):
+        echo(f"journal file {name} not applied: {reason}")
     echo(f"took {human_duration(report.duration)}")
+    if report.unresolved:
+        raise CliError(
+            f"{len(report.journal_damaged)} journal file(s) could not be read, so some owners "
+            "may be missing: gc stays refused; check the pool, then accept the rebuilt owners "
+            "with 'archive-manager rebuild-catalog --resolve'"
+        )
 
 
 @click.command("rebind")

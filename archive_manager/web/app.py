@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..manager import ArchiveManager
 from ..stats import RolloutRange, archive_summary, check_rollout_range
-from .charts import drift_charts
+from .charts import Series, drift_charts, line_chart
 from .present import DEFAULT_TOKENS_SHOWN, jsonable, pretty_json, resolve_tensor, sample_view
 from .present import tensor_summary as summarize_tensor
 from .queries import SAMPLE_SORTS, SampleFilter, archive_page, entry_of, sample_page
@@ -42,6 +42,7 @@ MAX_PER_PAGE = 1000
 #: them early keeps a huge number from overflowing the database driver.
 _MAX_POSITION = 2**31 - 1
 _MAX_TEXT = 255
+_MAX_GROUP = 256  # completions whose responses a group page loads
 
 # NOTE: a strict policy is a second line behind autoescaping: even if some model output
 # slipped through unescaped, the browser would run no inline script and load nothing from
@@ -330,6 +331,87 @@ def sample_view_page(name: str, position: int) -> Any:
         view=view,
         previous=position - 1 if position > 0 else None,
         following=position + 1 if position + 1 < len(arc) else None,
+    )
+
+
+@viewer.get("/archive/<name>/group")
+def group_page(name: str) -> Any:
+    """One prompt group: its completions side by side (reward, GRPO advantage, length,
+    status, response text); reads only the chunks that hold them."""
+    pool = _pool()
+    _wants_json()
+    key = _text("task_key")
+    if key is None:
+        _bad("task_key", "give the group's task key")
+    arc = pool.open_archive(name)
+    found = [g for g in pool.groups(name) if g.task_key == key]
+    if not found:
+        raise NotFound(f"archive {name!r} has no group with task key {key!r}")
+    group = found[0]
+    responses: dict[int, str | None] = {}
+    # One load reads each chunk holding a member once; a huge "group" (a task key on every
+    # sample) is shown from the catalog only.
+    samples = arc.load_samples(task_key=key) if len(group.members) <= _MAX_GROUP else []
+    for member, sample in zip(group.members, samples, strict=False):
+        responses[member.position] = sample_view(sample, tokens=0).response
+    order = _choice("sort", ("position", "reward", "length"), "position")
+    members = list(group.members)
+    if order == "reward":
+        members.sort(key=lambda m: (m.reward is None, -(m.reward or 0.0)))
+    elif order == "length":
+        members.sort(key=lambda m: (m.response_length is None, -(m.response_length or 0)))
+    return _respond(
+        "group.html",
+        lambda: {
+            "archive": arc.name,
+            "group": group.as_dict(),
+            "responses": {str(k): v for k, v in responses.items()},
+        },
+        arc=arc,
+        group=group,
+        members=members,
+        responses=responses,
+        shown=bool(samples),
+    )
+
+
+@viewer.get("/prompt")
+def prompt_page() -> Any:
+    """One prompt across training: per rollout its group size, mean reward, pass rate and
+    mean length (a chart and a table), each rollout linking to its group pages."""
+    pool = _pool()
+    _wants_json()
+    key = _text("task_key")
+    if key is None:
+        _bad("task_key", "give the prompt's task key")
+    history = pool.prompt_history(key, _rollout_range(), evaluation=_evaluation())
+
+    def charts() -> dict[str, Any]:
+        series = []
+        for evaluation, label, style in ((False, "training", 0), (True, "evaluation", 3)):
+            part = [h for h in history if h.evaluation is evaluation and h.rollout_id is not None]
+            if part:
+                xs = [float(h.rollout_id) for h in part if h.rollout_id is not None]
+                series.append(
+                    Series(f"{label} mean reward", xs, [h.reward_mean for h in part], style)
+                )
+                series.append(
+                    Series(
+                        f"{label} pass rate",
+                        xs,
+                        [h.pass_rate for h in part],
+                        style + 1,
+                        dashed=True,
+                    )
+                )
+        return {"chart": line_chart("reward by rollout", series, x_label="rollout id")}
+
+    return _respond(
+        "prompt.html",
+        lambda: {"task_key": key, "history": [h.as_dict() for h in history]},
+        charts,
+        task_key=key,
+        history=history,
     )
 
 

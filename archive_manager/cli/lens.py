@@ -1,0 +1,170 @@
+"""``archive-manager groups`` and ``prompts``: the RL lens over the catalog (no payload read)."""
+
+from __future__ import annotations
+
+import click
+
+from ..manager import ArchiveManager
+from ._context import json_option, pass_pool
+from ._output import echo, echo_json, echo_table
+from ._params import ROLLOUT_RANGE
+
+__all__ = ["groups", "prompts"]
+
+
+def _num(value: float | None, fmt: str = ".3f") -> str | None:
+    return None if value is None else format(value, fmt)
+
+
+@click.command()
+@click.argument("name")
+@click.option(
+    "--sort",
+    type=click.Choice(["position", "std", "mean", "size"]),
+    default="position",
+    show_default=True,
+    help="Order of the groups (std: largest reward spread first).",
+)
+@click.option("--members", is_flag=True, help="Also list each completion with its advantage.")
+@json_option
+@pass_pool
+def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: bool) -> None:
+    """The prompt groups of archive NAME: size, reward mean/std/min/max, GRPO advantages,
+    and which groups have zero reward variance (they teach a GRPO step nothing)."""
+    found = pool.groups(name)
+    if sort != "position":
+        attr = {"std": "reward_std", "mean": "reward_mean", "size": "size"}[sort]
+        found.sort(key=lambda g: (getattr(g, attr) is None, -(getattr(g, attr) or 0)))
+    if as_json:
+        echo_json([g.as_dict() for g in found])
+        return
+    if not found:
+        echo(f"archive {name!r} has no samples")
+        return
+    rows = [
+        [
+            g.task_key,
+            g.size,
+            _num(g.reward_mean),
+            _num(g.reward_std),
+            _num(g.reward_min, ".3g"),
+            _num(g.reward_max, ".3g"),
+            _num(g.length_mean, ".0f"),
+            "yes" if g.zero_variance else "no",
+            ", ".join(f"{s} {n}" for s, n in sorted(g.statuses.items())),
+        ]
+        for g in found
+    ]
+    echo_table(
+        ["TASK KEY", "SIZE", "REWARD", "STD", "MIN", "MAX", "LENGTH", "ZERO VAR", "STATUS"],
+        rows,
+        right={1, 2, 3, 4, 5, 6},
+    )
+    flat = sum(g.zero_variance for g in found)
+    echo(f"{len(found)} group(s), {flat} with zero reward variance")
+    if members:
+        for g in found:
+            echo(f"group {g.task_key!r}:")
+            echo_table(
+                ["POSITION", "SAMPLE KEY", "REWARD", "ADVANTAGE", "NORMALIZED", "LENGTH", "STATUS"],
+                [
+                    [
+                        m.position,
+                        m.sample_key,
+                        _num(m.reward, ".3g"),
+                        _num(m.advantage),
+                        _num(m.normalized_advantage),
+                        m.response_length,
+                        m.status,
+                    ]
+                    for m in g.members
+                ],
+                right={0, 2, 3, 4, 5},
+                indent=2,
+            )
+
+
+@click.command()
+@click.option("--task-key", help="The history of one prompt across rollouts.")
+@click.option(
+    "--from", "before", type=ROLLOUT_RANGE, help="Rollout id or range A..B to compare from."
+)
+@click.option("--to", "after", type=ROLLOUT_RANGE, help="Rollout id or range A..B to compare to.")
+@click.option(
+    "--regressed", "direction", flag_value="regressed", help="Only prompts that got worse."
+)
+@click.option(
+    "--improved", "direction", flag_value="improved", help="Only prompts that got better."
+)
+@click.option("--rollout-id", type=ROLLOUT_RANGE, help="With --task-key: only these rollouts.")
+@click.option("--evaluation/--no-evaluation", default=None, help="Evaluation rollouts or not.")
+@click.option("--pass-threshold", type=float, default=0.0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True)
+@json_option
+@pass_pool
+def prompts(
+    pool: ArchiveManager,
+    task_key: str | None,
+    before: tuple[int | None, int | None] | None,
+    after: tuple[int | None, int | None] | None,
+    direction: str | None,
+    rollout_id: tuple[int | None, int | None] | None,
+    evaluation: bool | None,
+    pass_threshold: float,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Prompts across training: one prompt's history (--task-key K), or the prompts whose mean
+    reward changed most between two rollout ranges (--from A..B --to C..D)."""
+    if task_key is not None:
+        if before is not None or after is not None or direction is not None:
+            raise click.UsageError("--task-key shows one prompt's history: no --from/--to")
+        history = pool.prompt_history(
+            task_key, rollout_id, evaluation=evaluation, pass_threshold=pass_threshold
+        )
+        if as_json:
+            echo_json([h.as_dict() for h in history])
+        elif not history:
+            echo(f"no rollout saw task key {task_key!r}")
+        else:
+            echo_table(
+                ["ROLLOUT", "EVAL", "SIZE", "REWARD", "PASS", "LENGTH", "ARCHIVES"],
+                [
+                    [
+                        h.rollout_id,
+                        "yes" if h.evaluation else "no",
+                        h.size,
+                        _num(h.reward_mean),
+                        None if h.pass_rate is None else f"{h.pass_rate:.0%}",
+                        _num(h.length_mean, ".0f"),
+                        ", ".join(h.archives),
+                    ]
+                    for h in history
+                ],
+                right={0, 2, 3, 4, 5},
+            )
+        return
+    if before is None or after is None:
+        raise click.UsageError("give --task-key K, or both --from A..B and --to C..D")
+    changes = pool.prompt_changes(
+        before, after, evaluation=evaluation, direction=direction, limit=limit
+    )
+    if as_json:
+        echo_json([c.as_dict() for c in changes])
+    elif not changes:
+        echo("no prompt with rewards in both ranges" + (f" {direction}" if direction else ""))
+    else:
+        echo_table(
+            ["TASK KEY", "FROM", "TO", "CHANGE", "SAMPLES"],
+            [
+                [
+                    c.task_key,
+                    _num(c.before),
+                    _num(c.after),
+                    f"{c.change:+.3f}",
+                    f"{c.before_samples} -> {c.after_samples}",
+                ]
+                for c in changes
+            ],
+            right={1, 2, 3},
+        )
