@@ -9,11 +9,12 @@ file removal) with `ReadOnlyPoolError` before touching anything: the second gate
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 from ._digest import Buffer
 from .blobs import BlobStore
+from .blobs.base import IncompleteWrite
 from .errors import ReadOnlyPoolError
 
 __all__ = ["ReadOnlyBlobStore"]
@@ -49,3 +50,15 @@ class ReadOnlyBlobStore(BlobStore):
     def remove_temp(self, path: str | os.PathLike[str]) -> bool:
         """Refused: `ReadOnlyPoolError`."""
         self._refuse("remove a temp file")
+
+    def delete_many(self, digests: Iterable[str]) -> int:
+        """Refused: `ReadOnlyPoolError`."""
+        self._refuse("delete blobs")
+
+    def remove_incomplete(self, write: IncompleteWrite) -> bool:
+        """Refused: `ReadOnlyPoolError`."""
+        self._refuse("remove an incomplete write")
+
+    def sweep_incomplete(self, older_than: float) -> int:
+        """Refused: `ReadOnlyPoolError`."""
+        self._refuse("sweep incomplete writes")

@@ -11,7 +11,9 @@ __all__ = [
     "ArchiveExistsError",
     "ArchiveNotFoundError",
     "ArchiveReleasedError",
+    "BlobCorruptError",
     "BlobNotFoundError",
+    "BlobStoreError",
     "CatalogError",
     "CatalogLockedError",
     "CatalogVersionError",
@@ -28,6 +30,7 @@ __all__ = [
     "PoolLayoutError",
     "PoolNotFoundError",
     "ReadOnlyPoolError",
+    "TransientBlobStoreError",
     "UnencodableError",
     "UnsupportedFilesystemError",
     "UnsupportedFormatError",
@@ -54,7 +57,20 @@ class PoolNotFoundError(ArchiveError, FileNotFoundError):
     """No pool exists at this root (and creating one was not asked for)."""
 
 
-class PoolLayoutError(ArchiveError, OSError):
+class BlobStoreError(ArchiveError, OSError):
+    """The blob store could not do what was asked (docs/architecture.md, "Blob store contract").
+
+    Stores that do not sit on the OS (an object store) raise it, or a subclass, where the
+    filesystem store lets the OS's own `OSError` through; both are `OSError`, which is what
+    GC's and verify's fail-closed handling catch."""
+
+
+class TransientBlobStoreError(BlobStoreError):
+    """A blob store failure that the same call may not meet again (a timeout, throttling, a
+    dropped connection); nothing was changed by the failed call."""
+
+
+class PoolLayoutError(BlobStoreError):
     """A folder of the pool (``blobs/``, ``tmp/``, a fan-out folder) is a symlink, which the pool
     refuses to read, write, list or unlink through: it may lead out of the pool."""
 
@@ -70,6 +86,11 @@ class IntegrityError(ArchiveError):
 
 class BlobNotFoundError(IntegrityError, FileNotFoundError):
     """A blob that should exist is not in the blob store."""
+
+
+class BlobCorruptError(IntegrityError):
+    """A stored blob does not hash to its digest, has another size than the data put again
+    under that digest, or is no blob at all (a FIFO or a symlink in its place)."""
 
 
 class JournalDamagedError(IntegrityError):

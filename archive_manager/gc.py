@@ -4,10 +4,10 @@ The plan recomputes reachability in full every run: a blob is kept while an owne
 rows name it or a live lease holds it.  Deciding is a pure function of catalog rows and file
 listings (`plan_orphans`, `_retained`); the shell around it does the I/O in this order:
 
-1. list ``blobs/`` and ``tmp/`` (any error stops GC before it deletes anything, and so does
-   a symlink in place of ``blobs/``, ``tmp/`` or a fan-out folder: GC never lists or unlinks
-   through one; only regular files with canonical names are listed, and in ``tmp/`` only
-   regular ``*.tmp`` files);
+1. list the blob store's blobs and incomplete writes (any error stops GC before it deletes
+   anything, and so does a symlink in place of ``blobs/``, ``tmp/`` or a fan-out folder: the
+   filesystem store never lists or unlinks through one; see docs/architecture.md, "Blob store
+   contract");
 2. one transaction: drop expired leases, roll back pending saves whose lease is gone, mark
    ``deleting`` every unretained blob older than the grace period, after checking that no
    owned archive's chunk or manifest is among them (a broken invariant stops GC);
@@ -15,7 +15,7 @@ listings (`plan_orphans`, `_retained`); the shell around it does the I/O in this
    Unlinking under the catalog's write lock is what lets a save take a ``deleting`` row back
    safely: it needs the same lock.  A GC killed anywhere leaves rows ``deleting`` that the
    next GC finishes;
-4. orphan files (no row) and temp files of dead writers older than the grace period.
+4. orphan files (no row), then incomplete writes of dead writers older than the grace period.
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ from .identity import UNINDEXED_BLOBS, check_identity
 from .journal import audit, maintain
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
+    from .blobs import AbstractBlobStore, IncompleteWrite
     from .manager import ArchiveManager
 
 __all__ = [
@@ -248,7 +247,8 @@ def collect(
             raise GcAbortedError(f"gc stopped before deleting anything: {exc}") from exc
     try:
         files = list(store.iter_stat())
-        temps = store.temp_files()
+        temps = store.incomplete_writes()
+    # Every store's failure is an OSError (docs/architecture.md, "Blob store contract").
     except OSError as exc:
         raise GcAbortedError(
             f"gc stopped before deleting anything: cannot list blobs: {exc}"
@@ -297,7 +297,7 @@ def collect(
     orphans = plan_orphans(files, known_rows, cutoff=cutoff)
     report.orphans = len(orphans)
     report.orphan_bytes = sum(s for _, s in orphans)
-    stale_temps = [p for p, mtime in temps if mtime <= now - max(grace, TEMP_MIN_AGE)]
+    stale_temps = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
     report.temp_files = len(stale_temps)
     if dry_run:
         report.duration = time.perf_counter() - started
@@ -305,8 +305,8 @@ def collect(
 
     _execute(pool, progress)
     _remove_orphans(pool, [d for d, _ in orphans])
-    for path in stale_temps:
-        _remove_temp(store, path)
+    for write in stale_temps:
+        _remove_incomplete(store, write)
     try:
         maintain(catalog, pool.journal, pool.clock)
     except OSError as exc:
@@ -456,8 +456,8 @@ def _unlink(pool: ArchiveManager, digest: str) -> None:
         pool.store.delete(digest)
 
 
-def _remove_temp(store: Any, path: Path) -> None:
+def _remove_incomplete(store: AbstractBlobStore, write: IncompleteWrite) -> None:
     # A writer may have finished (renamed) it meanwhile, or it is already gone; a tmp/ that
     # became a symlink since it was listed (PoolLayoutError, an OSError) is not swept.
     with contextlib.suppress(OSError):
-        store.remove_temp(path)
+        store.remove_incomplete(write)

@@ -19,14 +19,14 @@ from sqlalchemy import exc as sa_exc
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from ._readonly_store import ReadOnlyBlobStore
 from .archive import Archive, ArchiveInfo, infos
-from .blobs import BlobStore
+from .blobs import AbstractBlobStore, BlobStore
 from .catalog import (
     Catalog,
     archives_table,
     entries_table,
     retention_table,
 )
-from .catalog.engine import make_engine, parse_url, shown_url, sqlite_path
+from .catalog.engine import dialect_of, make_engine, parse_url, shown_url, sqlite_path
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
 from .catalog.queries import archive_by_name, stored_owner
@@ -160,6 +160,7 @@ class ArchiveManager:
         lease_ttl: timedelta | float = DEFAULT_LEASE_TTL,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         inline_limit: int = DEFAULT_INLINE_LIMIT,
+        store: AbstractBlobStore | None = None,
     ) -> None:
         """Wrap an open catalog and blob root; use `ArchiveManager.open` instead."""
         if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -168,7 +169,7 @@ class ArchiveManager:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
         self.catalog = catalog
-        self.store = BlobStore(root)
+        self.store: AbstractBlobStore = BlobStore(root) if store is None else store
         self.clock = clock
         self.lease_ttl = _seconds(lease_ttl)
         self.chunk_size = chunk_size
@@ -192,6 +193,7 @@ class ArchiveManager:
         recover: bool = False,
         rebind: bool = False,
         read_only: bool | None = None,
+        store: AbstractBlobStore | None = None,
     ) -> ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
@@ -218,6 +220,9 @@ class ArchiveManager:
                 (docs/architecture.md, Shared pools).  None (the default): read-only when this
                 process cannot write an existing pool (a read-only mount, no write permission
                 on its folders or catalog file, a PostgreSQL role that may only read).
+            store: Where the blobs are kept: any `AbstractBlobStore` (docs/architecture.md,
+                "Blob store contract"); default the filesystem store under ``root``.  The
+                pool identity file and a default SQLite catalog stay in ``root``.
 
         Raises:
             PoolNotFoundError: ``create`` is False and there is no pool (or, with
@@ -228,7 +233,9 @@ class ArchiveManager:
             PoolIdentityError: the catalog and the blob root are not one pool's (another
                 pool's catalog, a copy, a root re-bound to another catalog); the message
                 names both sides and what to do.
-            CatalogError: the catalog cannot be opened.
+            CatalogError: the catalog cannot be opened, or its URL names a database other
+                than SQLite and PostgreSQL.
+            InvalidInputError: ``store`` is not an `AbstractBlobStore`.
         """
         path = Path(root).expanduser().resolve()
         url = catalog_url or default_catalog_url(path)
@@ -237,8 +244,15 @@ class ArchiveManager:
         if read_only and (recover or rebind):
             what = "recover" if recover else "rebind"
             raise ReadOnlyPoolError(f"{what} writes the pool; it cannot run read-only")
+        dialect_of(url)  # an unsupported database is refused before anything is created
+        if store is not None and not isinstance(store, AbstractBlobStore):
+            raise InvalidInputError(
+                "store must be an archive_manager.blobs.AbstractBlobStore, not "
+                f"{type(store).__name__}"
+            )
+        blobs = BlobStore(path) if store is None else store
         if not (recover or rebind):
-            missing = _missing_catalog(path, url)
+            missing = _missing_catalog(path, url, blobs)
             if missing is not None:
                 raise missing
         reason = "it was opened read-only" if read_only else None
@@ -258,6 +272,7 @@ class ArchiveManager:
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
                 busy_timeout_ms=busy_timeout_ms,
+                store=store,
             )
         if not (create or recover or rebind) and not cls.exists(path, catalog_url):
             damaged = _damaged_sqlite_file(url)
@@ -271,7 +286,7 @@ class ArchiveManager:
                 f"no pool at {path}; create one first (ArchiveManager.open or "
                 "'archive-manager init')"
             )
-        if recover and read_identity(path) is None and not _has_blobs(path):
+        if recover and read_identity(path) is None and not _has_blobs(blobs):
             # Checked before anything is created: a mistyped root must stay as it was.
             raise PoolNotFoundError(
                 f"nothing to recover at {path}: it holds no pool identity and no blobs"
@@ -310,15 +325,15 @@ class ArchiveManager:
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
                 busy_timeout_ms=busy_timeout_ms,
+                store=store,
             )
         try:
-            store = BlobStore(path)
             identity = bind_pool(
                 catalog,
                 path,
                 url=url,
                 explicit_url=catalog_url is not None,
-                list_blobs=lambda n: list(itertools.islice(store.iter_digests(), n)),
+                list_blobs=lambda n: list(itertools.islice(blobs.iter_digests(), n)),
                 clock=clock or time.time,
                 recover=recover,
                 rebind=rebind,
@@ -330,6 +345,7 @@ class ArchiveManager:
                 lease_ttl=lease_ttl,
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
+                store=blobs,
             )
             pool._identity = identity
             adopt(catalog, pool.journal, pool.clock)
@@ -351,6 +367,7 @@ class ArchiveManager:
         chunk_size: int,
         inline_limit: int,
         busy_timeout_ms: int | None,
+        store: AbstractBlobStore | None = None,
     ) -> ArchiveManager:
         """`open` for a reader: nothing is created, migrated, bound or repaired."""
         if not cls.exists(path, catalog_url):
@@ -359,12 +376,14 @@ class ArchiveManager:
             url, busy_timeout_ms=busy_timeout_ms, read_only=True, read_only_reason=reason
         )
         try:
-            store = ReadOnlyBlobStore(path, reason)
+            # A store given by the caller reads as it is (the catalog's gate refuses every
+            # write); the filesystem store refuses writes itself too.
+            blobs = ReadOnlyBlobStore(path, reason) if store is None else store
             identity = check_pool_read_only(
                 catalog,
                 path,
                 url=url,
-                list_blobs=lambda n: list(itertools.islice(store.iter_digests(), n)),
+                list_blobs=lambda n: list(itertools.islice(blobs.iter_digests(), n)),
             )
             pool = cls(
                 path,
@@ -374,7 +393,7 @@ class ArchiveManager:
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
             )
-            pool.store = store
+            pool.store = blobs
             pool._identity = identity
             return pool
         except BaseException:
@@ -868,7 +887,7 @@ class ArchiveManager:
         return audit_owners(self)
 
 
-def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
+def _missing_catalog(root: Path, url: str, store: AbstractBlobStore) -> PoolIdentityError | None:
     """The error for a SQLite catalog file that is gone while its blob root holds a pool.
 
     NOTE: checked before the catalog is opened, which would create an empty file: a refused
@@ -881,7 +900,7 @@ def _missing_catalog(root: Path, url: str) -> PoolIdentityError | None:
     if Path(parsed.database).exists() or not root.is_dir():
         return None
     identity = read_identity(root)
-    if identity is None and next(iter(BlobStore(root).iter_digests()), None) is None:
+    if identity is None and not _has_blobs(store):
         return None
     held = f"pool {identity.pool_id[:12]}" if identity is not None else "blobs"
     return PoolIdentityError(
@@ -923,7 +942,5 @@ def _unwritable(root: Path) -> str | None:
     return None
 
 
-def _has_blobs(root: Path) -> bool:
-    if not (root / "blobs").is_dir():
-        return False
-    return next(iter(BlobStore(root).iter_digests()), None) is not None
+def _has_blobs(store: AbstractBlobStore) -> bool:
+    return next(iter(store.iter_digests()), None) is not None

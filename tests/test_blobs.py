@@ -1,245 +1,35 @@
-"""Tests of the blob store: one contract for every implementation, then filesystem specifics."""
+"""Tests of the blob stores: the shipped contract suite (`archive_manager.testing.blob_store`)
+for every implementation, then filesystem specifics."""
 
 from __future__ import annotations
 
-import array
 import concurrent.futures
 import errno
-import itertools
 import multiprocessing
 import os
 import random
 import stat
 from pathlib import Path
 
-import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from archive_manager import blobs
 from archive_manager._digest import digest_of
-from archive_manager.blobs import BlobStore, MemoryBlobStore
-from archive_manager.errors import BlobNotFoundError, IntegrityError, InvalidNameError
-
-BAD_DIGESTS = [
-    "../../etc/passwd",
-    "A" * 32,
-    "0123456789ABCDEF0123456789abcdef",
-    "a" * 31,
-    "a" * 33,
-    "a" * 31 + "\x00",
-    "a" * 32 + "\n",
-    "g" * 32,
-    "",
-    "../" + "a" * 29,
-    123,
-    None,
-    b"a" * 32,
-]
-READ_OPS = ["get", "open", "has", "size", "delete", "check"]
-ABSENT = digest_of(b"never stored")
+from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore
+from archive_manager.blobs import local as blobs
+from archive_manager.errors import IntegrityError, InvalidNameError
+from archive_manager.testing import FaultyBlobStore
+from archive_manager.testing.blob_store import BAD_DIGESTS, BlobStoreContract
 
 
-def flip_bit(data: bytes, index: int = 0) -> bytes:
-    return data[:index] + bytes([data[index] ^ 0x01]) + data[index + 1 :]
+def _damage_in_memory(store: MemoryBlobStore, digest: str, data: bytes) -> None:
+    store._blobs[digest] = (data, store._blobs[digest][1])
 
 
-class BlobStoreContract:
-    """Behaviour every blob store must share; subclasses provide `store` and `damage`."""
-
-    @pytest.fixture
-    def store(self) -> BlobStore | MemoryBlobStore:
-        raise NotImplementedError
-
-    def damage(self, store: BlobStore | MemoryBlobStore, digest: str, data: bytes) -> None:
-        """Replace the stored bytes of ``digest`` behind the store's back."""
-        raise NotImplementedError
-
-    @pytest.mark.parametrize(
-        "data",
-        [b"hello blob", bytearray(b"a bytearray"), memoryview(b"a memoryview"), b"\x00" * 10_000],
-    )
-    def test_round_trip(self, store, data) -> None:
-        digest = store.put(data)
-        assert digest == digest_of(bytes(data))
-        assert store.get(digest) == bytes(data)
-        assert bytes(store.open(digest)) == bytes(data)
-        assert store.has(digest)
-        assert store.size(digest) == len(bytes(data))
-        store.check(digest)
-
-    def test_parts_are_concatenated(self, store) -> None:
-        parts = [b"header:", memoryview(bytearray(b"x" * 1000)), b"", bytearray(b":trailer")]
-        whole = b"header:" + b"x" * 1000 + b":trailer"
-        digest = store.put(parts)
-        assert digest == digest_of(whole)
-        assert store.get(digest) == whole
-        assert store.put(whole) == digest
-        assert list(store.iter_digests()) == [digest]
-
-    def test_typed_and_multidimensional_buffers_are_stored_as_raw_bytes(self, store) -> None:
-        ints = array.array("i", range(10))
-        matrix = np.arange(24, dtype=np.float32).reshape(4, 6)
-        digest = store.put([b"hdr", memoryview(ints), matrix])
-        assert store.get(digest) == b"hdr" + ints.tobytes() + matrix.tobytes()
-        assert store.size(digest) == 3 + 40 + 96
-
-    def test_non_contiguous_buffer_is_refused(self, store) -> None:
-        matrix = np.arange(24, dtype=np.int64).reshape(4, 6)
-        with pytest.raises(TypeError, match="contiguous"):
-            store.put([b"hdr", matrix[:, ::2]])
-        assert list(store.iter_digests()) == []
-
-    @pytest.mark.parametrize("empty", [b"", [], [b"", memoryview(b"")]])
-    def test_empty_blob(self, store, empty) -> None:
-        digest = store.put(empty)
-        assert digest == digest_of(b"")
-        assert store.get(digest) == b""
-        view = store.open(digest)
-        assert len(view) == 0
-        assert store.size(digest) == 0
-        store.check(digest)
-
-    def test_open_is_read_only(self, store) -> None:
-        digest = store.put(b"immutable")
-        view = store.open(digest)
-        assert view.readonly
-        with pytest.raises(TypeError):
-            view[0] = 0
-
-    def test_put_of_existing_blob_is_idempotent(self, store) -> None:
-        first = store.put(b"same bytes")
-        assert store.put([b"same ", b"bytes"]) == first
-        assert store.put(b"same bytes", digest=first) == first
-        assert list(store.iter_digests()) == [first]
-
-    def test_put_over_blob_of_other_size_raises(self, store) -> None:
-        data = b"0123456789" * 10
-        digest = store.put(data)
-        self.damage(store, digest, data[:-7])
-        with pytest.raises(IntegrityError, match=digest):
-            store.put(data)
-        assert store.size(digest) == len(data) - 7  # the damaged blob was not silently replaced
-
-    def test_put_with_wrong_digest_raises_and_stores_nothing(self, store) -> None:
-        wrong = digest_of(b"other bytes")
-        with pytest.raises(IntegrityError, match=wrong):
-            store.put(b"some bytes", digest=wrong)
-        assert not store.has(wrong)
-        assert not store.has(digest_of(b"some bytes"))
-        assert list(store.iter_digests()) == []
-
-    def test_wrong_digest_never_dedups_against_a_blob_of_equal_size(self, store) -> None:
-        stored = store.put(b"abc")
-        with pytest.raises(IntegrityError):
-            store.put(b"abd", digest=stored)
-        assert store.get(stored) == b"abc"
-
-    def test_put_many_stores_each_item_once(self, store) -> None:
-        items = [(os.urandom(1000 + i), None) for i in range(6)]
-        items.append((items[0][0], None))  # a duplicate within the batch
-        digests = store.put_many(items)
-        assert digests == [digest_of(data) for data, _ in items]
-        for (data, _), digest in zip(items, digests, strict=True):
-            assert store.get(digest) == data
-        assert sorted(store.iter_digests()) == sorted(set(digests))
-
-    def test_put_many_refuses_a_wrong_digest(self, store) -> None:
-        good, bad = os.urandom(100), os.urandom(100)
-        with pytest.raises(IntegrityError):
-            store.put_many([(good, None), (bad, digest_of(good))])
-        assert not store.has(digest_of(bad))
-
-    def test_put_with_right_digest(self, store) -> None:
-        digest = digest_of(b"given")
-        assert store.put([b"gi", b"ven"], digest=digest) == digest
-        assert store.get(digest) == b"given"
-
-    @pytest.mark.parametrize("op", READ_OPS)
-    @pytest.mark.parametrize("bad", BAD_DIGESTS, ids=repr)
-    def test_invalid_digest_is_refused(self, store, op, bad) -> None:
-        with pytest.raises(InvalidNameError):
-            getattr(store, op)(bad)
-
-    @pytest.mark.parametrize("bad", [b for b in BAD_DIGESTS if b is not None], ids=repr)
-    def test_put_with_invalid_digest_is_refused(self, store, bad) -> None:
-        with pytest.raises(InvalidNameError):
-            store.put(b"data", digest=bad)
-        assert list(store.iter_digests()) == []
-
-    @pytest.mark.parametrize("op", ["get", "open", "size", "check"])
-    def test_missing_blob(self, store, op) -> None:
-        with pytest.raises(BlobNotFoundError, match=ABSENT) as info:
-            getattr(store, op)(ABSENT)
-        assert isinstance(info.value, IntegrityError)
-        assert isinstance(info.value, FileNotFoundError)
-        assert not store.has(ABSENT)
-        assert store.delete(ABSENT) is False
-
-    def test_delete(self, store) -> None:
-        keep, gone = store.put(b"keep"), store.put(b"gone")
-        assert store.delete(gone) is True
-        assert not store.has(gone)
-        with pytest.raises(BlobNotFoundError):
-            store.get(gone)
-        assert store.delete(gone) is False
-        assert list(store.iter_digests()) == [keep]
-
-    @pytest.mark.parametrize("kind", ["bit flip", "truncated", "emptied", "extended"])
-    def test_damaged_blob_raises_naming_the_digest(self, store, kind) -> None:
-        data = bytes(range(256)) * 4
-        digest = store.put(data)
-        damaged = {
-            "bit flip": flip_bit(data, 517),
-            "truncated": data[:100],
-            "emptied": b"",
-            "extended": data + b"\x00",
-        }[kind]
-        self.damage(store, digest, damaged)
-        for op in (store.get, store.open, store.check):
-            with pytest.raises(IntegrityError, match=f"{digest}.*corrupt or truncated"):
-                op(digest)
-        assert bytes(store.open(digest, verify=False)) == damaged
-
-    def test_iteration_yields_every_blob_once(self, store) -> None:
-        payloads = [b"one", b"two" * 100, b"", b"three" * 7]
-        digests = {store.put(p) for p in payloads}
-        assert sorted(store.iter_digests()) == sorted(digests)
-        assert sorted(store) == sorted(digests)
-        stats = {d: (size, mtime) for d, size, mtime in store.iter_stat()}
-        assert {d: size for d, (size, _) in stats.items()} == {
-            digest_of(p): len(p) for p in payloads
-        }
-        assert all(mtime > 0 for _, mtime in stats.values())
-
-    def test_delete_while_iterating(self, store) -> None:
-        for i in range(20):
-            store.put(b"blob %d" % i)
-        for digest in store.iter_digests():
-            assert store.delete(digest)
-        assert list(store.iter_digests()) == []
-
-    @settings(
-        max_examples=60,
-        deadline=None,
-        # Reusing one store across examples is sound: blobs are content-addressed and immutable.
-        # Each contract subclass is its own executor by design; they may share saved examples.
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.differing_executors,
-        ],
-    )
-    @given(data=st.binary(max_size=4096), cuts=st.lists(st.integers(0, 4096), max_size=5))
-    def test_round_trip_property(self, store, data, cuts) -> None:
-        bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
-        parts = [data[a:b] for a, b in itertools.pairwise(bounds)]
-        digest = store.put(parts)
-        assert digest == digest_of(data)
-        assert store.get(digest) == data
-        assert bytes(store.open(digest)) == data
-        assert store.size(digest) == len(data)
-        assert digest in set(store.iter_digests())
+def _damage_file(store: BlobStore, digest: str, data: bytes) -> None:
+    path = store.path(digest)
+    path.chmod(0o644)
+    path.write_bytes(data)
+    path.chmod(0o444)
 
 
 class TestMemoryBlobStore(BlobStoreContract):
@@ -248,11 +38,26 @@ class TestMemoryBlobStore(BlobStoreContract):
         return MemoryBlobStore()
 
     def damage(self, store, digest, data) -> None:
-        store._blobs[digest] = (data, store._blobs[digest][1])
+        _damage_in_memory(store, digest, data)
 
     def test_temp_files_is_empty(self, store) -> None:
         store.put(b"x")
         assert store.temp_files() == []
+
+
+class TestFaultyBlobStore(BlobStoreContract):
+    """The fault-injecting wrapper, with no fault planned, is a store like the one it wraps."""
+
+    @pytest.fixture(params=["memory", "local"])
+    def store(self, request: pytest.FixtureRequest, tmp_path: Path) -> FaultyBlobStore:
+        inner = MemoryBlobStore() if request.param == "memory" else BlobStore(tmp_path / "pool")
+        return FaultyBlobStore(inner)
+
+    def damage(self, store, digest, data) -> None:
+        if isinstance(store.inner, MemoryBlobStore):
+            _damage_in_memory(store.inner, digest, data)
+        else:
+            _damage_file(store.inner, digest, data)
 
 
 class TestBlobStore(BlobStoreContract):
@@ -261,10 +66,7 @@ class TestBlobStore(BlobStoreContract):
         return BlobStore(tmp_path / "pool")
 
     def damage(self, store, digest, data) -> None:
-        path = store.path(digest)
-        path.chmod(0o644)
-        path.write_bytes(data)
-        path.chmod(0o444)
+        _damage_file(store, digest, data)
 
     def test_layout(self, store, tmp_path: Path) -> None:
         digest = store.put(b"where am I")
@@ -349,6 +151,24 @@ class TestBlobStore(BlobStoreContract):
         assert not leftover.exists()
         assert store.remove_temp(leftover) is False
         assert store.temp_files() == []
+
+    def test_temp_files_are_the_incomplete_writes_and_are_swept_by_age(self, store) -> None:
+        store.put(b"makes the folders")
+        tmp = store.root / "tmp"
+        old, young = tmp / "dead.1.abc.tmp", tmp / "live.2.def.tmp"
+        for path, mtime in ((old, 2_000_000), (young, 3_000_000)):
+            path.write_bytes(b"half a blob")
+            os.utime(path, (mtime, mtime))
+        (tmp / "notes.txt").write_bytes(b"an operator's")
+        assert sorted(store.incomplete_writes(), key=lambda w: w.mtime) == [
+            IncompleteWrite(old.name, 2_000_000.0),
+            IncompleteWrite(young.name, 3_000_000.0),
+        ]
+        assert store.sweep_incomplete(1_000_000) == 0
+        assert store.sweep_incomplete(2_500_000) == 1
+        assert not old.exists() and young.exists() and (tmp / "notes.txt").exists()
+        assert store.remove_incomplete(IncompleteWrite(young.name, 0.0)) is True
+        assert store.incomplete_writes() == []
 
     def test_remove_temp_refuses_paths_outside_tmp(self, store) -> None:
         digest = store.put(b"precious")

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
 from sqlalchemy import Connection, event, func, insert, select, text
 
+from archive_manager import ArchiveManager
 from archive_manager.catalog import (
     FORMAT_VERSION,
     Catalog,
@@ -132,24 +132,46 @@ def test_in_memory_sqlite_is_refused() -> None:
         make_engine("sqlite://")
 
 
-def test_other_server_urls_get_a_plain_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, Any] = {}
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql+pymysql://user:s3cret@db.example/pool",
+        "mariadb://user@db.example/pool",
+        "mssql+pyodbc://user@db.example/pool",
+        "oracle://user@db.example/pool",
+    ],
+)
+def test_other_databases_are_refused(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database without the write lock the save and GC protocols rely on is refused
+    (issue 16: a MySQL URL used to get a plain engine, with no lock and no error mapping),
+    before any engine is made; the message names the supported ones and hides the password."""
 
-    def fake_create_engine(url: Any, **kwargs: Any) -> Any:
-        seen.update(url=str(url), **kwargs)
-        return sqlalchemy.create_engine("sqlite://")  # any engine will do
+    def no_engine(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no engine may be made for an unsupported database")
 
-    monkeypatch.setattr(catalog_engine, "create_engine", fake_create_engine)
-    engine = make_engine("mysql+pymysql://user@db.example/pool")
-    try:
-        assert seen == {"url": "mysql+pymysql://user@db.example/pool", "pool_pre_ping": True}
-        plain = sqlalchemy.create_engine("sqlite://")
-        # No listeners of ours: no SQLite pragmas, no BEGIN IMMEDIATE.
-        assert len(engine.pool.dispatch.connect) == len(plain.pool.dispatch.connect)
-        assert len(engine.dispatch.begin) == len(plain.dispatch.begin) == 0
-        plain.dispose()
-    finally:
-        engine.dispose()
+    monkeypatch.setattr(catalog_engine, "create_engine", no_engine)
+    for call in (make_engine, catalog_engine.dialect_of):
+        with pytest.raises(CatalogError, match="does not support") as info:
+            call(url)
+        message = str(info.value)
+        assert "sqlite" in message and "postgresql" in message
+        assert "s3cret" not in message
+
+
+def test_supported_dialects() -> None:
+    assert catalog_engine.dialect_of("sqlite:////pool/catalog.db") == "sqlite"
+    assert catalog_engine.dialect_of("sqlite+pysqlite:////pool/catalog.db") == "sqlite"
+    assert catalog_engine.dialect_of("postgresql://db/pool") == "postgresql"
+    assert catalog_engine.dialect_of("postgresql+psycopg://db/pool") == "postgresql"
+
+
+def test_open_on_another_database_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with pytest.raises(CatalogError, match="'mysql'"):
+        ArchiveManager.open(root, "mysql+pymysql://user@db.example/pool")
+    with pytest.raises(CatalogError, match="'mysql'"):
+        ArchiveManager.catalog_status(root, "mysql+pymysql://user@db.example/pool")
+    assert not root.exists()
 
 
 def test_corrupt_catalog_file_is_a_catalog_error(tmp_path: Path) -> None:

@@ -2,6 +2,9 @@
 catalog locked by another process past the busy timeout, a truncated, emptied, garbage or
 lost catalog, a catalog from a newer library.
 
+Blob store faults are injected at the store's interface (`FaultyBlobStore`, around the
+filesystem store), except the read-only mount, which is injected at the OS.
+
 Each must give a clear error (an `archive_manager.errors` class, or `OSError` where the API
 documents it; in the CLI one ``error:`` line and exit 1), never a hang, and leave the pool as
 it was: every catalog row, every blob file, no temp file.  A later call works.
@@ -39,7 +42,8 @@ from conftest import (
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from archive_manager import ArchiveManager, blobs
+from archive_manager import ArchiveManager
+from archive_manager.blobs import BlobStore
 from archive_manager.catalog.engine import PG_WRITE_LOCK
 from archive_manager.catalog.migrate import VERSION_TABLE
 from archive_manager.catalog.models import FORMAT_VERSION
@@ -52,6 +56,7 @@ from archive_manager.errors import (
     GcAbortedError,
     PoolIdentityError,
 )
+from archive_manager.testing import FaultyBlobStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,33 +79,30 @@ def _one_line_error(result: Result) -> str:
 # --------------------------------------------------------------------------- full disk
 
 
-def _fail_write(when: Callable[[int, memoryview], bool], err: int) -> Callable[..., None]:
-    """A `blobs._write_all` that raises ``err`` on the calls ``when(n, data)`` picks."""
-    real = blobs._write_all
-    calls = [0]
-
-    def write_all(fd: int, view: memoryview) -> None:
-        calls[0] += 1
-        if when(calls[0], view):
-            os.write(fd, view[: len(view) // 2])  # part of it reached the temp file
-            raise OSError(err, os.strerror(err))
-        real(fd, view)
-
-    return write_all
+def _error(err: int) -> Callable[[], OSError]:
+    return lambda: OSError(err, os.strerror(err))
 
 
-FULL_DISK = {
-    "first blob": lambda n, view: n == 1,
-    "fourth blob": lambda n, view: n == 4,
-    "a tensor blob": lambda n, view: bytes(view[:8]) == TENSOR_MAGIC,
-    "the manifest": lambda n, view: bytes(view[:8]) == MANIFEST_MAGIC,
+#: Which blob put of a save fails (`FaultyBlobStore.fail` options).
+FULL_DISK: dict[str, dict[str, Any]] = {
+    "first blob": {"nth": 1},
+    "fourth blob": {"nth": 4},
+    "a tensor blob": {"match": lambda digest, head: head[:8] == TENSOR_MAGIC},
+    "the manifest": {"match": lambda digest, head: head[:8] == MANIFEST_MAGIC},
 }
+
+
+def _faults(pool: ArchiveManager) -> FaultyBlobStore:
+    assert isinstance(pool.store, FaultyBlobStore)
+    return pool.store
 
 
 @pytest.fixture
 def full_pool(tmp_path: Path, backend: Backend) -> Iterator[ArchiveManager]:
-    """A pool holding archive "a" (also retained by a checkpoint)."""
-    with open_on(backend, tmp_path / "pool", **POOL) as pool:
+    """A pool holding archive "a" (also retained by a checkpoint), on a filesystem store
+    wrapped by a `FaultyBlobStore`."""
+    root = tmp_path / "pool"
+    with open_on(backend, root, store=FaultyBlobStore(BlobStore(root)), **POOL) as pool:
         pool.save("a", tiny_rollout(16, seed=1), rollout_id=1)
         pool.retain("checkpoint:1", "a")
         yield pool
@@ -118,7 +120,7 @@ def _save(pool: ArchiveManager, how: str, name: str, samples: list) -> None:
 @pytest.mark.parametrize("how", ["save", "writer"])
 @pytest.mark.parametrize("where", list(FULL_DISK))
 def test_full_disk_fails_the_save_and_changes_nothing(
-    full_pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch, where: str, how: str
+    full_pool: ArchiveManager, where: str, how: str
 ) -> None:
     """ENOSPC while writing a blob: the documented OSError, every row and file as before
     (the lease the save took is dropped, the blobs it wrote are removed, none it shared
@@ -127,34 +129,29 @@ def test_full_disk_fails_the_save_and_changes_nothing(
     # The first 8 samples are "a"'s first chunk: shared, so never written again.
     samples = [*tiny_rollout(16, seed=1)[:8], *tiny_rollout(24, seed=2)]
     before = snapshot_pool(pool)
-    monkeypatch.setattr(blobs, "_write_all", _fail_write(FULL_DISK[where], errno.ENOSPC))
+    _faults(pool).fail("put", _error(errno.ENOSPC), **FULL_DISK[where])
     with pytest.raises(OSError) as info:
         _save(pool, how, "b", samples)
     assert info.value.errno == errno.ENOSPC
     assert snapshot_pool(pool) == before
     assert pool.store.temp_files() == []
-    monkeypatch.undo()
+    _faults(pool).clear()
     _save(pool, how, "b", samples)
     assert_loads(pool, "a", tiny_rollout(16, seed=1))
     assert_loads(pool, "b", samples)
     assert pool.verify(read_data=True).ok
 
 
-def test_failed_fsync_fails_the_save_and_changes_nothing(
-    full_pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_fsync_fails_the_save_and_changes_nothing(full_pool: ArchiveManager) -> None:
     """EIO from fsync (a disk that lost the data it accepted): nothing may be published."""
     pool = full_pool
     before = snapshot_pool(pool)
 
-    def fsync(fd: int) -> None:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-
-    monkeypatch.setattr(blobs.os, "fsync", fsync)
+    _faults(pool).fail("put", _error(errno.EIO))
     with pytest.raises(OSError) as info:
         pool.save("b", tiny_rollout(24, seed=3), rollout_id=2)
     assert info.value.errno == errno.EIO
-    monkeypatch.undo()
+    _faults(pool).clear()
     assert snapshot_pool(pool) == before
 
 
@@ -225,9 +222,9 @@ def _read_only_blob_store(monkeypatch: pytest.MonkeyPatch, root: Path, err: int)
             raise OSError(err, os.strerror(err), str(path))
         real_unlink(path, *args, **kwargs)
 
-    monkeypatch.setattr(blobs.os, "open", open_)
-    monkeypatch.setattr(blobs.os, "mkdir", mkdir)
-    monkeypatch.setattr(blobs.os, "unlink", unlink)
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "unlink", unlink)
 
 
 def _check_read_only_store(pool: ArchiveManager, undo: Callable[[], None], code: int) -> None:

@@ -27,9 +27,10 @@ from click.testing import CliRunner
 from conftest import FakeClock, assert_loads, tiny_rollout, wall_clock
 from sqlalchemy import select
 
-from archive_manager import ArchiveManager, blobs, materialize_tensor_refs
+from archive_manager import ArchiveManager, materialize_tensor_refs
 from archive_manager._digest import digest_of
 from archive_manager.blobs import BlobStore
+from archive_manager.blobs import local as blobs
 from archive_manager.catalog import archive_blobs_table, archives_table, chunks_table
 from archive_manager.cli import cli
 from archive_manager.errors import (

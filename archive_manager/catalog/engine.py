@@ -46,7 +46,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,7 @@ __all__ = [
     "check_journal_mode",
     "check_local_filesystem",
     "check_read_unchanged",
+    "dialect_of",
     "filesystem_type",
     "idle_in_transaction_timeout_ms",
     "is_network_filesystem",
@@ -600,6 +601,36 @@ def _track_for_fork(engine: Engine) -> None:
         _engines.add(engine)
 
 
+@dataclass(frozen=True)
+class _Dialect:
+    """What one database needs so that the save and GC protocols hold on it: an engine whose
+    ``begin`` event takes the one write lock for writers and whose ``handle_error`` event
+    turns the driver's errors into `CatalogError` (bulk inserts: `catalog.bulk`)."""
+
+    write_lock: str
+    make_engine: Callable[[URL, int, bool, bool], Engine]  # url, busy ms, check fs, read-only
+
+
+def dialect_of(url: str | URL) -> str:
+    """The name of the catalog database ``url`` names (``sqlite``, ``postgresql``).
+
+    Raises:
+        CatalogError: the URL is malformed, or names a database this library does not support:
+            the protocols rely on the write lock each supported dialect sets up, which a
+            plain engine of another database would run without.
+    """
+    parsed = parse_url(url)
+    name = parsed.get_backend_name()
+    if name not in _DIALECTS:
+        supported = ", ".join(f"{n} ({d.write_lock})" for n, d in sorted(_DIALECTS.items()))
+        raise CatalogError(
+            f"the catalog URL {shown_url(parsed)} names a {name!r} database, which archive_manager "
+            f"does not support: saves and GC need a catalog that serialises writers, and only "
+            f"these are set up to: {supported}"
+        )
+    return name
+
+
 def make_engine(
     url: str | URL,
     *,
@@ -612,7 +643,7 @@ def make_engine(
     Args:
         url: A SQLAlchemy URL. SQLite must be a file; PostgreSQL (``postgresql+psycopg://``;
             a bare ``postgresql://`` means psycopg 3 too) gets the write lock described above;
-            other databases get a plain engine.
+            other databases are refused.
         busy_timeout_ms: How long a writer waits for another's lock; None reads
             ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
         check_filesystem: Refuse a SQLite file on a network filesystem.
@@ -621,20 +652,19 @@ def make_engine(
 
     Raises:
         UnsupportedFilesystemError: The SQLite file's folder is on a network filesystem.
-        CatalogError: The URL is malformed, an in-memory SQLite database, or its driver is
+        CatalogError: The URL is malformed, names a database other than SQLite and
+            PostgreSQL (`dialect_of`), an in-memory SQLite database, or its driver is
             missing.
     """
-    url = parse_url(url)
-    backend = url.get_backend_name()
-    if backend == "postgresql":
-        return _make_postgresql_engine(
-            url, resolve_busy_timeout_ms(busy_timeout_ms), read_only=read_only
-        )
-    if backend != "sqlite":
-        engine = _create_engine(url, pool_pre_ping=True)
-        _track_for_fork(engine)
-        return engine
+    name = dialect_of(url)
+    return _DIALECTS[name].make_engine(
+        parse_url(url), resolve_busy_timeout_ms(busy_timeout_ms), check_filesystem, read_only
+    )
 
+
+def _make_sqlite_engine(
+    url: URL, timeout_ms: int, check_filesystem: bool, read_only: bool = False
+) -> Engine:
     path = sqlite_path(url)
     if path is None:
         raise CatalogError(
@@ -643,7 +673,6 @@ def make_engine(
         )
     if check_filesystem:
         check_local_filesystem(path.absolute().parent)
-    timeout_ms = resolve_busy_timeout_ms(busy_timeout_ms)
     database = str(path)
     if read_only:
         return _make_sqlite_reader(url, path, timeout_ms)
@@ -1008,7 +1037,9 @@ def _connect_failure_state(reason: str) -> str | None:
     return None
 
 
-def _make_postgresql_engine(url: URL, timeout_ms: int, *, read_only: bool = False) -> Engine:
+def _make_postgresql_engine(
+    url: URL, timeout_ms: int, check_filesystem: bool = True, read_only: bool = False
+) -> Engine:
     if url.drivername == "postgresql":
         # SQLAlchemy's default driver is psycopg2; the one this library supports is psycopg 3.
         url = url.set(drivername="postgresql+psycopg")
@@ -1073,3 +1104,11 @@ def _make_postgresql_engine(url: URL, timeout_ms: int, *, read_only: bool = Fals
 
     _track_for_fork(engine)
     return engine
+
+
+# The registry of supported catalog databases (docs/architecture.md, "Safety rules": the
+# catalog serialises writers).  A database is added here with its engine set-up, or not at all.
+_DIALECTS: dict[str, _Dialect] = {
+    "sqlite": _Dialect("BEGIN IMMEDIATE, WAL", _make_sqlite_engine),
+    "postgresql": _Dialect("an advisory write lock", _make_postgresql_engine),
+}

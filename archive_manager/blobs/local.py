@@ -1,10 +1,12 @@
-"""Content-addressed blobs: immutable files named by the xxh3-128 digest of their bytes.
+"""The filesystem blob store: immutable files named by the xxh3-128 digest of their bytes
+(docs/architecture.md, "Blob store contract").
 
-A blob lives at ``<root>/blobs/<d[0:2]>/<d[2:4]>/<d>``; writes go through ``<root>/tmp``.
-The store knows nothing of the catalog: it writes, reads, verifies, lists and unlinks files.
+A blob lives at ``<root>/blobs/<d[0:2]>/<d[2:4]>/<d>`` (`layout`); writes go through
+``<root>/tmp``.  The store knows nothing of the catalog: it writes, reads, verifies, lists
+and unlinks files.
 
 OS errors other than "not found" (EACCES, ENOSPC, EROFS, ...) propagate unchanged as `OSError`;
-a failed `BlobStore.put` leaves neither a temp file nor a blob behind.
+a failed `LocalBlobStore.put` leaves neither a temp file nor a blob behind.
 
 Nothing is read, written, listed or unlinked through a symlink, which could lead out of the
 pool (``tmp/`` linked to a shared scratch folder would have GC sweep that folder):
@@ -17,7 +19,7 @@ pool (``tmp/`` linked to a shared scratch folder would have GC sweep that folder
   swaps a folder for a link while the pool is in use is not defended against.)
 * a blob is read only from a regular file: its path is opened without following a symlink
   and without blocking (a FIFO would block a plain open), then checked with ``fstat``; a
-  symlink, FIFO, device, socket or directory there is an `IntegrityError` naming the blob.
+  symlink, FIFO, device, socket or directory there is a `BlobCorruptError` naming the blob.
   `delete` unlinks whatever non-directory is at the blob's path (a symlink itself, never its
   target); listings and the temp sweep see regular files only.
 """
@@ -34,7 +36,6 @@ import secrets
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,19 +43,25 @@ from typing import Any
 
 import xxhash
 
-from ._digest import Buffer, check_digest, digest_of, is_digest
-from ._failpoints import failpoint
-from .errors import BlobNotFoundError, IntegrityError, InvalidNameError, PoolLayoutError
-from .permissions import share_like_parent
+from .._digest import Buffer, check_digest
+from .._failpoints import failpoint
+from ..errors import BlobCorruptError, IntegrityError, InvalidNameError, PoolLayoutError
+from ..permissions import share_like_parent
+from ._common import check_size as _check_size
+from ._common import corrupt as _corrupt
+from ._common import missing as _missing
+from ._common import prepare as _prepare
+from ._common import verify as _verify
+from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem
+from .layout import BLOBS_DIR, FANOUT_NAMES, TEMP_DIR, fanout, is_blob_name
 
-__all__ = ["BlobStore", "MemoryBlobStore"]
+__all__ = ["BlobStore", "LocalBlobStore"]
 
 # Read/write/hash granularity: large enough for full disk throughput, small enough for memory.
 _BLOCK = 8 << 20
 # Blobs `put_many` writes before it syncs them: bounds open files and dirty pages in flight.
 _BATCH = 16
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
-_HEX2 = frozenset(f"{i:02x}" for i in range(256))
 _MISSING = (FileNotFoundError, NotADirectoryError)
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -70,58 +77,9 @@ _KINDS = {
 }
 
 
-def _views(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
-    """Flat byte views of ``data`` (one buffer or a sequence of parts), never a copy."""
-    parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
-    views = []
-    for part in parts:
-        view = memoryview(part)
-        if not view.c_contiguous:
-            raise TypeError("blob parts must be C-contiguous buffers")
-        views.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
-    return views
-
-
-def _prepare(data: Buffer | Sequence[Buffer], digest: str | None) -> tuple[list[memoryview], str]:
-    """Views of ``data`` and its digest; IntegrityError if it differs from ``digest``."""
-    if digest is not None:
-        check_digest(digest)
-    views = _views(data)
-    # NOTE: hashed even when the digest is given, so a wrong digest can never pass as a
-    # duplicate of an existing blob; at ~20 GB/s this costs far less than the write.
-    actual = digest_of(views)
-    if digest is not None and digest != actual:
-        raise IntegrityError(f"blob data hashes to {actual}, not to the given digest {digest}")
-    return views, actual
-
-
-def _check_size(digest: str, stored: int, views: list[memoryview]) -> None:
-    total = sum(view.nbytes for view in views)
-    if stored != total:
-        raise IntegrityError(
-            f"blob {digest} is corrupt or truncated: it holds {stored} bytes, the data {total}"
-        )
-
-
-def _verify(digest: str, data: Buffer) -> None:
-    actual = xxhash.xxh3_128_hexdigest(data)
-    if actual != digest:
-        raise _corrupt(digest, memoryview(data).nbytes, actual)
-
-
-def _corrupt(digest: str, size: int, actual: str) -> IntegrityError:
-    return IntegrityError(
-        f"blob {digest} is corrupt or truncated: its {size} bytes hash to {actual}"
-    )
-
-
-def _missing(digest: str) -> BlobNotFoundError:
-    return BlobNotFoundError(f"blob {digest} is missing")
-
-
-def _not_regular(digest: str, path: str | Path, mode: int) -> IntegrityError:
+def _not_regular(digest: str, path: str | Path, mode: int) -> BlobCorruptError:
     kind = _KINDS.get(stat.S_IFMT(mode), "file of unknown type")
-    return IntegrityError(f"blob {digest} is not a regular file: {path} is a {kind}")
+    return BlobCorruptError(f"blob {digest} is not a regular file: {path} is a {kind}")
 
 
 def _linked_folder(folder: Path | str, digest: str | None = None) -> PoolLayoutError:
@@ -152,7 +110,7 @@ def _subfolders(entries: Iterable[os.DirEntry[str]]) -> Iterator[os.DirEntry[str
     PoolLayoutError for one that is a symlink; a stray file bearing such a name is skipped.
     """
     for entry in entries:
-        if entry.name not in _HEX2:
+        if entry.name not in FANOUT_NAMES:
             continue
         if entry.is_symlink():
             raise _linked_folder(entry.path)
@@ -227,7 +185,7 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _SYNC_FILE_RANGE = _load_sync_file_range()
@@ -244,19 +202,21 @@ def _start_writeback(fd: int) -> None:
         _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
-class BlobStore:
+class LocalBlobStore(AbstractBlobStore):
     """Blobs on a (possibly shared) POSIX filesystem under ``root``; folders are made lazily."""
+
+    capabilities = Capabilities(mmap=True, local_paths=True, persistent=True)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         # Absolute and normalised, so a later chdir cannot move the store and `remove_temp`
         # can compare paths textually.
         self._root = Path(os.path.abspath(root))
-        self._blobs = self._root / "blobs"
+        self._blobs = self._root / BLOBS_DIR
         self._blobs_str = str(self._blobs)
-        self._tmp = self._root / "tmp"
+        self._tmp = self._root / TEMP_DIR
 
     def __repr__(self) -> str:
-        return f"BlobStore({str(self._root)!r})"
+        return f"{type(self).__name__}({str(self._root)!r})"
 
     @property
     def root(self) -> Path:
@@ -266,15 +226,17 @@ class BlobStore:
     def path(self, digest: str) -> Path:
         """The file of ``digest``; InvalidNameError unless it is a canonical digest."""
         d = check_digest(digest)
-        return self._blobs / d[0:2] / d[2:4] / d
+        outer, inner = fanout(d)
+        return self._blobs / outer / inner / d
 
     def _checked_path(self, digest: str) -> str:
         """`path` as a string, after checking that none of its folders is a symlink
         (PoolLayoutError)."""
         d = check_digest(digest)
+        a, b = fanout(d)
         # Strings, not Paths: building Paths cost more than the three lstat calls.
-        outer = f"{self._blobs_str}{os.sep}{d[0:2]}"
-        inner = f"{outer}{os.sep}{d[2:4]}"
+        outer = f"{self._blobs_str}{os.sep}{a}"
+        inner = f"{outer}{os.sep}{b}"
         _check_folders((self._blobs_str, outer, inner), d)
         return f"{inner}{os.sep}{d}"
 
@@ -285,7 +247,8 @@ class BlobStore:
         folder is synced, since another writer may have renamed it in and not yet synced it.
 
         Raises:
-            IntegrityError: ``digest`` is not the data's digest, or the stored blob's size differs.
+            IntegrityError: ``digest`` is not the data's digest (`BlobCorruptError`: the
+                stored blob's size differs, or no regular file is in its place).
             InvalidNameError: ``digest`` is not canonical.
             OSError: the write failed (ENOSPC, EROFS, ...); no temp file or blob is left.
         """
@@ -296,9 +259,7 @@ class BlobStore:
             _fsync_dir(self.path(digest).parent)
         return digest
 
-    def put_many(
-        self, items: Sequence[tuple[Buffer | Sequence[Buffer], str | None]], *, workers: int = 4
-    ) -> list[str]:
+    def put_many(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
         """`put` each ``(data, digest)`` item; return their digests in order.
 
         Two phases per batch of 16, on ``workers`` threads (write and fsync release the GIL):
@@ -324,9 +285,7 @@ class BlobStore:
         staged: set[_Pending] = set()
         lock = threading.Lock()
 
-        def stage(
-            item: tuple[Buffer | Sequence[Buffer], str | None],
-        ) -> tuple[str, _Pending | None]:
+        def stage(item: PutItem) -> tuple[str, _Pending | None]:
             digest, pending = self._stage(*item)
             if pending is not None:
                 with lock:
@@ -488,11 +447,13 @@ class BlobStore:
                 raise
         return view
 
-    def read_head(self, digest: str, n: int) -> bytes:
-        """The first ``n`` bytes of ``digest``, unverified (to tell blob kinds apart)."""
+    def read_range(self, digest: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``digest`` from ``offset``, unverified."""
+        if offset < 0 or length < 0:
+            raise ValueError("offset and length must be >= 0")
         fd = self._open_fd(digest)
         try:
-            return os.pread(fd, n, 0)
+            return os.pread(fd, length, offset)
         finally:
             os.close(fd)
 
@@ -504,13 +465,21 @@ class BlobStore:
         except _MISSING:
             return False
 
-    def size(self, digest: str) -> int:
-        """The stored size of ``digest`` in bytes.
+    def stat(self, digest: str) -> BlobStat:
+        """The size and mtime of ``digest``'s file.
 
         Raises:
             BlobNotFoundError: no file is there.
-            IntegrityError: something other than a regular file is there.
+            BlobCorruptError: something other than a regular file is there.
         """
+        st = self._lstat(digest)
+        return BlobStat(st.st_size, st.st_mtime)
+
+    def size(self, digest: str) -> int:
+        """The stored size of ``digest`` in bytes (see `stat`)."""
+        return self._lstat(digest).st_size
+
+    def _lstat(self, digest: str) -> os.stat_result:
         path = self._checked_path(digest)
         try:
             st = os.lstat(path)
@@ -518,7 +487,7 @@ class BlobStore:
             raise _missing(digest) from None
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(digest, path, st.st_mode)
-        return st.st_size
+        return st
 
     def delete(self, digest: str) -> bool:
         """Unlink ``digest``'s path (a symlink there itself, never its target); False if
@@ -533,7 +502,7 @@ class BlobStore:
         return True
 
     def check(self, digest: str) -> None:
-        """Rehash ``digest`` in 8 MiB reads; IntegrityError or BlobNotFoundError on damage."""
+        """Rehash ``digest`` in 8 MiB reads; BlobCorruptError or BlobNotFoundError on damage."""
         hasher = xxhash.xxh3_128()
         size = 0
         with open(self._open_fd(digest), "rb", buffering=0) as f:
@@ -545,9 +514,6 @@ class BlobStore:
                 size += n
         if hasher.hexdigest() != digest:
             raise _corrupt(digest, size, hasher.hexdigest())
-
-    def __iter__(self) -> Iterator[str]:
-        return self.iter_digests()
 
     def iter_digests(self) -> Iterator[str]:
         """Digests of the canonical files ``blobs/ab/cd/abcd…``; anything else is ignored."""
@@ -584,7 +550,6 @@ class BlobStore:
                     continue  # removed (or replaced by a file) since ``blobs/`` was listed
                 with level2:
                     for b in _subfolders(level2):
-                        prefix = a.name + b.name
                         try:
                             files = os.scandir(b.path)
                         except _MISSING:
@@ -593,10 +558,8 @@ class BlobStore:
                             for f in files:
                                 name = f.name
                                 # (is_file never raises FileNotFoundError: it says False)
-                                if (
-                                    name.startswith(prefix)
-                                    and is_digest(name)
-                                    and f.is_file(follow_symlinks=False)
+                                if is_blob_name(a.name, b.name, name) and f.is_file(
+                                    follow_symlinks=False
                                 ):
                                     yield name, f
 
@@ -643,82 +606,16 @@ class BlobStore:
             return False
         return True
 
+    def incomplete_writes(self) -> list[IncompleteWrite]:
+        """The temp files in ``tmp/`` (see `temp_files`), named by their file names."""
+        # NOTE: through `temp_files` and `remove_temp`, the filesystem's own words, so that a
+        # test replacing either sees GC's sweep go through it.
+        return [IncompleteWrite(path.name, mtime) for path, mtime in self.temp_files()]
 
-class MemoryBlobStore:
-    """The in-memory twin of `BlobStore`, with the same contract, for tests."""
+    def remove_incomplete(self, write: IncompleteWrite) -> bool:
+        """Unlink the temp file ``write`` names (see `remove_temp`)."""
+        return self.remove_temp(self._tmp / write.name)
 
-    def __init__(self) -> None:
-        self._blobs: dict[str, tuple[bytes, float]] = {}
 
-    def __repr__(self) -> str:
-        return f"MemoryBlobStore(<{len(self._blobs)} blobs>)"
-
-    def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
-        """Store ``data`` once and return its digest (see `BlobStore.put`)."""
-        views, digest = _prepare(data, digest)
-        if digest in self._blobs:
-            _check_size(digest, len(self._blobs[digest][0]), views)
-        else:
-            self._blobs[digest] = (b"".join(views), time.time())
-        return digest
-
-    def _data(self, digest: str) -> bytes:
-        try:
-            return self._blobs[check_digest(digest)][0]
-        except KeyError:
-            raise _missing(digest) from None
-
-    def put_many(
-        self, items: Sequence[tuple[Buffer | Sequence[Buffer], str | None]], *, workers: int = 4
-    ) -> list[str]:
-        """`put` each ``(data, digest)`` item; return their digests in order."""
-        return [self.put(data, digest) for data, digest in items]
-
-    def get(self, digest: str) -> bytes:
-        """The verified bytes of ``digest``."""
-        data = self._data(digest)
-        _verify(digest, data)
-        return data
-
-    def open(self, digest: str, *, verify: bool = True) -> memoryview:
-        """A read-only view of ``digest``, verified unless ``verify=False``."""
-        data = self._data(digest)
-        if verify:
-            _verify(digest, data)
-        return memoryview(data)
-
-    def read_head(self, digest: str, n: int) -> bytes:
-        """The first ``n`` bytes of ``digest``, unverified."""
-        return self._data(digest)[:n]
-
-    def has(self, digest: str) -> bool:
-        """True when ``digest`` is stored."""
-        return check_digest(digest) in self._blobs
-
-    def size(self, digest: str) -> int:
-        """The stored size of ``digest`` in bytes."""
-        return len(self._data(digest))
-
-    def delete(self, digest: str) -> bool:
-        """Forget ``digest``; False if it was already gone."""
-        return self._blobs.pop(check_digest(digest), None) is not None
-
-    def check(self, digest: str) -> None:
-        """Rehash ``digest``; IntegrityError or BlobNotFoundError on damage."""
-        _verify(digest, self._data(digest))
-
-    def __iter__(self) -> Iterator[str]:
-        return self.iter_digests()
-
-    def iter_digests(self) -> Iterator[str]:
-        """Digests of the stored blobs (a snapshot, so deleting while iterating is safe)."""
-        yield from list(self._blobs)
-
-    def iter_stat(self) -> Iterator[tuple[str, int, float]]:
-        """``(digest, size, mtime)`` of each stored blob, mtime being the time of its put."""
-        for digest, (data, mtime) in list(self._blobs.items()):
-            yield digest, len(data), mtime
-
-    def temp_files(self) -> list[tuple[Path, float]]:
-        """Always empty: memory has no temp files."""
-        return []
+#: The name this store had before the blob store became an interface; it stays the default.
+BlobStore = LocalBlobStore

@@ -1,0 +1,32 @@
+"""Blob stores: content-addressed, immutable blobs behind one interface (docs/architecture.md,
+"Blob store contract").
+
+* `AbstractBlobStore` (`base`): the interface and its error contract, with `Capabilities`,
+  `BlobStat` and `IncompleteWrite`;
+* `layout`: the one mapping from a digest to its location, ``ab/cd/abcd…``;
+* `LocalBlobStore` (`local`, also named `BlobStore`, the pool's default): files on a POSIX
+  filesystem under the pool root, written durably;
+* `MemoryBlobStore` (`memory`): a dict, for tests.
+
+The contract suite every store passes, and a fault-injecting wrapper, are in
+`archive_manager.testing`.
+"""
+
+from __future__ import annotations
+
+from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem
+from .layout import blob_key
+from .local import BlobStore, LocalBlobStore
+from .memory import MemoryBlobStore
+
+__all__ = [
+    "AbstractBlobStore",
+    "BlobStat",
+    "BlobStore",
+    "Capabilities",
+    "IncompleteWrite",
+    "LocalBlobStore",
+    "MemoryBlobStore",
+    "PutItem",
+    "blob_key",
+]

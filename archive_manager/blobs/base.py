@@ -1,0 +1,199 @@
+"""The blob store interface (docs/architecture.md, "Blob store contract").
+
+Everything above the blob store (the writer, GC, verify, recovery, the read side) goes
+through `AbstractBlobStore` and nothing else: no module above it builds a blob's path, opens a
+blob's file or touches an incomplete write.  A new backend (an object store) subclasses it and
+passes the contract suite shipped in `archive_manager.testing`.
+
+The contract, for every method that takes a digest:
+
+* a digest that is not canonical (32 lowercase hex characters) raises `InvalidNameError`
+  before any I/O, so no name ever escapes the store;
+* a blob the store does not hold raises `BlobNotFoundError` (an `IntegrityError` and a
+  `FileNotFoundError`); `has` says False and `delete` False instead;
+* stored bytes that do not hash to their digest, or something that is not a blob in a blob's
+  place, raise `BlobCorruptError` (an `IntegrityError`) naming the digest, from every
+  verified read (`get`, `open`, `check`) and from a put that finds the blob stored with
+  another size; unverified reads (`open(verify=False)`, `read_range`) return the bytes as
+  stored;
+* a failure of the medium raises `OSError`: the filesystem store lets the OS's error through
+  unchanged (its ``errno`` is what callers test: ENOSPC, EROFS, EIO), other stores raise
+  `BlobStoreError` (an `ArchiveError` and an `OSError`), and `TransientBlobStoreError` where
+  a retry may succeed.  Catching `OSError` therefore catches every store's failures, which is
+  what GC's fail-closed wrapping relies on; no store lets an SDK's own exception out.
+
+What a put guarantees: when it returns, every blob it names is durable and readable by every
+process of the pool; when it raises, no blob of another content is visible under any digest,
+and what it left behind (a temp file) is an incomplete write that `sweep_incomplete` removes.
+Blobs are immutable: a put of a stored digest checks the stored size and changes nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .._digest import Buffer
+
+__all__ = ["AbstractBlobStore", "BlobStat", "Capabilities", "IncompleteWrite", "PutItem"]
+
+#: One blob to put: its data (a buffer or a sequence of parts) and its digest, if known.
+PutItem = tuple[Buffer | Sequence[Buffer], str | None]
+
+
+class BlobStat(NamedTuple):
+    """A stored blob's size in bytes and the time (seconds since the epoch) it was written."""
+
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a store can do beyond the contract; callers may choose a faster path by them."""
+
+    #: `open` maps the blob: pages are read when touched and nothing is copied, so opening a
+    #: large tensor blob to read a slice of it is cheap.  Without it `open` may read it whole.
+    mmap: bool
+    #: Blobs are files on a filesystem, and the store has ``root`` and ``path(digest)``.
+    local_paths: bool
+    #: Other processes (and later runs) see the same blobs: a pool's catalog may be shared.
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class IncompleteWrite:
+    """A write that was begun and not finished (a crashed writer's temp file, an abandoned
+    upload): ``name`` is the store's own token for it, ``mtime`` when it was last written."""
+
+    name: str
+    mtime: float
+
+
+class AbstractBlobStore(abc.ABC):
+    """Content-addressed, immutable blobs named by the xxh3-128 digest of their bytes.
+
+    Subclasses implement the abstract methods; the others have a plain implementation here
+    that a store may replace with a faster one.
+    """
+
+    #: What the store can do; a class attribute of each store (a wrapper sets its own).
+    capabilities: Capabilities
+
+    # ------------------------------------------------------------------ writing
+
+    @abc.abstractmethod
+    def put_many(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
+        """Put each ``(data, digest)`` item (see `put`); return their digests in order.
+
+        ``workers`` bounds the store's parallelism.  When an item fails, the error is raised;
+        blobs of other items may have been stored (each is a valid blob of its digest).
+        """
+
+    def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
+        """Store ``data`` (a buffer or a sequence of parts) once and return its digest.
+
+        Raises:
+            IntegrityError: ``digest`` is not the data's digest (`BlobCorruptError`: the stored
+                blob of this digest has another size).
+            InvalidNameError: ``digest`` is not canonical.
+            OSError: the store failed; nothing was stored.
+        """
+        return self.put_many([(data, digest)])[0]
+
+    # ------------------------------------------------------------------ reading
+
+    @abc.abstractmethod
+    def get(self, digest: str) -> bytes:
+        """The verified bytes of ``digest``."""
+
+    @abc.abstractmethod
+    def open(self, digest: str, *, verify: bool = True) -> memoryview:
+        """A read-only view of ``digest`` (a memory map if ``capabilities.mmap``), verified
+        unless ``verify=False``."""
+
+    @abc.abstractmethod
+    def read_range(self, digest: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``digest`` from ``offset``, unverified (a range cannot be
+        checked against the whole blob's digest); short or empty past the end."""
+
+    def read_head(self, digest: str, n: int) -> bytes:
+        """The first ``n`` bytes of ``digest``, unverified (to tell blob kinds apart)."""
+        return self.read_range(digest, 0, n)
+
+    @abc.abstractmethod
+    def stat(self, digest: str) -> BlobStat:
+        """The stored size and write time of ``digest`` (its bytes are not read)."""
+
+    def size(self, digest: str) -> int:
+        """The stored size of ``digest`` in bytes."""
+        return self.stat(digest).size
+
+    @abc.abstractmethod
+    def has(self, digest: str) -> bool:
+        """True when ``digest`` is stored (its bytes are not read)."""
+
+    def check(self, digest: str) -> None:
+        """Rehash ``digest``: BlobCorruptError or BlobNotFoundError on damage."""
+        self.get(digest)
+
+    # ------------------------------------------------------------------ listing
+
+    @abc.abstractmethod
+    def iter_stat(self) -> Iterator[tuple[str, int, float]]:
+        """``(digest, size, mtime)`` of each stored blob, each once, in no order.
+
+        Deleting while iterating is safe; a blob put meanwhile may or may not be listed.
+        """
+
+    def iter_digests(self) -> Iterator[str]:
+        """The digest of each stored blob (see `iter_stat`)."""
+        for digest, _, _ in self.iter_stat():
+            yield digest
+
+    def __iter__(self) -> Iterator[str]:
+        return self.iter_digests()
+
+    # ------------------------------------------------------------------ deleting
+
+    @abc.abstractmethod
+    def delete(self, digest: str) -> bool:
+        """Remove ``digest``; False if it was not stored."""
+
+    def delete_many(self, digests: Iterable[str]) -> int:
+        """Remove each of ``digests``; return how many were stored.  On an error, those
+        before it are removed and the rest are not."""
+        return sum(1 for digest in digests if self.delete(digest))
+
+    # ------------------------------------------------------------------ incomplete writes
+
+    def incomplete_writes(self) -> list[IncompleteWrite]:
+        """Writes begun and not finished: those of puts in flight and of crashed writers.
+
+        A store whose puts leave nothing behind when they fail has none (this default).
+        Raises OSError when they cannot be listed.
+        """
+        return []
+
+    def remove_incomplete(self, write: IncompleteWrite) -> bool:
+        """Remove an incomplete write listed by `incomplete_writes`; False if it is gone (a
+        put finished it, or another sweep removed it)."""
+        return False
+
+    def sweep_incomplete(self, older_than: float) -> int:
+        """Remove every incomplete write last written at or before ``older_than`` (seconds
+        since the epoch); return how many were removed.
+
+        NOTE: the bound must lie well before the oldest put in flight could have last
+        written (GC gives writers an hour): removing a live put's temp file fails that put.
+        One that cannot be removed is left for the next sweep.
+        """
+        removed = 0
+        for write in self.incomplete_writes():
+            if write.mtime <= older_than:
+                with contextlib.suppress(OSError):
+                    removed += self.remove_incomplete(write)
+        return removed
