@@ -755,7 +755,8 @@ def sqlite_read_mode(path: str | os.PathLike[str]) -> str:
             only a writable open recovers): reading the file alone could return half a
             checkpoint.
     """
-    database = os.fspath(path)
+    # SQLite puts -wal and -shm beside the file a symlink names: look there.
+    database = os.path.realpath(os.fspath(path))
     try:
         wal_size = os.stat(f"{database}-wal").st_size
     except FileNotFoundError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -44,25 +45,50 @@ class SqliteProbe:
     reason: str = ""
 
 
+# NOTE: closing any descriptor of a file drops every POSIX lock this process holds on it,
+# SQLite's among them (https://www.sqlite.org/howtocorrupt.html, 2.2): a probe that opened and
+# closed a catalog that a connection of this process has open would let another process take
+# the live writer's WAL for a dead one's and delete it.  So a descriptor opened here stays open
+# for the life of the process, and is replaced only when the path names another file.
+_HEADER_FDS: dict[str, int] = {}
+_HEADER_LOCK = threading.Lock()
+
+
 def _read_header(path: Path) -> bytes | SqliteProbe:
     # NOTE: O_NONBLOCK and a regular-file check before reading: a FIFO named catalog.db
     # would block open(2) forever, and SQLite itself would hang on it too.
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        return SqliteProbe("absent")
-    except OSError as exc:
-        raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror or exc}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return SqliteProbe("foreign", reason="not a regular file")
-        return os.read(fd, 100)
-    finally:
-        os.close(fd)
+    key = os.path.realpath(path)
+    with _HEADER_LOCK:
+        fd = _HEADER_FDS.get(key)
+        if fd is not None:
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(key))
+            except OSError:
+                same = False
+            if not same:
+                # Another file at this path (or none): this descriptor's inode is one no
+                # connection of ours uses through this path any more.
+                del _HEADER_FDS[key]
+                fd = None
+        if fd is None:
+            try:
+                fd = os.open(key, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            except FileNotFoundError:
+                return SqliteProbe("absent")
+            except OSError as exc:
+                raise CatalogError(
+                    f"cannot read the catalog file {path}: {exc.strerror or exc}"
+                ) from exc
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)  # not a file SQLite could have open
+                return SqliteProbe("foreign", reason="not a regular file")
+            _HEADER_FDS[key] = fd
+        return os.pread(fd, 100, 0)
 
 
 def _read_only_uri(path: Path) -> str:
-    absolute = path.absolute()
+    # SQLite puts -wal and -shm beside the file a symlink names: look there.
+    absolute = Path(os.path.realpath(path))
     wal, shm = Path(f"{absolute}-wal"), Path(f"{absolute}-shm")
     # NOTE: a read-only connection to a WAL file creates -wal and -shm when they are
     # missing (and, unable to delete them, leaves them behind).  Without a -wal file every
