@@ -786,12 +786,13 @@ class ArchiveManager:
                 )
             ]
             count = int(conn.execute(delete(r).where(r.c.owner == owner)).rowcount)
-            # NOTE: recorded even when this catalog holds nothing of the owner: on a catalog
-            # restored from a backup, the holds it lacks are in the journal, and the rebuild
-            # must drop them too.
-            now = self.clock()
-            op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
-            record = stage_record(conn, pool_id_of(conn), [op], now)
+            # NOTE: a call that drops nothing changes nothing, journal included.  On a catalog
+            # restored from a backup and not yet rebuilt, that keeps the holds of this owner
+            # made after the backup (the rebuild restores them): retention kept, never lost.
+            if count:
+                now = self.clock()
+                op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
+                record = stage_record(conn, pool_id_of(conn), [op], now)
         # After the commit, before returning: docs/architecture.md, "Retention journal".
         write_committed(self.journal, record)
         return count

@@ -189,10 +189,10 @@ def rebuild_catalog(state: PoolState, resolve: bool, yes: bool, as_json: bool) -
         echo(f"not restored: manifest {digest}: {reason}")
     if report.unknown_files:
         echo(f"{len(report.unknown_files)} blob file(s) of unknown kind left alone")
-    if report.journal_gaps:
+    if report.journal_partial:
         echo(
-            f"{report.journal_gaps} decision(s) of this catalog have no journal record: owners "
-            "of both sides were kept"
+            "the journal knows these archives only in part (their publication record is "
+            f"missing; their own owner was kept): {', '.join(report.journal_partial)}"
         )
     for name in report.journal_foreign:
         echo(f"journal file {name} belongs to another pool: not applied")
