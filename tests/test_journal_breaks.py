@@ -298,7 +298,7 @@ def test_a_retain_in_flight_during_the_rebuild_resurrects_a_release(
             thread.join()
             configure(None)
         assert pool.open_archive("a").state == "released", (
-            f"the release made after the backup was undone (gaps: {report.journal_gaps})"
+            f"the release made after the backup was undone (brought forward: {report.brought_forward})"
         )
 
 
