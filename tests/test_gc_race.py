@@ -228,7 +228,9 @@ def _race(
     )
 
     # The race really happened: many saves, many GC runs, content blobs reclaimed and re-made.
-    assert sum(s["saved"] for s in savers) >= 10 * len(savers), savers
+    # (Six saves a saver: the suite runs two test files at once on two cores, which halves
+    # what one file's processes get; the race needs volume, not a rate.)
+    assert sum(s["saved"] for s in savers) >= 6 * len(savers), savers
     assert collector["runs"] >= 10, collector
     assert collector["content_deleted"] > 0, collector
     assert collector["problems"] == [], collector["problems"][:5]
