@@ -14,26 +14,12 @@ import pytest
 import xxhash
 from conftest import Backend, FakeClock, assert_loads, die_before_publish, open_on, tiny_rollout
 from sqlalchemy import select
+from test_journal import facts
 from test_recovery import CatalogBackup, lose_catalog
 
 from archive_manager import ArchiveManager
-from archive_manager.catalog import archives_table, retention_table
+from archive_manager.catalog import archives_table
 from archive_manager.journal import JOURNAL_DIR
-
-
-def facts(pool: ArchiveManager) -> dict[str, Any]:
-    """Per archive: state, times and owners (what a rebuild must give back)."""
-    a, r = archives_table, retention_table
-    out: dict[str, Any] = {}
-    with pool.catalog.read() as conn:
-        for row in conn.execute(
-            select(a.c.id, a.c.name, a.c.state, a.c.published_at, a.c.released_at)
-        ):
-            owners = conn.execute(
-                select(r.c.owner, r.c.created_at).where(r.c.archive_id == row.id)
-            ).all()
-            out[row.name] = (row.state, row.published_at, row.released_at, sorted(owners))
-    return out
 
 
 def owners_of(pool: ArchiveManager, name: str) -> list[str]:
