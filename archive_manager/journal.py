@@ -5,22 +5,22 @@ can be rebuilt with exactly the owners, states and release times it had.
 A decision (an archive published, an owner added, an archive released, an owner dropped) is
 staged inside the catalog transaction that makes it: the transaction takes the next number
 from the pool's one counter (the save number, see `catalog.queries.next_save_seq`), encodes
-the record, and inserts ``(seq, digest)`` into the ``journal`` table.  After the commit, and
-before the call returns, the record is written to ``journal/<seq>-<digest>.rec`` (temp file,
-fsync, rename, fsync of the folder).  So:
+the record, and inserts it (number, digest, bytes) into the ``journal`` table.  After the
+commit, and before the call returns, the record is written to ``journal/<seq>-<digest>.rec``
+(temp file, fsync, rename, fsync of the folder).  So:
 
 * a record file exists only for a decision its catalog committed: a healthy catalog knows
   every record file newer than its checkpoint, and one that does not is *behind* the pool
   (restored from a backup, a lagging replica, a lost catalog): GC refuses, and
   `rebuild_catalog` brings it forward;
 * a process killed between the commit and the file leaves a *gap* (a ``journal`` row
-  without a file): the decision never returned to its caller, the catalog has it, and the
-  next GC writes a checkpoint that covers it.
+  without a file): the catalog holds the record's bytes, the next GC writes the file from
+  them, and a rebuild replays them.
 
 A checkpoint (``journal/<seq>-<digest>.ckpt``) is the whole retention state at number
 ``seq``: every published or released archive (name, manifest, state, times) and its owners.
-GC writes one when records pile up or a gap is seen; records and checkpoints at or below the
-catalog's checkpoint are then superseded and removed.
+GC writes one when records pile up or the catalog's checkpoint file is missing; what the
+checkpoint *before* it supersedes is then removed, so a damaged newest checkpoint falls back.
 
 Record names carry their content's xxh3-128: a file whose bytes do not match its name, or
 that does not parse, is damaged and never applied; a record of another pool (its ``pool_id``)
