@@ -58,7 +58,7 @@ from .catalog import (
     retention_table,
     set_pool_info,
 )
-from .catalog.queries import SAVE_SEQ, next_save_seq, raise_save_seq
+from .catalog.queries import next_save_seq, raise_save_seq, stored_save_seq
 from .errors import ArchiveError, JournalDamagedError, PoolLayoutError
 from .permissions import share_like_parent
 
@@ -230,7 +230,7 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
     """Inside a write transaction that read ``state`` from the catalog: encode it as a
     checkpoint at the newest number given so far, record it as this catalog's checkpoint and
     forget the records it supersedes."""
-    seq = max(state.seq, _stored_counter(conn))
+    seq = max(state.seq, stored_save_seq(conn))
     doc = {
         "format": _FORMAT,
         "version": _VERSION,
@@ -246,11 +246,6 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
     set_pool_info(conn, JOURNAL_POOL, pool_id)
     conn.execute(delete(journal_table).where(journal_table.c.seq <= seq))
     return staged
-
-
-def _stored_counter(conn: Connection) -> int:
-    value = get_pool_info(conn, SAVE_SEQ)
-    return int(value) if value is not None else 0
 
 
 def parse_position(value: str | None) -> Entry | None:
@@ -865,7 +860,7 @@ def adopt(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> boo
     horizon = int(clock() * 1_000_000) + _FUTURE_US
     highest = max((e.seq for e in entries if e.seq <= horizon), default=0)
     with catalog.read() as conn:
-        behind_counter = highest > _stored_counter(conn)
+        behind_counter = highest > stored_save_seq(conn)
     if behind_counter:
         # A catalog restored from a backup, opened on a host whose clock is behind the one
         # that wrote the newest journal file: its next numbers must still come after it, or

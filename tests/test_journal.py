@@ -428,3 +428,32 @@ def test_the_cli_rebuilds_owners_and_resolves(tmp_path: Path) -> None:
     assert report["archives"] == ["a"] and report["journal_applied"] is True
     done = subprocess.run([*cli, "owners", "--json"], cwd=REPO, capture_output=True, text=True)
     assert "checkpoint:1" in done.stdout
+
+
+def test_the_counter_follows_the_journal_but_not_numbers_from_the_future(
+    tmp_path: Path,
+) -> None:
+    """At open the pool's counter is raised past the newest journal number (a catalog
+    restored on a host whose clock is behind keeps numbering after what it lacks); a number
+    more than a day ahead of the clock is neither applied nor followed."""
+    from archive_manager.catalog.queries import stored_save_seq
+
+    root, clock = tmp_path / "pool", FakeClock()
+    with ArchiveManager.open(root, clock=clock) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        pool.retain("job:1", "a")
+    newest = max(journal_files(root)[:-1], key=lambda p: p.name)
+    ahead = int(newest.name.split("-")[0]) + 3_600_000_000  # an hour ahead: plausible
+    far = int(newest.name.split("-")[0]) + 2 * 86_400_000_000  # two days ahead
+    newest.rename(newest.with_name(f"{ahead:020d}-{newest.name.split('-')[1]}"))
+    (root / JOURNAL_DIR / f"{far:020d}-{'0' * 32}.rec").write_bytes(b"{}")
+    with ArchiveManager.open(root, clock=clock) as pool, pool.catalog.read() as conn:
+        counter = stored_save_seq(conn)
+    assert ahead <= counter < far
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    with ArchiveManager.open(root, recover=True, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert f"{far:020d}-{'0' * 32}.rec" in report.journal_damaged
+        with pool.catalog.read() as conn:
+            assert stored_save_seq(conn) < far

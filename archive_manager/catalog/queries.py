@@ -37,6 +37,7 @@ __all__ = [
     "raise_save_seq",
     "renew_lease",
     "stored_owner",
+    "stored_save_seq",
 ]
 
 SAVE_SEQ = "save_seq"
@@ -191,7 +192,8 @@ def is_retained(conn: Connection, archive_id: int) -> bool:
     )
 
 
-def _stored_seq(conn: Connection) -> int:
+def stored_save_seq(conn: Connection) -> int:
+    """The last number the pool's counter gave (0 for none)."""
     value = conn.execute(
         select(pool_info_table.c.value).where(pool_info_table.c.key == SAVE_SEQ)
     ).scalar_one_or_none()
@@ -216,12 +218,12 @@ def next_save_seq(conn: Connection, now: float) -> int:
     tied to the clock, numbers keep rising across a restore unless the clock went back by
     more than the time since the backup.
     """
-    seq = max(_stored_seq(conn) + 1, int(now * 1_000_000))
+    seq = max(stored_save_seq(conn) + 1, int(now * 1_000_000))
     _store_seq(conn, seq)
     return seq
 
 
 def raise_save_seq(conn: Connection, seen: int) -> None:
     """Make every later save number exceed ``seen`` (a rebuild found manifests up to it)."""
-    if seen > _stored_seq(conn):
+    if seen > stored_save_seq(conn):
         _store_seq(conn, seen)
