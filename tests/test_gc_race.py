@@ -14,6 +14,7 @@ import multiprocessing
 import random
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,17 @@ def variant_of(name: str) -> int:
     return int(name.rsplit("-v", 1)[1])
 
 
+@dataclass(frozen=True)
+class _Race:
+    """What the parent shares with the racers: a start line, a finish flag and counters."""
+
+    barrier: Any
+    stop: Any
+    saved: Any
+    runs: Any
+    content_deleted: Any
+
+
 def _open(root: str, url: str | None) -> ArchiveManager:
     return ArchiveManager.open(
         root, catalog_url=url, chunk_size=CHUNK_SIZE, inline_limit=INLINE_LIMIT
@@ -63,9 +75,7 @@ def _run(out: str, work: Any) -> None:
     Path(out).write_text(json.dumps(result))
 
 
-def _saver(
-    root: str, url: str | None, index: int, seconds: float, variants: int, barrier: Any, out: str
-) -> None:
+def _saver(root: str, url: str | None, index: int, race: _Race, variants: int, out: str) -> None:
     def work() -> dict[str, Any]:
         contents = [rollout(v) for v in range(variants)]
         expected = [[canon(s) for s in samples] for samples in contents]
@@ -82,9 +92,8 @@ def _saver(
                 return real_delete(digest)
 
             pool.store.delete = delete  # type: ignore[method-assign]
-            barrier.wait(timeout=120)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
+            race.barrier.wait(timeout=120)
+            while not race.stop.is_set():
                 if held and rng.random() < REFERENCE:
                     source = held[-1][0]
                     name = f"s{index}-{saved}-v{variant_of(source)}"
@@ -97,6 +106,8 @@ def _saver(
                     name = f"s{index}-{saved}-v{variant}"
                     arc = pool.save(name, contents[variant], rollout_id=index)
                 saved += 1
+                with race.saved.get_lock():
+                    race.saved.value += 1
                 if rng.random() < KEEP:
                     held.append((name, saved))
                 else:
@@ -128,7 +139,7 @@ def _saver(
     _run(out, work)
 
 
-def _collector(root: str, url: str | None, seconds: float, barrier: Any, out: str) -> None:
+def _collector(root: str, url: str | None, race: _Race, out: str) -> None:
     def work() -> dict[str, Any]:
         runs = reclaimed = content_deleted = verifies = 0
         problems: list[str] = []
@@ -140,6 +151,7 @@ def _collector(root: str, url: str | None, seconds: float, barrier: Any, out: st
                 nonlocal content_deleted
                 if digest in content:
                     content_deleted += 1
+                    race.content_deleted.value = content_deleted
                 return real_delete(digest)
 
             pool.store.delete = delete  # type: ignore[method-assign]
@@ -153,9 +165,8 @@ def _collector(root: str, url: str | None, seconds: float, barrier: Any, out: st
                 real_execute(*args)
 
             gc_module._execute = slow_execute  # type: ignore[assignment]
-            barrier.wait(timeout=120)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
+            race.barrier.wait(timeout=120)
+            while not race.stop.is_set():
                 with pool.catalog.read() as conn:
                     content = set(
                         conn.execute(
@@ -164,6 +175,7 @@ def _collector(root: str, url: str | None, seconds: float, barrier: Any, out: st
                     )
                 report = pool.gc(grace=0)
                 runs += 1
+                race.runs.value = runs
                 reclaimed += report.blobs
                 if runs % 4 == 0:
                     # verify while saves and GC are in flight: a busy pool is not a damaged one
@@ -187,32 +199,52 @@ def _race(
     url: str | None = None,
     variants: int = 1,
 ) -> None:
+    """Race ``savers`` savers against a GC loop for at least ``seconds``, and on until the race
+    has volume (saves, GC runs, content blobs reclaimed), at most four times as long: on a
+    loaded machine the same seconds hold far fewer interleavings."""
     root = tmp_path / "pool"
     with _open(str(root), url):
         pass  # create and migrate the catalog once, before the children race to open it
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(savers + 1)
+    race = _Race(
+        barrier=ctx.Barrier(savers + 2),
+        stop=ctx.Event(),
+        saved=ctx.Value("i", 0),
+        runs=ctx.Value("i", 0),
+        content_deleted=ctx.Value("i", 0),
+    )
     outs = [tmp_path / f"saver-{i}.json" for i in range(savers)]
     gc_out = tmp_path / "gc.json"
     procs = [
-        ctx.Process(
-            target=_saver, args=(str(root), url, i, seconds, variants, barrier, str(outs[i]))
-        )
+        ctx.Process(target=_saver, args=(str(root), url, i, race, variants, str(outs[i])))
         for i in range(savers)
     ]
-    procs.append(
-        ctx.Process(target=_collector, args=(str(root), url, seconds, barrier, str(gc_out)))
-    )
+    procs.append(ctx.Process(target=_collector, args=(str(root), url, race, str(gc_out))))
     for p in procs:
         p.start()
     try:
+        race.barrier.wait(timeout=120)  # the parent counts the time the children race
+        started = time.monotonic()
+        while all(p.is_alive() for p in procs):
+            elapsed = time.monotonic() - started
+            enough = (
+                race.saved.value >= 6 * savers
+                and race.runs.value >= 10
+                and race.content_deleted.value > 0
+            )
+            if (elapsed >= seconds and enough) or elapsed >= 4 * seconds:
+                break
+            time.sleep(0.2)
+        race.stop.set()
         for p in procs:
-            p.join(timeout=seconds + 120)
+            p.join(timeout=120)
     finally:
+        race.stop.set()
         for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join()
+    elapsed = time.monotonic() - started
     results = []
     for p, out in zip(procs, [*outs, gc_out], strict=True):
         assert out.exists(), f"{p.name} exited with {p.exitcode} and wrote no result"
@@ -222,14 +254,12 @@ def _race(
         results.append(result)
     savers, collector = results[:-1], results[-1]
     print(
-        f"race of {len(savers)} savers, {seconds} s: {sum(s['saved'] for s in savers)} saved, "
+        f"race of {len(savers)} savers, {elapsed:.0f} s: {sum(s['saved'] for s in savers)} saved, "
         f"{sum(s['taken_back'] for s in savers)} taken back from GC, {collector['runs']} GC "
         f"runs reclaimed {collector['reclaimed']} blobs ({collector['content_deleted']} content)"
     )
 
     # The race really happened: many saves, many GC runs, content blobs reclaimed and re-made.
-    # (Six saves a saver: the suite runs two test files at once on two cores, which halves
-    # what one file's processes get; the race needs volume, not a rate.)
     assert sum(s["saved"] for s in savers) >= 6 * len(savers), savers
     assert collector["runs"] >= 10, collector
     assert collector["content_deleted"] > 0, collector

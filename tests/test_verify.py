@@ -14,6 +14,7 @@ import pytest
 from conftest import (
     CATALOG_TABLES,
     FakeClock,
+    Killed,
     abandon_writer,
     die_before_publish,
     tiny_rollout,
@@ -32,6 +33,7 @@ from archive_manager.catalog import (
 )
 from archive_manager.errors import InvalidInputError
 from archive_manager.verify import Finding, VerifyReport, parse_subset
+from archive_manager.writer import ArchiveWriter
 
 LEASE_TTL = 60.0
 
@@ -246,6 +248,48 @@ def test_pending_save_is_a_notice(
     assert report.ok, report.problems
     assert "pending-save" in kinds(report.notices)
     assert "stale-lease" in kinds(report.notices)
+
+
+def test_save_in_flight_before_its_manifest_is_written_is_no_problem(
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the ownership commit (archive pending, manifest row 'writing') and the manifest
+    write, the archive needs a blob whose file does not exist yet: a save in flight, not
+    damage (the dedup race's verify met exactly this)."""
+    real_put_many = pool.store.put_many
+
+    def put_many(items: Any) -> Any:
+        items = list(items)
+        if any(blob_kind(pool, digest) == "manifest" for _, digest in items):
+            raise Killed
+        return real_put_many(items)
+
+    def abort(self: ArchiveWriter) -> None:
+        self._shutdown()  # a dead process renews nothing and rolls nothing back
+
+    monkeypatch.setattr(pool.store, "put_many", put_many)
+    monkeypatch.setattr(ArchiveWriter, "abort", abort)
+    with pytest.raises(Killed):
+        pool.save("p", tiny_rollout(), rollout_id=0)
+    monkeypatch.undo()
+    report = pool.verify(read_data=True)
+    assert report.ok, report.problems
+    assert "pending-save" in kinds(report.notices)
+    assert "unwritten-blob" in kinds(report.notices)
+    clock.advance(LEASE_TTL + 1)  # the save died: still no damage, GC rolls it back
+    report = pool.verify(read_data=True)
+    assert report.ok, report.problems
+    pool.gc(grace=0)
+    report = pool.verify(read_data=True)
+    assert report.ok, report.problems
+    assert "pending-save" not in kinds(report.notices)
+
+
+def blob_kind(pool: ArchiveManager, digest: str) -> str | None:
+    with pool.catalog.read() as conn:
+        return conn.execute(
+            select(blobs_table.c.kind).where(blobs_table.c.digest == digest)
+        ).scalar_one_or_none()
 
 
 def test_writing_row_without_a_file_is_a_notice(pool: ArchiveManager) -> None:
