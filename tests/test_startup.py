@@ -19,6 +19,7 @@ import pytest
 from conftest import small_rollout
 
 from archive_manager import ArchiveManager
+from archive_manager.catalog import migrate
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -207,3 +208,19 @@ def test_bench_startup_quick_run(tmp_path: Path) -> None:
     }
     assert result["commands"]["python -c pass"]["ratio"] == 1.0
     assert set(result["target_met"]) == {"archive-manager --help", "archive-manager ls"}
+
+
+def test_the_head_revision_constant_is_alembics_head() -> None:
+    # Opens compare a catalog with HEAD_REVISION, not with what Alembic would parse.
+    assert migrate.script_head_revision() == migrate.HEAD_REVISION
+
+
+def test_listing_an_up_to_date_pool_does_not_import_alembic(root: Path) -> None:
+    script = (
+        "import sys\nfrom archive_manager.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print('alembic' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    done = _python("-c", script, "--root", root, "ls")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["False", "False"], done.stdout

@@ -8,7 +8,13 @@ of ``--archives`` archives, and prints the median (and fastest) wall time of eac
 difference to and ratio over bare python.  Target (issue 18): ``--help`` and ``ls`` within
 0.3 s of bare python on a quiet machine.
 
+The children read compiled bytecode from a cache of their own (``PYTHONPYCACHEPREFIX``, filled
+by a warm-up run), as an installed package's ``.pyc`` files are read: with bytecode writing
+off (``PYTHONDONTWRITEBYTECODE``) a source tree is compiled again by every process, which is
+not what a user's start-up costs.  ``--no-bytecode-cache`` measures that case instead.
+
     python3 tools/bench_startup.py [--runs 21] [--archives 100] [--root DIR] [--json]
+                                   [--no-bytecode-cache]
 """
 
 from __future__ import annotations
@@ -65,8 +71,11 @@ def commands(root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     }
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
+def _env(extra: dict[str, str], pycache: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVE_MANAGER_")}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     # This tree, whatever copy of the package is installed.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
@@ -82,8 +91,8 @@ def time_once(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def measure(root: Path, runs: int) -> dict[str, list[float]]:
-    todo = {name: (argv, _env(extra)) for name, (argv, extra) in commands(root).items()}
+def measure(root: Path, runs: int, pycache: Path | None) -> dict[str, list[float]]:
+    todo = {name: (argv, _env(extra, pycache)) for name, (argv, extra) in commands(root).items()}
     for argv, env in todo.values():  # warm the page cache and .pyc files first
         time_once(argv, env)
     times: dict[str, list[float]] = {name: [] for name in todo}
@@ -127,21 +136,26 @@ def main() -> None:
     parser.add_argument("--archives", type=int, default=100, help="archives in the pool")
     parser.add_argument("--root", type=Path, help="an existing pool to list (default: a new one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="run the children with the environment's bytecode settings as they are",
+    )
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    work = None
-    root = args.root
-    if root is None:
-        work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
-        root = work / "pool"
-        make_pool(root, args.archives)
+    work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     try:
-        result = summarize(measure(root, args.runs))
+        root = args.root
+        if root is None:
+            root = work / "pool"
+            make_pool(root, args.archives)
+        pycache = None if args.no_bytecode_cache else work / "pycache"
+        result = summarize(measure(root, args.runs, pycache))
     finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     result.update(runs=args.runs, archives=args.archives if args.root is None else None)
+    result["bytecode_cache"] = not args.no_bytecode_cache
     result["load_average"] = list(os.getloadavg())
     result["cpus"] = os.cpu_count()
     if args.json:
