@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import torch
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
 from ._atomic import fsync_dir
 from ._names import archive_owner
+from ._torch import is_tensor, torch_module
 from .catalog import (
     archives_table,
     chunks_table,
@@ -47,6 +47,8 @@ from .journal import pool_id_of, release_op, stage_record, write_committed
 from .samples import check_key_text, check_task_key, sample_to_fields
 
 if TYPE_CHECKING:
+    import torch
+
     from .manager import ArchiveManager
 
 __all__ = ["Archive", "ArchiveInfo"]
@@ -418,7 +420,7 @@ class Archive:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as f:
-                torch.save({"rollout_id": self.rollout_id, "samples": samples}, f)
+                torch_module().save({"rollout_id": self.rollout_id, "samples": samples}, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
@@ -487,7 +489,7 @@ def _torch_native(value: Any, *, top: bool = True) -> Any:
     kind = type(value)
     if kind is int:
         return _pt_int(value)
-    if kind in _PLAIN or isinstance(value, torch.Tensor):
+    if kind in _PLAIN or is_tensor(value):
         return value
     if kind is list:
         kinds = set(map(type, value))
@@ -508,7 +510,7 @@ def _torch_native(value: Any, *, top: bool = True) -> Any:
             raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
         return out
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
+        return torch_module().from_numpy(value.copy())
     if isinstance(value, np.generic):
         return value.item()
     return value

@@ -4,8 +4,8 @@ benchmarks.  Nothing is downloaded; the same seed always gives the same rollout.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from ._torch import torch_module
 from .samples import Sample
 
 __all__ = ["make_rollout"]
@@ -154,7 +154,7 @@ def make_rollout(
         )
         sample.rollout_id = rollout_id
         if r3_layers:
-            sample.rollout_routed_experts = torch.from_numpy(
+            sample.rollout_routed_experts = torch_module().from_numpy(
                 rng.integers(
                     0, 128, size=(prompt_len + length - 1, r3_layers, r3_topk), dtype=np.int32
                 )
