@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+    import torch
 
 __all__ = ["is_tensor", "tensor_class", "torch_module"]
 
@@ -29,7 +34,7 @@ def tensor_class() -> type | None:
     return None if torch is None else getattr(torch, "Tensor", None)
 
 
-def is_tensor(value: Any) -> bool:
+def is_tensor(value: Any) -> TypeGuard[torch.Tensor]:
     """``isinstance(value, torch.Tensor)``, without importing torch when nobody did."""
     tensor = tensor_class()
     return tensor is not None and isinstance(value, tensor)

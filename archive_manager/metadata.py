@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._torch import is_tensor, tensor_class, torch_module
 from .codec import TensorRef
@@ -54,7 +54,7 @@ _MAX_FLOAT_INT = int(sys.float_info.max)  # the largest int a float holds
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
-def _tensor_types() -> tuple[type, ...]:
+def _tensor_types() -> tuple[type[Any], ...]:
     """`TensorRef`, and `torch.Tensor` once torch is imported (no value is one before)."""
     tensor = tensor_class()
     return (TensorRef,) if tensor is None else (tensor, TensorRef)
@@ -331,12 +331,13 @@ class _Settings:
         )
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0
+def _is_positive_int(value: Any) -> TypeGuard[int]:
+    # NOTE: any Integral (numpy's too) counts; int() below makes it a plain int.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) > 0
 
 
 def _positive_or_none(value: Any) -> int | None:
@@ -403,7 +404,7 @@ def metadata_problems(
     return problems
 
 
-def _fmt_shape(shape: list[int | None] | None) -> str:
+def _fmt_shape(shape: Sequence[int | None] | None) -> str:
     if shape is None:
         return "None"
     return "[" + ", ".join("*" if dim is None else str(dim) for dim in shape) + "]"

@@ -159,6 +159,7 @@ def make_rollout(
                     0, 128, size=(prompt_len + length - 1, r3_layers, r3_topk), dtype=np.int32
                 )
             )
-        sample.task_key = f"rollout-{rollout_id}/group-{group}"
+        # task_key is no field of slime's Sample: the codec stores extra attributes too.
+        sample.task_key = f"rollout-{rollout_id}/group-{group}"  # type: ignore[attr-defined]
         samples.append(sample.to_dict() if as_dict else sample)
     return samples

@@ -79,7 +79,13 @@ def _pack_all(records: list[bytes]) -> list[tuple[Buffer, int, int]]:
     (see `build_chunk`); the frames are the same bytes either way.
     """
     try:
-        frames = _compressor().multi_compress_to_buffer(records) if records else []
+        # NOTE: zstandard's stubs omit the list-of-bytes input its documentation allows, and
+        # the result's iteration; both are what it does at run time.
+        frames: Any = (
+            _compressor().multi_compress_to_buffer(records)  # type: ignore[arg-type]
+            if records
+            else []
+        )
     except (AttributeError, NotImplementedError, ValueError, TypeError, zstandard.ZstdError):
         return [_pack(raw) for raw in records]  # a backend without it: one call per record
     out: list[tuple[Buffer, int, int]] = []
@@ -241,8 +247,9 @@ class ChunkReader:
         if not todo:
             return
         try:
-            out = _decompressor().multi_decompress_to_buffer(
-                frames, decompressed_sizes=struct.pack(f"<{len(sizes)}Q", *sizes)
+            out: Any = _decompressor().multi_decompress_to_buffer(
+                frames,  # type: ignore[arg-type]  # a list of buffers, as documented
+                decompressed_sizes=struct.pack(f"<{len(sizes)}Q", *sizes),
             )
         except (zstandard.ZstdError, ValueError, TypeError, MemoryError):
             return  # each `sample` inflates its own record and names the one that fails

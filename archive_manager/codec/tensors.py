@@ -90,7 +90,8 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
         # NOTE: a one-element view keeps its stride (t[::2][:1]) and still counts as
         # contiguous, but view(uint8) needs a unit stride.
         flat = flat.clone(memory_format=torch.contiguous_format)
-    return t, memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    # ndarray has the buffer protocol; numpy's stubs declare it only for Python 3.12+.
+    return t, memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 def encode_tensor_blob(t: torch.Tensor) -> TensorBlob:
