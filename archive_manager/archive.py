@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -19,7 +19,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
 from ._atomic import fsync_dir
-from ._names import archive_owner
+from ._context import HasContext, PoolContext, context_of
+from ._names import archive_owner, check_archive_name
 from .catalog import (
     archives_table,
     chunks_table,
@@ -27,6 +28,7 @@ from .catalog import (
     retention_table,
     sample_metadata_table,
 )
+from .catalog.queries import archive_by_name
 from .codec import (
     ChunkReader,
     _at,
@@ -46,10 +48,7 @@ from .errors import (
 from .journal import pool_id_of, release_op, stage_record, write_committed
 from .samples import check_key_text, check_task_key, sample_to_fields
 
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
-
-__all__ = ["Archive", "ArchiveInfo"]
+__all__ = ["Archive", "ArchiveInfo", "open_archive"]
 
 
 def _when(ts: float | None) -> datetime | None:
@@ -104,8 +103,8 @@ def _check_key(value: object, what: str) -> str | None:
 class Archive:
     """A published (or released) archive of a pool.  Opening one reads only the catalog."""
 
-    def __init__(self, pool: ArchiveManager, row: Row[Any]) -> None:
-        self._pool = pool
+    def __init__(self, pool: PoolContext | HasContext, row: Row[Any]) -> None:
+        self._pool = context_of(pool)
         self._id: int = row.id
         self.name: str = row.name
         self.rollout_id: int | None = row.rollout_id
@@ -533,6 +532,20 @@ def _check_ints(values: list, kinds: set[type]) -> None:
                 _pt_int(v)
             except UnencodableError as exc:
                 raise _at(exc, f"[{i}]") from None
+
+
+def open_archive(pool: PoolContext, name: str) -> Archive:
+    """`ArchiveManager.open_archive`: the published or released archive ``name``.
+
+    Raises:
+        ArchiveNotFoundError: no such archive, or it is still pending.
+    """
+    check_archive_name(name)
+    with pool.catalog.read() as conn:
+        row = archive_by_name(conn, name)
+    if row is None or row.state not in ("published", "released"):
+        raise ArchiveNotFoundError(f"archive {name!r} not found")
+    return Archive(pool, row)
 
 
 def infos(rows: Sequence[Row[Any]]) -> list[ArchiveInfo]:

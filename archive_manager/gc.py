@@ -31,6 +31,7 @@ from sqlalchemy import and_, delete, exists, not_, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
+from ._context import PoolContext
 from ._digest import is_digest
 from ._failpoints import failpoint
 from .catalog import (
@@ -50,7 +51,6 @@ from .journal import audit, maintain
 
 if TYPE_CHECKING:
     from .blobs import AbstractBlobStore, IncompleteWrite
-    from .manager import ArchiveManager
 
 __all__ = [
     "UNINDEXED_BLOBS",
@@ -216,7 +216,7 @@ def _per_archive(
 
 
 def collect(
-    pool: ArchiveManager,
+    pool: PoolContext,
     *,
     grace: float,
     dry_run: bool = False,
@@ -316,7 +316,7 @@ def collect(
     return report
 
 
-def kind_of(pool: ArchiveManager, digest: str) -> str | None:
+def kind_of(pool: PoolContext, digest: str) -> str | None:
     """The kind of blob file ``digest`` by its magic (None: not a blob of this library).
 
     Raises:
@@ -325,7 +325,7 @@ def kind_of(pool: ArchiveManager, digest: str) -> str | None:
     return blob_kind(pool.store.read_head(digest, MAGIC_SIZE))
 
 
-def rowless_files(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> dict[str, int]:
+def rowless_files(pool: PoolContext, files: list[tuple[str, int, float]]) -> dict[str, int]:
     """Of the listed blob files, those with no catalog row, and their sizes."""
     if not files:
         return {}
@@ -336,7 +336,7 @@ def rowless_files(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> 
     return {d: size for d, size, _ in files if d not in known}
 
 
-def unindexed_manifests(pool: ArchiveManager, rowless: dict[str, int]) -> list[str]:
+def unindexed_manifests(pool: PoolContext, rowless: dict[str, int]) -> list[str]:
     """Of the row-less blob files, the manifests: archives the catalog lacks."""
     found = []
     for digest in sorted(rowless):
@@ -348,7 +348,7 @@ def unindexed_manifests(pool: ArchiveManager, rowless: dict[str, int]) -> list[s
     return found
 
 
-def _refuse_if_behind(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> None:
+def _refuse_if_behind(pool: PoolContext, files: list[tuple[str, int, float]]) -> None:
     """Stop if a manifest on disk has no catalog row: the catalog is behind its blobs.
 
     NOTE: a save inserts a blob's row before it writes the file, so in a catalog that is not
@@ -367,7 +367,7 @@ def _refuse_if_behind(pool: ArchiveManager, files: list[tuple[str, int, float]])
         )
 
 
-def _refuse_if_behind_journal(pool: ArchiveManager) -> None:
+def _refuse_if_behind_journal(pool: PoolContext) -> None:
     """Stop if the retention journal holds decisions the catalog lacks, or a rebuild left
     damaged journal files for an operator to decide on (docs/architecture.md, "Retention
     journal").
@@ -399,7 +399,7 @@ def _refuse_if_behind_journal(pool: ArchiveManager) -> None:
         )
 
 
-def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
+def _execute(pool: PoolContext, progress: Progress | None) -> None:
     """Unlink and forget every ``deleting`` blob, a batch per transaction."""
     b = blobs_table
     with pool.catalog.read() as conn:
@@ -430,7 +430,7 @@ def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
             progress(done, len(todo))
 
 
-def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
+def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:
     b = blobs_table
     for i in range(0, len(digests), _BATCH):
         batch = [d for d in digests[i : i + _BATCH] if is_digest(d)]
@@ -449,7 +449,7 @@ def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
                     failpoint("gc.orphan.after_unlink")
 
 
-def _unlink(pool: ArchiveManager, digest: str) -> None:
+def _unlink(pool: PoolContext, digest: str) -> None:
     """Unlink ``digest``'s file; one already gone is what GC wanted (any store's delete may
     say so with FileNotFoundError rather than False)."""
     with contextlib.suppress(FileNotFoundError):

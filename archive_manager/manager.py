@@ -8,7 +8,7 @@ import numbers
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
 
+from ._context import PoolContext
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from ._readonly_store import ReadOnlyBlobStore
-from .archive import Archive, ArchiveInfo, infos
+from .archive import Archive, ArchiveInfo, infos, open_archive
 from .blobs import AbstractBlobStore, BlobStore
 from .catalog import (
     Catalog,
@@ -168,15 +169,19 @@ class ArchiveManager:
         if not isinstance(inline_limit, int) or inline_limit < 0:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
-        self.catalog = catalog
-        self.store: AbstractBlobStore = BlobStore(root) if store is None else store
-        self.clock = clock
-        self.lease_ttl = _seconds(lease_ttl)
-        self.chunk_size = chunk_size
-        self.inline_limit = inline_limit
         self._stats_cache = StatsCache()
-        self._identity: PoolIdentity | None = None
-        self.journal = Journal(root)
+        # Everything below this facade takes the context, never the facade
+        # (docs/architecture.md, Layers); `open` adds the identity once it is checked.
+        self._context = PoolContext(
+            root=root,
+            catalog=catalog,
+            store=BlobStore(root) if store is None else store,
+            journal=Journal(root),
+            clock=clock,
+            lease_ttl=_seconds(lease_ttl),
+            chunk_size=chunk_size,
+            inline_limit=inline_limit,
+        )
 
     @classmethod
     def open(
@@ -347,7 +352,7 @@ class ArchiveManager:
                 inline_limit=inline_limit,
                 store=blobs,
             )
-            pool._identity = identity
+            pool._context = replace(pool._context, identity=identity)
             adopt(catalog, pool.journal, pool.clock)
             return pool
         except BaseException:
@@ -392,9 +397,9 @@ class ArchiveManager:
                 lease_ttl=lease_ttl,
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
+                store=blobs,
             )
-            pool.store = blobs
-            pool._identity = identity
+            pool._context = replace(pool._context, identity=identity)
             return pool
         except BaseException:
             catalog.close()
@@ -440,7 +445,48 @@ class ArchiveManager:
     @property
     def identity(self) -> PoolIdentity | None:
         """The pool's identity (pool id and catalog id) as checked when it was opened."""
-        return self._identity
+        return self._context.identity
+
+    @property
+    def context(self) -> PoolContext:
+        """What the operations below this facade are given: the catalog, the blob store,
+        the journal, the clock and the settings of this open pool (`PoolContext`)."""
+        return self._context
+
+    @property
+    def catalog(self) -> Catalog:
+        """The pool's catalog."""
+        return self._context.catalog
+
+    @property
+    def store(self) -> AbstractBlobStore:
+        """The pool's blob store."""
+        return self._context.store
+
+    @property
+    def journal(self) -> Journal:
+        """The pool's retention journal (docs/architecture.md, Retention journal)."""
+        return self._context.journal
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds since the epoch, as this pool reads them."""
+        return self._context.clock
+
+    @property
+    def lease_ttl(self) -> float:
+        """How long, in seconds, a save in flight is protected without renewing its lease."""
+        return self._context.lease_ttl
+
+    @property
+    def chunk_size(self) -> int:
+        """Samples per chunk blob."""
+        return self._context.chunk_size
+
+    @property
+    def inline_limit(self) -> int:
+        """Tensors larger than this many bytes become their own blobs."""
+        return self._context.inline_limit
 
     @property
     def catalog_url(self) -> str:
@@ -531,10 +577,10 @@ class ArchiveManager:
             if task_keys is not None:
                 raise InvalidInputError("a reference archive keeps its source's task keys")
             source = reference if isinstance(reference, Archive) else self.open_archive(reference)
-            if source._pool is not self and source._pool.catalog_url != self.catalog_url:
+            if source._pool is not self._context and source._pool.catalog_url != self.catalog_url:
                 raise InvalidInputError("a reference must be an archive of the same pool")
             writer = ArchiveWriter(
-                self,
+                self._context,
                 name,
                 rollout_id=rollout_id,
                 evaluation=evaluation,
@@ -545,7 +591,7 @@ class ArchiveManager:
         if samples is None:
             raise InvalidInputError("samples is None and no reference was given")
         return save_samples(
-            self,
+            self._context,
             name,
             samples,
             rollout_id=rollout_id,
@@ -570,7 +616,9 @@ class ArchiveManager:
         Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
         at the end of the block).
         """
-        return ArchiveWriter(self, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
+        return ArchiveWriter(
+            self._context, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -580,12 +628,7 @@ class ArchiveManager:
         Raises:
             ArchiveNotFoundError: no such archive, or it is still pending.
         """
-        check_archive_name(name)
-        with self.catalog.read() as conn:
-            row = archive_by_name(conn, name)
-        if row is None or row.state not in ("published", "released"):
-            raise ArchiveNotFoundError(f"archive {name!r} not found")
-        return Archive(self, row)
+        return open_archive(self._context, name)
 
     def find(
         self,
@@ -635,7 +678,7 @@ class ArchiveManager:
     def info(self) -> PoolSummary:
         """A summary of the pool: archives by state, blobs, bytes stored and referenced,
         dedup ratio, format version and catalog revision."""
-        return pool_summary(self)
+        return pool_summary(self._context)
 
     def query(self, **filters: Any) -> list[SampleRow]:
         """Samples across archives, from the catalog alone.
@@ -645,7 +688,7 @@ class ArchiveManager:
         (response length), ``min_rollout_id``/``max_rollout_id``, ``evaluation``, ``state``
         (default ``"published"``, None for all) and ``limit``.
         """
-        return query_samples(self, **filters)
+        return query_samples(self._context, **filters)
 
     def stats(
         self,
@@ -659,7 +702,7 @@ class ArchiveManager:
         `archive_manager.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
         ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
         """
-        return rollout_stats(self, rollout_ids, evaluation, cache=self._stats_cache)
+        return rollout_stats(self._context, rollout_ids, evaluation, cache=self._stats_cache)
 
     # ------------------------------------------------------------------ the RL lens
 
@@ -759,9 +802,9 @@ class ArchiveManager:
         if owner is not None:
             with self.catalog.read() as conn:
                 owner = stored_owner(conn, check_owner(owner))
-            return plan_release(self, owner=owner)
+            return plan_release(self._context, owner=owner)
         archive = self.open_archive(name)  # type: ignore[arg-type]
-        return plan_release(self, owner=archive_owner(archive.name), archive=archive.name)
+        return plan_release(self._context, owner=archive_owner(archive.name), archive=archive.name)
 
     def release_owner(self, owner: str) -> int:
         """Drop every retention of ``owner`` (its exact stored string, or another Unicode
@@ -821,7 +864,7 @@ class ArchiveManager:
         seconds = _grace_seconds(grace)
         if not dry_run:
             self._refuse_if_read_only("gc")
-        return collect(self, grace=seconds, dry_run=dry_run, progress=progress)
+        return collect(self._context, grace=seconds, dry_run=dry_run, progress=progress)
 
     def verify(
         self,
@@ -835,7 +878,7 @@ class ArchiveManager:
         ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
         Never changes anything.
         """
-        return verify_pool(self, read_data=read_data, subset=subset, progress=progress)
+        return verify_pool(self._context, read_data=read_data, subset=subset, progress=progress)
 
     def rebuild_catalog(
         self, *, progress: Callable[[int, int], None] | None = None, resolve: bool = False
@@ -860,7 +903,7 @@ class ArchiveManager:
         ``progress(done, total)`` is called per archive name.
         """
         self._refuse_if_read_only("rebuild_catalog")
-        return rebuild_catalog(self, progress=progress, resolve=resolve)
+        return rebuild_catalog(self._context, progress=progress, resolve=resolve)
 
     def import_pt(
         self,
@@ -885,7 +928,7 @@ class ArchiveManager:
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;
         stale leases; unowned blobs awaiting GC; released archives whose payload remains."""
-        return audit_owners(self)
+        return audit_owners(self._context)
 
 
 def _missing_catalog(root: Path, url: str, store: AbstractBlobStore) -> PoolIdentityError | None:

@@ -7,10 +7,11 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 
+from ._context import PoolContext
 from .catalog import (
     FORMAT_VERSION,
     STATUS_LENGTH,
@@ -24,9 +25,6 @@ from .catalog import (
 from .catalog.engine import shown_url
 from .errors import InvalidInputError
 from .samples import check_key_text
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = ["PoolSummary", "SampleRow", "pool_summary", "query_samples", "summarize"]
 
@@ -55,7 +53,7 @@ class PoolSummary:
         return {**self.__dict__, "dedup_ratio": self.dedup_ratio}
 
 
-def pool_summary(pool: ArchiveManager) -> PoolSummary:
+def pool_summary(pool: PoolContext) -> PoolSummary:
     """Archives by state, blobs by state, stored and referenced bytes."""
     a, b = archives_table, blobs_table
     with pool.catalog.read() as conn:
@@ -124,7 +122,7 @@ def _number(value: object, what: str) -> float | None:
 
 
 def query_samples(
-    pool: ArchiveManager,
+    pool: PoolContext,
     *,
     task_key: str | None = None,
     sample_key: str | None = None,

@@ -24,12 +24,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
+from ._context import PoolContext
 from ._names import MAX_NAME_BYTES, archive_owner
 from .catalog import (
     archive_blobs_table,
@@ -57,9 +58,6 @@ from .journal import (
 )
 from .manifest import Manifest
 from .writer import insert_contents
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = ["RebuildReport", "rebuild_catalog"]
 
@@ -101,7 +99,7 @@ class _Skip(Exception):
 
 
 def rebuild_catalog(
-    pool: ArchiveManager, *, progress: Progress | None = None, resolve: bool = False
+    pool: PoolContext, *, progress: Progress | None = None, resolve: bool = False
 ) -> RebuildReport:
     """Index every blob file the catalog lacks, restore every archive the catalog lacks whose
     manifest and blobs are intact, and, when the catalog is behind the retention journal,
@@ -208,7 +206,7 @@ def _seq_text(manifest: Manifest) -> str:
 
 
 def _restore(
-    pool: ArchiveManager,
+    pool: PoolContext,
     digest: str,
     m: Manifest,
     kinds: dict[str, str],
@@ -349,7 +347,7 @@ def _restored_name(m: Manifest, digest: str) -> str:
 
 
 def _index_rest(
-    pool: ArchiveManager, rowless: dict[str, int], kinds: dict[str, str], now: float
+    pool: PoolContext, rowless: dict[str, int], kinds: dict[str, str], now: float
 ) -> int:
     """Give every remaining row-less blob file of a known kind a ``live`` row (unowned: GC
     reclaims it after the grace period); return how many rows it added."""
@@ -374,7 +372,7 @@ def _index_rest(
     return added
 
 
-def _replay(pool: ArchiveManager, conn: Connection | None = None) -> tuple[Replay, bool]:
+def _replay(pool: PoolContext, conn: Connection | None = None) -> tuple[Replay, bool]:
     """The retention journal replayed (its files and the records this catalog holds
     itself), and whether the catalog is behind it."""
     found = audit(pool.catalog, pool.journal)
@@ -388,7 +386,7 @@ def _replay(pool: ArchiveManager, conn: Connection | None = None) -> tuple[Repla
     return replayed, found.behind
 
 
-def _read_journal(pool: ArchiveManager, report: RebuildReport) -> Replay | None:
+def _read_journal(pool: PoolContext, report: RebuildReport) -> Replay | None:
     """The retention journal replayed, when the catalog is behind it (a lost catalog, one
     restored from a backup or a lagging replica); None when the catalog knows every file."""
     replayed, behind = _replay(pool)
@@ -410,7 +408,7 @@ def _own_owner_renamed(decided: ArchiveState, name: str) -> dict[str, float]:
     return owners
 
 
-def _bring_forward(pool: ArchiveManager, report: RebuildReport) -> Replay:
+def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
     """Give the archives the catalog has the owners, states and times the journal records,
     in one transaction (docs/architecture.md, "Recovery"); return the replay it used.
 
@@ -479,7 +477,7 @@ def _bring_forward(pool: ArchiveManager, report: RebuildReport) -> Replay:
     return journal
 
 
-def _note_reclaimed(pool: ArchiveManager, journal: Replay, report: RebuildReport) -> None:
+def _note_reclaimed(pool: PoolContext, journal: Replay, report: RebuildReport) -> None:
     """Report the journal's archives that could not come back: released and reclaimed ones
     (nothing is lost), and owned ones whose manifest is gone (those are)."""
     with pool.catalog.read() as conn:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
+from ._context import PoolContext
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -16,9 +17,6 @@ from .catalog import (
     leases_table,
     retention_table,
 )
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = ["ReleasePlan", "plan_release"]
 
@@ -39,7 +37,7 @@ class ReleasePlan:
         return dict(self.__dict__)
 
 
-def plan_release(pool: ArchiveManager, *, owner: str, archive: str | None = None) -> ReleasePlan:
+def plan_release(pool: PoolContext, *, owner: str, archive: str | None = None) -> ReleasePlan:
     """Plan dropping ``owner``'s retention (of ``archive`` only, when given)."""
     r, a, ab, b = retention_table, archives_table, archive_blobs_table, blobs_table
     now = pool.clock()

@@ -23,19 +23,17 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
+from ._context import PoolContext
 from ._names import check_archive_name
 from .catalog import archives_table, entries_table, sample_metadata_table
 from .catalog.queries import archive_by_name
 from .errors import ArchiveNotFoundError, InvalidInputError, MissingDependencyError
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = [
     "COUNTED_STATES",
@@ -486,7 +484,7 @@ def _sample_rows(
     return status_rows, value_rows, group_rows
 
 
-def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
+def archive_summary(pool: PoolContext, name: str) -> SampleSummary:
     """The `SampleSummary` of one published or released archive (catalog only).
 
     Raises:
@@ -502,7 +500,7 @@ def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
 
 
 def rollout_stats(
-    pool: ArchiveManager,
+    pool: PoolContext,
     rollout_ids: object = None,
     evaluation: bool | None = None,
     *,

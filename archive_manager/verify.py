@@ -13,10 +13,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 
+from ._context import PoolContext
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -32,9 +33,6 @@ from .errors import BlobNotFoundError, IntegrityError, InvalidInputError, Journa
 from .gc import unindexed_manifests
 from .journal import audit
 from .permissions import shared_problems
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = [
     "Finding",
@@ -129,7 +127,7 @@ def parse_subset(subset: str | None) -> Callable[[str], bool]:
 
 
 def verify_pool(
-    pool: ArchiveManager,
+    pool: PoolContext,
     *,
     read_data: bool = False,
     subset: str | None = None,
@@ -419,7 +417,7 @@ def verify_pool(
     return report
 
 
-def _check_journal(pool: ArchiveManager, report: VerifyReport, *, read_data: bool) -> None:
+def _check_journal(pool: PoolContext, report: VerifyReport, *, read_data: bool) -> None:
     """The retention journal against the catalog (docs/architecture.md, "Retention
     journal"); with ``read_data``, every journal file still in use is read and checked."""
     problem, notice = report.problems.append, report.notices.append
@@ -474,7 +472,7 @@ def _check_journal(pool: ArchiveManager, report: VerifyReport, *, read_data: boo
 
 
 def _recheck_unlisted(
-    pool: ArchiveManager,
+    pool: PoolContext,
     rows: dict[str, Any],
     files: dict[str, int],
     not_files: dict[str, str],
@@ -553,7 +551,7 @@ class OwnersReport:
         }
 
 
-def audit_owners(pool: ArchiveManager) -> OwnersReport:
+def audit_owners(pool: PoolContext) -> OwnersReport:
     """Per owner: archives, blobs, bytes retained, exclusive and shared (see `OwnerUsage`)."""
     now = pool.clock()
     b, a, ab, r = blobs_table, archives_table, archive_blobs_table, retention_table
