@@ -18,7 +18,7 @@ from flask import Blueprint, Flask, current_app, jsonify, render_template, reque
 from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
-from ..cli._output import human_size, local_time
+from .._humanize import human_size, local_time
 from ..errors import (
     ArchiveError,
     ArchiveNotFoundError,
