@@ -1,8 +1,9 @@
 """Garbage collection (docs/architecture.md, "GC protocol"): a plan, then its execution.
 
 The plan recomputes reachability in full every run: a blob is kept while an owned archive's
-rows name it or a live lease holds it.  Deciding is a pure function of catalog rows and file
-listings (`plan_orphans`, `_retained`); the shell around it does the I/O in this order:
+rows name it or a live lease holds it (`reachability.retained`, the one home of that rule).
+Deciding is a pure function of catalog rows and file listings (`plan_orphans`, `_retained`);
+the shell around it does the I/O in this order:
 
 1. list the blob store's blobs and incomplete writes (any error stops GC before it deletes
    anything, and so does a symlink in place of ``blobs/``, ``tmp/`` or a fan-out folder: the
@@ -27,9 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, delete, exists, not_, or_, select, update
+from sqlalchemy import delete, exists, not_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 
 from ._context import PoolContext
 from ._digest import is_digest
@@ -44,10 +44,16 @@ from .catalog import (
     pin_write_lock,
     retention_table,
 )
+from .catalog.queries import batches
 from .codec import MAGIC_SIZE, blob_kind
 from .errors import ArchiveError, GcAbortedError, PoolIdentityError
 from .identity import UNINDEXED_BLOBS, check_identity
 from .journal import audit, maintain
+from .reachability import dead_pending
+
+# The plan's reachability test, by this name: the crash matrix's sabotage test replaces it
+# to prove that a GC which counts no owner is caught (tests/test_crash_matrix.py).
+from .reachability import retained as _retained
 
 if TYPE_CHECKING:
     from .blobs import AbstractBlobStore, IncompleteWrite
@@ -103,35 +109,6 @@ class GcReport:
         }
 
 
-def _retained(now: float) -> ColumnElement[bool]:
-    """SQL: the current ``blobs`` row is retained by an owned archive or a live lease."""
-    ab, r, a, lb, lt = (
-        archive_blobs_table,
-        retention_table,
-        archives_table,
-        lease_blobs_table,
-        leases_table,
-    )
-    dead_pending = and_(
-        a.c.state == "pending",
-        not_(exists().where(lt.c.owner == a.c.lease_owner, lt.c.expires_at > now)),
-    )
-    by_archive = (
-        select(ab.c.digest)
-        .join(r, r.c.archive_id == ab.c.archive_id)
-        .join(a, a.c.id == ab.c.archive_id)
-        .where(ab.c.digest == blobs_table.c.digest, not_(dead_pending))
-        .exists()
-    )
-    by_lease = (
-        select(lb.c.digest)
-        .join(lt, lt.c.owner == lb.c.lease)
-        .where(lb.c.digest == blobs_table.c.digest, lt.c.expires_at > now)
-        .exists()
-    )
-    return or_(by_archive, by_lease)
-
-
 def plan_orphans(
     files: Iterable[tuple[str, int, float]], known: set[str], *, cutoff: float
 ) -> list[tuple[str, int]]:
@@ -140,13 +117,8 @@ def plan_orphans(
 
 
 def _dead_pending(conn: Connection, now: float) -> list[tuple[int, str]]:
-    a, lt = archives_table, leases_table
-    rows = conn.execute(
-        select(a.c.id, a.c.name).where(
-            a.c.state == "pending",
-            not_(exists().where(lt.c.owner == a.c.lease_owner, lt.c.expires_at > now)),
-        )
-    ).all()
+    a = archives_table
+    rows = conn.execute(select(a.c.id, a.c.name).where(dead_pending(now))).all()
     return [(i, n) for i, n in rows]
 
 
@@ -168,8 +140,7 @@ def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
     """Refuse a plan that would delete what an owned archive's own rows name."""
     c, a, r, ab = chunks_table, archives_table, retention_table, archive_blobs_table
     owned = exists().where(r.c.archive_id == a.c.id)
-    for i in range(0, len(digests), _BATCH):
-        batch = digests[i : i + _BATCH]
+    for batch in batches(digests, _BATCH):
         hit = (
             conn.execute(
                 select(a.c.name, c.c.digest)
@@ -203,8 +174,7 @@ def _per_archive(
 ) -> dict[str, dict[str, int]]:
     ab, a = archive_blobs_table, archives_table
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"blobs": 0, "bytes": 0})
-    for i in range(0, len(digests), _BATCH):
-        batch = digests[i : i + _BATCH]
+    for batch in batches(digests, _BATCH):
         for name, digest in conn.execute(
             select(a.c.name, ab.c.digest)
             .join(a, a.c.id == ab.c.archive_id)
@@ -278,18 +248,16 @@ def collect(
         report.blobs += len(earlier)
         report.bytes += sum(s for _, s in earlier)
         if not dry_run:
-            for i in range(0, len(expired), _BATCH):
-                batch = expired[i : i + _BATCH]
+            for batch in batches(expired, _BATCH):
                 conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
                 conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
             dead_ids = [archive_id for archive_id, _ in dead]
-            for i in range(0, len(dead_ids), _BATCH):
-                batch_ids = dead_ids[i : i + _BATCH]
+            for batch_ids in batches(dead_ids, _BATCH):
                 conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
-            for i in range(0, len(digests), _BATCH):
+            for batch in batches(digests, _BATCH):
                 conn.execute(
                     update(blobs_table)
-                    .where(blobs_table.c.digest.in_(digests[i : i + _BATCH]))
+                    .where(blobs_table.c.digest.in_(batch))
                     .values(state="deleting")
                 )
         known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())
@@ -405,8 +373,7 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
     with pool.catalog.read() as conn:
         todo = conn.execute(select(b.c.digest).where(b.c.state == "deleting")).scalars().all()
     done = 0
-    for i in range(0, len(todo), _BATCH):
-        batch = todo[i : i + _BATCH]
+    for batch in batches(todo, _BATCH):
         with pool.catalog.write("gc.delete") as conn:
             still = (
                 conn.execute(
@@ -432,8 +399,8 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
 
 def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:
     b = blobs_table
-    for i in range(0, len(digests), _BATCH):
-        batch = [d for d in digests[i : i + _BATCH] if is_digest(d)]
+    for part in batches(digests, _BATCH):
+        batch = [d for d in part if is_digest(d)]
         with pool.catalog.write() as conn:
             # Re-checked under the write lock: a save that inserted a row since the listing
             # owns the file now.

@@ -72,10 +72,10 @@ from .permissions import SharedReport, share_pool
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
-from .retention import ReleasePlan, plan_release
+from .retention import OwnersReport, ReleasePlan, audit_owners, plan_release
 from .samples import check_task_key
 from .stats import RolloutStats, StatsCache, rollout_stats
-from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
+from .verify import VerifyReport, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, save_samples
 
 __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]

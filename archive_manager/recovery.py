@@ -37,13 +37,12 @@ from .catalog import (
     archives_table,
     blobs_table,
     insert_rows,
-    leases_table,
     pin_write_lock,
     pool_info_table,
     retention_table,
     set_pool_info,
 )
-from .catalog.queries import archive_by_name, blob_rows, raise_save_seq
+from .catalog.queries import archive_by_name, batches, blob_rows, raise_save_seq
 from .errors import ArchiveError
 from .gc import kind_of, rowless_files
 from .identity import UNINDEXED_BLOBS
@@ -57,6 +56,7 @@ from .journal import (
     replay,
 )
 from .manifest import Manifest
+from .reachability import dead_pending_ids
 from .writer import insert_contents
 
 __all__ = ["RebuildReport", "rebuild_catalog"]
@@ -229,7 +229,11 @@ def _restore(
             raise _Skip("its manifest was indexed meanwhile (by another rebuild, or a save)")
         name = decided.name if decided is not None else m.name
         existing = archive_by_name(conn, name)
-        if existing is not None and decided is not None and _dead_pending(conn, existing, now):
+        if (
+            existing is not None
+            and decided is not None
+            and dead_pending_ids(conn, now, [existing.id])
+        ):
             # A save of this name that never published (a backup caught it pending, its
             # process is gone), while the journal has the name published with this manifest:
             # the published archive takes its name back; the dead claim is rolled back, as
@@ -327,16 +331,6 @@ def _restore(
     return len(new_rows), name
 
 
-def _dead_pending(conn: Connection, row: Any, now: float) -> bool:
-    """``row`` is a pending archive whose save's lease is gone or expired."""
-    if row.state != "pending":
-        return False
-    lease = conn.execute(
-        select(leases_table.c.expires_at).where(leases_table.c.owner == row.lease_owner)
-    ).scalar()
-    return lease is None or lease <= now
-
-
 def _restored_name(m: Manifest, digest: str) -> str:
     """``<name>~restored-<save number or digest>``, cut to fit the name limit."""
     suffix = f"~restored-{m.save_seq if m.save_seq is not None else digest[:16]}"
@@ -354,8 +348,7 @@ def _index_rest(
     store = pool.store
     digests = sorted(d for d in rowless if d in kinds)
     added = 0
-    for i in range(0, len(digests), _BATCH):
-        batch = digests[i : i + _BATCH]
+    for batch in batches(digests, _BATCH):
         with pool.catalog.write("rebuild.blobs") as conn:
             known = set(
                 conn.execute(

@@ -1,5 +1,5 @@
-"""Consistency and integrity checks (`ArchiveManager.verify`) and the retention audit
-(`ArchiveManager.owners`).  Both only read: they never change the pool.
+"""Consistency and integrity checks (`ArchiveManager.verify`).  They only read: they never
+change the pool.
 
 Everything is computed from a handful of whole-table reads and one listing of ``blobs/``, so
 the cost grows linearly with the pool, not with archives times blobs.
@@ -24,22 +24,20 @@ from .catalog import (
     blobs_table,
     chunks_table,
     entries_table,
-    lease_blobs_table,
     leases_table,
     retention_table,
 )
 from .catalog.engine import shown_url, sqlite_path
+from .catalog.queries import batches
 from .errors import BlobNotFoundError, IntegrityError, InvalidInputError, JournalDamagedError
 from .gc import unindexed_manifests
 from .journal import audit
 from .permissions import shared_problems
+from .reachability import dead_pending_ids, retained_digests
 
 __all__ = [
     "Finding",
-    "OwnerUsage",
-    "OwnersReport",
     "VerifyReport",
-    "audit_owners",
     "parse_subset",
     "verify_pool",
 ]
@@ -176,14 +174,9 @@ def verify_pool(
             row.owner: row.expires_at
             for row in conn.execute(select(leases_table.c.owner, leases_table.c.expires_at))
         }
-        lease_held = set(
-            conn.execute(
-                select(lease_blobs_table.c.digest)
-                .join(leases_table, leases_table.c.owner == lease_blobs_table.c.lease)
-                .where(leases_table.c.expires_at > now)
-                .distinct()
-            ).scalars()
-        )
+        # As GC counts it (docs/architecture.md, "GC protocol"): one rule, in reachability.
+        retained = retained_digests(conn, now)
+        dead = dead_pending_ids(conn, now)
 
     # Damage to a blob is reported with the archives that need it (owned ones first): the
     # question after "what is broken" is always "which archives can no longer be read".
@@ -272,24 +265,20 @@ def verify_pool(
             )
         )
 
-    retained = set()
     for archive_id, row in archives.items():
         name = row.name
         if row.state == "pending":
-            lease_live = leases.get(row.lease_owner, 0) > now
             notice(
                 Finding(
                     "pending-save",
                     f"archive {name!r} is pending"
-                    + ("" if lease_live else " and its lease expired; gc rolls it back"),
+                    + (" and its lease expired; gc rolls it back" if archive_id in dead else ""),
                     archive=name,
                 )
             )
         if archive_id not in owned:
             continue
         digests = needs.get(archive_id, set())
-        if row.state != "pending" or leases.get(row.lease_owner, 0) > now:
-            retained |= digests  # as GC counts it: a dead pending save retains nothing
         for digest in sorted(digests):
             blob = blobs.get(digest)
             if blob is None or (
@@ -361,11 +350,7 @@ def verify_pool(
             notice(
                 Finding("stale-lease", f"{owner} expired {now - expires:.0f} s ago; gc drops it")
             )
-    unowned = [
-        d
-        for d, row in blobs.items()
-        if row.state == "live" and d not in retained and d not in lease_held
-    ]
+    unowned = [d for d, row in blobs.items() if row.state == "live" and d not in retained]
     if unowned:
         notice(
             Finding(
@@ -499,8 +484,7 @@ def _recheck_unlisted(
     b = blobs_table
     now: dict[str, Any] = {}
     with pool.catalog.read() as conn:
-        for i in range(0, len(absent), 500):
-            batch = absent[i : i + 500]
+        for batch in batches(absent, 500):
             for row in conn.execute(
                 select(b.c.digest, b.c.state, b.c.created_at).where(b.c.digest.in_(batch))
             ):
@@ -510,112 +494,3 @@ def _recheck_unlisted(
         for d in absent
         if d not in now or (now[d].state, now[d].created_at) != (rows[d].state, rows[d].created_at)
     }
-
-
-@dataclass
-class OwnerUsage:
-    """What one owner retains."""
-
-    owner: str
-    archives: list[str]
-    blobs: int
-    bytes: int
-    exclusive_bytes: int
-    shared_bytes: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly view."""
-        return dict(self.__dict__)
-
-
-@dataclass
-class OwnersReport:
-    """The retention audit: per owner, and what awaits GC."""
-
-    owners: list[OwnerUsage] = field(default_factory=list)
-    stale_leases: list[str] = field(default_factory=list)
-    live_leases: list[str] = field(default_factory=list)
-    unowned_blobs: int = 0
-    unowned_bytes: int = 0
-    released_with_payload: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly view."""
-        return {
-            "owners": [o.as_dict() for o in self.owners],
-            "stale_leases": self.stale_leases,
-            "live_leases": self.live_leases,
-            "unowned_blobs": self.unowned_blobs,
-            "unowned_bytes": self.unowned_bytes,
-            "released_with_payload": self.released_with_payload,
-        }
-
-
-def audit_owners(pool: PoolContext) -> OwnersReport:
-    """Per owner: archives, blobs, bytes retained, exclusive and shared (see `OwnerUsage`)."""
-    now = pool.clock()
-    b, a, ab, r = blobs_table, archives_table, archive_blobs_table, retention_table
-    with pool.catalog.read() as conn:
-        sizes = {
-            d: s
-            for d, s, st in conn.execute(select(b.c.digest, b.c.size, b.c.state))
-            if st != "deleting"
-        }
-        names = dict(conn.execute(select(a.c.id, a.c.name)).all())
-        states = dict(conn.execute(select(a.c.id, a.c.state)).all())
-        lease_of = dict(conn.execute(select(a.c.id, a.c.lease_owner)).all())
-        needs: dict[int, set[str]] = defaultdict(set)
-        for archive_id, digest in conn.execute(select(ab.c.archive_id, ab.c.digest)):
-            needs[archive_id].add(digest)
-        holdings: dict[str, set[int]] = defaultdict(set)
-        for owner, archive_id in conn.execute(select(r.c.owner, r.c.archive_id)):
-            holdings[owner].add(archive_id)
-        leases = conn.execute(select(leases_table.c.owner, leases_table.c.expires_at)).all()
-        lease_blobs: dict[str, set[str]] = defaultdict(set)
-        for lease, digest in conn.execute(
-            select(lease_blobs_table.c.lease, lease_blobs_table.c.digest)
-        ):
-            lease_blobs[lease].add(digest)
-
-    # Retained as GC counts it: expired leases and the pending saves they guarded hold
-    # nothing (GC drops and rolls them back first), so their blobs count as unowned.
-    live = {o for o, exp in leases if exp > now}
-    dead = {i for i, st in states.items() if st == "pending" and lease_of.get(i) not in live}
-    owner_blobs: dict[str, set[str]] = {}
-    for owner, ids in holdings.items():
-        ids = ids - dead
-        if ids:
-            owner_blobs[owner] = set().union(*(needs.get(i, set()) for i in ids)) & sizes.keys()
-    for lease in live:
-        owner_blobs.setdefault(lease, set()).update(lease_blobs.get(lease, set()) & sizes.keys())
-    holders: dict[str, int] = defaultdict(int)
-    for digests in owner_blobs.values():
-        for d in digests:
-            holders[d] += 1
-
-    report = OwnersReport()
-    for owner in sorted(owner_blobs):
-        digests = owner_blobs[owner]
-        exclusive = sum(sizes[d] for d in digests if holders[d] == 1)
-        total = sum(sizes[d] for d in digests)
-        report.owners.append(
-            OwnerUsage(
-                owner,
-                sorted(names[i] for i in holdings.get(owner, set()) - dead),
-                len(digests),
-                total,
-                exclusive,
-                total - exclusive,
-            )
-        )
-    report.stale_leases = sorted(o for o, exp in leases if exp <= now)
-    report.live_leases = sorted(o for o, exp in leases if exp > now)
-    unowned = [d for d in sizes if holders.get(d, 0) == 0]
-    report.unowned_blobs = len(unowned)
-    report.unowned_bytes = sum(sizes[d] for d in unowned)
-    report.released_with_payload = sorted(
-        names[i]
-        for i, st in states.items()
-        if st == "released" and needs.get(i) and needs[i] <= sizes.keys()
-    )
-    return report
