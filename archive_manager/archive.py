@@ -4,7 +4,6 @@ metadata from the catalog, export to slime's ``.pt`` format, release."""
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,7 +17,7 @@ import torch
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
-from ._atomic import fsync_dir
+from ._atomic import write_atomic_with
 from ._context import HasContext, PoolContext, context_of
 from ._names import archive_owner, check_archive_name
 from .catalog import (
@@ -414,17 +413,9 @@ class Archive:
                     exc, f"cannot export sample {position} of {self.name!r}: field "
                 ) from None
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save({"rollout_id": self.rollout_id, "samples": samples}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(target.parent)
+        dump = {"rollout_id": self.rollout_id, "samples": samples}
+        # 0600, as exports always were (they were written through mkstemp).
+        write_atomic_with(target, lambda f: torch.save(dump, f), mode=0o600)
         return target
 
     def release(self) -> bool:
