@@ -21,7 +21,7 @@ import torch
 
 from .codec import TensorRef
 from .errors import MetadataError, UnencodableError
-from .samples import QUEUE_PREFIX
+from .samples import is_queue_key
 
 __all__ = [
     "REPLAY_FIELDS",
@@ -105,7 +105,7 @@ def describe_sample(sample: Any) -> dict[str, Any]:
             if value:
                 _add_mapping(tensors, key, value)
         elif cls is TensorRef or isinstance(value, torch.Tensor):
-            if not _is_queue_key(key):
+            if not is_queue_key(key):
                 tensors[key if type(key) is str else _key_text(key)] = _describe_tensor(value)
         elif isinstance(value, Mapping):
             _add_mapping(tensors, key, value)
@@ -155,12 +155,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _is_queue_key(key: Any) -> bool:
-    return isinstance(key, str) and key.startswith(QUEUE_PREFIX)
-
-
 def _add_tensor(tensors: dict[str, dict[str, Any]], key: Any, value: Any) -> None:
-    if _is_queue_key(key):
+    if is_queue_key(key):
         return
     entry = _describe_tensor_value(value)
     if entry is not None:
@@ -169,7 +165,7 @@ def _add_tensor(tensors: dict[str, dict[str, Any]], key: Any, value: Any) -> Non
 
 def _add_mapping(tensors: dict[str, dict[str, Any]], key: Any, value: Mapping[Any, Any]) -> None:
     """Describe the tensors a dict field holds one level deep, as ``"<field>.<key>"``."""
-    if _is_queue_key(key):
+    if is_queue_key(key):
         return
     opaque = _OPAQUE_TYPES
     for sub_key, sub_value in value.items():

@@ -29,6 +29,7 @@ __all__ = [
     "check_key_text",
     "check_task_key",
     "fields_to_sample",
+    "is_queue_key",
     "register_sample_class",
     "registered_class",
     "registered_name",
@@ -331,7 +332,8 @@ register_sample_class(Sample, SAMPLE_CLASS_NAME)
 # --------------------------------------------------------------------------- adapters
 
 
-def _is_queue_key(key: object) -> bool:
+def is_queue_key(key: object) -> bool:
+    """Whether ``key`` names live queue state (``_queue_*``), which is never stored."""
     return isinstance(key, str) and key.startswith(QUEUE_PREFIX)
 
 
@@ -339,7 +341,7 @@ def _strip_queue(fields: dict[Any, Any]) -> dict[Any, Any]:
     # NOTE: mutates and returns ``fields``; callers pass a dict they own.  The joined-keys
     # test is a fast path: this runs for every sample on every save and load.
     if QUEUE_PREFIX in "\0".join(k for k in fields if type(k) is str):
-        for key in [k for k in fields if _is_queue_key(k)]:
+        for key in [k for k in fields if is_queue_key(k)]:
             del fields[key]
     return fields
 
