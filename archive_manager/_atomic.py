@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from ._failpoints import failpoint
-
 __all__ = ["fsync_dir", "write_atomic", "write_atomic_with"]
 
 # A filesystem without hard links (some FUSE and object-store mounts) says so with these.
@@ -86,7 +84,7 @@ def write_atomic(
     exclusive: bool = False,
     mode: int = 0o644,
     link_fallback: bool = True,
-    before_place: str | None = None,
+    before_place: Callable[[], None] | None = None,
 ) -> bool:
     """Write ``data`` to ``path`` so that readers see the old file, or none, or all of it.
 
@@ -94,8 +92,8 @@ def write_atomic(
     which fails when the name exists (then False is returned and nothing changed), so two
     processes racing to create it cannot both win.  Where the filesystem has no hard links,
     it is created in place with O_EXCL instead, unless ``link_fallback`` is False (then the
-    link's error is raised).  ``before_place`` names a failpoint between the temp file's
-    fsync and its rename or link.
+    link's error is raised).  ``before_place`` is called between the temp file's fsync and
+    its rename or link (where a caller marks its failpoint).
 
     Returns:
         True if ``path`` now holds ``data``; False only with ``exclusive`` when it existed.
@@ -105,7 +103,7 @@ def write_atomic(
     try:
         _write_and_close(fd, data)
         if before_place is not None:
-            failpoint(before_place)
+            before_place()
         if exclusive:
             try:
                 os.link(tmp, path)

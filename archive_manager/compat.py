@@ -31,6 +31,7 @@ import xxhash
 
 from ._atomic import write_atomic
 from ._digest import check_digest
+from ._failpoints import failpoint
 from ._names import MAX_NAME_BYTES, invisible_character
 from .archive import Archive
 from .catalog.engine import catalog_identity, parse_url, public_url, shown_url, sqlite_path
@@ -227,7 +228,7 @@ def _write_pointer(path: Path, content: dict[str, Any]) -> None:
         exclusive=True,
         mode=0o666,
         link_fallback=False,
-        before_place="pointer.before_link",
+        before_place=lambda: failpoint("pointer.before_link"),
     ):
         raise FileExistsError(f"pointer file {path} already exists")
 
