@@ -60,9 +60,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UNINDEXED_BLOBS",
+    "GcPlan",
     "GcReport",
+    "apply",
     "collect",
     "kind_of",
+    "plan",
     "plan_orphans",
     "rowless_files",
     "unindexed_manifests",
@@ -185,6 +188,39 @@ def _per_archive(
     return dict(out)
 
 
+@dataclass
+class GcPlan:
+    """One GC's decisions (docs/architecture.md, "GC protocol"): taken in the plan
+    transaction, which also marks them unless it is a dry run; `apply` then carries them out.
+    A dry run is the plan alone."""
+
+    now: float
+    grace: float
+    expired: list[str] = field(default_factory=list)  # leases to drop
+    rolled_back: list[tuple[int, str]] = field(default_factory=list)  # dead pending saves
+    condemned: dict[str, int] = field(default_factory=dict)  # digest -> size, marked deleting
+    earlier: dict[str, int] = field(default_factory=dict)  # left deleting by an earlier GC
+    per_archive: dict[str, dict[str, int]] = field(default_factory=dict)
+    orphans: list[tuple[str, int]] = field(default_factory=list)  # files without a row
+    stale_temps: list[IncompleteWrite] = field(default_factory=list)
+
+    def report(self, *, dry_run: bool, duration: float = 0.0) -> GcReport:
+        """What this plan reclaims, as a `GcReport`."""
+        return GcReport(
+            dry_run=dry_run,
+            blobs=len(self.condemned) + len(self.earlier),
+            bytes=sum(self.condemned.values()) + sum(self.earlier.values()),
+            per_archive=self.per_archive,
+            orphans=len(self.orphans),
+            orphan_bytes=sum(s for _, s in self.orphans),
+            temp_files=len(self.stale_temps),
+            rolled_back=sorted(n for _, n in self.rolled_back),
+            expired_leases=len(self.expired),
+            finished_from_earlier=len(self.earlier),
+            duration=duration,
+        )
+
+
 def collect(
     pool: PoolContext,
     *,
@@ -199,10 +235,24 @@ def collect(
             deleted anything (or, for an unlink error, left the rest for the next run).
     """
     started = time.perf_counter()
+    decided = plan(pool, grace=grace, mark=not dry_run)
+    if not dry_run:
+        apply(pool, decided, progress)
+    return decided.report(dry_run=dry_run, duration=time.perf_counter() - started)
+
+
+def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
+    """Check that GC may run, list the blob store, and decide in one transaction; with
+    ``mark``, that transaction (``gc.plan``) also drops the expired leases, rolls back the
+    dead pending saves and marks the condemned blobs ``deleting``, so a GC killed after it is
+    finished by the next one.  Without, it only reads (a dry run).
+
+    Raises:
+        GcAbortedError: GC may not run, the listing failed, or the invariant is broken.
+    """
     store, catalog = pool.store, pool.catalog
     now = pool.clock()
     cutoff = now - grace
-    report = GcReport(dry_run=dry_run)
     if catalog.get_pool_info(UNINDEXED_BLOBS) is not None:
         raise GcAbortedError(
             "gc stopped before deleting anything: this catalog was created over a blob root "
@@ -226,62 +276,66 @@ def collect(
     _refuse_if_behind(pool, files)
     _refuse_if_behind_journal(pool)
 
-    with catalog.read() if dry_run else catalog.write("gc.plan") as conn:
+    decided = GcPlan(now=now, grace=grace)
+    with catalog.write("gc.plan") if mark else catalog.read() as conn:
         lt = leases_table
-        expired = conn.execute(select(lt.c.owner).where(lt.c.expires_at <= now)).scalars().all()
-        dead = _dead_pending(conn, now)
-        report.expired_leases = len(expired)
-        report.rolled_back = sorted(n for _, n in dead)
-        candidates = _candidates(conn, now, cutoff)
-        digests = [d for d, _ in candidates]
-        sizes = dict(candidates)
-        earlier = conn.execute(
-            select(blobs_table.c.digest, blobs_table.c.size).where(
-                blobs_table.c.state == "deleting"
-            )
-        ).all()
-        _check_invariant(conn, digests + [d for d, _ in earlier])
-        report.per_archive = _per_archive(conn, digests, sizes)
-        report.blobs = len(candidates)
-        report.bytes = sum(sizes.values())
-        report.finished_from_earlier = len(earlier)
-        report.blobs += len(earlier)
-        report.bytes += sum(s for _, s in earlier)
-        if not dry_run:
-            for batch in batches(expired, _BATCH):
-                conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
-                conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
-            dead_ids = [archive_id for archive_id, _ in dead]
-            for batch_ids in batches(dead_ids, _BATCH):
-                conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
-            for batch in batches(digests, _BATCH):
-                conn.execute(
-                    update(blobs_table)
-                    .where(blobs_table.c.digest.in_(batch))
-                    .values(state="deleting")
+        decided.expired = list(
+            conn.execute(select(lt.c.owner).where(lt.c.expires_at <= now)).scalars()
+        )
+        decided.rolled_back = _dead_pending(conn, now)
+        decided.condemned = dict(_candidates(conn, now, cutoff))
+        digests = list(decided.condemned)
+        decided.earlier = {
+            d: s
+            for d, s in conn.execute(
+                select(blobs_table.c.digest, blobs_table.c.size).where(
+                    blobs_table.c.state == "deleting"
                 )
+            )
+        }
+        _check_invariant(conn, digests + list(decided.earlier))
+        decided.per_archive = _per_archive(conn, digests, decided.condemned)
+        if mark:
+            _mark(conn, decided)
         known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())
+    decided.orphans = plan_orphans(files, known_rows, cutoff=cutoff)
+    decided.stale_temps = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
+    return decided
 
-    orphans = plan_orphans(files, known_rows, cutoff=cutoff)
-    report.orphans = len(orphans)
-    report.orphan_bytes = sum(s for _, s in orphans)
-    stale_temps = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
-    report.temp_files = len(stale_temps)
-    if dry_run:
-        report.duration = time.perf_counter() - started
-        return report
 
+def _mark(conn: Connection, decided: GcPlan) -> None:
+    """The plan transaction's writes: what a GC killed after it leaves for the next."""
+    lt = leases_table
+    for batch in batches(decided.expired, _BATCH):
+        conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
+        conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
+    dead_ids = [archive_id for archive_id, _ in decided.rolled_back]
+    for batch_ids in batches(dead_ids, _BATCH):
+        conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
+    for batch in batches(list(decided.condemned), _BATCH):
+        conn.execute(
+            update(blobs_table).where(blobs_table.c.digest.in_(batch)).values(state="deleting")
+        )
+
+
+def apply(pool: PoolContext, decided: GcPlan, progress: Progress | None = None) -> None:
+    """Carry out a marked plan: unlink every ``deleting`` blob (this plan's and any an
+    earlier GC left), then the orphan files and the incomplete writes of dead writers, then
+    tidy the journal.
+
+    Raises:
+        GcAbortedError: an unlink failed (the rest is left for the next run), or the
+            journal's checkpoint could not be written (everything else is done).
+    """
     _execute(pool, progress)
-    _remove_orphans(pool, [d for d, _ in orphans])
-    for write in stale_temps:
-        _remove_incomplete(store, write)
+    _remove_orphans(pool, [d for d, _ in decided.orphans])
+    for write in decided.stale_temps:
+        _remove_incomplete(pool.store, write)
     try:
-        maintain(catalog, pool.journal, pool.clock)
+        maintain(pool.catalog, pool.journal, pool.clock)
     except OSError as exc:
         # Everything GC had to do is done; the journal is tidied by the next run.
         raise GcAbortedError(f"gc could not write the journal's checkpoint: {exc}") from exc
-    report.duration = time.perf_counter() - started
-    return report
 
 
 def kind_of(pool: PoolContext, digest: str) -> str | None:
