@@ -227,7 +227,7 @@ class SampleSummary:
         and the reward (None where no sample has one): what ``archive-manager show`` prints,
         from the figures the web viewer's archive page shows, so the two cannot disagree."""
 
-        def figures(mean: float | None, *others: float | None) -> dict[str, float] | None:
+        def figures(mean: float | None, *others: float | None) -> dict[str, float | None] | None:
             if mean is None:
                 return None
             return dict(zip(("mean", "p50", "p90", "min", "max"), (mean, *others), strict=True))

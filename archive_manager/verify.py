@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, select
 
@@ -37,6 +37,7 @@ from .reachability import dead_pending_ids, retained_digests
 
 __all__ = [
     "Finding",
+    "FindingKind",
     "VerifyReport",
     "parse_subset",
     "verify_pool",
@@ -45,11 +46,37 @@ __all__ = [
 Progress = Callable[[int, int], None]
 
 
+FindingKind = Literal[
+    # problems: damage, which makes `VerifyReport.ok` False
+    "archive-blob",  # an owned archive needs a blob without a row, not live, or not on disk
+    "broken-rows",  # an archive's own rows disagree (chunk ordinals, entries, its manifest)
+    "corrupt-blob",  # a blob's bytes do not hash to its digest, or its path holds no file
+    "journal-behind",  # journal files hold decisions the catalog lacks
+    "journal-damaged",  # a journal file still in use does not read back
+    "journal-unresolved",  # the last rebuild left damaged journal files to decide on
+    "missing-blob",  # a live blob's file is gone
+    "unindexed-manifest",  # a manifest on disk has no row: the catalog is behind its blobs
+    "wrong-size",  # a live blob's file has another size than its row
+    # notices: what crashes and pending GC leave behind, and what locks a member out
+    "deleting-blob",
+    "journal-checkpoint",
+    "journal-gap",
+    "journal-stray",
+    "orphan-file",
+    "pending-save",
+    "permissions",
+    "stale-lease",
+    "unowned-blobs",
+    "unwritten-blob",
+]
+"""The kinds of `Finding`: stable strings that callers and tests match on."""
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem or notice: what kind, what it concerns, and a sentence for people."""
 
-    kind: str
+    kind: FindingKind
     message: str
     digest: str | None = None
     archive: str | None = None
@@ -131,10 +158,60 @@ def verify_pool(
     subset: str | None = None,
     progress: Progress | None = None,
 ) -> VerifyReport:
-    """Check the pool's catalog against its blob files (see `VerifyReport`)."""
+    """Check the pool's catalog against its blob files (see `VerifyReport`).
+
+    In phases, each adding its findings in turn: a snapshot (the blob listing, then the
+    catalog's rows in one read transaction), the blobs, the archives, the leases, the blobs'
+    bytes (with ``read_data``), the retention journal, and the shared pool's permissions.
+    """
     started = time.perf_counter()
     chosen = parse_subset(subset)
     report = VerifyReport(read_data=read_data)
+    snap = _snapshot(pool)
+    _check_blobs(pool, snap, report)
+    _check_archives(snap, report)
+    _check_leases(snap, report)
+    if read_data:
+        _read_data(pool, snap, report, chosen, progress)
+    else:
+        report.blobs_checked = len(snap.blobs)
+    _check_journal(pool, report, read_data=read_data)
+    _check_permissions(pool, report)
+    report.duration = time.perf_counter() - started
+    return report
+
+
+@dataclass
+class _Snapshot:
+    """What verify compares: the blob listing and the catalog's rows, read once."""
+
+    now: float
+    files: dict[str, int]  # digest -> size on disk (the listing, completed by rechecks)
+    blobs: dict[str, Any]  # digest -> blobs row
+    archives: dict[int, Any]  # id -> archives row
+    needs: dict[int, set[str]]  # archive id -> the blobs it needs
+    chunks: dict[int, list[tuple[int, str]]]  # archive id -> (ordinal, digest)
+    owned: set[int]  # archives with an owner
+    entry_counts: dict[int, int]
+    leases: dict[str, float]  # lease -> expiry
+    retained: set[str]  # as GC counts it
+    dead: set[int]  # dead pending saves
+    users: dict[str, list[str]] = field(default_factory=dict)  # digest -> archive names
+    # Filled by the blobs phase: rows that changed since the snapshot, paths holding no file.
+    moved: set[str] = field(default_factory=set)
+    not_files: dict[str, str] = field(default_factory=dict)
+
+    def damaged(self, kind: FindingKind, digest: str, message: str) -> Finding:
+        """A finding about a damaged blob, naming the archives that need it."""
+        names = self.users.get(digest, [])
+        if names:
+            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+            message += f" (needed by archive {shown})"
+        return Finding(kind, message, digest, names[0] if names else None)
+
+
+def _snapshot(pool: PoolContext) -> _Snapshot:
+    """List the blob store, then read the catalog's rows in one transaction."""
     now = pool.clock()
     files = {d: size for d, size, _mtime in pool.store.iter_stat()}
     b, a, ab, c, r, e = (
@@ -167,7 +244,7 @@ def verify_pool(
         ):
             chunks[archive_id].append((ordinal, digest))
         owned = set(conn.execute(select(r.c.archive_id).distinct()).scalars())
-        entry_counts = dict(
+        entry_counts: dict[int, int] = dict(
             conn.execute(select(e.c.archive_id, func.count()).group_by(e.c.archive_id)).all()
         )
         leases = {
@@ -185,21 +262,33 @@ def verify_pool(
         for digest in needs[archive_id]:
             users[digest].append(archives[archive_id].name)
 
-    def damaged(kind: str, digest: str, message: str) -> Finding:
-        names = users.get(digest, [])
-        if names:
-            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
-            message += f" (needed by archive {shown})"
-        return Finding(kind, message, digest, names[0] if names else None)
+    return _Snapshot(
+        now=now,
+        files=files,
+        blobs=blobs,
+        archives=archives,
+        needs=needs,
+        chunks=chunks,
+        owned=owned,
+        entry_counts=entry_counts,
+        leases=leases,
+        retained=retained,
+        dead=dead,
+        users=users,
+    )
 
+
+def _check_blobs(pool: PoolContext, snap: _Snapshot, report: VerifyReport) -> None:
+    """Each blob row against the listing; files without a row."""
+    blobs, files, damaged = snap.blobs, snap.files, snap.damaged
     # NOTE: the listing comes before the snapshot, so a save may have written a blob since
     # (and marked it live), and GC may have unlinked one after (marking it deleting first).
     # A recorded blob the listing missed is only missing if its file is still absent and its
     # row is still the very row of the snapshot (GC and saves give a row a new created_at or
     # a new state whenever its file may legitimately come or go).
     # A FIFO, symlink or folder at a blob's path is not listed; the recheck finds it.
-    not_files: dict[str, str] = {}
-    moved = _recheck_unlisted(
+    not_files = snap.not_files
+    moved = snap.moved = _recheck_unlisted(
         pool, {d: row for d, row in blobs.items() if row.state != "deleting"}, files, not_files
     )
 
@@ -265,6 +354,13 @@ def verify_pool(
             )
         )
 
+
+def _check_archives(snap: _Snapshot, report: VerifyReport) -> None:
+    """Each archive: pending saves, and an owned archive's blobs and rows."""
+    blobs, files, moved, not_files = snap.blobs, snap.files, snap.moved, snap.not_files
+    problem, notice = report.problems.append, report.notices.append
+    archives, dead, owned, needs = snap.archives, snap.dead, snap.owned, snap.needs
+    chunks, entry_counts = snap.chunks, snap.entry_counts
     for archive_id, row in archives.items():
         name = row.name
         if row.state == "pending":
@@ -345,12 +441,16 @@ def verify_pool(
                 )
             )
 
-    for owner, expires in leases.items():
+
+def _check_leases(snap: _Snapshot, report: VerifyReport) -> None:
+    """Expired leases, and live blobs nothing retains (both for GC to clear)."""
+    blobs, now, notice = snap.blobs, snap.now, report.notices.append
+    for owner, expires in snap.leases.items():
         if expires <= now:
             notice(
                 Finding("stale-lease", f"{owner} expired {now - expires:.0f} s ago; gc drops it")
             )
-    unowned = [d for d, row in blobs.items() if row.state == "live" and d not in retained]
+    unowned = [d for d, row in blobs.items() if row.state == "live" and d not in snap.retained]
     if unowned:
         notice(
             Finding(
@@ -359,35 +459,41 @@ def verify_pool(
             )
         )
 
-    if read_data:
-        todo = sorted(
-            d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d)
-        )
-        vanished = []
-        for i, digest in enumerate(todo, 1):
-            try:
-                pool.store.check(digest)
-            except BlobNotFoundError:
-                vanished.append(digest)  # maybe GC's doing: judged below
-            except IntegrityError as exc:
-                problem(damaged("corrupt-blob", digest, str(exc)))
-            report.bytes_read += blobs[digest].size
-            if progress is not None:
-                progress(i, len(todo))
-        found: dict[str, int] = {}
-        replaced: dict[str, str] = {}
-        moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found, replaced)
-        for digest in vanished:
-            if digest in replaced:
-                problem(damaged("corrupt-blob", digest, replaced[digest]))
-            elif digest not in moved and digest not in found:
-                problem(
-                    damaged("missing-blob", digest, f"blob {digest} vanished while being verified")
-                )
-        report.blobs_checked = len(todo)
-    else:
-        report.blobs_checked = len(blobs)
-    _check_journal(pool, report, read_data=read_data)
+
+def _read_data(
+    pool: PoolContext,
+    snap: _Snapshot,
+    report: VerifyReport,
+    chosen: Callable[[str], bool],
+    progress: Progress | None,
+) -> None:
+    """Rehash the chosen live blobs; a blob gone meanwhile is judged by its row again."""
+    blobs, files, damaged, problem = snap.blobs, snap.files, snap.damaged, report.problems.append
+    todo = sorted(d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d))
+    vanished = []
+    for i, digest in enumerate(todo, 1):
+        try:
+            pool.store.check(digest)
+        except BlobNotFoundError:
+            vanished.append(digest)  # maybe GC's doing: judged below
+        except IntegrityError as exc:
+            problem(damaged("corrupt-blob", digest, str(exc)))
+        report.bytes_read += blobs[digest].size
+        if progress is not None:
+            progress(i, len(todo))
+    found: dict[str, int] = {}
+    replaced: dict[str, str] = {}
+    moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found, replaced)
+    for digest in vanished:
+        if digest in replaced:
+            problem(damaged("corrupt-blob", digest, replaced[digest]))
+        elif digest not in moved and digest not in found:
+            problem(damaged("missing-blob", digest, f"blob {digest} vanished while being verified"))
+    report.blobs_checked = len(todo)
+
+
+def _check_permissions(pool: PoolContext, report: VerifyReport) -> None:
+    """Folders and a catalog file of a group-shared pool that would lock a member out."""
     # A notice, not damage: nothing is lost, but another member of a group-shared pool is
     # locked out until the bits are fixed (docs/architecture.md, Shared pools).
     catalog_file = sqlite_path(pool.catalog_url)
@@ -398,8 +504,6 @@ def verify_pool(
         catalog_url=None if own_catalog else shown_url(pool.catalog_url),
     ):
         report.notices.append(Finding("permissions", message))
-    report.duration = time.perf_counter() - started
-    return report
 
 
 def _check_journal(pool: PoolContext, report: VerifyReport, *, read_data: bool) -> None:
