@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .blobs import AbstractBlobStore
+from .blobs.base import ObjectRoot
 from .catalog import Catalog
 from .identity import PoolIdentity
 from .journal import Journal
@@ -30,7 +31,7 @@ class PoolContext:
     Compared by identity, as the pool it belongs to is (two opens are two pools).
     """
 
-    root: Path
+    root: Path | ObjectRoot  # a folder, or a pool on an object store (blobs/s3.py)
     catalog: Catalog
     store: AbstractBlobStore
     journal: Journal

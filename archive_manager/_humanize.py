@@ -1,5 +1,6 @@
-"""Numbers and times for people (sizes, durations, local times): shared by the CLI and the web
-viewer, which sits below it (docs/architecture.md, Layers)."""
+"""Numbers and times for people (sizes in binary units, short durations, local times), shared
+by the CLI and the web viewer; the viewer must not import the CLI (docs/architecture.md,
+"Layers")."""
 
 from __future__ import annotations
 

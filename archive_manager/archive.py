@@ -10,16 +10,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import torch
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
 from ._atomic import write_atomic_with
 from ._context import HasContext, PoolContext, context_of
 from ._names import archive_owner, check_archive_name
+from ._torch import is_tensor, torch_module
 from .catalog import (
     archives_table,
     chunks_table,
@@ -46,6 +46,9 @@ from .errors import (
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
 from .samples import check_key_text, check_task_key, sample_to_fields
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Archive", "ArchiveInfo", "open_archive"]
 
@@ -415,7 +418,7 @@ class Archive:
         target.parent.mkdir(parents=True, exist_ok=True)
         dump = {"rollout_id": self.rollout_id, "samples": samples}
         # 0600, as exports always were (they were written through mkstemp).
-        write_atomic_with(target, lambda f: torch.save(dump, f), mode=0o600)
+        write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
         return target
 
     def release(self) -> bool:
@@ -477,7 +480,7 @@ def _torch_native(value: Any, *, top: bool = True) -> Any:
     kind = type(value)
     if kind is int:
         return _pt_int(value)
-    if kind in _PLAIN or isinstance(value, torch.Tensor):
+    if kind in _PLAIN or is_tensor(value):
         return value
     if kind is list:
         kinds = set(map(type, value))
@@ -498,7 +501,7 @@ def _torch_native(value: Any, *, top: bool = True) -> Any:
             raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
         return out
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
+        return torch_module().from_numpy(value.copy())
     if isinstance(value, np.generic):
         return value.item()
     return value

@@ -36,6 +36,7 @@ from typing import Any
 from sqlalchemy import exists, select
 
 from ._atomic import write_atomic
+from .blobs.base import ObjectRoot
 from .catalog import (
     Catalog,
     archives_table,
@@ -63,6 +64,9 @@ IDENTITY_FILE = "archive-pool.json"
 # names in fan-out folders): a deleted identity file must not let a stale catalog, which
 # indexes every blob it knew, bind the root again and lock out the catalog serving it.
 SPARE_FILE = ".archive-pool.json"
+#: The spare's name below an object-store root (docs/architecture.md, "Blobs on an object
+#: store"): where the filesystem keeps it, below ``blobs/``, which the blob listing skips.
+_SPARE_OBJECT = f"blobs/{SPARE_FILE}"
 _FORMAT = "archive_manager.pool"
 _VERSION = 1
 _MAX_FILE = 64 << 10  # an identity file is ~300 bytes; anything huge is not one
@@ -102,7 +106,12 @@ def safe_url(url: str) -> str:
         return "<unparsable catalog URL>"
 
 
-def read_identity(root: Path) -> PoolIdentity | None:
+#: Where a pool's blobs and small files are: a folder, or a root on an object store (whose
+#: identity file is an object below its prefix, read and written through `ObjectRoot`).
+Root = Path | ObjectRoot
+
+
+def read_identity(root: Root) -> PoolIdentity | None:
     """The identity recorded at ``root`` (None if it has none): its identity file, or, if an
     operator deleted that, the copy kept under ``blobs/``.
 
@@ -110,6 +119,11 @@ def read_identity(root: Path) -> PoolIdentity | None:
         PoolIdentityError: a file exists but is not an identity file (damaged, or not a
             regular file).
     """
+    if not isinstance(root, Path):
+        found = _parse_identity(root.read(IDENTITY_FILE), f"{root}/{IDENTITY_FILE}")
+        if found is None:
+            found = _parse_identity(root.read(_SPARE_OBJECT), f"{root}/{_SPARE_OBJECT}")
+        return found
     found = _read_identity_file(root / IDENTITY_FILE)
     if found is None and not (root / "blobs").is_symlink():
         found = _read_identity_file(root / "blobs" / SPARE_FILE)
@@ -130,6 +144,15 @@ def _read_identity_file(path: Path) -> PoolIdentity | None:
         data = os.read(fd, _MAX_FILE)
     finally:
         os.close(fd)
+    return _parse_identity(data, path)
+
+
+def _parse_identity(data: bytes | None, path: Path | str) -> PoolIdentity | None:
+    """The identity an identity file's bytes hold (None: no file)."""
+    if data is None:
+        return None
+    if len(data) > _MAX_FILE:
+        raise PoolIdentityError(f"{path} is not a pool identity file")
     try:
         content = json.loads(data)
         if content.get("format") != _FORMAT or type(content.get("version")) is not int:
@@ -170,9 +193,14 @@ def _file_bytes(identity: PoolIdentity) -> bytes:
     return (json.dumps(content, indent=1) + "\n").encode()
 
 
-def _write_identity(root: Path, ident: PoolIdentity, *, exclusive: bool = False) -> bool:
+def _write_identity(root: Root, ident: PoolIdentity, *, exclusive: bool = False) -> bool:
     """Write the identity file (exclusively: False if one exists), then its spare copy."""
     data = _file_bytes(ident)
+    if not isinstance(root, Path):
+        if not root.write(IDENTITY_FILE, data, exclusive=exclusive):
+            return False
+        root.write(_SPARE_OBJECT, data)
+        return True
     if not write_atomic(root / IDENTITY_FILE, data, exclusive=exclusive):
         return False
     _write_spare(root, data)
@@ -187,8 +215,15 @@ def _write_spare(root: Path, data: bytes) -> None:
     write_atomic(blobs / SPARE_FILE, data)
 
 
-def _ensure_files(root: Path, ident: PoolIdentity) -> None:
+def _ensure_files(root: Root, ident: PoolIdentity) -> None:
     """After a successful open: both files present (either may have been deleted)."""
+    if not isinstance(root, Path):
+        if root.read(IDENTITY_FILE) is None:
+            root.write(IDENTITY_FILE, _file_bytes(ident), exclusive=True)
+        if root.read(_SPARE_OBJECT) is None:
+            current = root.read(IDENTITY_FILE)
+            root.write(_SPARE_OBJECT, _file_bytes(ident) if current is None else current)
+        return
     if not (root / IDENTITY_FILE).exists():
         write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True)
     spare = root / "blobs" / SPARE_FILE
@@ -231,7 +266,7 @@ class _State:
     unindexed: bool
 
 
-def _read_state(catalog: Catalog, root: Path) -> _State:
+def _read_state(catalog: Catalog, root: Root) -> _State:
     file_id = read_identity(root)
     with catalog.read() as conn:
         recorded = get_pool_info(conn, "blob_root")
@@ -243,7 +278,7 @@ def _read_state(catalog: Catalog, root: Path) -> _State:
 
 def bind_pool(
     catalog: Catalog,
-    root: Path,
+    root: Root,
     *,
     url: str,
     explicit_url: bool,
@@ -284,7 +319,7 @@ def bind_pool(
 
 def _bind_once(
     catalog: Catalog,
-    root: Path,
+    root: Root,
     s: _State,
     *,
     url: str,
@@ -403,7 +438,7 @@ def _bind_once(
 
 
 def check_pool_read_only(
-    catalog: Catalog, root: Path, *, url: str, list_blobs: Callable[[int], list[str]]
+    catalog: Catalog, root: Root, *, url: str, list_blobs: Callable[[int], list[str]]
 ) -> PoolIdentity:
     """`bind_pool` for a reader: check that ``catalog`` and ``root`` are one pool's, writing
     nothing (docs/architecture.md, Pool identity and Shared pools).
@@ -437,7 +472,9 @@ def check_pool_read_only(
     )
 
 
-def _same_folder(a: Path, b: Path) -> bool:
+def _same_folder(a: Path, b: Root) -> bool:
+    if not isinstance(b, Path):
+        return False  # an object store's root is named by its URL alone
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -445,7 +482,7 @@ def _same_folder(a: Path, b: Path) -> bool:
 
 
 def _commit_new(
-    catalog: Catalog, root: Path, ident: PoolIdentity, *, unindexed: bool
+    catalog: Catalog, root: Root, ident: PoolIdentity, *, unindexed: bool
 ) -> PoolIdentity:
     """Record ``ident`` (already in the root's file) in the catalog, unless a racing open of
     the same catalog recorded one first, which must then be the same."""
@@ -469,7 +506,7 @@ def _commit_new(
 
 def _adopt(
     catalog: Catalog,
-    root: Path,
+    root: Root,
     f: PoolIdentity,
     *,
     url: str,
@@ -492,7 +529,7 @@ def _adopt(
 
 def _rebind(
     catalog: Catalog,
-    root: Path,
+    root: Root,
     s: _State,
     *,
     url: str,
@@ -543,7 +580,7 @@ def _rebind(
     return ident
 
 
-def _refuse_other_root(s: _State, root: Path, shown: str, *, explicit_url: bool) -> None:
+def _refuse_other_root(s: _State, root: Root, shown: str, *, explicit_url: bool) -> None:
     copy = s.catalog_id is not None and s.catalog_id.same_as(s.file_id)
     if copy and not explicit_url:
         raise PoolIdentityError(
@@ -557,7 +594,7 @@ def _refuse_other_root(s: _State, root: Path, shown: str, *, explicit_url: bool)
     )
 
 
-def check_identity(root: Path, expected: PoolIdentity) -> None:
+def check_identity(root: Root, expected: PoolIdentity) -> None:
     """Refuse to go on (GC, before it deletes anything) if the root was re-bound meanwhile."""
     found = read_identity(root)
     if not expected.same_as(found):

@@ -50,6 +50,7 @@ from ._atomic import fsync_dir, write_atomic
 from ._digest import is_digest
 from ._failpoints import failpoint
 from ._names import archive_owner, check_archive_name, check_owner
+from .blobs.base import ObjectRoot
 from .catalog import (
     Catalog,
     archives_table,
@@ -74,12 +75,14 @@ __all__ = [
     "Journal",
     "JournalDamagedError",
     "JournalState",
+    "ObjectJournal",
     "Staged",
     "adopt",
     "audit",
     "catalog_position",
     "catalog_state",
     "checkpoint",
+    "journal_for",
     "maintain",
     "pool_id_of",
     "publish_op",
@@ -449,6 +452,77 @@ class Journal:
                     os.unlink(folder / name)
                     removed += 1
         return removed
+
+
+class ObjectJournal(Journal):
+    """The journal of a pool on an object store: the same files, as objects
+    ``<prefix>/journal/<name>`` read and written through the pool's `ObjectRoot`
+    (docs/architecture.md, "Blobs on an object store").
+
+    An object PUT is atomic (visible whole or not at all) and durable when it returns, so a
+    write needs no temp file, fsync or rename, and there are no temp files to sweep.  There is
+    no folder to check either: a key cannot be a symlink.
+    """
+
+    def __init__(self, root: ObjectRoot) -> None:
+        self._objects = root
+        self.folder = Path(JOURNAL_DIR)  # for messages only; nothing is read through it
+        self._root = Path(".")
+
+    def ready(self) -> None:
+        """Nothing to prepare: a journal object needs no folder."""
+
+    def write(self, staged: Staged) -> None:
+        """Write a committed record or checkpoint (one PUT: durable and whole when it returns)."""
+        failpoint("journal.before_write")
+        self._objects.write(f"{JOURNAL_DIR}/{staged.name}", staged.data)
+        failpoint("journal.after_write")
+
+    def entries(self) -> list[Entry]:
+        """Every journal object with a well-formed name, oldest first."""
+        found = (_parse(name) for name, _ in self._objects.list(JOURNAL_DIR))
+        return sorted(e for e in found if e is not None)
+
+    def strays(self) -> list[str]:
+        """Objects in ``journal/`` that are not journal files."""
+        return sorted(n for n, _ in self._objects.list(JOURNAL_DIR) if _parse(n) is None)
+
+    def read(self, entry: Entry, pool_id: str | None) -> dict[str, Any]:
+        """The decoded object, checked against its name and ``pool_id`` (see `Journal.read`)."""
+        data = self._objects.read(f"{JOURNAL_DIR}/{entry.name}")
+        if data is None:
+            raise FileNotFoundError(f"journal object {entry.name} is gone")
+        limit = _MAX_CHECKPOINT if entry.kind == "ckpt" else _MAX_RECORD
+        if len(data) > limit:
+            raise JournalDamagedError(f"journal file {entry.name} is too large to be one")
+        return decode(entry, data, pool_id)
+
+    def remove(self, entries: Iterable[Entry]) -> int:
+        """Delete superseded objects; return how many went."""
+        return sum(1 for e in entries if self._objects.delete(f"{JOURNAL_DIR}/{e.name}"))
+
+    def quarantine(self, names: Iterable[str]) -> list[str]:
+        """Move damaged or foreign objects to ``journal/damaged/`` (copy, then delete)."""
+        moved = []
+        for name in names:
+            if _parse(name) is None and "/" in name:
+                continue
+            data = self._objects.read(f"{JOURNAL_DIR}/{name}")
+            if data is None:
+                continue
+            self._objects.write(f"{JOURNAL_DIR}/{DAMAGED_DIR}/{name}", data)
+            self._objects.delete(f"{JOURNAL_DIR}/{name}")
+            moved.append(name)
+        return moved
+
+    def sweep_temps(self, now: float) -> int:
+        """None to sweep: object writes leave no temp files."""
+        return 0
+
+
+def journal_for(root: Path | ObjectRoot) -> Journal:
+    """The journal of the pool at ``root``: files in a folder, or objects on a bucket."""
+    return Journal(root) if isinstance(root, Path) else ObjectJournal(root)
 
 
 def decode(entry: Entry, data: bytes, pool_id: str | None) -> dict[str, Any]:

@@ -203,7 +203,7 @@ def _prompt_rows(
     else:
         where.append(e.c.task_key.is_not(None))
     with catalog.read() as conn:
-        return conn.execute(
+        rows = conn.execute(
             select(
                 a.c.name,
                 a.c.rollout_id,
@@ -220,6 +220,7 @@ def _prompt_rows(
             )
             .where(*where)
         ).all()
+    return list(rows)
 
 
 def _check_threshold(threshold: object) -> float:

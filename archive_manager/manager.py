@@ -21,6 +21,8 @@ from ._names import archive_owner, check_archive_name, check_new_owner, check_ow
 from ._readonly_store import ReadOnlyBlobStore
 from .archive import Archive, ArchiveInfo, infos, open_archive
 from .blobs import AbstractBlobStore, BlobStore
+from .blobs.base import ObjectRoot
+from .blobs.s3 import is_s3_url
 from .catalog import (
     Catalog,
     archives_table,
@@ -54,6 +56,7 @@ from .journal import (
     JOURNAL_DIR,
     Journal,
     adopt,
+    journal_for,
     pool_id_of,
     release_owner_op,
     retain_op,
@@ -154,7 +157,7 @@ class ArchiveManager:
 
     def __init__(
         self,
-        root: Path,
+        root: Path | ObjectRoot,
         catalog: Catalog,
         *,
         clock: Callable[[], float] = time.time,
@@ -176,7 +179,7 @@ class ArchiveManager:
             root=root,
             catalog=catalog,
             store=BlobStore(root) if store is None else store,
-            journal=Journal(root),
+            journal=journal_for(root),
             clock=clock,
             lease_ttl=_seconds(lease_ttl),
             chunk_size=chunk_size,
@@ -203,7 +206,9 @@ class ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
         Args:
-            root: The blob root; created if missing.
+            root: The blob root; created if missing.  ``s3://bucket/prefix``: a pool on an
+                S3-compatible object store (docs/architecture.md, "Blobs on an object
+                store"), which needs ``catalog_url``.
             catalog_url: A SQLAlchemy URL; default ``sqlite:///<root>/catalog.db``.
             clock: Seconds since the epoch; injectable so tests of leases and grace periods
                 need not wait.
@@ -242,19 +247,34 @@ class ArchiveManager:
                 than SQLite and PostgreSQL.
             InvalidInputError: ``store`` is not an `AbstractBlobStore`.
         """
-        path = Path(root).expanduser().resolve()
-        url = catalog_url or default_catalog_url(path)
         if read_only not in (None, True, False):
             raise InvalidInputError("read_only must be True, False or None (detect)")
         if read_only and (recover or rebind):
             what = "recover" if recover else "rebind"
             raise ReadOnlyPoolError(f"{what} writes the pool; it cannot run read-only")
-        dialect_of(url)  # an unsupported database is refused before anything is created
         if store is not None and not isinstance(store, AbstractBlobStore):
             raise InvalidInputError(
                 "store must be an archive_manager.blobs.AbstractBlobStore, not "
                 f"{type(store).__name__}"
             )
+        if is_s3_url(root):
+            return cls._open_object_store(
+                str(root),
+                catalog_url,
+                clock=clock,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+                busy_timeout_ms=busy_timeout_ms,
+                create=create,
+                recover=recover,
+                rebind=rebind,
+                read_only=read_only,
+                store=store,
+            )
+        path = Path(root).expanduser().resolve()
+        url = catalog_url or default_catalog_url(path)
+        dialect_of(url)  # an unsupported database is refused before anything is created
         blobs = BlobStore(path) if store is None else store
         if not (recover or rebind):
             missing = _missing_catalog(path, url, blobs)
@@ -360,6 +380,112 @@ class ArchiveManager:
             raise
 
     @classmethod
+    def _open_object_store(
+        cls,
+        url: str,
+        catalog_url: str | None,
+        *,
+        clock: Callable[[], float] | None,
+        lease_ttl: timedelta | float,
+        chunk_size: int,
+        inline_limit: int,
+        busy_timeout_ms: int | None,
+        create: bool,
+        recover: bool,
+        rebind: bool,
+        read_only: bool | None,
+        store: AbstractBlobStore | None,
+    ) -> ArchiveManager:
+        """`open` for a pool on an S3-compatible object store (docs/architecture.md, "Blobs on
+        an object store"): the identity and the retention journal are objects under the
+        prefix, the catalog is wherever ``catalog_url`` says (never in the bucket)."""
+        from .blobs.s3 import S3BlobStore, parse_s3_url
+
+        bucket, prefix = parse_s3_url(url)  # a malformed URL is refused before any request
+        url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        if catalog_url is None:
+            raise InvalidInputError(
+                f"a pool on an object store ({url}) needs an explicit catalog: pass "
+                "catalog_url (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL), a PostgreSQL URL "
+                "or a SQLite file outside the bucket; a SQLite file cannot live in a bucket"
+            )
+        dialect_of(catalog_url)
+        if rebind:
+            raise InvalidInputError(
+                f"rebind is not supported for a pool on an object store ({url}): a bucket "
+                "copy keeps the original's identity; open the copy with a new, empty catalog "
+                "and recover=True instead"
+            )
+        if store is None:
+            blobs = S3BlobStore.from_url(url)
+        elif isinstance(store, S3BlobStore) and store.url == url:
+            blobs = store  # a store configured by the caller (endpoint, timeouts, retries)
+        else:
+            raise InvalidInputError(
+                f"the root {url} takes no store, or an S3BlobStore of that bucket and prefix"
+            )
+        root = blobs.pool_root()
+        if read_only is True:
+            if not cls.exists(url, catalog_url):
+                raise PoolNotFoundError(f"no pool at {url} (a read-only open never creates one)")
+            catalog = Catalog.open(
+                catalog_url,
+                busy_timeout_ms=busy_timeout_ms,
+                read_only=True,
+                read_only_reason="it was opened read-only",
+            )
+        else:
+            if not (create or recover) and not cls.exists(url, catalog_url):
+                raise PoolNotFoundError(
+                    f"no pool at {url} with the catalog {shown_url(catalog_url)}; create one "
+                    "first (ArchiveManager.open or 'archive-manager init')"
+                )
+            if recover and read_identity(root) is None and not _has_blobs(blobs):
+                raise PoolNotFoundError(
+                    f"nothing to recover at {url}: it holds no pool identity and no blobs"
+                )
+            catalog = Catalog.open(
+                catalog_url, busy_timeout_ms=busy_timeout_ms, read_only=read_only
+            )
+        try:
+            list_blobs = lambda n: list(itertools.islice(blobs.iter_digests(), n))  # noqa: E731
+            if catalog.read_only:
+                if recover:
+                    raise ReadOnlyPoolError(
+                        f"recover writes the pool, whose catalog is read-only here "
+                        f"({catalog.read_only_reason})"
+                    )
+                identity = check_pool_read_only(
+                    catalog, root, url=catalog_url, list_blobs=list_blobs
+                )
+            else:
+                identity = bind_pool(
+                    catalog,
+                    root,
+                    url=catalog_url,
+                    explicit_url=True,
+                    list_blobs=list_blobs,
+                    clock=clock or time.time,
+                    recover=recover,
+                )
+            pool = cls(
+                root,
+                catalog,
+                clock=clock or time.time,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+                store=blobs,
+            )
+            pool._context = replace(pool._context, identity=identity)
+            if not catalog.read_only:
+                adopt(catalog, pool.journal, pool.clock)
+            return pool
+        except BaseException:
+            catalog.close()
+            raise
+
+    @classmethod
     def _open_read_only(
         cls,
         path: Path,
@@ -418,8 +544,12 @@ class ArchiveManager:
     ) -> CatalogStatus:
         """The catalog's Alembic revision and this library's head, without migrating or
         creating anything."""
-        path = Path(root).expanduser().resolve()
-        url = catalog_url or default_catalog_url(path)
+        if is_s3_url(root):
+            if catalog_url is None:
+                return CatalogStatus(None, head_revision())  # no catalog can be in a bucket
+            url = catalog_url
+        else:
+            url = catalog_url or default_catalog_url(Path(root).expanduser().resolve())
         if parse_url(url).get_backend_name() == "sqlite":
             # NOTE: never through the engine, whose first connection switches the file to
             # WAL mode: asking must leave a file that is no catalog exactly as it was.
@@ -439,8 +569,9 @@ class ArchiveManager:
 
     @property
     def root(self) -> Path:
-        """The blob root."""
-        return self._root
+        """The blob root: a folder, or for a pool on an object store its `ObjectRoot`
+        (``str(pool.root)`` is then ``s3://bucket/prefix``)."""
+        return self._root  # type: ignore[return-value]
 
     @property
     def identity(self) -> PoolIdentity | None:
@@ -527,6 +658,11 @@ class ArchiveManager:
             OSError: a file could not be changed (this account neither owns it nor is root).
         """
         self._refuse_if_read_only("sharing the pool with a group")
+        if not isinstance(self._root, Path):
+            raise InvalidInputError(
+                f"the pool at {self._root} is on an object store: its access is the bucket's "
+                "policy, not a group's bits"
+            )
         return share_pool(self._root, group, catalog_file=sqlite_path(self.catalog_url))
 
     def close(self) -> None:

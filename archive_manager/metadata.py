@@ -12,16 +12,18 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-import torch
-
+from ._torch import is_tensor, tensor_class, torch_module
 from .codec import TensorRef
 from .errors import MetadataError, UnencodableError
 from .samples import is_queue_key
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "REPLAY_FIELDS",
@@ -49,8 +51,13 @@ REPLAY_FIELDS = frozenset(
 _OPAQUE_TYPES: set[type] = {type(None), bool, int, float, str, bytes}
 _MAX_OPAQUE_TYPES = 256
 _MAX_FLOAT_INT = int(sys.float_info.max)  # the largest int a float holds
-_TENSOR_TYPES = (torch.Tensor, TensorRef)
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _tensor_types() -> tuple[type[Any], ...]:
+    """`TensorRef`, and `torch.Tensor` once torch is imported (no value is one before)."""
+    tensor = tensor_class()
+    return (TensorRef,) if tensor is None else (tensor, TensorRef)
 
 
 # --------------------------------------------------------------------------- describe
@@ -88,6 +95,7 @@ def describe_sample(sample: Any) -> dict[str, Any]:
     tensors: dict[str, dict[str, Any]] = {}
     lengths: dict[str, int] = {}
     opaque = _OPAQUE_TYPES
+    kinds = _tensor_types()
     # NOTE: this loop runs for ~40 fields of every sample saved (budget: well under 5 us
     # per sample), hence exact-type dispatch before any isinstance against an ABC.
     for key, value in fields.items():
@@ -97,20 +105,20 @@ def describe_sample(sample: Any) -> dict[str, Any]:
         if cls is list or cls is tuple:
             # Only the first item decides whether a list holds tensor chunks, so a
             # 3,000-token list costs one check, not 3,000.
-            if value and isinstance(value[0], _TENSOR_TYPES):
+            if value and isinstance(value[0], kinds):
                 _add_tensor(tensors, key, value)
             elif key in REPLAY_FIELDS:
                 lengths[key] = len(value)
         elif cls is dict:
             if value:
                 _add_mapping(tensors, key, value)
-        elif cls is TensorRef or isinstance(value, torch.Tensor):
+        elif isinstance(value, kinds):
             if not is_queue_key(key):
                 tensors[key if type(key) is str else _key_text(key)] = _describe_tensor(value)
         elif isinstance(value, Mapping):
             _add_mapping(tensors, key, value)
         elif isinstance(value, (list, tuple)):
-            if value and isinstance(value[0], _TENSOR_TYPES):
+            if value and isinstance(value[0], kinds):
                 _add_tensor(tensors, key, value)
             elif key in REPLAY_FIELDS:
                 lengths[key] = len(value)
@@ -185,23 +193,25 @@ def _key_text(key: Any) -> str:
 def _describe_tensor(value: torch.Tensor | TensorRef) -> dict[str, Any]:
     dtype = value.dtype
     name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
-    if isinstance(value, torch.Tensor) and value.is_nested:
+    if is_tensor(value) and value.is_nested:
         return {"shape": None, "dtype": name}  # its .shape raises: the rows differ in size
     return {"shape": list(value.shape), "dtype": name}
 
 
 def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
     """Shape and dtype of a tensor, a `TensorRef` or a list of them, else None."""
-    if isinstance(value, _TENSOR_TYPES):
+    kinds = _tensor_types()
+    if isinstance(value, kinds):
         return _describe_tensor(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
-    if not isinstance(value[0], _TENSOR_TYPES):
+    if not isinstance(value[0], kinds):
         return None
-    if not all(isinstance(chunk, _TENSOR_TYPES) for chunk in value):
+    if not all(isinstance(chunk, kinds) for chunk in value):
         return None  # a mixed list is not a tensor; the codec stores it item by item
     dtype: torch.dtype = value[0].dtype
     name: str | None = None
+    torch = torch_module()  # imported already: the list holds tensors (or refs to them)
     try:
         for chunk in value[1:]:
             dtype = torch.promote_types(dtype, chunk.dtype)  # what torch.cat would produce
@@ -211,7 +221,7 @@ def _describe_tensor_value(value: Any) -> dict[str, Any] | None:
         # would fail too; the codec still stores the chunks one by one.
         pass
     # NOTE: isinstance first: a TensorRef would load its blob to answer is_nested
-    if any(isinstance(chunk, torch.Tensor) and chunk.is_nested for chunk in value):
+    if any(is_tensor(chunk) and chunk.is_nested for chunk in value):
         return {"shape": None, "dtype": name}
     first = value[0].shape
     rows = 0
@@ -239,7 +249,7 @@ def _length(value: Any) -> int | None:
         return None
     if type(value) is list:
         return len(value)
-    if isinstance(value, _TENSOR_TYPES):
+    if isinstance(value, _tensor_types()):
         shape = value.shape
         return int(shape[0]) if len(shape) else 1
     try:
@@ -317,12 +327,13 @@ class _Settings:
         )
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0
+def _is_positive_int(value: Any) -> TypeGuard[int]:
+    # NOTE: any Integral (numpy's too) counts; int() below makes it a plain int.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) > 0
 
 
 def _positive_or_none(value: Any) -> int | None:
@@ -389,7 +400,7 @@ def metadata_problems(
     return problems
 
 
-def _fmt_shape(shape: list[int | None] | None) -> str:
+def _fmt_shape(shape: Sequence[int | None] | None) -> str:
     if shape is None:
         return "None"
     return "[" + ", ".join("*" if dim is None else str(dim) for dim in shape) + "]"

@@ -201,6 +201,8 @@ def shared_problems(
     ``-wal``/``-shm`` the root's group with group read and write.  ``catalog_url`` (no
     password) is shown in the fixing command when the catalog is not the root's own.
     """
+    if not isinstance(root, (str, os.PathLike)):
+        return []  # a root on an object store: access is the bucket's policy, not bits
     root = Path(root)
     try:
         top = os.stat(root)

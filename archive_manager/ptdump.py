@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ._torch import torch_module
 from .errors import InvalidInputError, UnsupportedFormatError
 from .samples import Sample
 
@@ -56,6 +55,7 @@ def read_pt_dump(
         raise FileNotFoundError(f"no such file: {source}")
     if not source.is_file():
         raise InvalidInputError(f"{source} is not a file")
+    torch = torch_module()  # a dump is a torch file: reading one is decoding tensors
     try:
         data = torch.load(source, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:

@@ -198,4 +198,7 @@ def query_samples(
             raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
         query = query.limit(limit)
     with pool.catalog.read() as conn:
-        return [SampleRow(*row[:2], bool(row[2]), *row[3:]) for row in conn.execute(query)]
+        return [
+            SampleRow(row[0], row[1], bool(row[2]), *row[3:])  # type: ignore[call-arg]
+            for row in conn.execute(query)
+        ]

@@ -4,8 +4,8 @@ benchmarks.  Nothing is downloaded; the same seed always gives the same rollout.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from ._torch import torch_module
 from .samples import Sample
 
 __all__ = ["make_rollout"]
@@ -154,11 +154,12 @@ def make_rollout(
         )
         sample.rollout_id = rollout_id
         if r3_layers:
-            sample.rollout_routed_experts = torch.from_numpy(
+            sample.rollout_routed_experts = torch_module().from_numpy(
                 rng.integers(
                     0, 128, size=(prompt_len + length - 1, r3_layers, r3_topk), dtype=np.int32
                 )
             )
-        sample.task_key = f"rollout-{rollout_id}/group-{group}"
+        # task_key is no field of slime's Sample: the codec stores extra attributes too.
+        sample.task_key = f"rollout-{rollout_id}/group-{group}"  # type: ignore[attr-defined]
         samples.append(sample.to_dict() if as_dict else sample)
     return samples

@@ -28,6 +28,7 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools"
 PACKAGE = Path(__file__).resolve().parents[1] / "archive_manager"
 sys.path.insert(0, str(TOOLS))
 import crash_matrix  # noqa: E402  (a script in tools/, imported as a module)
+from _matrix import LOST, assert_all_hold  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -117,22 +118,12 @@ def test_the_environment_variable_kills_a_real_process(tmp_path: Path) -> None:
         assert [a.name for a in pool.find(state=None)] == ["a"]
 
 
-def _assert_all_hold(rows: list[crash_matrix.Row], *, every_point: bool = True) -> None:
-    failed = [r for r in rows if not r.ok]
-    assert not failed, crash_matrix.table(failed) + "\n" + "\n".join(r.detail for r in failed)
-    if every_point:
-        assert crash_matrix.uncovered(rows) == []
-
-
-LOST = [name for name in crash_matrix.SCENARIOS if name.endswith("_lost")]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_crash_matrix_kill_sqlite(tmp_path: Path) -> None:
     only = [name for name in crash_matrix.SCENARIOS if name not in LOST]
     rows = crash_matrix.matrix(tmp_path, crash_matrix.Databases(None), only=only)
-    _assert_all_hold(rows)
+    assert_all_hold(rows)
     assert all(r.outcome == "killed" for r in rows)
     # Both the first and the last hit of the points a save reaches many times.
     assert {
@@ -140,49 +131,6 @@ def test_crash_matrix_kill_sqlite(tmp_path: Path) -> None:
     } == {
         (1, 11),
         (11, 11),
-    }
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_crash_matrix_kill_then_lose_the_catalog_sqlite(tmp_path: Path) -> None:
-    """Every durable step of save, retain, release and release_owner killed, then the catalog
-    lost and rebuilt from the manifests and the retention journal: the same owners come
-    back (the in-flight decision all or nothing)."""
-    rows = crash_matrix.matrix(tmp_path, crash_matrix.Databases(None), only=LOST, first_only=True)
-    _assert_all_hold(rows, every_point=False)
-    assert {"journal.before_write", "journal.after_write"} <= {r.point for r in rows}
-    assert {r.scenario for r in rows} == set(LOST)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_crash_matrix_raise_sqlite(tmp_path: Path) -> None:
-    rows = crash_matrix.matrix(
-        tmp_path, crash_matrix.Databases(None), action="raise", first_only=True
-    )
-    _assert_all_hold(rows)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_crash_matrix_kill_postgresql(tmp_path: Path, pg_server) -> None:  # type: ignore[no-untyped-def]
-    dbs = crash_matrix.Databases(pg_server.url())
-    try:
-        # stream, reference, failed_save and pointer differ from save above the catalog
-        # (writer and blob layer), which the SQLite matrix covers; every catalog step is here.
-        only = ["save", "retain", "release", "release_owner", "gc", "rebuild", "restore"]
-        only += ["first_open", "rebind", "retain_lost", "release_owner_lost"]
-        rows = crash_matrix.matrix(tmp_path, dbs, only=only, first_only=True)
-    finally:
-        dbs.close()
-    _assert_all_hold(rows, every_point=False)
-    # A pool whose catalog is given by URL does not follow a moved root (identity.move).
-    catalog_points = {
-        p for p in _failpoints.POINTS if p.endswith("_commit") and not p.startswith("identity.move")
-    }
-    assert {p for p in catalog_points if not p.startswith("save.rollback")} <= {
-        r.point for r in rows
     }
 
 

@@ -18,6 +18,7 @@ from conftest import die_before_publish, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
+from archive_manager.cli._plot import plot_stats
 from archive_manager.errors import InvalidInputError, MissingDependencyError
 from archive_manager.stats import (
     RolloutStats,
@@ -26,7 +27,6 @@ from archive_manager.stats import (
     build_stats,
     check_rollout_range,
     nearest_rank,
-    plot_stats,
     summarize_samples,
 )
 

@@ -34,11 +34,18 @@ import abc
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .._digest import Buffer
 
-__all__ = ["AbstractBlobStore", "BlobStat", "Capabilities", "IncompleteWrite", "PutItem"]
+__all__ = [
+    "AbstractBlobStore",
+    "BlobStat",
+    "Capabilities",
+    "IncompleteWrite",
+    "ObjectRoot",
+    "PutItem",
+]
 
 #: One blob to put: its data (a buffer or a sequence of parts) and its digest, if known.
 PutItem = tuple[Buffer | Sequence[Buffer], str | None]
@@ -71,6 +78,28 @@ class IncompleteWrite:
 
     name: str
     mtime: float
+
+
+@runtime_checkable
+class ObjectRoot(Protocol):
+    """A pool root on an object store (``s3://bucket/prefix``: `blobs.s3.S3Root`): the pool's
+    few named objects besides its blobs (the identity, the retention journal) are read and
+    written through it, as a filesystem root holds them as files (docs/architecture.md,
+    "Blobs on an object store").  Names are ``/``-separated and relative to the root; the
+    root refuses one that could lead out of it.  ``str(root)`` is its URL."""
+
+    def read(self, name: str) -> bytes | None:
+        """The object's bytes; None if there is none."""
+
+    def write(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Write the object whole (visible only once complete); with ``exclusive`` only if
+        none exists, of racing writers at most one succeeding (False for the others)."""
+
+    def list(self, folder: str) -> list[tuple[str, float]]:
+        """``(name, mtime)`` of the objects directly in ``folder``."""
+
+    def delete(self, name: str) -> bool:
+        """Delete the object; False if there was none."""
 
 
 class AbstractBlobStore(abc.ABC):

@@ -13,20 +13,22 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import CatalogError, CatalogVersionError
 from .engine import WRITE_OPTION, shown_url
 from .models import FORMAT_VERSION, Base, pool_info_table
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 __all__ = [
     "CATALOG_URL_ENV",
+    "HEAD_REVISION",
     "VERSION_TABLE",
     "check_current",
     "current_revision",
@@ -44,6 +46,16 @@ Alembic history cannot collide with the catalog's."""
 
 CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
 """Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
+
+HEAD_REVISION = "0004"
+"""The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
+Alembic's own head).
+
+NOTE: every open compares the catalog's revision with the head.  Asking Alembic for it
+imports Alembic (with Mako and Pygments: about a fifth of the modules a CLI verb loaded) and
+parses every migration script; an up-to-date catalog, the common case, needs neither
+(docs/architecture.md, Layers, on start-up).  Alembic is imported only to migrate or to
+judge a revision other than this one."""
 
 _UPGRADE_HINT = "upgrade archive_manager (pip install -U archive_manager)"
 
@@ -63,6 +75,8 @@ def script_location() -> Path:
 
 
 def _config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     # ConfigParser interpolation: a literal '%' in the path must be doubled.
     config.set_main_option("script_location", str(script_location()).replace("%", "%%"))
@@ -73,6 +87,9 @@ def _config(connection: Connection | None = None) -> Config:
 
 @functools.lru_cache(maxsize=4)
 def _script_directory(location: str) -> ScriptDirectory:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     config = Config()
     config.set_main_option("script_location", location.replace("%", "%%"))
     return ScriptDirectory.from_config(config)
@@ -84,6 +101,11 @@ def _script() -> ScriptDirectory:
 
 def head_revision() -> str:
     """The newest revision this library knows."""
+    return HEAD_REVISION
+
+
+def script_head_revision() -> str:
+    """The newest revision of the migration scripts, as Alembic finds it."""
     head = _script().get_current_head()
     if head is None:
         raise CatalogError("the catalog migrations have no revision")
@@ -96,8 +118,10 @@ def known_revisions() -> frozenset[str]:
 
 
 def _current_in(conn: Connection) -> str | None:
-    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    heads = context.get_current_heads()
+    # What Alembic's MigrationContext.get_current_heads reads, without importing Alembic.
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    heads = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
     if len(heads) > 1:
         raise CatalogVersionError(
             f"the catalog has several revisions at once ({', '.join(sorted(heads))}); "
@@ -115,7 +139,7 @@ def current_revision(bind: Engine | Connection) -> str | None:
 
 
 def _check_known(revision: str | None, where: str) -> None:
-    if revision is not None and revision not in known_revisions():
+    if revision is not None and revision != HEAD_REVISION and revision not in known_revisions():
         raise CatalogVersionError(
             f"the catalog {where} is at revision {revision!r}, which this archive_manager does "
             f"not know (its newest is {head_revision()!r}): the catalog is newer than this "
@@ -188,10 +212,16 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
 _ALEMBIC_LOCK = threading.Lock()
 
 
-def _upgrade_in(conn: Connection, revision: str) -> None:
-    _check_known(_current_in(conn), _where(conn))
+def _run_upgrade(conn: Connection, revision: str) -> None:
+    from alembic import command
+
     with _ALEMBIC_LOCK:
         command.upgrade(_config(conn), revision)
+
+
+def _upgrade_in(conn: Connection, revision: str) -> None:
+    _check_known(_current_in(conn), _where(conn))
+    _run_upgrade(conn, revision)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -272,8 +302,7 @@ def ensure_current(engine: Engine) -> str:
         if current is not None:
             _check_format(_format_version_in(conn), where)
         if current != head:
-            with _ALEMBIC_LOCK:
-                command.upgrade(_config(conn), "head")
+            _run_upgrade(conn, "head")
         found = _format_version_in(conn)
         if found is None:
             conn.execute(

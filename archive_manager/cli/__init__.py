@@ -17,6 +17,7 @@ from click.core import ParameterSource
 from .. import __version__
 from ..catalog.migrate import CATALOG_URL_ENV
 from ._context import CliError, PoolState, is_reportable, make_message_safe, one_line
+from ._params import PoolRoot
 from .archives import export, import_pt, keys, ls, query, show
 from .demo import demo
 from .lens import groups, prompts
@@ -67,12 +68,12 @@ class _Cli(click.Group):
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PoolRoot(),
     envvar=ROOT_ENV,
     default=DEFAULT_ROOT,
     show_default=True,
     show_envvar=True,
-    help="The pool's blob root.",
+    help="The pool's blob root: a folder, or s3://bucket/prefix (then --catalog-url too).",
 )
 @click.option(
     "--catalog-url",
@@ -90,7 +91,7 @@ class _Cli(click.Group):
 )
 @click.version_option(__version__, "--version", "-V", prog_name="archive-manager")
 @click.pass_context
-def cli(ctx: click.Context, root: Path, catalog_url: str | None, read_only: bool) -> None:
+def cli(ctx: click.Context, root: Path | str, catalog_url: str | None, read_only: bool) -> None:
     """Immutable, indexed archives of RL rollouts: inspect and maintain a storage pool."""
     state = PoolState(
         root=root,

@@ -68,7 +68,7 @@ def make_message_safe(exc: click.ClickException) -> None:
 class PoolState:
     """``ctx.obj``: where the pool is, and the pool once a command asked for it."""
 
-    root: Path
+    root: Path | str  # a str only for s3://bucket/prefix
     catalog_url: str | None = field(repr=False)  # may hold a password
     root_given: bool = False
     read_only: bool = False
@@ -79,7 +79,14 @@ class PoolState:
     @property
     def effective_catalog_url(self) -> str:
         """The catalog URL the pool uses (the SQLite file in the root unless one was given)."""
-        return self.catalog_url or default_catalog_url(self.root.expanduser().resolve())
+        if self.catalog_url:
+            return self.catalog_url
+        if isinstance(self.root, str):
+            raise CliError(
+                f"a pool on an object store ({self.root}) needs --catalog-url (or "
+                "$ARCHIVE_MANAGER_CATALOG_URL): its catalog cannot live in the bucket"
+            )
+        return default_catalog_url(self.root.expanduser().resolve())
 
     def shown_catalog_url(self) -> str:
         """The catalog URL with any password hidden."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import click
@@ -134,3 +135,16 @@ def check_subset(ctx: click.Context, param: click.Parameter, value: str | None) 
 DURATION = Duration()
 SINCE = Since()
 ROLLOUT_RANGE = RolloutRange()
+
+
+class PoolRoot(click.ParamType):
+    """``--root``: a folder (a `Path`), or ``s3://bucket/prefix`` kept as it is (a pool on an
+    object store, docs/architecture.md, "Blobs on an object store"); a Path would fold its
+    ``//``."""
+
+    name = "root"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.startswith("s3://"):
+            return value
+        return click.Path(file_okay=False, path_type=Path).convert(value, param, ctx)

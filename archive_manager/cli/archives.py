@@ -12,6 +12,7 @@ import click
 from ..archive import ArchiveInfo
 from ..manager import ArchiveManager
 from ..stats import archive_summary
+from ._complete import complete_archive_name
 from ._context import CliError, json_option, pass_pool
 from ._output import echo, echo_fields, echo_json, echo_table, human_size, local_time
 from ._params import ROLLOUT_RANGE, SINCE
@@ -96,7 +97,7 @@ def _stats_line(stats: dict[str, float] | None, fmt: str) -> str:
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_archive_name)
 @json_option
 @pass_pool
 def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
@@ -156,7 +157,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_archive_name)
 @json_option
 @pass_pool
 def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
@@ -245,7 +246,7 @@ def query(
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_archive_name)
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--force", "-f", is_flag=True, help="Overwrite OUT if it exists.")
 @json_option

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 import tempfile
 import time
@@ -13,6 +14,7 @@ import click
 
 from ..errors import ArchiveReleasedError
 from ..manager import ArchiveManager
+from ..samples import Sample
 from ..synthetic import make_rollout
 from ._context import CliError, PoolState, one_line, pass_state
 from ._output import echo_fields, echo_table, human_duration, human_size
@@ -151,9 +153,11 @@ def _save_rollouts(pool: ArchiveManager, samples: int) -> None:
             r3_layers=r3,
             r3_topk=_R3_TOPK,
         )
-        arc, took = _timed(lambda b=batch, i=rollout_id: pool.save(f"rollout-{i}", b, rollout_id=i))
+        arc, took = _timed(
+            functools.partial(pool.save, f"rollout-{rollout_id}", batch, rollout_id=rollout_id)
+        )
         total += took
-        tokens = sum(len(s.tokens) for s in batch)  # type: ignore[union-attr]
+        tokens = sum(len(s.tokens) for s in batch if isinstance(s, Sample))
         rows.append(
             [
                 arc.name,

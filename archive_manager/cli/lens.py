@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..manager import ArchiveManager
+from ._complete import complete_archive_name
 from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
@@ -17,7 +18,7 @@ def _num(value: float | None, fmt: str = ".3f") -> str | None:
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_archive_name)
 @click.option(
     "--sort",
     type=click.Choice(["position", "std", "mean", "size"]),

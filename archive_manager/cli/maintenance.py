@@ -111,11 +111,9 @@ def gc(pool: ArchiveManager, grace: timedelta, yes: bool, dry_run: bool, as_json
     help="Rehash only part of the blobs: 'n/t' (the n-th of t parts) or 'P%'. Implies --read-data.",
 )
 @json_option
-@click.pass_context
 @pass_pool
 def verify(
     pool: ArchiveManager,
-    ctx: click.Context,
     read_data: bool,
     subset: str | None,
     as_json: bool,
@@ -136,7 +134,7 @@ def verify(
         status = "ok" if report.ok else f"{len(report.problems)} problem(s) found"
         echo(f"{status}: {checked} in {human_duration(report.duration)}")
     if not report.ok:
-        ctx.exit(1)
+        click.get_current_context().exit(1)
 
 
 @click.command("rebuild-catalog")

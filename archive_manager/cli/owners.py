@@ -8,6 +8,7 @@ import click
 
 from ..manager import ArchiveManager
 from ..retention import ReleasePlan
+from ._complete import complete_archive_name
 from ._context import dry_run_option, json_option, pass_pool, yes_option
 from ._output import echo, echo_json, echo_table, human_size, terminal_safe
 
@@ -21,7 +22,7 @@ def _frees(plan: ReleasePlan) -> str:
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_archive_name)
 @yes_option
 @dry_run_option
 @json_option
@@ -66,7 +67,7 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
 
 @click.command()
 @click.argument("owner")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_archive_name)
 @json_option
 @pass_pool
 def retain(pool: ArchiveManager, owner: str, name: str, as_json: bool) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 import click
 
 from ..manager import ArchiveManager
-from ..stats import RolloutStats, check_plot_path, plot_stats
+from ..stats import RolloutStats
 from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table, human_size
 from ._params import ROLLOUT_RANGE
+from ._plot import check_plot_path, plot_stats
 
 __all__ = ["stats"]
 

@@ -512,7 +512,8 @@ def _query_url(**changes: Any) -> str:
             args.pop(key, None)
         else:
             args[key] = [str(value)]
-    return url_for(request.endpoint or "viewer.pool_page", **(request.view_args or {}), **args)
+    values: dict[str, Any] = {**(request.view_args or {}), **args}
+    return url_for(request.endpoint or "viewer.pool_page", **values)
 
 
 def _num(value: Any, fmt: str = ".3g", missing: str = "–") -> str:

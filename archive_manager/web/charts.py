@@ -122,7 +122,7 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
         key=lambda s: (abs(span / s - count), -s),
     )
     first = math.ceil(low / step - 1e-9) * step
-    ticks = []
+    ticks: list[float] = []
     value = first
     # ``value - high``, not ``high + step * 1e-9``: near the largest float the latter is
     # infinite and the loop would never end.  The count cap is a second guard.

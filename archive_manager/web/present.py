@@ -16,8 +16,8 @@ from datetime import date, datetime
 from typing import Any
 
 import numpy as np
-import torch
 
+from .._torch import is_tensor, torch_module
 from ..codec import TensorRef
 from ..errors import InvalidInputError
 from ..metadata import describe_sample
@@ -68,14 +68,14 @@ _SHOWN = frozenset(
 
 
 def _is_tensor(value: object) -> bool:
-    return isinstance(value, (torch.Tensor, TensorRef, np.ndarray))
+    return isinstance(value, (TensorRef, np.ndarray)) or is_tensor(value)
 
 
 def describe_value(value: object) -> str:
     """A tensor or array as ``dtype[shape]`` without loading it."""
     if isinstance(value, np.ndarray):
         return f"{value.dtype}{list(value.shape)}"
-    if isinstance(value, (torch.Tensor, TensorRef)):
+    if isinstance(value, TensorRef) or is_tensor(value):
         return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
     return type(value).__name__
 
@@ -192,7 +192,7 @@ def _items(value: object) -> tuple[list[Any] | None, NotShown | None]:
             f"stored as a tensor blob ({describe_value(value)}), not loaded with the page",
             tensor=True,
         )
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         if value.is_complex():
             return None, NotShown(f"its dtype is {str(value.dtype).removeprefix('torch.')}")
         return value.reshape(-1).tolist(), None
@@ -386,6 +386,7 @@ def resolve_tensor(sample: Any, name: str) -> Any:
 def tensor_summary(value: Any) -> dict[str, Any]:
     """Load a tensor (or a list of chunks, concatenated along dim 0) and summarize it:
     dtype, shape, elements, min / max / mean and the first values.  This reads its blob."""
+    torch = torch_module()
     parts = value if isinstance(value, list) else [value]
     tensors = []
     for part in parts:

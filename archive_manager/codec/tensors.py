@@ -1,0 +1,148 @@
+"""The tensor-blob format, and the dtype names and shape rules every stored tensor follows.
+
+A tensor blob is ``magic "AMTENSR\\0" | version u16 | flags u16 | header_len u32 | header
+(JSON: dtype, shape; space-padded to 64 bytes) | the tensor's bytes as they are in memory``.
+Tensors at most the inline limit are kept inside their chunk's record instead (see
+`values`), with the same dtype names and the same limits.
+
+torch is imported by the first function here that is given or asked for a tensor
+(docs/architecture.md, Layers): the dtype tables are built then, not at import.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._digest import Buffer, digest_of
+from .._torch import torch_module
+from ..errors import ArchiveError, IntegrityError, UnencodableError
+from .framing import FORMAT_VERSION, TENSOR_MAGIC, _check_magic, _integrity
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TensorBlob", "decode_tensor_blob", "encode_tensor_blob"]
+
+_TENSOR_HEAD = struct.Struct("<8sHHI")  # magic, version, flags, header length
+
+# One rule for both sides: the encoder refuses what the decoder would refuse as corrupt.
+_MAX_DIMS = 64
+
+# dtype names are part of the on-disk format: never reorder or rename.
+_DTYPE_NAMES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "complex32",
+    "float8_e8m0fnu",
+)  # fmt: skip
+
+
+@functools.cache
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """The stored dtype names torch has, to its dtypes (torch is imported here)."""
+    torch = torch_module()
+    return {name: getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)}
+
+
+@functools.cache
+def torch_dtype_names() -> dict[torch.dtype, str]:
+    """The inverse of `torch_dtypes`: the name each storable torch dtype is stored under."""
+    return {v: k for k, v in torch_dtypes().items()}
+
+
+@dataclass
+class TensorBlob:
+    """A tensor to be stored as its own blob: the parts to write and their digest."""
+
+    digest: str
+    parts: list[Buffer]
+    size: int
+
+
+def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
+    """The tensor's raw bytes, without copying a contiguous CPU tensor."""
+    torch = torch_module()
+    if t.layout != torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout)
+        raise UnencodableError(f"cannot store a {kind} tensor; convert it to dense first")
+    if t.dim() > _MAX_DIMS:
+        raise UnencodableError(
+            f"cannot store a tensor of {t.dim()} dimensions (at most {_MAX_DIMS})"
+        )
+    if t.is_quantized or t.dtype not in torch_dtype_names():
+        raise UnencodableError(f"cannot store a tensor of dtype {t.dtype}")
+    if t.device.type == "meta":
+        raise UnencodableError("cannot store a tensor on the meta device: it holds no data")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    # A lazy conj/neg view's memory is not its value; resolving is free when the bit is unset.
+    t = t.resolve_conj().resolve_neg().contiguous()
+    if t.numel() == 0:
+        return t, memoryview(b"")
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:
+        # NOTE: a one-element view keeps its stride (t[::2][:1]) and still counts as
+        # contiguous, but view(uint8) needs a unit stride.
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    # ndarray has the buffer protocol; numpy's stubs declare it only for Python 3.12+.
+    return t, memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+
+
+def encode_tensor_blob(t: torch.Tensor) -> TensorBlob:
+    """A tensor as a standalone blob: a small header, then its bytes as they are in memory."""
+    t, raw = _tensor_bytes(t)
+    header = json.dumps(
+        {"dtype": torch_dtype_names()[t.dtype], "shape": list(t.shape)}, separators=(",", ":")
+    ).encode()
+    header += b" " * (-(len(header) + _TENSOR_HEAD.size) % 64)
+    head = _TENSOR_HEAD.pack(TENSOR_MAGIC, FORMAT_VERSION, 0, len(header)) + header
+    parts: list[Buffer] = [head, raw]
+    return TensorBlob(digest_of(parts), parts, len(head) + raw.nbytes)
+
+
+def decode_tensor_blob(data: Buffer, digest: str = "?") -> torch.Tensor:
+    """The tensor in a tensor blob, as a new writable tensor."""
+    mv = memoryview(data).cast("B")
+    try:
+        magic, version, _flags, hlen = _TENSOR_HEAD.unpack_from(mv, 0)
+        _check_magic(magic, TENSOR_MAGIC, version, f"tensor blob {digest}")
+        start = _TENSOR_HEAD.size + hlen
+        if start > mv.nbytes:
+            raise IntegrityError("header runs past the end of the blob")
+        header = json.loads(bytes(mv[_TENSOR_HEAD.size : start]))
+        dtype = torch_dtypes()[header["dtype"]]
+        shape = _check_shape(header["shape"])
+        return _tensor_from(mv[start:], dtype, shape, exact=True)
+    except (ArchiveError, UnicodeDecodeError) as exc:
+        raise _integrity(f"tensor blob {digest}", exc) from exc
+    except (struct.error, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise _integrity(f"tensor blob {digest}", exc) from exc
+
+
+def _tensor_from(
+    mv: memoryview, dtype: torch.dtype, shape: tuple[int, ...], *, exact: bool = False
+) -> torch.Tensor:
+    torch = torch_module()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > mv.nbytes or (exact and nbytes != mv.nbytes):
+        raise IntegrityError(f"tensor of {nbytes} bytes does not fit {mv.nbytes} stored bytes")
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    # bytearray: the tensor must own writable memory, not alias a read-only chunk or mmap.
+    flat = torch.frombuffer(bytearray(mv[:nbytes]), dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
+
+
+def _check_shape(shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise IntegrityError(f"malformed tensor shape {shape!r:.80}")
+    if len(shape) > _MAX_DIMS:
+        raise IntegrityError("tensor has too many dimensions")
+    return tuple(shape)

@@ -1,0 +1,40 @@
+"""The crash matrix with the catalog lost after the kill, and with raised faults instead of
+kills (``tools/crash_matrix.py``; the kill matrix is in test_crash_matrix.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _matrix import LOST, assert_all_hold, crash_matrix
+
+from archive_manager import _failpoints
+
+
+@pytest.fixture(autouse=True)
+def _disarmed() -> Iterator[None]:
+    _failpoints.configure(None)
+    yield
+    _failpoints.configure(None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_crash_matrix_kill_then_lose_the_catalog_sqlite(tmp_path: Path) -> None:
+    """Every durable step of save, retain, release and release_owner killed, then the catalog
+    lost and rebuilt from the manifests and the retention journal: the same owners come
+    back (the in-flight decision all or nothing)."""
+    rows = crash_matrix.matrix(tmp_path, crash_matrix.Databases(None), only=LOST, first_only=True)
+    assert_all_hold(rows, every_point=False)
+    assert {"journal.before_write", "journal.after_write"} <= {r.point for r in rows}
+    assert {r.scenario for r in rows} == set(LOST)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_crash_matrix_raise_sqlite(tmp_path: Path) -> None:
+    rows = crash_matrix.matrix(
+        tmp_path, crash_matrix.Databases(None), action="raise", first_only=True
+    )
+    assert_all_hold(rows)

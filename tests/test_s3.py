@@ -1,0 +1,411 @@
+"""The S3 blob store against a real S3-compatible server (`juicefs gateway`, see
+`tests/s3server.py`): the shipped contract suite, pools on S3 through `ArchiveManager` with
+the catalog on SQLite and on PostgreSQL, bad input and faults (docs/architecture.md, "Blobs on
+an object store").
+
+Skipped when ``juicefs`` is missing, unless ``ARCHIVE_MANAGER_REQUIRE_S3=1`` (CI), which
+makes a missing server a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from s3server import ACCESS_KEY, SECRET_KEY, S3Server, S3ServerUnavailable
+
+from archive_manager import ArchiveManager
+from archive_manager._digest import digest_of
+from archive_manager.blobs import s3 as s3mod
+from archive_manager.blobs.s3 import S3BlobStore
+from archive_manager.errors import (
+    BlobStoreError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidNameError,
+    PoolIdentityError,
+    TransientBlobStoreError,
+)
+from archive_manager.synthetic import make_rollout
+from archive_manager.testing.blob_store import BlobStoreContract, flip_bit
+
+REQUIRE_S3_ENV = "ARCHIVE_MANAGER_REQUIRE_S3"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One throwaway S3 server for the session; skips (or fails, in CI) when it cannot run."""
+    try:
+        import boto3  # noqa: F401
+    except ModuleNotFoundError:
+        reason = "boto3 is not installed: pip install 'archive_manager[s3]'"
+        if os.environ.get(REQUIRE_S3_ENV):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        server = S3Server.start()
+    except S3ServerUnavailable as exc:
+        if os.environ.get(REQUIRE_S3_ENV):
+            pytest.fail(f"no S3 server: {exc}")
+        pytest.skip(f"no S3 server: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The standard AWS environment pointing at the session's server."""
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture(scope="session")
+def bucket(s3_server: S3Server) -> str:
+    return s3_server.create_bucket("archive-pools")
+
+
+def _prefix() -> str:
+    return f"t/{uuid.uuid4().hex[:12]}"
+
+
+def _fast(**kwargs: Any) -> dict[str, Any]:
+    """Store options that give up quickly (tests of failures)."""
+    return {"attempts": 3, "backoff": 0.02, "max_backoff": 0.1, "connect_timeout": 2.0, **kwargs}
+
+
+class TestS3BlobStore(BlobStoreContract):
+    @pytest.fixture
+    def store(self, s3_env: S3Server, bucket: str) -> S3BlobStore:
+        return S3BlobStore(bucket, _prefix())
+
+    def damage(self, store: Any, digest: str, data: bytes) -> None:
+        store._client.put_object(Bucket=store.bucket, Key=store._key(digest), Body=data)
+
+
+# --------------------------------------------------------------------------- pools on S3
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A catalog outside the bucket: a SQLite file, or a database on the session's server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'catalog.db'}"
+        return
+    server = request.getfixturevalue("pg_server")
+    url = server.create_database()
+    try:
+        yield url
+    finally:
+        server.drop_database(url)
+
+
+def _root(bucket: str) -> str:
+    return f"s3://{bucket}/{_prefix()}"
+
+
+def _samples(n: int = 40) -> list[Any]:
+    return make_rollout(n, response_min=32, response_max=96, seed=3)
+
+
+def test_save_load_gc_verify(s3_env: S3Server, bucket: str, catalog_url: str) -> None:
+    root = _root(bucket)
+    samples = _samples()
+    with ArchiveManager.open(root, catalog_url=catalog_url, chunk_size=16) as pool:
+        assert str(pool.root) == root
+        kept = pool.save("kept", samples, rollout_id=1)
+        gone = pool.save("gone", samples[:20], rollout_id=2)
+        assert [s.tokens for s in kept.load_samples()] == [s.tokens for s in samples]
+        key = kept.keys()[17][0]
+        [one] = kept.load_samples(sample_key=key)
+        assert one.tokens == samples[17].tokens
+        assert gone.release()
+        report = pool.gc(grace=0)
+        assert report.blobs >= 1
+        assert pool.verify(read_data=True).ok
+        assert pool.open_archive("kept").load_samples()[5].tokens == samples[5].tokens
+    # Another process (here: another open) sees the same pool through its catalog.
+    with ArchiveManager.open(root, catalog_url=catalog_url, create=False) as again:
+        assert [a.name for a in again.find()] == ["kept"]
+        assert again.verify(read_data=True).ok
+
+
+def test_identity_and_journal_live_in_the_bucket(s3_env: S3Server, bucket: str) -> None:
+    root = _root(bucket)
+    prefix = root.split("/", 3)[3]
+    with ArchiveManager.open(root, catalog_url=_sqlite_url()) as pool:
+        pool.save("a", _samples(4), rollout_id=0)
+    keys = _keys(s3_env, bucket, prefix)
+    assert f"{prefix}/archive-pool.json" in keys
+    assert f"{prefix}/blobs/.archive-pool.json" in keys
+    assert any(k.startswith(f"{prefix}/journal/") and k.endswith(".rec") for k in keys)
+    assert all(k.startswith(prefix + "/") for k in keys)
+
+
+def test_a_second_catalog_is_refused(s3_env: S3Server, bucket: str) -> None:
+    root = _root(bucket)
+    with ArchiveManager.open(root, catalog_url=_sqlite_url()) as pool:
+        pool.save("a", _samples(4), rollout_id=0)
+    with pytest.raises(PoolIdentityError, match="belongs to pool"):
+        ArchiveManager.open(root, catalog_url=_sqlite_url())
+
+
+def test_racing_new_catalogs_bind_one(s3_env: S3Server, bucket: str) -> None:
+    root = _root(bucket)
+    outcomes: list[str] = []
+
+    def attempt() -> None:
+        try:
+            ArchiveManager.open(root, catalog_url=_sqlite_url()).close()
+            outcomes.append("bound")
+        except PoolIdentityError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=attempt) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("bound") == 1, outcomes
+
+
+def test_s3_pool_needs_a_catalog_url(s3_env: S3Server, bucket: str) -> None:
+    with pytest.raises(InvalidInputError, match="explicit catalog"):
+        ArchiveManager.open(_root(bucket))
+    with pytest.raises(InvalidNameError):
+        ArchiveManager.open("s3://Bad_Bucket/x", catalog_url=_sqlite_url())
+    with pytest.raises(InvalidNameError):
+        ArchiveManager.open(f"s3://{bucket}/a/../b", catalog_url=_sqlite_url())
+
+
+def test_missing_bucket(s3_env: S3Server) -> None:
+    with pytest.raises(BlobStoreError, match="'no-such-bucket' does not exist") as info:
+        ArchiveManager.open("s3://no-such-bucket/p", catalog_url=_sqlite_url())
+    _no_secret(info.value)
+
+
+def test_wrong_credentials(s3_env: S3Server, bucket: str, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-xyz")
+    with pytest.raises(BlobStoreError, match="access denied") as info:
+        ArchiveManager.open(_root(bucket), catalog_url=_sqlite_url())
+    _no_secret(info.value)
+    assert "not-the-secret-xyz" not in str(info.value)
+
+
+def test_refused_connection_is_transient(s3_env: S3Server, bucket: str, monkeypatch) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    with pytest.raises(TransientBlobStoreError, match=f"127.0.0.1:{port}") as info:
+        S3BlobStore(bucket, "p", **_fast())
+    assert time.monotonic() - started < 10  # bounded
+    assert isinstance(info.value, OSError)
+    _no_secret(info.value)
+
+
+def test_errors_name_bucket_and_key(s3_env: S3Server, bucket: str) -> None:
+    store = S3BlobStore(bucket, _prefix(), **_fast())
+    digest = store.put(b"x" * 100)
+    s3_env.pause()
+    try:
+        with pytest.raises(TransientBlobStoreError) as info:
+            store.get(digest)
+    finally:
+        s3_env.resume()
+    assert f"s3://{bucket}/{store.prefix}/blobs/{digest[:2]}/{digest[2:4]}/{digest}" in str(
+        info.value
+    )
+    assert store.get(digest) == b"x" * 100
+
+
+def test_replaced_object_is_detected(s3_env: S3Server, bucket: str) -> None:
+    root = _root(bucket)
+    samples = _samples(16)
+    with ArchiveManager.open(root, catalog_url=_sqlite_url(), chunk_size=8) as pool:
+        archive = pool.save("a", samples, rollout_id=0)
+        store = pool.store
+        assert isinstance(store, S3BlobStore)
+        chunk = next(d for d, _, _ in store.iter_stat() if d != _manifest_digest(pool))
+        data = store.get(chunk)
+        store._client.put_object(
+            Bucket=store.bucket, Key=store._key(chunk), Body=flip_bit(data, len(data) // 2)
+        )
+        report = pool.verify(read_data=True)
+        assert not report.ok
+        assert any(chunk in str(p) for p in report.problems)
+        with pytest.raises(IntegrityError, match=chunk):
+            archive.load_samples()
+
+
+def test_one_sample_read_range_is_a_ranged_get(s3_env: S3Server, bucket: str) -> None:
+    store = S3BlobStore(bucket, _prefix())
+    data = os.urandom(3 << 20)
+    digest = store.put(data)
+    sent: list[dict[str, Any]] = []
+    real = store._client.get_object
+
+    def spy(**kwargs: Any) -> Any:
+        sent.append(kwargs)
+        return real(**kwargs)
+
+    store._client.get_object = spy
+    assert store.read_range(digest, 1_000_000, 4096) == data[1_000_000:1_004_096]
+    assert [k.get("Range") for k in sent] == ["bytes=1000000-1004095"]
+
+
+def test_multipart_upload_and_abort(s3_env: S3Server, bucket: str, monkeypatch) -> None:
+    monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 << 20)
+    store = S3BlobStore(bucket, _prefix(), **_fast())
+    big = os.urandom(12 << 20)
+    digest = store.put([big[:7], big[7:]])
+    assert store.get(digest) == big and store.incomplete_writes() == []
+    # A failure mid-upload aborts it: no object, no upload left.
+    other = os.urandom(12 << 20)
+    real = store._client.upload_part
+    calls = []
+
+    def failing(**kwargs: Any) -> Any:
+        calls.append(kwargs["PartNumber"])
+        if kwargs["PartNumber"] == 2:  # the connection drops on every try of part 2
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url=s3_env.endpoint)
+        return real(**kwargs)
+
+    store._client.upload_part = failing
+    with pytest.raises(TransientBlobStoreError):
+        store.put(other)
+    store._client.upload_part = real
+    assert not store.has(digest_of(other))
+    assert store.incomplete_writes() == []
+    # An upload left by a killed writer is an incomplete write; the sweep aborts it.
+    key = store._key(digest_of(other))
+    store._client.create_multipart_upload(Bucket=bucket, Key=key)
+    [left] = store.incomplete_writes()
+    assert left.name.startswith("blobs/") and store.sweep_incomplete(time.time() - 3600) == 0
+    assert store.sweep_incomplete(time.time() + 60) == 1
+    assert store.incomplete_writes() == []
+
+
+def test_server_stopped_mid_save(s3_env: S3Server, bucket: str, tmp_path: Path) -> None:
+    root = _root(bucket)
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    samples = _samples(48)
+    store = S3BlobStore.from_url(root, **_fast())
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=8, store=store) as pool:
+        pool.save("before", samples[:8], rollout_id=0)
+        real = store.put
+        count = [0]
+
+        def put(data: Any, digest: str | None = None) -> str:
+            count[0] += 1
+            if count[0] == 3:
+                s3_env.pause()
+            return real(data, digest)
+
+        store.put = put  # type: ignore[method-assign]
+        try:
+            with pytest.raises(BlobStoreError) as info:
+                pool.save("during", samples, rollout_id=1)
+        finally:
+            s3_env.resume()
+            del store.put
+        assert bucket in str(info.value)
+        names = [a.name for a in pool.find()]
+        assert names == ["before"]
+        pool.gc(grace=0)
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems
+        assert len(pool.open_archive("before").load_samples()) == 8
+        pool.save("after", samples, rollout_id=2)
+        assert pool.verify(read_data=True).ok
+
+
+_SAVER = """
+import os, sys
+from archive_manager import ArchiveManager
+from archive_manager.synthetic import make_rollout
+root, url, name = sys.argv[1:4]
+with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
+    pool.save(name, make_rollout(32, response_min=32, response_max=96, seed=5), rollout_id=9)
+"""
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "save.blobs.after_commit",
+        "save.ownership.after_commit",
+        "save.manifest.after_write",
+        "save.publish.before_commit",
+        "journal.before_write",
+    ],
+)
+def test_crash_matrix_subset(s3_env: S3Server, bucket: str, tmp_path: Path, point: str) -> None:
+    """kill -9 a saving process at a failpoint: what was published stays, the dead save is
+    wholly visible or wholly invisible, GC and verify finish clean."""
+    root = _root(bucket)
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    samples = _samples(16)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
+        pool.save("published", samples, rollout_id=0)
+    env = {**os.environ, **s3_env.env(), "ARCHIVE_MANAGER_FAILPOINTS": f"{point}=kill"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", _SAVER, root, url, "victim"], env=env, capture_output=True
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=8, lease_ttl=0.001) as pool:
+        time.sleep(0.01)
+        pool.gc(grace=0)
+        names = sorted(a.name for a in pool.find())
+        assert "published" in names
+        assert names in (["published"], ["published", "victim"])
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems
+        loaded = pool.open_archive("published").load_samples()
+        assert [s.tokens for s in loaded] == [s.tokens for s in samples]
+        if "victim" in names:
+            assert len(pool.open_archive("victim").load_samples()) == 32
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _sqlite_url() -> str:
+    folder = Path(tempfile.mkdtemp(prefix="am-s3-cat-"))
+    return f"sqlite:///{folder / 'catalog.db'}"
+
+
+def _keys(server: S3Server, bucket: str, prefix: str) -> list[str]:
+    client: Any = server.client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [item["Key"] for page in pages for item in page.get("Contents", ())]
+
+
+def _manifest_digest(pool: ArchiveManager) -> str:
+    return pool.open_archive("a").manifest_digest
+
+
+def _no_secret(exc: BaseException) -> None:
+    text = f"{exc} {exc!r} {exc.__cause__!r}"
+    assert SECRET_KEY not in text
+    assert ACCESS_KEY not in text or "AWS_ACCESS_KEY_ID" in text
+    assert exc.__cause__ is None  # never an SDK exception chained for the caller to see

@@ -1,0 +1,226 @@
+"""Start-up: no verb that needs no tensor imports torch (docs/architecture.md, Layers).
+
+Importing torch costs seconds, more than any catalog verb; it used to be imported by
+``import archive_manager`` and so by every CLI call and every TAB completion.  Each case runs
+the real entry point in a fresh interpreter (a process that imported torch once cannot tell)
+and reports, at exit, whether torch was imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import small_rollout
+
+from archive_manager import ArchiveManager
+from archive_manager.catalog import migrate
+
+pytestmark = pytest.mark.timeout(600)
+
+WORKTREE = Path(__file__).resolve().parents[1]
+MARK = "torch-imported="
+# The console script's entry point, with a report of sys.modules at exit (after the pool
+# was closed and click's completion or --help exited).
+ENTRY = (
+    "import atexit, sys\n"
+    f"atexit.register(lambda: sys.stderr.write('\\n{MARK}%s\\n' % ('torch' in sys.modules)))\n"
+    "from archive_manager.cli import main\n"
+    "main()\n"
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ARCHIVE_MANAGER_", "_ARCH"))}
+    # The tree under test, not an installed copy.
+    env["PYTHONPATH"] = os.pathsep.join([str(WORKTREE), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    env.update(extra)
+    return env
+
+
+def _python(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python *args`` on the tree under test."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _run(args: list[str], **env: str) -> tuple[str, bool]:
+    """Run the CLI with ``args``; its stdout and whether it imported torch."""
+    done = _python("-c", ENTRY, *args, **env)
+    assert done.returncode == 0, f"{args}: {done.stderr}"
+    marks = [line for line in done.stderr.splitlines() if line.startswith(MARK)]
+    assert len(marks) == 1, done.stderr
+    return done.stdout, marks[0] == f"{MARK}True"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A small pool whose archives hold tensors, in-chunk and as tensor blobs."""
+    root = tmp_path_factory.mktemp("startup") / "pool"
+    with ArchiveManager.open(root, inline_limit=256) as pool:
+        for i in range(3):
+            pool.save(f"rollout-{i}", small_rollout(6, seed=i, r3_layers=2), rollout_id=i)
+        pool.save("eval-0", small_rollout(3, seed=9, r3_layers=2), rollout_id=0, evaluation=True)
+    yield root
+
+
+READ_VERBS = [
+    ["--help"],
+    ["--version"],
+    ["ls"],
+    ["ls", "--json"],
+    ["show", "rollout-1"],
+    ["keys", "rollout-1"],
+    ["query", "--limit", "5"],
+    ["info"],
+    ["stats"],
+    ["owners"],
+    ["gc", "--dry-run"],
+    ["verify"],
+    ["db", "--help"],
+    ["db", "current"],
+    ["db", "upgrade"],
+    ["groups", "rollout-1"],
+    ["release", "--dry-run", "rollout-1"],
+    ["release-owner", "--dry-run", "checkpoint:nobody"],
+]
+
+
+@pytest.mark.parametrize("args", READ_VERBS, ids=" ".join)
+def test_catalog_verbs_never_import_torch(root: Path, args: list[str]) -> None:
+    out, imported = _run(["--root", str(root), *args])
+    assert out
+    assert not imported, f"archive-manager {' '.join(args)} imported torch"
+
+
+def test_changing_verbs_never_import_torch(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", small_rollout(4, seed=1, r3_layers=2), rollout_id=1)
+    for args in (
+        ["retain", "checkpoint:step-1", "a"],
+        ["release", "--yes", "a"],
+        ["release-owner", "--yes", "checkpoint:step-1"],
+        ["gc", "--yes", "--grace", "0s"],
+    ):
+        _, imported = _run(["--root", str(root), *args])
+        assert not imported, f"archive-manager {' '.join(args)} imported torch"
+    with ArchiveManager.open(root) as pool:
+        assert pool.find(state=None)[0].state == "released"
+
+
+def _complete(root: Path, words: str, shell: str = "bash") -> tuple[list[str], bool]:
+    cword = len(words.split()) - (0 if words.endswith(" ") else 1)
+    out, imported = _run(
+        [],
+        _ARCHIVE_MANAGER_COMPLETE=f"{shell}_complete",
+        COMP_WORDS=f"archive-manager --root {root} {words}",
+        COMP_CWORD=str(cword + 3),  # after archive-manager --root ROOT
+    )
+    return [line for line in out.splitlines() if line], imported
+
+
+def test_completion_of_archive_names_reads_only_the_catalog(root: Path) -> None:
+    lines, imported = _complete(root, "show ")
+    assert lines == [f"plain,{n}" for n in ("eval-0", "rollout-0", "rollout-1", "rollout-2")]
+    assert not imported
+    lines, imported = _complete(root, "retain checkpoint:x roll")
+    assert lines == [f"plain,rollout-{i}" for i in range(3)]
+    assert not imported
+
+
+def test_completion_of_verbs_and_names_elsewhere(root: Path, tmp_path: Path) -> None:
+    lines, imported = _complete(root, "re")
+    assert {"plain,release", "plain,release-owner", "plain,retain"} <= set(lines)
+    assert not imported
+    # No pool there: nothing to offer, no error in the user's shell, nothing created.
+    lines, imported = _complete(tmp_path / "nothing", "keys ")
+    assert lines == [] and not imported
+    assert not (tmp_path / "nothing").exists()
+    # zsh gets each name's rollout and state as its description.
+    lines, _ = _complete(root, "keys eval", shell="zsh")
+    assert lines == ["plain", "eval-0", "rollout 0, published"]
+
+
+def test_import_archive_manager_does_not_import_torch() -> None:
+    for module in ("archive_manager", "archive_manager.cli", "archive_manager.web"):
+        done = _python("-c", f"import sys, {module}; print('torch' in sys.modules)")
+        assert done.stdout.strip() == "False", (module, done.stderr)
+
+
+SAVE_AND_LOAD = """
+import sys
+from archive_manager import ArchiveManager
+from archive_manager.synthetic import make_rollout
+
+samples = make_rollout(5, seed=3, prompt_len=10, response_min=5, response_max=20, r3_layers=0)
+with ArchiveManager.open(sys.argv[1]) as pool:
+    pool.save("plain", samples, rollout_id=0)
+    back = pool.open_archive("plain").load_samples()
+    arrays = pool.open_archive("plain").load_samples(as_arrays=True)
+assert [s.tokens for s in back] == [s.tokens for s in samples]
+assert [list(s.tokens) for s in arrays] == [s.tokens for s in samples]
+print("torch" in sys.modules)
+"""
+
+
+def test_a_rollout_without_tensors_saves_and_loads_without_torch(tmp_path: Path) -> None:
+    done = _python("-c", SAVE_AND_LOAD, tmp_path / "pool")
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_rollout_with_tensors_still_loads_them(tmp_path: Path) -> None:
+    # The other side of the rule: where a tensor is decoded, torch comes in by itself.
+    script = (
+        "import sys\nfrom archive_manager import ArchiveManager\n"
+        "with ArchiveManager.open(sys.argv[1]) as pool:\n"
+        "    (s,) = pool.open_archive('t').load_samples()\n"
+        "    print(type(s.rollout_routed_experts).__name__, 'torch' in sys.modules)\n"
+    )
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("t", small_rollout(1, seed=4, r3_layers=2), rollout_id=0)
+    done = _python("-c", script, tmp_path / "pool")
+    assert done.stdout.split() == ["Tensor", "True"], done.stderr
+
+
+def test_bench_startup_quick_run(tmp_path: Path) -> None:
+    done = _python(
+        WORKTREE / "tools" / "bench_startup.py", "--runs", "1", "--archives", "3", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result["commands"]) >= {
+        "python -c pass",
+        "archive-manager --help",
+        "archive-manager ls",
+    }
+    assert result["commands"]["python -c pass"]["ratio"] == 1.0
+    assert set(result["target_met"]) == {"archive-manager --help", "archive-manager ls"}
+
+
+def test_the_head_revision_constant_is_alembics_head() -> None:
+    # Opens compare a catalog with HEAD_REVISION, not with what Alembic would parse.
+    assert migrate.script_head_revision() == migrate.HEAD_REVISION
+
+
+def test_listing_an_up_to_date_pool_does_not_import_alembic(root: Path) -> None:
+    script = (
+        "import sys\nfrom archive_manager.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print('alembic' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    done = _python("-c", script, "--root", root, "ls")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["False", "False"], done.stdout

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Start-up time of the CLI against a bare interpreter (docs/architecture.md, Layers).
+
+Runs, each in a fresh process and interleaved round by round (so a burst of load elsewhere
+hits every command alike): ``python -c pass``, ``import archive_manager``,
+``archive-manager --help``, ``archive-manager ls`` and an archive-name completion on a pool
+of ``--archives`` archives, and prints the median (and fastest) wall time of each, with the
+difference to and ratio over bare python.  Target (issue 18): ``--help`` and ``ls`` within
+0.3 s of bare python on a quiet machine.
+
+The children read compiled bytecode from a cache of their own (``PYTHONPYCACHEPREFIX``, filled
+by a warm-up run), as an installed package's ``.pyc`` files are read: with bytecode writing
+off (``PYTHONDONTWRITEBYTECODE``) a source tree is compiled again by every process, which is
+not what a user's start-up costs.  ``--no-bytecode-cache`` measures that case instead.
+
+    python3 tools/bench_startup.py [--runs 21] [--archives 100] [--root DIR] [--json]
+                                   [--no-bytecode-cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGET_SECONDS = 0.3
+TARGETS = ("archive-manager --help", "archive-manager ls")
+# What the console script runs (its wrapper imports main and calls it).
+ENTRY = "from archive_manager.cli import main; main()"
+
+
+def make_pool(root: Path, archives: int) -> None:
+    """A pool of ``archives`` small archives (four samples, no tensors) at ``root``."""
+    from archive_manager import ArchiveManager
+    from archive_manager.synthetic import make_rollout
+
+    shape = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
+    with ArchiveManager.open(root) as pool:
+        for i in range(archives):
+            pool.save(f"rollout-{i:04d}", make_rollout(4, seed=i, **shape), rollout_id=i)
+
+
+def commands(root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Each measured command: argv and extra environment."""
+    py = sys.executable
+    cli = [py, "-c", ENTRY, "--root", str(root)]
+    return {
+        "python -c pass": ([py, "-c", "pass"], {}),
+        "import archive_manager": ([py, "-c", "import archive_manager"], {}),
+        "archive-manager --help": ([py, "-c", ENTRY, "--help"], {}),
+        "archive-manager ls": ([*cli, "ls"], {}),
+        "completion: show rollout-00<TAB>": (
+            [py, "-c", ENTRY],
+            {
+                "_ARCHIVE_MANAGER_COMPLETE": "bash_complete",
+                "COMP_WORDS": f"archive-manager --root {root} show rollout-00",
+                "COMP_CWORD": "4",
+            },
+        ),
+    }
+
+
+def _env(extra: dict[str, str], pycache: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVE_MANAGER_")}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    # This tree, whatever copy of the package is installed.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def time_once(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{argv} failed: {done.stderr.decode(errors='replace')}")
+    return elapsed
+
+
+def measure(root: Path, runs: int, pycache: Path | None) -> dict[str, list[float]]:
+    todo = {name: (argv, _env(extra, pycache)) for name, (argv, extra) in commands(root).items()}
+    for argv, env in todo.values():  # warm the page cache and .pyc files first
+        time_once(argv, env)
+    times: dict[str, list[float]] = {name: [] for name in todo}
+    for _ in range(runs):
+        for name, (argv, env) in todo.items():
+            times[name].append(time_once(argv, env))
+    return times
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
+    bare = statistics.median(times["python -c pass"])
+    rows = {}
+    for name, values in times.items():
+        median = statistics.median(values)
+        rows[name] = {
+            "median_s": round(median, 4),
+            "min_s": round(min(values), 4),
+            "over_python_s": round(median - bare, 4),
+            "ratio": round(median / bare, 2),
+        }
+    met = {name: rows[name]["over_python_s"] <= TARGET_SECONDS for name in TARGETS}
+    return {"commands": rows, "target_s": TARGET_SECONDS, "target_met": met}
+
+
+def print_table(result: dict[str, Any], runs: int, archives: int) -> None:
+    print(f"start-up, median of {runs} runs each, pool of {archives} archives")
+    print(f"{'command':36} {'median':>8} {'fastest':>8} {'- python':>9} {'x python':>9}")
+    for name, row in result["commands"].items():
+        print(
+            f"{name:36} {row['median_s']:7.3f}s {row['min_s']:7.3f}s "
+            f"{row['over_python_s']:+8.3f}s {row['ratio']:8.1f}x"
+        )
+    for name, met in result["target_met"].items():
+        verdict = "met" if met else "NOT met"
+        print(f"target: {name} within {result['target_s']} s of bare python: {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=21, help="runs of each command")
+    parser.add_argument("--archives", type=int, default=100, help="archives in the pool")
+    parser.add_argument("--root", type=Path, help="an existing pool to list (default: a new one)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="run the children with the environment's bytecode settings as they are",
+    )
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    try:
+        root = args.root
+        if root is None:
+            root = work / "pool"
+            make_pool(root, args.archives)
+        pycache = None if args.no_bytecode_cache else work / "pycache"
+        result = summarize(measure(root, args.runs, pycache))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result.update(runs=args.runs, archives=args.archives if args.root is None else None)
+    result["bytecode_cache"] = not args.no_bytecode_cache
+    result["load_average"] = list(os.getloadavg())
+    result["cpus"] = os.cpu_count()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result, args.runs, args.archives)
+        load = ", ".join(f"{v:.1f}" for v in result["load_average"])
+        print(f"load average at the end: {load} on {result['cpus']} cpus")
+
+
+if __name__ == "__main__":
+    main()
