@@ -142,7 +142,7 @@ def set_pool_info(conn: Connection, key: str, value: str | None) -> None:
         conn.execute(pool_info_table.insert().values(key=key, value=value))
 
 
-def _refuse_foreign_sqlite(url: str) -> None:
+def _refuse_foreign_sqlite(url: str, *, recover: bool) -> None:
     """Refuse an existing SQLite file that is not a catalog before the engine touches it.
 
     NOTE: the engine's first connection switches the file to WAL for good, and a migration
@@ -155,7 +155,9 @@ def _refuse_foreign_sqlite(url: str) -> None:
     if path is None:
         return
     try:
-        probe = probe_sqlite_catalog(path)
+        # recover: a writer's engine would recover a dead writer's log anyway; the probe does
+        # it first, so that a foreign database whose tables are all in its log is refused too.
+        probe = probe_sqlite_catalog(path, recover=recover)
     except CatalogError:
         return
     if probe.kind == "foreign":
@@ -222,13 +224,13 @@ class Catalog:
                 an existing SQLite file that is another program's database is refused
                 before anything touches it.
         """
-        _refuse_foreign_sqlite(url)
         dialect = dialect_for(url)
         if read_only is None:
             read_only_reason = dialect.unwritable_reason(parse_url(url))
             read_only = read_only_reason is not None
         elif read_only and read_only_reason is None:
             read_only_reason = "it was opened read-only"
+        _refuse_foreign_sqlite(url, recover=not read_only)
         engine = make_engine(
             url,
             busy_timeout_ms=busy_timeout_ms,

@@ -40,9 +40,11 @@ from .base import WRITE_OPTION, CatalogDialect, track_for_fork
 __all__ = [
     "LockHolder",
     "SQLiteDialect",
+    "begin_read_snapshot",
     "check_journal_mode",
     "check_read_unchanged",
     "parse_lock_table",
+    "reader_uri",
     "sqlite_lock_holders",
     "sqlite_locked_message",
     "sqlite_read_mode",
@@ -367,9 +369,11 @@ def sqlite_read_mode(path: str | os.PathLike[str]) -> str:
     them fails ("unable to open database file") where they cannot be created, and creates
     them where they can.  So:
 
-    * both exist: a process has the catalog open (or died with it open).  ``mode=ro`` reads
-      through them under the writers' locks: each read transaction is a consistent snapshot
-      of the last commit before it began, as for any WAL reader.
+    * both exist: a process has the catalog open (or died with it open).  ``mode=ro`` with
+      a read-only ``-shm`` (`reader_uri`) reads through them under the writers' locks, or,
+      when the process that wrote them died, through a wal-index rebuilt in its own memory:
+      each read transaction is a consistent snapshot of the last commit before it began, as
+      for any WAL reader, and neither file is written.
     * no ``-wal`` (or an empty one, which holds no commit): no process has the catalog open
       and the file holds every commit.  ``immutable=1`` reads it with no lock and no side
       file; since SQLite then assumes nobody changes it, `check_read_unchanged` watches the
@@ -395,6 +399,68 @@ def sqlite_read_mode(path: str | os.PathLike[str]) -> str:
         "process that wrote it died, and only a process that may write the pool can recover "
         "it; open the pool once with write access (any read verb does), then read it here"
     )
+
+
+def reader_uri(database: str | os.PathLike[str], mode: str) -> str:
+    """The URI a reader that writes nothing opens ``database`` with, in ``mode`` as
+    `sqlite_read_mode` answered it.
+
+    NOTE: ``mode=ro`` alone still opens ``-shm`` read-write: a reader that finds no live
+    process on it (a writer died, its ``-wal`` and ``-shm`` left behind) truncates and rebuilds
+    the wal-index there, and every reader writes its read marks into it.  ``readonly_shm=1``
+    opens ``-shm`` read-only (SQLite 3.22 and later, https://www.sqlite.org/wal.html#readonly):
+    beside a live writer SQLite reads the writer's wal-index under its locks, and with none it
+    builds the index of the ``-wal`` in heap memory; the pool's files stay byte-identical
+    (tests/test_shared_breaks.py reads a crashed writer's pool so).
+    """
+    query = "mode=ro&readonly_shm=1" if mode == "ro" else "immutable=1"
+    return f"{Path(database).absolute().as_uri()}?{query}"
+
+
+# Extended result codes of a read-only wal-index that could not be used at this moment.
+_SQLITE_READONLY_RECOVERY = _SQLITE_READONLY | (1 << 8)
+_SQLITE_READONLY_CANTINIT = _SQLITE_READONLY | (5 << 8)
+
+
+def begin_read_snapshot(raw: sqlite3.Connection, database: str, timeout_ms: int) -> None:
+    """Begin a read transaction on a reader's connection (`reader_uri`) and take its snapshot
+    now, before the caller reads anything.
+
+    NOTE: a reader whose ``-shm`` is read-only cannot fix the wal-index up itself: when it
+    starts a read while a live writer is rewriting the index header or restarting the log,
+    SQLite answers ``SQLITE_READONLY_RECOVERY`` or ``SQLITE_READONLY_CANTINIT`` where a
+    writable reader would have retried (measured: about 1 read in 30,000 beside a writer
+    committing without pause).  Taken here, at BEGIN, the snapshot is retried until the busy
+    timeout while nothing of the caller's block has run; once taken it holds to the end of
+    the transaction, whose later reads never meet this.
+
+    Raises:
+        CatalogError: the wal-index stayed unusable for the whole busy timeout.
+        sqlite3.Error: any other failure, for the caller to translate.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    delay = 0.001
+    while True:
+        raw.execute("BEGIN")
+        try:
+            # Reads the schema cookie: the read transaction, and its snapshot, start here.
+            raw.execute("PRAGMA schema_version").fetchone()
+            return
+        except sqlite3.OperationalError as exc:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code not in (_SQLITE_READONLY_RECOVERY, _SQLITE_READONLY_CANTINIT):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise CatalogError(
+                    f"the catalog {database} could not be read without writing to it: its "
+                    f"wal-index ({database}-shm) stayed unusable to a reader for the busy "
+                    f"timeout ({timeout_ms} ms); a process that may write the pool repairs it "
+                    f"by opening it ({exc})"
+                ) from exc
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 class _ReaderConnection(sqlite3.Connection):
@@ -450,10 +516,9 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
     def connect() -> sqlite3.Connection:
         mode = sqlite_read_mode(database)
         stamp = _stamp(database)
-        query = "mode=ro" if mode == "ro" else "immutable=1"
         try:
             raw = sqlite3.connect(
-                f"{Path(database).as_uri()}?{query}",
+                reader_uri(database, mode),
                 uri=True,
                 timeout=timeout_ms / 1000.0,
                 factory=_ReaderConnection,
@@ -491,7 +556,14 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
     def _on_begin(conn: Connection) -> None:
         if conn.get_execution_options().get(WRITE_OPTION):
             raise ReadOnlyPoolError(f"the catalog {database} is open read-only here")
-        conn.exec_driver_sql("BEGIN")
+        try:
+            begin_read_snapshot(conn.connection.dbapi_connection, database, timeout_ms)
+        except sqlite3.Error as exc:
+            # Raised from the begin event, which SQLAlchemy's handle_error does not see.
+            translated = _translate_sqlite_error(exc, database, timeout_ms, read_only=True)
+            if translated is None:
+                raise
+            raise translated from exc
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> None:
