@@ -183,6 +183,11 @@ def test_a_read_only_postgresql_database_is_not_detected_as_read_only(
                 f"save on a read-only database: {refused!r}; the blob root changed: {changed}"
             )
             assert reader.read_only, "a read-only database opened as a writer"
+            assert "default_transaction_read_only" in (reader.read_only_reason or "")
+        # What 'archive-manager info' shows (the CLI opens the pool as detected).
+        shown = CliRunner().invoke(cli, ["--root", str(root), "--catalog-url", url, "info"])
+        assert shown.exit_code == 0, shown.output
+        assert "read-only (the catalog database or role is set read-only" in shown.output
     finally:
         with psycopg.connect(
             host=pg_server.host,

@@ -300,23 +300,38 @@ def _copy_rows(
     return total
 
 
-def _role_unwritable(engine: Engine) -> str | None:
-    """Why this server role may not write the catalog's tables (None: it may, or they do
-    not exist yet and will be created by this open)."""
+def _server_unwritable(engine: Engine) -> str | None:
+    """Why this session may not write the catalog (None: it may, or its tables do not exist
+    yet and will be created by this open).
+
+    NOTE: a role with every privilege still writes nothing on a hot standby (a read replica)
+    or where ``default_transaction_read_only`` is on for the database or the role: every
+    write fails with 25006.  This engine's BEGINs name an isolation level, never READ WRITE
+    (an operator's read-only setting is never overridden), so they inherit that default, and
+    ``transaction_read_only`` inside one tells both.
+    """
     names = sorted(Base.metadata.tables)
     with engine.connect() as conn, conn.begin():
-        allowed, found = conn.execute(
+        allowed, found, standby, read_only = conn.execute(
             text(
                 # NOTE: one privilege per call: with several listed, PostgreSQL answers
                 # whether *any* of them is held.
                 "SELECT bool_and(has_table_privilege(c.oid, 'INSERT') "
                 "AND has_table_privilege(c.oid, 'UPDATE') "
-                "AND has_table_privilege(c.oid, 'DELETE')), count(*) "
+                "AND has_table_privilege(c.oid, 'DELETE')), count(*), "
+                "pg_is_in_recovery(), current_setting('transaction_read_only') = 'on' "
                 "FROM pg_class c WHERE c.relkind = 'r' AND c.relname = ANY(:names) "
                 "AND pg_table_is_visible(c.oid)"
             ),
             {"names": names},
         ).one()
+    if standby:
+        return "the catalog server is a standby in recovery (a read replica): it takes no writes"
+    if read_only:
+        return (
+            "the catalog database or role is set read-only (default_transaction_read_only): "
+            "the server takes no writes"
+        )
     if not found or allowed:
         return None
     return "the catalog role may not write the catalog's tables (INSERT, UPDATE and DELETE)"
@@ -337,7 +352,7 @@ class PostgreSQLDialect(CatalogDialect):
         return _translate_postgresql_error(exc, where, busy_timeout_ms, read_only=read_only)
 
     def server_unwritable_reason(self, engine: Engine) -> str | None:
-        return _role_unwritable(engine)
+        return _server_unwritable(engine)
 
     def pin_write_lock(self, conn: Connection) -> None:
         # Lifts `idle_in_transaction_timeout_ms` for the rest of this transaction; if the
