@@ -139,6 +139,19 @@ def test_verify_misses_an_identity_file_the_group_cannot_read(tmp_path: Path) ->
     assert any("archive-pool.json" in m for m in notices), notices
     result = CliRunner().invoke(cli, ["--root", str(root), "verify"])
     assert "archive-pool.json" in result.output, result.output
+    assert "init --shared-group" in result.output, result.output  # the command that fixes it
+    # The spare identity and the journal's files are read by every member too.
+    records = sorted((root / "journal").iterdir())
+    assert records, "the save wrote no journal record"
+    for path in (root / "blobs" / ".archive-pool.json", records[0]):
+        path.chmod(0o600)
+    with ArchiveManager.open(root) as pool:
+        notices = [n.message for n in pool.verify().notices if n.kind == "permissions"]
+        assert len(notices) == 1 and "3 file(s)" in notices[0], notices
+        assert ".archive-pool.json" in notices[0] and records[0].name in notices[0], notices
+        # What the notice tells to run fixes it.
+        pool.share_with_group(os.getgid())
+        assert pool.verify().notices == []
 
 
 def test_a_read_only_postgresql_database_is_not_detected_as_read_only(
