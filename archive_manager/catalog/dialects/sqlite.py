@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Table, event, insert
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
@@ -557,7 +557,9 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
         if conn.get_execution_options().get(WRITE_OPTION):
             raise ReadOnlyPoolError(f"the catalog {database} is open read-only here")
         try:
-            begin_read_snapshot(conn.connection.dbapi_connection, database, timeout_ms)
+            # `connect` above is this engine's only creator: a sqlite3 connection.
+            raw = cast(sqlite3.Connection, conn.connection.dbapi_connection)
+            begin_read_snapshot(raw, database, timeout_ms)
         except sqlite3.Error as exc:
             # Raised from the begin event, which SQLAlchemy's handle_error does not see.
             translated = _translate_sqlite_error(exc, database, timeout_ms, read_only=True)
@@ -595,7 +597,7 @@ def _sqlite_unwritable(url: URL) -> str | None:
 def _arranged(
     row: Sequence[Any],
     order: list[int],
-    processors: list[Callable[[Any], Any] | None],
+    processors: Sequence[Callable[[Any], Any] | None],
 ) -> tuple[Any, ...]:
     return tuple(
         value if processor is None else processor(value)
