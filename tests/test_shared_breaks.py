@@ -121,6 +121,40 @@ def test_a_reader_retries_a_wal_index_a_live_writer_is_rewriting(tmp_path: Path,
     real.close()
 
 
+def test_a_reader_opens_again_when_the_last_writer_closed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The -wal and -shm seen when the reader chose ``mode=ro`` are deleted when the last
+    writer closes; a read-only -shm is not created again, so SQLite answers CANTOPEN (seen
+    with two threads creating one pool: test_compat's save race).  `connect_reader` chooses
+    the mode anew (the main file now holds every commit).  Known residue of that instant:
+    SQLite's WAL open creates an empty -wal in a writable folder before -shm fails (0 bytes,
+    no commit: every open, a reader's included, takes it for none); never a -shm."""
+    from archive_manager.catalog.dialects import sqlite as dialect
+
+    database = tmp_path / "c.db"
+    with sqlite3.connect(database) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    before = tree(tmp_path)
+    real = dialect.sqlite_read_mode
+    answers = iter(["ro"])  # as chosen while the writer still had its files open
+    monkeypatch.setattr(dialect, "sqlite_read_mode", lambda p: next(answers, None) or real(p))
+    reader = dialect.connect_reader(str(database), 1000)
+    try:
+        assert reader.read_mode == "immutable"
+        assert reader.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    finally:
+        reader.close()
+    after = tree(tmp_path)
+    assert {k: v for k, v in after.items() if k != "."} == {
+        **{k: v for k, v in before.items() if k != "."},
+        "c.db-wal": after["c.db-wal"],
+    }
+    assert (tmp_path / "c.db-wal").stat().st_size == 0
+
+
 def test_verify_misses_an_identity_file_the_group_cannot_read(tmp_path: Path) -> None:
     """Claim 4 (verify notices what would lock a member out): in a group-shared pool, an
     identity file (archive-pool.json, or its spare under blobs/) the group cannot read locks

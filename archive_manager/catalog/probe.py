@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CatalogError, CatalogVersionError
-from .dialects.sqlite import begin_read_snapshot, reader_uri, sqlite_read_mode
+from .dialects.sqlite import begin_read_snapshot, connect_reader, sqlite_read_mode
 from .migrate import VERSION_TABLE
 from .models import Base
 
@@ -52,6 +52,7 @@ class SqliteProbe:
 # the live writer's WAL for a dead one's and delete it.  So a descriptor opened here stays open
 # for the life of the process, and is replaced only when the path names another file.
 _HEADER_FDS: dict[str, int] = {}
+_SQLITE_CANTOPEN = 14
 _HEADER_LOCK = threading.Lock()
 
 
@@ -101,12 +102,18 @@ def _connect(path: Path, timeout_s: float, *, recover: bool) -> sqlite3.Connecti
         mode = None
     # SQLite puts -wal and -shm beside the file a symlink names.
     absolute = Path(os.path.realpath(path))
-    # NOTE: mode=rw does what any writable open does first: SQLite rebuilds -shm and reads
-    # the log, and the catalog's content stays as it was; it creates no database file.
-    uri = f"{absolute.as_uri()}?mode=rw" if mode is None else reader_uri(absolute, mode)
+    conn: sqlite3.Connection
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+        if mode is None:
+            # NOTE: mode=rw does what any writable open does first: SQLite rebuilds -shm and
+            # reads the log; the catalog's content stays as it was; no file is created.
+            uri = f"{absolute.as_uri()}?mode=rw"
+            conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+        else:
+            conn = connect_reader(str(absolute), timeout_ms)
     except sqlite3.Error as exc:
+        if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF != _SQLITE_CANTOPEN:
+            raise  # a file SQLite opened and could not read: `_unusable`
         raise CatalogError(f"cannot read the catalog file {path} ({exc})") from exc
     try:
         begin_read_snapshot(conn, str(absolute), timeout_ms)

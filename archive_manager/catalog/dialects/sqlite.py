@@ -43,6 +43,7 @@ __all__ = [
     "begin_read_snapshot",
     "check_journal_mode",
     "check_read_unchanged",
+    "connect_reader",
     "parse_lock_table",
     "reader_uri",
     "sqlite_lock_holders",
@@ -480,6 +481,49 @@ def _stamp(database: str) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_READER_OPEN_ATTEMPTS = 5
+
+
+def connect_reader(database: str, timeout_ms: int) -> _ReaderConnection:
+    """A reader's connection to ``database`` (`sqlite_read_mode`, `reader_uri`) that has read
+    it once; BEGIN comes from the caller (``isolation_level`` None).
+
+    NOTE: the ``-wal`` and ``-shm`` a live process had open when the mode was chosen are
+    deleted when its last connection closes, and a read-only ``-shm`` is not created again:
+    the first read then fails (SQLITE_CANTOPEN, seen with two threads creating one pool),
+    and the mode is chosen anew (the main file now holds every commit).  Once it has read,
+    the connection keeps its lock on the file, so the last writer leaves both files alone.
+
+    Raises:
+        CatalogError: as `sqlite_read_mode`.
+        sqlite3.Error: the file cannot be opened or read, for the caller to translate.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        mode = sqlite_read_mode(database)
+        stamp = _stamp(database)
+        raw = sqlite3.connect(
+            reader_uri(database, mode),
+            uri=True,
+            timeout=timeout_ms / 1000.0,
+            factory=_ReaderConnection,
+            check_same_thread=False,
+            isolation_level=None,
+        )
+        assert isinstance(raw, _ReaderConnection)
+        try:
+            raw.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.OperationalError as exc:
+            raw.close()
+            vanished = mode == "ro" and _error_code(exc) == _SQLITE_CANTOPEN
+            if not vanished or attempts == _READER_OPEN_ATTEMPTS:
+                raise
+            continue
+        raw.read_mode, raw.database, raw.stamp = mode, database, stamp
+        return raw
+
+
 def check_read_unchanged(conn: Connection) -> None:
     """At the end of a read transaction: refuse what an ``immutable`` connection read if the
     catalog file changed meanwhile (a writer opened the catalog and checkpointed into it).
@@ -514,25 +558,13 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
     database = str(path.absolute())
 
     def connect() -> sqlite3.Connection:
-        mode = sqlite_read_mode(database)
-        stamp = _stamp(database)
         try:
-            raw = sqlite3.connect(
-                reader_uri(database, mode),
-                uri=True,
-                timeout=timeout_ms / 1000.0,
-                factory=_ReaderConnection,
-                check_same_thread=False,
-            )
+            return connect_reader(database, timeout_ms)
         except sqlite3.Error as exc:
             translated = _translate_sqlite_error(exc, database, timeout_ms, read_only=True)
             if translated is None:
                 raise
             raise translated from exc
-        assert isinstance(raw, _ReaderConnection)
-        raw.read_mode, raw.database, raw.stamp = mode, database, stamp
-        raw.isolation_level = None  # BEGIN comes from the "begin" event, as for writers
-        return raw
 
     engine = create_engine(url, creator=connect, poolclass=QueuePool, pool_size=5, max_overflow=64)
 
