@@ -197,6 +197,12 @@ def _share(root: Path, gid: int, catalog_file: Path | None, report: SharedReport
             report.changed.append(str(path))
 
 
+def _listed(paths: list[str]) -> str:
+    """The first `_SHOWN` paths, and how many more."""
+    more = len(paths) - _SHOWN
+    return ", ".join(paths[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
 def _fix_command(root: Path, group: str, catalog_url: str | None) -> str:
     url = f" --catalog-url {shlex.quote(catalog_url)}" if catalog_url else ""
     return f"archive-manager --root {shlex.quote(str(root))}{url} init --shared-group {group}"
@@ -245,23 +251,18 @@ def shared_problems(
     fix = _fix_command(root, group, catalog_url)
     problems = []
     if folders:
-        shown = ", ".join(folders[:_SHOWN]) + (
-            f" and {len(folders) - _SHOWN} more" if len(folders) > _SHOWN else ""
-        )
         problems.append(
             f"{len(folders)} folder(s) of the pool shared with group {group} lack the group, "
-            f"its write bit or the set-group-id bit ({shown}): other members cannot save, "
-            f"release or collect there; fix it with: {fix} (as the owner of those files, or root)"
+            f"its write bit or the set-group-id bit ({_listed(folders)}): other members "
+            f"cannot save, release or collect there; fix it with: {fix} (as the owner of "
+            "those files, or root)"
         )
     if unreadable:
-        shown = ", ".join(unreadable[:_SHOWN]) + (
-            f" and {len(unreadable) - _SHOWN} more" if len(unreadable) > _SHOWN else ""
-        )
         problems.append(
-            f"{len(unreadable)} file(s) every member must read ({shown}) of the pool shared "
-            f"with group {group} are not readable by the group: other members cannot open "
-            f"the pool (its identity file) or collect and verify it (its journal); fix it "
-            f"with: {fix} (as the owner of those files, or root)"
+            f"{len(unreadable)} file(s) every member must read ({_listed(unreadable)}) of the "
+            f"pool shared with group {group} are not readable by the group: other members "
+            "cannot open the pool (its identity file) or collect and verify it (its journal); "
+            f"fix it with: {fix} (as the owner of those files, or root)"
         )
     if files:
         problems.append(

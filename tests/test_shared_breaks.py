@@ -290,6 +290,25 @@ def test_a_wal_without_shm_makes_a_writable_pool_vanish_for_the_cli(tmp_path: Pa
         assert sorted(i.name for i in reader.find()) == ["first", "second"]
 
 
+def test_init_on_a_pool_whose_writer_died_and_lost_its_shm(tmp_path: Path) -> None:
+    """'init' (which asks whether a pool exists before it opens one) on the same state: it
+    finds the pool ("already exists"), never makes a second one over it; '--read-only ls'
+    there is refused naming the -shm, and writes nothing."""
+    root = tmp_path / "pool"
+    _crashed_writer_pool(root)
+    (root / "catalog.db-shm").unlink()
+    before = tree(root)
+    refused = CliRunner().invoke(cli, ["--root", str(root), "--read-only", "ls"])
+    assert refused.exit_code != 0 and "-shm" in refused.output, refused.output
+    assert "no pool" not in refused.output, refused.output
+    assert tree(root) == before
+    result = CliRunner().invoke(cli, ["--root", str(root), "init"])
+    assert result.exit_code == 0, result.output
+    assert "pool already exists" in result.output, result.output
+    with ArchiveManager.open(root, create=False) as pool:
+        assert sorted(i.name for i in pool.find()) == ["first", "second"]
+
+
 _WRITER_WITH_A_READER = """
 import os, subprocess, sys
 from archive_manager import ArchiveManager
