@@ -299,7 +299,9 @@ class ArchiveManager:
                 busy_timeout_ms=busy_timeout_ms,
                 store=store,
             )
-        if not (create or recover or rebind) and not cls.exists(path, catalog_url):
+        # recover=True: this open writes next, so a SQLite catalog whose writer died leaving
+        # only its log is recovered to tell (docs/architecture.md, Shared pools).
+        if not (create or recover or rebind) and not cls.exists(path, catalog_url, recover=True):
             damaged = _damaged_sqlite_file(url)
             if damaged is not None:
                 raise PoolNotFoundError(
@@ -532,18 +534,25 @@ class ArchiveManager:
             raise
 
     @staticmethod
-    def exists(root: str | os.PathLike[str], catalog_url: str | None = None) -> bool:
+    def exists(
+        root: str | os.PathLike[str], catalog_url: str | None = None, *, recover: bool = False
+    ) -> bool:
         """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing
-        and changing no file (a SQLite file is only read, see `catalog.probe`)."""
-        status = ArchiveManager.catalog_status(root, catalog_url)
+        and changing no file (a SQLite file is only read, see `catalog.probe`).
+
+        ``recover``: the caller opens the pool for writing next, so a SQLite catalog whose
+        writer died leaving a log with commits and no ``-shm`` may be recovered (by SQLite,
+        content unchanged) to tell; without it, or without write access, such a catalog
+        raises `CatalogError`, since its file alone does not say."""
+        status = ArchiveManager.catalog_status(root, catalog_url, recover=recover)
         return status.current is not None
 
     @staticmethod
     def catalog_status(
-        root: str | os.PathLike[str], catalog_url: str | None = None
+        root: str | os.PathLike[str], catalog_url: str | None = None, *, recover: bool = False
     ) -> CatalogStatus:
         """The catalog's Alembic revision and this library's head, without migrating or
-        creating anything."""
+        creating anything (``recover``: see `exists`)."""
         if is_s3_url(root):
             if catalog_url is None:
                 return CatalogStatus(None, head_revision())  # no catalog can be in a bucket
@@ -554,7 +563,7 @@ class ArchiveManager:
             # NOTE: never through the engine, whose first connection switches the file to
             # WAL mode: asking must leave a file that is no catalog exactly as it was.
             file = sqlite_path(url)
-            probe = probe_sqlite_catalog(file) if file is not None else None
+            probe = probe_sqlite_catalog(file, recover=recover) if file is not None else None
             revision = probe.revision if probe is not None else None
             return CatalogStatus(revision, head_revision())
         engine = make_engine(url)
