@@ -225,12 +225,12 @@ class _Encoder:
 
     def _items(self, values: list | tuple) -> list[Any]:
         self._enter(values)
-        item: Any = None
+        index = -1
         try:
-            return [self.encode(item := v) for v in values]
+            # NOTE: the index is counted, not searched for by identity afterwards: an object
+            # held many times can fail at a later place only (the repeat bounds).
+            return [self.encode(v) for v in values if (index := index + 1) >= 0]
         except UnencodableError as exc:
-            # The first item that is the failing one: encoding the same object fails alike.
-            index = next(i for i, v in enumerate(values) if v is item)
             raise _at(exc, f"[{index}]") from None
         finally:
             self.active.discard(id(values))
