@@ -461,6 +461,12 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
     # slots dataclasses have no __dict__: their fields are all there is
     if plan.instance_dict is not None:
         for key, value in plan.instance_dict(obj).items():
+            if key in plan.descriptors and key not in plan.declared:
+                # put into __dict__ behind the class's back: the load would refuse it
+                raise UnencodableError(
+                    f"attribute {key!r:.80} of {_qualified(cls)} is in its __dict__ but "
+                    "the class makes that name a property or another data descriptor"
+                )
             fields.setdefault(key, value)
     return _strip_queue(fields, plan.declared)
 
@@ -641,6 +647,9 @@ class _RebuildPlan:
     # the instance's own ``__dict__`` (the getset descriptor types give every class with
     # one), or None for a slots-only class
     instance_dict: Callable[[Any], dict[str, Any]] | None
+    # names the class resolves to a data descriptor (``__class__``, properties...): an
+    # attribute of that name in ``__dict__`` is shadowed, and setting it runs their code
+    descriptors: frozenset[str]
 
 
 def _class_attr(cls: type, name: str) -> Any:
@@ -687,7 +696,11 @@ def _rebuild_plan(cls: type) -> _RebuildPlan:
         else:
             setter = into_dict(f.name)
         steps.append(_FieldStep(f.name, f.default, f.default_factory, setter))
-    return _RebuildPlan(tuple(steps), frozenset(f.name for f in steps), instance_dict)
+    resolved: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        resolved.update(vars(klass))
+    descriptors = frozenset(k for k, v in resolved.items() if _is_data_descriptor(v))
+    return _RebuildPlan(tuple(steps), frozenset(f.name for f in steps), instance_dict, descriptors)
 
 
 def _rebuild(cls: type, data: dict[str, Any]) -> Any:
@@ -723,6 +736,12 @@ def _rebuild(cls: type, data: dict[str, Any]) -> Any:
     if data:
         if plan.instance_dict is None:
             raise TypeError(f"{_qualified(cls)} has no __dict__ for {next(iter(data))!r:.80}")
+        shadowed = plan.descriptors.intersection(data)
+        if shadowed:
+            # what no save writes (it refuses such attributes): ``__class__``, a property
+            raise TypeError(
+                f"stored attribute {min(shadowed)!r:.80} is a data descriptor of the class"
+            )
         plan.instance_dict(obj).update(data)
     return obj
 
