@@ -1,7 +1,9 @@
-"""Small files written atomically and durably: temp file, fsync, rename (or link), fsync dir.
+"""Files written atomically and durably: temp file, fsync, rename (or link), fsync dir.
 
-Blobs have their own batched path (`archive_manager.blobs`); this is for the pool's few
-other files (the identity file, exports, pointer files), where one write at a time is fine.
+The one implementation for every file the library writes whole (the identity file, journal
+records and checkpoints, exports, the seed facade's pointer files; docs/architecture.md,
+Safety rules).  Blobs have their own batched path (`archive_manager.blobs`: writeback
+started early, 16 fsyncs before the renames, read-only files) and share only `fsync_dir`.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import contextlib
 import errno
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["fsync_dir", "write_atomic"]
+__all__ = ["fsync_dir", "write_atomic", "write_atomic_with"]
 
 # A filesystem without hard links (some FUSE and object-store mounts) says so with these.
 _NO_LINKS = frozenset(
@@ -45,41 +49,68 @@ def _write_and_close(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or link in ``folder`` durable (a no-op where folders cannot be opened)."""
+def fsync_dir(folder: Path, *, strict: bool = False) -> None:
+    """Make a rename or link in ``folder`` durable.
+
+    By default a no-op where folders cannot be opened or synced.  ``strict`` (the blob store)
+    raises the error, but for EINVAL and ENOTSUP, with which some network filesystems refuse
+    to sync a folder: a blob's rename must not be reported durable after an EIO.
+    """
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
+        if strict:
+            raise
         return
     try:
+        os.fsync(fd)
+    except OSError as exc:
         # Some filesystems refuse fsync on a directory (EINVAL); the rename itself is done.
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
+        if strict and exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, mode: int = 0o644) -> bool:
+def _temp_for(path: Path) -> Path:
+    # The name is cut so that the temp name stays within NAME_MAX when ``path``'s is long.
+    return path.with_name(f".{path.name[:64]}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+
+
+def write_atomic(
+    path: Path,
+    data: bytes,
+    *,
+    exclusive: bool = False,
+    mode: int = 0o644,
+    link_fallback: bool = True,
+    before_place: Callable[[], None] | None = None,
+) -> bool:
     """Write ``data`` to ``path`` so that readers see the old file, or none, or all of it.
 
     With ``exclusive``, the file is only created, never replaced: it is linked into place,
     which fails when the name exists (then False is returned and nothing changed), so two
-    processes racing to create it cannot both win.
+    processes racing to create it cannot both win.  Where the filesystem has no hard links,
+    it is created in place with O_EXCL instead, unless ``link_fallback`` is False (then the
+    link's error is raised).  ``before_place`` is called between the temp file's fsync and
+    its rename or link (where a caller marks its failpoint).
 
     Returns:
         True if ``path`` now holds ``data``; False only with ``exclusive`` when it existed.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    tmp = _temp_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         _write_and_close(fd, data)
+        if before_place is not None:
+            before_place()
         if exclusive:
             try:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
             except OSError as exc:
-                if exc.errno not in _NO_LINKS:
+                if exc.errno not in _NO_LINKS or not link_fallback:
                     raise
                 return _create_exclusive(path, data, mode)
         else:
@@ -89,3 +120,22 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, mode: int 
             os.unlink(tmp)
     fsync_dir(path.parent)
     return True
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], None], *, mode: int = 0o644) -> None:
+    """`write_atomic` for content too large to hold as bytes: ``write`` streams it into the
+    temp file, which then replaces ``path``.  On any failure the temp file is removed and
+    ``path`` is left as it was."""
+    tmp = _temp_for(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)

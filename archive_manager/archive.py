@@ -3,8 +3,8 @@ metadata from the catalog, export to slime's ``.pt`` format, release."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,8 +17,9 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
-from ._atomic import fsync_dir
-from ._names import archive_owner
+from ._atomic import write_atomic_with
+from ._context import HasContext, PoolContext, context_of
+from ._names import archive_owner, check_archive_name
 from ._torch import is_tensor, torch_module
 from .catalog import (
     archives_table,
@@ -27,6 +28,7 @@ from .catalog import (
     retention_table,
     sample_metadata_table,
 )
+from .catalog.queries import archive_by_name
 from .codec import (
     ChunkReader,
     _at,
@@ -44,14 +46,12 @@ from .errors import (
     UnencodableError,
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
-from .samples import check_key_text, check_task_key, sample_to_fields
+from .samples import Sample, check_key_text, check_task_key, sample_to_record
 
 if TYPE_CHECKING:
     import torch
 
-    from .manager import ArchiveManager
-
-__all__ = ["Archive", "ArchiveInfo"]
+__all__ = ["Archive", "ArchiveInfo", "open_archive"]
 
 
 def _when(ts: float | None) -> datetime | None:
@@ -106,8 +106,8 @@ def _check_key(value: object, what: str) -> str | None:
 class Archive:
     """A published (or released) archive of a pool.  Opening one reads only the catalog."""
 
-    def __init__(self, pool: ArchiveManager, row: Row[Any]) -> None:
-        self._pool = pool
+    def __init__(self, pool: PoolContext | HasContext, row: Row[Any]) -> None:
+        self._pool = context_of(pool)
         self._id: int = row.id
         self.name: str = row.name
         self.rollout_id: int | None = row.rollout_id
@@ -404,30 +404,28 @@ class Archive:
         numpy scalars (values and keys) Python numbers, the types that loader accepts.
 
         Raises:
-            UnencodableError: a sample holds an int too large for that loader (2,040 bits
-                or more); the message names the sample and field, and no file is written.
+            UnencodableError: a sample holds what that loader, or `import_pt` after it, would
+                not give back: an int of 2,040 bits or more, a numpy complex scalar, a
+                `Sample` whose status is None or whose ``spec_info``/``prefix_cache_info``
+                is not its helper with only its counters; the message names the sample and
+                field, and no file is written.
         """
         target = Path(path)
         samples = []
         for position, sample in enumerate(self.load_samples()):
             try:
-                samples.append(_torch_native(sample_to_fields(materialize_tensor_refs(sample))[1]))
+                _, fields, converted = sample_to_record(materialize_tensor_refs(sample))
+                if isinstance(sample, Sample):
+                    _check_slime_readable(fields, converted or [])
+                samples.append(_torch_native(fields))
             except UnencodableError as exc:
                 raise _at(
                     exc, f"cannot export sample {position} of {self.name!r}: field "
                 ) from None
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch_module().save({"rollout_id": self.rollout_id, "samples": samples}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(target.parent)
+        dump = {"rollout_id": self.rollout_id, "samples": samples}
+        # 0600, as exports always were (they were written through mkstemp).
+        write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
         return target
 
     def release(self) -> bool:
@@ -512,8 +510,53 @@ def _torch_native(value: Any, *, top: bool = True) -> Any:
     if isinstance(value, np.ndarray):
         return torch_module().from_numpy(value.copy())
     if isinstance(value, np.generic):
+        if value.dtype.kind == "c":
+            # NOTE: item() gives a Python complex, which torch.load reads but the codec (and
+            # so import_pt) does not store: the export would not import back.
+            raise UnencodableError(
+                f"a numpy {value.dtype} scalar cannot be exported: it would become a Python "
+                "complex, which import_pt cannot store (a 0-d numpy array exports as a tensor)"
+            )
         return value.item()
     return value
+
+
+# The helpers slime's ``from_dict`` rebuilds from a dump, and the counters it reads of each.
+_SLIME_HELPERS = {
+    "spec_info": frozenset(f.name for f in dataclasses.fields(Sample.SpecInfo)),
+    "prefix_cache_info": frozenset(f.name for f in dataclasses.fields(Sample.PrefixCacheInfo)),
+}
+
+
+def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> None:
+    """Refuse a `Sample` that slime's ``from_dict`` (what `import_pt` reads a dump with)
+    would not give back: it reads a None status as pending and a helper from its counters
+    only (docs/architecture.md, "Samples and values")."""
+    if fields.get("status", ...) is None:
+        raise _at(
+            UnencodableError("a None status imports back as 'pending' (slime's from_dict)"),
+            "'status'",
+        )
+    for key, counters in _SLIME_HELPERS.items():
+        if key not in fields:
+            continue
+        if key not in converted:
+            raise _at(
+                UnencodableError(
+                    f"a {type(fields[key]).__name__} imports back as a Sample helper "
+                    "(slime's from_dict reads only a helper's counters)"
+                ),
+                f"{key!r}",
+            )
+        extra = sorted(map(repr, set(fields[key]) - counters))
+        if extra:
+            raise _at(
+                UnencodableError(
+                    f"extra attributes {', '.join(extra)[:80]} of the helper would not import "
+                    "back (slime's from_dict reads only its counters)"
+                ),
+                f"{key!r}",
+            )
 
 
 def _native_items(values: list | tuple) -> list[Any]:
@@ -535,6 +578,20 @@ def _check_ints(values: list, kinds: set[type]) -> None:
                 _pt_int(v)
             except UnencodableError as exc:
                 raise _at(exc, f"[{i}]") from None
+
+
+def open_archive(pool: PoolContext, name: str) -> Archive:
+    """`ArchiveManager.open_archive`: the published or released archive ``name``.
+
+    Raises:
+        ArchiveNotFoundError: no such archive, or it is still pending.
+    """
+    check_archive_name(name)
+    with pool.catalog.read() as conn:
+        row = archive_by_name(conn, name)
+    if row is None or row.state not in ("published", "released"):
+        raise ArchiveNotFoundError(f"archive {name!r} not found")
+    return Archive(pool, row)
 
 
 def infos(rows: Sequence[Row[Any]]) -> list[ArchiveInfo]:

@@ -17,20 +17,19 @@ and is still read: that URL is reduced to the same identification at once and ne
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import shlex
 import stat
 import unicodedata
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from ._atomic import write_atomic
 from ._digest import check_digest
 from ._failpoints import failpoint
 from ._names import MAX_NAME_BYTES, invisible_character
@@ -214,29 +213,24 @@ def _open_pool(
 
 
 def _write_pointer(path: Path, content: dict[str, Any]) -> None:
-    """Write ``path`` atomically and only if it does not exist (link(2) is exclusive)."""
+    """Write ``path`` atomically and only if it does not exist (link(2) is exclusive).
+
+    Raises:
+        FileExistsError: ``path`` exists; nothing was written.
+    """
     data = json.dumps(content, indent=1, allow_nan=False).encode()
-    tmp = path.parent / f".{path.name[:64]}.{uuid.uuid4().hex}.tmp"
-    # NOTE: not mkstemp, whose 0600 would hide the pointer from the rest of a team that
-    # shares the run folder; 0666 minus the umask, like any file the run writes.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # NOTE: link() fails if the name exists, so two savers to one path cannot both win,
-        # and readers never see a half-written pointer.
-        failpoint("pointer.before_link")
-        os.link(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    # NOTE: 0666 minus the umask, like any file the run writes (a 0600 pointer would hide it
+    # from the rest of a team that shares the run folder).  Linked, never created in place:
+    # a short pointer left by a crash would name an archive nobody can read or release.
+    if not write_atomic(
+        path,
+        data,
+        exclusive=True,
+        mode=0o666,
+        link_fallback=False,
+        before_place=lambda: failpoint("pointer.before_link"),
+    ):
+        raise FileExistsError(f"pointer file {path} already exists")
 
 
 def _read_text(path: Path) -> str:

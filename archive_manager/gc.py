@@ -1,8 +1,9 @@
 """Garbage collection (docs/architecture.md, "GC protocol"): a plan, then its execution.
 
 The plan recomputes reachability in full every run: a blob is kept while an owned archive's
-rows name it or a live lease holds it.  Deciding is a pure function of catalog rows and file
-listings (`plan_orphans`, `_retained`); the shell around it does the I/O in this order:
+rows name it or a live lease holds it (`reachability.retained`, the one home of that rule).
+Deciding is a pure function of catalog rows and file listings (`plan_orphans`, `_retained`);
+the shell around it does the I/O in this order:
 
 1. list the blob store's blobs and incomplete writes (any error stops GC before it deletes
    anything, and so does a symlink in place of ``blobs/``, ``tmp/`` or a fan-out folder: the
@@ -27,10 +28,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, delete, exists, not_, or_, select, update
+from sqlalchemy import delete, exists, not_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 
+from ._context import PoolContext
 from ._digest import is_digest
 from ._failpoints import failpoint
 from .catalog import (
@@ -43,20 +44,28 @@ from .catalog import (
     pin_write_lock,
     retention_table,
 )
+from .catalog.queries import batches
 from .codec import MAGIC_SIZE, blob_kind
 from .errors import ArchiveError, GcAbortedError, PoolIdentityError
 from .identity import UNINDEXED_BLOBS, check_identity
 from .journal import audit, maintain
+from .reachability import dead_pending
+
+# The plan's reachability test, by this name: the crash matrix's sabotage test replaces it
+# to prove that a GC which counts no owner is caught (tests/test_crash_matrix.py).
+from .reachability import retained as _retained
 
 if TYPE_CHECKING:
     from .blobs import AbstractBlobStore, IncompleteWrite
-    from .manager import ArchiveManager
 
 __all__ = [
     "UNINDEXED_BLOBS",
+    "GcPlan",
     "GcReport",
+    "apply",
     "collect",
     "kind_of",
+    "plan",
     "plan_orphans",
     "rowless_files",
     "unindexed_manifests",
@@ -103,35 +112,6 @@ class GcReport:
         }
 
 
-def _retained(now: float) -> ColumnElement[bool]:
-    """SQL: the current ``blobs`` row is retained by an owned archive or a live lease."""
-    ab, r, a, lb, lt = (
-        archive_blobs_table,
-        retention_table,
-        archives_table,
-        lease_blobs_table,
-        leases_table,
-    )
-    dead_pending = and_(
-        a.c.state == "pending",
-        not_(exists().where(lt.c.owner == a.c.lease_owner, lt.c.expires_at > now)),
-    )
-    by_archive = (
-        select(ab.c.digest)
-        .join(r, r.c.archive_id == ab.c.archive_id)
-        .join(a, a.c.id == ab.c.archive_id)
-        .where(ab.c.digest == blobs_table.c.digest, not_(dead_pending))
-        .exists()
-    )
-    by_lease = (
-        select(lb.c.digest)
-        .join(lt, lt.c.owner == lb.c.lease)
-        .where(lb.c.digest == blobs_table.c.digest, lt.c.expires_at > now)
-        .exists()
-    )
-    return or_(by_archive, by_lease)
-
-
 def plan_orphans(
     files: Iterable[tuple[str, int, float]], known: set[str], *, cutoff: float
 ) -> list[tuple[str, int]]:
@@ -140,13 +120,8 @@ def plan_orphans(
 
 
 def _dead_pending(conn: Connection, now: float) -> list[tuple[int, str]]:
-    a, lt = archives_table, leases_table
-    rows = conn.execute(
-        select(a.c.id, a.c.name).where(
-            a.c.state == "pending",
-            not_(exists().where(lt.c.owner == a.c.lease_owner, lt.c.expires_at > now)),
-        )
-    ).all()
+    a = archives_table
+    rows = conn.execute(select(a.c.id, a.c.name).where(dead_pending(now))).all()
     return [(i, n) for i, n in rows]
 
 
@@ -168,8 +143,7 @@ def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
     """Refuse a plan that would delete what an owned archive's own rows name."""
     c, a, r, ab = chunks_table, archives_table, retention_table, archive_blobs_table
     owned = exists().where(r.c.archive_id == a.c.id)
-    for i in range(0, len(digests), _BATCH):
-        batch = digests[i : i + _BATCH]
+    for batch in batches(digests, _BATCH):
         hit = (
             conn.execute(
                 select(a.c.name, c.c.digest)
@@ -203,8 +177,7 @@ def _per_archive(
 ) -> dict[str, dict[str, int]]:
     ab, a = archive_blobs_table, archives_table
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"blobs": 0, "bytes": 0})
-    for i in range(0, len(digests), _BATCH):
-        batch = digests[i : i + _BATCH]
+    for batch in batches(digests, _BATCH):
         for name, digest in conn.execute(
             select(a.c.name, ab.c.digest)
             .join(a, a.c.id == ab.c.archive_id)
@@ -215,8 +188,41 @@ def _per_archive(
     return dict(out)
 
 
+@dataclass
+class GcPlan:
+    """One GC's decisions (docs/architecture.md, "GC protocol"): taken in the plan
+    transaction, which also marks them unless it is a dry run; `apply` then carries them out.
+    A dry run is the plan alone."""
+
+    now: float
+    grace: float
+    expired: list[str] = field(default_factory=list)  # leases to drop
+    rolled_back: list[tuple[int, str]] = field(default_factory=list)  # dead pending saves
+    condemned: dict[str, int] = field(default_factory=dict)  # digest -> size, marked deleting
+    earlier: dict[str, int] = field(default_factory=dict)  # left deleting by an earlier GC
+    per_archive: dict[str, dict[str, int]] = field(default_factory=dict)
+    orphans: list[tuple[str, int]] = field(default_factory=list)  # files without a row
+    stale_temps: list[IncompleteWrite] = field(default_factory=list)
+
+    def report(self, *, dry_run: bool, duration: float = 0.0) -> GcReport:
+        """What this plan reclaims, as a `GcReport`."""
+        return GcReport(
+            dry_run=dry_run,
+            blobs=len(self.condemned) + len(self.earlier),
+            bytes=sum(self.condemned.values()) + sum(self.earlier.values()),
+            per_archive=self.per_archive,
+            orphans=len(self.orphans),
+            orphan_bytes=sum(s for _, s in self.orphans),
+            temp_files=len(self.stale_temps),
+            rolled_back=sorted(n for _, n in self.rolled_back),
+            expired_leases=len(self.expired),
+            finished_from_earlier=len(self.earlier),
+            duration=duration,
+        )
+
+
 def collect(
-    pool: ArchiveManager,
+    pool: PoolContext,
     *,
     grace: float,
     dry_run: bool = False,
@@ -229,10 +235,24 @@ def collect(
             deleted anything (or, for an unlink error, left the rest for the next run).
     """
     started = time.perf_counter()
+    decided = plan(pool, grace=grace, mark=not dry_run)
+    if not dry_run:
+        apply(pool, decided, progress)
+    return decided.report(dry_run=dry_run, duration=time.perf_counter() - started)
+
+
+def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
+    """Check that GC may run, list the blob store, and decide in one transaction; with
+    ``mark``, that transaction (``gc.plan``) also drops the expired leases, rolls back the
+    dead pending saves and marks the condemned blobs ``deleting``, so a GC killed after it is
+    finished by the next one.  Without, it only reads (a dry run).
+
+    Raises:
+        GcAbortedError: GC may not run, the listing failed, or the invariant is broken.
+    """
     store, catalog = pool.store, pool.catalog
     now = pool.clock()
     cutoff = now - grace
-    report = GcReport(dry_run=dry_run)
     if catalog.get_pool_info(UNINDEXED_BLOBS) is not None:
         raise GcAbortedError(
             "gc stopped before deleting anything: this catalog was created over a blob root "
@@ -256,67 +276,69 @@ def collect(
     _refuse_if_behind(pool, files)
     _refuse_if_behind_journal(pool)
 
-    with catalog.read() if dry_run else catalog.write("gc.plan") as conn:
+    decided = GcPlan(now=now, grace=grace)
+    with catalog.write("gc.plan") if mark else catalog.read() as conn:
         lt = leases_table
-        expired = conn.execute(select(lt.c.owner).where(lt.c.expires_at <= now)).scalars().all()
-        dead = _dead_pending(conn, now)
-        report.expired_leases = len(expired)
-        report.rolled_back = sorted(n for _, n in dead)
-        candidates = _candidates(conn, now, cutoff)
-        digests = [d for d, _ in candidates]
-        sizes = dict(candidates)
-        earlier = conn.execute(
-            select(blobs_table.c.digest, blobs_table.c.size).where(
-                blobs_table.c.state == "deleting"
-            )
-        ).all()
-        _check_invariant(conn, digests + [d for d, _ in earlier])
-        report.per_archive = _per_archive(conn, digests, sizes)
-        report.blobs = len(candidates)
-        report.bytes = sum(sizes.values())
-        report.finished_from_earlier = len(earlier)
-        report.blobs += len(earlier)
-        report.bytes += sum(s for _, s in earlier)
-        if not dry_run:
-            for i in range(0, len(expired), _BATCH):
-                batch = expired[i : i + _BATCH]
-                conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
-                conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
-            dead_ids = [archive_id for archive_id, _ in dead]
-            for i in range(0, len(dead_ids), _BATCH):
-                batch_ids = dead_ids[i : i + _BATCH]
-                conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
-            for i in range(0, len(digests), _BATCH):
-                conn.execute(
-                    update(blobs_table)
-                    .where(blobs_table.c.digest.in_(digests[i : i + _BATCH]))
-                    .values(state="deleting")
+        decided.expired = list(
+            conn.execute(select(lt.c.owner).where(lt.c.expires_at <= now)).scalars()
+        )
+        decided.rolled_back = _dead_pending(conn, now)
+        decided.condemned = dict(_candidates(conn, now, cutoff))
+        digests = list(decided.condemned)
+        decided.earlier = {
+            d: s
+            for d, s in conn.execute(
+                select(blobs_table.c.digest, blobs_table.c.size).where(
+                    blobs_table.c.state == "deleting"
                 )
+            )
+        }
+        _check_invariant(conn, digests + list(decided.earlier))
+        decided.per_archive = _per_archive(conn, digests, decided.condemned)
+        if mark:
+            _mark(conn, decided)
         known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())
+    decided.orphans = plan_orphans(files, known_rows, cutoff=cutoff)
+    decided.stale_temps = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
+    return decided
 
-    orphans = plan_orphans(files, known_rows, cutoff=cutoff)
-    report.orphans = len(orphans)
-    report.orphan_bytes = sum(s for _, s in orphans)
-    stale_temps = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
-    report.temp_files = len(stale_temps)
-    if dry_run:
-        report.duration = time.perf_counter() - started
-        return report
 
+def _mark(conn: Connection, decided: GcPlan) -> None:
+    """The plan transaction's writes: what a GC killed after it leaves for the next."""
+    lt = leases_table
+    for batch in batches(decided.expired, _BATCH):
+        conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
+        conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
+    dead_ids = [archive_id for archive_id, _ in decided.rolled_back]
+    for batch_ids in batches(dead_ids, _BATCH):
+        conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
+    for batch in batches(list(decided.condemned), _BATCH):
+        conn.execute(
+            update(blobs_table).where(blobs_table.c.digest.in_(batch)).values(state="deleting")
+        )
+
+
+def apply(pool: PoolContext, decided: GcPlan, progress: Progress | None = None) -> None:
+    """Carry out a marked plan: unlink every ``deleting`` blob (this plan's and any an
+    earlier GC left), then the orphan files and the incomplete writes of dead writers, then
+    tidy the journal.
+
+    Raises:
+        GcAbortedError: an unlink failed (the rest is left for the next run), or the
+            journal's checkpoint could not be written (everything else is done).
+    """
     _execute(pool, progress)
-    _remove_orphans(pool, [d for d, _ in orphans])
-    for write in stale_temps:
-        _remove_incomplete(store, write)
+    _remove_orphans(pool, [d for d, _ in decided.orphans])
+    for write in decided.stale_temps:
+        _remove_incomplete(pool.store, write)
     try:
-        maintain(catalog, pool.journal, pool.clock)
+        maintain(pool.catalog, pool.journal, pool.clock)
     except OSError as exc:
         # Everything GC had to do is done; the journal is tidied by the next run.
         raise GcAbortedError(f"gc could not write the journal's checkpoint: {exc}") from exc
-    report.duration = time.perf_counter() - started
-    return report
 
 
-def kind_of(pool: ArchiveManager, digest: str) -> str | None:
+def kind_of(pool: PoolContext, digest: str) -> str | None:
     """The kind of blob file ``digest`` by its magic (None: not a blob of this library).
 
     Raises:
@@ -325,7 +347,7 @@ def kind_of(pool: ArchiveManager, digest: str) -> str | None:
     return blob_kind(pool.store.read_head(digest, MAGIC_SIZE))
 
 
-def rowless_files(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> dict[str, int]:
+def rowless_files(pool: PoolContext, files: list[tuple[str, int, float]]) -> dict[str, int]:
     """Of the listed blob files, those with no catalog row, and their sizes."""
     if not files:
         return {}
@@ -336,7 +358,7 @@ def rowless_files(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> 
     return {d: size for d, size, _ in files if d not in known}
 
 
-def unindexed_manifests(pool: ArchiveManager, rowless: dict[str, int]) -> list[str]:
+def unindexed_manifests(pool: PoolContext, rowless: dict[str, int]) -> list[str]:
     """Of the row-less blob files, the manifests: archives the catalog lacks."""
     found = []
     for digest in sorted(rowless):
@@ -348,7 +370,7 @@ def unindexed_manifests(pool: ArchiveManager, rowless: dict[str, int]) -> list[s
     return found
 
 
-def _refuse_if_behind(pool: ArchiveManager, files: list[tuple[str, int, float]]) -> None:
+def _refuse_if_behind(pool: PoolContext, files: list[tuple[str, int, float]]) -> None:
     """Stop if a manifest on disk has no catalog row: the catalog is behind its blobs.
 
     NOTE: a save inserts a blob's row before it writes the file, so in a catalog that is not
@@ -367,7 +389,7 @@ def _refuse_if_behind(pool: ArchiveManager, files: list[tuple[str, int, float]])
         )
 
 
-def _refuse_if_behind_journal(pool: ArchiveManager) -> None:
+def _refuse_if_behind_journal(pool: PoolContext) -> None:
     """Stop if the retention journal holds decisions the catalog lacks, or a rebuild left
     damaged journal files for an operator to decide on (docs/architecture.md, "Retention
     journal").
@@ -399,14 +421,13 @@ def _refuse_if_behind_journal(pool: ArchiveManager) -> None:
         )
 
 
-def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
+def _execute(pool: PoolContext, progress: Progress | None) -> None:
     """Unlink and forget every ``deleting`` blob, a batch per transaction."""
     b = blobs_table
     with pool.catalog.read() as conn:
         todo = conn.execute(select(b.c.digest).where(b.c.state == "deleting")).scalars().all()
     done = 0
-    for i in range(0, len(todo), _BATCH):
-        batch = todo[i : i + _BATCH]
+    for batch in batches(todo, _BATCH):
         with pool.catalog.write("gc.delete") as conn:
             still = (
                 conn.execute(
@@ -430,10 +451,10 @@ def _execute(pool: ArchiveManager, progress: Progress | None) -> None:
             progress(done, len(todo))
 
 
-def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
+def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:
     b = blobs_table
-    for i in range(0, len(digests), _BATCH):
-        batch = [d for d in digests[i : i + _BATCH] if is_digest(d)]
+    for part in batches(digests, _BATCH):
+        batch = [d for d in part if is_digest(d)]
         with pool.catalog.write() as conn:
             # Re-checked under the write lock: a save that inserted a row since the listing
             # owns the file now.
@@ -449,7 +470,7 @@ def _remove_orphans(pool: ArchiveManager, digests: list[str]) -> None:
                     failpoint("gc.orphan.after_unlink")
 
 
-def _unlink(pool: ArchiveManager, digest: str) -> None:
+def _unlink(pool: PoolContext, digest: str) -> None:
     """Unlink ``digest``'s file; one already gone is what GC wanted (any store's delete may
     say so with FileNotFoundError rather than False)."""
     with contextlib.suppress(FileNotFoundError):

@@ -8,7 +8,7 @@ import numbers
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
 
+from ._context import PoolContext
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from ._readonly_store import ReadOnlyBlobStore
-from .archive import Archive, ArchiveInfo, infos
+from .archive import Archive, ArchiveInfo, infos, open_archive
 from .blobs import AbstractBlobStore, BlobStore
 from .blobs.base import ObjectRoot
 from .blobs.s3 import is_s3_url
@@ -53,6 +54,7 @@ from .identity import (
 )
 from .journal import (
     JOURNAL_DIR,
+    Journal,
     adopt,
     journal_for,
     pool_id_of,
@@ -73,10 +75,10 @@ from .permissions import SharedReport, share_pool
 from .ptdump import read_pt_dump
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
-from .retention import ReleasePlan, plan_release
+from .retention import OwnersReport, ReleasePlan, audit_owners, plan_release
 from .samples import check_task_key
 from .stats import RolloutStats, StatsCache, rollout_stats
-from .verify import OwnersReport, VerifyReport, audit_owners, verify_pool
+from .verify import VerifyReport, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, save_samples
 
 __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
@@ -170,15 +172,19 @@ class ArchiveManager:
         if not isinstance(inline_limit, int) or inline_limit < 0:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
-        self.catalog = catalog
-        self.store: AbstractBlobStore = BlobStore(root) if store is None else store
-        self.clock = clock
-        self.lease_ttl = _seconds(lease_ttl)
-        self.chunk_size = chunk_size
-        self.inline_limit = inline_limit
         self._stats_cache = StatsCache()
-        self._identity: PoolIdentity | None = None
-        self.journal = journal_for(root)
+        # Everything below this facade takes the context, never the facade
+        # (docs/architecture.md, Layers); `open` adds the identity once it is checked.
+        self._context = PoolContext(
+            root=root,
+            catalog=catalog,
+            store=BlobStore(root) if store is None else store,
+            journal=journal_for(root),
+            clock=clock,
+            lease_ttl=_seconds(lease_ttl),
+            chunk_size=chunk_size,
+            inline_limit=inline_limit,
+        )
 
     @classmethod
     def open(
@@ -293,7 +299,9 @@ class ArchiveManager:
                 busy_timeout_ms=busy_timeout_ms,
                 store=store,
             )
-        if not (create or recover or rebind) and not cls.exists(path, catalog_url):
+        # recover=True: this open writes next, so a SQLite catalog whose writer died leaving
+        # only its log is recovered to tell (docs/architecture.md, Shared pools).
+        if not (create or recover or rebind) and not cls.exists(path, catalog_url, recover=True):
             damaged = _damaged_sqlite_file(url)
             if damaged is not None:
                 raise PoolNotFoundError(
@@ -366,7 +374,7 @@ class ArchiveManager:
                 inline_limit=inline_limit,
                 store=blobs,
             )
-            pool._identity = identity
+            pool._context = replace(pool._context, identity=identity)
             adopt(catalog, pool.journal, pool.clock)
             return pool
         except BaseException:
@@ -471,7 +479,7 @@ class ArchiveManager:
                 inline_limit=inline_limit,
                 store=blobs,
             )
-            pool._identity = identity
+            pool._context = replace(pool._context, identity=identity)
             if not catalog.read_only:
                 adopt(catalog, pool.journal, pool.clock)
             return pool
@@ -517,27 +525,34 @@ class ArchiveManager:
                 lease_ttl=lease_ttl,
                 chunk_size=chunk_size,
                 inline_limit=inline_limit,
+                store=blobs,
             )
-            pool.store = blobs
-            pool._identity = identity
+            pool._context = replace(pool._context, identity=identity)
             return pool
         except BaseException:
             catalog.close()
             raise
 
     @staticmethod
-    def exists(root: str | os.PathLike[str], catalog_url: str | None = None) -> bool:
+    def exists(
+        root: str | os.PathLike[str], catalog_url: str | None = None, *, recover: bool = False
+    ) -> bool:
         """Whether a pool is at ``root`` (its catalog exists and was set up), creating nothing
-        and changing no file (a SQLite file is only read, see `catalog.probe`)."""
-        status = ArchiveManager.catalog_status(root, catalog_url)
+        and changing no file (a SQLite file is only read, see `catalog.probe`).
+
+        ``recover``: the caller opens the pool for writing next, so a SQLite catalog whose
+        writer died leaving a log with commits and no ``-shm`` may be recovered (by SQLite,
+        content unchanged) to tell; without it, or without write access, such a catalog
+        raises `CatalogError`, since its file alone does not say."""
+        status = ArchiveManager.catalog_status(root, catalog_url, recover=recover)
         return status.current is not None
 
     @staticmethod
     def catalog_status(
-        root: str | os.PathLike[str], catalog_url: str | None = None
+        root: str | os.PathLike[str], catalog_url: str | None = None, *, recover: bool = False
     ) -> CatalogStatus:
         """The catalog's Alembic revision and this library's head, without migrating or
-        creating anything."""
+        creating anything (``recover``: see `exists`)."""
         if is_s3_url(root):
             if catalog_url is None:
                 return CatalogStatus(None, head_revision())  # no catalog can be in a bucket
@@ -548,7 +563,7 @@ class ArchiveManager:
             # NOTE: never through the engine, whose first connection switches the file to
             # WAL mode: asking must leave a file that is no catalog exactly as it was.
             file = sqlite_path(url)
-            probe = probe_sqlite_catalog(file) if file is not None else None
+            probe = probe_sqlite_catalog(file, recover=recover) if file is not None else None
             revision = probe.revision if probe is not None else None
             return CatalogStatus(revision, head_revision())
         engine = make_engine(url)
@@ -570,7 +585,48 @@ class ArchiveManager:
     @property
     def identity(self) -> PoolIdentity | None:
         """The pool's identity (pool id and catalog id) as checked when it was opened."""
-        return self._identity
+        return self._context.identity
+
+    @property
+    def context(self) -> PoolContext:
+        """What the operations below this facade are given: the catalog, the blob store,
+        the journal, the clock and the settings of this open pool (`PoolContext`)."""
+        return self._context
+
+    @property
+    def catalog(self) -> Catalog:
+        """The pool's catalog."""
+        return self._context.catalog
+
+    @property
+    def store(self) -> AbstractBlobStore:
+        """The pool's blob store."""
+        return self._context.store
+
+    @property
+    def journal(self) -> Journal:
+        """The pool's retention journal (docs/architecture.md, Retention journal)."""
+        return self._context.journal
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds since the epoch, as this pool reads them."""
+        return self._context.clock
+
+    @property
+    def lease_ttl(self) -> float:
+        """How long, in seconds, a save in flight is protected without renewing its lease."""
+        return self._context.lease_ttl
+
+    @property
+    def chunk_size(self) -> int:
+        """Samples per chunk blob."""
+        return self._context.chunk_size
+
+    @property
+    def inline_limit(self) -> int:
+        """Tensors larger than this many bytes become their own blobs."""
+        return self._context.inline_limit
 
     @property
     def catalog_url(self) -> str:
@@ -666,10 +722,10 @@ class ArchiveManager:
             if task_keys is not None:
                 raise InvalidInputError("a reference archive keeps its source's task keys")
             source = reference if isinstance(reference, Archive) else self.open_archive(reference)
-            if source._pool is not self and source._pool.catalog_url != self.catalog_url:
+            if source._pool is not self._context and source._pool.catalog_url != self.catalog_url:
                 raise InvalidInputError("a reference must be an archive of the same pool")
             writer = ArchiveWriter(
-                self,
+                self._context,
                 name,
                 rollout_id=rollout_id,
                 evaluation=evaluation,
@@ -680,7 +736,7 @@ class ArchiveManager:
         if samples is None:
             raise InvalidInputError("samples is None and no reference was given")
         return save_samples(
-            self,
+            self._context,
             name,
             samples,
             rollout_id=rollout_id,
@@ -705,7 +761,9 @@ class ArchiveManager:
         Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
         at the end of the block).
         """
-        return ArchiveWriter(self, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
+        return ArchiveWriter(
+            self._context, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -715,12 +773,7 @@ class ArchiveManager:
         Raises:
             ArchiveNotFoundError: no such archive, or it is still pending.
         """
-        check_archive_name(name)
-        with self.catalog.read() as conn:
-            row = archive_by_name(conn, name)
-        if row is None or row.state not in ("published", "released"):
-            raise ArchiveNotFoundError(f"archive {name!r} not found")
-        return Archive(self, row)
+        return open_archive(self._context, name)
 
     def find(
         self,
@@ -770,7 +823,7 @@ class ArchiveManager:
     def info(self) -> PoolSummary:
         """A summary of the pool: archives by state, blobs, bytes stored and referenced,
         dedup ratio, format version and catalog revision."""
-        return pool_summary(self)
+        return pool_summary(self._context)
 
     def query(self, **filters: Any) -> list[SampleRow]:
         """Samples across archives, from the catalog alone.
@@ -780,7 +833,7 @@ class ArchiveManager:
         (response length), ``min_rollout_id``/``max_rollout_id``, ``evaluation``, ``state``
         (default ``"published"``, None for all) and ``limit``.
         """
-        return query_samples(self, **filters)
+        return query_samples(self._context, **filters)
 
     def stats(
         self,
@@ -794,7 +847,7 @@ class ArchiveManager:
         `archive_manager.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
         ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
         """
-        return rollout_stats(self, rollout_ids, evaluation, cache=self._stats_cache)
+        return rollout_stats(self._context, rollout_ids, evaluation, cache=self._stats_cache)
 
     # ------------------------------------------------------------------ the RL lens
 
@@ -894,9 +947,9 @@ class ArchiveManager:
         if owner is not None:
             with self.catalog.read() as conn:
                 owner = stored_owner(conn, check_owner(owner))
-            return plan_release(self, owner=owner)
+            return plan_release(self._context, owner=owner)
         archive = self.open_archive(name)  # type: ignore[arg-type]
-        return plan_release(self, owner=archive_owner(archive.name), archive=archive.name)
+        return plan_release(self._context, owner=archive_owner(archive.name), archive=archive.name)
 
     def release_owner(self, owner: str) -> int:
         """Drop every retention of ``owner`` (its exact stored string, or another Unicode
@@ -956,7 +1009,7 @@ class ArchiveManager:
         seconds = _grace_seconds(grace)
         if not dry_run:
             self._refuse_if_read_only("gc")
-        return collect(self, grace=seconds, dry_run=dry_run, progress=progress)
+        return collect(self._context, grace=seconds, dry_run=dry_run, progress=progress)
 
     def verify(
         self,
@@ -970,7 +1023,7 @@ class ArchiveManager:
         ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
         Never changes anything.
         """
-        return verify_pool(self, read_data=read_data, subset=subset, progress=progress)
+        return verify_pool(self._context, read_data=read_data, subset=subset, progress=progress)
 
     def rebuild_catalog(
         self, *, progress: Callable[[int, int], None] | None = None, resolve: bool = False
@@ -995,7 +1048,7 @@ class ArchiveManager:
         ``progress(done, total)`` is called per archive name.
         """
         self._refuse_if_read_only("rebuild_catalog")
-        return rebuild_catalog(self, progress=progress, resolve=resolve)
+        return rebuild_catalog(self._context, progress=progress, resolve=resolve)
 
     def import_pt(
         self,
@@ -1020,7 +1073,7 @@ class ArchiveManager:
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;
         stale leases; unowned blobs awaiting GC; released archives whose payload remains."""
-        return audit_owners(self)
+        return audit_owners(self._context)
 
 
 def _missing_catalog(root: Path, url: str, store: AbstractBlobStore) -> PoolIdentityError | None:

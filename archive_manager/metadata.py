@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from ._torch import is_tensor, tensor_class, torch_module
 from .codec import TensorRef
 from .errors import MetadataError, UnencodableError
-from .samples import QUEUE_PREFIX
+from .samples import is_queue_key
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +113,7 @@ def describe_sample(sample: Any) -> dict[str, Any]:
             if value:
                 _add_mapping(tensors, key, value)
         elif isinstance(value, kinds):
-            if not _is_queue_key(key):
+            if not is_queue_key(key):
                 tensors[key if type(key) is str else _key_text(key)] = _describe_tensor(value)
         elif isinstance(value, Mapping):
             _add_mapping(tensors, key, value)
@@ -163,12 +163,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _is_queue_key(key: Any) -> bool:
-    return isinstance(key, str) and key.startswith(QUEUE_PREFIX)
-
-
 def _add_tensor(tensors: dict[str, dict[str, Any]], key: Any, value: Any) -> None:
-    if _is_queue_key(key):
+    if is_queue_key(key):
         return
     entry = _describe_tensor_value(value)
     if entry is not None:
@@ -177,7 +173,7 @@ def _add_tensor(tensors: dict[str, dict[str, Any]], key: Any, value: Any) -> Non
 
 def _add_mapping(tensors: dict[str, dict[str, Any]], key: Any, value: Mapping[Any, Any]) -> None:
     """Describe the tensors a dict field holds one level deep, as ``"<field>.<key>"``."""
-    if _is_queue_key(key):
+    if is_queue_key(key):
         return
     opaque = _OPAQUE_TYPES
     for sub_key, sub_value in value.items():

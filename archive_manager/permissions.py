@@ -116,6 +116,21 @@ def _folders(root: Path) -> list[Path]:
     return found
 
 
+def _member_read_files(root: Path) -> list[Path]:
+    """The files every member must read that exist: the identity file and its spare
+    (docs/architecture.md, "Pool identity"), and the retention journal's records and
+    checkpoints (GC, verify and rebuild replay them)."""
+    found = [root / "archive-pool.json", root / "blobs" / ".archive-pool.json"]
+    journal = root / "journal"  # not its damaged/: evidence kept for the operator only
+    if journal.is_dir() and not journal.is_symlink():
+        found.extend(sorted(journal.iterdir()))
+    return [p for p in found if p.is_file() and not p.is_symlink()]
+
+
+def _group_may_read(st: os.stat_result, gid: int) -> bool:
+    return bool(st.st_mode & stat.S_IROTH or (st.st_gid == gid and st.st_mode & stat.S_IRGRP))
+
+
 def _catalog_files(catalog_file: Path | None) -> list[Path]:
     if catalog_file is None:
         return []
@@ -182,6 +197,12 @@ def _share(root: Path, gid: int, catalog_file: Path | None, report: SharedReport
             report.changed.append(str(path))
 
 
+def _listed(paths: list[str]) -> str:
+    """The first `_SHOWN` paths, and how many more."""
+    more = len(paths) - _SHOWN
+    return ", ".join(paths[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
 def _fix_command(root: Path, group: str, catalog_url: str | None) -> str:
     url = f" --catalog-url {shlex.quote(catalog_url)}" if catalog_url else ""
     return f"archive-manager --root {shlex.quote(str(root))}{url} init --shared-group {group}"
@@ -197,8 +218,9 @@ def shared_problems(
     the command that fixes it; empty for a pool that is not shared.
 
     A pool is shared when its root has the set-group-id bit (`share_pool` sets it); then every
-    folder must have the root's group and `FOLDER_BITS`, and the catalog file and its
-    ``-wal``/``-shm`` the root's group with group read and write.  ``catalog_url`` (no
+    folder must have the root's group and `FOLDER_BITS`, the catalog file and its
+    ``-wal``/``-shm`` the root's group with group read and write, and the identity files and
+    the journal's files must be readable by the group.  ``catalog_url`` (no
     password) is shown in the fixing command when the catalog is not the root's own.
     """
     if not isinstance(root, (str, os.PathLike)):
@@ -225,16 +247,24 @@ def shared_problems(
         st = os.lstat(path)
         if st.st_gid != gid or st.st_mode & _CATALOG_BITS != _CATALOG_BITS:
             files.append(str(path))
+    # NOTE: a member whose umask is 077 writes the identity file (rebind, an identity written
+    # back) or a journal record 0600: every other member's open, or GC, then fails reading it.
+    unreadable = [str(p) for p in _member_read_files(root) if not _group_may_read(os.lstat(p), gid)]
     fix = _fix_command(root, group, catalog_url)
     problems = []
     if folders:
-        shown = ", ".join(folders[:_SHOWN]) + (
-            f" and {len(folders) - _SHOWN} more" if len(folders) > _SHOWN else ""
-        )
         problems.append(
             f"{len(folders)} folder(s) of the pool shared with group {group} lack the group, "
-            f"its write bit or the set-group-id bit ({shown}): other members cannot save, "
-            f"release or collect there; fix it with: {fix} (as the owner of those files, or root)"
+            f"its write bit or the set-group-id bit ({_listed(folders)}): other members "
+            f"cannot save, release or collect there; fix it with: {fix} (as the owner of "
+            "those files, or root)"
+        )
+    if unreadable:
+        problems.append(
+            f"{len(unreadable)} file(s) every member must read ({_listed(unreadable)}) of the "
+            f"pool shared with group {group} are not readable by the group: other members "
+            "cannot open the pool (its identity file) or collect and verify it (its journal); "
+            f"fix it with: {fix} (as the owner of those files, or root)"
         )
     if files:
         problems.append(

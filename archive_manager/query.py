@@ -4,13 +4,13 @@ key, status, reward, length and rollout id.  No blob is read."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 
+from ._context import PoolContext
 from .catalog import (
     FORMAT_VERSION,
     STATUS_LENGTH,
@@ -25,10 +25,7 @@ from .catalog.engine import shown_url
 from .errors import InvalidInputError
 from .samples import check_key_text
 
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
-
-__all__ = ["PoolSummary", "SampleRow", "pool_summary", "query_samples", "summarize"]
+__all__ = ["PoolSummary", "SampleRow", "pool_summary", "query_samples"]
 
 
 @dataclass
@@ -55,7 +52,7 @@ class PoolSummary:
         return {**self.__dict__, "dedup_ratio": self.dedup_ratio}
 
 
-def pool_summary(pool: ArchiveManager) -> PoolSummary:
+def pool_summary(pool: PoolContext) -> PoolSummary:
     """Archives by state, blobs by state, stored and referenced bytes."""
     a, b = archives_table, blobs_table
     with pool.catalog.read() as conn:
@@ -124,7 +121,7 @@ def _number(value: object, what: str) -> float | None:
 
 
 def query_samples(
-    pool: ArchiveManager,
+    pool: PoolContext,
     *,
     task_key: str | None = None,
     sample_key: str | None = None,
@@ -205,49 +202,3 @@ def query_samples(
             SampleRow(row[0], row[1], bool(row[2]), *row[3:])  # type: ignore[call-arg]
             for row in conn.execute(query)
         ]
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[index]
-
-
-def _mean(values: list[float]) -> float:
-    try:
-        return statistics.fmean(values)
-    except OverflowError:
-        # NOTE: the sum of two rewards of 1e308 overflows; the mean of finite values never
-        # does, taken term by term (show printed an OverflowError traceback).
-        count = len(values)
-        return math.fsum(v / count for v in values)
-
-
-def summarize(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Response-length and reward statistics and status counts of sample descriptions."""
-    lengths = [
-        float(d["response_length"]) for d in metadata if isinstance(d.get("response_length"), int)
-    ]
-    rewards = [float(d["reward"]) for d in metadata if isinstance(d.get("reward"), (int, float))]
-    statuses: dict[str, int] = {}
-    for d in metadata:
-        key = str(d.get("status"))
-        statuses[key] = statuses.get(key, 0) + 1
-
-    def stats(values: list[float]) -> dict[str, float] | None:
-        if not values:
-            return None
-        return {
-            "mean": _mean(values),
-            "p50": _quantile(values, 0.5),
-            "p90": _quantile(values, 0.9),
-            "min": min(values),
-            "max": max(values),
-        }
-
-    return {
-        "samples": len(metadata),
-        "response_length": stats(lengths),
-        "reward": stats(rewards),
-        "status": statuses,
-    }

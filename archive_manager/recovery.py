@@ -24,25 +24,25 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
+from ._context import PoolContext
 from ._names import MAX_NAME_BYTES, archive_owner
 from .catalog import (
     archive_blobs_table,
     archives_table,
     blobs_table,
     insert_rows,
-    leases_table,
     pin_write_lock,
     pool_info_table,
     retention_table,
     set_pool_info,
 )
-from .catalog.queries import archive_by_name, blob_rows, raise_save_seq
+from .catalog.queries import archive_by_name, batches, blob_rows, raise_save_seq
 from .errors import ArchiveError
 from .gc import kind_of, rowless_files
 from .identity import UNINDEXED_BLOBS
@@ -56,10 +56,8 @@ from .journal import (
     replay,
 )
 from .manifest import Manifest
+from .reachability import dead_pending_ids
 from .writer import insert_contents
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = ["RebuildReport", "rebuild_catalog"]
 
@@ -101,7 +99,7 @@ class _Skip(Exception):
 
 
 def rebuild_catalog(
-    pool: ArchiveManager, *, progress: Progress | None = None, resolve: bool = False
+    pool: PoolContext, *, progress: Progress | None = None, resolve: bool = False
 ) -> RebuildReport:
     """Index every blob file the catalog lacks, restore every archive the catalog lacks whose
     manifest and blobs are intact, and, when the catalog is behind the retention journal,
@@ -208,7 +206,7 @@ def _seq_text(manifest: Manifest) -> str:
 
 
 def _restore(
-    pool: ArchiveManager,
+    pool: PoolContext,
     digest: str,
     m: Manifest,
     kinds: dict[str, str],
@@ -231,7 +229,11 @@ def _restore(
             raise _Skip("its manifest was indexed meanwhile (by another rebuild, or a save)")
         name = decided.name if decided is not None else m.name
         existing = archive_by_name(conn, name)
-        if existing is not None and decided is not None and _dead_pending(conn, existing, now):
+        if (
+            existing is not None
+            and decided is not None
+            and dead_pending_ids(conn, now, [existing.id])
+        ):
             # A save of this name that never published (a backup caught it pending, its
             # process is gone), while the journal has the name published with this manifest:
             # the published archive takes its name back; the dead claim is rolled back, as
@@ -329,16 +331,6 @@ def _restore(
     return len(new_rows), name
 
 
-def _dead_pending(conn: Connection, row: Any, now: float) -> bool:
-    """``row`` is a pending archive whose save's lease is gone or expired."""
-    if row.state != "pending":
-        return False
-    lease = conn.execute(
-        select(leases_table.c.expires_at).where(leases_table.c.owner == row.lease_owner)
-    ).scalar()
-    return lease is None or lease <= now
-
-
 def _restored_name(m: Manifest, digest: str) -> str:
     """``<name>~restored-<save number or digest>``, cut to fit the name limit."""
     suffix = f"~restored-{m.save_seq if m.save_seq is not None else digest[:16]}"
@@ -349,15 +341,14 @@ def _restored_name(m: Manifest, digest: str) -> str:
 
 
 def _index_rest(
-    pool: ArchiveManager, rowless: dict[str, int], kinds: dict[str, str], now: float
+    pool: PoolContext, rowless: dict[str, int], kinds: dict[str, str], now: float
 ) -> int:
     """Give every remaining row-less blob file of a known kind a ``live`` row (unowned: GC
     reclaims it after the grace period); return how many rows it added."""
     store = pool.store
     digests = sorted(d for d in rowless if d in kinds)
     added = 0
-    for i in range(0, len(digests), _BATCH):
-        batch = digests[i : i + _BATCH]
+    for batch in batches(digests, _BATCH):
         with pool.catalog.write("rebuild.blobs") as conn:
             known = set(
                 conn.execute(
@@ -374,7 +365,7 @@ def _index_rest(
     return added
 
 
-def _replay(pool: ArchiveManager, conn: Connection | None = None) -> tuple[Replay, bool]:
+def _replay(pool: PoolContext, conn: Connection | None = None) -> tuple[Replay, bool]:
     """The retention journal replayed (its files and the records this catalog holds
     itself), and whether the catalog is behind it."""
     found = audit(pool.catalog, pool.journal)
@@ -388,7 +379,7 @@ def _replay(pool: ArchiveManager, conn: Connection | None = None) -> tuple[Repla
     return replayed, found.behind
 
 
-def _read_journal(pool: ArchiveManager, report: RebuildReport) -> Replay | None:
+def _read_journal(pool: PoolContext, report: RebuildReport) -> Replay | None:
     """The retention journal replayed, when the catalog is behind it (a lost catalog, one
     restored from a backup or a lagging replica); None when the catalog knows every file."""
     replayed, behind = _replay(pool)
@@ -410,7 +401,7 @@ def _own_owner_renamed(decided: ArchiveState, name: str) -> dict[str, float]:
     return owners
 
 
-def _bring_forward(pool: ArchiveManager, report: RebuildReport) -> Replay:
+def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
     """Give the archives the catalog has the owners, states and times the journal records,
     in one transaction (docs/architecture.md, "Recovery"); return the replay it used.
 
@@ -479,7 +470,7 @@ def _bring_forward(pool: ArchiveManager, report: RebuildReport) -> Replay:
     return journal
 
 
-def _note_reclaimed(pool: ArchiveManager, journal: Replay, report: RebuildReport) -> None:
+def _note_reclaimed(pool: PoolContext, journal: Replay, report: RebuildReport) -> None:
     """Report the journal's archives that could not come back: released and reclaimed ones
     (nothing is lost), and owned ones whose manifest is gone (those are)."""
     with pool.catalog.read() as conn:

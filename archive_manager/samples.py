@@ -10,15 +10,17 @@ registry are rebuilt, anything else comes back as a plain dict (docs/architectur
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import functools
+import struct
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
+
+import numpy as np
 
 from .errors import InvalidInputError, InvalidNameError, UnencodableError, UnsupportedFormatError
 
@@ -29,11 +31,13 @@ __all__ = [
     "check_key_text",
     "check_task_key",
     "fields_to_sample",
+    "is_queue_key",
     "register_sample_class",
     "registered_class",
     "registered_name",
     "sample_key",
     "sample_to_fields",
+    "sample_to_record",
     "task_key_of",
 ]
 
@@ -283,6 +287,13 @@ def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
             f"{_qualified(cls)} cannot be rebuilt without calling its constructor ({exc}); "
             "it cannot be registered as a sample class"
         ) from None
+    # NOTE: a class redefined in place (a reload) is a new object with its own plan, but one
+    # given a property after a save would keep a stale one: registering reads it afresh.
+    _rebuild_plan.cache_clear()
+    try:
+        _rebuild_plan(cls)
+    except TypeError as exc:
+        raise UnencodableError(f"{exc}: it cannot be registered as a sample class") from None
     if name is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(name, str) or not name:
@@ -325,46 +336,73 @@ def _same_definition(a: type, b: type) -> bool:
     return a.__module__ == b.__module__ and a.__qualname__ == b.__qualname__
 
 
-register_sample_class(Sample, SAMPLE_CLASS_NAME)
-
-
 # --------------------------------------------------------------------------- adapters
 
 
-def _is_queue_key(key: object) -> bool:
+def is_queue_key(key: object) -> bool:
+    """Whether ``key`` names live queue state (``_queue_*``), which is never stored."""
     return isinstance(key, str) and key.startswith(QUEUE_PREFIX)
 
 
-def _strip_queue(fields: dict[Any, Any]) -> dict[Any, Any]:
-    # NOTE: mutates and returns ``fields``; callers pass a dict they own.  The joined-keys
-    # test is a fast path: this runs for every sample on every save and load.
+def _strip_queue(fields: dict[Any, Any], declared: frozenset[str] = frozenset()) -> dict[Any, Any]:
+    """``fields`` without its ``_queue_*`` keys, except the ``declared`` field names.
+
+    NOTE: mutates and returns ``fields``; callers pass a dict they own.  The joined-keys test
+    is a fast path: this runs for every sample on every save and load.  A field the class
+    declares is its data, whatever its name: only attributes a queue attached at run time are
+    live queue state (docs/architecture.md, "Samples and values").
+    """
     if QUEUE_PREFIX in "\0".join(k for k in fields if type(k) is str):
-        for key in [k for k in fields if _is_queue_key(k)]:
+        for key in [k for k in fields if is_queue_key(k) and k not in declared]:
             del fields[key]
     return fields
+
+
+#: The fields of `Sample` (and its subclasses) that a record stores converted: a
+#: `Sample.Status` as its value, a helper as its fields and extra attributes.
+_SAMPLE_CONVERTED = ("status", "spec_info", "prefix_cache_info")
 
 
 def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
     """Split a sample into (registered class name or None, its stored fields).
 
-    * `Sample` or a registered subclass: its `Sample.to_dict` (status string, helpers as
-      dicts, extra attributes included).
+    `sample_to_record` without the list of converted fields (see there).
+
+    Raises:
+        UnencodableError: as `sample_to_record`.
+    """
+    name, fields, _ = sample_to_record(obj)
+    return name, fields
+
+
+def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | None]:
+    """Split a sample into (registered class name or None, its stored fields, the fields
+    stored converted).
+
+    * `Sample` or a registered subclass: its declared fields and extra attributes; a
+      `Sample.Status` is stored as its value, a ``SpecInfo``/``PrefixCacheInfo`` as a dict
+      of its fields and extra attributes, and the third item names the fields so converted
+      (anything else, a None status or a dict in ``spec_info`` included, is stored as it is
+      and loads as it is).
     * another registered dataclass: its fields, then the extra attributes in its
       ``__dict__``.  A member of the one Enum type a field's annotation (or default)
       names is stored as its ``.value``, which `fields_to_sample` turns back.  Enums
       elsewhere are left for the codec to reject (they would load as their values).
-    * a mapping: ``(None, a shallow copy)``.
+      The third item is None.
+    * a mapping: ``(None, a shallow copy, None)``.
 
-    Keys starting with ``_queue_`` are dropped in every case.  Values are not copied.
+    Keys and attributes starting with ``_queue_`` are dropped, unless the class declares
+    them as fields.  Values are not copied.
 
     Raises:
         UnencodableError: ``obj`` is neither a mapping nor an instance of a registered class;
-            or it would not load as saved: a dataclass field without a value, an enum-typed
-            field holding a non-member that would load as a member (docs/architecture.md,
-            "Samples and values").
+            or it would not load as saved: a dataclass field without a value, a field that
+            is a property or another data descriptor (setting it back would run its code),
+            an enum-typed field holding a non-member that would load as a member, or a
+            member that would not load as itself (docs/architecture.md, "Samples and values").
     """
     if isinstance(obj, Mapping):
-        return None, _strip_queue(dict(obj))
+        return None, _strip_queue(dict(obj)), None
     cls = type(obj)
     name = _NAMES.get(cls)
     if name is None:
@@ -376,37 +414,78 @@ def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
         )
         raise UnencodableError(f"cannot store a sample of type {_qualified(cls)}: {hint}")
     if isinstance(obj, Sample):
-        fields = obj.to_dict()
-        _check_status(fields.get("status"))
-        return name, _strip_queue(fields)
+        fields = _dataclass_state(obj)
+        converted = []
+        status = fields.get("status")
+        if status is not None:
+            _check_status(status)
+            # a member, or its value as a str (which loads as the member, as it always did)
+            fields["status"] = status.value if type(status) is Sample.Status else status
+            converted.append("status")
+        for key, helper in (
+            ("spec_info", Sample.SpecInfo),
+            ("prefix_cache_info", Sample.PrefixCacheInfo),
+        ):
+            if type(fields.get(key)) is helper:
+                fields[key] = _dataclass_state(fields[key])
+                converted.append(key)
+        return name, fields, converted
+    fields = _dataclass_state(obj)
+    for key, enum_type in _enum_fields(cls).items():
+        if key in fields:
+            fields[key] = _enum_field_value(cls, key, enum_type, fields[key])
+    return name, fields, None
+
+
+def _dataclass_state(obj: Any) -> dict[str, Any]:
+    """A registered dataclass instance's declared fields, then its other attributes
+    (undeclared ``_queue_*`` ones dropped): what `_rebuild` sets back."""
+    cls = type(obj)
+    plan = _rebuild_plan(cls)
     fields: dict[str, Any] = {}
-    enums = _enum_fields(cls)
-    for f in dataclasses.fields(obj):
+    for step in plan.fields:
+        if step.setter is None:
+            raise UnencodableError(
+                f"sample field {step.name!r} of {_qualified(cls)} is a "
+                f"{type(_class_attr(cls, step.name)).__name__} (a data descriptor): its "
+                "value could only be set back by running the descriptor's code, and loading "
+                "never runs a class's code; make it a plain field (keep the state the "
+                "descriptor reads in a field of its own)"
+            )
         try:
-            value = getattr(obj, f.name)
+            value = getattr(obj, step.name)
         except AttributeError:
             # a field(init=False) without a default that __post_init__ never set
             raise UnencodableError(
-                f"sample field {f.name!r} of {_qualified(cls)} has no value"
+                f"sample field {step.name!r} of {_qualified(cls)} has no value"
             ) from None
-        enum_type = enums.get(f.name)
-        if enum_type is not None:
-            value = _enum_field_value(cls, f.name, enum_type, value)
-        fields[f.name] = value
+        fields[step.name] = value
     # slots dataclasses have no __dict__: their fields are all there is
-    for key, value in getattr(obj, "__dict__", {}).items():
-        fields.setdefault(key, value)
-    return name, _strip_queue(fields)
+    if plan.instance_dict is not None:
+        for key, value in plan.instance_dict(obj).items():
+            if key in plan.descriptors and key not in plan.declared:
+                # put into __dict__ behind the class's back: the load would refuse it
+                raise UnencodableError(
+                    f"attribute {key!r:.80} of {_qualified(cls)} is in its __dict__ but "
+                    "the class makes that name a property or another data descriptor"
+                )
+            fields.setdefault(key, value)
+    return _strip_queue(fields, plan.declared)
 
 
 def _enum_field_value(cls: type, name: str, enum_type: type[enum.Enum], value: Any) -> Any:
     """What an enum-typed field stores: a member's value; anything else as it is, unless the
     load would turn it into a member (which would not be what was saved)."""
     if isinstance(value, enum_type):
+        if _enum_member(enum_type, value.value) is not value:
+            # e.g. a member whose value is NaN, which no lookup by equality finds
+            raise UnencodableError(
+                f"sample field {name!r} of {_qualified(cls)} holds {value}, whose value "
+                f"{value.value!r:.80} would not load as that member"
+            )
         return value.value
-    try:
-        member = enum_type(value)
-    except (ValueError, TypeError):
+    member = _enum_member(enum_type, value)
+    if member is None:
         return value  # stays as it is on load too
     raise UnencodableError(
         f"sample field {name!r} of {_qualified(cls)} holds {value!r:.80}, not a "
@@ -414,11 +493,59 @@ def _enum_field_value(cls: type, name: str, enum_type: type[enum.Enum], value: A
     )
 
 
+_FLOAT_BITS = struct.Struct("<d")
+
+
+def _same_stored(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same stored value: same type, same bits.
+
+    NOTE: no ``==`` on anything but builtins and numpy scalars, so comparing a loaded value
+    with an enum member's value never runs a class's ``__eq__``; floats by their bits, so a
+    NaN finds the member whose value is that NaN (equality never does).
+    """
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is float:
+        return _FLOAT_BITS.pack(a) == _FLOAT_BITS.pack(b)
+    if a is None or kind in (bool, int, str, bytes):
+        return bool(a == b)
+    if kind is tuple:
+        return len(a) == len(b) and all(map(_same_stored, a, b))
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    return False
+
+
+def _enum_member(enum_type: type[enum.Enum], value: Any) -> enum.Enum | None:
+    """The member of ``enum_type`` a field storing ``value`` loads as, or None.
+
+    One rule for save and load (the save checks a member comes back as itself), and no code
+    of the enum runs: its ``_missing_`` hook and its values' ``__eq__`` are never called.
+    The standard `enum.Flag` lookup (stdlib code) is used for an int no member has, so a
+    combination of flags loads as that combination.
+    """
+    for member in enum_type._member_map_.values():
+        if _same_stored(member._value_, value):
+            return member
+    if (
+        type(value) is int
+        and issubclass(enum_type, enum.Flag)
+        and getattr(enum_type._missing_, "__func__", None) is enum.Flag._missing_.__func__
+        and enum_type.__new__ is enum.Enum.__new__
+    ):
+        try:
+            return enum_type(value)
+        except ValueError:
+            return None
+    return None
+
+
 def _check_status(status: object) -> None:
-    # NOTE: `Sample.from_dict` turns the stored status back into a `Sample.Status`; a status
-    # it cannot turn back (``status="weird"``) saved fine and made the archive unloadable, so
-    # it is refused when saving.
-    if status is None:
+    # NOTE: a record marks a non-None status as converted, and the load turns it back into a
+    # `Sample.Status`; a status it cannot turn back (``status="weird"``) would save and
+    # never load, so it is refused when saving.
+    if type(status) is Sample.Status:
         return
     try:
         Sample.Status(status)
@@ -429,30 +556,40 @@ def _check_status(status: object) -> None:
         ) from None
 
 
-def fields_to_sample(name: str | None, fields: Mapping[str, Any]) -> Any:
-    """Rebuild a sample from `sample_to_fields` output.
+def fields_to_sample(
+    name: str | None, fields: Mapping[str, Any], converted: Sequence[str] | None = None
+) -> Any:
+    """Rebuild a sample from `sample_to_record` output.
 
-    A registered name rebuilds its class (`Sample` and subclasses through ``from_dict``;
-    other dataclasses from their init fields, the rest set as attributes, enum-typed fields
-    converted back from their values).  ``None`` or an unknown name returns a plain dict:
-    a name never causes an import.  ``_queue_*`` keys are dropped.
+    A registered name rebuilds its class; other dataclasses get their enum-typed fields
+    converted back from their values.  ``None`` or an unknown name returns a plain dict: a
+    name never causes an import.  Undeclared ``_queue_*`` keys are dropped.
 
-    Instances are rebuilt without calling the class's ``__init__``, ``__post_init__`` or
-    ``__setattr__``: the stored values are set as they are (docs/architecture.md, "Samples
-    and values"), so a ``__post_init__`` that normalises fields does not run twice and
-    ``init=False`` fields and frozen classes load as saved.  A field the stored fields lack
-    (saved by an older version of the class) gets its default.
+    For `Sample` and its subclasses, ``converted`` (what `sample_to_record` returned) names
+    the fields to turn back into a `Sample.Status` or a helper; the others are set as they
+    are.  Records written before it was kept (``None``) are read as older releases read
+    them, through slime's ``from_dict`` rules: a None or missing status is pending, a dict or
+    None helper becomes a helper of its known counters.
+
+    Instances are rebuilt without calling the class's ``__init__``, ``__post_init__``,
+    ``__setattr__`` or any descriptor's ``__set__``: the stored values are put into the
+    instance's ``__dict__`` and slots as they are (docs/architecture.md, "Samples and
+    values"), so a ``__post_init__`` that normalises fields does not run twice, a property
+    setter does not run, and ``init=False`` fields and frozen classes load as saved.  A field
+    the stored fields lack (saved by an older version of the class) gets its default.
 
     Raises:
         UnsupportedFormatError: a registered class no longer accepts the stored fields.
     """
-    data = _strip_queue(dict(fields))
     cls = _CLASSES.get(name) if name is not None else None
     if cls is None:
-        return data
+        return _strip_queue(dict(fields))
     try:
+        data = _strip_queue(dict(fields), _rebuild_plan(cls).declared)
         if issubclass(cls, Sample):
-            return _rebuild(cls, _sample_values(data))
+            if converted is None:
+                return _rebuild(cls, _sample_values(data))
+            return _rebuild(cls, _converted_sample_values(data, converted))
         return _build_dataclass(cls, data)
     except (TypeError, ValueError, AttributeError) as exc:
         raise UnsupportedFormatError(
@@ -460,39 +597,154 @@ def fields_to_sample(name: str | None, fields: Mapping[str, Any]) -> Any:
         ) from exc
 
 
+def _converted_sample_values(data: dict[str, Any], converted: Sequence[str]) -> dict[str, Any]:
+    """``data`` with the ``converted`` fields turned back into what `sample_to_record` saw."""
+    for key in converted:
+        if key not in data:
+            continue
+        if key == "status":
+            data[key] = Sample.Status(data[key])
+        elif key == "spec_info":
+            data[key] = _rebuild(Sample.SpecInfo, _helper_state(data[key]))
+        elif key == "prefix_cache_info":
+            data[key] = _rebuild(Sample.PrefixCacheInfo, _helper_state(data[key]))
+        else:
+            raise ValueError(f"field {key!r:.80} is not one a Sample record converts")
+    return data
+
+
+def _helper_state(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise TypeError(f"a converted helper is stored as a {type(value).__name__}, not a dict")
+    return dict(value)
+
+
 def _build_dataclass(cls: type, data: dict[str, Any]) -> Any:
     for key, enum_type in _enum_fields(cls).items():
         if key in data and not isinstance(data[key], enum_type):
             # not one of its values: keep what was stored rather than fail the load
-            with contextlib.suppress(ValueError):
-                data[key] = enum_type(data[key])
+            member = _enum_member(enum_type, data[key])
+            if member is not None:
+                data[key] = member
     return _rebuild(cls, data)
 
 
+@dataclass(frozen=True)
+class _FieldStep:
+    """How `_rebuild` sets one declared field (and `_dataclass_state` reads it)."""
+
+    name: str
+    default: Any
+    factory: Any
+    # the slot's member descriptor's ``__set__`` (C code), a write into the instance's
+    # ``__dict__``, or None: the name is a property or another data descriptor, whose
+    # ``__set__`` is the class's code
+    setter: Callable[[Any, Any], None] | None
+
+
+@dataclass(frozen=True)
+class _RebuildPlan:
+    fields: tuple[_FieldStep, ...]
+    declared: frozenset[str]
+    # the instance's own ``__dict__`` (the getset descriptor types give every class with
+    # one), or None for a slots-only class
+    instance_dict: Callable[[Any], dict[str, Any]] | None
+    # names the class resolves to a data descriptor (``__class__``, properties...): an
+    # attribute of that name in ``__dict__`` is shadowed, and setting it runs their code
+    descriptors: frozenset[str]
+
+
+def _class_attr(cls: type, name: str) -> Any:
+    """``name`` as the class's MRO holds it, found without running any code (no
+    ``__getattr__``, no descriptor's ``__get__``); `dataclasses.MISSING` if absent."""
+    for klass in cls.__mro__:
+        namespace = vars(klass)
+        if name in namespace:
+            return namespace[name]
+    return dataclasses.MISSING
+
+
+def _is_data_descriptor(attr: Any) -> bool:
+    kind = type(attr)
+    return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+
+
 @functools.cache
-def _rebuild_plan(cls: type) -> tuple[tuple[str, Any, Any], ...]:
-    return tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(cls))
+def _rebuild_plan(cls: type) -> _RebuildPlan:
+    dict_attr = _class_attr(cls, "__dict__")
+    if dict_attr is dataclasses.MISSING:
+        instance_dict = None
+    elif type(dict_attr) is types.GetSetDescriptorType:
+        instance_dict = dict_attr.__get__
+    else:
+        # a class that defines ``__dict__`` itself: reaching the instance's would run its code
+        raise TypeError(f"{_qualified(cls)} defines __dict__; it cannot be rebuilt safely")
+
+    def into_dict(name: str) -> Callable[[Any, Any], None]:
+        def put(obj: Any, value: Any) -> None:
+            if instance_dict is None:
+                raise TypeError(f"{_qualified(cls)} has no slot for {name!r}")
+            instance_dict(obj)[name] = value
+
+        return put
+
+    steps = []
+    for f in dataclasses.fields(cls):
+        attr = _class_attr(cls, f.name)
+        if type(attr) is types.MemberDescriptorType:
+            setter: Callable[[Any, Any], None] | None = attr.__set__
+        elif _is_data_descriptor(attr):
+            setter = None
+        else:
+            setter = into_dict(f.name)
+        steps.append(_FieldStep(f.name, f.default, f.default_factory, setter))
+    resolved: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        resolved.update(vars(klass))
+    descriptors = frozenset(k for k, v in resolved.items() if _is_data_descriptor(v))
+    return _RebuildPlan(tuple(steps), frozenset(f.name for f in steps), instance_dict, descriptors)
 
 
 def _rebuild(cls: type, data: dict[str, Any]) -> Any:
     """An instance of the dataclass ``cls`` holding ``data`` (which this consumes): the
     declared fields first, then the extra attributes; no code of the class runs, except a
-    default factory for a field the data lacks."""
+    default factory for a field the data lacks.
+
+    NOTE: ``object.__setattr__`` passes a class's ``__setattr__`` but still calls a data
+    descriptor's ``__set__`` (a property setter ran on load and changed the value); values
+    go straight into the instance's ``__dict__``, or through a slot's member descriptor.
+    A field that is a property (saves refuse those; an archive of an older release may hold
+    one) is put into ``__dict__`` too, where the property shadows it: the state it reads
+    comes back through the fields and attributes that hold it.
+    """
+    plan = _rebuild_plan(cls)
     obj: Any = object.__new__(cls)
-    put = object.__setattr__  # also past a frozen class's __setattr__, and into slots
     missing = dataclasses.MISSING
-    for name, default, factory in _rebuild_plan(cls):
-        if name in data:
-            value = data.pop(name)
-        elif default is not missing:
-            value = default
-        elif factory is not missing:
-            value = factory()
+    for step in plan.fields:
+        if step.name in data:
+            value = data.pop(step.name)
+        elif step.default is not missing:
+            value = step.default
+        elif step.factory is not missing:
+            value = step.factory()
         else:
-            raise TypeError(f"the stored fields lack {name!r}, which has no default")
-        put(obj, name, value)
-    for key, value in data.items():
-        put(obj, key, value)
+            raise TypeError(f"the stored fields lack {step.name!r}, which has no default")
+        if step.setter is not None:
+            step.setter(obj, value)
+        elif plan.instance_dict is not None:
+            plan.instance_dict(obj)[step.name] = value
+        else:
+            raise TypeError(f"{_qualified(cls)} has no slot for {step.name!r}")
+    if data:
+        if plan.instance_dict is None:
+            raise TypeError(f"{_qualified(cls)} has no __dict__ for {next(iter(data))!r:.80}")
+        shadowed = plan.descriptors.intersection(data)
+        if shadowed:
+            # what no save writes (it refuses such attributes): ``__class__``, a property
+            raise TypeError(
+                f"stored attribute {min(shadowed)!r:.80} is a data descriptor of the class"
+            )
+        plan.instance_dict(obj).update(data)
     return obj
 
 
@@ -525,6 +777,10 @@ def _single_enum(hint: Any) -> type[enum.Enum] | None:
         if len(enums) == 1:
             return enums[0]
     return None
+
+
+# after the functions registering uses
+register_sample_class(Sample, SAMPLE_CLASS_NAME)
 
 
 # --------------------------------------------------------------------------- keys

@@ -22,19 +22,17 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
+from ._context import PoolContext
 from ._names import check_archive_name
 from .catalog import archives_table, entries_table, sample_metadata_table
-from .catalog.queries import archive_by_name
+from .catalog.queries import archive_by_name, batches
 from .errors import ArchiveNotFoundError, InvalidInputError
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
 
 __all__ = [
     "COUNTED_STATES",
@@ -65,15 +63,12 @@ RolloutRange = tuple[int | None, int | None]
 
 _Group = tuple[int | None, bool]
 
-# NOTE: SQLite allows 32766 bound parameters per statement; IN lists are cut well below it.
-_IN_BATCH = 5000
-
 
 def nearest_rank(ordered: Sequence[float], q: float) -> float | None:
     """The ``q`` quantile of sorted values by the nearest-rank method (a value that occurs).
 
-    The same definition as ``archive-manager show``: the smallest value with at least
-    ``q * n`` values at or below it.  None for no values.
+    The smallest value with at least ``q * n`` values at or below it (the one definition of a
+    quantile in this library).  None for no values.
     """
     if not ordered:
         return None
@@ -213,11 +208,37 @@ class SampleSummary:
     groups: int = 0
     zero_variance_groups: int = 0
     group_std_mean: float | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    length_p50: float | None = None
+    length_min: float | None = None
+    length_max: float | None = None
 
     @property
     def samples(self) -> int:
         """Samples counted (every status)."""
         return sum(n for _, n in self.status)
+
+    def overview(self) -> dict[str, Any]:
+        """Samples, status counts, and mean / p50 / p90 / min / max of the response length
+        and the reward (None where no sample has one): what ``archive-manager show`` prints,
+        from the figures the web viewer's archive page shows, so the two cannot disagree."""
+
+        def figures(mean: float | None, *others: float | None) -> dict[str, float | None] | None:
+            if mean is None:
+                return None
+            return dict(zip(("mean", "p50", "p90", "min", "max"), (mean, *others), strict=True))
+
+        return {
+            "samples": self.samples,
+            "response_length": figures(
+                self.length_mean, self.length_p50, self.length_p90, self.length_min, self.length_max
+            ),
+            "reward": figures(
+                self.reward_mean, self.reward_p50, self.reward_p90, self.reward_min, self.reward_max
+            ),
+            "status": dict(self.status),
+        }
 
 
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -302,6 +323,11 @@ def summarize_samples(
         reward_p90=nearest_rank(reward_values, 0.9),
         length_mean=_mean(length_sum, measured, length_values),
         length_p90=nearest_rank(length_values, 0.9),
+        reward_min=reward_values[0] if reward_values else None,
+        reward_max=reward_values[-1] if reward_values else None,
+        length_p50=nearest_rank(length_values, 0.5),
+        length_min=length_values[0] if length_values else None,
+        length_max=length_values[-1] if length_values else None,
     )
 
 
@@ -445,11 +471,6 @@ def archive_filters(
     return where
 
 
-def _batches(values: Sequence[int], size: int = _IN_BATCH) -> Iterable[Sequence[int]]:
-    for i in range(0, len(values), size):
-        yield values[i : i + size]
-
-
 def _sample_rows(
     conn: Connection, archive_ids: Sequence[int]
 ) -> tuple[list[Sequence[Any]], list[Sequence[Any]], list[Sequence[Any]]]:
@@ -458,7 +479,7 @@ def _sample_rows(
     status_rows: list[Sequence[Any]] = []
     value_rows: list[Sequence[Any]] = []
     group_rows: list[Sequence[Any]] = []
-    for batch in _batches(archive_ids):
+    for batch in batches(archive_ids):
         status_rows += conn.execute(
             select(
                 m.c.archive_id,
@@ -483,7 +504,7 @@ def _sample_rows(
     return status_rows, value_rows, group_rows
 
 
-def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
+def archive_summary(pool: PoolContext, name: str) -> SampleSummary:
     """The `SampleSummary` of one published or released archive (catalog only).
 
     Raises:
@@ -499,7 +520,7 @@ def archive_summary(pool: ArchiveManager, name: str) -> SampleSummary:
 
 
 def rollout_stats(
-    pool: ArchiveManager,
+    pool: PoolContext,
     rollout_ids: object = None,
     evaluation: bool | None = None,
     *,

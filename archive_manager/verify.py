@@ -1,5 +1,5 @@
-"""Consistency and integrity checks (`ArchiveManager.verify`) and the retention audit
-(`ArchiveManager.owners`).  Both only read: they never change the pool.
+"""Consistency and integrity checks (`ArchiveManager.verify`).  They only read: they never
+change the pool.
 
 Everything is computed from a handful of whole-table reads and one listing of ``blobs/``, so
 the cost grows linearly with the pool, not with archives times blobs.
@@ -13,35 +13,32 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from sqlalchemy import func, select
 
+from ._context import PoolContext
 from .catalog import (
     archive_blobs_table,
     archives_table,
     blobs_table,
     chunks_table,
     entries_table,
-    lease_blobs_table,
     leases_table,
     retention_table,
 )
 from .catalog.engine import shown_url, sqlite_path
+from .catalog.queries import batches
 from .errors import BlobNotFoundError, IntegrityError, InvalidInputError, JournalDamagedError
 from .gc import unindexed_manifests
 from .journal import audit
 from .permissions import shared_problems
-
-if TYPE_CHECKING:
-    from .manager import ArchiveManager
+from .reachability import dead_pending_ids, retained_digests
 
 __all__ = [
     "Finding",
-    "OwnerUsage",
-    "OwnersReport",
+    "FindingKind",
     "VerifyReport",
-    "audit_owners",
     "parse_subset",
     "verify_pool",
 ]
@@ -49,11 +46,37 @@ __all__ = [
 Progress = Callable[[int, int], None]
 
 
+FindingKind = Literal[
+    # problems: damage, which makes `VerifyReport.ok` False
+    "archive-blob",  # an owned archive needs a blob without a row, not live, or not on disk
+    "broken-rows",  # an archive's own rows disagree (chunk ordinals, entries, its manifest)
+    "corrupt-blob",  # a blob's bytes do not hash to its digest, or its path holds no file
+    "journal-behind",  # journal files hold decisions the catalog lacks
+    "journal-damaged",  # a journal file still in use does not read back
+    "journal-unresolved",  # the last rebuild left damaged journal files to decide on
+    "missing-blob",  # a live blob's file is gone
+    "unindexed-manifest",  # a manifest on disk has no row: the catalog is behind its blobs
+    "wrong-size",  # a live blob's file has another size than its row
+    # notices: what crashes and pending GC leave behind, and what locks a member out
+    "deleting-blob",
+    "journal-checkpoint",
+    "journal-gap",
+    "journal-stray",
+    "orphan-file",
+    "pending-save",
+    "permissions",
+    "stale-lease",
+    "unowned-blobs",
+    "unwritten-blob",
+]
+"""The kinds of `Finding`: stable strings that callers and tests match on."""
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem or notice: what kind, what it concerns, and a sentence for people."""
 
-    kind: str
+    kind: FindingKind
     message: str
     digest: str | None = None
     archive: str | None = None
@@ -129,16 +152,66 @@ def parse_subset(subset: str | None) -> Callable[[str], bool]:
 
 
 def verify_pool(
-    pool: ArchiveManager,
+    pool: PoolContext,
     *,
     read_data: bool = False,
     subset: str | None = None,
     progress: Progress | None = None,
 ) -> VerifyReport:
-    """Check the pool's catalog against its blob files (see `VerifyReport`)."""
+    """Check the pool's catalog against its blob files (see `VerifyReport`).
+
+    In phases, each adding its findings in turn: a snapshot (the blob listing, then the
+    catalog's rows in one read transaction), the blobs, the archives, the leases, the blobs'
+    bytes (with ``read_data``), the retention journal, and the shared pool's permissions.
+    """
     started = time.perf_counter()
     chosen = parse_subset(subset)
     report = VerifyReport(read_data=read_data)
+    snap = _snapshot(pool)
+    _check_blobs(pool, snap, report)
+    _check_archives(snap, report)
+    _check_leases(snap, report)
+    if read_data:
+        _read_data(pool, snap, report, chosen, progress)
+    else:
+        report.blobs_checked = len(snap.blobs)
+    _check_journal(pool, report, read_data=read_data)
+    _check_permissions(pool, report)
+    report.duration = time.perf_counter() - started
+    return report
+
+
+@dataclass
+class _Snapshot:
+    """What verify compares: the blob listing and the catalog's rows, read once."""
+
+    now: float
+    files: dict[str, int]  # digest -> size on disk (the listing, completed by rechecks)
+    blobs: dict[str, Any]  # digest -> blobs row
+    archives: dict[int, Any]  # id -> archives row
+    needs: dict[int, set[str]]  # archive id -> the blobs it needs
+    chunks: dict[int, list[tuple[int, str]]]  # archive id -> (ordinal, digest)
+    owned: set[int]  # archives with an owner
+    entry_counts: dict[int, int]
+    leases: dict[str, float]  # lease -> expiry
+    retained: set[str]  # as GC counts it
+    dead: set[int]  # dead pending saves
+    users: dict[str, list[str]] = field(default_factory=dict)  # digest -> archive names
+    # Filled by the blobs phase: rows that changed since the snapshot, paths holding no file.
+    moved: set[str] = field(default_factory=set)
+    not_files: dict[str, str] = field(default_factory=dict)
+
+    def damaged(self, kind: FindingKind, digest: str, message: str) -> Finding:
+        """A finding about a damaged blob, naming the archives that need it."""
+        names = self.users.get(digest, [])
+        if names:
+            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+            message += f" (needed by archive {shown})"
+        return Finding(kind, message, digest, names[0] if names else None)
+
+
+def _snapshot(pool: PoolContext) -> _Snapshot:
+    """List the blob store, then read the catalog's rows in one transaction."""
     now = pool.clock()
     files = {d: size for d, size, _mtime in pool.store.iter_stat()}
     b, a, ab, c, r, e = (
@@ -171,21 +244,16 @@ def verify_pool(
         ):
             chunks[archive_id].append((ordinal, digest))
         owned = set(conn.execute(select(r.c.archive_id).distinct()).scalars())
-        entry_counts = dict(
+        entry_counts: dict[int, int] = dict(
             conn.execute(select(e.c.archive_id, func.count()).group_by(e.c.archive_id)).all()
         )
         leases = {
             row.owner: row.expires_at
             for row in conn.execute(select(leases_table.c.owner, leases_table.c.expires_at))
         }
-        lease_held = set(
-            conn.execute(
-                select(lease_blobs_table.c.digest)
-                .join(leases_table, leases_table.c.owner == lease_blobs_table.c.lease)
-                .where(leases_table.c.expires_at > now)
-                .distinct()
-            ).scalars()
-        )
+        # As GC counts it (docs/architecture.md, "GC protocol"): one rule, in reachability.
+        retained = retained_digests(conn, now)
+        dead = dead_pending_ids(conn, now)
 
     # Damage to a blob is reported with the archives that need it (owned ones first): the
     # question after "what is broken" is always "which archives can no longer be read".
@@ -194,21 +262,33 @@ def verify_pool(
         for digest in needs[archive_id]:
             users[digest].append(archives[archive_id].name)
 
-    def damaged(kind: str, digest: str, message: str) -> Finding:
-        names = users.get(digest, [])
-        if names:
-            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
-            message += f" (needed by archive {shown})"
-        return Finding(kind, message, digest, names[0] if names else None)
+    return _Snapshot(
+        now=now,
+        files=files,
+        blobs=blobs,
+        archives=archives,
+        needs=needs,
+        chunks=chunks,
+        owned=owned,
+        entry_counts=entry_counts,
+        leases=leases,
+        retained=retained,
+        dead=dead,
+        users=users,
+    )
 
+
+def _check_blobs(pool: PoolContext, snap: _Snapshot, report: VerifyReport) -> None:
+    """Each blob row against the listing; files without a row."""
+    blobs, files, damaged = snap.blobs, snap.files, snap.damaged
     # NOTE: the listing comes before the snapshot, so a save may have written a blob since
     # (and marked it live), and GC may have unlinked one after (marking it deleting first).
     # A recorded blob the listing missed is only missing if its file is still absent and its
     # row is still the very row of the snapshot (GC and saves give a row a new created_at or
     # a new state whenever its file may legitimately come or go).
     # A FIFO, symlink or folder at a blob's path is not listed; the recheck finds it.
-    not_files: dict[str, str] = {}
-    moved = _recheck_unlisted(
+    not_files = snap.not_files
+    moved = snap.moved = _recheck_unlisted(
         pool, {d: row for d, row in blobs.items() if row.state != "deleting"}, files, not_files
     )
 
@@ -274,24 +354,27 @@ def verify_pool(
             )
         )
 
-    retained = set()
+
+def _check_archives(snap: _Snapshot, report: VerifyReport) -> None:
+    """Each archive: pending saves, and an owned archive's blobs and rows."""
+    blobs, files, moved, not_files = snap.blobs, snap.files, snap.moved, snap.not_files
+    problem, notice = report.problems.append, report.notices.append
+    archives, dead, owned, needs = snap.archives, snap.dead, snap.owned, snap.needs
+    chunks, entry_counts = snap.chunks, snap.entry_counts
     for archive_id, row in archives.items():
         name = row.name
         if row.state == "pending":
-            lease_live = leases.get(row.lease_owner, 0) > now
             notice(
                 Finding(
                     "pending-save",
                     f"archive {name!r} is pending"
-                    + ("" if lease_live else " and its lease expired; gc rolls it back"),
+                    + (" and its lease expired; gc rolls it back" if archive_id in dead else ""),
                     archive=name,
                 )
             )
         if archive_id not in owned:
             continue
         digests = needs.get(archive_id, set())
-        if row.state != "pending" or leases.get(row.lease_owner, 0) > now:
-            retained |= digests  # as GC counts it: a dead pending save retains nothing
         for digest in sorted(digests):
             blob = blobs.get(digest)
             if blob is None or (
@@ -358,16 +441,16 @@ def verify_pool(
                 )
             )
 
-    for owner, expires in leases.items():
+
+def _check_leases(snap: _Snapshot, report: VerifyReport) -> None:
+    """Expired leases, and live blobs nothing retains (both for GC to clear)."""
+    blobs, now, notice = snap.blobs, snap.now, report.notices.append
+    for owner, expires in snap.leases.items():
         if expires <= now:
             notice(
                 Finding("stale-lease", f"{owner} expired {now - expires:.0f} s ago; gc drops it")
             )
-    unowned = [
-        d
-        for d, row in blobs.items()
-        if row.state == "live" and d not in retained and d not in lease_held
-    ]
+    unowned = [d for d, row in blobs.items() if row.state == "live" and d not in snap.retained]
     if unowned:
         notice(
             Finding(
@@ -376,35 +459,41 @@ def verify_pool(
             )
         )
 
-    if read_data:
-        todo = sorted(
-            d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d)
-        )
-        vanished = []
-        for i, digest in enumerate(todo, 1):
-            try:
-                pool.store.check(digest)
-            except BlobNotFoundError:
-                vanished.append(digest)  # maybe GC's doing: judged below
-            except IntegrityError as exc:
-                problem(damaged("corrupt-blob", digest, str(exc)))
-            report.bytes_read += blobs[digest].size
-            if progress is not None:
-                progress(i, len(todo))
-        found: dict[str, int] = {}
-        replaced: dict[str, str] = {}
-        moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found, replaced)
-        for digest in vanished:
-            if digest in replaced:
-                problem(damaged("corrupt-blob", digest, replaced[digest]))
-            elif digest not in moved and digest not in found:
-                problem(
-                    damaged("missing-blob", digest, f"blob {digest} vanished while being verified")
-                )
-        report.blobs_checked = len(todo)
-    else:
-        report.blobs_checked = len(blobs)
-    _check_journal(pool, report, read_data=read_data)
+
+def _read_data(
+    pool: PoolContext,
+    snap: _Snapshot,
+    report: VerifyReport,
+    chosen: Callable[[str], bool],
+    progress: Progress | None,
+) -> None:
+    """Rehash the chosen live blobs; a blob gone meanwhile is judged by its row again."""
+    blobs, files, damaged, problem = snap.blobs, snap.files, snap.damaged, report.problems.append
+    todo = sorted(d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d))
+    vanished = []
+    for i, digest in enumerate(todo, 1):
+        try:
+            pool.store.check(digest)
+        except BlobNotFoundError:
+            vanished.append(digest)  # maybe GC's doing: judged below
+        except IntegrityError as exc:
+            problem(damaged("corrupt-blob", digest, str(exc)))
+        report.bytes_read += blobs[digest].size
+        if progress is not None:
+            progress(i, len(todo))
+    found: dict[str, int] = {}
+    replaced: dict[str, str] = {}
+    moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found, replaced)
+    for digest in vanished:
+        if digest in replaced:
+            problem(damaged("corrupt-blob", digest, replaced[digest]))
+        elif digest not in moved and digest not in found:
+            problem(damaged("missing-blob", digest, f"blob {digest} vanished while being verified"))
+    report.blobs_checked = len(todo)
+
+
+def _check_permissions(pool: PoolContext, report: VerifyReport) -> None:
+    """Folders and a catalog file of a group-shared pool that would lock a member out."""
     # A notice, not damage: nothing is lost, but another member of a group-shared pool is
     # locked out until the bits are fixed (docs/architecture.md, Shared pools).
     catalog_file = sqlite_path(pool.catalog_url)
@@ -415,11 +504,9 @@ def verify_pool(
         catalog_url=None if own_catalog else shown_url(pool.catalog_url),
     ):
         report.notices.append(Finding("permissions", message))
-    report.duration = time.perf_counter() - started
-    return report
 
 
-def _check_journal(pool: ArchiveManager, report: VerifyReport, *, read_data: bool) -> None:
+def _check_journal(pool: PoolContext, report: VerifyReport, *, read_data: bool) -> None:
     """The retention journal against the catalog (docs/architecture.md, "Retention
     journal"); with ``read_data``, every journal file still in use is read and checked."""
     problem, notice = report.problems.append, report.notices.append
@@ -474,7 +561,7 @@ def _check_journal(pool: ArchiveManager, report: VerifyReport, *, read_data: boo
 
 
 def _recheck_unlisted(
-    pool: ArchiveManager,
+    pool: PoolContext,
     rows: dict[str, Any],
     files: dict[str, int],
     not_files: dict[str, str],
@@ -501,8 +588,7 @@ def _recheck_unlisted(
     b = blobs_table
     now: dict[str, Any] = {}
     with pool.catalog.read() as conn:
-        for i in range(0, len(absent), 500):
-            batch = absent[i : i + 500]
+        for batch in batches(absent, 500):
             for row in conn.execute(
                 select(b.c.digest, b.c.state, b.c.created_at).where(b.c.digest.in_(batch))
             ):
@@ -512,112 +598,3 @@ def _recheck_unlisted(
         for d in absent
         if d not in now or (now[d].state, now[d].created_at) != (rows[d].state, rows[d].created_at)
     }
-
-
-@dataclass
-class OwnerUsage:
-    """What one owner retains."""
-
-    owner: str
-    archives: list[str]
-    blobs: int
-    bytes: int
-    exclusive_bytes: int
-    shared_bytes: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly view."""
-        return dict(self.__dict__)
-
-
-@dataclass
-class OwnersReport:
-    """The retention audit: per owner, and what awaits GC."""
-
-    owners: list[OwnerUsage] = field(default_factory=list)
-    stale_leases: list[str] = field(default_factory=list)
-    live_leases: list[str] = field(default_factory=list)
-    unowned_blobs: int = 0
-    unowned_bytes: int = 0
-    released_with_payload: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly view."""
-        return {
-            "owners": [o.as_dict() for o in self.owners],
-            "stale_leases": self.stale_leases,
-            "live_leases": self.live_leases,
-            "unowned_blobs": self.unowned_blobs,
-            "unowned_bytes": self.unowned_bytes,
-            "released_with_payload": self.released_with_payload,
-        }
-
-
-def audit_owners(pool: ArchiveManager) -> OwnersReport:
-    """Per owner: archives, blobs, bytes retained, exclusive and shared (see `OwnerUsage`)."""
-    now = pool.clock()
-    b, a, ab, r = blobs_table, archives_table, archive_blobs_table, retention_table
-    with pool.catalog.read() as conn:
-        sizes = {
-            d: s
-            for d, s, st in conn.execute(select(b.c.digest, b.c.size, b.c.state))
-            if st != "deleting"
-        }
-        names = dict(conn.execute(select(a.c.id, a.c.name)).all())
-        states = dict(conn.execute(select(a.c.id, a.c.state)).all())
-        lease_of = dict(conn.execute(select(a.c.id, a.c.lease_owner)).all())
-        needs: dict[int, set[str]] = defaultdict(set)
-        for archive_id, digest in conn.execute(select(ab.c.archive_id, ab.c.digest)):
-            needs[archive_id].add(digest)
-        holdings: dict[str, set[int]] = defaultdict(set)
-        for owner, archive_id in conn.execute(select(r.c.owner, r.c.archive_id)):
-            holdings[owner].add(archive_id)
-        leases = conn.execute(select(leases_table.c.owner, leases_table.c.expires_at)).all()
-        lease_blobs: dict[str, set[str]] = defaultdict(set)
-        for lease, digest in conn.execute(
-            select(lease_blobs_table.c.lease, lease_blobs_table.c.digest)
-        ):
-            lease_blobs[lease].add(digest)
-
-    # Retained as GC counts it: expired leases and the pending saves they guarded hold
-    # nothing (GC drops and rolls them back first), so their blobs count as unowned.
-    live = {o for o, exp in leases if exp > now}
-    dead = {i for i, st in states.items() if st == "pending" and lease_of.get(i) not in live}
-    owner_blobs: dict[str, set[str]] = {}
-    for owner, ids in holdings.items():
-        ids = ids - dead
-        if ids:
-            owner_blobs[owner] = set().union(*(needs.get(i, set()) for i in ids)) & sizes.keys()
-    for lease in live:
-        owner_blobs.setdefault(lease, set()).update(lease_blobs.get(lease, set()) & sizes.keys())
-    holders: dict[str, int] = defaultdict(int)
-    for digests in owner_blobs.values():
-        for d in digests:
-            holders[d] += 1
-
-    report = OwnersReport()
-    for owner in sorted(owner_blobs):
-        digests = owner_blobs[owner]
-        exclusive = sum(sizes[d] for d in digests if holders[d] == 1)
-        total = sum(sizes[d] for d in digests)
-        report.owners.append(
-            OwnerUsage(
-                owner,
-                sorted(names[i] for i in holdings.get(owner, set()) - dead),
-                len(digests),
-                total,
-                exclusive,
-                total - exclusive,
-            )
-        )
-    report.stale_leases = sorted(o for o, exp in leases if exp <= now)
-    report.live_leases = sorted(o for o, exp in leases if exp > now)
-    unowned = [d for d in sizes if holders.get(d, 0) == 0]
-    report.unowned_blobs = len(unowned)
-    report.unowned_bytes = sum(sizes[d] for d in unowned)
-    report.released_with_payload = sorted(
-        names[i]
-        for i, st in states.items()
-        if st == "released" and needs.get(i) and needs[i] <= sizes.keys()
-    )
-    return report

@@ -17,15 +17,17 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
 from . import codec
+from ._context import HasContext, PoolContext, context_of
 from ._failpoints import failpoint
 from ._names import LEASE_PREFIX, archive_owner, check_new_archive_name
+from .archive import Archive, open_archive
 from .catalog import (
     STATUS_LENGTH,
     CatalogUnreachableError,
@@ -64,10 +66,6 @@ from .journal import Staged, pool_id_of, publish_op, stage_record, write_committ
 from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
 from .metadata import describe_sample
 from .samples import check_key_text, check_task_key, sample_key, task_key_of
-
-if TYPE_CHECKING:
-    from .archive import Archive
-    from .manager import ArchiveManager
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 
@@ -116,7 +114,7 @@ class ArchiveWriter:
 
     def __init__(
         self,
-        pool: ArchiveManager,
+        pool: PoolContext | HasContext,
         name: str,
         *,
         rollout_id: int | None,
@@ -124,6 +122,7 @@ class ArchiveWriter:
         attrs: dict[str, Any] | None = None,
         reference: Archive | None = None,
     ) -> None:
+        pool = context_of(pool)
         self._pool = pool
         self.name = check_new_archive_name(name)
         self.rollout_id = check_rollout_id(rollout_id)
@@ -239,7 +238,7 @@ class ArchiveWriter:
             write_committed(self._pool.journal, record)
         finally:
             self._shutdown()
-        self.archive = self._pool.open_archive(self.name)
+        self.archive = open_archive(self._pool, self.name)
         return self.archive
 
     def abort(self) -> None:
@@ -688,7 +687,7 @@ def _check_attrs(attrs: object) -> dict[str, Any] | None:
 
 
 def save_samples(
-    pool: ArchiveManager,
+    pool: PoolContext,
     name: str,
     samples: Sequence[Any],
     *,

@@ -32,6 +32,8 @@ from archive_manager.catalog import (
     sample_metadata_table,
 )
 from archive_manager.catalog import engine as catalog_engine
+from archive_manager.catalog.dialects import postgresql as postgresql_dialect
+from archive_manager.catalog.dialects import sqlite as sqlite_dialect
 from archive_manager.catalog.engine import (
     PG_WRITE_LOCK,
     check_journal_mode,
@@ -149,7 +151,8 @@ def test_other_databases_are_refused(url: str, monkeypatch: pytest.MonkeyPatch) 
     def no_engine(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("no engine may be made for an unsupported database")
 
-    monkeypatch.setattr(catalog_engine, "create_engine", no_engine)
+    for module in (sqlite_dialect, postgresql_dialect):
+        monkeypatch.setattr(module, "create_engine", no_engine)
     for call in (make_engine, catalog_engine.dialect_of):
         with pytest.raises(CatalogError, match="does not support") as info:
             call(url)

@@ -13,6 +13,7 @@ from conftest import (
     assert_loads,
     blob_names,
     blob_sizes,
+    die_before_publish,
     tiny_rollout,
     wall_clock,
 )
@@ -345,6 +346,36 @@ def test_owners_of_a_dead_pending_save(
     assert pool.gc(grace=0).rolled_back == ["p"]
     report = pool.owners()
     assert (report.unowned_blobs, report.stale_leases, report.owners) == (0, [], [])
+
+
+def test_release_plan_counts_what_a_dead_pending_save_shares(
+    pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead pending save retains nothing (GC rolls it back before it deletes): a release
+    # plan must not count it as a holder of the blobs it shares with the released archive,
+    # or it under-reports what the next GC reclaims (docs/architecture.md, "GC protocol").
+    samples = tiny_rollout()
+    pool.save("a", samples, rollout_id=1)
+    die_before_publish(pool, "p", samples, monkeypatch)  # same chunks and tensors: shared
+    needed = archive_blobs(pool, "a")
+    shared = set(needed) & set(archive_blobs(pool, "p"))
+    assert shared and shared != set(needed)  # all but the manifests
+    sizes = blob_sizes(pool)
+    # While the save's lease lives, it holds the shared blobs: only "a"'s own ones are freed.
+    plan = pool.release_plan(name="a")
+    own = set(needed) - shared
+    assert (plan.blobs, plan.bytes) == (len(own), sum(sizes[d] for d in own))
+    clock.advance(LEASE_TTL + 1)
+    plan = pool.release_plan(name="a")
+    assert (plan.archives, plan.blobs, plan.bytes) == (
+        ["a"],
+        len(needed),
+        sum(sizes[d] for d in needed),
+    )
+    # ... and that is what GC reclaims of "a" once it is released.
+    pool.open_archive("a").release()
+    pool.gc(grace=0)
+    assert not set(needed) & blob_names(pool)
 
 
 def _lease_blobs(pool: ArchiveManager, lease: str) -> set[str]:

@@ -17,14 +17,13 @@ The catalog knows nothing of blob files; it only indexes them.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 
 from .._failpoints import failpoint
@@ -37,9 +36,11 @@ from .engine import (
     CatalogUnreachableError,
     check_local_filesystem,
     check_read_unchanged,
+    dialect_for,
     filesystem_type,
     is_network_filesystem,
     make_engine,
+    parse_url,
     pin_write_lock,
     read_mount_table,
     resolve_busy_timeout_ms,
@@ -141,7 +142,7 @@ def set_pool_info(conn: Connection, key: str, value: str | None) -> None:
         conn.execute(pool_info_table.insert().values(key=key, value=value))
 
 
-def _refuse_foreign_sqlite(url: str) -> None:
+def _refuse_foreign_sqlite(url: str, *, recover: bool) -> None:
     """Refuse an existing SQLite file that is not a catalog before the engine touches it.
 
     NOTE: the engine's first connection switches the file to WAL for good, and a migration
@@ -154,7 +155,9 @@ def _refuse_foreign_sqlite(url: str) -> None:
     if path is None:
         return
     try:
-        probe = probe_sqlite_catalog(path)
+        # recover: a writer's engine would recover a dead writer's log anyway; the probe does
+        # it first, so that a foreign database whose tables are all in its log is refused too.
+        probe = probe_sqlite_catalog(path, recover=recover)
     except CatalogError:
         return
     if probe.kind == "foreign":
@@ -162,43 +165,6 @@ def _refuse_foreign_sqlite(url: str) -> None:
             f"the file {path} is not an archive_manager catalog ({probe.reason}); refusing "
             "to touch it: name a new or empty file for a new catalog"
         )
-
-
-def _sqlite_unwritable(url: str) -> str | None:
-    """Why this process cannot write the SQLite catalog at ``url`` (None: it can, or the
-    catalog is not SQLite).  Writing needs the file and its folder (for ``-wal``/``-shm``)."""
-    path = sqlite_path(url)
-    if path is None:
-        return None
-    folder = path.absolute().parent
-    # NOTE: access(2) also answers EROFS for a read-only mount, which is what stops root.
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"this process may not write the catalog file {path}"
-    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-        return f"this process may not write the catalog's folder {folder}"
-    return None
-
-
-def _server_role_unwritable(engine: Engine) -> str | None:
-    """Why this server role may not write the catalog's tables (None: it may, or they do
-    not exist yet and will be created by this open)."""
-    names = sorted(Base.metadata.tables)
-    with engine.connect() as conn, conn.begin():
-        allowed, found = conn.execute(
-            text(
-                # NOTE: one privilege per call: with several listed, PostgreSQL answers
-                # whether *any* of them is held.
-                "SELECT bool_and(has_table_privilege(c.oid, 'INSERT') "
-                "AND has_table_privilege(c.oid, 'UPDATE') "
-                "AND has_table_privilege(c.oid, 'DELETE')), count(*) "
-                "FROM pg_class c WHERE c.relkind = 'r' AND c.relname = ANY(:names) "
-                "AND pg_table_is_visible(c.oid)"
-            ),
-            {"names": names},
-        ).one()
-    if not found or allowed:
-        return None
-    return "the catalog role may not write the catalog's tables (INSERT, UPDATE and DELETE)"
 
 
 class Catalog:
@@ -258,12 +224,13 @@ class Catalog:
                 an existing SQLite file that is another program's database is refused
                 before anything touches it.
         """
-        _refuse_foreign_sqlite(url)
+        dialect = dialect_for(url)
         if read_only is None:
-            read_only_reason = _sqlite_unwritable(url)
+            read_only_reason = dialect.unwritable_reason(parse_url(url))
             read_only = read_only_reason is not None
         elif read_only and read_only_reason is None:
             read_only_reason = "it was opened read-only"
+        _refuse_foreign_sqlite(url, recover=not read_only)
         engine = make_engine(
             url,
             busy_timeout_ms=busy_timeout_ms,
@@ -271,10 +238,11 @@ class Catalog:
             read_only=read_only,
         )
         try:
-            if not read_only and engine.dialect.name == "postgresql":
-                refused = _server_role_unwritable(engine)
+            if not read_only:
+                refused = dialect.server_unwritable_reason(engine)
                 if refused is not None:
-                    # A role that may only read gets a reader's engine (READ ONLY reads).
+                    # A server that lets this role only read gets a reader's engine (READ
+                    # ONLY reads).
                     engine.dispose()
                     read_only, read_only_reason = True, refused
                     engine = make_engine(

@@ -19,8 +19,9 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import CatalogError, CatalogVersionError
-from .engine import WRITE_OPTION, shown_url
+from .dialects.base import WRITE_OPTION
 from .models import FORMAT_VERSION, Base, pool_info_table
+from .urls import shown_url
 
 if TYPE_CHECKING:
     from alembic.config import Config

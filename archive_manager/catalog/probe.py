@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CatalogError, CatalogVersionError
+from .dialects.sqlite import begin_read_snapshot, connect_reader, sqlite_read_mode
 from .migrate import VERSION_TABLE
 from .models import Base
 
@@ -51,6 +52,7 @@ class SqliteProbe:
 # the live writer's WAL for a dead one's and delete it.  So a descriptor opened here stays open
 # for the life of the process, and is replaced only when the path names another file.
 _HEADER_FDS: dict[str, int] = {}
+_SQLITE_CANTOPEN = 14
 _HEADER_LOCK = threading.Lock()
 
 
@@ -86,23 +88,70 @@ def _read_header(path: Path) -> bytes | SqliteProbe:
         return os.pread(fd, 100, 0)
 
 
-def _read_only_uri(path: Path) -> str:
-    # SQLite puts -wal and -shm beside the file a symlink names: look there.
+def _connect(path: Path, timeout_s: float, *, recover: bool) -> sqlite3.Connection:
+    """A connection that reads ``path`` in a read transaction begun, writing nothing to it
+    (a reader's URI: docs/architecture.md, Shared pools), or, with ``recover``, one that may
+    first recover a log only a writable open can read."""
+    timeout_ms = int(timeout_s * 1000)
+    try:
+        mode: str | None = sqlite_read_mode(path)
+    except CatalogError:
+        # A -wal with commits and no -shm: the main file alone is not the catalog.
+        if not recover or not _may_write(path):
+            raise
+        mode = None
+    # SQLite puts -wal and -shm beside the file a symlink names.
     absolute = Path(os.path.realpath(path))
-    wal, shm = Path(f"{absolute}-wal"), Path(f"{absolute}-shm")
-    # NOTE: a read-only connection to a WAL file creates -wal and -shm when they are
-    # missing (and, unable to delete them, leaves them behind).  Without a -wal file every
-    # committed page is in the main file, so ``immutable=1`` (no locks, no side files) reads
-    # all there is; a live WAL database (both files present) is read through them.
-    mode = "mode=ro" if wal.exists() and shm.exists() else "immutable=1"
-    return f"{absolute.as_uri()}?{mode}"
+    conn: sqlite3.Connection
+    try:
+        if mode is None:
+            # NOTE: mode=rw does what any writable open does first: SQLite rebuilds -shm and
+            # reads the log; the catalog's content stays as it was; no file is created.
+            uri = f"{absolute.as_uri()}?mode=rw"
+            conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+        else:
+            conn = connect_reader(str(absolute), timeout_ms)
+    except sqlite3.Error as exc:
+        if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF != _SQLITE_CANTOPEN:
+            raise  # a file SQLite opened and could not read: `_unusable`
+        raise CatalogError(f"cannot read the catalog file {path} ({exc})") from exc
+    try:
+        begin_read_snapshot(conn, str(absolute), timeout_ms)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
-def probe_sqlite_catalog(path: str | os.PathLike[str], *, timeout_s: float = 5.0) -> SqliteProbe:
+def _may_write(path: Path) -> bool:
+    """Whether this process may write the catalog file and its folder (for -wal/-shm)."""
+    # NOTE: access(2) answers EROFS on a read-only mount even to root.
+    folder = Path(os.path.realpath(path)).parent
+    return os.access(path, os.W_OK) and os.access(folder, os.W_OK | os.X_OK)
+
+
+def _unusable(path: Path, exc: sqlite3.Error) -> CatalogError:
+    return CatalogError(
+        f"the catalog file {path} is not a usable SQLite database ({exc}): it is "
+        "truncated or corrupt; restore it from a backup or rebuild it from the manifests "
+        "('archive-manager rebuild-catalog')"
+    )
+
+
+def probe_sqlite_catalog(
+    path: str | os.PathLike[str], *, timeout_s: float = 5.0, recover: bool = False
+) -> SqliteProbe:
     """Tell what the SQLite file at ``path`` is, without changing it or creating any file.
 
+    A catalog whose writer died leaving a ``-wal`` with commits and no ``-shm`` cannot be
+    read so (`sqlite_read_mode`): its main file alone may hold no table at all.  With
+    ``recover`` (the caller opens the catalog for writing next, which would recover it
+    anyway) and write access, the probe lets SQLite recover the log first, changing files
+    but not the catalog's content; otherwise it raises.
+
     Raises:
-        CatalogError: the file cannot be read, or is a SQLite file too damaged to tell.
+        CatalogError: the file cannot be read, is a SQLite file too damaged to tell, or has
+            a log that only a writable open recovers (see above).
         CatalogVersionError: the catalog has several revisions at once (a forked library).
     """
     path = Path(path)
@@ -114,9 +163,9 @@ def probe_sqlite_catalog(path: str | os.PathLike[str], *, timeout_s: float = 5.0
     if not header.startswith(SQLITE_HEADER):
         return SqliteProbe("not-sqlite", reason="not a SQLite database")
     try:
-        conn = sqlite3.connect(_read_only_uri(path), uri=True, timeout=timeout_s)
+        conn = _connect(path, timeout_s, recover=recover)
     except sqlite3.Error as exc:
-        raise CatalogError(f"cannot read the catalog file {path} ({exc})") from exc
+        raise _unusable(path, exc) from exc
     try:
         tables = {
             row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -133,11 +182,7 @@ def probe_sqlite_catalog(path: str | os.PathLike[str], *, timeout_s: float = 5.0
             return SqliteProbe("foreign", reason=reason)
         heads = [row[0] for row in conn.execute(f'SELECT version_num FROM "{VERSION_TABLE}"')]
     except sqlite3.Error as exc:
-        raise CatalogError(
-            f"the catalog file {path} is not a usable SQLite database ({exc}): it is "
-            "truncated or corrupt; restore it from a backup or rebuild it from the manifests "
-            "('archive-manager rebuild-catalog')"
-        ) from exc
+        raise _unusable(path, exc) from exc
     finally:
         conn.close()
     if len(heads) > 1:

@@ -6,8 +6,8 @@ Each function runs inside a transaction its caller opened with `Catalog.read` or
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.engine import Connection, Row
@@ -25,8 +25,10 @@ from .models import (
 )
 
 __all__ = [
+    "IN_BATCH",
     "archive_by_name",
     "archive_bytes",
+    "batches",
     "blob_rows",
     "check_lease",
     "drop_lease",
@@ -42,11 +44,15 @@ __all__ = [
 
 SAVE_SEQ = "save_seq"
 
+T = TypeVar("T")
+
 # NOTE: SQLite allows 32766 bound parameters per statement; IN lists are cut well below it.
-_IN_BATCH = 5000
+IN_BATCH = 5000
 
 
-def _batches(values: Sequence[Any], size: int = _IN_BATCH) -> Iterable[Sequence[Any]]:
+def batches(values: Sequence[T], size: int = IN_BATCH) -> Iterator[Sequence[T]]:
+    """``values`` cut in consecutive slices of at most ``size``: one IN list, or one
+    transaction of a protocol that works batch by batch, each."""
     for i in range(0, len(values), size):
         yield values[i : i + size]
 
@@ -109,7 +115,7 @@ def hold_blobs(conn: Connection, lease: str, digests: Collection[str]) -> None:
     """Record that ``lease`` retains ``digests`` (those it holds already are skipped)."""
     wanted = sorted(set(digests))
     held: set[str] = set()
-    for batch in _batches(wanted):
+    for batch in batches(wanted):
         held.update(
             conn.execute(
                 select(lease_blobs_table.c.digest).where(
@@ -127,7 +133,7 @@ def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]
     found: dict[str, Row[Any]] = {}
     wanted = sorted(set(digests))
     t = blobs_table
-    for batch in _batches(wanted):
+    for batch in batches(wanted):
         for row in conn.execute(
             select(t.c.digest, t.c.size, t.c.kind, t.c.state).where(t.c.digest.in_(batch))
         ):
@@ -137,7 +143,7 @@ def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]
 
 def mark_live(conn: Connection, digests: Collection[str]) -> None:
     """Flip ``writing`` rows to ``live`` once their files are durable."""
-    for batch in _batches(sorted(set(digests))):
+    for batch in batches(sorted(set(digests))):
         conn.execute(
             update(blobs_table)
             .where(blobs_table.c.digest.in_(batch), blobs_table.c.state == "writing")
@@ -174,7 +180,7 @@ def archive_bytes(conn: Connection, archive_ids: Sequence[int]) -> Mapping[int, 
     """Bytes of the blobs each archive needs (chunks, tensors, manifest), by archive id."""
     ab, b = archive_blobs_table, blobs_table
     out: dict[int, int] = {}
-    for batch in _batches(list(archive_ids)):
+    for batch in batches(list(archive_ids)):
         rows = conn.execute(
             select(ab.c.archive_id, func.coalesce(func.sum(b.c.size), 0))
             .join(b, b.c.digest == ab.c.digest)

@@ -93,8 +93,10 @@ class PoolState:
         return shown_url(self.effective_catalog_url)
 
     def exists(self) -> bool:
-        """Whether a pool is there (its catalog was set up), creating nothing."""
-        return ArchiveManager.exists(self.root, self.catalog_url)
+        """Whether a pool is there (its catalog was set up), creating nothing; unless
+        ``--read-only``, a dead writer's log is recovered to tell (`ArchiveManager.exists`):
+        the commands that ask open the pool for writing next."""
+        return ArchiveManager.exists(self.root, self.catalog_url, recover=not self.read_only)
 
     def open(
         self,

@@ -11,7 +11,7 @@ import click
 
 from ..archive import ArchiveInfo
 from ..manager import ArchiveManager
-from ..query import summarize
+from ..stats import archive_summary
 from ._complete import complete_archive_name
 from ._context import CliError, json_option, pass_pool
 from ._output import echo, echo_fields, echo_json, echo_table, human_size, local_time
@@ -106,7 +106,8 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     info = arc.info()
     chunks = arc.chunks()
     owners = arc.owners()
-    summary = summarize(arc.sample_metadata())
+    # The web viewer's archive page shows the same summary (one computation, from the catalog).
+    summary = archive_summary(pool.context, arc.name).overview()
     if as_json:
         echo_json(
             {

@@ -64,8 +64,12 @@ class TensorBlob:
     size: int
 
 
-def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
-    """The tensor's raw bytes, without copying a contiguous CPU tensor."""
+def _check_storable(t: torch.Tensor) -> None:
+    """Refuse a tensor no tensor blob or record can hold (its layout, rank, dtype, device).
+
+    Raises:
+        UnencodableError: naming what is refused.
+    """
     torch = torch_module()
     if t.layout != torch.strided or t.is_nested:
         kind = "nested" if t.is_nested else str(t.layout)
@@ -78,6 +82,12 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
         raise UnencodableError(f"cannot store a tensor of dtype {t.dtype}")
     if t.device.type == "meta":
         raise UnencodableError("cannot store a tensor on the meta device: it holds no data")
+
+
+def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
+    """The tensor's raw bytes, without copying a contiguous CPU tensor."""
+    torch = torch_module()
+    _check_storable(t)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

@@ -16,7 +16,7 @@ import json
 import marshal
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import countOf
 from typing import TYPE_CHECKING, Any
@@ -26,12 +26,13 @@ import numpy as np
 from .._digest import Buffer, check_digest
 from .._torch import is_tensor
 from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
-from ..samples import fields_to_sample, sample_to_fields
+from ..samples import fields_to_sample, sample_to_record
 from .tensor_ref import TensorRef
 from .tensors import (
     _DTYPE_NAMES,
     TensorBlob,
     _check_shape,
+    _check_storable,
     _tensor_bytes,
     _tensor_from,
     encode_tensor_blob,
@@ -65,6 +66,12 @@ _NEG_BIG_INT = -_BIG_INT
 # 2**40 lists: past this many items written again for repeated containers, the save is refused
 # (docs/architecture.md, "Samples and values").
 _MAX_REPEATED_ITEMS = 1 << 20
+# NOTE: items are not the whole cost: a leaf held in many places (a long string, a tensor
+# below the inline limit, a numpy array) is written again in each, and the elements of a
+# zero-stride view (``np.broadcast_to``, ``Tensor.expand``: a few bytes in memory, terabytes
+# expanded) are written out one by one.  The bytes a record would hold beyond the memory the
+# sample itself holds are bounded too (docs/architecture.md, "Samples and values").
+_MAX_EXTRA_BYTES = 1 << 28
 
 
 def _numpy_dtype(name: str) -> np.dtype | None:
@@ -131,11 +138,18 @@ class _Encoder:
         # items written again because a container was met again (see _MAX_REPEATED_ITEMS).
         self.seen: set[int] = set()
         self.repeated = 0
+        # leaves whose bytes were written (see _MAX_EXTRA_BYTES), and those bytes written again
+        self.seen_leaves: set[int] = set()
+        self.extra_bytes = 0
+        # tensors above the inline limit already made into blobs: a tensor held in many places
+        # is hashed (and, for the writer, copied) once
+        self.refs: dict[int, tuple[Any, dict[str, Any]]] = {}
 
     def encode(self, value: Any) -> Any:
         t = type(value)
         if t is str:
             if len(value) >= _MIN_RAW_STR:
+                self._leaf(value, len(value))
                 offset, nbytes = self.record.add(value.encode("utf-8", "surrogatepass"))
                 return {_TAG: "str", "o": offset, "n": nbytes}
             return value
@@ -189,14 +203,34 @@ class _Encoder:
                 "stored as trees: a shared value is written once per place it appears)"
             )
 
+    def _leaf(self, value: Any, nbytes: int) -> None:
+        """Count a leaf about to write ``nbytes`` into the record if it was written before."""
+        key = id(value)
+        if key in self.seen_leaves:
+            self._extra(nbytes)
+        else:
+            self.seen_leaves.add(key)
+
+    def _extra(self, nbytes: int) -> None:
+        """Count bytes a record would hold beyond the sample's own memory; refuse past the
+        bound, before they are written."""
+        self.extra_bytes += nbytes
+        if self.extra_bytes > _MAX_EXTRA_BYTES:
+            raise UnencodableError(
+                "storing the sample would write more than "
+                f"{_MAX_EXTRA_BYTES:,} bytes beyond the memory it holds (a value held in many "
+                "places is written once per place, and a broadcast or expanded view's "
+                "elements one by one); store the base and broadcast it after loading"
+            )
+
     def _items(self, values: list | tuple) -> list[Any]:
         self._enter(values)
-        item: Any = None
+        index = -1
         try:
-            return [self.encode(item := v) for v in values]
+            # NOTE: the index is counted, not searched for by identity afterwards: an object
+            # held many times can fail at a later place only (the repeat bounds).
+            return [self.encode(v) for v in values if (index := index + 1) >= 0]
         except UnencodableError as exc:
-            # The first item that is the failing one: encoding the same object fails alike.
-            index = next(i for i, v in enumerate(values) if v is item)
             raise _at(exc, f"[{index}]") from None
         finally:
             self.active.discard(id(values))
@@ -287,6 +321,16 @@ class _Encoder:
         return None
 
     def _tensor(self, value: torch.Tensor) -> Any:
+        known = self.refs.get(id(value))
+        if known is not None:
+            return dict(known[1])
+        _check_storable(value)
+        nbytes = value.numel() * value.element_size()
+        overlap = nbytes - _span(value.shape, value.stride(), value.element_size())
+        if overlap > 0:
+            self._extra(overlap)  # before .contiguous() expands it
+        if nbytes <= self.record.inline_limit:
+            self._leaf(value, nbytes)
         t, raw = _tensor_bytes(value)
         dtype = torch_dtype_names()[t.dtype]
         if raw.nbytes > self.record.inline_limit:
@@ -294,13 +338,16 @@ class _Encoder:
             if self.record.copy:
                 blob.parts = [bytes(p) for p in blob.parts]
             self.record.tensor_blobs.setdefault(blob.digest, blob)
-            return {
+            node = {
                 _TAG: "ref",
                 "h": blob.digest,
                 "d": dtype,
                 "sh": list(t.shape),
                 "n": raw.nbytes,
             }
+            # the tensor is kept with its node: an id is only unique while its object lives
+            self.refs[id(value)] = (value, node)
+            return dict(node)
         offset, nbytes = self.record.add(bytes(raw) if raw.nbytes else b"")
         return {_TAG: "tensor", "d": dtype, "sh": list(t.shape), "o": offset, "n": nbytes}
 
@@ -310,11 +357,26 @@ class _Encoder:
         arr = np.asarray(value)
         if arr.dtype.name not in _NUMPY_DTYPES or arr.dtype.byteorder == ">":
             raise UnencodableError(f"cannot store a numpy array of dtype {arr.dtype}")
+        overlap = arr.nbytes - _span(arr.shape, arr.strides, 1, arr.itemsize)
+        if overlap > 0:
+            self._extra(overlap)  # before tobytes() expands it
+        self._leaf(value, arr.nbytes)
         offset, nbytes = self.record.add(arr.tobytes())
         return {"sh": list(arr.shape), "o": offset, "n": nbytes}
 
     def _ndarray(self, value: np.ndarray) -> Any:
         return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value)}
+
+
+def _span(shape: Sequence[int], strides: Sequence[int], unit: int, itemsize: int = 0) -> int:
+    """The bytes of memory a strided view spans (``strides`` in units of ``unit`` bytes; the
+    last element's ``itemsize``, ``unit`` when 0).  A view whose elements take more bytes
+    than it spans overlaps itself: a zero stride, or overlapping strides."""
+    if 0 in shape:
+        return 0
+    return sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) * unit + (
+        itemsize or unit
+    )
 
 
 # marshal writes exact ints in int32 range as b"i" + 4 bytes and exact floats as b"g" + 8 bytes
@@ -446,7 +508,7 @@ def encode_sample(
         UnencodableError: a value cannot be stored losslessly and safely; the message names
             the field and the path to the value.
     """
-    name, fields = sample_to_fields(sample)
+    name, fields, converted = sample_to_record(sample)
     tensor_blobs: dict[str, TensorBlob] = {}
     record = _Record(inline_limit, tensor_blobs, copy=copy)
     encoder = _Encoder(record)
@@ -454,7 +516,13 @@ def encode_sample(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        tree = {"c": name, "f": encoder._dict(fields, top=True)}
+        tree: dict[str, Any] = {"c": name, "f": encoder._dict(fields, top=True)}
+        if converted is not None:
+            # NOTE: added to the tree of `Sample` records (format version 1 unchanged; a
+            # reader of an older release ignores it): the fields stored converted, so that a
+            # None status or a dict in ``spec_info`` loads as it was saved
+            # (docs/architecture.md, "Samples and values").
+            tree["s"] = converted
     except UnencodableError as exc:
         raise _at(exc, "sample field ") from None
     finally:
@@ -492,11 +560,16 @@ def decode_sample(
     name = tree.get("c")
     if name is not None and type(name) is not str:
         raise IntegrityError("record names a malformed sample class")
+    converted = tree.get("s")
+    if converted is not None and not (
+        type(converted) is list and all(type(k) is str for k in converted)
+    ):
+        raise IntegrityError("record lists its converted fields malformed")
     with _gc_paused():
         fields = _Decoder(arrays, loader, as_arrays=as_arrays).fields(tree["f"])
         if type(fields) is not dict:
             raise IntegrityError("record fields are not a mapping")
-        return fields_to_sample(name, fields)
+        return fields_to_sample(name, fields, converted)
 
 
 class _Decoder:

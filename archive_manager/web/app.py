@@ -270,7 +270,7 @@ def archive_view(name: str) -> Any:
     page, per_page = _page()
     arc = pool.open_archive(name)
     info, owners, chunks = arc.info(), arc.owners(), arc.chunks()
-    summary = archive_summary(pool, name)
+    summary = archive_summary(pool.context, name)
     samples = sample_page(pool, name, where, offset=(page - 1) * per_page, limit=per_page)
     return _respond(
         "archive.html",
