@@ -298,9 +298,9 @@ def bind_pool(
     for _ in range(8):  # each retry follows a racing process that wrote first
         state = _read_state(catalog, root)
         if rebind:
-            result = _rebind(catalog, root, state, url=url, explicit_url=explicit_url, clock=clock)
-            _ensure_files(root, result)
-            return result
+            rebound = _rebind(catalog, root, state, url=url, explicit_url=explicit_url, clock=clock)
+            _ensure_files(root, rebound)
+            return rebound
         result = _bind_once(
             catalog,
             root,

@@ -173,12 +173,16 @@ class ArchiveManager:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
         self._stats_cache = StatsCache()
+        if store is None:
+            if not isinstance(root, Path):
+                raise InvalidInputError(f"the pool at {root} is on an object store: pass its store")
+            store = BlobStore(root)
         # Everything below this facade takes the context, never the facade
         # (docs/architecture.md, Layers); `open` adds the identity once it is checked.
         self._context = PoolContext(
             root=root,
             catalog=catalog,
-            store=BlobStore(root) if store is None else store,
+            store=store,
             journal=journal_for(root),
             clock=clock,
             lease_ttl=_seconds(lease_ttl),

@@ -209,7 +209,7 @@ def _fix_command(root: Path, group: str, catalog_url: str | None) -> str:
 
 
 def shared_problems(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | object,
     *,
     catalog_file: Path | None = None,
     catalog_url: str | None = None,

@@ -42,7 +42,7 @@ from .catalog import (
     retention_table,
     set_pool_info,
 )
-from .catalog.queries import archive_by_name, batches, blob_rows, raise_save_seq
+from .catalog.queries import archive_by_name, batches, blob_rows, inserted_id, raise_save_seq
 from .errors import ArchiveError
 from .gc import kind_of, rowless_files
 from .identity import UNINDEXED_BLOBS
@@ -297,22 +297,24 @@ def _restore(
             published_at = decided.published_at if decided.published_at is not None else created
             released_at = decided.released_at
             owners = _own_owner_renamed(decided, name)
-        archive_id = conn.execute(
-            archives_table.insert().values(
-                name=name,
-                rollout_id=m.rollout_id,
-                evaluation=m.evaluation,
-                state=state,
-                manifest_digest=digest,
-                samples=len(m.entries),
-                bytes=sum(sizes.values()),
-                created_at=created,
-                published_at=published_at,
-                released_at=released_at,
-                attrs=m.attrs,
-                reference_name=m.reference,
+        archive_id = inserted_id(
+            conn.execute(
+                archives_table.insert().values(
+                    name=name,
+                    rollout_id=m.rollout_id,
+                    evaluation=m.evaluation,
+                    state=state,
+                    manifest_digest=digest,
+                    samples=len(m.entries),
+                    bytes=sum(sizes.values()),
+                    created_at=created,
+                    published_at=published_at,
+                    released_at=released_at,
+                    attrs=m.attrs,
+                    reference_name=m.reference,
+                )
             )
-        ).inserted_primary_key[0]
+        )
         chunks = {i: c for i, c in enumerate(m.chunks)}
         entries = [(pos, *e) for pos, e in enumerate(m.entries)]
         insert_contents(conn, archive_id, chunks, entries, list(m.metadata))

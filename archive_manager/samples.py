@@ -214,7 +214,7 @@ class Sample:
             ValueError: the status string is not one of `Sample.Status`.
         """
         data = _sample_values(dict(data))
-        init_names = _init_names(cls)
+        init_names = _init_names(cls)  # type: ignore[arg-type]  # a class is hashable
         sample = cls(**{k: v for k, v in data.items() if k in init_names})
         for key, value in data.items():
             if key not in init_names:
@@ -440,7 +440,7 @@ def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | 
 def _dataclass_state(obj: Any) -> dict[str, Any]:
     """A registered dataclass instance's declared fields, then its other attributes
     (undeclared ``_queue_*`` ones dropped): what `_rebuild` sets back."""
-    cls = type(obj)
+    cls: type = type(obj)
     plan = _rebuild_plan(cls)
     fields: dict[str, Any] = {}
     for step in plan.fields:
@@ -531,7 +531,8 @@ def _enum_member(enum_type: type[enum.Enum], value: Any) -> enum.Enum | None:
     if (
         type(value) is int
         and issubclass(enum_type, enum.Flag)
-        and getattr(enum_type._missing_, "__func__", None) is enum.Flag._missing_.__func__
+        and getattr(enum_type._missing_, "__func__", None)
+        is getattr(enum.Flag._missing_, "__func__", None)
         and enum_type.__new__ is enum.Enum.__new__
     ):
         try:

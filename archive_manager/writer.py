@@ -49,6 +49,7 @@ from .catalog.queries import (
     drop_lease,
     hold_blobs,
     insert_lease,
+    inserted_id,
     mark_live,
     next_save_seq,
     renew_lease,
@@ -511,21 +512,23 @@ class ArchiveWriter:
             self._blob_sizes[manifest.digest] = manifest.size
             total = sum(self._blob_sizes.values())
             try:
-                archive_id = conn.execute(
-                    archives_table.insert().values(
-                        name=self.name,
-                        rollout_id=self.rollout_id,
-                        evaluation=self.evaluation,
-                        state="pending",
-                        manifest_digest=manifest.digest,
-                        samples=len(self._entries),
-                        bytes=total,
-                        created_at=now,
-                        attrs=self.attrs,
-                        reference_name=self._reference.name if self._reference else None,
-                        lease_owner=self._lease,
+                archive_id = inserted_id(
+                    conn.execute(
+                        archives_table.insert().values(
+                            name=self.name,
+                            rollout_id=self.rollout_id,
+                            evaluation=self.evaluation,
+                            state="pending",
+                            manifest_digest=manifest.digest,
+                            samples=len(self._entries),
+                            bytes=total,
+                            created_at=now,
+                            attrs=self.attrs,
+                            reference_name=self._reference.name if self._reference else None,
+                            lease_owner=self._lease,
+                        )
                     )
-                ).inserted_primary_key[0]
+                )
             except sa_exc.IntegrityError as exc:
                 raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
             insert_contents(conn, archive_id, self._chunks, self._entries, self._metadata)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import random
 import re
@@ -547,8 +548,13 @@ class S3BlobStore(AbstractBlobStore):
                 answer = self._call(
                     "upload a part",
                     key,
-                    lambda c, n=number, b=body: c.upload_part(
-                        Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n, Body=b
+                    functools.partial(
+                        _upload_part,
+                        Bucket=self.bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=body,
                     ),
                 )
                 parts.append({"PartNumber": number, "ETag": answer["ETag"]})
@@ -864,3 +870,7 @@ def _seconds(stamp: Any) -> float:
     has milliseconds: one blob must have one write time whichever way it is asked.
     """
     return float(int(stamp.timestamp()))
+
+
+def _upload_part(client: Any, **request: Any) -> Any:
+    return client.upload_part(**request)

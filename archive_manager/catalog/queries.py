@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import delete, exists, func, select, update
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection, CursorResult, Row
 
 from .._names import name_spellings
 from ..errors import LeaseExpiredError
@@ -34,6 +34,7 @@ __all__ = [
     "drop_lease",
     "hold_blobs",
     "insert_lease",
+    "inserted_id",
     "mark_live",
     "next_save_seq",
     "raise_save_seq",
@@ -132,6 +133,7 @@ def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]
     """The catalog rows (digest, size, kind, state) of those ``digests`` that have one."""
     found: dict[str, Row[Any]] = {}
     wanted = sorted(set(digests))
+    row: Any
     t = blobs_table
     for batch in batches(wanted):
         for row in conn.execute(
@@ -233,3 +235,11 @@ def raise_save_seq(conn: Connection, seen: int) -> None:
     """Make every later save number exceed ``seen`` (a rebuild found manifests up to it)."""
     if seen > stored_save_seq(conn):
         _store_seq(conn, seen)
+
+
+def inserted_id(result: CursorResult[Any]) -> int:
+    """The primary key of the one row an ``INSERT`` just added."""
+    key = result.inserted_primary_key
+    if key is None or key[0] is None:  # pragma: no cover - a single-row insert always has one
+        raise RuntimeError("the insert returned no primary key")
+    return int(key[0])

@@ -313,10 +313,10 @@ class _Encoder:
                 # NOTE: out-of-range values and signalling NaNs warn on the cast (an error
                 # under -W error); they just fail the bit-exact check below.
                 with np.errstate(over="ignore", invalid="ignore"):
-                    narrow = floats.astype(np.float32)
+                    singles = floats.astype(np.float32)
                 # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
-                if np.array_equal(narrow.astype(np.float64).view(np.int64), floats.view(np.int64)):
-                    return {_TAG: "list", "d": "float32", **self.record.add_shuffled(narrow)}
+                if np.array_equal(singles.astype(np.float64).view(np.int64), floats.view(np.int64)):
+                    return {_TAG: "list", "d": "float32", **self.record.add_shuffled(singles)}
                 return {_TAG: "list", "d": "float64", **self.record.add_shuffled(floats)}
         return None
 
@@ -422,10 +422,10 @@ def _marshalled_numbers(value: list) -> tuple[str, bytes, bool] | None:
             return None
         bits = np.ndarray((n,), "<i8", data, head + 1, (9,))
         with np.errstate(over="ignore", invalid="ignore"):
-            narrow = bits.view("<f8").astype(np.float32)
+            singles = bits.view("<f8").astype(np.float32)
         # Bit-exact, as in `_Encoder._list`: nan payloads, -0.0 and inf must all come back.
-        if (narrow.astype(np.float64).view(np.int64) == bits).all():
-            packed, width, step, first = narrow.tobytes(), 4, 4, 0
+        if (singles.astype(np.float64).view(np.int64) == bits).all():
+            packed, width, step, first = singles.tobytes(), 4, 4, 0
         else:
             packed, width, step, first = data, 8, 9, head + 1
         planes = [packed[first + j :: step] for j in range(width)]
@@ -623,9 +623,9 @@ class _Decoder:
             return arr.astype(wide, copy=not arr.flags.writeable)
         value = self.decode(node)
         if type(value) is list and value:
-            arr = _number_array(value)
-            if arr is not None:
-                return arr
+            numbers = _number_array(value)
+            if numbers is not None:
+                return numbers
         return value
 
     def decode(self, node: Any) -> Any:
