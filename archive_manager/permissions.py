@@ -128,7 +128,12 @@ def _member_read_files(root: Path) -> list[Path]:
 
 
 def _group_may_read(st: os.stat_result, gid: int) -> bool:
-    return bool(st.st_mode & stat.S_IROTH or (st.st_gid == gid and st.st_mode & stat.S_IRGRP))
+    # NOTE: POSIX tests a member of the file's group against the group bits only and never
+    # falls through to the others bits, so a 0604 file of the pool's group locks members out.
+    # A file of another group is read by a member through the others bits.
+    if st.st_gid == gid:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
 
 
 def _catalog_files(catalog_file: Path | None) -> list[Path]:

@@ -255,6 +255,49 @@ class ArchiveWriter:
             self._shutdown()
         self._rollback()
 
+    @property
+    def lease(self) -> str:
+        """The owner name of this save's lease (``lease:<hex>``), as ``owners``, ``verify``
+        and GC reports name it."""
+        return self._lease
+
+    @property
+    def renewing(self) -> bool:
+        """Whether the lease is still being renewed (False after commit, abort, `abandon`,
+        a lapsed lease, or once the writer was dropped)."""
+        return self._heartbeat.is_alive()
+
+    def wait_stored(self) -> None:
+        """Block until every chunk filled so far is stored and held by the lease (chunks are
+        stored in the background while samples are added).
+
+        Raises:
+            The error a background store failed with, if one did.
+        """
+        self._wait()
+
+    def join_renewal(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the lease renewal to end (it ends by itself when
+        the lease lapsed or a renewal was refused); True if it has ended."""
+        self._heartbeat.join(timeout)
+        return not self._heartbeat.is_alive()
+
+    def stop_renewing(self) -> None:
+        """Stop renewing the lease, as a paused (SIGSTOP) process does: the lease lapses after
+        its TTL, GC then reclaims what it held, and a later commit fails with
+        `LeaseExpiredError`.  For tests and drills of the save protocol."""
+        self._stop.set()
+        self._heartbeat.join()
+
+    def abandon(self) -> None:
+        """Stop as a killed process would: no renewal, no further stores, no rollback.  What
+        the save left (its lease, its blobs, a pending archive) is what a crash leaves, and GC
+        clears it once the lease lapsed (docs/architecture.md, "Save protocol").  For tests
+        and drills; `abort` is the way to give a save up."""
+        self.stop_renewing()
+        self._shutdown()
+        self._state = "abandoned"
+
     def __enter__(self) -> ArchiveWriter:
         return self
 

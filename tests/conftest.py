@@ -511,11 +511,11 @@ def abandon_writer(
     w = pool.writer(name, rollout_id=0)
     for s in samples:
         w.add(s)
-    w._wait()
-    w._stop.set()
-    w._heartbeat.join()
-    if not keep_io:
-        w._io.shutdown(wait=True)
+    w.wait_stored()
+    if keep_io:
+        w.stop_renewing()  # paused: it may wake up and try to finish
+    else:
+        w.abandon()
     return w
 
 
@@ -528,7 +528,7 @@ def die_before_publish(
         raise Killed
 
     def abort(self: ArchiveWriter) -> None:
-        self._shutdown()  # a dead process renews nothing and rolls nothing back
+        self.abandon()  # a dead process renews nothing and rolls nothing back
 
     with monkeypatch.context() as m:
         m.setattr(ArchiveWriter, "_publish", publish)

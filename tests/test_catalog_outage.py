@@ -51,7 +51,7 @@ try:
         with pool.writer("b", rollout_id=5) as w:
             for sample in samples[:24]:
                 w.add(sample)
-            w._wait()  # three chunks stored: the lease holds them
+            w.wait_stored()  # three chunks stored: the lease holds them
             print("stored", flush=True)
             assert sys.stdin.readline().strip() == "go"
             for sample in samples[24:]:

@@ -251,7 +251,7 @@ def test_live_lease_protects_a_save_in_flight(pool: ArchiveManager, clock: FakeC
     w = pool.writer("w", rollout_id=1)
     for s in samples:
         w.add(s)
-    w._wait()
+    w.wait_stored()
     held = set(blob_states(pool))
     assert held
     clock.advance(LEASE_TTL / 2)
@@ -284,7 +284,7 @@ def test_expired_lease_is_dropped_and_its_blobs_reclaimed(
     assert_loads(pool, "kept", kept)
     with pytest.raises(ArchiveNotFoundError):
         pool.open_archive("w")
-    assert w._lease
+    assert w.lease
 
 
 def test_writer_whose_lease_gc_dropped_cannot_publish(

@@ -133,10 +133,10 @@ def test_renewal_gives_up_when_the_lease_lapses(
         for sample in small_rollout(10, seed=4):
             w.add(sample)
         _wait_until(lambda: faults.failed >= 4, "four renewals failed")
-        assert w._heartbeat.is_alive(), "the heartbeat gave up while the lease stood"
+        assert w.renewing, "the heartbeat gave up while the lease stood"
         clock.advance(TTL + 1)
-        w._heartbeat.join(timeout=30)
-        assert not w._heartbeat.is_alive(), "the heartbeat should have given up"
+        w.join_renewal(timeout=30)
+        assert not w.renewing, "the heartbeat should have given up"
         w.add(small_rollout(1, seed=5)[0])
     assert isinstance(info.value.__cause__, CatalogUnreachableError)
     assert faults.renewed == 0
@@ -161,13 +161,13 @@ def test_a_lease_taken_over_during_an_outage_is_final(
     with pytest.raises(LeaseExpiredError), pool.writer("w", rollout_id=0) as w:
         for sample in small_rollout(20, seed=6):
             w.add(sample)
-        w._wait()  # its chunks are stored and held by the lease
+        w.wait_stored()  # its chunks are stored and held by the lease
         _wait_until(lambda: faults.failed >= 2, "renewals failed")
         report = gc_pool.gc(grace=0)
         assert report.expired_leases == 1 and report.blobs >= 2
         outage.clear()
-        w._heartbeat.join(timeout=30)
-        assert not w._heartbeat.is_alive(), "the refused renewal must end the heartbeat"
+        w.join_renewal(timeout=30)
+        assert not w.renewing, "the refused renewal must end the heartbeat"
         assert faults.refused == 1 and faults.renewed == 0
         calls = faults.calls
     assert faults.calls == calls  # never retried after the refusal
@@ -188,8 +188,8 @@ def test_a_refused_renewal_is_not_retried(
     try:
         _wait_until(lambda: faults.renewed >= 1, "a first renewal")
         clock.advance(TTL + 1)
-        w._heartbeat.join(timeout=30)
-        assert not w._heartbeat.is_alive()
+        w.join_renewal(timeout=30)
+        assert not w.renewing
         assert faults.refused == 1 and faults.failed == 0
         assert isinstance(w._failure, LeaseExpiredError)
     finally:

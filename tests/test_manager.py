@@ -480,8 +480,8 @@ def test_lease_that_heartbeat_could_not_renew_fails(open_pool, clock, rollout, s
         for sample in samples:
             w.add(sample)
         clock.advance(10)  # the clock jumps: the next renewal finds the lease lapsed
-        w._heartbeat.join(timeout=30)
-        assert not w._heartbeat.is_alive(), "the heartbeat should have given up"
+        w.join_renewal(timeout=30)
+        assert not w.renewing, "the heartbeat should have given up"
     with pytest.raises(ArchiveNotFoundError):
         pool.open_archive("w")
     assert lease_rows(pool) == []
@@ -520,8 +520,8 @@ def test_abandoned_writer_stops_renewing_and_gc_reclaims(open_pool, clock, rollo
     w = pool.writer("dropped", rollout_id=0)
     for sample in rollout(70, seed=19):
         w.add(sample)
-    w._wait()  # its first chunk is written and held by the lease
-    heartbeat = w._heartbeat
+    w.wait_stored()  # its first chunk is written and held by the lease
+    (heartbeat,) = [t for t in threading.enumerate() if t.name == "archive-lease"]
     del w
     gc.collect()
     heartbeat.join(timeout=30)

@@ -287,18 +287,18 @@ def test_owners_report_numbers(pool: ArchiveManager, clock: FakeClock) -> None:
 
     # A save in flight holds its blobs under a live lease; once it lapses, they await GC.
     w = abandon_writer(pool, "w", tiny_rollout(n=5, seed=3))
-    held = _lease_blobs(pool, w._lease)
+    held = _lease_blobs(pool, w.lease)
     assert held
     report = pool.owners()
-    assert report.live_leases == [w._lease]
+    assert report.live_leases == [w.lease]
     assert report.stale_leases == []
     usage = {u.owner: u for u in report.owners}
-    assert usage[w._lease].blobs == len(held)
+    assert usage[w.lease].blobs == len(held)
     assert report.unowned_blobs == 0
     clock.advance(LEASE_TTL + 1)
     report = pool.owners()
     assert report.live_leases == []
-    assert report.stale_leases == [w._lease]
+    assert report.stale_leases == [w.lease]
     sizes = blob_sizes(pool)
     assert (report.unowned_blobs, report.unowned_bytes) == (len(held), total(held))
     pool.gc(grace=0)
@@ -322,7 +322,7 @@ def test_owners_of_a_dead_pending_save(
 
     with monkeypatch.context() as m:
         m.setattr(ArchiveWriter, "_publish", publish)
-        m.setattr(ArchiveWriter, "abort", lambda self: self._shutdown())
+        m.setattr(ArchiveWriter, "abort", ArchiveWriter.abandon)
         with pytest.raises(Killed):
             pool.save("p", tiny_rollout(), rollout_id=1)
     digests = set(archive_blobs(pool, "p"))

@@ -186,6 +186,11 @@ def test_verify_misses_an_identity_file_the_group_cannot_read(tmp_path: Path) ->
         # What the notice tells to run fixes it.
         pool.share_with_group(os.getgid())
         assert pool.verify().notices == []
+        # Others may read but the group may not (0604): POSIX reads a member of the file's
+        # group by the group bits alone, so members are locked out all the same.
+        (root / "archive-pool.json").chmod(0o604)
+        notices = [n.message for n in pool.verify().notices if n.kind == "permissions"]
+        assert len(notices) == 1 and "archive-pool.json" in notices[0], notices
 
 
 def test_a_read_only_postgresql_database_is_not_detected_as_read_only(
@@ -394,3 +399,18 @@ def test_a_symlinked_catalog_hides_a_live_writers_commits_from_readers(tmp_path:
     assert done.stdout.strip() == "['first', 'second']", (
         f"the reader missed a commit of the live writer: {done.stdout.strip()}"
     )
+
+
+@pytest.mark.parametrize("verb", ["current", "upgrade"])
+def test_db_verbs_recover_a_wal_without_shm_when_they_may_write(tmp_path: Path, verb: str) -> None:
+    """'db current' and 'db upgrade' (what an operator runs first after upgrading) on a pool
+    whose writer died and lost its -shm: with write access they recover the log as any
+    writable verb does, instead of repeating the reader's refusal."""
+    root = tmp_path / "pool"
+    _crashed_writer_pool(root)
+    (root / "catalog.db-shm").unlink()
+    result = CliRunner().invoke(cli, ["--root", str(root), "db", verb])
+    assert result.exit_code == 0, result.output
+    assert "-shm" not in result.output, result.output
+    with ArchiveManager.open(root, read_only=True) as reader:
+        assert sorted(i.name for i in reader.find()) == ["first", "second"]

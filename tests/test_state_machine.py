@@ -267,10 +267,9 @@ class PoolMachine(RuleBasedStateMachine):
         w: ArchiveWriter = self.pool.writer(self._name(), rollout_id=seed)
         for s in _rollout(seed, 5):
             w.add(s)
-        w._wait()
-        w._shutdown()
-        w._heartbeat.join()
-        self.model.leases[w._lease] = self.clock.now + LEASE_TTL
+        w.wait_stored()
+        w.abandon()
+        self.model.leases[w.lease] = self.clock.now + LEASE_TTL
 
     @precondition(lambda self: len(self.model.pending) < 2)
     @rule(seed=st.integers(0, 3), n=st.integers(1, 9))
@@ -496,7 +495,7 @@ class PoolMachine(RuleBasedStateMachine):
             with self.pool.writer(name, rollout_id=seed) as w:
                 for s in _rollout(seed, n):
                     w.add(s)
-                w._wait()
+                w.wait_stored()
                 self._rebuild_and_check()
         else:
             real = ArchiveWriter._publish

@@ -231,7 +231,7 @@ def test_stale_lease_is_a_notice(pool: ArchiveManager, clock: FakeClock) -> None
     assert report.ok, report.problems
     stale = [n for n in report.notices if n.kind == "stale-lease"]
     assert len(stale) == 1
-    assert w._lease in stale[0].message
+    assert w.lease in stale[0].message
 
 
 def test_pending_save_is_a_notice(
@@ -265,7 +265,7 @@ def test_save_in_flight_before_its_manifest_is_written_is_no_problem(
         return real_put_many(items)
 
     def abort(self: ArchiveWriter) -> None:
-        self._shutdown()  # a dead process renews nothing and rolls nothing back
+        self.abandon()  # a dead process renews nothing and rolls nothing back
 
     monkeypatch.setattr(pool.store, "put_many", put_many)
     monkeypatch.setattr(ArchiveWriter, "abort", abort)
@@ -307,7 +307,7 @@ def test_writing_row_without_a_file_is_a_notice(pool: ArchiveManager) -> None:
     assert report.ok, report.problems
     unwritten = {n.digest for n in report.notices if n.kind == "unwritten-blob"}
     assert unwritten == set(writing)
-    assert w._lease
+    assert w.lease
 
 
 def test_orphan_file_is_a_notice(pool: ArchiveManager) -> None:
