@@ -545,6 +545,11 @@ def test_every_value_save_accepts_loads_equal_everywhere(
         event("refused at save")
         assert not all(encodable(s) for s in expected)
         return
+    for sample in expected:
+        if isinstance(sample, Sample) and type(sample.status) is str:
+            # A status given as its value loads as the member (docs/architecture.md,
+            # "Samples and values"), as slime's own from_dict makes it.
+            sample.status = Sample.Status(sample.status)
     arc = fpool.open_archive(name)
     assert_same(load_all(fpool, name), expected)
     for position, sample in enumerate(expected):
