@@ -56,9 +56,7 @@ def init(state: PoolState, shared_group: str | None) -> None:
 def _catalog_status(state: PoolState) -> CatalogStatus:
     """The catalog's revision, read without migrating it (opening the pool would)."""
     # A writer may let SQLite recover a log left without its -shm, as the open would.
-    return ArchiveManager.catalog_status(
-        state.root, state.catalog_url, recover=not state.read_only
-    )
+    return ArchiveManager.catalog_status(state.root, state.catalog_url, recover=not state.read_only)
 
 
 def _revision_status(status: CatalogStatus) -> str:
