@@ -517,11 +517,14 @@ def test_heartbeat_keeps_a_slow_writer_alive(open_pool, clock, rollout, same_sam
 def test_abandoned_writer_stops_renewing_and_gc_reclaims(open_pool, clock, rollout) -> None:
     # A writer dropped without commit or abort must not keep its lease alive forever.
     pool = open_pool(clock=clock, lease_ttl=0.3)
+    earlier = set(threading.enumerate())  # other tests' writers may still be winding down
     w = pool.writer("dropped", rollout_id=0)
     for sample in rollout(70, seed=19):
         w.add(sample)
     w.wait_stored()  # its first chunk is written and held by the lease
-    (heartbeat,) = [t for t in threading.enumerate() if t.name == "archive-lease"]
+    (heartbeat,) = [
+        t for t in threading.enumerate() if t.name == "archive-lease" and t not in earlier
+    ]
     del w
     gc.collect()
     heartbeat.join(timeout=30)
