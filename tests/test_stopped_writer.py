@@ -39,7 +39,7 @@ pytestmark = pytest.mark.timeout(120)
 TESTS = Path(__file__).resolve().parent
 
 _STOPPING_CHILD = """
-import os, signal, sys
+import os, signal, sys, threading
 sys.path.insert(0, sys.argv[6])
 from archive_manager import ArchiveManager, _failpoints
 from conftest import tiny_rollout
@@ -50,11 +50,13 @@ stopped = []
 
 
 def fire(name):
-    # Stop the whole process, as Ctrl-Z does, the first time it reaches the point.
+    # Stop the whole process, as Ctrl-Z does, the first time it reaches the point. Sent to
+    # this thread, not the process: a process-directed SIGSTOP may be taken by another thread
+    # while this one, under load, runs on into its COMMIT before the group stop reaches it.
     if name == point and not stopped:
         stopped.append(name)
         print("stopping", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     real_fire(name)
 
 
@@ -107,11 +109,19 @@ class StoppedChild:
         assert line == "stopping", (line, self.proc.stderr.read() if line == "" else "")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()[0]
-            if state == "T":
+            if all(state == "T" for state in self._thread_states()):
                 return
             time.sleep(0.01)
         raise AssertionError("the child did not stop")
+
+    def _thread_states(self) -> list[str]:
+        states = []
+        for stat in Path(f"/proc/{self.pid}/task").glob("*/stat"):
+            try:
+                states.append(stat.read_text().rpartition(")")[2].split()[0])
+            except FileNotFoundError:  # a thread that just ended
+                continue
+        return states
 
     def resume(self) -> tuple[int, str]:
         """SIGCONT; wait for the child to end; its exit code and last line."""
