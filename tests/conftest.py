@@ -11,94 +11,36 @@ is set (CI sets it), which makes them fail instead.
 
 from __future__ import annotations
 
-import array
-import dataclasses
-import enum
-import math
 import os
-import stat
-import struct
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
+from helpers import (
+    BACKENDS,
+    REQUIRE_PG_ENV,
+    Backend,
+    BlobFiles,
+    FakeClock,
+    PoolSnapshot,
+    assert_same_samples,
+    open_on,
+    small_rollout,
+    snapshot_pool,
+)
 from pgserver import (  # tests/pgserver.py: pytest puts tests/ on sys.path
     PgServer,
     PgServerUnavailable,
 )
-from sqlalchemy import inspect, select, text
 
-from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
-from archive_manager.catalog import (
-    archive_blobs_table,
-    archives_table,
-    blobs_table,
-    chunks_table,
-    entries_table,
-    lease_blobs_table,
-    leases_table,
-    retention_table,
-    sample_metadata_table,
-)
-from archive_manager.identity import SPARE_FILE
-from archive_manager.samples import sample_to_fields
-from archive_manager.synthetic import make_rollout
-
-BACKENDS = ["sqlite", "postgresql"]
-REQUIRE_PG_ENV = "ARCHIVE_MANAGER_REQUIRE_PG"
-
-#: A plausible "now" for fake clocks (2023-11-14), far from 0 so expiries are not negative.
-EPOCH = 1_700_000_000.0
-
-#: Small but realistically shaped rollouts: shared prompts per group, loss masks, float32
-#: log-probs, truncated samples, ``task_key`` attributes.  Big enough for several chunks.
-SMALL_ROLLOUT = {"prompt_len": 48, "response_min": 16, "response_max": 96}
-
-#: Tiny rollouts (groups of 2, a few tokens each) for tests that save many archives.
-TINY_ROLLOUT = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
-
-#: Every catalog table, in creation order.
-CATALOG_TABLES = (
-    archives_table,
-    chunks_table,
-    entries_table,
-    sample_metadata_table,
-    archive_blobs_table,
-    blobs_table,
-    retention_table,
-    leases_table,
-    lease_blobs_table,
-)
-
-
-class FakeClock:
-    """An injectable clock (``ArchiveManager.open(clock=...)``) that moves only when told."""
-
-    def __init__(self, start: float = EPOCH) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward by ``seconds``."""
-        self.now += seconds
+from archive_manager import ArchiveManager
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     """A fake clock starting at `EPOCH`."""
     return FakeClock()
-
-
-def wall_clock() -> FakeClock:
-    """A `FakeClock` starting at the real time, so it compares with file mtimes (GC grace)."""
-    return FakeClock(time.time())
 
 
 # --------------------------------------------------------------------------- backends
@@ -127,40 +69,6 @@ def pg_server() -> Iterator[PgServer]:
         server.stop()
 
 
-class Backend:
-    """The catalog backend of one test: ``url(root)`` is the ``catalog_url`` of the pool at
-    ``root`` (None on SQLite: the pool's own file; on PostgreSQL a new database per root,
-    dropped at teardown)."""
-
-    def __init__(self, name: str, server: PgServer | None) -> None:
-        self.name = name
-        self.server = server
-        self._urls: dict[Path, str] = {}
-        self._others: list[str] = []
-
-    def url(self, root: str | os.PathLike[str]) -> str | None:
-        if self.server is None:
-            return None
-        key = Path(root).expanduser().resolve()
-        if key not in self._urls:
-            self._urls[key] = self.server.create_database()
-        return self._urls[key]
-
-    def new_url(self) -> str:
-        """A new empty database on the server (PostgreSQL only)."""
-        assert self.server is not None, "new_url() needs the postgresql backend"
-        url = self.server.create_database()
-        self._others.append(url)
-        return url
-
-    def close(self) -> None:
-        if self.server is not None:
-            for url in [*self._urls.values(), *self._others]:
-                self.server.drop_database(url)
-        self._urls.clear()
-        self._others.clear()
-
-
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """The test's catalog backend, once ``sqlite`` and once ``postgresql``."""
@@ -170,13 +78,6 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         yield chosen
     finally:
         chosen.close()
-
-
-def open_on(backend: Backend, root: str | os.PathLike[str], **options: Any) -> ArchiveManager:
-    """`ArchiveManager.open` on ``backend`` (an explicit ``catalog_url`` option wins)."""
-    if "catalog_url" not in options:
-        options["catalog_url"] = backend.url(root)
-    return ArchiveManager.open(root, **options)
 
 
 @pytest.fixture
@@ -207,130 +108,10 @@ def open_pool(tmp_path: Path, backend: Backend) -> Iterator[Callable[..., Archiv
         manager.close()
 
 
-def small_rollout(n: int = 70, *, seed: int = 0, rollout_id: int = 0, **options: Any) -> list:
-    """`make_rollout` with short prompts and responses (fast), seeded and realistic."""
-    return make_rollout(n, seed=seed, rollout_id=rollout_id, **{**SMALL_ROLLOUT, **options})
-
-
 @pytest.fixture
 def rollout() -> Callable[..., list]:
     """The `small_rollout` factory: ``rollout(70, seed=1, r3_layers=2, as_dict=True)``."""
     return small_rollout
-
-
-def tiny_rollout(n: int = 6, seed: int = 0, **options: Any) -> list:
-    """`small_rollout` with `TINY_ROLLOUT` shapes and two routed-expert layers by default."""
-    return small_rollout(n, seed=seed, **{**TINY_ROLLOUT, "r3_layers": 2, **options})
-
-
-# --------------------------------------------------------------------------- equality
-
-
-def _float_bits(value: float) -> bytes:
-    return struct.pack("<d", value)
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().cpu().contiguous()
-    if t.numel() == 0:
-        return b""
-    return bytes(t.reshape(-1).view(torch.uint8).numpy())
-
-
-def _same_plain_list(actual: list, expected: list) -> bool:
-    """True if both are equal lists of one plain type (floats bit for bit); False when the
-    element-wise comparison must decide."""
-    kinds = set(map(type, expected))
-    if len(kinds) != 1 or set(map(type, actual)) != kinds:
-        return False
-    (kind,) = kinds
-    if kind is float:
-        return array.array("d", actual).tobytes() == array.array("d", expected).tobytes()
-    return kind in (int, str, bool) and actual == expected
-
-
-def assert_same(actual: Any, expected: Any, path: str = "sample") -> None:
-    """Assert that a loaded value equals the saved one exactly, field by field.
-
-    Types must match exactly (an int stays an int, a list a list, a bool a bool), floats bit
-    for bit (nan, -0.0), tensors in dtype, shape and bytes.  A `TensorRef` counts as its
-    tensor (and is materialized).  Registered dataclass samples compare as their stored
-    fields, so ``_queue_*`` attributes of the saved sample are ignored.
-    """
-    if isinstance(actual, TensorRef):
-        actual = actual.materialize()
-    if isinstance(expected, TensorRef):
-        expected = expected.materialize()
-    if dataclasses.is_dataclass(expected) and not isinstance(expected, type):
-        assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-        a_name, a_fields = sample_to_fields(actual)
-        e_name, e_fields = sample_to_fields(expected)
-        assert a_name == e_name, path
-        assert_same(a_fields, e_fields, path)
-        return
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), f"{path}: {type(actual)} is not a tensor"
-        assert actual.dtype == expected.dtype, f"{path}: {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
-        assert _tensor_bytes(actual) == _tensor_bytes(expected), f"{path}: tensor values differ"
-        return
-    if isinstance(expected, np.ndarray):
-        assert isinstance(actual, np.ndarray), f"{path}: {type(actual)} is not an ndarray"
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, path
-        assert actual.tobytes() == expected.tobytes(), f"{path}: array values differ"
-        return
-    assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-    if type(expected) is list and _same_plain_list(actual, expected):
-        return  # fast path for token ids, masks and log-probs
-    if isinstance(expected, dict):
-        assert list(actual) == list(expected), f"{path}: keys {list(actual)} != {list(expected)}"
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{path}[{i}]")
-    elif isinstance(expected, float):
-        same = _float_bits(actual) == _float_bits(expected)
-        assert same or (math.isnan(actual) and math.isnan(expected)), (
-            f"{path}: {actual!r} != {expected!r}"
-        )
-    elif isinstance(expected, enum.Enum) or expected is None:
-        assert actual is expected, f"{path}: {actual!r} != {expected!r}"
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
-
-
-def assert_same_samples(actual: list, expected: list) -> None:
-    """`assert_same` over two lists of samples (saved ones as stored: no ``_queue_*``)."""
-    assert len(actual) == len(expected), f"{len(actual)} samples loaded, {len(expected)} saved"
-    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-        if isinstance(e, dict):
-            e = sample_to_fields(e)[1]  # without the _queue_* keys, which are never stored
-        assert_same(a, e, f"sample[{i}]")
-
-
-def canon(value: Any) -> Any:
-    """A comparable form of a sample: tensors (lazy or not) become dtype, shape and values."""
-    if isinstance(value, TensorRef):
-        value = value.materialize()
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, canon(vars(value)))
-    if isinstance(value, dict):
-        return {k: canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
-def assert_loads(pool: ArchiveManager, name: str, expected: list[Any]) -> None:
-    """Archive ``name`` of ``pool`` loads as ``expected`` (compared by `canon`)."""
-    loaded = pool.open_archive(name).load_samples()
-    assert [canon(s) for s in loaded] == [canon(s) for s in expected]
 
 
 @pytest.fixture
@@ -339,199 +120,13 @@ def same_samples() -> Callable[[list, list], None]:
     return assert_same_samples
 
 
-# --------------------------------------------------------------------------- files and rows
-
-
-def blob_files(root: Path) -> list[str]:
-    """Every file under ``root / "blobs"`` (canonical or not), relative, sorted."""
-    base = root / "blobs"
-    if not base.exists():
-        return []
-    return sorted(
-        str(p.relative_to(base)) for p in base.rglob("*") if not p.is_dir() and p.name != SPARE_FILE
-    )
-
-
-def blob_names(pool: ArchiveManager) -> set[str]:
-    """Names of every file under ``blobs/`` (canonical or not)."""
-    return {
-        p.name for p in (pool.root / "blobs").rglob("*") if p.is_file() and p.name != SPARE_FILE
-    }
-
-
-def blob_sizes(pool: ArchiveManager) -> dict[str, int]:
-    """digest -> size of every ``blobs`` row."""
-    with pool.catalog.read() as conn:
-        return dict(conn.execute(select(blobs_table.c.digest, blobs_table.c.size)).all())
-
-
-def owned_blobs(pool: ArchiveManager) -> set[str]:
-    """The union of the blobs of every archive some owner retains."""
-    ab, r = archive_blobs_table, retention_table
-    with pool.catalog.read() as conn:
-        return set(
-            conn.execute(
-                select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
-            ).scalars()
-        )
-
-
-def make_writable(path: Path) -> None:
-    """Let the test change or delete a read-only blob file: chmod it and its folders."""
-    for folder in (path.parent.parent, path.parent):
-        folder.chmod(folder.stat().st_mode | stat.S_IWUSR | stat.S_IXUSR)
-    if path.exists():
-        path.chmod(0o644)
-
-
-class BlobFiles:
-    """The blob files of one pool, as a test sees and damages them behind the catalog."""
-
-    def __init__(self, pool: ArchiveManager) -> None:
-        self.pool = pool
-
-    def files(self) -> list[str]:
-        """Every file under ``blobs/``, relative, sorted."""
-        return blob_files(self.pool.root)
-
-    def digests(self, name: str, kind: str | None = None) -> list[str]:
-        """The digests archive ``name``'s ``archive_blobs`` rows name (of one ``kind``)."""
-        ab, a = archive_blobs_table, archives_table
-        query = select(ab.c.digest).join(a, a.c.id == ab.c.archive_id).where(a.c.name == name)
-        if kind is not None:
-            query = query.where(ab.c.kind == kind)
-        with self.pool.catalog.read() as conn:
-            return sorted(conn.execute(query).scalars())
-
-    def chunks(self, name: str) -> list[str]:
-        """The chunk digests of archive ``name``, by ordinal."""
-        c, a = chunks_table, archives_table
-        with self.pool.catalog.read() as conn:
-            return list(
-                conn.execute(
-                    select(c.c.digest)
-                    .join(a, a.c.id == c.c.archive_id)
-                    .where(a.c.name == name)
-                    .order_by(c.c.ordinal)
-                ).scalars()
-            )
-
-    def delete(self, digest: str) -> None:
-        """Unlink a blob file behind the catalog's back."""
-        path = self.pool.store.path(digest)
-        make_writable(path)
-        path.unlink()
-
-    def delete_all(self) -> int:
-        """Unlink every file under ``blobs/``; return how many."""
-        files = [
-            p
-            for p in (self.pool.root / "blobs").rglob("*")
-            if not p.is_dir() and p.name != SPARE_FILE
-        ]
-        for path in files:
-            make_writable(path)
-            path.unlink()
-        return len(files)
-
-    def flip_bit(self, digest: str, offset: int | None = None) -> None:
-        """Flip one bit of a blob file in place (default: in its middle)."""
-        path = self.pool.store.path(digest)
-        make_writable(path)
-        data = bytearray(path.read_bytes())
-        data[len(data) // 2 if offset is None else offset] ^= 0x10
-        path.write_bytes(bytes(data))
-
-
 @pytest.fixture
 def blob_files_of() -> Callable[[ArchiveManager], BlobFiles]:
     """``blob_files_of(pool)``: list, find and damage a pool's blob files."""
     return BlobFiles
 
 
-def table_rows(pool: ArchiveManager) -> dict[str, list[tuple]]:
-    """Every row of every catalog table, sorted, by table name.
-
-    Except the save counter (``pool_info`` ``save_seq``): like a database sequence it is
-    consumed by a save that then fails, and that is no change to what the pool holds.
-    """
-    names = sorted(inspect(pool.catalog.engine).get_table_names())
-    out: dict[str, list[tuple]] = {}
-    with pool.catalog.read() as conn:
-        for name in names:
-            rows = conn.execute(text(f'SELECT * FROM "{name}"')).all()
-            if name == "pool_info":
-                rows = [r for r in rows if r[0] != "save_seq"]
-            out[name] = sorted((tuple(r) for r in rows), key=repr)
-    return out
-
-
-@dataclass(frozen=True)
-class PoolSnapshot:
-    """What a failed call must leave unchanged: blob files, temp files, catalog rows."""
-
-    blobs: list[str]
-    temp: list[str]
-    rows: dict[str, list[tuple]]
-    journal: list[str] = dataclasses.field(default_factory=list)  # retention journal files
-
-    def row_counts(self) -> dict[str, int]:
-        """Rows per catalog table."""
-        return {name: len(rows) for name, rows in self.rows.items()}
-
-
-def snapshot_pool(pool: ArchiveManager) -> PoolSnapshot:
-    """Take a `PoolSnapshot` of ``pool``."""
-    return PoolSnapshot(
-        blobs=blob_files(pool.root),
-        temp=sorted(str(p) for p, _ in pool.store.temp_files()),
-        rows=table_rows(pool),
-        journal=sorted(p.name for p in (pool.root / "journal").glob("*")),
-    )
-
-
 @pytest.fixture
 def snapshot() -> Callable[[ArchiveManager], PoolSnapshot]:
     """`snapshot_pool`: compare two snapshots with ``==`` to prove nothing changed."""
     return snapshot_pool
-
-
-# --------------------------------------------------------------------------- interrupted saves
-
-
-class Killed(BaseException):
-    """Stands for the death of a saving process."""
-
-
-def abandon_writer(
-    pool: ArchiveManager, name: str, samples: list[Any], *, keep_io: bool = False
-) -> ArchiveWriter:
-    """A save that stored its first chunk(s), then stopped (paused or dead): its lease is no
-    longer renewed, and it neither commits nor aborts."""
-    w = pool.writer(name, rollout_id=0)
-    for s in samples:
-        w.add(s)
-    w.wait_stored()
-    if keep_io:
-        w.stop_renewing()  # paused: it may wake up and try to finish
-    else:
-        w.abandon()
-    return w
-
-
-def die_before_publish(
-    pool: ArchiveManager, name: str, samples: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A save killed after it committed ownership (step 4) but before it published (step 5)."""
-
-    def publish(self: ArchiveWriter, archive_id: int, manifest: str) -> None:
-        raise Killed
-
-    def abort(self: ArchiveWriter) -> None:
-        self.abandon()  # a dead process renews nothing and rolls nothing back
-
-    with monkeypatch.context() as m:
-        m.setattr(ArchiveWriter, "_publish", publish)
-        m.setattr(ArchiveWriter, "abort", abort)
-        with pytest.raises(Killed):
-            pool.save(name, samples, rollout_id=0)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner, Result
-from conftest import PoolSnapshot, canon, open_on, snapshot_pool, tiny_rollout
+from helpers import PoolSnapshot, canon, open_on, snapshot_pool, tiny_rollout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REQUIRE_PG_ENV, assert_loads, tiny_rollout
+from helpers import REQUIRE_PG_ENV, assert_loads, tiny_rollout
 from pgserver import PgServer, PgServerUnavailable
 from sqlalchemy import select
 
@@ -42,7 +42,7 @@ _SLOW_SAVER = """
 import sys
 sys.path.insert(0, sys.argv[3])
 from archive_manager import ArchiveManager
-from conftest import tiny_rollout
+from helpers import tiny_rollout
 
 root, url, ttl = sys.argv[1], sys.argv[2], float(sys.argv[4])
 samples = tiny_rollout(48, seed=5)

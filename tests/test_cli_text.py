@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import tiny_rollout
+from helpers import tiny_rollout
 from test_names import older_version
 
 from archive_manager import ArchiveManager

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import tiny_rollout
+from helpers import tiny_rollout
 
 from archive_manager import ArchiveManager, _failpoints
 from archive_manager.errors import ArchiveNotFoundError, InvalidInputError

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import (
+from helpers import (
     Backend,
     assert_loads,
     blob_files,

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import snapshot_pool
+from helpers import snapshot_pool
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_codec import (

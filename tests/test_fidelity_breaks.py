@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import snapshot_pool
+from helpers import snapshot_pool
 
 from archive_manager import ArchiveManager, Sample
 from archive_manager.codec import encode_chunk

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import canon, owned_blobs, tiny_rollout
+from helpers import canon, owned_blobs, tiny_rollout
 from sqlalchemy import func, select
 
 from archive_manager import ArchiveManager

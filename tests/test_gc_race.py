@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import canon, owned_blobs, tiny_rollout
+from helpers import canon, owned_blobs, tiny_rollout
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import Backend, assert_loads, open_on, tiny_rollout
+from helpers import Backend, assert_loads, open_on, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.errors import GcAbortedError, PoolIdentityError, PoolNotFoundError

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Backend, FakeClock, assert_loads, open_on, snapshot_pool, tiny_rollout
+from helpers import Backend, FakeClock, assert_loads, open_on, snapshot_pool, tiny_rollout
 from sqlalchemy import select
 from test_recovery import CatalogBackup, lose_catalog
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from conftest import Backend, FakeClock, assert_loads, die_before_publish, open_on, tiny_rollout
+from helpers import Backend, FakeClock, assert_loads, die_before_publish, open_on, tiny_rollout
 from sqlalchemy import select
 from test_journal import facts
 from test_recovery import CatalogBackup, lose_catalog

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import FakeClock, assert_loads, small_rollout
+from helpers import FakeClock, assert_loads, small_rollout
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import Backend, open_on
+from helpers import Backend, open_on
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
@@ -153,7 +153,7 @@ def test_cli(tmp_path: Path) -> None:
 
 def test_viewer_group_and_prompt_pages(tmp_path: Path) -> None:
     pytest.importorskip("flask")
-    from conftest import snapshot_pool
+    from helpers import snapshot_pool
 
     from archive_manager.web.app import create_app
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from helpers import blob_files
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
@@ -28,7 +29,6 @@ from archive_manager.errors import (
     PoolNotFoundError,
     UnencodableError,
 )
-from tests.conftest import blob_files
 
 
 def lease_rows(pool) -> list:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import PoolSnapshot, open_on, snapshot_pool, tiny_rollout
+from helpers import PoolSnapshot, open_on, snapshot_pool, tiny_rollout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select

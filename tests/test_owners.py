@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from conftest import (
+from helpers import (
     FakeClock,
     abandon_writer,
     assert_loads,

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import Backend, assert_loads, tiny_rollout
+from helpers import Backend, assert_loads, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.errors import (

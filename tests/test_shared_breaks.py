@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _sharing import child_env, tree
 from click.testing import CliRunner
-from conftest import TINY_ROLLOUT
+from helpers import TINY_ROLLOUT
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli

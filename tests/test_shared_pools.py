@@ -39,7 +39,7 @@ from _sharing import (
     tree,
 )
 from click.testing import CliRunner
-from conftest import TINY_ROLLOUT, Backend, open_on, snapshot_pool
+from helpers import TINY_ROLLOUT, Backend, open_on, snapshot_pool
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, RolloutArchive

@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import Backend, open_on
+from helpers import Backend, open_on
 
 REPO = Path(__file__).resolve().parents[1]
 SOAK = REPO / "tools" / "soak.py"

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import FakeClock, assert_loads, tiny_rollout, wall_clock
+from helpers import FakeClock, assert_loads, tiny_rollout, wall_clock
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, materialize_tensor_refs

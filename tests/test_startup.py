@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import small_rollout
+from helpers import small_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.catalog import migrate

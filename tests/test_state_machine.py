@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from helpers import (
     Backend,
     FakeClock,
     abandon_writer,

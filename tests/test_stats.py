@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import die_before_publish, tiny_rollout
+from helpers import die_before_publish, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Backend, assert_loads, open_on, tiny_rollout
+from helpers import Backend, assert_loads, open_on, tiny_rollout
 from sqlalchemy import select, text
 
 from archive_manager import ArchiveManager
@@ -42,7 +42,7 @@ _STOPPING_CHILD = """
 import os, signal, sys, threading
 sys.path.insert(0, sys.argv[6])
 from archive_manager import ArchiveManager, _failpoints
-from conftest import tiny_rollout
+from helpers import tiny_rollout
 
 root, url, job, point, seed = sys.argv[1], sys.argv[2] or None, sys.argv[3], sys.argv[4], sys.argv[5]
 real_fire = _failpoints._fire

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock, assert_loads, snapshot_pool, table_rows, tiny_rollout
+from helpers import FakeClock, assert_loads, snapshot_pool, table_rows, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager._digest import digest_of

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from helpers import (
     CATALOG_TABLES,
     FakeClock,
     Killed,

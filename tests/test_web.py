@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import BACKENDS, Backend, BlobFiles, canon, snapshot_pool, tiny_rollout
+from helpers import BACKENDS, Backend, BlobFiles, canon, snapshot_pool, tiny_rollout
 from markupsafe import escape
 
 import archive_manager
