@@ -281,4 +281,4 @@ def test_killed_saves_leave_a_consistent_pool(tmp_path: Path, same_samples) -> N
 
 @pytest.mark.slow
 def test_killed_saves_leave_a_consistent_pool_many_rounds(tmp_path: Path, same_samples) -> None:
-    _run_crash_rounds(tmp_path, rounds=40, seed=7, same_samples=same_samples)
+    _run_crash_rounds(tmp_path, rounds=24, seed=7, same_samples=same_samples)

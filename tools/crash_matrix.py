@@ -924,9 +924,14 @@ def matrix(
     only: list[str] | None = None,
     action: str = "kill",
     first_only: bool = False,
+    each_point_once: bool = False,
     progress: Callable[[Row], None] | None = None,
 ) -> list[Row]:
+    """Run every scenario (or ``only`` those) with ``action`` at each failpoint it reaches:
+    at the first hit and the last (``first_only``: the first). ``each_point_once`` skips a
+    point that an earlier scenario already covered."""
     rows: list[Row] = []
+    covered: set[str] = set()
     for scenario in SCENARIOS.values():
         if only and scenario.name not in only:
             continue
@@ -935,6 +940,10 @@ def matrix(
             counts = probe(stage)
             for point in _failpoints.POINTS:
                 n = counts.get(point, 0)
+                if each_point_once and point in covered:
+                    continue
+                if n:
+                    covered.add(point)
                 for hit in ([1] if first_only else sorted({1, n})) if n else ():
                     row = run_row(stage, point, hit, n, action)
                     rows.append(row)
@@ -1010,6 +1019,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--first-only", action="store_true", help="only the first hit of each point (faster)"
     )
+    parser.add_argument(
+        "--each-point-once",
+        action="store_true",
+        help="each failpoint in the first scenario that reaches it only (the suite's raise run)",
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument(
         "--markdown", action="store_true", help="one Markdown line per failpoint (README)"
@@ -1024,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     if args.pg:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from pgserver import PgServer  # test support, shared with tests/conftest.py
+        from pgserver import PgServer  # test support, shared with the tests
 
         server = PgServer.start()
         args.pg_admin_url = server.url()
@@ -1041,6 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
             only=args.only,
             action=args.action,
             first_only=args.first_only,
+            each_point_once=args.each_point_once,
             progress=tick,
         )
     finally:
