@@ -46,6 +46,7 @@ from .errors import (
     UnencodableError,
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
+from .ptdump import FACTS_KEY, facts_block
 from .samples import Sample, check_key_text, check_task_key, sample_to_record
 
 if TYPE_CHECKING:
@@ -397,7 +398,9 @@ class Archive:
         )
 
     def export_pt(self, path: str | os.PathLike[str]) -> Path:
-        """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``.
+        """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``, plus
+        the archive's facts under ``"archive_manager"`` (name, evaluation, attrs, each sample's
+        sample key, task key and class), which `ArchiveManager.import_pt` reads back.
 
         Self-contained (tensors materialized), loadable with ``torch.load(weights_only=True)``,
         written atomically; parent folders are created.  numpy arrays become tensors and
@@ -408,13 +411,15 @@ class Archive:
                 not give back: an int of 2,040 bits or more, a numpy complex scalar, a
                 `Sample` whose status is None or whose ``spec_info``/``prefix_cache_info``
                 is not its helper with only its counters; the message names the sample and
-                field, and no file is written.
+                field, and no file is written; so is an attrs int of that size.
         """
         target = Path(path)
         samples = []
+        classes: list[str | None] = []
+        conversions: list[list[str] | None] = []
         for position, sample in enumerate(self.load_samples()):
             try:
-                _, fields, converted = sample_to_record(materialize_tensor_refs(sample))
+                cls, fields, converted = sample_to_record(materialize_tensor_refs(sample))
                 if isinstance(sample, Sample):
                     _check_slime_readable(fields, converted or [])
                 samples.append(_torch_native(fields))
@@ -422,8 +427,24 @@ class Archive:
                 raise _at(
                     exc, f"cannot export sample {position} of {self.name!r}: field "
                 ) from None
+            classes.append(cls)
+            conversions.append(converted)
+        try:
+            attrs = _torch_native(self.attrs)
+        except UnencodableError as exc:
+            raise _at(exc, f"cannot export {self.name!r}: attrs ") from None
         target.parent.mkdir(parents=True, exist_ok=True)
-        dump = {"rollout_id": self.rollout_id, "samples": samples}
+        # The facts ride along under a key of their own: docs/architecture.md, "Exports and
+        # imports".  slime reads only rollout_id and samples.
+        facts = facts_block(
+            name=self.name,
+            evaluation=self.evaluation,
+            attrs=attrs,
+            keys=self.keys(),
+            classes=classes,
+            converted=conversions,
+        )
+        dump = {"rollout_id": self.rollout_id, "samples": samples, FACTS_KEY: facts}
         # 0600, as exports always were (they were written through mkstemp).
         write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
         return target
