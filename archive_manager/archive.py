@@ -4,14 +4,15 @@ metadata from the catalog, export to slime's ``.pt`` format, release."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
 import numpy as np
 from sqlalchemy import delete, select, update
@@ -46,12 +47,17 @@ from .errors import (
     UnencodableError,
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
+from .ptdump import FACTS_KEY, facts_block
 from .samples import Sample, check_key_text, check_task_key, sample_to_record
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["Archive", "ArchiveInfo", "open_archive"]
+
+# Entries read per catalog query by `Archive.iter_samples`: 4,096 rows are ~200 KB in Python
+# and one short read transaction each.
+_PAGE = 4096
 
 
 def _when(ts: float | None) -> datetime | None:
@@ -189,11 +195,13 @@ class Archive:
         task_key: str | None = None,
         *,
         as_arrays: bool = False,
+        materialize: bool = False,
     ) -> list[Any]:
         """The samples in archive order: all, or those matching every key given.
 
         Only the chunks holding the selected samples are read, each once; tensor blobs stay
-        lazy (`TensorRef`) until touched.
+        lazy (`TensorRef`) until touched, or are read now with ``materialize=True`` (then
+        every tensor is a ``torch.Tensor``: see docs/architecture.md, "Lazy tensors").
 
         Numeric lists come back as lists, equal to the saved ones.  With ``as_arrays=True``,
         every field that is a list of ints (within int64) or of floats (``tokens``,
@@ -211,6 +219,7 @@ class Archive:
         sample_key = _check_key(sample_key, "sample_key")
         task_key = check_task_key(task_key)
         _check_flag(as_arrays, "as_arrays")
+        _check_flag(materialize, "materialize")
         e, c = entries_table, chunks_table
         with self._pool.catalog.read() as conn:
             query = select(e.c.chunk_ordinal, e.c.offset).where(e.c.archive_id == self._id)
@@ -222,14 +231,7 @@ class Archive:
             if not wanted:
                 if sample_key is None and task_key is None:
                     return []
-                raise KeyError(
-                    f"archive {self.name!r} has no sample with "
-                    + " and ".join(
-                        f"{k}={v!r}"
-                        for k, v in (("sample_key", sample_key), ("task_key", task_key))
-                        if v is not None
-                    )
-                )
+                raise self._no_match(sample_key, task_key)
             ordinals = sorted({o for o, _ in wanted})
             digests = dict(
                 conn.execute(
@@ -245,14 +247,16 @@ class Archive:
         # One GC pause over the whole load: pausing per chunk let each resume collect (and
         # traverse) everything decoded so far, quadratic in the archive's size.
         with _gc_paused():
-            self._decode_into(decoded, ordinals, digests, by_chunk, as_arrays)
+            self._decode_into(decoded, ordinals, digests, by_chunk, as_arrays, materialize)
         return [decoded[o, off] for o, off in wanted]
 
-    def load_sample(self, position: int, *, as_arrays: bool = False) -> Any:
+    def load_sample(
+        self, position: int, *, as_arrays: bool = False, materialize: bool = False
+    ) -> Any:
         """The sample at ``position`` (0-based, in archive order), reading only its chunk.
 
-        Tensor blobs stay lazy (`TensorRef`) until touched; ``as_arrays`` as in
-        `load_samples`.  Sample keys need not be unique; a position always is, so viewers and
+        Tensor blobs stay lazy (`TensorRef`) until touched; ``as_arrays`` and
+        ``materialize`` as in `load_samples`.  Sample keys need not be unique; a position always is, so viewers and
         tools that list samples address them by it.
 
         Raises:
@@ -264,6 +268,7 @@ class Archive:
         if isinstance(position, bool) or not isinstance(position, int):
             raise InvalidInputError(f"position must be an int, not {type(position).__name__}")
         _check_flag(as_arrays, "as_arrays")
+        _check_flag(materialize, "materialize")
         missing = IndexError(
             f"archive {self.name!r} has no sample at position {position} "
             f"(it holds {self._samples}, from 0)"
@@ -290,8 +295,198 @@ class Archive:
                 ).all()
             )
         decoded: dict[tuple[int, int], Any] = {}
-        self._decode_into(decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays)
+        self._decode_into(decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays, materialize)
         return decoded[ordinal, offset]
+
+    # ------------------------------------------------------------ streaming and sequence
+
+    def iter_samples(
+        self,
+        *,
+        sample_key: str | None = None,
+        task_key: str | None = None,
+        as_arrays: bool = False,
+        materialize: bool = False,
+    ) -> Iterator[Any]:
+        """The samples of `load_samples`, in archive order, one chunk at a time.
+
+        Memory stays bounded whatever the archive's size: the entries are read from the
+        catalog a page at a time (each page its own short read transaction, so no snapshot is
+        held while the caller works), and at most two chunks are held: the one whose samples
+        are being yielded (decoded) and the next one, read ahead on a thread.  Arguments are
+        checked, and the first page read, when this is called, not at the first ``next``.
+
+        Raises:
+            KeyError: keys were given and no sample matches them all.
+            IntegrityError, ArchiveReleasedError: as `load_samples`, when the chunk is reached.
+        """
+        sample_key = _check_key(sample_key, "sample_key")
+        task_key = check_task_key(task_key)
+        _check_flag(as_arrays, "as_arrays")
+        _check_flag(materialize, "materialize")
+        first = self._entry_page(sample_key, task_key, after=-1)
+        if not first and (sample_key is not None or task_key is not None):
+            raise self._no_match(sample_key, task_key)
+        return self._stream(first, sample_key, task_key, as_arrays, materialize)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every sample in order, streamed (`iter_samples`)."""
+        return self.iter_samples()
+
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> Any: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> list[Any]: ...
+
+    def __getitem__(self, key: SupportsIndex | slice) -> Any:
+        """``arc[i]``: the sample at position ``i`` (negative counts from the end, as in a
+        list); ``arc[a:b:c]``: a list of those samples, reading each chunk needed once.
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            InvalidInputError: ``key`` is neither an integer nor a slice.
+        """
+        if isinstance(key, slice):
+            return self._load_positions(range(self._samples)[key])
+        try:
+            index = operator.index(key)
+        except TypeError:
+            raise InvalidInputError(
+                f"archive indices must be integers or slices, not {type(key).__name__}"
+            ) from None
+        position = index + self._samples if index < 0 else index
+        if not 0 <= position < self._samples:
+            raise IndexError(
+                f"archive {self.name!r} has no sample {index} (it holds {self._samples})"
+            )
+        return self.load_sample(position)
+
+    def _no_match(self, sample_key: str | None, task_key: str | None) -> KeyError:
+        return KeyError(
+            f"archive {self.name!r} has no sample with "
+            + " and ".join(
+                f"{k}={v!r}"
+                for k, v in (("sample_key", sample_key), ("task_key", task_key))
+                if v is not None
+            )
+        )
+
+    def _entry_page(
+        self, sample_key: str | None, task_key: str | None, *, after: int
+    ) -> list[tuple[int, int, int, str | None]]:
+        """``(position, chunk ordinal, offset, chunk digest)`` of up to `_PAGE` selected
+        entries past position ``after``, in order (keyset paging on the primary key)."""
+        e, c = entries_table, chunks_table
+        query = (
+            select(e.c.position, e.c.chunk_ordinal, e.c.offset, c.c.digest)
+            .select_from(
+                e.outerjoin(
+                    c, (c.c.archive_id == e.c.archive_id) & (c.c.ordinal == e.c.chunk_ordinal)
+                )
+            )
+            .where(e.c.archive_id == self._id, e.c.position > after)
+        )
+        if sample_key is not None:
+            query = query.where(e.c.sample_key == sample_key)
+        if task_key is not None:
+            query = query.where(e.c.task_key == task_key)
+        with self._pool.catalog.read() as conn:
+            rows = conn.execute(query.order_by(e.c.position).limit(_PAGE)).all()
+        return [(p, o, off, d) for p, o, off, d in rows]
+
+    def _chunk_runs(
+        self,
+        page: list[tuple[int, int, int, str | None]],
+        sample_key: str | None,
+        task_key: str | None,
+    ) -> Iterator[tuple[int, str | None, list[int]]]:
+        """``(ordinal, digest, offsets)`` per run of consecutive selected entries in one
+        chunk, reading the next page of entries only when this one is used up."""
+        run: tuple[int, str | None, list[int]] | None = None
+        while page:
+            for _, ordinal, offset, digest in page:
+                if run is not None and run[0] != ordinal:
+                    yield run
+                    run = None
+                if run is None:
+                    run = (ordinal, digest, [])
+                run[2].append(offset)
+            if len(page) < _PAGE:
+                break
+            page = self._entry_page(sample_key, task_key, after=page[-1][0])
+        if run is not None:
+            yield run
+
+    def _fetch_run(self, run: tuple[int, str | None, list[int]]) -> ChunkReader:
+        ordinal, digest, offsets = run
+        return self._fetch(ordinal, {} if digest is None else {ordinal: digest}, {ordinal: offsets})
+
+    def _stream(
+        self,
+        page: list[tuple[int, int, int, str | None]],
+        sample_key: str | None,
+        task_key: str | None,
+        as_arrays: bool,
+        materialize: bool,
+    ) -> Iterator[Any]:
+        runs = self._chunk_runs(page, sample_key, task_key)
+        run = next(runs, None)
+        if run is None:
+            return
+        # NOTE: one chunk read ahead, as `_decode_into` does, and no more: that is the bound
+        # on memory (docs/architecture.md, "Reading").  The GC pause covers each chunk's
+        # decoding only: the caller's code runs between the yields.
+        reader = ThreadPoolExecutor(1, thread_name_prefix="archive-stream")
+        try:
+            ahead: Future[ChunkReader] | None = reader.submit(self._fetch_run, run)
+            while run is not None and ahead is not None:
+                chunk = ahead.result()
+                ordinal, _, offsets = run
+                run = next(runs, None)
+                ahead = None if run is None else reader.submit(self._fetch_run, run)
+                decoded: dict[tuple[int, int], Any] = {}
+                with _gc_paused():
+                    self._decode_chunk(decoded, ordinal, chunk, offsets, as_arrays, materialize)
+                del chunk
+                for offset in offsets:
+                    yield decoded[ordinal, offset]
+        finally:
+            reader.shutdown(wait=True, cancel_futures=True)
+
+    def _load_positions(self, positions: range) -> list[Any]:
+        """The samples at ``positions`` (a slice of ``range(len(self))``), in its order."""
+        if not positions:
+            return []
+        lo, hi = min(positions), max(positions)
+        e, c = entries_table, chunks_table
+        with self._pool.catalog.read() as conn:
+            found = conn.execute(
+                select(e.c.position, e.c.chunk_ordinal, e.c.offset).where(
+                    e.c.archive_id == self._id, e.c.position >= lo, e.c.position <= hi
+                )
+            ).all()
+            step = abs(positions.step)
+            at = {p: (o, off) for p, o, off in found if (p - lo) % step == 0}
+            ordinals = sorted({o for o, _ in at.values()})
+            digests = dict(
+                conn.execute(
+                    select(c.c.ordinal, c.c.digest).where(
+                        c.c.archive_id == self._id, c.c.ordinal.in_(ordinals)
+                    )
+                ).all()
+            )
+        missing = [p for p in positions if p not in at]
+        if missing:
+            raise IntegrityError(f"archive {self.name!r} has no entry for position {missing[0]}")
+        by_chunk: dict[int, list[int]] = defaultdict(list)
+        for position in sorted(at):
+            ordinal, offset = at[position]
+            by_chunk[ordinal].append(offset)
+        decoded: dict[tuple[int, int], Any] = {}
+        with _gc_paused():
+            self._decode_into(decoded, ordinals, digests, by_chunk, False, False)
+        return [decoded[at[p]] for p in positions]
 
     def _decode_into(
         self,
@@ -300,6 +495,7 @@ class Archive:
         digests: dict[int, str],
         by_chunk: dict[int, list[int]],
         as_arrays: bool,
+        materialize: bool = False,
     ) -> None:
         # NOTE: a reader thread reads, checks and decompresses chunk k+1 (file reads and zstd
         # release the GIL) while this thread decodes chunk k: on the 1024-sample benchmark,
@@ -322,7 +518,9 @@ class Archive:
                     chunk = ahead.result()
                     if k + 1 < len(ordinals):
                         ahead = reader.submit(self._fetch, ordinals[k + 1], digests, by_chunk)
-                self._decode_chunk(decoded, ordinal, chunk, by_chunk[ordinal], as_arrays)
+                self._decode_chunk(
+                    decoded, ordinal, chunk, by_chunk[ordinal], as_arrays, materialize
+                )
         finally:
             if reader is not None:
                 reader.shutdown(wait=True, cancel_futures=True)
@@ -346,15 +544,18 @@ class Archive:
         reader: ChunkReader,
         offsets: list[int],
         as_arrays: bool,
+        materialize: bool = False,
     ) -> None:
         for offset in offsets:
             try:
-                decoded[ordinal, offset] = reader.sample(offset, as_arrays=as_arrays)
+                sample = reader.sample(offset, as_arrays=as_arrays)
             except (IndexError, IntegrityError) as exc:
                 # The chunk's own error names its blob and record; this names whose it is.
                 raise IntegrityError(
                     f"archive {self.name!r}, chunk {ordinal} (blob {reader.digest}): {exc}"
                 ) from exc
+            # Outside the try: a tensor blob's error names that blob, not the chunk.
+            decoded[ordinal, offset] = materialize_tensor_refs(sample) if materialize else sample
 
     def _read_blob(self, digest: str, what: str) -> bytes:
         try:
@@ -397,7 +598,9 @@ class Archive:
         )
 
     def export_pt(self, path: str | os.PathLike[str]) -> Path:
-        """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``.
+        """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``, plus
+        the archive's facts under ``"archive_manager"`` (name, evaluation, attrs, each sample's
+        sample key, task key and class), which `ArchiveManager.import_pt` reads back.
 
         Self-contained (tensors materialized), loadable with ``torch.load(weights_only=True)``,
         written atomically; parent folders are created.  numpy arrays become tensors and
@@ -408,13 +611,15 @@ class Archive:
                 not give back: an int of 2,040 bits or more, a numpy complex scalar, a
                 `Sample` whose status is None or whose ``spec_info``/``prefix_cache_info``
                 is not its helper with only its counters; the message names the sample and
-                field, and no file is written.
+                field, and no file is written; so is an attrs int of that size.
         """
         target = Path(path)
         samples = []
+        classes: list[str | None] = []
+        conversions: list[list[str] | None] = []
         for position, sample in enumerate(self.load_samples()):
             try:
-                _, fields, converted = sample_to_record(materialize_tensor_refs(sample))
+                cls, fields, converted = sample_to_record(materialize_tensor_refs(sample))
                 if isinstance(sample, Sample):
                     _check_slime_readable(fields, converted or [])
                 samples.append(_torch_native(fields))
@@ -422,8 +627,24 @@ class Archive:
                 raise _at(
                     exc, f"cannot export sample {position} of {self.name!r}: field "
                 ) from None
+            classes.append(cls)
+            conversions.append(converted)
+        try:
+            attrs = _torch_native(self.attrs)
+        except UnencodableError as exc:
+            raise _at(exc, f"cannot export {self.name!r}: attrs ") from None
         target.parent.mkdir(parents=True, exist_ok=True)
-        dump = {"rollout_id": self.rollout_id, "samples": samples}
+        # The facts ride along under a key of their own: docs/architecture.md, "Exports and
+        # imports".  slime reads only rollout_id and samples.
+        facts = facts_block(
+            name=self.name,
+            evaluation=self.evaluation,
+            attrs=attrs,
+            keys=self.keys(),
+            classes=classes,
+            converted=conversions,
+        )
+        dump = {"rollout_id": self.rollout_id, "samples": samples, FACTS_KEY: facts}
         # 0600, as exports always were (they were written through mkstemp).
         write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
         return target

@@ -23,7 +23,7 @@ import os
 import shlex
 import stat
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -495,10 +495,24 @@ class RolloutArchive:
         task_key: str | None = None,
         *,
         as_arrays: bool = False,
+        materialize: bool = False,
     ) -> list[Any]:
         """All samples, or those matching every key given (see `Archive.load_samples`)."""
         return self.archive.load_samples(
-            sample_key=sample_key, task_key=task_key, as_arrays=as_arrays
+            sample_key=sample_key, task_key=task_key, as_arrays=as_arrays, materialize=materialize
+        )
+
+    def iter_samples(
+        self,
+        *,
+        sample_key: str | None = None,
+        task_key: str | None = None,
+        as_arrays: bool = False,
+        materialize: bool = False,
+    ) -> Iterator[Any]:
+        """The samples streamed in bounded memory (see `Archive.iter_samples`)."""
+        return self.archive.iter_samples(
+            sample_key=sample_key, task_key=task_key, as_arrays=as_arrays, materialize=materialize
         )
 
     def sample_metadata(self) -> list[dict[str, Any]]:

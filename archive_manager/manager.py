@@ -72,7 +72,7 @@ from .lens import (
     prompt_history,
 )
 from .permissions import SharedReport, share_pool
-from .ptdump import read_pt_dump
+from .ptdump import read_pt_file, task_keys_from_field
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
 from .retention import OwnersReport, ReleasePlan, audit_owners, plan_release
@@ -146,6 +146,10 @@ class CatalogStatus:
 def default_catalog_url(root: Path) -> str:
     """The catalog of a one-machine pool: SQLite in the pool root."""
     return f"sqlite:///{root / 'catalog.db'}"
+
+
+# `import_pt`'s "take it from the file" default, told apart from an explicit None.
+_FROM_FILE: Any = object()
 
 
 class ArchiveManager:
@@ -1059,20 +1063,60 @@ class ArchiveManager:
         path: str | os.PathLike[str],
         name: str | None = None,
         trust_pickle: bool = False,
+        *,
+        rollout_id: Any = _FROM_FILE,
+        evaluation: bool | None = None,
+        task_key_field: str | None = None,
     ) -> Archive:
-        """Import one of slime's ``torch.save`` rollout dumps as a new archive.
+        """Import a ``torch.save`` rollout dump (slime's, or an `Archive.export_pt`) as a new
+        archive.
 
         The dump is read with ``weights_only=True``; one that needs full unpickling (which can
-        run code) is refused unless ``trust_pickle``.  The name defaults to the file's stem.
+        run code) is refused unless ``trust_pickle``.  What the file records is restored, and
+        an argument given here wins over it (docs/architecture.md, "Exports and imports"):
+
+        * ``name``: the exported archive's name, else the file's stem;
+        * ``rollout_id``: the dump's ``rollout_id`` (None when it is not an int);
+        * ``evaluation``: the exported flag, else False;
+        * attrs, the samples' classes and sample keys: as exported;
+        * task keys: from ``task_key_field`` when given (a field name such as ``index`` or
+          ``group_index``, or a dotted path such as ``metadata.prompt_id``), else as
+          exported, else each sample's own (`task_key` attribute or key).
 
         Raises:
-            UnsupportedFormatError: not a dump, or it needs pickle and was not trusted.
+            UnsupportedFormatError: not a dump, it needs pickle and was not trusted, or its
+                facts are malformed or disagree with its samples.
+            InvalidInputError: a sample lacks ``task_key_field``, or an argument is invalid.
+            ArchiveExistsError: the name is taken (nothing is written).
         """
         self._refuse_if_read_only("import_pt")
-        rollout_id, samples = read_pt_dump(path, trust_pickle=trust_pickle)
-        if not (rollout_id is None or isinstance(rollout_id, int)):
-            rollout_id = None
-        return self.save(name or Path(path).stem, samples, rollout_id=rollout_id)
+        if evaluation is not None and type(evaluation) is not bool:
+            raise InvalidInputError("evaluation must be True, False or None (from the file)")
+        if rollout_id is not _FROM_FILE:
+            rollout_id = check_rollout_id(rollout_id)
+        dump = read_pt_file(path, trust_pickle=trust_pickle)
+        facts = dump.facts
+        if rollout_id is _FROM_FILE:
+            rollout_id = dump.rollout_id
+            if not (rollout_id is None or isinstance(rollout_id, int)):
+                rollout_id = None
+        task_keys: list[str | None] | None = None
+        if task_key_field is not None:
+            task_keys = task_keys_from_field(dump.samples, task_key_field)
+        elif facts is not None:
+            task_keys = facts.task_keys
+        if name is None:
+            name = facts.name if facts is not None else Path(path).stem
+        if evaluation is None:
+            evaluation = facts.evaluation if facts is not None else False
+        return self.save(
+            name,
+            dump.samples,
+            rollout_id=rollout_id,  # type: ignore[arg-type]  # _FROM_FILE was replaced
+            evaluation=evaluation,
+            task_keys=task_keys,
+            attrs=facts.attrs if facts is not None else None,
+        )
 
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;

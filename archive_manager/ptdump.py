@@ -1,20 +1,42 @@
 """slime's ``torch.save`` debug dumps (``{"rollout_id": ..., "samples": [dict]}``): reading
-them safely for `ArchiveManager.import_pt`."""
+them safely for `ArchiveManager.import_pt`, and the archive's facts an export adds to them.
+
+An export by `Archive.export_pt` carries one more top-level key, ``"archive_manager"``
+(`FACTS_KEY`): the archive's name, evaluation flag and attrs, and per sample its sample key,
+task key and stored class, so an import gives the archive back whole (docs/architecture.md,
+"Exports and imports").  slime reads only ``rollout_id`` and ``samples`` and ignores it.
+"""
 
 from __future__ import annotations
 
 import os
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._torch import torch_module
 from .errors import InvalidInputError, UnsupportedFormatError
-from .samples import Sample
+from .samples import Sample, check_task_key, fields_to_sample, sample_key
 
-__all__ = ["read_pt_dump"]
+__all__ = [
+    "FACTS_FORMAT",
+    "FACTS_KEY",
+    "PtDump",
+    "PtFacts",
+    "facts_block",
+    "read_pt_dump",
+    "read_pt_file",
+    "task_keys_from_field",
+]
+
+#: The top-level key of an export that holds the archive's facts.
+FACTS_KEY = "archive_manager"
+#: The ``format`` of that block, and the one version this library writes and reads.
+FACTS_FORMAT = "archive_manager.pt-facts"
+FACTS_VERSION = 1
 
 # How torch's weights_only loader words a refusal of a class or function (a global), as
 # opposed to bytes it cannot parse (see torch.serialization.load's message rewriting).
@@ -36,10 +58,68 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_reason(exc)}" if str(exc).strip() else type(exc).__name__
 
 
+@dataclass(frozen=True)
+class PtFacts:
+    """What an export knows beyond slime's dump: the archive's facts and each sample's keys
+    and stored class (the registry name, None for a dict, with the fields stored converted)."""
+
+    name: str
+    evaluation: bool
+    attrs: dict[str, Any] | None
+    sample_keys: list[str]
+    task_keys: list[str | None]
+    classes: list[str | None]
+    converted: list[list[str] | None]
+
+
+@dataclass(frozen=True)
+class PtDump:
+    """A dump read by `read_pt_file`: its rollout id, samples, and facts (None when the file
+    is a plain slime dump)."""
+
+    rollout_id: Any
+    samples: list[Any]
+    facts: PtFacts | None
+
+
+def facts_block(
+    *,
+    name: str,
+    evaluation: bool,
+    attrs: dict[str, Any] | None,
+    keys: Sequence[tuple[str, str | None]],
+    classes: Sequence[str | None],
+    converted: Sequence[list[str] | None],
+) -> dict[str, Any]:
+    """The ``"archive_manager"`` block of an export: plain lists, strings, bools and None,
+    which ``torch.load(weights_only=True)`` reads."""
+    return {
+        "format": FACTS_FORMAT,
+        "version": FACTS_VERSION,
+        "name": name,
+        "evaluation": evaluation,
+        "attrs": attrs,
+        "sample_keys": [k for k, _ in keys],
+        "task_keys": [t for _, t in keys],
+        "classes": list(classes),
+        "converted": [None if c is None else list(c) for c in converted],
+    }
+
+
 def read_pt_dump(
     path: str | os.PathLike[str], *, trust_pickle: bool = False
 ) -> tuple[Any, list[Sample]]:
-    """Load a dump and return ``(rollout_id, samples as Sample objects)``.
+    """``(rollout_id, samples)`` of a dump: `read_pt_file` without the facts."""
+    dump = read_pt_file(path, trust_pickle=trust_pickle)
+    return dump.rollout_id, dump.samples
+
+
+def read_pt_file(path: str | os.PathLike[str], *, trust_pickle: bool = False) -> PtDump:
+    """Load a dump: its rollout id, its samples and, for an export, the archive's facts.
+
+    Samples of a plain slime dump become `Sample` objects (slime's ``from_dict``); those of
+    an export come back as the class they were stored as (a dict stays a dict, an
+    unregistered class name gives a dict: a name never causes an import).
 
     The file is loaded with ``weights_only=True`` (tensors, lists, dicts, numbers, strings:
     no code can run).  A dump holding other objects needs full unpickling, which can run
@@ -48,7 +128,8 @@ def read_pt_dump(
     Raises:
         FileNotFoundError: there is no file at ``path``.
         UnsupportedFormatError: the file is not such a dump (not a torch.save file, or it
-            holds no ``samples`` list), or needs pickle and ``trust_pickle`` is False.
+            holds no ``samples`` list), needs pickle and ``trust_pickle`` is False, or its
+            ``"archive_manager"`` block is malformed or disagrees with its samples.
     """
     source = Path(path)
     if not source.exists():
@@ -90,8 +171,118 @@ def read_pt_dump(
             f"{source} is not a rollout dump: expected a dict with a 'samples' list "
             "(slime's {'rollout_id': ..., 'samples': [...]})"
         )
-    samples = [_as_sample(item, i, source) for i, item in enumerate(data["samples"])]
-    return data.get("rollout_id"), samples
+    items = data["samples"]
+    facts = _parse_facts(data.get(FACTS_KEY), len(items), source)
+    if facts is None:
+        samples = [_as_sample(item, i, source) for i, item in enumerate(items)]
+    else:
+        samples = [_as_stored(item, i, source, facts) for i, item in enumerate(items)]
+        for i, sample in enumerate(samples):
+            if sample_key(sample, i) != facts.sample_keys[i]:
+                raise UnsupportedFormatError(
+                    f"{source}: sample {i} has sample key {sample_key(sample, i)!r}, but the "
+                    f"file records {facts.sample_keys[i]!r}: the samples were changed after "
+                    "the export"
+                )
+    return PtDump(data.get("rollout_id"), samples, facts)
+
+
+def _malformed(source: Path, what: str) -> UnsupportedFormatError:
+    return UnsupportedFormatError(f"{source}: the {FACTS_KEY!r} block is malformed: {what}")
+
+
+def _str_list(block: Mapping[str, Any], key: str, n: int, source: Path, *, none: bool) -> list:
+    values = block.get(key)
+    if not isinstance(values, list) or len(values) != n:
+        raise _malformed(source, f"{key!r} must be a list of {n} items, one per sample")
+    for i, v in enumerate(values):
+        if not (isinstance(v, str) or (none and v is None)):
+            raise _malformed(source, f"{key!r}[{i}] is a {type(v).__name__}")
+    return values
+
+
+def _parse_facts(block: Any, n: int, source: Path) -> PtFacts | None:
+    """The facts of an export, checked (the file is untrusted input); None if absent."""
+    if block is None:
+        return None
+    if not isinstance(block, Mapping):
+        raise _malformed(source, f"a {type(block).__name__}, not a dict")
+    if block.get("format") != FACTS_FORMAT or block.get("version") != FACTS_VERSION:
+        raise UnsupportedFormatError(
+            f"{source}: the {FACTS_KEY!r} block is format {block.get('format')!r} version "
+            f"{block.get('version')!r}; this library reads {FACTS_FORMAT!r} version "
+            f"{FACTS_VERSION}"
+        )
+    name, evaluation, attrs = block.get("name"), block.get("evaluation"), block.get("attrs")
+    if not isinstance(name, str):
+        raise _malformed(source, "'name' must be a str")
+    if type(evaluation) is not bool:
+        raise _malformed(source, "'evaluation' must be True or False")
+    if attrs is not None and not isinstance(attrs, dict):
+        raise _malformed(source, "'attrs' must be a dict or None")
+    converted = block.get("converted")
+    if not isinstance(converted, list) or len(converted) != n:
+        raise _malformed(source, f"'converted' must be a list of {n} items, one per sample")
+    for i, c in enumerate(converted):
+        if c is not None and not (isinstance(c, list) and all(isinstance(f, str) for f in c)):
+            raise _malformed(source, f"'converted'[{i}] must be None or a list of str")
+    return PtFacts(
+        name=name,
+        evaluation=evaluation,
+        attrs=attrs,
+        sample_keys=_str_list(block, "sample_keys", n, source, none=False),
+        task_keys=_str_list(block, "task_keys", n, source, none=True),
+        classes=_str_list(block, "classes", n, source, none=True),
+        converted=converted,
+    )
+
+
+def _as_stored(item: Any, position: int, source: Path, facts: PtFacts) -> Any:
+    """An exported sample rebuilt as the class it was stored as (`fields_to_sample`)."""
+    if not isinstance(item, Mapping):
+        # a trusted pickle holding objects: they are what they are
+        return _as_sample(item, position, source)
+    try:
+        return fields_to_sample(facts.classes[position], dict(item), facts.converted[position])
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{source}: sample {position}: {exc}") from exc
+
+
+def task_keys_from_field(samples: Sequence[Any], field: object) -> list[str | None]:
+    """Each sample's task key taken from ``field``: a field name (``index``,
+    ``group_index``), or a dotted path into dicts below one (``metadata.prompt_id``).
+
+    None stays None; ints become their decimal string (as task keys always do).
+
+    Raises:
+        InvalidInputError: ``field`` is empty, or a sample lacks it or holds what cannot be
+            a task key there (naming the sample).
+    """
+    if not isinstance(field, str) or not field or "" in field.split("."):
+        raise InvalidInputError(f"task key field {field!r} is not a field name or dotted path")
+    path = field.split(".")
+    keys: list[Any] = []
+    for position, sample in enumerate(samples):
+        value: Any = sample
+        for depth, step in enumerate(path):
+            if isinstance(value, Mapping):
+                found = step in value
+                value = value.get(step)
+            elif depth == 0:
+                found = hasattr(value, step)
+                value = getattr(value, step, None)
+            else:
+                found = False
+            if not found:
+                raise InvalidInputError(
+                    f"sample {position} has no field {'.'.join(path[: depth + 1])!r} "
+                    f"(task key field {field!r})"
+                )
+        try:
+            keys.append(check_task_key(value))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"sample {position}, task key field {field!r}: {exc}") from None
+    return keys
 
 
 def _as_sample(item: Any, position: int, source: Path) -> Sample:

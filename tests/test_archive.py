@@ -333,7 +333,7 @@ def test_export_pt_is_self_contained(open_pool, rollout, tmp_path, same_samples)
     target = tmp_path / "exports" / "deep" / "rollout_6.pt"
     assert arc.export_pt(target) == target
     data = torch.load(target, weights_only=True)
-    assert set(data) == {"rollout_id", "samples"}
+    assert set(data) == {"rollout_id", "samples", "archive_manager"}
     assert data["rollout_id"] == 6
     exported = data["samples"]
     assert all(type(s) is dict for s in exported)

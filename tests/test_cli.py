@@ -314,11 +314,12 @@ def test_export_then_import(run: Callable[..., Result], tmp_path: Path) -> None:
     imported = as_json(run("import-pt", str(out), "--name", "copy", "--json"))
     assert imported["name"] == "copy" and imported["samples"] == N and imported["rollout_id"] == 0
     assert "already exists" in failed(run("import-pt", str(out), "--name", "copy"))
-    # Default name: the file's stem.
-    assert (
-        "as archive 'train-0-dump'"
-        in ok(run("import-pt", str(shutil.copy(out, tmp_path / "train-0-dump.pt")))).stdout
-    )
+    # Default name: the exported archive's (taken here), else the file's stem.
+    copied = shutil.copy(out, tmp_path / "train-0-dump.pt")
+    assert "'train-0' already exists" in failed(run("import-pt", str(copied)))
+    dump.pop("archive_manager")
+    torch.save(dump, copied)
+    assert "as archive 'train-0-dump'" in ok(run("import-pt", str(copied))).stdout
 
 
 def test_import_rejects_bad_files(run: Callable[..., Result], tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ def test_training_loop_saves_resumes_checks_and_collects(
                 (f"sample:{s.index}", f"rollout-{i}/group-{s.index // 8}") for s in saved[i]
             ]
             same_samples(arc.load_samples(), saved[i])
+            same_samples(list(arc.iter_samples(materialize=True)), saved[i])
             group = arc.load_samples(task_key=f"rollout-{i}/group-1")
             same_samples(group, saved[i][8:])
             one = arc.load_samples(sample_key=f"sample:{saved[i][3].index}")

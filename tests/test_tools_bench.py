@@ -144,3 +144,14 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     checks = bench.targets(results, memory)
     assert len(checks) == 9
     assert [ok for _, ok, _ in checks] == [good] * 9
+
+
+def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
+    done = _run(
+        TOOLS / "bench_stream.py", "--samples", "8", "--rounds", "1", "--root", tmp_path, "--json"
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert (figures["samples"], figures["chunks"]) == (8, 1)
+    assert set(figures["results"]) == {"load_samples", "iter_samples", "iter_samples_arrays"}
+    assert all(r["seconds"] > 0 for r in figures["results"].values())

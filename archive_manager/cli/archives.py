@@ -273,7 +273,26 @@ def export(pool: ArchiveManager, name: str, out: Path, force: bool, as_json: boo
 
 @click.command("import-pt")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--name", help="Archive name (default: the file's stem).")
+@click.option(
+    "--name", help="Archive name (default: the exported archive's, else the file's stem)."
+)
+@click.option(
+    "--rollout-id",
+    type=int,
+    default=None,
+    help="Rollout id of the new archive (default: the dump's).",
+)
+@click.option(
+    "--evaluation/--no-evaluation",
+    default=None,
+    help="Mark the archive as an evaluation rollout or not (default: as exported, else not).",
+)
+@click.option(
+    "--task-key-field",
+    metavar="FIELD",
+    help="Take each sample's task key from this field: a name (index, group_index) or a "
+    "dotted path into a dict field (metadata.prompt_id).",
+)
 @click.option(
     "--trust-pickle",
     is_flag=True,
@@ -282,10 +301,30 @@ def export(pool: ArchiveManager, name: str, out: Path, force: bool, as_json: boo
 @json_option
 @pass_pool
 def import_pt(
-    pool: ArchiveManager, file: Path, name: str | None, trust_pickle: bool, as_json: bool
+    pool: ArchiveManager,
+    file: Path,
+    name: str | None,
+    rollout_id: int | None,
+    evaluation: bool | None,
+    task_key_field: str | None,
+    trust_pickle: bool,
+    as_json: bool,
 ) -> None:
-    """Import one of slime's torch.save rollout dumps as a new archive."""
-    arc = pool.import_pt(file, name=name, trust_pickle=trust_pickle)
+    """Import a torch.save rollout dump (slime's, or an export) as a new archive.
+
+    What an export recorded (name, evaluation, attrs, sample and task keys) comes back;
+    the options override it."""
+    options: dict[str, Any] = {}
+    if rollout_id is not None:
+        options["rollout_id"] = rollout_id
+    arc = pool.import_pt(
+        file,
+        name=name,
+        trust_pickle=trust_pickle,
+        evaluation=evaluation,
+        task_key_field=task_key_field,
+        **options,
+    )
     info = arc.info()
     if as_json:
         echo_json(asdict(info))

@@ -2,6 +2,14 @@
 needs its values, and `materialize_tensor_refs` swaps every proxy in a sample for its tensor.
 
 Shape and dtype come from the chunk's tree, so describing a sample never reads a tensor blob.
+
+Where training code hands a value to torch rather than calling it, a `TensorRef` gives its
+tensor (docs/architecture.md, "Lazy tensors"): ``torch.as_tensor`` and ``torch.tensor``
+through ``__dlpack__``, ``default_collate`` through torch's collate registry, and pickling
+(``pickle``, ``torch.save``, ``copy.deepcopy``, a DataLoader worker sending a sample) as the
+tensor itself, so neither the loader nor the pool it reads (an engine, a connection) is ever
+pickled and what was pickled loads without this library.  ``isinstance(ref, torch.Tensor)``
+stays False: a proxy cannot pass that test, so the loaders take ``materialize=True``.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ class TensorRef:
         self._loader = loader
         self._tensor: torch.Tensor | None = None
         self._lock = threading.Lock()
+        if not _collate_registered:
+            _register_collate()
 
     def materialize(self) -> torch.Tensor:
         """Load the tensor (once; later calls return the same tensor)."""
@@ -112,6 +122,33 @@ class TensorRef:
     ) -> Any:
         return func(*_materialized(tuple(args)), **_materialized(kwargs or {}))
 
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        # torch.as_tensor / torch.tensor / torch.asarray look for this before they try a
+        # sequence or a number (our delegated __index__ made them take a ref for an int).
+        return self.materialize().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.materialize().__dlpack_device__()
+
+    def __copy__(self) -> TensorRef:
+        twin = TensorRef(self.digest, self.dtype, self.shape, self.nbytes, self._loader)
+        twin._tensor = self._tensor
+        return twin
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TensorRef:
+        # A copy stays lazy (and shares the loader, which is the pool's, not the value's);
+        # a tensor already loaded is copied, as deepcopy copies a tensor.
+        twin = TensorRef(self.digest, self.dtype, self.shape, self.nbytes, self._loader)
+        if self._tensor is not None:
+            twin._tensor = self._tensor.clone()
+        return twin
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # NOTE: pickled as the tensor it stands for, never as a reference: the loader holds
+        # the pool (an engine, connections), and a torch.save file must be self-contained
+        # and load with weights_only=True.  The blob is read here, in the sending process.
+        return self.materialize().__reduce_ex__(protocol)
+
     def __repr__(self) -> str:
         return f"TensorRef({self.digest}, dtype={self.dtype}, shape={list(self.shape)})"
 
@@ -138,6 +175,30 @@ del _name
 
 
 _ATOMIC = frozenset({type(None), bool, int, float, str})
+
+_collate_registered = False
+
+
+def _register_collate() -> None:
+    """Teach ``torch.utils.data.default_collate`` to collate refs as their tensors.
+
+    Done on the first ref made (torch is imported then: the ref's dtype is a torch.dtype),
+    through the registry torch documents for extending it (``default_collate_fn_map``).
+    """
+    global _collate_registered
+    _collate_registered = True
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:  # a torch without the registry (before 1.13): nothing to extend
+        return
+    default_collate_fn_map.setdefault(TensorRef, _collate_refs)
+
+
+def _collate_refs(batch: Sequence[Any], *, collate_fn_map: dict | None = None) -> Any:
+    """`default_collate` of a batch whose first item is a ref: its tensors, stacked."""
+    from torch.utils.data._utils.collate import collate_tensor_fn
+
+    return collate_tensor_fn([_materialized(x) for x in batch], collate_fn_map=collate_fn_map)
 
 
 def _materialized(obj: Any) -> Any:
