@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import assert_same_samples
+from helpers import assert_same_samples
 
 from archive_manager import Archive, ArchiveManager
 

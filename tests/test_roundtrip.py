@@ -13,7 +13,7 @@ import pytest
 import torch
 from _roundtrip import FORMATS, ArchiveFormat, assert_same_archive
 from click.testing import CliRunner
-from conftest import snapshot_pool, tiny_rollout
+from helpers import snapshot_pool, tiny_rollout
 
 from archive_manager import ArchiveManager, Sample
 from archive_manager.cli import cli
