@@ -525,32 +525,69 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         return batch
     have = {f.name: f for f in batch.schema}
     arrays = []
-    fits = set(have) <= set(schema.names)
-    for field in schema if fits else ():
+    unfit = next((n for n in have if n not in schema.names), None)
+    for field in schema if unfit is None else ():
         own = have.get(field.name)
-        if own is None:
-            if not _null_means_absent(field):
-                fits = False
+        if own is None or pa.types.is_null(own.type):
+            base = field.name[: -len(SHAPE_SUFFIX)] if _kind_of(field) == b"shape" else None
+            base_null = base is not None and (base not in have or pa.types.is_null(have[base].type))
+            if own is None and not (_null_means_absent(field) or base_null):
+                unfit = field.name
                 break
-            arrays.append(pa.nulls(batch.num_rows, field.type))
+            if own is not None and _kind_of(field) == b"json":
+                arrays.append(_as_json_text(batch.column(field.name), _null_means_absent(own)))
+            elif own is not None and _null_means_absent(own) != _null_means_absent(field):
+                unfit = field.name
+                break
+            else:
+                arrays.append(pa.nulls(batch.num_rows, field.type))
             continue
         column = batch.column(field.name)
+        if _kind_of(field) == b"json" and _kind_of(own) is None:
+            arrays.append(_as_json_text(column, _null_means_absent(own)))
+            continue
         if _kind_of(own) != _kind_of(field) or (
             column.null_count and _null_means_absent(own) != _null_means_absent(field)
         ):
-            fits = False
+            unfit = field.name
             break
         try:
             arrays.append(column.cast(field.type) if column.type != field.type else column)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            fits = False
+            unfit = field.name
             break
-    if fits:
+    if unfit is None:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
     nulls = {f.name for f, c in zip(batch.schema, batch.columns, strict=True) if c.null_count}
     raise SchemaDrift(
-        "the columns of a later chunk do not fit those of the first",
+        f"column {unfit!r} of a later chunk does not fit the type the first chunks gave it "
+        "(pass the schema of a file export, or this error's .schema, as schema=)",
         merge_schemas(schema, batch.schema, nulls),
+    )
+
+
+def _as_json_text(column: Any, null_is_absent: bool) -> Any:
+    """A typed column's values as the JSON text a JSON column holds (a JSON column wider
+    than a typed one: a field that is text in one chunk and chat messages in another)."""
+    pa = pyarrow_module()
+    texts = [
+        None if v is None and null_is_absent else json.dumps(to_json_value(v))
+        for v in column.to_pylist()
+    ]
+    return pa.array(texts, pa.string())
+
+
+def stream_schema(first: pa.Schema) -> pa.Schema:
+    """The schema of a stream that starts with a batch of schema ``first``: its columns
+    that hold only nulls become JSON, which takes whatever later chunks hold there."""
+    pa = pyarrow_module()
+    return pa.schema(
+        [
+            pa.field(f.name, pa.string(), metadata={_KIND: b"json"})
+            if pa.types.is_null(f.type)
+            else f
+            for f in first
+        ]
     )
 
 
@@ -657,7 +694,7 @@ def rows_to_samples(
         decoded[name] = values
     for i in range(batch.num_rows):
         row = {name: values[i] for name, values in decoded.items()}
-        yield _imported(row, ours, mapping, f"{where}, row {i}")
+        yield imported_row(row, ours, mapping, f"{where}, row {i}")
 
 
 def _valid(column: Any) -> list[bool]:
@@ -702,7 +739,7 @@ def _read_tensors(batch: Any, field: Any, kind: bytes) -> list[Any]:
     return out
 
 
-def _imported(
+def imported_row(
     row: dict[str, Any], ours: bool, mapping: dict[str, str] | None, where: str
 ) -> ImportedRow:
     if not ours:
@@ -744,6 +781,48 @@ def _imported(
 
 
 # --------------------------------------------------------------------------- tables
+
+
+def key_schema() -> pa.Schema:
+    """The schema of a selection without rows: the key and tail columns."""
+    pa = pyarrow_module()
+    types = [pa.string(), pa.int64(), pa.string(), pa.string(), pa.int64(), pa.bool_()]
+    fields = [pa.field(n, t) for n, t in zip(KEY_COLUMNS, types, strict=True)]
+    fields.append(pa.field("archive_attrs", pa.string(), metadata={_KIND: b"json"}))
+    fields += [pa.field(n, pa.string()) for n in TAIL_COLUMNS[1:]]
+    return pa.schema(fields)
+
+
+def json_rows(source: ArchiveSource) -> Iterator[dict[str, Any]]:
+    """The archive's rows as JSON objects (the JSONL export): the columns of `build_batch`,
+    a field's value as `to_json_value` (a tensor whole, tagged), one chunk held at a time."""
+    attrs = None if source.attrs is None else to_json_value(source.attrs)
+    for rows in iter_chunk_rows(source):
+        for r in rows:
+            out: dict[str, Any] = {
+                "archive": source.name,
+                "position": r.position,
+                "sample_key": r.sample_key,
+                "task_key": r.task_key,
+                "rollout_id": source.rollout_id,
+                "evaluation": source.evaluation,
+            }
+            for key, value in r.fields.items():
+                if type(key) is not str:
+                    raise UnencodableError(
+                        f"archive {source.name!r}, sample {r.position}: a field named by a "
+                        f"{type(key).__name__} cannot be a JSON key"
+                    )
+                try:
+                    out[column_name(key)] = to_json_value(value)
+                except UnencodableError as exc:
+                    raise UnencodableError(
+                        f"archive {source.name!r}, sample {r.position}, field {key!r}: {exc}"
+                    ) from None
+            out["archive_attrs"] = attrs
+            out["sample_class"] = r.cls
+            out["sample_converted"] = None if r.converted is None else ",".join(r.converted)
+            yield out
 
 
 def empty_batch(source: ArchiveSource) -> pa.RecordBatch:
