@@ -112,7 +112,7 @@ class ArchiveSource:
 
 
 @dataclass
-class _Row:
+class Row:
     position: int
     sample_key: str
     task_key: str | None
@@ -132,10 +132,13 @@ class SchemaDrift(ArchiveError, ValueError):
 # --------------------------------------------------------------------------- reading
 
 
-def _chunk_plan(
-    source: ArchiveSource, positions: Iterable[int] | None
-) -> list[tuple[int, str, list[tuple[int, str, str | None, int]]]]:
-    """``[(ordinal, digest, [(position, sample_key, task_key, offset)])]`` in archive order."""
+#: One chunk's part of a read: ``(ordinal, digest, [(position, sample_key, task_key, offset)])``.
+ChunkPlan = tuple[int, str, list[tuple[int, str, str | None, int]]]
+
+
+def chunk_plan(source: ArchiveSource, positions: Iterable[int] | None = None) -> list[ChunkPlan]:
+    """The chunks holding the archive's samples (or those at ``positions``), in archive
+    order, each with its entries: the catalog alone."""
     e, c = entries_table, chunks_table
     with source.context.catalog.read() as conn:
         entries = conn.execute(
@@ -149,7 +152,7 @@ def _chunk_plan(
             ).all()
         )
     wanted = None if positions is None else set(positions)
-    plan: list[tuple[int, str, list[tuple[int, str, str | None, int]]]] = []
+    plan: list[ChunkPlan] = []
     for position, skey, tkey, ordinal, offset in entries:
         if wanted is not None and position not in wanted:
             continue
@@ -162,45 +165,49 @@ def _chunk_plan(
     return plan
 
 
-def _fetch(source: ArchiveSource, ordinal: int, digest: str, offsets: list[int]) -> ChunkReader:
+def fetch_chunk(source: ArchiveSource, part: ChunkPlan) -> ChunkReader:
+    """Read, check and inflate one chunk's records (no decoding: it releases the GIL)."""
+    ordinal, digest, entries = part
     reader = ChunkReader(
         source.read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=source.load_tensor
     )
-    reader.inflate(offsets)
+    reader.inflate([offset for *_, offset in entries])
     return reader
+
+
+def decode_chunk_rows(source: ArchiveSource, part: ChunkPlan, reader: ChunkReader) -> list[Row]:
+    """The records of one fetched chunk, decoded (numeric lists as `StoredNumbers`)."""
+    ordinal = part[0]
+    rows = []
+    with _gc_paused():
+        for position, skey, tkey, offset in part[2]:
+            try:
+                cls, fields, converted = reader.record(offset)
+            except (IndexError, IntegrityError) as exc:
+                raise IntegrityError(
+                    f"archive {source.name!r}, chunk {ordinal} (blob {reader.digest}): {exc}"
+                ) from exc
+            rows.append(Row(position, skey, tkey, cls, fields, converted))
+    return rows
 
 
 def iter_chunk_rows(
     source: ArchiveSource, positions: Iterable[int] | None = None
-) -> Iterator[list[_Row]]:
+) -> Iterator[list[Row]]:
     """The archive's samples (or those at ``positions``) as decoded records, a chunk at a
     time, in archive order; the next chunk is read and inflated while this one is used, so
     at most two chunks are held (as `Archive.load_samples` reads)."""
-    plan = _chunk_plan(source, positions)
+    plan = chunk_plan(source, positions)
     if not plan:
         return
     pool = ThreadPoolExecutor(1, thread_name_prefix="archive-export")
     try:
-        ahead: Future[ChunkReader] = pool.submit(
-            _fetch, source, plan[0][0], plan[0][1], [o for *_, o in plan[0][2]]
-        )
-        for k, (ordinal, _digest, entries) in enumerate(plan):
+        ahead: Future[ChunkReader] = pool.submit(fetch_chunk, source, plan[0])
+        for k, part in enumerate(plan):
             reader = ahead.result()
             if k + 1 < len(plan):
-                nxt = plan[k + 1]
-                ahead = pool.submit(_fetch, source, nxt[0], nxt[1], [o for *_, o in nxt[2]])
-            rows = []
-            with _gc_paused():
-                for position, skey, tkey, offset in entries:
-                    try:
-                        cls, fields, converted = reader.record(offset)
-                    except (IndexError, IntegrityError) as exc:
-                        raise IntegrityError(
-                            f"archive {source.name!r}, chunk {ordinal} (blob {reader.digest}): "
-                            f"{exc}"
-                        ) from exc
-                    rows.append(_Row(position, skey, tkey, cls, fields, converted))
-            yield rows
+                ahead = pool.submit(fetch_chunk, source, plan[k + 1])
+            yield decode_chunk_rows(source, part, reader)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -232,7 +239,7 @@ def field_name(column: str) -> str:
 
 
 def build_batch(
-    source: ArchiveSource, rows: list[_Row], *, force_json: frozenset[str] = frozenset()
+    source: ArchiveSource, rows: list[Row], *, force_json: frozenset[str] = frozenset()
 ) -> pa.RecordBatch:
     """The rows of one chunk as a record batch."""
     pa = pyarrow_module()

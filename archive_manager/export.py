@@ -60,6 +60,7 @@ __all__ = [
     "export_archive",
     "format_of",
     "import_table",
+    "selected_archives",
 ]
 
 #: Export and import formats, by the suffixes that name them.
@@ -97,7 +98,7 @@ def format_of(path: Path, given: str | None = None) -> str:
 # --------------------------------------------------------------------------- pool-wide
 
 
-def _selected(
+def selected_archives(
     pool: PoolContext, names: Sequence[str] | None, filters: dict[str, Any]
 ) -> list[tuple[str, list[int]]]:
     """``[(archive, positions)]`` of the samples the query selects, in its order."""
@@ -123,7 +124,7 @@ def selected_batches(
     **filters: Any,
 ) -> Iterator[pa.RecordBatch]:
     """Batches (one per chunk read) of the samples a query selects, each typed on its own."""
-    for name, positions in _selected(pool, names, filters):
+    for name, positions in selected_archives(pool, names, filters):
         source = open_archive(pool, name).arrow_source()
         yield from archive_batches(source, positions=positions, force_json=force_json)
 
