@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -212,25 +213,65 @@ def _write_parquet(
     while True:
         writer = None
         rows = 0
+        # NOTE: Parquet encodes and compresses without the GIL: batch k is written on this
+        # thread while batch k+1 is decoded and built (at most two batches held).  Measured
+        # on the 1024-sample rollout: 0.97 s -> see README, "Getting data out".
+        io = ThreadPoolExecutor(1, thread_name_prefix="parquet-write")
+        pending: Future[None] | None = None
         try:
             for batch in make(force):
                 if schema is None:
                     schema = batch.schema
                 if writer is None:
-                    writer = pq.ParquetWriter(path, schema)
-                writer.write_batch(conform(batch, schema))
+                    writer = pq.ParquetWriter(path, schema, **_parquet_options(schema))
+                fitted = conform(batch, schema)
+                if pending is not None:
+                    pending.result()
+                pending = io.submit(writer.write_batch, fitted)
                 rows += batch.num_rows
+            if pending is not None:
+                pending.result()
         except SchemaDrift as drift:
             schema = drift.schema
             force = json_columns(schema)
             continue
         finally:
+            io.shutdown(wait=True, cancel_futures=True)
             if writer is not None:
                 writer.close()
         if writer is None:
             batch = empty()
-            pq.write_table(pyarrow_module().Table.from_batches([batch]), path)
+            table = pyarrow_module().Table.from_batches([batch])
+            pq.write_table(table, path, **_parquet_options(table.schema))
         return rows
+
+
+#: Columns worth dictionary-encoding: few distinct values per file.
+_DICTIONARY = frozenset(
+    (
+        "archive",
+        "sample_key",
+        "task_key",
+        "status",
+        "archive_attrs",
+        "sample_class",
+        "sample_converted",
+    )
+)
+
+
+def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How exports write Parquet.
+
+    NOTE: dictionary encoding only where values repeat: on token ids and log-probs it is
+    wasted work (measured on a 256-sample rollout: write 0.45 s with it on every column,
+    0.09 s with it on these only); zstd makes the file a quarter smaller than snappy for
+    about the same time.
+    """
+    return {
+        "compression": "zstd",
+        "use_dictionary": [n for n in schema.names if n in _DICTIONARY],
+    }
 
 
 def _parquet() -> Any:
