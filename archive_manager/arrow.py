@@ -42,7 +42,7 @@ from .errors import (
     UnencodableError,
     UnsupportedFormatError,
 )
-from .samples import Sample, fields_to_sample
+from .samples import Sample, fields_to_sample, task_key_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -274,6 +274,15 @@ def build_batch(
             raise UnencodableError(
                 f"archive {source.name!r}, sample field {key!r}: {exc} (export as .jsonl, or "
                 "leave the field out)"
+            ) from None
+        except UnicodeEncodeError:
+            raise UnencodableError(
+                f"archive {source.name!r}, sample field {key!r} holds text with a lone "
+                "surrogate, which Arrow strings (UTF-8) cannot hold; export as .jsonl"
+            ) from None
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise UnencodableError(
+                f"archive {source.name!r}, sample field {key!r} cannot be typed: {exc}"
             ) from None
     tail = [
         ([attrs] * n, "archive_attrs"),
@@ -568,7 +577,7 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     nulls = {f.name for f, c in zip(batch.schema, batch.columns, strict=True) if c.null_count}
     raise SchemaDrift(
         f"column {unfit!r} of a later chunk does not fit the type the first chunks gave it "
-        "(pass the schema of a file export, or this error's .schema, as schema=)",
+        '(pass schema="scan", or this error\'s .schema, as schema=)',
         merge_schemas(schema, batch.schema, nulls),
     )
 
@@ -761,7 +770,8 @@ def imported_row(
             sample = Sample.from_dict(fields)
         except (TypeError, ValueError) as exc:
             raise UnsupportedFormatError(f"{where} does not fit a Sample: {exc}") from None
-        return ImportedRow(sample, None, None, None, None, None)
+        # a task_key column (or one mapped to it) is the task key, as a save reads it
+        return ImportedRow(sample, task_key_of(sample), None, None, None, None)
     fields = {}
     for name, value in row.items():
         if name in RESERVED or value is _MISSING:

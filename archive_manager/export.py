@@ -130,11 +130,28 @@ def selected_batches(
         yield from archive_batches(source, positions=positions, force_json=force_json)
 
 
+def scan_schema(
+    pool: PoolContext, names: Sequence[str] | None, filters: dict[str, Any]
+) -> pa.Schema:
+    """The schema every batch of a selection fits: a first pass over all of it, a chunk at
+    a time (as costly as reading it once more)."""
+    schema: pa.Schema | None = None
+    for batch in selected_batches(pool, names=names, **filters):
+        if schema is None:
+            schema = stream_schema(batch.schema)
+            continue
+        try:
+            conform(batch, schema)
+        except SchemaDrift as drift:
+            schema = drift.schema
+    return key_schema() if schema is None else schema
+
+
 def arrow_reader(
     pool: PoolContext,
     *,
     columns: Sequence[str] | None = None,
-    schema: pa.Schema | None = None,
+    schema: pa.Schema | str | None = None,
     names: Sequence[str] | None = None,
     **filters: Any,
 ) -> pa.RecordBatchReader:
@@ -143,12 +160,18 @@ def arrow_reader(
     ``filters`` are `ArchiveManager.query`'s (``min_rollout_id``, ``max_rollout_id``,
     ``evaluation``, ``task_key``, ``status``, rewards, lengths...); ``names`` keeps only
     those archives.  One batch per chunk read, so memory stays about two chunks whatever the
-    selection.  The stream's schema is its first batch's, or ``schema``; a later batch that
-    does not fit it raises `SchemaDrift` (its ``schema`` attribute fits both: pass it).
+    selection.  The stream's schema is its first batch's (columns holding only nulls made
+    JSON, and a typed column of a later chunk turned into JSON where the first made it
+    JSON); ``schema="scan"`` reads the selection once first to find a schema every batch
+    fits, or pass a schema.  A later batch that does not fit raises `SchemaDrift`.
     """
     pa = pyarrow_module()
+    if isinstance(schema, str):
+        if schema != "scan":
+            raise InvalidInputError('schema must be a pyarrow.Schema, "scan" or None')
+        schema = scan_schema(pool, names, filters)
     if schema is not None and not isinstance(schema, pa.Schema):
-        raise InvalidInputError("schema must be a pyarrow.Schema")
+        raise InvalidInputError('schema must be a pyarrow.Schema, "scan" or None')
     force = frozenset() if schema is None else json_columns(schema)
     batches = selected_batches(pool, names=names, force_json=force, **filters)
     first = next(batches, None)

@@ -1087,7 +1087,8 @@ class ArchiveManager:
     ) -> Any:
         """The samples a query selects across archives as a `pyarrow.RecordBatchReader`, a
         chunk at a time (memory stays bounded); filters as `query`, columns as
-        `Archive.to_arrow` (see `archive_manager.export.arrow_reader`)."""
+        `Archive.to_arrow`; ``schema``: None (the first batch's), ``"scan"`` (a first pass
+        finds one every batch fits) or a schema (see `archive_manager.export.arrow_reader`)."""
         return arrow_reader(self._context, columns=columns, schema=schema, names=names, **filters)
 
     def export(
