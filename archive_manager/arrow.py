@@ -230,7 +230,9 @@ def archive_batches(
 
 def column_name(field: str) -> str:
     """The column of sample field ``field`` (reserved names get `FIELD_PREFIX`)."""
-    return FIELD_PREFIX + field if field in RESERVED or field.startswith(FIELD_PREFIX) else field
+    if field in RESERVED or field.startswith(FIELD_PREFIX) or field.endswith(SHAPE_SUFFIX):
+        return FIELD_PREFIX + field  # a field "x.shape" must not take a tensor x's shape column
+    return field
 
 
 def field_name(column: str) -> str:

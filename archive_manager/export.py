@@ -10,6 +10,7 @@ publishes nothing.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import json
 import os
@@ -99,12 +100,22 @@ def format_of(path: Path, given: str | None = None) -> str:
 # --------------------------------------------------------------------------- pool-wide
 
 
+#: The sample filters of `query_samples` (and so of `ArchiveManager.query`).
+_FILTERS = frozenset(inspect.signature(query_samples).parameters) - {"pool"}
+
+
 def selected_archives(
     pool: PoolContext, names: Sequence[str] | None, filters: dict[str, Any]
 ) -> list[tuple[str, list[int]]]:
     """``[(archive, positions)]`` of the samples the query selects, in its order."""
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
         raise InvalidInputError("names must be a list of archive names")
+    unknown = sorted(set(filters) - _FILTERS)
+    if unknown:
+        raise InvalidInputError(
+            f"unknown filter {', '.join(map(repr, unknown))}; the filters are "
+            f"{', '.join(sorted(_FILTERS))}"
+        )
     rows = query_samples(pool, **filters)
     wanted = None if names is None else set(names)
     out: list[tuple[str, list[int]]] = []

@@ -51,6 +51,8 @@ def test_map_style_reads_items_by_chunk_and_pickles_without_a_connection(root: P
     assert len(lists) == 10 and isinstance(lists[0]["tokens"], list) and lists[0]["metadata"]
     with pytest.raises(IndexError):
         data[20]
+    with pytest.raises(InvalidInputError, match="unknown filter 'rollout'"):
+        RolloutDataset(root, rollout=3)
     with pytest.raises(InvalidInputError, match="'nope'"):
         RolloutDataset(root, fields=["nope"])[0]
     data.close()
