@@ -314,3 +314,22 @@ def test_no_pyarrow_at_import_and_no_torch_for_a_tensor_free_export(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
     assert pq.read_table(tmp_path / "p.parquet").num_rows == 4
+
+
+def test_bench_export_smoke(tmp_path: Path) -> None:
+    """tools/bench_export.py at a tiny size, so it cannot rot (figures: README)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench_export.py"), "--samples", "8", "--repeat", "1",
+         "--dir", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "speed-up" in done.stdout and "Cannot write struct type" in done.stdout
+    figures = json.loads(out.read_text())
+    assert figures["results"]["archive_manager"]["rows"] == 8 and figures["speedup"] > 0
+    assert not list(tmp_path.glob("bench-export-*")), "the work folder was left behind"
