@@ -695,8 +695,10 @@ def rows_to_samples(
             continue
         column = batch.column(name)
         if kind == b"json":
+            # a null in a JSON column is a field the sample lacks; None is the text "null"
             values = [
-                None if t is None else from_json_value(json.loads(t)) for t in column.to_pylist()
+                _MISSING if t is None else from_json_value(json.loads(t))
+                for t in column.to_pylist()
             ]
         elif kind in (b"tensor", b"ndarray"):
             values = _read_tensors(batch, field, kind)
@@ -781,6 +783,7 @@ def imported_row(
         fields[field_name(name)] = value
     converted = row.get("sample_converted")
     attrs = row.get("archive_attrs")
+    attrs = None if attrs is _MISSING else attrs
     try:
         sample = fields_to_sample(
             row.get("sample_class"),

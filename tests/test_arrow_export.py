@@ -117,6 +117,18 @@ def test_parquet_and_jsonl_round_trips_keep_keys_facts_and_samples(
         assert back.keys() == arc.keys()
         assert_same_samples(back.load_samples(), arc.load_samples())
         assert back.sample_metadata() == arc.sample_metadata()
+    # dict samples whose fields vary: an absent field stays absent, a None stays None
+    dicts = [
+        {"index": 0, "a": 1},
+        {"index": 1, "b": None},
+        {"index": 2, "a": None, "c": {"x": (1,)}},
+    ]
+    pool.save("dicts", dicts, rollout_id=None)
+    for suffix in (".parquet", ".jsonl"):
+        back = pool.import_table(
+            pool.export("dicts", tmp_path / f"dicts{suffix}"), name=f"d{suffix}"
+        )
+        assert back.load_samples() == dicts and back.rollout_id is None and back.attrs is None
     # given facts win over the export's
     again = pool.import_table(tmp_path / "odd.jsonl", name="again", rollout_id=9, evaluation=False)
     assert (again.rollout_id, again.evaluation) == (9, False)
