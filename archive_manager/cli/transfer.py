@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
 from ..manager import ArchiveManager
 from ._complete import complete_archive_name
@@ -20,9 +21,22 @@ __all__ = ["export", "import_file"]
 _FORMATS = click.Choice(["parquet", "jsonl", "pt"])
 
 
+def _complete_name_then_path(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """An archive name first (NAME), then a path (FILE or DIR)."""
+    if ctx.params.get("args") or ctx.params.get("rollout_id") is not None:
+        return [CompletionItem(incomplete, type="file")]
+    return complete_archive_name(ctx, param, incomplete)
+
+
 @click.command()
 @click.argument(
-    "args", nargs=-1, required=True, metavar="NAME FILE | DIR", shell_complete=complete_archive_name
+    "args",
+    nargs=-1,
+    required=True,
+    metavar="NAME FILE | DIR",
+    shell_complete=_complete_name_then_path,
 )
 @click.option(
     "--format",
