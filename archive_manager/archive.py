@@ -22,6 +22,7 @@ from ._atomic import write_atomic_with
 from ._context import HasContext, PoolContext, context_of
 from ._names import archive_owner, check_archive_name
 from ._torch import is_tensor, torch_module
+from .arrow import ArchiveSource, archive_table
 from .catalog import (
     archives_table,
     chunks_table,
@@ -51,6 +52,8 @@ from .ptdump import FACTS_KEY, facts_block
 from .samples import Sample, check_key_text, check_task_key, sample_to_record
 
 if TYPE_CHECKING:
+    import pandas
+    import pyarrow
     import torch
 
 __all__ = ["Archive", "ArchiveInfo", "open_archive"]
@@ -648,6 +651,37 @@ class Archive:
         # 0600, as exports always were (they were written through mkstemp).
         write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
         return target
+
+    def arrow_source(self) -> ArchiveSource:
+        """What the Arrow export reads of this archive (`archive_manager.arrow`)."""
+        return ArchiveSource(
+            context=self._pool,
+            archive_id=self._id,
+            name=self.name,
+            rollout_id=self.rollout_id,
+            evaluation=self.evaluation,
+            attrs=self.attrs,
+            read_blob=self._read_blob,
+            load_tensor=self._load_tensor,
+        )
+
+    def to_arrow(self, columns: Sequence[str] | None = None) -> pyarrow.Table:
+        """The archive as a `pyarrow.Table`, one row per sample (docs/architecture.md,
+        "Getting data out"): ``archive``, ``position``, ``sample_key``, ``task_key``,
+        ``rollout_id``, ``evaluation``, then a column per sample field, then
+        ``archive_attrs``, ``sample_class``, ``sample_converted``; ``columns`` keeps those
+        named.  Needs pyarrow (the ``data`` extra).
+
+        Raises:
+            InvalidInputError: ``columns`` names a column the archive does not have.
+            UnencodableError: a field no column type can hold (named).
+            MissingDependencyError: pyarrow is not installed.
+        """
+        return archive_table(self.arrow_source(), columns)
+
+    def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
+        """`to_arrow` as a pandas DataFrame (through Arrow; needs pandas)."""
+        return self.to_arrow(columns).to_pandas()
 
     def release(self) -> bool:
         """Drop the archive's own owner; its rows stay.  Idempotent.

@@ -43,6 +43,7 @@ from .errors import (
     PoolNotFoundError,
     ReadOnlyPoolError,
 )
+from .export import arrow_reader, export_archive, export_many, import_table
 from .gc import GcReport, collect
 from .identity import (
     IDENTITY_FILE,
@@ -1116,6 +1117,79 @@ class ArchiveManager:
             evaluation=evaluation,
             task_keys=task_keys,
             attrs=facts.attrs if facts is not None else None,
+        )
+
+    # ------------------------------------------------------------------ getting data out
+
+    def arrow_reader(
+        self,
+        *,
+        columns: Sequence[str] | None = None,
+        schema: Any = None,
+        names: Sequence[str] | None = None,
+        **filters: Any,
+    ) -> Any:
+        """The samples a query selects across archives as a `pyarrow.RecordBatchReader`, a
+        chunk at a time (memory stays bounded); filters as `query`, columns as
+        `Archive.to_arrow`; ``schema``: None (the first batch's), ``"scan"`` (a first pass
+        finds one every batch fits) or a schema (see `archive_manager.export.arrow_reader`)."""
+        return arrow_reader(self._context, columns=columns, schema=schema, names=names, **filters)
+
+    def export(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        format: str | None = None,
+        overwrite: bool = False,
+    ) -> Path:
+        """Write archive ``name`` as Parquet, JSONL or slime's ``.pt`` (``format``, else the
+        suffix of ``path``), through a temp file (see `archive_manager.export`)."""
+        return export_archive(self.open_archive(name), path, format=format, overwrite=overwrite)
+
+    def export_many(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        format: str,
+        rollout_ids: tuple[int | None, int | None] | None = None,
+        evaluation: bool | None = None,
+        overwrite: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[Path]:
+        """Export each published archive of an inclusive rollout id range (and evaluation
+        flag) to ``folder/<name>.<format>``."""
+        return export_many(
+            self._context,
+            folder,
+            format=format,
+            rollout_ids=rollout_ids,
+            evaluation=evaluation,
+            overwrite=overwrite,
+            progress=progress,
+        )
+
+    def import_table(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        rollout_id: int | None = None,
+        evaluation: bool | None = None,
+        mapping: dict[str, str] | None = None,
+        format: str | None = None,
+    ) -> Archive:
+        """Import a Parquet or JSONL file (an export of this library, or another framework's
+        rows with ``mapping`` from sample fields to columns) as a new archive."""
+        self._refuse_if_read_only("import")
+        return import_table(
+            self._context,
+            path,
+            name=name,
+            rollout_id=rollout_id,
+            evaluation=evaluation,
+            mapping=mapping,
+            format=format,
         )
 
     def owners(self) -> OwnersReport:

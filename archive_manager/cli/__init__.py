@@ -18,7 +18,7 @@ from .. import __version__
 from ..catalog.migrate import CATALOG_URL_ENV
 from ._context import CliError, PoolState, is_reportable, make_message_safe, one_line
 from ._params import PoolRoot
-from .archives import export, import_pt, keys, ls, query, show
+from .archives import import_pt, keys, ls, query, show
 from .demo import demo
 from .lens import groups, prompts
 from .maintenance import gc, rebind, rebuild_catalog, verify
@@ -26,6 +26,7 @@ from .owners import owners, release, release_owner, retain
 from .pool import db, info, init
 from .serve import serve
 from .stats import stats
+from .transfer import export, import_file
 
 __all__ = ["READ_ONLY_ENV", "ROOT_ENV", "cli", "main"]
 
@@ -115,6 +116,7 @@ for _command in (
     groups,
     prompts,
     export,
+    import_file,
     import_pt,
     release,
     retain,

@@ -58,7 +58,8 @@ def make_message_safe(exc: click.ClickException) -> None:
     Click's own usage errors echo what the user typed (``No such command``, a bad option
     value, a file name) and print it later, when the command has returned.
     """
-    exc.message = terminal_safe(exc.message)
+    # click 8.5 marks ``message`` Final in its stubs; it is a plain attribute at run time.
+    exc.message = terminal_safe(exc.message)  # type: ignore[misc,unused-ignore]
     shown = getattr(exc, "ui_filename", None)  # click.FileError prints it beside the message
     if isinstance(shown, str):
         exc.ui_filename = terminal_safe(shown)  # type: ignore[attr-defined]

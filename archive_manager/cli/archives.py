@@ -1,4 +1,5 @@
-"""Archive verbs: ``ls``, ``show``, ``keys``, ``query``, ``export``, ``import-pt``."""
+"""Archive verbs: ``ls``, ``show``, ``keys``, ``query``, ``import-pt`` (``export`` and
+``import``: cli/transfer.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from ..archive import ArchiveInfo
 from ..manager import ArchiveManager
 from ..stats import archive_summary
 from ._complete import complete_archive_name
-from ._context import CliError, json_option, pass_pool
+from ._context import json_option, pass_pool
 from ._output import echo, echo_fields, echo_json, echo_table, human_size, local_time
 from ._params import ROLLOUT_RANGE, SINCE
 
-__all__ = ["export", "import_pt", "keys", "ls", "query", "show"]
+__all__ = ["import_pt", "keys", "ls", "query", "show"]
 
 _STATES = ("published", "released", "pending", "all")
 
@@ -243,32 +244,6 @@ def query(
         ],
         right={1, 2, 6, 7},
     )
-
-
-@click.command()
-@click.argument("name", shell_complete=complete_archive_name)
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--force", "-f", is_flag=True, help="Overwrite OUT if it exists.")
-@json_option
-@pass_pool
-def export(pool: ArchiveManager, name: str, out: Path, force: bool, as_json: bool) -> None:
-    """Write archive NAME as a self-contained torch.save file (slime's dump format)."""
-    if out.exists() and not force:
-        raise CliError(f"{out} exists; pass --force to overwrite it")
-    arc = pool.open_archive(name)
-    path = arc.export_pt(out)
-    result: dict[str, Any] = {
-        "archive": arc.name,
-        "samples": len(arc),
-        "path": str(path),
-        "bytes": path.stat().st_size,
-    }
-    if as_json:
-        echo_json(result)
-    else:
-        echo(
-            f"exported {len(arc)} samples of {arc.name!r} to {path} ({human_size(result['bytes'])})"
-        )
 
 
 @click.command("import-pt")

@@ -36,7 +36,14 @@ from .framing import (
     _integrity,
 )
 from .tensors import TensorBlob
-from .values import DEFAULT_INLINE_LIMIT, EncodedSample, _gc_paused, decode_sample, encode_sample
+from .values import (
+    DEFAULT_INLINE_LIMIT,
+    EncodedSample,
+    _gc_paused,
+    decode_record,
+    decode_sample,
+    encode_sample,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -283,11 +290,19 @@ class ChunkReader:
         With ``as_arrays``, every field that is a list of ints (within int64) or of floats
         comes back as ``np.array(that list)``: same values, int64 or float64, writable.
         """
+        return self._decode(i, lambda rec: decode_sample(rec, self.loader, as_arrays=as_arrays))
+
+    def record(self, i: int) -> tuple[str | None, dict[str, Any], list[str] | None]:
+        """The record at offset ``i`` as ``(class name, fields, converted)``, numeric list
+        fields as `StoredNumbers` (see `decode_record`); errors as `sample`."""
+        return self._decode(i, lambda rec: decode_record(rec, self.loader, stored=True))
+
+    def _decode(self, i: int, decode: Callable[[memoryview], Any]) -> Any:
         if not 0 <= i < self._count:
             raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
         what = f"chunk blob {self.digest}, record {i}"
         try:
-            return decode_sample(self._record(i), self.loader, as_arrays=as_arrays)
+            return decode(self._record(i))
         except ArchiveError as exc:
             raise _integrity(what, exc) from exc
         except (

@@ -43,7 +43,14 @@ from .tensors import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_INLINE_LIMIT", "EncodedSample", "decode_sample", "encode_sample"]
+__all__ = [
+    "DEFAULT_INLINE_LIMIT",
+    "EncodedSample",
+    "StoredNumbers",
+    "decode_record",
+    "decode_sample",
+    "encode_sample",
+]
 
 DEFAULT_INLINE_LIMIT = 1 << 20
 
@@ -547,6 +554,29 @@ def decode_sample(
     ``KeyError``... errors of malformed parts): the chunk reader names the record and turns
     them into `IntegrityError`.
     """
+    with _gc_paused():
+        return fields_to_sample(*decode_record(rec, loader, as_arrays=as_arrays))
+
+
+class StoredNumbers(np.ndarray):
+    """A numeric list field as the array the record stores (``decode_record(stored=True)``):
+    the encoder's narrowed dtype, marked as a list so that a reader tells it from a field that
+    held a numpy array.  A view of the record's bytes where no copy was needed."""
+
+
+def decode_record(
+    rec: memoryview,
+    loader: Callable[[str], torch.Tensor] | None,
+    *,
+    as_arrays: bool = False,
+    stored: bool = False,
+) -> tuple[str | None, dict[str, Any], list[str] | None]:
+    """One record as `sample_to_record` output: ``(class name, fields, converted)``.
+
+    With ``stored``, numeric list fields come back as `StoredNumbers` (the Arrow export
+    builds its columns from them without a Python object per number); otherwise as
+    `decode_sample` gives them.  Raises as `decode_sample`.
+    """
     (tree_len,) = _TREE_LEN.unpack_from(rec, 0)
     tree_end = _TREE_LEN.size + tree_len
     if tree_end > rec.nbytes:
@@ -566,10 +596,11 @@ def decode_sample(
     ):
         raise IntegrityError("record lists its converted fields malformed")
     with _gc_paused():
-        fields = _Decoder(arrays, loader, as_arrays=as_arrays).fields(tree["f"])
-        if type(fields) is not dict:
-            raise IntegrityError("record fields are not a mapping")
-        return fields_to_sample(name, fields, converted)
+        decoder = _Decoder(arrays, loader, as_arrays=as_arrays or stored, stored=stored)
+        fields = decoder.fields(tree["f"])
+    if type(fields) is not dict:
+        raise IntegrityError("record fields are not a mapping")
+    return name, fields, converted
 
 
 class _Decoder:
@@ -581,10 +612,12 @@ class _Decoder:
         loader: Callable[[str], torch.Tensor] | None,
         *,
         as_arrays: bool = False,
+        stored: bool = False,
     ) -> None:
         self.arrays = arrays
         self.loader = loader
         self.as_arrays = as_arrays
+        self.stored = stored
         # NOTE: the encoder gives every array its own bytes, so the descriptors of a record
         # never reference more than its array section; hostile ones that alias the same bytes
         # many times would otherwise multiply the memory a small blob decodes to.
@@ -617,6 +650,8 @@ class _Decoder:
         if t is dict and node.get(_TAG) == "list" and node.get("d") in _ARRAY_LIST_DTYPES:
             dtype = _NUMPY_DTYPES[node["d"]]
             arr = _unshuffle(self._slice(node), dtype, node["s"])
+            if self.stored:
+                return arr.view(StoredNumbers)
             # np.array(the saved list)'s dtype, and memory of its own (not a read-only view
             # that would keep the whole decompressed record alive).
             wide = np.int64 if dtype.kind in "iu" else np.float64
@@ -625,7 +660,7 @@ class _Decoder:
         if type(value) is list and value:
             numbers = _number_array(value)
             if numbers is not None:
-                return numbers
+                return numbers.view(StoredNumbers) if self.stored else numbers
         return value
 
     def decode(self, node: Any) -> Any:

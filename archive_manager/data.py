@@ -1,0 +1,309 @@
+"""PyTorch datasets over a pool: the samples a query selects, read a chunk at a time
+(docs/architecture.md, "Getting data out").
+
+`RolloutDataset` is map-style (item ``i`` reads only its chunk, with a small chunk cache);
+`RolloutIterableDataset` streams chunk by chunk, sharded across DataLoader workers and
+distributed ranks, with an optional seeded shuffle of chunk order.  Both hold only names and
+the catalog's index when pickled; each process opens the pool itself, read-only, on first
+use.  An item is a dict keyed like an Arrow export's columns (``archive``, ``position``,
+``sample_key``, ``task_key``, ``rollout_id``, ``evaluation``, then the sample's fields, a
+reserved name prefixed ``field.``); numeric lists are tensors (``as_tensors``), tensor
+blobs are loaded, so an item crosses process boundaries as it is.
+
+This module imports torch (its datasets subclass torch's); ``import archive_manager`` does
+not import it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from .archive import Archive
+from .arrow import (
+    ArchiveSource,
+    ChunkPlan,
+    Row,
+    chunk_plan,
+    column_name,
+    decode_chunk_rows,
+    fetch_chunk,
+)
+from .codec import StoredNumbers, materialize_tensor_refs
+from .errors import InvalidInputError
+from .export import selected_archives
+from .manager import ArchiveManager
+
+__all__ = ["RolloutDataset", "RolloutIterableDataset", "pad_collate"]
+
+#: Chunks a map-style dataset keeps decoded (per process).
+DEFAULT_CACHE_CHUNKS = 4
+
+
+class _PoolReader:
+    """What both datasets share: where the pool is, the index of selected chunks, and (per
+    process, opened lazily, never pickled) the read-only pool."""
+
+    def __init__(
+        self,
+        pool_or_root: ArchiveManager | str | os.PathLike[str],
+        catalog_url: str | None,
+        fields: Sequence[str] | None,
+        as_tensors: bool,
+        query: dict[str, Any],
+    ) -> None:
+        if isinstance(pool_or_root, ArchiveManager):
+            self.root: str = str(pool_or_root.root)
+            self.catalog_url: str | None = catalog_url or pool_or_root.catalog_url
+            pool = pool_or_root
+            owned = False
+        else:
+            self.root = (
+                str(Path(pool_or_root))
+                if not str(pool_or_root).startswith("s3://")
+                else str(pool_or_root)
+            )
+            self.catalog_url = catalog_url
+            pool = ArchiveManager.open(self.root, catalog_url, read_only=True, create=False)
+            owned = True
+        if fields is not None and (
+            isinstance(fields, str) or not all(isinstance(f, str) for f in fields)
+        ):
+            raise InvalidInputError("fields must be a list of field names")
+        if type(as_tensors) is not bool:
+            raise InvalidInputError("as_tensors must be True or False")
+        self.fields = None if fields is None else list(fields)
+        self.as_tensors = as_tensors
+        try:
+            #: ``[(archive, chunk plan)]``: one entry per chunk holding a selected sample
+            self.units: list[tuple[str, ChunkPlan]] = []
+            for name, positions in selected_archives(pool.context, None, query):
+                arc = pool.open_archive(name)
+                for part in chunk_plan(arc.arrow_source(), positions):
+                    self.units.append((name, part))
+        finally:
+            if owned:
+                pool.close()
+        self._pool: ArchiveManager | None = None
+        self._sources: dict[str, ArchiveSource] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_pool"] = None  # no open connection crosses a process boundary
+        state["_sources"] = {}
+        return state
+
+    def source(self, name: str) -> ArchiveSource:
+        if self._pool is None or self._pid != os.getpid():
+            # a forked worker must not use its parent's connections
+            self._pool = ArchiveManager.open(
+                self.root, self.catalog_url, read_only=True, create=False
+            )
+            self._sources = {}
+            self._pid = os.getpid()
+        found = self._sources.get(name)
+        if found is None:
+            arc: Archive = self._pool.open_archive(name)
+            found = self._sources[name] = arc.arrow_source()
+        return found
+
+    def read_unit(self, k: int) -> list[dict[str, Any]]:
+        name, part = self.units[k]
+        source = self.source(name)
+        rows = decode_chunk_rows(source, part, fetch_chunk(source, part))
+        return [self.item(source, row) for row in rows]
+
+    def item(self, source: ArchiveSource, row: Row) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "archive": source.name,
+            "position": row.position,
+            "sample_key": row.sample_key,
+            "task_key": row.task_key,
+            "rollout_id": source.rollout_id,
+            "evaluation": source.evaluation,
+        }
+        for key, value in row.fields.items():
+            out[column_name(key) if type(key) is str else key] = value
+        if self.fields is not None:
+            missing = [f for f in self.fields if f not in out]
+            if missing:
+                raise InvalidInputError(
+                    f"archive {source.name!r}, sample {row.position} has no field "
+                    f"{', '.join(map(repr, missing))}"
+                )
+            out = {f: out[f] for f in self.fields}
+        return {k: self.value(v) for k, v in out.items()}
+
+    def value(self, value: Any) -> Any:
+        if type(value) is StoredNumbers:
+            array = np.asarray(value)
+            if not self.as_tensors:
+                return array.tolist()
+            # a copy of its own (the record's bytes are read-only); token ids as int64, the
+            # dtype embeddings and losses take; floats as stored (float32 log-probs)
+            return torch.from_numpy(
+                array.astype(np.int64 if array.dtype.kind in "iu" else array.dtype)
+            )
+        return materialize_tensor_refs(value)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+class RolloutDataset(Dataset):  # type: ignore[type-arg]
+    """Map-style: the samples ``query`` selects (`ArchiveManager.query`'s filters), in
+    rollout id, archive, position order.  Item ``i`` reads only its chunk; the last
+    ``cache_chunks`` chunks read stay decoded (per process)."""
+
+    def __init__(
+        self,
+        pool_or_root: ArchiveManager | str | os.PathLike[str],
+        *,
+        catalog_url: str | None = None,
+        fields: Sequence[str] | None = None,
+        as_tensors: bool = True,
+        cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        **query: Any,
+    ) -> None:
+        if isinstance(cache_chunks, bool) or not isinstance(cache_chunks, int) or cache_chunks < 1:
+            raise InvalidInputError("cache_chunks must be an int >= 1")
+        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, query)
+        self._index = [
+            (k, j) for k, (_, part) in enumerate(self._reader.units) for j in range(len(part[2]))
+        ]
+        self._cache_size = cache_chunks
+        self._cache: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_cache"] = OrderedDict()
+        return state
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise InvalidInputError(f"index must be an int, not {type(i).__name__}")
+        if not -len(self._index) <= i < len(self._index):
+            raise IndexError(f"index {i} out of range for {len(self._index)} samples")
+        k, j = self._index[int(i)]
+        items = self._cache.get(k)
+        if items is None:
+            items = self._cache[k] = self._reader.read_unit(k)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(k)
+        return dict(items[j])
+
+    def close(self) -> None:
+        """Close this process's pool connection (it reopens on the next item)."""
+        self._reader.close()
+
+
+class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
+    """Streamed: the samples ``query`` selects, a chunk at a time.
+
+    Chunks are dealt round-robin to every (rank, DataLoader worker) pair; ``rank`` and
+    ``world_size`` default to torch.distributed's when it is initialised, else 0 and 1.
+    With ``shuffle``, chunk order (not the order inside a chunk) is shuffled with
+    ``seed + epoch`` (`set_epoch`), the same on every rank, so the shards stay disjoint.
+    """
+
+    def __init__(
+        self,
+        pool_or_root: ArchiveManager | str | os.PathLike[str],
+        *,
+        catalog_url: str | None = None,
+        fields: Sequence[str] | None = None,
+        as_tensors: bool = True,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **query: Any,
+    ) -> None:
+        if rank is None and world_size is None and _distributed():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        rank = 0 if rank is None else rank
+        world_size = 1 if world_size is None else world_size
+        for value, what in ((rank, "rank"), (world_size, "world_size"), (seed, "seed")):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInputError(f"{what} must be an int")
+        if not 0 <= rank < world_size:
+            raise InvalidInputError(f"rank {rank} is not in [0, world_size={world_size})")
+        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, query)
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.epoch = 0
+        self.rank = rank
+        self.world_size = world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle chunks differently in this epoch (call it on every rank alike)."""
+        self.epoch = epoch
+
+    def shard(self, worker: int = 0, workers: int = 1) -> list[int]:
+        """The chunks (indices into the selection's) this rank's worker reads, in order."""
+        order = list(range(len(self._reader.units)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order[self.rank * workers + worker :: self.world_size * workers]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for k in self.shard(worker, workers):
+            yield from self._reader.read_unit(k)
+
+    def __len__(self) -> int:
+        """Samples selected across all ranks and workers."""
+        return sum(len(part[2]) for _, part in self._reader.units)
+
+
+def _distributed() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
+    """A batch of dataset items as one dict: ``tokens`` padded with ``pad_id`` (right) into
+    ``[B, T]`` with ``attention_mask`` (1 on real tokens); ``loss_mask`` and
+    ``rollout_log_probs`` padded with 0 into ``[B, R]``; other 1-d tensors padded with 0;
+    numbers as a tensor; anything else as a list.
+
+    Raises:
+        InvalidInputError: an empty batch, or items with different keys.
+    """
+    if not batch:
+        raise InvalidInputError("pad_collate needs at least one item")
+    keys = list(batch[0])
+    if any(list(item) != keys for item in batch):
+        raise InvalidInputError("pad_collate: the items have different fields")
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [item[key] for item in batch]
+        if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
+            fill = pad_id if key == "tokens" else 0
+            out[key] = torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=fill)
+            if key == "tokens":
+                lengths = torch.tensor([len(v) for v in values])
+                out["attention_mask"] = (
+                    torch.arange(out[key].shape[1])[None, :] < lengths[:, None]
+                ).long()
+        elif all(type(v) in (int, float) for v in values) and values:
+            out[key] = torch.tensor(values)
+        else:
+            out[key] = values
+    return out

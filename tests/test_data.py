@@ -1,0 +1,109 @@
+"""PyTorch datasets over a pool (docs/architecture.md, "Getting data out"): map-style and
+iterable, sharded across workers and ranks, pickled without connections, in a real
+DataLoader with two workers; and pad_collate."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import small_rollout
+from torch.utils.data import DataLoader
+
+from archive_manager import ArchiveManager
+from archive_manager.data import RolloutDataset, RolloutIterableDataset, pad_collate
+from archive_manager.errors import InvalidInputError
+
+FIELDS = ["archive", "position", "tokens", "loss_mask", "rollout_log_probs", "reward"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """Three rollouts of 10 tiny samples in chunks of 4 (3 chunks each), one evaluation."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root, chunk_size=4) as pool:
+        for i in range(3):
+            samples = small_rollout(
+                10, seed=i, rollout_id=i, prompt_len=8, response_min=4, response_max=12
+            )
+            pool.save(f"r{i}", samples, rollout_id=i, evaluation=i == 2)
+    yield root
+
+
+def test_map_style_reads_items_by_chunk_and_pickles_without_a_connection(root: Path) -> None:
+    with ArchiveManager.open(root, read_only=True) as pool:
+        expected = pool.open_archive("r1").load_samples()
+        data = RolloutDataset(pool, fields=FIELDS, evaluation=False, cache_chunks=2)
+    assert len(data) == 20
+    item = data[13]
+    assert (item["archive"], item["position"]) == ("r1", 3)
+    assert item["tokens"].dtype == torch.int64 and item["tokens"].tolist() == expected[3].tokens
+    assert item["rollout_log_probs"].dtype == torch.float32
+    assert item["rollout_log_probs"].tolist() == expected[3].rollout_log_probs
+    assert data[-1]["position"] == 9 and data[-1]["archive"] == "r1"
+    copy = pickle.loads(pickle.dumps(data))
+    assert copy._reader._pool is None and not copy._cache
+    assert copy[0]["tokens"].tolist() == data[0]["tokens"].tolist()
+    lists = RolloutDataset(root, fields=["tokens", "metadata"], as_tensors=False, min_rollout_id=2)
+    assert len(lists) == 10 and isinstance(lists[0]["tokens"], list) and lists[0]["metadata"]
+    with pytest.raises(IndexError):
+        data[20]
+    with pytest.raises(InvalidInputError, match="unknown filter 'rollout'"):
+        RolloutDataset(root, rollout=3)
+    with pytest.raises(InvalidInputError, match="'nope'"):
+        RolloutDataset(root, fields=["nope"])[0]
+    data.close()
+
+
+def test_iterable_shards_chunks_across_ranks_and_workers_and_shuffles_by_seed(root: Path) -> None:
+    everything = [
+        (d["archive"], d["position"]) for d in RolloutIterableDataset(root, fields=FIELDS)
+    ]
+    assert len(everything) == 30 and len(set(everything)) == 30
+    shards = [RolloutIterableDataset(root, fields=FIELDS, rank=r, world_size=2) for r in (0, 1)]
+    parts = [set(s.shard(w, 2)) for s in shards for w in (0, 1)]
+    assert sorted(k for p in parts for k in p) == list(range(9))  # 9 chunks, each read once
+    one = RolloutIterableDataset(root, fields=FIELDS, shuffle=True, seed=5)
+    again = RolloutIterableDataset(root, fields=FIELDS, shuffle=True, seed=5)
+    assert one.shard() == again.shard() != list(range(9))
+    one.set_epoch(1)
+    assert one.shard() != again.shard() and sorted(one.shard()) == list(range(9))
+    with pytest.raises(InvalidInputError, match="rank"):
+        RolloutIterableDataset(root, rank=2, world_size=2)
+
+
+def test_dataloader_with_two_workers(root: Path) -> None:
+    data = RolloutIterableDataset(root, fields=FIELDS, evaluation=False, shuffle=True, seed=1)
+    loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=pad_collate)
+    seen = []
+    for batch in loader:
+        assert batch["tokens"].shape == batch["attention_mask"].shape
+        seen += list(zip(batch["archive"], batch["position"].tolist(), strict=True))
+    assert sorted(seen) == [(f"r{i}", p) for i in (0, 1) for p in range(10)]
+
+
+def test_pad_collate_pads_right_with_an_attention_mask() -> None:
+    items = [
+        {
+            "tokens": torch.tensor([5, 6, 7]),
+            "loss_mask": torch.tensor([1, 1]),
+            "reward": 1.0,
+            "archive": "a",
+        },
+        {
+            "tokens": torch.tensor([8]),
+            "loss_mask": torch.tensor([0]),
+            "reward": 0.0,
+            "archive": "b",
+        },
+    ]
+    batch = pad_collate(items, pad_id=-1)
+    assert batch["tokens"].tolist() == [[5, 6, 7], [8, -1, -1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[1, 1], [0, 0]]
+    assert batch["reward"].tolist() == [1.0, 0.0] and batch["archive"] == ["a", "b"]
+    with pytest.raises(InvalidInputError):
+        pad_collate([])
