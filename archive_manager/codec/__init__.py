@@ -88,6 +88,7 @@ from .values import (
     _marshalled_numbers,
     _number_array,
     _Record,
+    decode_fields,
     decode_sample,
     encode_sample,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "TensorRef",
     "build_chunk",
     "decode_chunk",
+    "decode_fields",
     "decode_manifest",
     "decode_sample",
     "decode_tensor_blob",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,14 @@ from .framing import (
     _integrity,
 )
 from .tensors import TensorBlob
-from .values import DEFAULT_INLINE_LIMIT, EncodedSample, _gc_paused, decode_sample, encode_sample
+from .values import (
+    DEFAULT_INLINE_LIMIT,
+    EncodedSample,
+    _gc_paused,
+    decode_fields,
+    decode_sample,
+    encode_sample,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -285,9 +292,19 @@ class ChunkReader:
         """
         if not 0 <= i < self._count:
             raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
+        return self._decode(i, lambda rec: decode_sample(rec, self.loader, as_arrays=as_arrays))
+
+    def fields(self, i: int, names: Collection[str]) -> dict[str, Any]:
+        """Only the top-level fields ``names`` of the sample at offset ``i`` (a search reads
+        its texts so, without decoding token ids or log-probs); missing ones are left out."""
+        if not 0 <= i < self._count:
+            raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
+        return self._decode(i, lambda rec: decode_fields(rec, names))  # type: ignore[no-any-return]
+
+    def _decode(self, i: int, decode: Callable[[memoryview], Any]) -> Any:
         what = f"chunk blob {self.digest}, record {i}"
         try:
-            return decode_sample(self._record(i), self.loader, as_arrays=as_arrays)
+            return decode(self._record(i))
         except ArchiveError as exc:
             raise _integrity(what, exc) from exc
         except (
