@@ -490,7 +490,8 @@ def search_page() -> Any:
     text = _search_text()
     regex = _choice("regex", ("0", "1"), "0") == "1"
     ignore_case = _choice("case", ("exact", "ignore"), "exact") == "ignore"
-    field = _choice("field", ("all", *SEARCH_FIELDS), "all")
+    # NOTE: not ``field``, which is the tensor page's path argument (see _QUERY_PARAMETERS).
+    field = _choice("fields", ("all", *SEARCH_FIELDS), "all")
     rollout_ids, evaluation = _rollout_range(), _evaluation()
     limit = _int("limit", 100, 1, MAX_SEARCH_LIMIT)
     if text is None:
@@ -668,7 +669,7 @@ _QUERY_PARAMETERS = frozenset(
         "q",
         "regex",
         "case",
-        "field",
+        "fields",
         "limit",
         "a",
         "a_position",
