@@ -234,6 +234,13 @@ def main() -> int:
                     )
                     for label, (secs, n) in r["queries"].items():
                         print(f"    {label:<16} {secs * 1e3:8.1f} ms  {n} rows")
+                frames = bench_text_frames(pool, names[: args.index_archives], "equation solve")
+                print(
+                    f"text-only frames (not built), {args.index_archives} rollouts, one thread: "
+                    f"{frames['seconds']:.2f} s to inflate and search "
+                    f"({frames['seconds'] * scale:.1f} s scaled), {frames['raw MB']:.0f} MB of "
+                    f"text stored in {frames['stored MB']:.0f} MB"
+                )
             print(
                 f"target: a search of the whole pool in <= {TARGET_S} s: "
                 f"{'met' if ok else 'NOT met'} by the scan"
