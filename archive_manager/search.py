@@ -8,9 +8,10 @@ search sees is checked against its digest like any load.  Memory stays bounded: 
 few chunks are in flight, and at most ``limit`` matches are kept.
 
 Patterns: a literal (the default) is searched as it is (``ignore_case`` folds case); a regular
-expression (``regex=True``) runs in the `regex` module with a time limit, so a pattern that
-backtracks without end (``(a+)+$``) stops with `SearchTimeoutError` instead of holding a
-thread (and a viewer's worker) for ever; Python's `re` cannot be interrupted.
+expression (``regex=True``) runs in the `regex` module with a time limit per text, so a
+pattern that backtracks without end (``(a|aa)+$``) stops with `SearchTimeoutError` instead of
+holding a thread (and a viewer's worker) for ever; Python's `re` cannot be interrupted.  A
+search that reaches its own ``timeout`` returns what it found so far (`SearchResult.timed_out`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ MAX_PATTERN = 1_000
 DEFAULT_TIMEOUT = 60.0
 #: Characters of the matched line kept on either side of the match.
 LINE_CONTEXT = 120
+#: Seconds one text may take a regular expression: a sane pattern needs microseconds for a
+#: response; past this it is backtracking without end (see `_finder`).
+_PER_TEXT = 2.0
 #: Chunks read and scanned ahead of the one whose matches are being collected.
 _AHEAD = 4
 _WORKERS = 2
@@ -97,6 +101,7 @@ class SearchResult:
     samples: int = 0  # samples scanned
     bytes_read: int = 0  # chunk bytes read
     limited: bool = False  # stopped at the limit: more samples may match
+    timed_out: bool = False  # stopped at the time limit: later archives were not scanned
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -108,6 +113,7 @@ class SearchResult:
             "samples_scanned": self.samples,
             "bytes_read": self.bytes_read,
             "limited": self.limited,
+            "timed_out": self.timed_out,
             "seconds": self.seconds,
             "matches": [m.as_dict() for m in self.matches],
         }
@@ -170,21 +176,28 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
     def find_regex(text: str) -> tuple[int, int] | None:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise SearchTimeoutError(_timeout_message(pattern))
+            raise _DeadlineReached
+        limit = min(left, _PER_TEXT)
         try:
-            m = compiled.search(text, timeout=left)
+            m = compiled.search(text, timeout=limit)
         except TimeoutError:
+            if limit < _PER_TEXT:
+                raise _DeadlineReached from None  # the search's own time ran out meanwhile
             raise SearchTimeoutError(_timeout_message(pattern)) from None
         return None if m is None else m.span()
 
     return find_regex
 
 
+class _DeadlineReached(Exception):
+    """The search's time is up: it stops and returns what it found."""
+
+
 def _timeout_message(pattern: str) -> str:
     return (
-        f"the search for {pattern[:60]!r} ran past its time limit: a regular expression "
-        "that backtracks (nested repeats such as (a+)+) can run for ages; simplify it, "
-        "narrow the rollouts, or give a longer timeout"
+        f"the regular expression {pattern[:60]!r} ran for more than {_PER_TEXT:g} s on one "
+        "text: it backtracks without end (nested or overlapping repeats such as (a|aa)+); "
+        "simplify it"
     )
 
 
@@ -330,7 +343,9 @@ def search_pool(
     Raises:
         InvalidInputError: an empty or too long pattern, a regular expression that does not
             compile or matches the empty string, a bad field, range or limit.
-        SearchTimeoutError: the search ran past ``timeout`` seconds (a runaway pattern).
+        SearchTimeoutError: a regular expression ran away on one text (backtracking without
+            end).  A search that reaches ``timeout`` is not an error: it stops and returns
+            what it found, with `SearchResult.timed_out` set.
         MissingDependencyError: ``regex`` without the `regex` module installed.
     """
     for flag, what in ((regex, "regex"), (ignore_case, "ignore_case")):
@@ -354,7 +369,11 @@ def search_pool(
         pending: list[tuple[Any, Future[Any]]] = []
 
         def collect(row: Any, future: Future[Any]) -> bool:
-            read, found = future.result()
+            try:
+                read, found = future.result()
+            except _DeadlineReached:
+                result.timed_out = True
+                return False
             result.bytes_read += read
             for entry, name, (number, line, start, end) in found:
                 if len(result.matches) >= limit:
@@ -380,20 +399,21 @@ def search_pool(
             return True
 
         try:
+            stopped = False
             for row, ordinal, digest, entries in _chunks(ctx, rows, result):
                 if time.monotonic() > deadline:
-                    raise SearchTimeoutError(_timeout_message(pattern))
+                    result.timed_out = True
+                    break  # what is in flight is still collected below
                 archive = Archive(ctx, row)
                 pending.append(
                     (row, pool.submit(_scan_chunk, archive, ordinal, digest, entries, chosen, find))
                 )
                 result.samples += len(entries)
                 if len(pending) > _AHEAD and not collect(*pending.pop(0)):
+                    stopped = True
                     break
-            else:
-                while pending:
-                    if not collect(*pending.pop(0)):
-                        break
+            while pending and not stopped:
+                stopped = not collect(*pending.pop(0))
         finally:
             for _, future in pending:
                 future.cancel()

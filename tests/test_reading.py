@@ -5,6 +5,7 @@ compare and Markdown pages, hostile model output included."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 from conftest import Backend, open_on, snapshot_pool
 
 import archive_manager
-from archive_manager import ArchiveManager
+from archive_manager import ArchiveManager, search
 from archive_manager.cli import cli
 from archive_manager.errors import (
     InvalidInputError,
@@ -149,7 +150,9 @@ def test_search_literal_regex_fields_filters_and_limit(
         assert snapshot_pool(pool) == before
 
 
-def test_search_bad_input_and_runaway_regex(tmp_path: Path) -> None:
+def test_search_bad_input_and_runaway_regex(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with ArchiveManager.open(tmp_path / "pool") as pool:
         pool.save("r", [{"response": "a" * 40 + "!", "tokens": [1]}], rollout_id=1)
         before = snapshot_pool(pool)
@@ -168,8 +171,16 @@ def test_search_bad_input_and_runaway_regex(tmp_path: Path) -> None:
             with pytest.raises(InvalidInputError, match=message):
                 pool.search(**kwargs)
         pytest.importorskip("regex")
-        with pytest.raises(SearchTimeoutError, match="time limit"):
-            pool.search("(a|aa)+$", regex=True, timeout=0.05)
+        # A runaway pattern is an error; a search out of time returns what it found.
+        monkeypatch.setattr(search, "_PER_TEXT", 0.05)
+        with pytest.raises(SearchTimeoutError, match="backtracks without end"):
+            pool.search("(a|aa)+$", regex=True)
+        late = pool.search("(a|aa)+$", regex=True, timeout=0.01)
+        assert late.timed_out and late.matches == []
+        clock = itertools.chain([0.0], itertools.repeat(1e6))  # time is up after the start
+        monkeypatch.setattr(search.time, "monotonic", lambda: next(clock))
+        stopped = pool.search("a")
+        assert stopped.timed_out and stopped.samples == 0
         assert snapshot_pool(pool) == before
 
 

@@ -38,7 +38,7 @@ __all__ = ["grep"]
     type=click.FloatRange(min=0, min_open=True, max=24 * 3600),
     default=60.0,
     show_default=True,
-    help="Seconds before the search stops (bounds a runaway regular expression).",
+    help="Seconds before the search stops and shows what it found.",
 )
 @json_option
 @pass_pool
@@ -88,6 +88,8 @@ def grep(
             right={1, 4, 6},
         )
     more = f", stopped at --limit {limit}" if result.limited else ""
+    if result.timed_out:
+        more += f", stopped at --timeout {timeout:g} s (later archives not scanned)"
     echo(
         f"{len(result.matches)} matching sample(s){more}; scanned {result.samples:,} samples "
         f"of {result.archives} archive(s) in {result.seconds:.2f} s"
