@@ -144,3 +144,14 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     checks = bench.targets(results, memory)
     assert len(checks) == 9
     assert [ok for _, ok, _ in checks] == [good] * 9
+
+
+def test_bench_search_quick_run(tmp_path: Path) -> None:
+    done = _run(
+        TOOLS / "bench_search.py", "--root", tmp_path / "pool", "--archives", "2",
+        "--samples", "16", "--index-archives", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "literal, no match (reads all)" in done.stdout and "32 samples" in done.stdout
+    assert "unicode61 fill" in done.stdout and "trigram" in done.stdout
+    assert "text-only frames" in done.stdout and "target:" in done.stdout
