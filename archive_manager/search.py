@@ -201,6 +201,25 @@ def _timeout_message(pattern: str) -> str:
     )
 
 
+def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> re.Pattern[bytes] | None:
+    """A bytes pattern every record holding a match of ``pattern`` holds, or None.
+
+    NOTE: a literal's UTF-8 bytes appear in the inflated record of every sample whose text
+    holds it: a long text is stored as its UTF-8 bytes, a short one inside the record's JSON
+    tree, which writes every character as it is (``ensure_ascii=False``) except ``"``, ``\\``
+    and control characters; literals holding those get no prefilter.  Records without the bytes
+    (most, for a rare pattern) are skipped before their tree is parsed: that parse cost as much
+    as the inflation (docs/architecture.md, "Search").
+    """
+    if regex or ignore_case or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
+        return None
+    try:
+        needle = pattern.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: stored with surrogatepass
+        return None
+    return re.compile(re.escape(needle))
+
+
 def _text(value: object) -> str | None:
     """The searchable text of a field: a string, or the contents of chat messages."""
     if isinstance(value, str):
@@ -243,6 +262,7 @@ def _scan_chunk(
     entries: list[_Entry],
     fields: tuple[str, ...],
     find: Finder,
+    require: re.Pattern[bytes] | None,
 ) -> tuple[int, list[tuple[_Entry, str, tuple[int, str, int, int]]]]:
     """Read one chunk (verified) and search the texts of its samples; return the bytes read
     and, per matching sample, its first match."""
@@ -254,11 +274,13 @@ def _scan_chunk(
     seen: dict[str, tuple[int, int] | None] = {}
     for entry in entries:
         try:
-            values = reader.fields(entry.offset, fields)
+            values = reader.fields(entry.offset, fields, require=require)
         except (IndexError, IntegrityError) as exc:
             raise IntegrityError(
                 f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}"
             ) from exc
+        if values is None:
+            continue
         for name in fields:
             text = _text(values.get(name))
             if not text:
@@ -363,6 +385,7 @@ def search_pool(
     started = time.monotonic()
     deadline = started + float(timeout)
     find = _finder(pattern, regex, ignore_case, deadline)
+    require = _prefilter(pattern, regex, ignore_case)
     result = SearchResult(pattern, regex, chosen)
     rows = _archives(ctx, rollout_ids, evaluation, names)
     with ThreadPoolExecutor(_WORKERS, thread_name_prefix="archive-search") as pool:
@@ -406,7 +429,12 @@ def search_pool(
                     break  # what is in flight is still collected below
                 archive = Archive(ctx, row)
                 pending.append(
-                    (row, pool.submit(_scan_chunk, archive, ordinal, digest, entries, chosen, find))
+                    (
+                        row,
+                        pool.submit(
+                            _scan_chunk, archive, ordinal, digest, entries, chosen, find, require
+                        ),
+                    )
                 )
                 result.samples += len(entries)
                 if len(pending) > _AHEAD and not collect(*pending.pop(0)):

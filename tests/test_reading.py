@@ -147,7 +147,28 @@ def test_search_literal_regex_fields_filters_and_limit(
         assert {m.archive for m in pool.search("answer", evaluation=True).matches} == {"e2"}
         limited = pool.search("answer", limit=5)
         assert len(limited.matches) == 5 and limited.limited
-        assert snapshot_pool(pool) == before
+        # A literal absent from a record's bytes skips it before its tree is parsed.
+        import archive_manager.codec.chunk as chunk
+
+        parsed: list[int] = []
+        real = chunk.decode_fields
+        monkeypatch.setattr(
+            chunk, "decode_fields", lambda rec, names: parsed.append(1) or real(rec, names)
+        )
+        assert pool.search("zebra").matches == [] and parsed == []
+        assert pool.search('zebra"').matches == [] and len(parsed) == 18  # no prefilter
+        assert snapshot_pool(pool) == before  # searching wrote nothing
+        # Texts the record's JSON tree escapes, or holds as non-ASCII UTF-8, are found alike.
+        odd = ['she said "hi" \\ ok', "café ☕ naïve", "tab\there", "x" * 600 + ' "quoted" é']
+        pool.save("odd", [{"response": r, "tokens": [1]} for r in odd], rollout_id=9)
+        for needle, position in (
+            ('said "hi" \\', 0),
+            ("☕ naïve", 1),
+            ("tab\th", 2),
+            ('"quoted" é', 3),
+        ):
+            got = pool.search(needle, rollout_ids=(9, 9)).matches
+            assert [m.position for m in got] == [position], needle
 
 
 def test_search_bad_input_and_runaway_regex(

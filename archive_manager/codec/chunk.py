@@ -12,6 +12,7 @@ place, so a reader can seek (or slice a memory map) straight to it.
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -294,12 +295,24 @@ class ChunkReader:
             raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
         return self._decode(i, lambda rec: decode_sample(rec, self.loader, as_arrays=as_arrays))
 
-    def fields(self, i: int, names: Collection[str]) -> dict[str, Any]:
+    def fields(
+        self, i: int, names: Collection[str], *, require: re.Pattern[bytes] | None = None
+    ) -> dict[str, Any] | None:
         """Only the top-level fields ``names`` of the sample at offset ``i`` (a search reads
-        its texts so, without decoding token ids or log-probs); missing ones are left out."""
+        its texts so, without decoding token ids or log-probs); missing ones are left out.
+
+        With ``require``, None unless the record's inflated bytes hold a match of it: nothing
+        is decoded for a record that cannot hold what a search looks for.
+        """
         if not 0 <= i < self._count:
             raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
-        return self._decode(i, lambda rec: decode_fields(rec, names))  # type: ignore[no-any-return]
+
+        def decode(rec: memoryview) -> dict[str, Any] | None:
+            if require is not None and require.search(rec) is None:
+                return None
+            return decode_fields(rec, names)
+
+        return self._decode(i, decode)  # type: ignore[no-any-return]
 
     def _decode(self, i: int, decode: Callable[[memoryview], Any]) -> Any:
         what = f"chunk blob {self.digest}, record {i}"
