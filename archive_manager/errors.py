@@ -30,6 +30,7 @@ __all__ = [
     "PoolLayoutError",
     "PoolNotFoundError",
     "ReadOnlyPoolError",
+    "SearchTimeoutError",
     "TransientBlobStoreError",
     "UnencodableError",
     "UnsupportedFilesystemError",
@@ -112,6 +113,10 @@ class InvalidNameError(ArchiveError, ValueError):
 
 class InvalidInputError(ArchiveError, ValueError):
     """An argument is malformed: wrong length, wrong type, contradictory options."""
+
+
+class SearchTimeoutError(InvalidInputError, TimeoutError):
+    """A search ran past its time limit (a regular expression that backtracks without end)."""
 
 
 class UnencodableError(ArchiveError, TypeError):

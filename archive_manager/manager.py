@@ -78,6 +78,8 @@ from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
 from .retention import OwnersReport, ReleasePlan, audit_owners, plan_release
 from .samples import check_task_key
+from .search import DEFAULT_TIMEOUT as DEFAULT_SEARCH_TIMEOUT
+from .search import SearchResult, search_pool
 from .stats import RolloutStats, StatsCache, rollout_stats
 from .verify import VerifyReport, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, save_samples
@@ -902,6 +904,42 @@ class ArchiveManager:
         (``direction``: ``"regressed"``, ``"improved"`` or None for either way)."""
         return prompt_changes(
             self.catalog, before, after, evaluation=evaluation, direction=direction, limit=limit
+        )
+
+    def search(
+        self,
+        pattern: str,
+        *,
+        regex: bool = False,
+        ignore_case: bool = False,
+        fields: str | Sequence[str] | None = None,
+        rollout_ids: object = None,
+        evaluation: bool | None = None,
+        names: Sequence[str] | None = None,
+        limit: int = 100,
+        timeout: float = DEFAULT_SEARCH_TIMEOUT,
+    ) -> SearchResult:
+        """The published samples whose prompt or response (``fields``: ``"prompt"``,
+        ``"response"`` or ``"all"``) contains ``pattern``, a literal or, with ``regex``, a
+        regular expression bounded by ``timeout`` seconds; at most ``limit`` (up to 10,000)
+        matches in archive and position order, each with its keys, reward and the matched
+        line.  Reads only the text fields of each record (docs/architecture.md, "Search").
+
+        Raises:
+            InvalidInputError: bad pattern, field, range or limit.
+            SearchTimeoutError: the search ran past ``timeout`` (a runaway pattern).
+        """
+        return search_pool(
+            self.context,
+            pattern,
+            regex=regex,
+            ignore_case=ignore_case,
+            fields=fields,
+            rollout_ids=rollout_ids,
+            evaluation=evaluation,
+            names=names,
+            limit=limit,
+            timeout=timeout,
         )
 
     # ------------------------------------------------------------------ owners

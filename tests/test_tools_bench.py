@@ -155,3 +155,14 @@ def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
     assert (figures["samples"], figures["chunks"]) == (8, 1)
     assert set(figures["results"]) == {"load_samples", "iter_samples", "iter_samples_arrays"}
     assert all(r["seconds"] > 0 for r in figures["results"].values())
+
+
+def test_bench_search_quick_run(tmp_path: Path) -> None:
+    done = _run(
+        TOOLS / "bench_search.py", "--root", tmp_path / "pool", "--archives", "2",
+        "--samples", "16", "--index-archives", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "literal, no match (reads all)" in done.stdout and "32 samples" in done.stdout
+    assert "unicode61 fill" in done.stdout and "trigram" in done.stdout
+    assert "text-only frames" in done.stdout and "target:" in done.stdout

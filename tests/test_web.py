@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import torch
@@ -331,6 +332,16 @@ def test_hostile_text_is_shown_as_text(client: Any, viewer_pool: ArchiveManager)
         archive_url(HOSTILE_NAME, "sample", "0", "tensor", "rollout_routed_experts"),
         archive_url(HOSTILE_NAME, "sample", "0", "tensor", HOSTILE_KEY.replace("/", "")),
         archive_url(HOSTILE_NAME + "<script>"),
+        # Markdown rendered on the server (raw HTML off), the group, compare and search pages.
+        archive_url(HOSTILE_NAME, "sample", "0") + "?view=markdown",
+        archive_url(HOSTILE_NAME, "group") + "?view=markdown&task_key=" + quote(HOSTILE_TASK),
+        "/prompt?task_key=" + quote(HOSTILE_TASK),
+        "/compare?view=markdown&a_position=0&b_position=1&a="
+        + quote(HOSTILE_NAME)
+        + "&b="
+        + quote(HOSTILE_NAME),
+        "/search?fields=response&q=" + quote("<script>alert"),
+        "/search?q=" + quote(HOSTILE_PROMPT) + "&regex=0",
     ]
     for url in pages:
         response = client.get(url)
@@ -448,8 +459,30 @@ def test_no_route_changes_the_pool(
                 client,
                 archive_url(name, "sample", str(position), "tensor", "rollout_routed_experts"),
             )
+    # The RL lens's pages: groups, prompt histories, search, compare, Markdown.
+    task = viewer_pool.open_archive("train-1").keys()[0][1]
+    assert task is not None
+    for url in (
+        archive_url("train-1", "group") + "?task_key=" + quote(task),
+        archive_url("train-1", "group") + "?view=markdown&format=json&task_key=" + quote(task),
+        "/prompt?task_key=" + quote(task),
+        "/prompt?format=json&task_key=" + quote(task),
+        "/search",
+        "/search?q=the&fields=all",
+        "/search?q=th.&regex=1&format=json&case=ignore&limit=1000",
+        "/compare?a=train-1&a_position=0&b=train-2&b_position=1",
+        "/compare?a=train-1&a_position=0&b=eval-2&b_position=1&view=markdown&format=json",
+        archive_url("train-1", "sample", "1") + "?view=markdown",
+    ):
+        get(client, url)
     for method in (client.post, client.put, client.delete, client.patch):
-        for url in ("/", archive_url("train-1"), archive_url("train-1", "sample", "0")):
+        for url in (
+            "/",
+            archive_url("train-1"),
+            archive_url("train-1", "sample", "0"),
+            "/search?q=the",
+            "/compare?a=train-1&a_position=0&b=train-2&b_position=1",
+        ):
             assert method(url).status_code == 405
     assert snapshot_pool(viewer_pool) == before
     assert _file_hashes(viewer_pool.root) == files_before

@@ -106,6 +106,8 @@ def drift_pool(root: Path, rollouts: int = 12) -> None:
                         s.reward = float(rng.random() < success)
                     n = s.response_length
                     s.loss_mask = [1] * (n // 3) + [0] * (n // 4) + [1] * (n - n // 3 - n // 4)
+                    # The same prompts in every rollout, so each has a history across training.
+                    s.task_key = f"prompt-{s.group_index}"  # type: ignore[attr-defined]
                 kind = "eval" if evaluation else "train"
                 pool.save(
                     f"{kind}-rollout-{rid:03d}", samples, rollout_id=rid, evaluation=evaluation
@@ -211,3 +213,42 @@ def test_browse_pool_archive_and_sample(browser: Any, tmp_path: Path) -> None:
         browser.get(url + "archive/train-rollout-004/sample/999")
         assert "404" in browser.title
         assert "no sample at position 999" in browser.find_element(By.TAG_NAME, "main").text
+
+        # The RL lens: pool -> archive -> group -> prompt history -> compare -> sample.
+        browser.get(url)
+        browser.find_element(By.ID, "archives").find_element(
+            By.LINK_TEXT, "train-rollout-006"
+        ).click()
+        wait.until(ec.title_contains("train-rollout-006"))
+        browser.find_element(By.CSS_SELECTOR, "#samples a[href*='/group?task_key=']").click()
+        wait.until(ec.presence_of_element_located((By.ID, "group-members")))
+        members = browser.find_elements(By.CSS_SELECTOR, "#group-members tbody tr")
+        assert len(members) == 4 and "prompt-" in browser.find_element(By.TAG_NAME, "h1").text
+        browser.find_element(By.ID, "view-toggle").click()  # responses as Markdown
+        wait.until(ec.url_contains("view=markdown"))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#group-members .markdown")) == 4
+        _screenshot(browser, "group-page.png", tmp_path)
+        browser.find_element(By.LINK_TEXT, "this prompt across rollouts").click()
+        wait.until(ec.presence_of_element_located((By.ID, "prompt-history")))
+        rows = browser.find_elements(By.CSS_SELECTOR, "#prompt-history tbody tr")
+        assert len(rows) >= 12  # every training rollout saw it, and the evaluation ones
+        assert browser.find_elements(By.CSS_SELECTOR, "#prompt-chart polyline.line")
+        _screenshot(browser, "prompt-history.png", tmp_path)
+        browser.find_elements(By.CSS_SELECTOR, "#prompt-history a.compare-link")[-1].click()
+        wait.until(ec.presence_of_element_located((By.ID, "compare")))
+        sides = browser.find_elements(By.CSS_SELECTOR, "#compare section.side")
+        assert len(sides) == 2 and all(s.find_element(By.CSS_SELECTOR, ".response") for s in sides)
+        _screenshot(browser, "compare-page.png", tmp_path)
+        expected = sides[1].find_element(By.CSS_SELECTOR, "pre.response").text
+        sides[1].find_element(By.CSS_SELECTOR, "a.sample-link").click()
+        wait.until(ec.presence_of_element_located((By.ID, "tokens")))
+        assert browser.find_element(By.ID, "response").text == expected
+
+        # The search box in the header: the matching samples, their lines highlighted.
+        box = browser.find_element(By.CSS_SELECTOR, "#search-box input[name=q]")
+        box.send_keys("equation solve")
+        box.submit()
+        wait.until(ec.presence_of_element_located((By.ID, "search-results")))
+        marks = browser.find_elements(By.CSS_SELECTOR, "#search-results mark")
+        assert marks and all(m.text == "equation solve" for m in marks)
+        _screenshot(browser, "search-page.png", tmp_path)

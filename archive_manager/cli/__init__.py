@@ -24,6 +24,8 @@ from .lens import groups, prompts
 from .maintenance import gc, rebind, rebuild_catalog, verify
 from .owners import owners, release, release_owner, retain
 from .pool import db, info, init
+from .sample import sample
+from .search import grep
 from .serve import serve
 from .stats import stats
 from .transfer import export, import_file
@@ -113,8 +115,10 @@ for _command in (
     keys,
     query,
     stats,
+    sample,
     groups,
     prompts,
+    grep,
     export,
     import_file,
     import_pt,

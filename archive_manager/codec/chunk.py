@@ -12,9 +12,10 @@ place, so a reader can seek (or slice a memory map) straight to it.
 
 from __future__ import annotations
 
+import re
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from .values import (
     DEFAULT_INLINE_LIMIT,
     EncodedSample,
     _gc_paused,
+    decode_fields,
     decode_record,
     decode_sample,
     encode_sample,
@@ -296,6 +298,23 @@ class ChunkReader:
         """The record at offset ``i`` as ``(class name, fields, converted)``, numeric list
         fields as `StoredNumbers` (see `decode_record`); errors as `sample`."""
         return self._decode(i, lambda rec: decode_record(rec, self.loader, stored=True))
+
+    def fields(
+        self, i: int, names: Collection[str], *, require: re.Pattern[bytes] | None = None
+    ) -> dict[str, Any] | None:
+        """Only the top-level fields ``names`` of the sample at offset ``i`` (a search reads
+        its texts so, without decoding token ids or log-probs); missing ones are left out.
+
+        With ``require``, None unless the record's inflated bytes hold a match of it: nothing
+        is decoded for a record that cannot hold what a search looks for.
+        """
+
+        def decode(rec: memoryview) -> dict[str, Any] | None:
+            if require is not None and require.search(rec) is None:
+                return None
+            return decode_fields(rec, names)
+
+        return self._decode(i, decode)  # type: ignore[no-any-return]
 
     def _decode(self, i: int, decode: Callable[[memoryview], Any]) -> Any:
         if not 0 <= i < self._count:

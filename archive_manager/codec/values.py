@@ -16,7 +16,7 @@ import json
 import marshal
 import math
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from operator import countOf
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_INLINE_LIMIT",
     "EncodedSample",
     "StoredNumbers",
+    "decode_fields",
     "decode_record",
     "decode_sample",
     "encode_sample",
@@ -601,6 +602,30 @@ def decode_record(
     if type(fields) is not dict:
         raise IntegrityError("record fields are not a mapping")
     return name, fields, converted
+
+
+def decode_fields(rec: memoryview, names: Collection[str]) -> dict[str, Any]:
+    """Only the top-level fields ``names`` of one (inflated) record, decoded; the arrays of
+    the other fields (token ids, log-probs, tensors) are never touched.  A field the record
+    lacks is left out.  Raises as `decode_sample` does on damaged bytes."""
+    (tree_len,) = _TREE_LEN.unpack_from(rec, 0)
+    tree_end = _TREE_LEN.size + tree_len
+    if tree_end > rec.nbytes:
+        raise IntegrityError("tree runs past the end of its record")
+    tree = _TREE_DECODER.decode(
+        bytes(rec[_TREE_LEN.size : tree_end]).decode("utf-8", "surrogatepass")
+    )
+    if type(tree) is not dict:
+        raise IntegrityError("record tree is not a sample")
+    node = tree.get("f")
+    if type(node) is not dict:
+        raise IntegrityError("record tree is not a sample")
+    decoder = _Decoder(rec[tree_end + (-tree_end % _ALIGN) :], None)
+    if node.get(_TAG) == "map" and type(node.get("v")) is list:  # a dict sample with odd keys
+        pairs = [(k, v) for k, v in node["v"] if type(k) is str and k in names]
+    else:
+        pairs = [(k, node[k]) for k in names if k in node and k != _TAG]
+    return {k: decoder.decode(v) for k, v in pairs}
 
 
 class _Decoder:

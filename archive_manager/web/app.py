@@ -28,15 +28,30 @@ from ..errors import (
     InvalidNameError,
 )
 from ..manager import ArchiveManager
+from ..search import MAX_PATTERN, SEARCH_FIELDS
 from ..stats import RolloutRange, archive_summary, check_rollout_range
+from ..tokenizer import TokenDecoder
 from .charts import Series, drift_charts, line_chart
+from .markdown import MAX_MARKDOWN, markdown_available, render_markdown
 from .present import DEFAULT_TOKENS_SHOWN, jsonable, pretty_json, resolve_tensor, sample_view
 from .present import tensor_summary as summarize_tensor
-from .queries import SAMPLE_SORTS, SampleFilter, archive_page, entry_of, sample_page
+from .queries import (
+    SAMPLE_SORTS,
+    SampleFilter,
+    archive_page,
+    entry_of,
+    sample_page,
+    task_positions,
+)
 
 __all__ = ["create_app"]
 
 _POOL_KEY = "archive_manager.pool"
+_TOKENIZER_KEY = "archive_manager.tokenizer"
+#: Matches one search page lists at most, and the seconds it may run (a viewer's worker
+#: must not be held by a runaway regular expression: docs/architecture.md, "Search").
+MAX_SEARCH_LIMIT = 1000
+SEARCH_TIMEOUT = 20.0
 MAX_PER_PAGE = 1000
 #: Positions beyond this cannot exist (the catalog stores them as 32-bit ints); refusing
 #: them early keeps a huge number from overflowing the database driver.
@@ -165,6 +180,23 @@ def _pages(total: int, per_page: int) -> int:
 def _pool() -> ArchiveManager:
     pool: ArchiveManager = current_app.extensions[_POOL_KEY]
     return pool
+
+
+def _decoder() -> TokenDecoder | None:
+    decoder: TokenDecoder | None = current_app.extensions.get(_TOKENIZER_KEY)
+    return decoder
+
+
+def _markdown() -> bool:
+    """Whether the page shows responses as rendered Markdown (``?view=markdown``)."""
+    return _choice("view", ("text", "markdown"), "text") == "markdown" and markdown_available()
+
+
+def _rendered(text: str | None, markdown: bool) -> Any:
+    """``text`` as Markdown HTML when asked for and not too long, else None (shown as text)."""
+    if not markdown or text is None or len(text) > MAX_MARKDOWN:
+        return None
+    return render_markdown(text)
 
 
 def _respond(
@@ -310,10 +342,14 @@ def sample_view_page(name: str, position: int) -> Any:
     pool = _pool()
     _wants_json()
     tokens = _choice("tokens", ("some", "all"), "some")
+    markdown = _markdown()
     arc = pool.open_archive(name)
     entry = _position(name, position)
     sample = arc.load_sample(position)
-    view = sample_view(sample, tokens=None if tokens == "all" else DEFAULT_TOKENS_SHOWN)
+    decoder = _decoder()
+    view = sample_view(
+        sample, tokens=None if tokens == "all" else DEFAULT_TOKENS_SHOWN, decoder=decoder
+    )
     return _respond(
         "sample.html",
         lambda: {
@@ -324,11 +360,20 @@ def sample_view_page(name: str, position: int) -> Any:
             "catalog": entry["description"],
             "class": view.class_name,
             "fields": view.fields,
+            **(
+                {"response_tokens": [t.__dict__ for t in view.tokens]}
+                if decoder is not None
+                else {}
+            ),
         },
         arc=arc,
         position=position,
         entry=entry,
         view=view,
+        decoder=decoder,
+        markdown=markdown,
+        markdown_available=markdown_available(),
+        response_html=_rendered(view.response, markdown),
         previous=position - 1 if position > 0 else None,
         following=position + 1 if position + 1 < len(arc) else None,
     )
@@ -355,6 +400,7 @@ def group_page(name: str) -> Any:
     for member, sample in zip(group.members, samples, strict=False):
         responses[member.position] = sample_view(sample, tokens=0).response
     order = _choice("sort", ("position", "reward", "length"), "position")
+    markdown = _markdown()
     members = list(group.members)
     if order == "reward":
         members.sort(key=lambda m: (m.reward is None, -(m.reward or 0.0)))
@@ -371,6 +417,9 @@ def group_page(name: str) -> Any:
         group=group,
         members=members,
         responses=responses,
+        rendered={k: _rendered(v, markdown) for k, v in responses.items()},
+        markdown=markdown,
+        markdown_available=markdown_available(),
         shown=bool(samples),
     )
 
@@ -385,6 +434,12 @@ def prompt_page() -> Any:
     if key is None:
         _bad("task_key", "give the prompt's task key")
     history = pool.prompt_history(key, _rollout_range(), evaluation=_evaluation())
+    firsts = {
+        name: positions[0]
+        for name, positions in task_positions(
+            pool, key, sorted({a for h in history for a in h.archives})
+        ).items()
+    }
 
     def charts() -> dict[str, Any]:
         series = []
@@ -412,6 +467,119 @@ def prompt_page() -> Any:
         charts,
         task_key=key,
         history=history,
+        firsts=firsts,
+    )
+
+
+def _search_text() -> str | None:
+    text = request.args.get("q")
+    if text is None or not text.strip():
+        return None
+    if len(text) > MAX_PATTERN or any(ord(c) < 0x20 and c != "\t" for c in text):
+        _bad("q", f"must be at most {MAX_PATTERN} characters, without control characters")
+    return text
+
+
+@viewer.get("/search")
+def search_page() -> Any:
+    """Samples whose prompt or response holds ``q`` (``regex=1``: a regular expression),
+    with archive, position, keys, reward and the matched line; reads only the text fields of
+    the chunks it scans, for at most 20 seconds."""
+    pool = _pool()
+    wants_json = _wants_json()
+    text = _search_text()
+    regex = _choice("regex", ("0", "1"), "0") == "1"
+    ignore_case = _choice("case", ("exact", "ignore"), "exact") == "ignore"
+    # NOTE: not ``field``, which is the tensor page's path argument (see _QUERY_PARAMETERS).
+    field = _choice("fields", ("all", *SEARCH_FIELDS), "all")
+    rollout_ids, evaluation = _rollout_range(), _evaluation()
+    limit = _int("limit", 100, 1, MAX_SEARCH_LIMIT)
+    if text is None:
+        if wants_json:
+            _bad("q", "give the text to search for")
+        result = None
+    else:
+        result = pool.search(
+            text,
+            regex=regex,
+            ignore_case=ignore_case,
+            fields=field,
+            rollout_ids=rollout_ids,
+            evaluation=evaluation,
+            limit=limit,
+            timeout=SEARCH_TIMEOUT,
+        )
+    return _respond(
+        "search.html",
+        lambda: result.as_dict() if result is not None else {},
+        q=text or "",
+        regex=regex,
+        ignore_case=ignore_case,
+        field=field,
+        fields=("all", *SEARCH_FIELDS),
+        limit=limit,
+        result=result,
+    )
+
+
+def _side(which: str) -> tuple[Any, int, dict[str, Any]]:
+    name = _text(which)
+    if name is None:
+        _bad(which, "give the archive of each sample to compare (a, b)")
+    position = _int(f"{which}_position", 0, 0, _MAX_POSITION)
+    arc = _pool().open_archive(name)
+    return arc, position, _position(name, position)
+
+
+@viewer.get("/compare")
+def compare_page() -> Any:
+    """Two samples side by side (``a``/``a_position`` and ``b``/``b_position``): facts,
+    prompts and responses, e.g. one prompt in two rollouts; reads the two chunks."""
+    pool = _pool()
+    _wants_json()
+    markdown = _markdown()
+    sides = []
+    for which in ("a", "b"):
+        arc, position, entry = _side(which)
+        view = sample_view(arc.load_sample(position), tokens=0)
+        others: list[int] = []
+        if entry["task_key"] is not None:
+            others = task_positions(pool, entry["task_key"], [arc.name]).get(arc.name, [])
+        sides.append(
+            {
+                "which": which,
+                "arc": arc,
+                "position": position,
+                "entry": entry,
+                "view": view,
+                "others": others,
+                "html": _rendered(view.response, markdown),
+            }
+        )
+    return _respond(
+        "compare.html",
+        lambda: {
+            s["which"]: {
+                "archive": s["arc"].name,
+                "rollout_id": s["arc"].rollout_id,
+                "position": s["position"],
+                "sample_key": s["entry"]["sample_key"],
+                "task_key": s["entry"]["task_key"],
+                "status": s["view"].status,
+                "reward": s["view"].reward,
+                "response_tokens": s["view"].response_tokens,
+                "prompt": s["view"].prompt_text,
+                "response": s["view"].response,
+            }
+            for s in sides
+        },
+        sides=sides,
+        same_prompt=(
+            sides[0]["view"].prompt_text == sides[1]["view"].prompt_text
+            and sides[0]["view"].prompt_messages == sides[1]["view"].prompt_messages
+        ),
+        markdown=markdown,
+        markdown_available=markdown_available(),
     )
 
 
@@ -497,6 +665,16 @@ _QUERY_PARAMETERS = frozenset(
         "sort",
         "order",
         "tokens",
+        "view",
+        "q",
+        "regex",
+        "case",
+        "fields",
+        "limit",
+        "a",
+        "a_position",
+        "b",
+        "b_position",
     }
 )
 
@@ -523,10 +701,12 @@ def _num(value: Any, fmt: str = ".3g", missing: str = "–") -> str:
     return format(value, fmt)
 
 
-def create_app(pool: ArchiveManager) -> Flask:
-    """A Flask app that shows ``pool`` read-only (the caller keeps the pool open)."""
+def create_app(pool: ArchiveManager, *, tokenizer: TokenDecoder | None = None) -> Flask:
+    """A Flask app that shows ``pool`` read-only (the caller keeps the pool open); with
+    ``tokenizer`` (`load_tokenizer`), sample pages show response tokens as text pieces."""
     app = Flask(__name__)
     app.extensions[_POOL_KEY] = pool
+    app.extensions[_TOKENIZER_KEY] = tokenizer
     app.json.sort_keys = False  # type: ignore[attr-defined]
     # Fail loudly in tests on a template typo instead of rendering an empty string.
     app.jinja_env.undefined = StrictUndefined

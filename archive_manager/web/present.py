@@ -22,6 +22,7 @@ from ..codec import TensorRef
 from ..errors import InvalidInputError
 from ..metadata import describe_sample
 from ..samples import sample_to_fields
+from ..tokenizer import TokenDecoder
 from .charts import Chart, logprob_chart
 
 __all__ = [
@@ -131,11 +132,13 @@ def pretty_json(value: Any, *, preview: int | None = LIST_PREVIEW) -> str:
 
 @dataclass(frozen=True)
 class TokenCell:
-    """One response token: its id, whether it is trained on (None: no mask), its log-prob."""
+    """One response token: its id, whether it is trained on (None: no mask), its log-prob,
+    and its text when a tokenizer was given (None: no tokenizer, or an unknown id)."""
 
     token: int
     trained: bool | None
     log_prob: float | None
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -290,11 +293,17 @@ def _tensors(fields: dict[str, Any]) -> list[TensorInfo]:
     return sorted(out, key=lambda t: t.name)
 
 
-def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> SampleView:
+def sample_view(
+    sample: Any,
+    *,
+    tokens: int | None = DEFAULT_TOKENS_SHOWN,
+    decoder: TokenDecoder | None = None,
+) -> SampleView:
     """What the sample page shows of ``sample`` (a loaded `Sample`, dataclass or dict).
 
     ``tokens`` caps the response tokens listed one by one (None: all of them); the log-prob
-    chart always covers the whole response.
+    chart always covers the whole response.  With ``decoder``, each token listed carries its
+    text piece.
     """
     class_name, fields = sample_to_fields(sample)
     status = fields.get("status")
@@ -310,11 +319,14 @@ def sample_view(sample: Any, *, tokens: int | None = DEFAULT_TOKENS_SHOWN) -> Sa
     length = min(length, len(all_tokens)) if all_tokens else length
     response_ids: Sequence[int] = all_tokens[len(all_tokens) - length :] if length else []
     shown = len(response_ids) if tokens is None else min(tokens, len(response_ids))
+    pieces: list[str | None] = (
+        decoder.pieces(response_ids[:shown]) if decoder is not None else [None] * shown
+    )
     cells = []
     for i in range(shown):
         trained = None if mask is None or i >= len(mask) else bool(mask[i])
         lp = log_probs[i] if log_probs is not None and i < len(log_probs) else None
-        cells.append(TokenCell(response_ids[i], trained, lp))
+        cells.append(TokenCell(response_ids[i], trained, lp, pieces[i]))
     finite = [v for v in log_probs or () if math.isfinite(v)]
     prompt_text, messages = _prompt(fields.get("prompt"))
     response = fields.get("response")

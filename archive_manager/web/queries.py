@@ -35,6 +35,7 @@ __all__ = [
     "archive_page",
     "entry_of",
     "sample_page",
+    "task_positions",
 ]
 
 #: Columns the samples of an archive can be sorted by (the position breaks ties).
@@ -218,3 +219,22 @@ def entry_of(pool: ArchiveManager, name: str, position: int) -> dict[str, Any] |
             .where(e.c.archive_id == archive_id, e.c.position == position)
         ).one_or_none()
     return None if row is None else dict(row._mapping)
+
+
+def task_positions(
+    pool: ArchiveManager, task_key: str, names: Sequence[str]
+) -> dict[str, list[int]]:
+    """Per archive of ``names``, the positions of its samples of task key ``task_key``."""
+    a, e = archives_table, entries_table
+    out: dict[str, list[int]] = defaultdict(list)
+    if not names:
+        return {}
+    with pool.catalog.read() as conn:
+        for name, position in conn.execute(
+            select(a.c.name, e.c.position)
+            .join(e, e.c.archive_id == a.c.id)
+            .where(a.c.name.in_(list(names)), e.c.task_key == task_key)
+            .order_by(a.c.name, e.c.position)
+        ):
+            out[name].append(position)
+    return dict(out)

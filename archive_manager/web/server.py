@@ -9,6 +9,7 @@ from collections.abc import Callable
 from werkzeug.serving import make_server
 
 from ..manager import ArchiveManager
+from ..tokenizer import TokenDecoder
 from .app import create_app
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "is_loopback", "serve", "startup_line"]
@@ -67,16 +68,17 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     announce: Callable[[str], None] | None = None,
+    tokenizer: TokenDecoder | None = None,
 ) -> None:
     """Serve the viewer of ``pool`` until interrupted.
 
     ``port`` 0 picks a free port; ``announce`` receives the startup line, which names the
-    port actually bound.
+    port actually bound; ``tokenizer`` (`load_tokenizer`) shows response tokens as text.
 
     Raises:
         OSError: the address cannot be bound (in use, or not an address of this machine).
     """
-    app = create_app(pool)
+    app = create_app(pool, tokenizer=tokenizer)
     # NOTE: make_server rather than run_simple: the startup line can name the real port
     # (``--port 0``), and there is no reloader or debugger.  The socket is bound here, not by
     # werkzeug, which prints to stderr and exits the process when an address is taken.

@@ -1,0 +1,462 @@
+"""Text search over the samples of a pool (docs/architecture.md, "Search"): the prompt and
+response of every sample of the published archives chosen, scanned chunk by chunk.
+
+The scan reads only the text fields of each record (`ChunkReader.fields`): the record is
+inflated (one zstd frame) and its tree parsed, but token ids, log-probs and tensors are never
+decoded, and tensor blobs never read.  Every chunk is read through the blob store, so what a
+search sees is checked against its digest like any load.  Memory stays bounded: at most a
+few chunks are in flight, and at most ``limit`` matches are kept.
+
+Patterns: a literal (the default) is searched as it is (``ignore_case`` folds case); a regular
+expression (``regex=True``) runs in the `regex` module with a time limit per text, so a
+pattern that backtracks without end (``(a|aa)+$``) stops with `SearchTimeoutError` instead of
+holding a thread (and a viewer's worker) for ever; Python's `re` cannot be interrupted.  A
+search that reaches its own ``timeout`` returns what it found so far (`SearchResult.timed_out`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from .archive import Archive
+from .catalog import archives_table, chunks_table, entries_table, sample_metadata_table
+from .codec import ChunkReader
+from .errors import (
+    IntegrityError,
+    InvalidInputError,
+    MissingDependencyError,
+    SearchTimeoutError,
+)
+from .stats import archive_filters, check_rollout_range
+
+if TYPE_CHECKING:
+    from ._context import PoolContext
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_LIMIT",
+    "MAX_PATTERN",
+    "SEARCH_FIELDS",
+    "SearchMatch",
+    "SearchResult",
+    "search_pool",
+]
+
+#: The fields a search reads, in the order they are tried.
+SEARCH_FIELDS = ("prompt", "response")
+#: Most matches one search returns (memory is bounded by it).
+MAX_LIMIT = 10_000
+#: Longest pattern accepted (characters).
+MAX_PATTERN = 1_000
+#: Default time limit of a search, in seconds.
+DEFAULT_TIMEOUT = 60.0
+#: Characters of the matched line kept on either side of the match.
+LINE_CONTEXT = 120
+#: Seconds one text may take a regular expression: a sane pattern needs microseconds for a
+#: response; past this it is backtracking without end (see `_finder`).
+_PER_TEXT = 2.0
+#: Chunks read and scanned ahead of the one whose matches are being collected.
+_AHEAD = 4
+_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class SearchMatch:
+    """One sample whose text matched: where it is, its keys and reward, and the line."""
+
+    archive: str
+    rollout_id: int | None
+    evaluation: bool
+    position: int
+    sample_key: str
+    task_key: str | None
+    reward: float | None
+    status: str | None
+    field: str
+    line_number: int  # 1-based, in the field's text
+    line: str  # the matched line, cut to LINE_CONTEXT characters around the match
+    start: int  # where the match begins in ``line``
+    end: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SearchResult:
+    """The matches (in archive, then position order) and what the search read."""
+
+    pattern: str
+    regex: bool
+    fields: tuple[str, ...]
+    matches: list[SearchMatch] = field(default_factory=list)
+    archives: int = 0  # archives scanned
+    samples: int = 0  # samples scanned
+    bytes_read: int = 0  # chunk bytes read
+    limited: bool = False  # stopped at the limit: more samples may match
+    timed_out: bool = False  # stopped at the time limit: later archives were not scanned
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "regex": self.regex,
+            "fields": list(self.fields),
+            "archives": self.archives,
+            "samples_scanned": self.samples,
+            "bytes_read": self.bytes_read,
+            "limited": self.limited,
+            "timed_out": self.timed_out,
+            "seconds": self.seconds,
+            "matches": [m.as_dict() for m in self.matches],
+        }
+
+
+Finder = Callable[[str], "tuple[int, int] | None"]
+
+
+def _fields(value: object) -> tuple[str, ...]:
+    if value is None or value == "all":
+        return SEARCH_FIELDS
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InvalidInputError("field must be 'prompt', 'response', 'all' or a list of them")
+    for name in value:
+        if name not in SEARCH_FIELDS:
+            raise InvalidInputError(
+                f"cannot search field {name!r:.40}: give {', '.join(SEARCH_FIELDS)} or 'all'"
+            )
+    return tuple(dict.fromkeys(value))
+
+
+def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) -> Finder:
+    """The function that finds ``pattern`` in one text: the span of its first match."""
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidInputError("give a non-empty pattern to search for")
+    if len(pattern) > MAX_PATTERN:
+        raise InvalidInputError(f"the pattern is longer than {MAX_PATTERN} characters")
+    if not regex:
+        if not ignore_case:
+
+            def find_literal(text: str) -> tuple[int, int] | None:
+                at = text.find(pattern)
+                return None if at < 0 else (at, at + len(pattern))
+
+            return find_literal
+        # An escaped literal has no alternatives to backtrack into: `re` runs in linear time.
+        folded = re.compile(re.escape(pattern), re.IGNORECASE)
+
+        def find_folded(text: str) -> tuple[int, int] | None:
+            m = folded.search(text)
+            return None if m is None else m.span()
+
+        return find_folded
+    try:
+        import regex as regex_module
+    except ModuleNotFoundError as exc:
+        raise MissingDependencyError(
+            "regular expressions need the regex module: pip install 'archive_manager[lens]'"
+        ) from exc
+    try:
+        compiled = regex_module.compile(pattern, regex_module.IGNORECASE if ignore_case else 0)
+    except (regex_module.error, ValueError, OverflowError, RecursionError) as exc:
+        raise InvalidInputError(f"the regular expression does not compile: {exc}") from None
+    if compiled.search("") is not None:
+        # Matches everywhere (``.*``, ``a?``): every sample would match, with nothing found.
+        raise InvalidInputError("the regular expression matches the empty string")
+
+    def find_regex(text: str) -> tuple[int, int] | None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlineReached
+        limit = min(left, _PER_TEXT)
+        try:
+            m = compiled.search(text, timeout=limit)
+        except TimeoutError:
+            if limit < _PER_TEXT:
+                raise _DeadlineReached from None  # the search's own time ran out meanwhile
+            raise SearchTimeoutError(_timeout_message(pattern)) from None
+        return None if m is None else m.span()
+
+    return find_regex
+
+
+class _DeadlineReached(Exception):
+    """The search's time is up: it stops and returns what it found."""
+
+
+def _timeout_message(pattern: str) -> str:
+    return (
+        f"the regular expression {pattern[:60]!r} ran for more than {_PER_TEXT:g} s on one "
+        "text: it backtracks without end (nested or overlapping repeats such as (a|aa)+); "
+        "simplify it"
+    )
+
+
+def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> re.Pattern[bytes] | None:
+    """A bytes pattern every record holding a match of ``pattern`` holds, or None.
+
+    NOTE: a literal's UTF-8 bytes appear in the inflated record of every sample whose text
+    holds it: a long text is stored as its UTF-8 bytes, a short one inside the record's JSON
+    tree, which writes every character as it is (``ensure_ascii=False``) except ``"``, ``\\``
+    and control characters; literals holding those get no prefilter.  Records without the bytes
+    (most, for a rare pattern) are skipped before their tree is parsed: that parse cost as much
+    as the inflation (docs/architecture.md, "Search").
+    """
+    if regex or ignore_case or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
+        return None
+    try:
+        needle = pattern.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: stored with surrogatepass
+        return None
+    return re.compile(re.escape(needle))
+
+
+def _text(value: object) -> str | None:
+    """The searchable text of a field: a string, or the contents of chat messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        parts = [m.get("content") for m in value if isinstance(m, dict) and "content" in m]
+        texts = [p for p in parts if isinstance(p, str)]
+        return "\n".join(texts) if texts else None
+    return None
+
+
+def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:
+    """The line holding ``text[start:end]``: its number, its text (cut around the match) and
+    where the match is in that text."""
+    begin = text.rfind("\n", 0, start) + 1
+    stop = text.find("\n", end)
+    stop = len(text) if stop < 0 else stop
+    number = text.count("\n", 0, start) + 1
+    left = max(begin, start - LINE_CONTEXT)
+    right = min(stop, max(end, start + 1) + LINE_CONTEXT)
+    shown = ("…" if left > begin else "") + text[left:right] + ("…" if right < stop else "")
+    offset = start - left + (1 if left > begin else 0)
+    return number, shown, offset, offset + min(end, right) - start
+
+
+@dataclass(frozen=True)
+class _Entry:
+    position: int
+    sample_key: str
+    task_key: str | None
+    reward: float | None
+    status: str | None
+    offset: int
+
+
+def _scan_chunk(
+    archive: Archive,
+    ordinal: int,
+    digest: str,
+    entries: list[_Entry],
+    fields: tuple[str, ...],
+    find: Finder,
+    require: re.Pattern[bytes] | None,
+) -> tuple[int, list[tuple[_Entry, str, tuple[int, str, int, int]]]]:
+    """Read one chunk (verified) and search the texts of its samples; return the bytes read
+    and, per matching sample, its first match."""
+    data = archive._read_blob(digest, f"chunk {ordinal}")
+    reader = ChunkReader(data, digest=digest)
+    found = []
+    # The samples of a prompt group share its prompt, and one chunk holds whole groups:
+    # each distinct text is searched once.
+    seen: dict[str, tuple[int, int] | None] = {}
+    for entry in entries:
+        try:
+            values = reader.fields(entry.offset, fields, require=require)
+        except (IndexError, IntegrityError) as exc:
+            raise IntegrityError(
+                f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}"
+            ) from exc
+        if values is None:
+            continue
+        for name in fields:
+            text = _text(values.get(name))
+            if not text:
+                continue
+            if name == "prompt":
+                if text not in seen:
+                    seen[text] = find(text)
+                span = seen[text]
+            else:
+                span = find(text)
+            if span is not None:
+                found.append((entry, name, _line(text, *span)))
+                break
+    return len(data), found
+
+
+def _archives(
+    ctx: PoolContext, rollout_ids: object, evaluation: bool | None, names: Sequence[str] | None
+) -> list[Any]:
+    a = archives_table
+    where = archive_filters(check_rollout_range(rollout_ids), evaluation, ("published",))
+    if names is not None:
+        where.append(a.c.name.in_(list(names)))
+    with ctx.catalog.read() as conn:
+        return list(
+            conn.execute(
+                select(a).where(*where).order_by(a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name)
+            ).all()
+        )
+
+
+def _layout(ctx: PoolContext, archive_id: int) -> tuple[dict[int, str], dict[int, list[_Entry]]]:
+    """The chunks of an archive and, per chunk, its entries with the catalog's facts."""
+    e, m, c = entries_table, sample_metadata_table, chunks_table
+    with ctx.catalog.read() as conn:
+        digests = dict(
+            conn.execute(select(c.c.ordinal, c.c.digest).where(c.c.archive_id == archive_id)).all()
+        )
+        rows = conn.execute(
+            select(
+                e.c.position,
+                e.c.sample_key,
+                e.c.task_key,
+                e.c.chunk_ordinal,
+                e.c.offset,
+                m.c.reward,
+                m.c.status,
+            )
+            .join(
+                m,
+                (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
+                isouter=True,
+            )
+            .where(e.c.archive_id == archive_id)
+            .order_by(e.c.position)
+        ).all()
+    by_chunk: dict[int, list[_Entry]] = {}
+    for r in rows:
+        by_chunk.setdefault(r.chunk_ordinal, []).append(
+            _Entry(r.position, r.sample_key, r.task_key, r.reward, r.status, r.offset)
+        )
+    return digests, by_chunk
+
+
+def search_pool(
+    ctx: PoolContext,
+    pattern: str,
+    *,
+    regex: bool = False,
+    ignore_case: bool = False,
+    fields: str | Sequence[str] | None = None,
+    rollout_ids: object = None,
+    evaluation: bool | None = None,
+    names: Sequence[str] | None = None,
+    limit: int = 100,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> SearchResult:
+    """The published samples whose prompt or response contains ``pattern`` (a literal, or a
+    regular expression with ``regex``), first match per sample, in archive order (by
+    rollout id, then name) and position, at most ``limit`` of them.
+
+    Raises:
+        InvalidInputError: an empty or too long pattern, a regular expression that does not
+            compile or matches the empty string, a bad field, range or limit.
+        SearchTimeoutError: a regular expression ran away on one text (backtracking without
+            end).  A search that reaches ``timeout`` is not an error: it stops and returns
+            what it found, with `SearchResult.timed_out` set.
+        MissingDependencyError: ``regex`` without the `regex` module installed.
+    """
+    for flag, what in ((regex, "regex"), (ignore_case, "ignore_case")):
+        if not isinstance(flag, bool):
+            raise InvalidInputError(f"{what} must be True or False")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInputError(f"limit must be a whole number from 1 to {MAX_LIMIT:,}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= 24 * 3600
+    ):
+        raise InvalidInputError("timeout must be a number of seconds above 0, at most a day")
+    chosen = _fields(fields)
+    started = time.monotonic()
+    deadline = started + float(timeout)
+    find = _finder(pattern, regex, ignore_case, deadline)
+    require = _prefilter(pattern, regex, ignore_case)
+    result = SearchResult(pattern, regex, chosen)
+    rows = _archives(ctx, rollout_ids, evaluation, names)
+    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="archive-search") as pool:
+        pending: list[tuple[Any, Future[Any]]] = []
+
+        def collect(row: Any, future: Future[Any]) -> bool:
+            try:
+                read, found = future.result()
+            except _DeadlineReached:
+                result.timed_out = True
+                return False
+            result.bytes_read += read
+            for entry, name, (number, line, start, end) in found:
+                if len(result.matches) >= limit:
+                    result.limited = True
+                    return False
+                result.matches.append(
+                    SearchMatch(
+                        row.name,
+                        row.rollout_id,
+                        bool(row.evaluation),
+                        entry.position,
+                        entry.sample_key,
+                        entry.task_key,
+                        entry.reward,
+                        entry.status,
+                        name,
+                        number,
+                        line,
+                        start,
+                        end,
+                    )
+                )
+            return True
+
+        try:
+            stopped = False
+            for row, ordinal, digest, entries in _chunks(ctx, rows, result):
+                if time.monotonic() > deadline:
+                    result.timed_out = True
+                    break  # what is in flight is still collected below
+                archive = Archive(ctx, row)
+                pending.append(
+                    (
+                        row,
+                        pool.submit(
+                            _scan_chunk, archive, ordinal, digest, entries, chosen, find, require
+                        ),
+                    )
+                )
+                result.samples += len(entries)
+                if len(pending) > _AHEAD and not collect(*pending.pop(0)):
+                    stopped = True
+                    break
+            while pending and not stopped:
+                stopped = not collect(*pending.pop(0))
+        finally:
+            for _, future in pending:
+                future.cancel()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _chunks(
+    ctx: PoolContext, rows: list[Any], result: SearchResult
+) -> Iterator[tuple[Any, int, str, list[_Entry]]]:
+    for row in rows:
+        digests, by_chunk = _layout(ctx, row.id)
+        result.archives += 1
+        for ordinal in sorted(by_chunk):
+            digest = digests.get(ordinal)
+            if digest is None:
+                raise IntegrityError(f"archive {row.name!r} has no row for chunk {ordinal}")
+            yield row, ordinal, digest, by_chunk[ordinal]

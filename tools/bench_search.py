@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Search benchmark (issue 19, item 4): ``pool.search`` over 100 realistic rollouts of 1024
+samples (102,400 samples), against the other design, a full-text index in the catalog.
+
+The pool: ``--archives`` distinct rollouts from `archive_manager.synthetic` (the "large"
+shape of docs/architecture.md "Workload": 512-token prompts, 1400-4200-token responses of
+about 4 characters a token, token ids, loss masks and log-probs), one seed each, so no chunk
+is shared and a scan reads every byte.  Routed-expert tensors are left out: at real sizes
+(1.5 KB a token) they are tensor blobs of their own, which a search never reads.  ``--root``
+keeps the pool between runs (built there if missing).
+
+Measured, on the scan (the design shipped): wall time of a literal that matches nothing
+(the whole pool is read), a common literal with ``--limit 100`` and with the largest limit,
+a case-folded literal and a regular expression; bytes read and the process's peak RSS.
+On the index (measured, not shipped): an SQLite FTS5 table over the same texts of the first
+``--index-archives`` rollouts: the time to fill it, its size, and the time of a phrase
+query (unicode61 tokenizer) and of a substring query (trigram tokenizer), scaled to the
+whole pool per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from archive_manager import ArchiveManager
+from archive_manager.codec import ChunkReader
+from archive_manager.synthetic import make_rollout
+
+TARGET_S = 3.0
+
+
+def build(root: Path, archives: int, samples: int) -> None:
+    """Fill ``root`` with ``archives`` distinct rollouts of ``samples`` samples (seeded, one
+    seed each, so no chunk is shared and the scan reads every byte of text)."""
+    with ArchiveManager.open(root) as pool:
+        have = {info.name for info in pool.find(state=None)}
+        for i in range(archives):
+            name = f"rollout-{i:04d}"
+            if name not in have:
+                t0 = time.perf_counter()
+                pool.save(name, make_rollout(samples, seed=1000 + i, rollout_id=i), rollout_id=i)
+                print(f"built {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_scan(pool: ArchiveManager, repeat: int) -> list[dict[str, Any]]:
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("literal, no match (reads all)", {"pattern": "no such phrase here"}),
+        ("literal, common, limit 100", {"pattern": "equation solve"}),
+        ("literal, common, limit 10000", {"pattern": "equation solve", "limit": 10_000}),
+        ("literal, rare, limit 100", {"pattern": "boxed boxed boxed boxed"}),
+        ("ignore case, rare", {"pattern": "BOXED BOXED BOXED BOXED", "ignore_case": True}),
+        ("regex, rare", {"pattern": r"\bboxed( boxed){3}\b", "regex": True}),
+    ]
+    out = []
+    for label, kwargs in cases:
+        times = []
+        for _ in range(repeat):
+            result = pool.search(timeout=3600, **kwargs)
+            times.append(result.seconds)
+        out.append(
+            {
+                "case": label,
+                "seconds": statistics.median(times),
+                "matches": len(result.matches),
+                "samples": result.samples,
+                "MB read": result.bytes_read / 1e6,
+                "peak RSS MiB": _peak_rss_mib(),
+            }
+        )
+    return out
+
+
+def _texts(pool: ArchiveManager, names: list[str]) -> Any:
+    for name in names:
+        arc = pool.open_archive(name)
+        for chunk in arc.chunks():
+            reader = ChunkReader(pool.store.get(chunk["digest"]))
+            for i in range(len(reader)):
+                fields = reader.fields(i, ("prompt", "response"))
+                yield name, chunk["ordinal"], i, fields.get("prompt"), fields.get("response")
+
+
+def bench_index(pool: ArchiveManager, names: list[str], folder: Path) -> dict[str, Any]:
+    """Fill SQLite FTS5 tables (a word index and a trigram index) with the texts of
+    ``names`` and time queries on them."""
+    out: dict[str, Any] = {"archives": len(names)}
+    for tokenizer in ("unicode61", "trigram"):
+        path = folder / f"fts-{tokenizer}.sqlite"
+        path.unlink(missing_ok=True)
+        conn = sqlite3.connect(path)
+        conn.execute(
+            f"CREATE VIRTUAL TABLE t USING fts5(archive UNINDEXED, chunk UNINDEXED, "
+            f"pos UNINDEXED, prompt, response, tokenize='{tokenizer}')"
+        )
+        t0 = time.perf_counter()
+        rows = 0
+        with conn:
+            for row in _texts(pool, names):
+                conn.execute("INSERT INTO t VALUES (?, ?, ?, ?, ?)", row)
+                rows += 1
+        fill = time.perf_counter() - t0
+        conn.execute("INSERT INTO t(t) VALUES ('optimize')")
+        conn.commit()
+        queries = {
+            "phrase, rare": (
+                "SELECT archive, pos FROM t WHERE t MATCH ? LIMIT 100",
+                ('"boxed boxed boxed boxed"',),
+            ),
+            "phrase, none": (
+                "SELECT archive, pos FROM t WHERE t MATCH ? LIMIT 100",
+                ('"zebra quagga"',),
+            ),
+        }
+        if tokenizer == "trigram":
+            queries = {
+                "substring, rare": (
+                    "SELECT archive, pos FROM t WHERE response LIKE ? LIMIT 100",
+                    ("%boxed boxed boxed boxed%",),
+                ),
+                "substring, none": (
+                    "SELECT archive, pos FROM t WHERE response LIKE ? LIMIT 100",
+                    ("%zebra quagga%",),
+                ),
+            }
+        timed = {}
+        for label, (sql, params) in queries.items():
+            t0 = time.perf_counter()
+            found = conn.execute(sql, params).fetchall()
+            timed[label] = (time.perf_counter() - t0, len(found))
+        conn.close()
+        out[tokenizer] = {
+            "rows": rows,
+            "fill s": fill,
+            "MB": path.stat().st_size / 1e6,
+            "queries": timed,
+        }
+    return out
+
+
+def bench_text_frames(pool: ArchiveManager, names: list[str], pattern: str) -> dict[str, Any]:
+    """The third design (a format change, not built): each chunk's texts in a zstd frame of
+    their own, so a scan inflates text only.  Times inflating and searching those frames."""
+    import zstandard
+
+    frames: list[bytes] = []
+    raw = 0
+    for name in names:
+        arc = pool.open_archive(name)
+        for chunk in arc.chunks():
+            reader = ChunkReader(pool.store.get(chunk["digest"]))
+            texts = []
+            for i in range(len(reader)):
+                fields = reader.fields(i, ("prompt", "response"))
+                texts += [str(fields.get("prompt") or ""), str(fields.get("response") or "")]
+            data = "\0".join(texts).encode()
+            raw += len(data)
+            frames.append(zstandard.ZstdCompressor(level=3).compress(data))
+    t0 = time.perf_counter()
+    hits = 0
+    dctx = zstandard.ZstdDecompressor()
+    for frame in frames:
+        hits += dctx.decompress(frame).decode().count(pattern)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "raw MB": raw / 1e6,
+        "stored MB": sum(map(len, frames)) / 1e6,
+        "hits": hits,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--root", type=Path, help="pool to use (built there if it holds none)")
+    ap.add_argument("--archives", type=int, default=100)
+    ap.add_argument("--samples", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument(
+        "--index-archives",
+        type=int,
+        default=10,
+        help="rollouts put into the FTS5 comparison (0: skip it)",
+    )
+    ap.add_argument("--build-only", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        root = args.root or Path(tmp) / "pool"
+        build(root, args.archives, args.samples)
+        if args.build_only:
+            return 0
+        with ArchiveManager.open(root, read_only=True) as pool:
+            names = [i.name for i in pool.find()][: args.archives]
+            total = sum(len(pool.open_archive(n)) for n in names)
+            print(
+                f"pool: {len(names)} archives, {total:,} samples; {os.cpu_count()} cores, "
+                f"load {os.getloadavg()[0]:.1f}"
+            )
+            print("scan (pool.search):")
+            ok = True
+            for row in bench_scan(pool, args.repeat):
+                print(
+                    f"  {row['case']:<32} {row['seconds']:7.2f} s  {row['matches']:6} matches  "
+                    f"{row['samples']:8,} samples  {row['MB read']:8.0f} MB read  "
+                    f"peak RSS {row['peak RSS MiB']:.0f} MiB"
+                )
+                if row["case"].startswith("literal, no match"):
+                    ok = row["seconds"] <= TARGET_S
+            if args.index_archives:
+                index = bench_index(pool, names[: args.index_archives], Path(tmp))
+                scale = total / max(1, index["unicode61"]["rows"])
+                print(
+                    f"index (SQLite FTS5 over the texts of {index['archives']} rollouts, "
+                    f"scaled x{scale:.0f} to the pool):"
+                )
+                for tokenizer in ("unicode61", "trigram"):
+                    r = index[tokenizer]
+                    print(
+                        f"  {tokenizer:<9} fill {r['fill s']:.1f} s ({r['fill s'] * scale:.0f} s "
+                        f"scaled), {r['MB']:.0f} MB ({r['MB'] * scale:.0f} MB scaled)"
+                    )
+                    for label, (secs, n) in r["queries"].items():
+                        print(f"    {label:<16} {secs * 1e3:8.1f} ms  {n} rows")
+                frames = bench_text_frames(pool, names[: args.index_archives], "equation solve")
+                print(
+                    f"text-only frames (not built), {args.index_archives} rollouts, one thread: "
+                    f"{frames['seconds']:.2f} s to inflate and search "
+                    f"({frames['seconds'] * scale:.1f} s scaled), {frames['raw MB']:.0f} MB of "
+                    f"text stored in {frames['stored MB']:.0f} MB"
+                )
+            print(
+                f"target: a search of the whole pool in <= {TARGET_S} s: "
+                f"{'met' if ok else 'NOT met'} by the scan"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
