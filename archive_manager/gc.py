@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, exists, not_, select, update
+from sqlalchemy import delete, exists, func, not_, select, update
 from sqlalchemy.engine import Connection
 
 from ._context import PoolContext
@@ -94,6 +94,12 @@ class GcReport:
     expired_leases: int = 0
     finished_from_earlier: int = 0
     duration: float = 0.0
+    # Unretained blobs the grace period holds back (younger than it): how many, their bytes,
+    # and when the first and the last of them become reclaimable (epoch seconds).
+    grace_blobs: int = 0
+    grace_bytes: int = 0
+    grace_first: float | None = None
+    grace_last: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
@@ -109,6 +115,10 @@ class GcReport:
             "expired_leases": self.expired_leases,
             "finished_from_earlier": self.finished_from_earlier,
             "duration": self.duration,
+            "grace_blobs": self.grace_blobs,
+            "grace_bytes": self.grace_bytes,
+            "grace_first": self.grace_first,
+            "grace_last": self.grace_last,
         }
 
 
@@ -137,6 +147,23 @@ def _candidates(conn: Connection, now: float, cutoff: float) -> list[tuple[str, 
             )
         )
     ]
+
+
+def _held_by_grace(
+    conn: Connection, now: float, cutoff: float
+) -> tuple[int, int, float | None, float | None]:
+    """Unretained blobs younger than the grace period: count, bytes, oldest and newest
+    creation time (what the next GC after those times reclaims)."""
+    b = blobs_table
+    count, size, first, last = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(b.c.size), 0),
+            func.min(b.c.created_at),
+            func.max(b.c.created_at),
+        ).where(b.c.state.in_(("live", "writing")), b.c.created_at > cutoff, not_(_retained(now)))
+    ).one()
+    return int(count), int(size), first, last
 
 
 def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
@@ -203,6 +230,7 @@ class GcPlan:
     per_archive: dict[str, dict[str, int]] = field(default_factory=dict)
     orphans: list[tuple[str, int]] = field(default_factory=list)  # files without a row
     stale_temps: list[IncompleteWrite] = field(default_factory=list)
+    held: tuple[int, int, float | None, float | None] = (0, 0, None, None)  # by the grace
 
     def report(self, *, dry_run: bool, duration: float = 0.0) -> GcReport:
         """What this plan reclaims, as a `GcReport`."""
@@ -218,6 +246,10 @@ class GcPlan:
             expired_leases=len(self.expired),
             finished_from_earlier=len(self.earlier),
             duration=duration,
+            grace_blobs=self.held[0],
+            grace_bytes=self.held[1],
+            grace_first=None if self.held[2] is None else self.held[2] + self.grace,
+            grace_last=None if self.held[3] is None else self.held[3] + self.grace,
         )
 
 
@@ -295,6 +327,7 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
         }
         _check_invariant(conn, digests + list(decided.earlier))
         decided.per_archive = _per_archive(conn, digests, decided.condemned)
+        decided.held = _held_by_grace(conn, now, cutoff)
         if mark:
             _mark(conn, decided)
         known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())

@@ -22,7 +22,7 @@ from .archives import export, import_pt, keys, ls, query, show
 from .demo import demo
 from .lens import groups, prompts
 from .maintenance import gc, rebind, rebuild_catalog, verify
-from .owners import owners, release, release_owner, retain
+from .owners import forget, owners, release, release_owner, retain
 from .pool import db, info, init
 from .serve import serve
 from .stats import stats
@@ -117,6 +117,7 @@ for _command in (
     export,
     import_pt,
     release,
+    forget,
     retain,
     release_owner,
     owners,

@@ -4,6 +4,7 @@ the reusable ``--json`` / ``--yes`` / ``--dry-run`` options."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from ._output import terminal_safe
 __all__ = [
     "CliError",
     "PoolState",
+    "confirm",
     "dry_run_option",
     "is_reportable",
     "json_option",
@@ -58,7 +60,7 @@ def make_message_safe(exc: click.ClickException) -> None:
     Click's own usage errors echo what the user typed (``No such command``, a bad option
     value, a file name) and print it later, when the command has returned.
     """
-    exc.message = terminal_safe(exc.message)
+    exc.message = terminal_safe(exc.message)  # type: ignore[misc]
     shown = getattr(exc, "ui_filename", None)  # click.FileError prints it beside the message
     if isinstance(shown, str):
         exc.ui_filename = terminal_safe(shown)  # type: ignore[attr-defined]
@@ -154,6 +156,26 @@ def pass_pool(f: F) -> F:
         return f(pool_state.open(), *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def confirm(question: str) -> None:
+    """Ask ``question`` on stderr; go on only on yes.
+
+    A no aborts (``Aborted!``, exit 1); no answer at all where stdin is not a terminal (a
+    script, a cron job) is a one-line error saying to pass ``--yes``, rather than a bare
+    abort that leaves the user guessing.
+    """
+    try:
+        answer = click.confirm(terminal_safe(question), err=True)
+    except click.Abort:
+        if not sys.stdin.isatty():
+            raise CliError(
+                "this command asks for confirmation, and stdin is not a terminal: pass --yes "
+                "to go ahead without asking (or --dry-run to only look)"
+            ) from None
+        raise
+    if not answer:
+        raise click.Abort()
 
 
 def json_option(f: F) -> F:

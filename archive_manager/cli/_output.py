@@ -157,13 +157,14 @@ def echo_fields(
 
 @contextmanager
 def progress_reporter(
-    label: str, *, enabled: bool = True
+    label: str, *, enabled: bool = True, unit: str = "items"
 ) -> Iterator[Callable[[int, int], None] | None]:
     """A ``progress(done, total)`` callback drawing a bar on stderr, or None.
 
     None (no bar) unless ``enabled`` and stderr is a terminal: pipes, logs and ``--json``
     output stay free of control characters.  The bar is created on the first call, because
-    the library learns the total only once it has listed its work.
+    the library learns the total only once it has listed its work.  With ``unit="bytes"``
+    the bar shows the bytes done and the total in binary units beside its ETA.
     """
     if not (enabled and sys.stderr.isatty()):
         yield None
@@ -174,10 +175,23 @@ def progress_reporter(
     def report(done: int, total: int) -> None:
         nonlocal bar, shown
         if bar is None:
-            bar = click.progressbar(length=max(total, 1), label=label, file=sys.stderr)
+            shown_bytes: Callable[[Any], str | None] | None = None
+            if unit == "bytes":
+
+                def shown_bytes(_: Any) -> str:
+                    return f"{human_size(min(shown, total))} of {human_size(total)}"
+
+            bar = click.progressbar(
+                length=max(total, 1),
+                label=label,
+                file=sys.stderr,
+                show_eta=True,
+                item_show_func=shown_bytes,
+            )
             bar.__enter__()
-        bar.update(max(0, done - shown))
+        step = max(0, done - shown)
         shown = max(shown, done)
+        bar.update(step)
 
     try:
         yield report

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import json
+import os
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -11,10 +14,19 @@ import click
 
 from ..archive import ArchiveInfo
 from ..manager import ArchiveManager
+from ..samples import Sample
 from ..stats import archive_summary
 from ._complete import complete_archive_name
-from ._context import CliError, json_option, pass_pool
-from ._output import echo, echo_fields, echo_json, echo_table, human_size, local_time
+from ._context import CliError, is_reportable, json_option, one_line, pass_pool
+from ._output import (
+    echo,
+    echo_fields,
+    echo_json,
+    echo_table,
+    human_size,
+    local_time,
+    progress_reporter,
+)
 from ._params import ROLLOUT_RANGE, SINCE
 
 __all__ = ["export", "import_pt", "keys", "ls", "query", "show"]
@@ -26,12 +38,19 @@ def _state(value: str) -> str | None:
     return None if value == "all" else value
 
 
-def _info_row(info: ArchiveInfo) -> list[object]:
+def _state_shown(info: ArchiveInfo, reclaimed: set[str]) -> str:
+    """A released archive's state says whether its payload is still there."""
+    if info.state != "released":
+        return info.state
+    return "released, reclaimed" if info.name in reclaimed else "released, payload kept"
+
+
+def _info_row(info: ArchiveInfo, reclaimed: set[str]) -> list[object]:
     return [
         info.name,
         info.rollout_id,
         "yes" if info.evaluation else "no",
-        info.state,
+        _state_shown(info, reclaimed),
         info.samples,
         human_size(info.bytes),
         local_time(info.created_at),
@@ -39,7 +58,11 @@ def _info_row(info: ArchiveInfo) -> list[object]:
 
 
 @click.command()
-@click.option("--rollout-id", type=int, help="Only archives of this rollout id.")
+@click.option(
+    "--rollout-id",
+    type=ROLLOUT_RANGE,
+    help="Only archives of this rollout id or range (A..B, A.., ..B).",
+)
 @click.option(
     "--evaluation/--no-evaluation",
     default=None,
@@ -62,7 +85,7 @@ def _info_row(info: ArchiveInfo) -> list[object]:
 @pass_pool
 def ls(
     pool: ArchiveManager,
-    rollout_id: int | None,
+    rollout_id: tuple[int | None, int | None] | None,
     evaluation: bool | None,
     task_key: str | None,
     state: str,
@@ -71,21 +94,30 @@ def ls(
 ) -> None:
     """List archives, by rollout id then name."""
     found = pool.find(
-        rollout_id=rollout_id,
+        # One id is the same filter, with find's own wording of an id out of range.
+        rollout_id=rollout_id[0] if rollout_id and rollout_id[0] == rollout_id[1] else rollout_id,
         evaluation=evaluation,
         task_key=task_key,
         state=_state(state),
         since=since,
     )
+    reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
     if as_json:
-        echo_json([asdict(i) for i in found])
+        echo_json(
+            [
+                {**asdict(i), "payload_reclaimed": i.name in reclaimed}
+                if i.state == "released"
+                else asdict(i)
+                for i in found
+            ]
+        )
         return
     if not found:
         echo("no archives match")
         return
     echo_table(
         ["NAME", "ROLLOUT", "EVAL", "STATE", "SAMPLES", "SIZE", "CREATED"],
-        [_info_row(i) for i in found],
+        [_info_row(i, reclaimed) for i in found],
         right={1, 4, 5},
     )
 
@@ -108,10 +140,12 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     owners = arc.owners()
     # The web viewer's archive page shows the same summary (one computation, from the catalog).
     summary = archive_summary(pool.context, arc.name).overview()
+    reclaimed = pool.payload_reclaimed([arc.name])
     if as_json:
         echo_json(
             {
                 **asdict(info),
+                "payload_reclaimed": arc.name in reclaimed,
                 "attrs": arc.attrs,
                 "manifest_digest": arc.manifest_digest,
                 "owners": owners,
@@ -125,7 +159,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("archive", info.name),
             ("rollout id", info.rollout_id),
             ("evaluation", "yes" if info.evaluation else "no"),
-            ("state", info.state),
+            ("state", _state_shown(info, reclaimed)),
             ("samples", info.samples),
             ("size", f"{human_size(info.bytes)} ({info.bytes} bytes)"),
             ("created", local_time(info.created_at)),
@@ -133,7 +167,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("released", local_time(info.released_at)),
             ("reference", info.reference),
             ("manifest", arc.manifest_digest),
-            ("attrs", arc.attrs or None),
+            ("attrs", json.dumps(arc.attrs, ensure_ascii=False) if arc.attrs else None),
             ("owners", ", ".join(owners) or "none (released; gc may reclaim its payload)"),
         ]
     )
@@ -178,7 +212,12 @@ def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
 @click.command()
 @click.option("--task-key", help="Samples of this task key.")
 @click.option("--sample-key", help="Samples of this sample key (e.g. sample:12).")
-@click.option("--status", multiple=True, help="Sample status (repeatable: any of them).")
+@click.option(
+    "--status",
+    multiple=True,
+    type=click.Choice([s.value for s in Sample.Status], case_sensitive=False),
+    help="Sample status (repeatable: any of them).",
+)
 @click.option("--min-reward", type=float)
 @click.option("--max-reward", type=float)
 @click.option("--min-length", type=click.IntRange(min=0), help="Minimum response length.")
@@ -271,9 +310,28 @@ def export(pool: ArchiveManager, name: str, out: Path, force: bool, as_json: boo
         )
 
 
+def _expand(patterns: tuple[str, ...]) -> list[Path]:
+    """The files named, a glob pattern (``debug/rollout_*.pt``) standing for its matches in
+    sorted order (for shells that pass a pattern unexpanded, or quoted ones); each once."""
+    files: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(pattern)))
+            matches = [m for m in matches if m.is_file()]
+            if not matches:
+                raise click.BadParameter(f"no file matches {pattern!r}", param_hint="FILES")
+            files.extend(matches)
+        else:
+            path = Path(pattern).expanduser()
+            if not path.is_file():
+                raise click.BadParameter(f"{pattern!r} is not a file", param_hint="FILES")
+            files.append(path)
+    return list(dict.fromkeys(files))
+
+
 @click.command("import-pt")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--name", help="Archive name (default: the file's stem).")
+@click.argument("files", nargs=-1, required=True)
+@click.option("--name", help="Archive name (one file only; default: each file's stem).")
 @click.option(
     "--trust-pickle",
     is_flag=True,
@@ -282,15 +340,52 @@ def export(pool: ArchiveManager, name: str, out: Path, force: bool, as_json: boo
 @json_option
 @pass_pool
 def import_pt(
-    pool: ArchiveManager, file: Path, name: str | None, trust_pickle: bool, as_json: bool
+    pool: ArchiveManager,
+    files: tuple[str, ...],
+    name: str | None,
+    trust_pickle: bool,
+    as_json: bool,
 ) -> None:
-    """Import one of slime's torch.save rollout dumps as a new archive."""
-    arc = pool.import_pt(file, name=name, trust_pickle=trust_pickle)
-    info = arc.info()
+    """Import slime's torch.save rollout dumps FILES (paths or glob patterns) as new
+    archives, one per file, named after each file's stem.
+
+    Each file is its own archive and its own save: they are imported in order, and the
+    first failure stops the run (the files imported before it stay, and are listed).
+    """
+    paths = _expand(files)
+    if name is not None and len(paths) > 1:
+        raise click.UsageError("--name names one archive: give one file with it")
+    names = [name] if name is not None else [p.stem for p in paths]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise click.UsageError(
+            f"several files would become archive {twice[0]!r}: import them one by one with --name"
+        )
+    total = sum(p.stat().st_size for p in paths)
+    imported: list[dict[str, Any]] = []
+    done = 0
+    with progress_reporter(
+        "importing", enabled=not as_json and len(paths) > 1, unit="bytes"
+    ) as progress:
+        for path, archive_name in zip(paths, names, strict=True):
+            try:
+                arc = pool.import_pt(path, name=archive_name, trust_pickle=trust_pickle)
+            except Exception as exc:
+                if imported and is_reportable(exc):
+                    done_names = ", ".join(i["name"] for i in imported)
+                    raise CliError(
+                        f"{path}: {one_line(exc)} (imported before it: {done_names})"
+                    ) from exc
+                raise
+            info = arc.info()
+            imported.append({**asdict(info), "file": str(path)})
+            done += path.stat().st_size
+            if progress is not None:
+                progress(done, total)
+            if not as_json:
+                echo(
+                    f"imported {info.samples} samples from {path} as archive {info.name!r} "
+                    f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
+                )
     if as_json:
-        echo_json(asdict(info))
-        return
-    echo(
-        f"imported {info.samples} samples from {file} as archive {info.name!r} "
-        f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
-    )
+        echo_json(imported[0] if len(files) == 1 and len(paths) == 1 else imported)
