@@ -99,7 +99,10 @@ def duration_seconds(value: object, what: str) -> float:
         ValueError: anything else (callers turn it into their own error type).
     """
     if isinstance(value, str):
-        seconds = parse_duration(value).total_seconds()
+        try:
+            seconds = parse_duration(value).total_seconds()
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
     elif isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
