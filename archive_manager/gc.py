@@ -22,6 +22,7 @@ the shell around it does the I/O in this order:
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -72,6 +73,7 @@ __all__ = [
 ]
 
 _BATCH = 500
+_log = logging.getLogger("archive_manager")
 # Temp files are young while their writer lives; a writer that has not renamed its temp file
 # within this long is gone, whatever the grace period.
 TEMP_MIN_AGE = 3600.0
@@ -269,8 +271,21 @@ def collect(
     started = time.perf_counter()
     decided = plan(pool, grace=grace, mark=not dry_run)
     if not dry_run:
+        for lease in decided.expired:
+            _log.info("gc: lease %s expired; dropped", lease)
+        for _, name in decided.rolled_back:
+            _log.info("gc: pending save %r lost its lease; rolled back", name)
         apply(pool, decided, progress)
-    return decided.report(dry_run=dry_run, duration=time.perf_counter() - started)
+    report = decided.report(dry_run=dry_run, duration=time.perf_counter() - started)
+    if not dry_run:
+        _log.info(
+            "gc: deleted %d blob(s), %d bytes, %d orphan file(s), %d stale temp file(s)",
+            report.blobs,
+            report.bytes,
+            report.orphans,
+            report.temp_files,
+        )
+    return report
 
 
 def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:

@@ -272,7 +272,7 @@ class ArchiveWriter:
         stored in the background while samples are added).
 
         Raises:
-            The error a background store failed with, if one did.
+            Exception: the error a background store failed with, if one did.
         """
         self._wait()
 

@@ -4,11 +4,14 @@ and `ArchiveManager.release` on both backends, then the ``forget``, ``release`` 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -321,3 +324,53 @@ def test_forget_and_release_in_a_subprocess(root: Path) -> None:
     assert json.loads(done.stdout)["released"] == ["rollout-1", "rollout-0"]
     many = cli_run("release", "rollout-2", "rollout-3", "--yes")
     assert many.returncode == 0 and "released 2 archive(s)" in many.stdout
+
+
+# --------------------------------------------------------------------------- consistency
+
+
+def test_cli_listing_formats(root: Path) -> None:
+    lines = _run(root, "ls", "--rollout-id", "4..", "--format", "ndjson").stdout.splitlines()
+    assert [json.loads(x)["name"] for x in lines] == ["rollout-4", "rollout-5"]
+    table = list(
+        csv.DictReader(io.StringIO(_run(root, "keys", "rollout-1", "--format", "CSV").stdout))
+    )
+    assert [r["sample_key"] for r in table] == ["sample:0", "sample:1"]
+    rows = [json.loads(x) for x in _run(root, "query", "--format", "ndjson").stdout.splitlines()]
+    assert len(rows) == 12
+    # Counts are named apart from the payload fields they count.
+    meta = rows[0]["metadata"]
+    assert isinstance(meta["tokens_length"], int) and "tokens" not in meta
+    assert _run(root, "ls", "--json", "--format", "csv").exit_code == 2
+    assert _run(root, "ls", "--format", "xml").exit_code == 2
+
+
+def test_cli_verbose_logs_and_info(root: Path) -> None:
+    assert _run(root, "release", "rollout-0", "--yes").exit_code == 0
+    quiet = _run(root, "gc", "--grace", "0", "--yes")
+    assert "INFO" not in quiet.stderr
+    logged = _run(root, "-v", "gc", "--grace", "0", "--yes")
+    assert logged.exit_code == 0 and "INFO: gc: deleted 0 blob(s)" in logged.stderr
+    assert _run(root, "-v", "-q", "ls").exit_code == 2
+    # A released archive's blobs awaiting GC, and no sharing: the ratio still reads 1.
+    assert _run(root, "release", "rollout-1", "--yes").exit_code == 0
+    info = json.loads(_run(root, "info", "--json").stdout)
+    assert info["dedup_ratio"] >= 1.0 and info["stored_bytes"] > info["unique_bytes"]
+
+
+def test_times_carry_their_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import datetime, timezone
+
+    from archive_manager._humanize import local_time
+
+    when = datetime(2026, 12, 2, 9, 5, tzinfo=timezone.utc)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        assert local_time(when) == "2026-12-02 09:05:00 UTC"
+        monkeypatch.setenv("TZ", "<+0530>-5:30")
+        time.tzset()
+        assert local_time(when) == "2026-12-02 14:35:00 +0530"
+    finally:
+        monkeypatch.undo()
+        time.tzset()

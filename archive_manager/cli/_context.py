@@ -24,6 +24,7 @@ __all__ = [
     "dry_run_option",
     "is_reportable",
     "json_option",
+    "listing_options",
     "make_message_safe",
     "one_line",
     "pass_pool",
@@ -181,6 +182,20 @@ def confirm(question: str) -> None:
 def json_option(f: F) -> F:
     """``--json``: machine-readable output on stdout (and no progress bar)."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def listing_options(f: F) -> F:
+    """``--json`` and ``--format table|json|ndjson|csv`` for a listing: the command gets
+    ``as_json`` and ``fmt`` (``--json`` is ``--format json``)."""
+    f = click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "json", "ndjson", "csv"], case_sensitive=False),
+        default="table",
+        show_default=True,
+        help="Output format: ndjson (a JSON object a line) and csv are for pipes and files.",
+    )(f)
+    return json_option(f)
 
 
 def yes_option(f: F) -> F:

@@ -10,6 +10,8 @@ escapes there, which decode to the stored text.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import sys
@@ -30,6 +32,7 @@ __all__ = [
     "echo",
     "echo_fields",
     "echo_json",
+    "echo_records",
     "echo_table",
     "human_duration",
     "human_size",
@@ -119,6 +122,33 @@ def echo_json(value: Any) -> None:
     """
     text = json.dumps(to_jsonable(value), indent=2, ensure_ascii=False)
     click.echo(_NOT_PRINTABLE_ASCII.sub(_json_escape, text))
+
+
+def echo_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
+    """Print listing rows as ``ndjson`` (one JSON object a line) or ``csv`` (a header of the
+    first row's keys; nested values as JSON), for tools that stream or spreadsheet them.
+
+    Both are exact (no escaping for the terminal): they are for pipes and files.
+    """
+    rows = [to_jsonable(r) for r in records]
+    if fmt == "ndjson":
+        for row in rows:
+            click.echo(json.dumps(row, ensure_ascii=False))
+        return
+    if fmt != "csv":
+        raise ValueError(f"unknown format {fmt!r}")
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {
+                    k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
+                    for k, v in row.items()
+                }
+            )
+    click.echo(out.getvalue(), nl=False)
 
 
 def echo_table(

@@ -17,11 +17,12 @@ from ..manager import ArchiveManager
 from ..samples import Sample
 from ..stats import archive_summary
 from ._complete import complete_archive_name
-from ._context import CliError, is_reportable, json_option, one_line, pass_pool
+from ._context import CliError, is_reportable, json_option, listing_options, one_line, pass_pool
 from ._output import (
     echo,
     echo_fields,
     echo_json,
+    echo_records,
     echo_table,
     human_size,
     local_time,
@@ -81,7 +82,7 @@ def _info_row(info: ArchiveInfo, reclaimed: set[str]) -> list[object]:
     type=SINCE,
     help="Only archives created since a date/time or a duration ago (2h, 3d).",
 )
-@json_option
+@listing_options
 @pass_pool
 def ls(
     pool: ArchiveManager,
@@ -91,6 +92,7 @@ def ls(
     state: str,
     since: datetime | None,
     as_json: bool,
+    fmt: str,
 ) -> None:
     """List archives, by rollout id then name."""
     found = pool.find(
@@ -102,15 +104,13 @@ def ls(
         since=since,
     )
     reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
-    if as_json:
-        echo_json(
-            [
-                {**asdict(i), "payload_reclaimed": i.name in reclaimed}
-                if i.state == "released"
-                else asdict(i)
-                for i in found
-            ]
-        )
+    records = [
+        {**asdict(i), "payload_reclaimed": i.name in reclaimed}
+        if i.state == "released"
+        else asdict(i)
+        for i in found
+    ]
+    if _structured(records, as_json, fmt):
         return
     if not found:
         echo("no archives match")
@@ -120,6 +120,36 @@ def ls(
         [_info_row(i, reclaimed) for i in found],
         right={1, 4, 5},
     )
+
+
+# describe_sample records these payload fields' lengths under the fields' own names (the API's
+# contract); machine output names the counts apart, so "tokens" is never a number there.
+_COUNTED = ("tokens", "loss_mask", "rollout_log_probs")
+
+
+def _row_out(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row.get("metadata")
+    if isinstance(meta, dict):
+        row["metadata"] = {
+            (f"{k}_length" if k in _COUNTED and not isinstance(v, (list, dict)) else k): v
+            for k, v in meta.items()
+        }
+    return row
+
+
+def _structured(records: list[dict[str, Any]], as_json: bool, fmt: str) -> bool:
+    """Print ``records`` as ``--json`` or ``--format json|ndjson|csv`` asked; False for a
+    table, which the command prints itself."""
+    fmt = fmt.lower()
+    if as_json and fmt not in ("table", "json"):
+        raise click.UsageError(f"--json and --format {fmt} contradict each other: give one")
+    if as_json or fmt == "json":
+        echo_json(records)
+    elif fmt in ("ndjson", "csv"):
+        echo_records(records, fmt)
+    else:
+        return False
+    return True
 
 
 def _stats_line(stats: dict[str, float] | None, fmt: str) -> str:
@@ -192,15 +222,15 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("name", shell_complete=complete_archive_name)
-@json_option
+@listing_options
 @pass_pool
-def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
+def keys(pool: ArchiveManager, name: str, as_json: bool, fmt: str) -> None:
     """List the sample key and task key of every sample, in archive order."""
     pairs = pool.open_archive(name).keys()
-    if as_json:
-        echo_json(
-            [{"position": i, "sample_key": sk, "task_key": tk} for i, (sk, tk) in enumerate(pairs)]
-        )
+    records = [
+        {"position": i, "sample_key": sk, "task_key": tk} for i, (sk, tk) in enumerate(pairs)
+    ]
+    if _structured(records, as_json, fmt):
         return
     echo_table(
         ["POS", "SAMPLE KEY", "TASK KEY"],
@@ -226,7 +256,7 @@ def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
 @click.option("--evaluation/--no-evaluation", default=None, help="Evaluation archives or not.")
 @click.option("--state", type=click.Choice(_STATES), default="published", show_default=True)
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many samples.")
-@json_option
+@listing_options
 @pass_pool
 def query(
     pool: ArchiveManager,
@@ -242,6 +272,7 @@ def query(
     state: str,
     limit: int | None,
     as_json: bool,
+    fmt: str,
 ) -> None:
     """Find samples across archives by key, status, reward, length (catalog only)."""
     low, high = rollout_id or (None, None)
@@ -259,8 +290,7 @@ def query(
         state=_state(state),
         limit=limit,
     )
-    if as_json:
-        echo_json([r.as_dict() for r in rows])
+    if _structured([_row_out(r.as_dict()) for r in rows], as_json, fmt):
         return
     if not rows:
         echo("no samples match")
