@@ -240,6 +240,7 @@ class Archive:
                         for k, v in (("sample_key", sample_key), ("task_key", task_key))
                         if v is not None
                     )
+                    + _key_hint(sample_key)
                 )
             ordinals = sorted({o for o, _ in wanted})
             digests = dict(
@@ -446,6 +447,15 @@ class Archive:
             True if this call released it, False if it was released already.
         """
         return bool(release_archives(self._pool, [self._id]))
+
+
+def _key_hint(sample_key: str | None) -> str:
+    """A hint for a sample key that is not of the stored form (``5`` for ``sample:5``)."""
+    if sample_key is None or sample_key.startswith(("sample:", "position:")):
+        return ""
+    if sample_key.strip().lstrip("-").isdigit():
+        return f" (sample keys look like 'sample:{sample_key.strip()}')"
+    return " (sample keys look like 'sample:5', or 'position:5' for a sample without an index)"
 
 
 def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:

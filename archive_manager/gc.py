@@ -473,7 +473,12 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
     """Unlink and forget every ``deleting`` blob, a batch per transaction."""
     b = blobs_table
     with pool.catalog.read() as conn:
-        todo = conn.execute(select(b.c.digest).where(b.c.state == "deleting")).scalars().all()
+        sizes = dict(
+            conn.execute(select(b.c.digest, b.c.size).where(b.c.state == "deleting")).all()
+        )
+    todo = list(sizes)
+    # Progress counts bytes (the unit a person can set against the pool's size), not blobs.
+    total = sum(sizes.values())
     done = 0
     for batch in batches(todo, _BATCH):
         with pool.catalog.write("gc.delete") as conn:
@@ -494,9 +499,9 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
                     raise GcAbortedError(f"gc could not unlink blob {digest}: {exc}") from exc
                 failpoint("gc.after_unlink")
             conn.execute(delete(b).where(b.c.digest.in_(still), b.c.state == "deleting"))
-        done += len(batch)
+        done += sum(sizes[d] for d in batch)
         if progress is not None:
-            progress(done, len(todo))
+            progress(done, total)
 
 
 def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:

@@ -1131,7 +1131,9 @@ class ArchiveManager:
     ) -> GcReport:
         """Reclaim every blob no owner retains that is older than ``grace``.
 
-        ``dry_run`` returns the plan (blobs and bytes per archive) and deletes nothing.
+        ``dry_run`` returns the plan (blobs and bytes per archive, and what the grace period
+        holds back) and deletes nothing.  ``grace`` is a `timedelta`, seconds, or the CLI's
+        text (``"1h"``).  ``progress(done, total)`` counts the bytes deleted.
 
         Raises:
             InvalidInputError: ``grace`` is negative, not a number, or past `timedelta.max`.
@@ -1156,7 +1158,7 @@ class ArchiveManager:
         """Check the catalog against the blob files; with ``read_data``, rehash blobs too.
 
         ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
-        Never changes anything.
+        ``progress(done, total)`` counts the bytes rehashed.  Never changes anything.
         """
         return verify_pool(self._context, read_data=read_data, subset=subset, progress=progress)
 

@@ -125,6 +125,8 @@ def test_release_many_is_one_transaction(
     with pytest.raises(ArchiveNotFoundError, match=r"did you mean 'rollout-1'\?"):
         pool.release(["rollout-0", "rollout-01"])
     assert all(i.state == "published" for i in pool.find(state=None))  # nothing released
+    with pytest.raises(KeyError, match=r"sample keys look like 'sample:1'"):
+        pool.open_archive("rollout-0").load_samples(sample_key="1")
     pool.open_archive("rollout-0").release()
     plan = pool.release(["rollout-0", "rollout-1", "rollout-2", "rollout-1"])
     assert plan.already_released == ["rollout-0"]
@@ -156,7 +158,12 @@ def test_gc_reports_what_the_grace_holds_back(
     plan = pool.gc(grace="1d", dry_run=True)  # the CLI's duration text
     assert plan.blobs == 0 and plan.grace_blobs > 0 and plan.grace_bytes > 0
     assert plan.grace_first is not None and plan.grace_first > clock.now
-    assert pool.gc(grace="0").blobs == plan.grace_blobs
+    calls: list[tuple[int, int]] = []
+    done = pool.gc(grace="0", progress=lambda d, t: calls.append((d, t)))
+    assert done.blobs == plan.grace_blobs and calls[-1] == (done.bytes, done.bytes)
+    calls.clear()
+    checked = pool.verify(read_data=True, progress=lambda d, t: calls.append((d, t)))
+    assert calls[-1] == (checked.bytes_read, checked.bytes_read) and checked.bytes_read > 0
     with pytest.raises(InvalidInputError, match="grace"):
         pool.gc(grace="an hour")
     summary = pool.info()

@@ -114,7 +114,7 @@ def gc(pool: ArchiveManager, grace: timedelta, yes: bool, dry_run: bool, as_json
             _echo_gc(plan, err=True)
             confirm("Delete them?")
     # The real run recomputes its plan: what changed since the dry run is taken into account.
-    with progress_reporter("deleting blobs", enabled=not as_json) as progress:
+    with progress_reporter("deleting blobs", enabled=not as_json, unit="bytes") as progress:
         report = pool.gc(grace=grace, progress=progress)
     if as_json:
         echo_json(report.as_dict())
@@ -139,7 +139,7 @@ def verify(
 ) -> None:
     """Check the catalog against the blob files; exit 1 if damage is found."""
     read_data = read_data or subset is not None
-    with progress_reporter("verifying blobs", enabled=not as_json) as progress:
+    with progress_reporter("verifying blobs", enabled=not as_json, unit="bytes") as progress:
         report = pool.verify(read_data=read_data, subset=subset, progress=progress)
     if as_json:
         echo_json(report.as_dict())
