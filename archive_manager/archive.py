@@ -4,6 +4,7 @@ metadata from the catalog, export to slime's ``.pt`` format, release."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import operator
 import os
 from collections import defaultdict
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
 import numpy as np
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
 from ._atomic import write_atomic_with
@@ -24,13 +25,15 @@ from ._names import archive_owner, check_archive_name
 from ._torch import is_tensor, torch_module
 from .arrow import ArchiveSource, archive_table
 from .catalog import (
+    archive_blobs_table,
     archives_table,
+    blobs_table,
     chunks_table,
     entries_table,
     retention_table,
     sample_metadata_table,
 )
-from .catalog.queries import archive_by_name
+from .catalog.queries import archive_by_name, batches
 from .codec import (
     ChunkReader,
     _at,
@@ -56,7 +59,15 @@ if TYPE_CHECKING:
     import pyarrow
     import torch
 
-__all__ = ["Archive", "ArchiveInfo", "open_archive"]
+__all__ = [
+    "Archive",
+    "ArchiveInfo",
+    "not_found",
+    "open_archive",
+    "reclaimed_names",
+    "release_archives",
+    "similar_names",
+]
 
 # Entries read per catalog query by `Archive.iter_samples`: 4,096 rows are ~200 KB in Python
 # and one short read transaction each.
@@ -373,6 +384,7 @@ class Archive:
                 for k, v in (("sample_key", sample_key), ("task_key", task_key))
                 if v is not None
             )
+            + _key_hint(sample_key)
         )
 
     def _entry_page(
@@ -689,32 +701,90 @@ class Archive:
         Returns:
             True if this call released it, False if it was released already.
         """
-        owner = archive_owner(self.name)
-        record = None
-        with self._pool.catalog.write("release") as conn:
-            # Inside: a read-only pool is refused by the write gate first; a journal folder
-            # that cannot take the record rolls the release back.
-            self._pool.journal.ready()
+        return bool(release_archives(self._pool, [self._id]))
+
+
+def _key_hint(sample_key: str | None) -> str:
+    """A hint for a sample key that is not of the stored form (``5`` for ``sample:5``)."""
+    if sample_key is None or sample_key.startswith(("sample:", "position:")):
+        return ""
+    if sample_key.strip().lstrip("-").isdigit():
+        return f" (sample keys look like 'sample:{sample_key.strip()}')"
+    return " (sample keys look like 'sample:5', or 'position:5' for a sample without an index)"
+
+
+def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:
+    """Release the archives of ``ids`` (drop each one's own owner) in one transaction, with
+    one journal record: either every one of them is released or, on an error, none is.
+
+    Archives already released (or no longer published) are left as they are.
+
+    Returns:
+        The names this call released, in the order of ``ids``.
+    """
+    a, r = archives_table, retention_table
+    released: list[str] = []
+    record = None
+    with pool.catalog.write("release") as conn:
+        # Inside: a read-only pool is refused by the write gate first; a journal folder
+        # that cannot take the record rolls the release back.
+        pool.journal.ready()
+        now = pool.clock()
+        ops = []
+        for archive_id in ids:
+            row = conn.execute(
+                select(a.c.name, a.c.state, a.c.manifest_digest).where(a.c.id == archive_id)
+            ).one_or_none()
+            if row is None:
+                continue
             conn.execute(
-                delete(retention_table).where(
-                    retention_table.c.owner == owner, retention_table.c.archive_id == self._id
-                )
+                delete(r).where(r.c.owner == archive_owner(row.name), r.c.archive_id == archive_id)
             )
-            now = self._pool.clock()
             changed = conn.execute(
-                update(archives_table)
-                .where(archives_table.c.id == self._id, archives_table.c.state == "published")
+                update(a)
+                .where(a.c.id == archive_id, a.c.state == "published")
                 .values(state="released", released_at=now)
             ).rowcount
-            manifest = conn.execute(
-                select(archives_table.c.manifest_digest).where(archives_table.c.id == self._id)
-            ).scalar()
-            if changed == 1 and manifest is not None:
-                op = release_op(self.name, manifest, at=now)
-                record = stage_record(conn, pool_id_of(conn), [op], now)
-        # After the commit, before returning: docs/architecture.md, "Retention journal".
-        write_committed(self._pool.journal, record)
-        return changed == 1
+            if changed == 1:
+                released.append(row.name)
+                if row.manifest_digest is not None:
+                    ops.append(release_op(row.name, row.manifest_digest, at=now))
+        if ops:
+            record = stage_record(conn, pool_id_of(conn), ops, now)
+    # After the commit, before returning: docs/architecture.md, "Retention journal".
+    write_committed(pool.journal, record)
+    return released
+
+
+def reclaimed_names(conn: Connection, names: Sequence[str]) -> set[str]:
+    """Which of the archives ``names`` lack part of their payload: a blob they need has no
+    live row (GC reclaimed it, or is deleting it).  Released archives only end so."""
+    a, ab, b = archives_table, archive_blobs_table, blobs_table
+    gone = (
+        select(ab.c.digest)
+        .outerjoin(b, b.c.digest == ab.c.digest)
+        .where(ab.c.archive_id == a.c.id, or_(b.c.digest.is_(None), b.c.state != "live"))
+        .exists()
+    )
+    out: set[str] = set()
+    for batch in batches(list(names)):
+        out.update(conn.execute(select(a.c.name).where(a.c.name.in_(batch), gone)).scalars())
+    return out
+
+
+def similar_names(conn: Connection, name: str, *, limit: int = 1) -> list[str]:
+    """Published or released archive names that look like ``name`` (for "did you mean")."""
+    names = conn.execute(
+        select(archives_table.c.name).where(archives_table.c.state.in_(("published", "released")))
+    ).scalars()
+    return difflib.get_close_matches(name, list(names), n=limit, cutoff=0.75)
+
+
+def not_found(conn: Connection, name: str) -> ArchiveNotFoundError:
+    """`ArchiveNotFoundError` for ``name``, naming the closest existing names, if any."""
+    close = similar_names(conn, name)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ArchiveNotFoundError(f"archive {name!r} not found{hint}")
 
 
 _PLAIN = frozenset({type(None), bool, int, float, str})
@@ -844,8 +914,8 @@ def open_archive(pool: PoolContext, name: str) -> Archive:
     check_archive_name(name)
     with pool.catalog.read() as conn:
         row = archive_by_name(conn, name)
-    if row is None or row.state not in ("published", "released"):
-        raise ArchiveNotFoundError(f"archive {name!r} not found")
+        if row is None or row.state not in ("published", "released"):
+            raise not_found(conn, name)
     return Archive(pool, row)
 
 

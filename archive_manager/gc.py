@@ -22,13 +22,14 @@ the shell around it does the I/O in this order:
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, exists, not_, select, update
+from sqlalchemy import delete, exists, func, not_, select, update
 from sqlalchemy.engine import Connection
 
 from ._context import PoolContext
@@ -72,6 +73,7 @@ __all__ = [
 ]
 
 _BATCH = 500
+_log = logging.getLogger("archive_manager")
 # Temp files are young while their writer lives; a writer that has not renamed its temp file
 # within this long is gone, whatever the grace period.
 TEMP_MIN_AGE = 3600.0
@@ -94,6 +96,12 @@ class GcReport:
     expired_leases: int = 0
     finished_from_earlier: int = 0
     duration: float = 0.0
+    # Unretained blobs the grace period holds back (younger than it): how many, their bytes,
+    # and when the first and the last of them become reclaimable (epoch seconds).
+    grace_blobs: int = 0
+    grace_bytes: int = 0
+    grace_first: float | None = None
+    grace_last: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
@@ -109,6 +117,10 @@ class GcReport:
             "expired_leases": self.expired_leases,
             "finished_from_earlier": self.finished_from_earlier,
             "duration": self.duration,
+            "grace_blobs": self.grace_blobs,
+            "grace_bytes": self.grace_bytes,
+            "grace_first": self.grace_first,
+            "grace_last": self.grace_last,
         }
 
 
@@ -137,6 +149,23 @@ def _candidates(conn: Connection, now: float, cutoff: float) -> list[tuple[str, 
             )
         )
     ]
+
+
+def _held_by_grace(
+    conn: Connection, now: float, cutoff: float
+) -> tuple[int, int, float | None, float | None]:
+    """Unretained blobs younger than the grace period: count, bytes, oldest and newest
+    creation time (what the next GC after those times reclaims)."""
+    b = blobs_table
+    count, size, first, last = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(b.c.size), 0),
+            func.min(b.c.created_at),
+            func.max(b.c.created_at),
+        ).where(b.c.state.in_(("live", "writing")), b.c.created_at > cutoff, not_(_retained(now)))
+    ).one()
+    return int(count), int(size), first, last
 
 
 def _check_invariant(conn: Connection, digests: Sequence[str]) -> None:
@@ -203,6 +232,7 @@ class GcPlan:
     per_archive: dict[str, dict[str, int]] = field(default_factory=dict)
     orphans: list[tuple[str, int]] = field(default_factory=list)  # files without a row
     stale_temps: list[IncompleteWrite] = field(default_factory=list)
+    held: tuple[int, int, float | None, float | None] = (0, 0, None, None)  # by the grace
 
     def report(self, *, dry_run: bool, duration: float = 0.0) -> GcReport:
         """What this plan reclaims, as a `GcReport`."""
@@ -218,6 +248,10 @@ class GcPlan:
             expired_leases=len(self.expired),
             finished_from_earlier=len(self.earlier),
             duration=duration,
+            grace_blobs=self.held[0],
+            grace_bytes=self.held[1],
+            grace_first=None if self.held[2] is None else self.held[2] + self.grace,
+            grace_last=None if self.held[3] is None else self.held[3] + self.grace,
         )
 
 
@@ -237,8 +271,21 @@ def collect(
     started = time.perf_counter()
     decided = plan(pool, grace=grace, mark=not dry_run)
     if not dry_run:
+        for lease in decided.expired:
+            _log.info("gc: lease %s expired; dropped", lease)
+        for _, name in decided.rolled_back:
+            _log.info("gc: pending save %r lost its lease; rolled back", name)
         apply(pool, decided, progress)
-    return decided.report(dry_run=dry_run, duration=time.perf_counter() - started)
+    report = decided.report(dry_run=dry_run, duration=time.perf_counter() - started)
+    if not dry_run:
+        _log.info(
+            "gc: deleted %d blob(s), %d bytes, %d orphan file(s), %d stale temp file(s)",
+            report.blobs,
+            report.bytes,
+            report.orphans,
+            report.temp_files,
+        )
+    return report
 
 
 def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
@@ -295,6 +342,7 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
         }
         _check_invariant(conn, digests + list(decided.earlier))
         decided.per_archive = _per_archive(conn, digests, decided.condemned)
+        decided.held = _held_by_grace(conn, now, cutoff)
         if mark:
             _mark(conn, decided)
         known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())
@@ -425,7 +473,12 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
     """Unlink and forget every ``deleting`` blob, a batch per transaction."""
     b = blobs_table
     with pool.catalog.read() as conn:
-        todo = conn.execute(select(b.c.digest).where(b.c.state == "deleting")).scalars().all()
+        sizes = dict(
+            conn.execute(select(b.c.digest, b.c.size).where(b.c.state == "deleting")).all()
+        )
+    todo = list(sizes)
+    # Progress counts bytes (the unit a person can set against the pool's size), not blobs.
+    total = sum(sizes.values())
     done = 0
     for batch in batches(todo, _BATCH):
         with pool.catalog.write("gc.delete") as conn:
@@ -446,9 +499,9 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
                     raise GcAbortedError(f"gc could not unlink blob {digest}: {exc}") from exc
                 failpoint("gc.after_unlink")
             conn.execute(delete(b).where(b.c.digest.in_(still), b.c.state == "deleting"))
-        done += len(batch)
+        done += sum(sizes[d] for d in batch)
         if progress is not None:
-            progress(done, len(todo))
+            progress(done, total)
 
 
 def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import itertools
-import math
-import numbers
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -17,9 +17,18 @@ from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
 
 from ._context import PoolContext
+from ._humanize import duration_seconds
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from ._readonly_store import ReadOnlyBlobStore
-from .archive import Archive, ArchiveInfo, infos, open_archive
+from .archive import (
+    Archive,
+    ArchiveInfo,
+    infos,
+    not_found,
+    open_archive,
+    reclaimed_names,
+    release_archives,
+)
 from .blobs import AbstractBlobStore, BlobStore
 from .blobs.base import ObjectRoot
 from .blobs.s3 import is_s3_url
@@ -35,7 +44,6 @@ from .catalog.probe import probe_sqlite_catalog
 from .catalog.queries import archive_by_name, stored_owner
 from .codec import DEFAULT_INLINE_LIMIT
 from .errors import (
-    ArchiveNotFoundError,
     ArchiveReleasedError,
     CatalogError,
     InvalidInputError,
@@ -76,43 +84,38 @@ from .permissions import SharedReport, share_pool
 from .ptdump import read_pt_file, task_keys_from_field
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
 from .recovery import RebuildReport, rebuild_catalog
-from .retention import OwnersReport, ReleasePlan, audit_owners, plan_release
+from .retention import (
+    ForgetPlan,
+    OwnersReport,
+    ReleasePlan,
+    audit_owners,
+    plan_forget,
+    plan_release,
+    plan_release_names,
+)
 from .samples import check_task_key
 from .search import DEFAULT_TIMEOUT as DEFAULT_SEARCH_TIMEOUT
 from .search import SearchResult, search_pool
-from .stats import RolloutStats, StatsCache, rollout_stats
+from .stats import RolloutStats, StatsCache, check_rollout_range, rollout_stats
 from .verify import VerifyReport, verify_pool
 from .writer import ArchiveWriter, check_rollout_id, save_samples
 
 __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
 
+_log = logging.getLogger("archive_manager")
+
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
 DEFAULT_CHUNK_SIZE = 64
 _STATES = ("pending", "published", "released")
-_MAX_GRACE = timedelta.max.total_seconds()
 
 
 def _grace_seconds(grace: object) -> float:
-    """A GC grace period in seconds: a `timedelta`, or a real number of seconds, between 0
-    and what a `timedelta` can hold (the CLI's limit too)."""
-    if isinstance(grace, timedelta):
-        seconds = grace.total_seconds()
-    elif isinstance(grace, numbers.Real) and not isinstance(grace, bool):
-        try:
-            seconds = float(grace)
-        except OverflowError:  # an int past a float's range
-            seconds = math.inf
-    else:
-        raise InvalidInputError(
-            f"grace must be a timedelta or a number of seconds, not {type(grace).__name__}"
-        )
-    if not seconds >= 0:  # NaN too
-        raise InvalidInputError("grace must be a duration of zero or more seconds")
-    if seconds > _MAX_GRACE:
-        raise InvalidInputError(
-            f"grace is out of range: at most {_MAX_GRACE:.0f} seconds (timedelta.max)"
-        )
-    return seconds
+    """A GC grace period in seconds: a `timedelta`, a real number of seconds or the CLI's
+    duration text (``"1h"``), between 0 and what a `timedelta` can hold (the CLI's limit too)."""
+    try:
+        return duration_seconds(grace, "grace")
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 # A lease lives at most this long without renewal: beyond it a crashed writer would hold its
@@ -788,13 +791,16 @@ class ArchiveManager:
 
     def find(
         self,
-        rollout_id: int | None = None,
+        rollout_id: int | range | tuple[int | None, int | None] | None = None,
         evaluation: bool | None = None,
         task_key: str | None = None,
         state: str | None = "published",
         since: datetime | None = None,
     ) -> list[ArchiveInfo]:
         """Archives matching every filter given, by rollout id then name.
+
+        ``rollout_id`` is one id, a ``range`` or an inclusive ``(low, high)`` with optional
+        ends (the CLI's ``A..B``, ``A..``, ``..B``).
 
         ``state=None`` means every state (pending saves included); ``since`` keeps archives
         created at or after that time (a naive datetime is local time).
@@ -804,7 +810,13 @@ class ArchiveManager:
         """
         a, e = archives_table, entries_table
         query = select(a)
-        if rollout_id is not None:
+        if isinstance(rollout_id, (range, tuple)):
+            low, high = check_rollout_range(rollout_id) or (None, None)
+            if low is not None:
+                query = query.where(a.c.rollout_id >= low)
+            if high is not None:
+                query = query.where(a.c.rollout_id <= high)
+        elif rollout_id is not None:
             query = query.where(a.c.rollout_id == check_rollout_id(rollout_id))
         if evaluation is not None:
             if not isinstance(evaluation, bool):
@@ -831,20 +843,67 @@ class ArchiveManager:
             rows = conn.execute(query.order_by(a.c.rollout_id, a.c.name)).all()
         return infos(rows)
 
+    def payload_reclaimed(self, names: Sequence[str]) -> set[str]:
+        """Which of the archives ``names`` lost payload to GC (a blob they need is gone or
+        being deleted): a released archive in it can no longer be loaded; one not in it
+        still can, until GC runs.  Reads the catalog only."""
+        if isinstance(names, str):
+            raise InvalidInputError("names must be a list of archive names, not one str")
+        with self.catalog.read() as conn:
+            return reclaimed_names(conn, list(names))
+
     def info(self) -> PoolSummary:
         """A summary of the pool: archives by state, blobs, bytes stored and referenced,
         dedup ratio, format version and catalog revision."""
         return pool_summary(self._context)
 
-    def query(self, **filters: Any) -> list[SampleRow]:
-        """Samples across archives, from the catalog alone.
+    def query(
+        self,
+        *,
+        task_key: str | None = None,
+        sample_key: str | None = None,
+        status: str | enum.Enum | Sequence[str | enum.Enum] | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        min_length: int | None = None,
+        max_length: int | None = None,
+        min_rollout_id: int | None = None,
+        max_rollout_id: int | None = None,
+        rollout_ids: range | tuple[int | None, int | None] | int | None = None,
+        evaluation: bool | None = None,
+        state: str | None = "published",
+        limit: int | None = None,
+    ) -> list[SampleRow]:
+        """Samples across archives, from the catalog alone, matching every filter given.
 
-        Filters (all optional, combined with AND): ``task_key``, ``sample_key``, ``status``
-        (one or several), ``min_reward``/``max_reward``, ``min_length``/``max_length``
-        (response length), ``min_rollout_id``/``max_rollout_id``, ``evaluation``, ``state``
-        (default ``"published"``, None for all) and ``limit``.
+        ``status`` is one status or several (any of them), as text (``"truncated"``) or as
+        ``Sample.Status`` members; ``min_length``/``max_length`` bound the response length;
+        ``rollout_ids`` (an int, a ``range`` or an inclusive ``(low, high)`` with optional
+        ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
+        further; ``state`` is ``"published"`` by default, None for all.
         """
-        return query_samples(self._context, **filters)
+        bounds = check_rollout_range(rollout_ids)
+        if bounds is not None:
+            low, high = bounds
+            if low is not None:
+                min_rollout_id = low if min_rollout_id is None else max(low, min_rollout_id)
+            if high is not None:
+                max_rollout_id = high if max_rollout_id is None else min(high, max_rollout_id)
+        return query_samples(
+            self._context,
+            task_key=task_key,
+            sample_key=sample_key,
+            status=status,
+            min_reward=min_reward,
+            max_reward=max_reward,
+            min_length=min_length,
+            max_length=max_length,
+            min_rollout_id=min_rollout_id,
+            max_rollout_id=max_rollout_id,
+            evaluation=evaluation,
+            state=state,
+            limit=limit,
+        )
 
     def stats(
         self,
@@ -968,7 +1027,7 @@ class ArchiveManager:
             self.journal.ready()
             row = archive_by_name(conn, name)
             if row is None or row.state == "pending":
-                raise ArchiveNotFoundError(f"archive {name!r} not found")
+                raise not_found(conn, name)
             held = set(conn.execute(select(r.c.owner).where(r.c.archive_id == row.id)).scalars())
             if held.intersection(name_spellings(owner)):
                 return False
@@ -1032,6 +1091,78 @@ class ArchiveManager:
         write_committed(self.journal, record)
         return count
 
+    def release(self, names: Sequence[str], *, dry_run: bool = False) -> ForgetPlan:
+        """Release several archives (drop each one's own owner) in one transaction: every
+        name is checked first, and either all of them are released or, on any error, none.
+
+        Archives released before are left as they are (``plan.already_released``); one
+        another owner still retains is released and listed with those owners
+        (`ForgetItem.other_owners`): its payload stays until they let go.  ``dry_run``
+        returns the plan and changes nothing.
+
+        Returns:
+            A `ForgetPlan` of these archives: ``plan.released`` names what this call released.
+
+        Raises:
+            ArchiveNotFoundError: a name that is no published or released archive (with the
+                closest names as a hint); nothing was released.
+        """
+        if isinstance(names, str):
+            raise InvalidInputError("names must be a list of archive names, not one str")
+        ids: list[int] = []
+        with self.catalog.read() as conn:
+            for name in names:
+                check_archive_name(name)
+                row = archive_by_name(conn, name)
+                if row is None or row.state not in ("published", "released"):
+                    raise not_found(conn, name)
+                if row.id not in ids:
+                    ids.append(row.id)
+        plan = plan_release_names(self._context, ids)
+        plan.dry_run = dry_run
+        if not dry_run and plan.release:
+            self._refuse_if_read_only("release")
+            plan.released = release_archives(self._context, ids)
+            _log.info("released %d archive(s)", len(plan.released))
+        return plan
+
+    def forget(
+        self,
+        keep_last: int | None = None,
+        keep_within: timedelta | float | str | None = None,
+        keep_every: int | None = None,
+        rollout_ids: range | tuple[int | None, int | None] | int | None = None,
+        evaluation: bool | None = None,
+        dry_run: bool = False,
+    ) -> ForgetPlan:
+        """Apply a retention policy, as restic's ``forget`` does to snapshots: among the
+        published archives in scope (``rollout_ids``, ``evaluation``), keep the ``keep_last``
+        newest, those created within ``keep_within`` (a duration: ``"2d"``, a `timedelta`,
+        seconds) of the newest, and every ``keep_every``-th rollout id; release the rest in
+        one transaction (see `archive_manager.retention.plan_forget` for the rules).
+
+        An archive another owner still retains is released too, and the plan says so
+        (`ForgetItem.other_owners`): its payload stays until that owner lets go.
+        ``dry_run`` returns the plan and changes nothing.
+
+        Raises:
+            InvalidInputError: no rule given, or a rule or the scope is invalid.
+        """
+        plan, ids = plan_forget(
+            self._context,
+            keep_last=keep_last,
+            keep_within=keep_within,
+            keep_every=keep_every,
+            rollout_ids=rollout_ids,
+            evaluation=evaluation,
+        )
+        plan.dry_run = dry_run
+        if not dry_run and ids:
+            self._refuse_if_read_only("forget")
+            plan.released = release_archives(self._context, ids)
+            _log.info("forget released %d archive(s)", len(plan.released))
+        return plan
+
     # ------------------------------------------------------------------ maintenance
 
     def gc(
@@ -1043,7 +1174,9 @@ class ArchiveManager:
     ) -> GcReport:
         """Reclaim every blob no owner retains that is older than ``grace``.
 
-        ``dry_run`` returns the plan (blobs and bytes per archive) and deletes nothing.
+        ``dry_run`` returns the plan (blobs and bytes per archive, and what the grace period
+        holds back) and deletes nothing.  ``grace`` is a `timedelta`, seconds, or the CLI's
+        text (``"1h"``).  ``progress(done, total)`` counts the bytes deleted.
 
         Raises:
             InvalidInputError: ``grace`` is negative, not a number, or past `timedelta.max`.
@@ -1068,7 +1201,7 @@ class ArchiveManager:
         """Check the catalog against the blob files; with ``read_data``, rehash blobs too.
 
         ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
-        Never changes anything.
+        ``progress(done, total)`` counts the bytes rehashed.  Never changes anything.
         """
         return verify_pool(self._context, read_data=read_data, subset=subset, progress=progress)
 

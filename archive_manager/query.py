@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import func, select
@@ -14,6 +15,7 @@ from ._context import PoolContext
 from .catalog import (
     FORMAT_VERSION,
     STATUS_LENGTH,
+    archive_blobs_table,
     archives_table,
     blobs_table,
     current_revision,
@@ -41,11 +43,15 @@ class PoolSummary:
     blobs: dict[str, int] = field(default_factory=dict)
     stored_bytes: int = 0
     logical_bytes: int = 0
+    unique_bytes: int = 0
 
     @property
     def dedup_ratio(self) -> float:
-        """Bytes the live archives reference over bytes stored (1.0: no sharing)."""
-        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
+        """Bytes the published archives reference (each archive counting its blobs) over the
+        bytes of the distinct blobs they need (each blob once): 1.0 without sharing, never
+        below it.  Blobs awaiting GC (released archives, dead saves) are in ``stored_bytes``
+        and do not lower it."""
+        return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
@@ -82,6 +88,16 @@ def pool_summary(pool: PoolContext) -> PoolSummary:
             conn.execute(
                 select(func.coalesce(func.sum(a.c.bytes), 0)).where(a.c.state == "published")
             ).scalar_one()
+        )
+        ab = archive_blobs_table
+        needed = (
+            select(ab.c.digest)
+            .join(a, a.c.id == ab.c.archive_id)
+            .where(ab.c.digest == b.c.digest, a.c.state == "published")
+            .exists()
+        )
+        summary.unique_bytes = int(
+            conn.execute(select(func.coalesce(func.sum(b.c.size), 0)).where(needed)).scalar_one()
         )
     return summary
 
@@ -125,7 +141,7 @@ def query_samples(
     *,
     task_key: str | None = None,
     sample_key: str | None = None,
-    status: str | Sequence[str] | None = None,
+    status: str | Enum | Sequence[str | Enum] | None = None,
     min_reward: float | None = None,
     max_reward: float | None = None,
     min_length: int | None = None,
@@ -165,7 +181,9 @@ def query_samples(
     if sample_key is not None:
         query = query.where(e.c.sample_key == sample_key)
     if status is not None:
-        statuses = [status] if isinstance(status, str) else list(status)
+        given = [status] if isinstance(status, (str, Enum)) else list(status)
+        # A status enum member (Sample.Status.TRUNCATED) is stored as its value.
+        statuses = [v.value if isinstance(v, Enum) else v for v in given]
         for value in statuses:
             if not isinstance(value, str) or len(value) > STATUS_LENGTH or "\x00" in value:
                 raise InvalidInputError(

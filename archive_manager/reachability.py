@@ -15,12 +15,13 @@ that forgot the dead-pending rule once under-reported what a release frees).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from sqlalchemy import and_, exists, not_, or_, select
+from sqlalchemy import and_, exists, literal, not_, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
+from ._names import ARCHIVE_OWNER_PREFIX
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -53,11 +54,18 @@ def dead_pending(now: float) -> ColumnElement[bool]:
     )
 
 
-def retained(now: float, *, releasing: tuple[str, str | None] | None = None) -> ColumnElement[bool]:
+def retained(
+    now: float,
+    *,
+    releasing: tuple[str, str | None] | None = None,
+    releasing_ids: Collection[int] = (),
+) -> ColumnElement[bool]:
     """SQL on ``blobs``: the current row's blob is retained at ``now``.
 
     ``releasing=(owner, name)`` asks what would stay retained once ``owner`` let go of archive
     ``name`` (of every archive it holds, for a name of None): its retention rows are left out.
+    ``releasing_ids`` asks the same of the archives of those ids releasing their own owners
+    (``archive:<name>``), as `ArchiveManager.forget` would.
     """
     ab, r, a, lb, lt = (
         archive_blobs_table,
@@ -71,6 +79,9 @@ def retained(now: float, *, releasing: tuple[str, str | None] | None = None) -> 
         owner, name = releasing
         dropped = r.c.owner == owner if name is None else and_(r.c.owner == owner, a.c.name == name)
         holds.append(not_(dropped))
+    if releasing_ids:
+        own = literal(ARCHIVE_OWNER_PREFIX) + a.c.name
+        holds.append(not_(and_(a.c.id.in_(list(releasing_ids)), r.c.owner == own)))
     by_archive = (
         select(ab.c.digest)
         .join(r, r.c.archive_id == ab.c.archive_id)

@@ -20,6 +20,7 @@ own (checkpoints, queues) and releases are not in manifests: they must be restor
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -60,6 +61,8 @@ from .reachability import dead_pending_ids
 from .writer import insert_contents
 
 __all__ = ["RebuildReport", "rebuild_catalog"]
+
+_log = logging.getLogger("archive_manager")
 
 _BATCH = 500
 
@@ -164,10 +167,13 @@ def rebuild_catalog(
             report.blobs += added
         except _Skip as exc:
             report.skipped[digest] = str(exc)
+            _log.info("rebuild: manifest %s not restored: %s", digest, exc)
         except sa_exc.IntegrityError as exc:
             report.skipped[digest] = f"archive {name!r} could not be inserted: {exc.orig}"
+            _log.info("rebuild: manifest %s not restored: %s", digest, report.skipped[digest])
         else:
             report.archives.append(restored_as)
+            _log.info("rebuild: restored archive %r from manifest %s", restored_as, digest)
             if restored_as != name:
                 report.renamed[restored_as] = name
         if progress is not None:

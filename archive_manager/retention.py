@@ -1,5 +1,6 @@
 """What owners retain (docs/architecture.md, "GC protocol"): the owners audit
-(`ArchiveManager.owners`) and what releasing an owner would free (`ArchiveManager.release_plan`).
+(`ArchiveManager.owners`), what releasing an owner would free (`ArchiveManager.release_plan`)
+and retention policies (`ArchiveManager.forget`, docs/architecture.md, "Retention policies").
 
 Both only read, and both count as GC does: the rule of what is retained lives in
 `archive_manager.reachability`, and this module only attributes it to owners.
@@ -8,12 +9,17 @@ Both only read, and both count as GC does: the rule of what is retained lives in
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import exists, select
+from sqlalchemy.engine import Connection
 
 from ._context import PoolContext
+from ._humanize import duration_seconds
+from ._names import archive_owner
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -22,9 +28,22 @@ from .catalog import (
     leases_table,
     retention_table,
 )
+from .catalog.queries import batches
+from .errors import InvalidInputError
 from .reachability import dead_pending_ids, live_lease, retained, retained_digests
+from .stats import check_rollout_range
 
-__all__ = ["OwnerUsage", "OwnersReport", "ReleasePlan", "audit_owners", "plan_release"]
+__all__ = [
+    "ForgetItem",
+    "ForgetPlan",
+    "OwnerUsage",
+    "OwnersReport",
+    "ReleasePlan",
+    "audit_owners",
+    "plan_forget",
+    "plan_release",
+    "plan_release_names",
+]
 
 
 @dataclass
@@ -198,3 +217,243 @@ def audit_owners(pool: PoolContext) -> OwnersReport:
         if st == "released" and needs.get(i) and needs[i] <= sizes.keys()
     )
     return report
+
+
+@dataclass
+class ForgetItem:
+    """One archive in a `ForgetPlan`: why it is kept (the rules that keep it), or, when it is
+    released, the other owners that still retain its payload."""
+
+    name: str
+    rollout_id: int | None
+    evaluation: bool
+    created_at: datetime
+    kept_by: list[str] = field(default_factory=list)
+    other_owners: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {**self.__dict__, "created_at": self.created_at.isoformat()}
+
+
+@dataclass
+class ForgetPlan:
+    """`ArchiveManager.forget`: a retention policy applied to the published archives in its
+    scope (restic's ``forget``): which are kept, by which rule, and which are released.
+
+    ``freed_blobs``/``freed_bytes`` are what nothing retains once the released archives let
+    go (what the next GC past its grace period reclaims); an archive another owner (a
+    checkpoint, a queue) still retains is released all the same but lists those owners in
+    ``other_owners`` and frees nothing while they hold it.  ``released`` names what the call
+    released (empty for a dry run, or when another process released them first).
+
+    `ArchiveManager.release` returns the same shape for the archives it was given: its
+    ``policy`` lists them (``{"archives": [...]}``), ``keep`` is empty, and those released
+    before are in ``already_released``.
+    """
+
+    policy: dict[str, Any]
+    keep: list[ForgetItem] = field(default_factory=list)
+    release: list[ForgetItem] = field(default_factory=list)
+    freed_blobs: int = 0
+    freed_bytes: int = 0
+    dry_run: bool = True
+    released: list[str] = field(default_factory=list)
+    already_released: list[str] = field(default_factory=list)
+
+    @property
+    def still_retained(self) -> dict[str, list[str]]:
+        """The archives to release that other owners still retain, with those owners."""
+        return {i.name: i.other_owners for i in self.release if i.other_owners}
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return {
+            "policy": self.policy,
+            "keep": [i.as_dict() for i in self.keep],
+            "release": [i.as_dict() for i in self.release],
+            "freed_blobs": self.freed_blobs,
+            "freed_bytes": self.freed_bytes,
+            "dry_run": self.dry_run,
+            "released": self.released,
+            "already_released": self.already_released,
+        }
+
+
+def _positive(value: object, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{what} must be an int of 1 or more, not {value!r:.40}")
+    return value
+
+
+def plan_forget(
+    pool: PoolContext,
+    *,
+    keep_last: int | None = None,
+    keep_within: timedelta | float | str | None = None,
+    keep_every: int | None = None,
+    rollout_ids: object = None,
+    evaluation: bool | None = None,
+) -> tuple[ForgetPlan, list[int]]:
+    """Plan a retention policy (see `ForgetPlan`); changes nothing.
+
+    The scope is the published archives whose rollout id is in ``rollout_ids`` (an int, a
+    ``range`` or an inclusive ``(low, high)`` with optional ends; archives without a rollout
+    id are outside any range) and whose evaluation flag is ``evaluation`` (None: both).
+    Archives outside it are neither kept nor released.  Inside it, an archive is kept when a
+    rule keeps it:
+
+    * ``keep_last=N``: the N newest, by rollout id, then creation time (archives without a
+      rollout id rank below every numbered one);
+    * ``keep_within=D``: created within D of the newest archive in scope, not of now (as
+      restic does): a run that stopped a week ago keeps its last D of archives;
+    * ``keep_every=K``: its rollout id is a multiple of K (every K-th rollout).
+
+    Returns:
+        The plan, and the catalog ids of the archives to release, in the plan's order.
+
+    Raises:
+        InvalidInputError: no rule given (releasing a whole scope needs ``release``, not a
+            policy), or a rule or scope of the wrong type or out of range.
+    """
+    last = _positive(keep_last, "keep_last")
+    every = _positive(keep_every, "keep_every")
+    try:
+        within = None if keep_within is None else duration_seconds(keep_within, "keep_within")
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    if last is None and every is None and within is None:
+        raise InvalidInputError(
+            "give at least one rule (keep_last, keep_within, keep_every): a policy without "
+            "one would release every archive in its scope"
+        )
+    bounds = check_rollout_range(rollout_ids)
+    if evaluation is not None and not isinstance(evaluation, bool):
+        raise InvalidInputError("evaluation must be a bool or None")
+    policy: dict[str, Any] = {
+        "keep_last": last,
+        "keep_within": within,
+        "keep_every": every,
+        "rollout_ids": list(bounds) if bounds is not None else None,
+        "evaluation": evaluation,
+    }
+
+    a = archives_table
+    query = select(a.c.id, a.c.name, a.c.rollout_id, a.c.evaluation, a.c.created_at).where(
+        a.c.state == "published"
+    )
+    if bounds is not None:
+        low, high = bounds
+        if low is not None:
+            query = query.where(a.c.rollout_id >= low)
+        if high is not None:
+            query = query.where(a.c.rollout_id <= high)
+    if evaluation is not None:
+        query = query.where(a.c.evaluation == evaluation)
+    now = pool.clock()
+    with pool.catalog.read() as conn:
+        rows = list(conn.execute(query).all())
+        # Newest first: rollout id, then creation time; the name breaks ties stably.
+        rows.sort(
+            key=lambda row: (
+                row.rollout_id is not None,
+                row.rollout_id or 0,
+                row.created_at,
+                row.name,
+            ),
+            reverse=True,
+        )
+        newest = max((row.created_at for row in rows), default=0.0)
+        keep: list[ForgetItem] = []
+        release: list[tuple[int, ForgetItem]] = []
+        for rank, row in enumerate(rows):
+            item = ForgetItem(
+                row.name,
+                row.rollout_id,
+                bool(row.evaluation),
+                datetime.fromtimestamp(row.created_at, tz=timezone.utc),
+            )
+            if last is not None and rank < last:
+                item.kept_by.append("keep-last")
+            if within is not None and row.created_at >= newest - within:
+                item.kept_by.append("keep-within")
+            if every is not None and row.rollout_id is not None and row.rollout_id % every == 0:
+                item.kept_by.append("keep-every")
+            if item.kept_by:
+                keep.append(item)
+            else:
+                release.append((row.id, item))
+        plan = ForgetPlan(policy=policy, keep=keep)
+        _plan_releases(conn, now, plan, release)
+    return plan, [i for i, _ in release]
+
+
+def plan_release_names(pool: PoolContext, ids: Sequence[int]) -> ForgetPlan:
+    """The plan of releasing the archives of ``ids`` (`ArchiveManager.release`): each one
+    to release with the other owners that retain it, those already released, and what
+    nothing retains once they let go."""
+    a = archives_table
+    now = pool.clock()
+    plan = ForgetPlan(policy={"archives": []})
+    with pool.catalog.read() as conn:
+        rows = {
+            row.id: row
+            for batch in batches(list(ids))
+            for row in conn.execute(
+                select(
+                    a.c.id, a.c.name, a.c.rollout_id, a.c.evaluation, a.c.created_at, a.c.state
+                ).where(a.c.id.in_(batch))
+            )
+        }
+        release: list[tuple[int, ForgetItem]] = []
+        for archive_id in ids:
+            row = rows.get(archive_id)
+            if row is None:
+                continue
+            plan.policy["archives"].append(row.name)
+            if row.state != "published":
+                plan.already_released.append(row.name)
+                continue
+            item = ForgetItem(
+                row.name,
+                row.rollout_id,
+                bool(row.evaluation),
+                datetime.fromtimestamp(row.created_at, tz=timezone.utc),
+            )
+            release.append((archive_id, item))
+        _plan_releases(conn, now, plan, release)
+    return plan
+
+
+def _plan_releases(
+    conn: Connection, now: float, plan: ForgetPlan, release: list[tuple[int, ForgetItem]]
+) -> None:
+    """Fill ``plan.release`` from ``(archive id, item)`` pairs: each item's other owners, and
+    the blobs and bytes nothing retains once they all let go, by GC's own rule
+    (docs/architecture.md, "GC protocol")."""
+    r, ab, b = retention_table, archive_blobs_table, blobs_table
+    ids = [i for i, _ in release]
+    holders: dict[int, list[str]] = defaultdict(list)
+    for batch in batches(ids):
+        for owner, archive_id in conn.execute(
+            select(r.c.owner, r.c.archive_id).where(r.c.archive_id.in_(batch))
+        ):
+            holders[archive_id].append(owner)
+    for archive_id, item in release:
+        own = archive_owner(item.name)
+        item.other_owners = sorted(o for o in holders[archive_id] if o != own)
+    plan.release = [item for _, item in release]
+    if not ids:
+        return
+    needed = select(ab.c.digest).where(ab.c.digest == b.c.digest, ab.c.archive_id.in_(ids))
+    sizes = list(
+        conn.execute(
+            select(b.c.size).where(
+                b.c.state == "live", exists(needed), ~retained(now, releasing_ids=ids)
+            )
+        ).scalars()
+    )
+    plan.freed_blobs = len(sizes)
+    plan.freed_bytes = sum(sizes)

@@ -471,7 +471,9 @@ def _read_data(
     blobs, files, damaged, problem = snap.blobs, snap.files, snap.damaged, report.problems.append
     todo = sorted(d for d, row in blobs.items() if row.state == "live" and d in files and chosen(d))
     vanished = []
-    for i, digest in enumerate(todo, 1):
+    # Progress counts bytes rehashed: the work of a read-data pass is reading them.
+    total = sum(blobs[d].size for d in todo)
+    for digest in todo:
         try:
             pool.store.check(digest)
         except BlobNotFoundError:
@@ -480,7 +482,7 @@ def _read_data(
             problem(damaged("corrupt-blob", digest, str(exc)))
         report.bytes_read += blobs[digest].size
         if progress is not None:
-            progress(i, len(todo))
+            progress(report.bytes_read, total)
     found: dict[str, int] = {}
     replaced: dict[str, str] = {}
     moved = _recheck_unlisted(pool, {d: blobs[d] for d in vanished}, found, replaced)

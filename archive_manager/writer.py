@@ -9,6 +9,7 @@ expired lease, unowned blobs and maybe a pending row, all of which GC clears).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import uuid
@@ -69,6 +70,8 @@ from .metadata import describe_sample
 from .samples import check_key_text, check_task_key, sample_key, task_key_of
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
+
+_log = logging.getLogger("archive_manager")
 
 _UNSET: Any = object()
 _STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
@@ -272,7 +275,7 @@ class ArchiveWriter:
         stored in the background while samples are added).
 
         Raises:
-            The error a background store failed with, if one did.
+            Exception: the error a background store failed with, if one did.
         """
         self._wait()
 
@@ -348,6 +351,9 @@ class ArchiveWriter:
                         )
                     break
                 except _RENEW_TRANSIENT as exc:
+                    _log.info(
+                        "renewal of %s failed (%s); retrying", writer._lease, type(exc).__name__
+                    )
                     if writer._pool.clock() >= writer._expires_at:
                         lapsed = LeaseExpiredError(
                             f"{writer._lease} of the save of {writer.name!r} lapsed while its "

@@ -134,8 +134,10 @@ def test_every_listing_shows_escapes(run: Callable[..., Result]) -> None:
 
     shown = clean(run("show", "hostile")).stdout
     assert f"1 {EVIL_SHOWN}" not in shown and f"2 {EVIL_SHOWN}" in shown  # the status line
-    assert EVIL_SHOWN in shown.split("attrs", 1)[1].splitlines()[0]
-    assert "'a\\tb'" in shown
+    # attrs are shown as JSON, whose escapes (\u001b) are as inert as the table's (\x1b).
+    attrs_line = shown.split("attrs", 1)[1].splitlines()[0]
+    assert '"note": "\\u001b]0;pwned\\u0007\\u001b[2J"' in attrs_line
+    assert '"tab": "a\\tb"' in attrs_line and "\x1b" not in attrs_line
     assert LEGACY_SHOWN in clean(run("show", LEGACY_NAME)).stdout
     assert OWNER_SHOWN in clean(run("show", LEGACY_NAME)).stdout
 

@@ -719,7 +719,7 @@ def test_progress_is_reported(pool: ArchiveManager) -> None:
     pool.save("a", tiny_rollout(), rollout_id=1).release()
     calls: list[tuple[int, int]] = []
     report = pool.gc(grace=0, progress=lambda done, total: calls.append((done, total)))
-    assert calls and calls[-1] == (report.blobs, report.blobs)
+    assert calls and calls[-1] == (report.bytes, report.bytes)  # bytes, not blobs
 
 
 def test_gc_of_an_empty_pool(pool: ArchiveManager) -> None:

@@ -95,6 +95,7 @@ READ_VERBS = [
     ["groups", "rollout-1"],
     ["release", "--dry-run", "rollout-1"],
     ["release-owner", "--dry-run", "checkpoint:nobody"],
+    ["forget", "--dry-run", "--keep-last", "1"],
 ]
 
 
@@ -111,6 +112,7 @@ def test_changing_verbs_never_import_torch(tmp_path: Path) -> None:
         pool.save("a", small_rollout(4, seed=1, r3_layers=2), rollout_id=1)
     for args in (
         ["retain", "checkpoint:step-1", "a"],
+        ["forget", "--yes", "--keep-within", "1h", "--rollout-id", "5.."],
         ["release", "--yes", "a"],
         ["release-owner", "--yes", "checkpoint:step-1"],
         ["gc", "--yes", "--grace", "0s"],

@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import os
 import random
 import re
@@ -66,6 +67,8 @@ __all__ = [
     "is_s3_url",
     "parse_s3_url",
 ]
+
+_log = logging.getLogger("archive_manager")
 
 #: Blobs of at least this many bytes are uploaded in parts (chunks and most tensor blobs of
 #: the rollout workload are smaller and go in one PUT, one request).
@@ -421,6 +424,10 @@ class S3BlobStore(AbstractBlobStore):
             except Exception as exc:
                 code, transient, status = _classify(exc)
                 if transient and attempt < cfg.attempts:
+                    # The code only: an SDK message may hold a signed URL.
+                    _log.info(
+                        "s3 %s: %s (try %d of %d); retrying", what, code, attempt, cfg.attempts
+                    )
                     time.sleep(random.uniform(delay / 2, delay))
                     delay = min(delay * 2, cfg.max_backoff)
                     continue

@@ -8,6 +8,8 @@ exit code 1; bad usage exits 2.
 
 from __future__ import annotations
 
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from .archives import import_pt, keys, ls, query, show
 from .demo import demo
 from .lens import groups, prompts
 from .maintenance import gc, rebind, rebuild_catalog, verify
-from .owners import owners, release, release_owner, retain
+from .owners import forget, owners, release, release_owner, retain
 from .pool import db, info, init
 from .sample import sample
 from .search import grep
@@ -92,10 +94,25 @@ class _Cli(click.Group):
     help="Only read the pool: write nothing there, refuse every write. Without it, a pool "
     "this process cannot write is opened read-only anyway.",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Show the library's log (logger 'archive_manager') on stderr: -v INFO, -vv DEBUG.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="Log errors only (no warnings).")
 @click.version_option(__version__, "--version", "-V", prog_name="archive-manager")
 @click.pass_context
-def cli(ctx: click.Context, root: Path | str, catalog_url: str | None, read_only: bool) -> None:
+def cli(
+    ctx: click.Context,
+    root: Path | str,
+    catalog_url: str | None,
+    read_only: bool,
+    verbose: int,
+    quiet: bool,
+) -> None:
     """Immutable, indexed archives of RL rollouts: inspect and maintain a storage pool."""
+    _set_up_logging(verbose, quiet)
     state = PoolState(
         root=root,
         catalog_url=catalog_url or None,
@@ -123,6 +140,7 @@ for _command in (
     import_file,
     import_pt,
     release,
+    forget,
     retain,
     release_owner,
     owners,
@@ -134,6 +152,31 @@ for _command in (
     demo,
 ):
     cli.add_command(_command)
+
+
+_LOG_HANDLER: logging.Handler | None = None
+
+
+def _set_up_logging(verbose: int, quiet: bool) -> None:
+    """Route the library's logger to stderr at the level ``-v``/``-q`` asked for (warnings
+    by default): one handler, whatever the number of invocations in one process."""
+    global _LOG_HANDLER
+    if quiet and verbose:
+        raise click.UsageError("-q and -v contradict each other: give one")
+    level = (
+        logging.ERROR
+        if quiet
+        else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    )
+    log = logging.getLogger("archive_manager")
+    if _LOG_HANDLER is None:
+        _LOG_HANDLER = logging.StreamHandler()
+        _LOG_HANDLER.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        log.addHandler(_LOG_HANDLER)
+    # A handler on sys.stderr as it is now (a test runner swaps it per invocation).
+    _LOG_HANDLER.setStream(sys.stderr)  # type: ignore[attr-defined]
+    _LOG_HANDLER.setLevel(level)
+    log.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ the reusable ``--json`` / ``--yes`` / ``--dry-run`` options."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,11 @@ from ._output import terminal_safe
 __all__ = [
     "CliError",
     "PoolState",
+    "confirm",
     "dry_run_option",
     "is_reportable",
     "json_option",
+    "listing_options",
     "make_message_safe",
     "one_line",
     "pass_pool",
@@ -157,9 +160,43 @@ def pass_pool(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def confirm(question: str) -> None:
+    """Ask ``question`` on stderr; go on only on yes.
+
+    A no aborts (``Aborted!``, exit 1); no answer at all where stdin is not a terminal (a
+    script, a cron job) is a one-line error saying to pass ``--yes``, rather than a bare
+    abort that leaves the user guessing.
+    """
+    try:
+        answer = click.confirm(terminal_safe(question), err=True)
+    except click.Abort:
+        if not sys.stdin.isatty():
+            raise CliError(
+                "this command asks for confirmation, and stdin is not a terminal: pass --yes "
+                "to go ahead without asking (or --dry-run to only look)"
+            ) from None
+        raise
+    if not answer:
+        raise click.Abort()
+
+
 def json_option(f: F) -> F:
     """``--json``: machine-readable output on stdout (and no progress bar)."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def listing_options(f: F) -> F:
+    """``--json`` and ``--format table|json|ndjson|csv`` for a listing: the command gets
+    ``as_json`` and ``fmt`` (``--json`` is ``--format json``)."""
+    f = click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "json", "ndjson", "csv"], case_sensitive=False),
+        default="table",
+        show_default=True,
+        help="Output format: ndjson (a JSON object a line) and csv are for pipes and files.",
+    )(f)
+    return json_option(f)
 
 
 def yes_option(f: F) -> F:

@@ -10,6 +10,8 @@ escapes there, which decode to the stored text.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import sys
@@ -30,6 +32,7 @@ __all__ = [
     "echo",
     "echo_fields",
     "echo_json",
+    "echo_records",
     "echo_table",
     "human_duration",
     "human_size",
@@ -121,6 +124,33 @@ def echo_json(value: Any) -> None:
     click.echo(_NOT_PRINTABLE_ASCII.sub(_json_escape, text))
 
 
+def echo_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
+    """Print listing rows as ``ndjson`` (one JSON object a line) or ``csv`` (a header of the
+    first row's keys; nested values as JSON), for tools that stream or spreadsheet them.
+
+    Both are exact (no escaping for the terminal): they are for pipes and files.
+    """
+    rows = [to_jsonable(r) for r in records]
+    if fmt == "ndjson":
+        for row in rows:
+            click.echo(json.dumps(row, ensure_ascii=False))
+        return
+    if fmt != "csv":
+        raise ValueError(f"unknown format {fmt!r}")
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {
+                    k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
+                    for k, v in row.items()
+                }
+            )
+    click.echo(out.getvalue(), nl=False)
+
+
 def echo_table(
     headers: Sequence[str],
     rows: Sequence[Sequence[object]],
@@ -157,13 +187,14 @@ def echo_fields(
 
 @contextmanager
 def progress_reporter(
-    label: str, *, enabled: bool = True
+    label: str, *, enabled: bool = True, unit: str = "items"
 ) -> Iterator[Callable[[int, int], None] | None]:
     """A ``progress(done, total)`` callback drawing a bar on stderr, or None.
 
     None (no bar) unless ``enabled`` and stderr is a terminal: pipes, logs and ``--json``
     output stay free of control characters.  The bar is created on the first call, because
-    the library learns the total only once it has listed its work.
+    the library learns the total only once it has listed its work.  With ``unit="bytes"``
+    the bar shows the bytes done and the total in binary units beside its ETA.
     """
     if not (enabled and sys.stderr.isatty()):
         yield None
@@ -174,10 +205,23 @@ def progress_reporter(
     def report(done: int, total: int) -> None:
         nonlocal bar, shown
         if bar is None:
-            bar = click.progressbar(length=max(total, 1), label=label, file=sys.stderr)
+            shown_bytes: Callable[[Any], str | None] | None = None
+            if unit == "bytes":
+
+                def shown_bytes(_: Any) -> str:
+                    return f"{human_size(min(shown, total))} of {human_size(total)}"
+
+            bar = click.progressbar(
+                length=max(total, 1),
+                label=label,
+                file=sys.stderr,
+                show_eta=True,
+                item_show_func=shown_bytes,
+            )
             bar.__enter__()
-        bar.update(max(0, done - shown))
+        step = max(0, done - shown)
         shown = max(shown, done)
+        bar.update(step)
 
     try:
         yield report

@@ -3,46 +3,17 @@ rollout id ranges (``3..7``): bad values are usage errors (exit 2), caught befor
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import click
 
+from .._humanize import looks_like_duration, parse_duration
 from ..errors import InvalidInputError
 from ..verify import parse_subset
 
 __all__ = ["DURATION", "ROLLOUT_RANGE", "SINCE", "check_subset", "parse_duration"]
-
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-
-
-def _looks_like_duration(text: str) -> bool:
-    value = text.strip().lower()
-    return value == "0" or _DURATION.match(value) is not None
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90s``, ``30m``, ``2h``, ``3d``, ``1w``, or combined (``1h30m``); ``0`` is zero.
-
-    Raises:
-        ValueError: not a duration, or one longer than a `timedelta` can hold.
-    """
-    value = text.strip().lower()
-    if value == "0":
-        return timedelta(0)
-    if not _DURATION.match(value):
-        raise ValueError(f"{text!r} is not a duration such as 30m, 2h, 3d or 1h30m")
-    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:  # also for the float infinity of a number of 309+ digits
-        raise ValueError(
-            f"{text!r} is too long a duration: at most {timedelta.max.days} days"
-        ) from None
 
 
 class Duration(click.ParamType):
@@ -71,7 +42,7 @@ class Since(click.ParamType):
         if isinstance(value, datetime):
             return value
         text = str(value).strip()
-        if _looks_like_duration(text):
+        if looks_like_duration(text):
             try:
                 return datetime.now(timezone.utc) - parse_duration(text)
             except ValueError as exc:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import glob
+import json
+import os
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -12,10 +15,20 @@ import click
 
 from ..archive import ArchiveInfo
 from ..manager import ArchiveManager
+from ..samples import Sample
 from ..stats import archive_summary
 from ._complete import complete_archive_name
-from ._context import json_option, pass_pool
-from ._output import echo, echo_fields, echo_json, echo_table, human_size, local_time
+from ._context import CliError, is_reportable, json_option, listing_options, one_line, pass_pool
+from ._output import (
+    echo,
+    echo_fields,
+    echo_json,
+    echo_records,
+    echo_table,
+    human_size,
+    local_time,
+    progress_reporter,
+)
 from ._params import ROLLOUT_RANGE, SINCE
 
 __all__ = ["import_pt", "keys", "ls", "query", "show"]
@@ -27,12 +40,19 @@ def _state(value: str) -> str | None:
     return None if value == "all" else value
 
 
-def _info_row(info: ArchiveInfo) -> list[object]:
+def _state_shown(info: ArchiveInfo, reclaimed: set[str]) -> str:
+    """A released archive's state says whether its payload is still there."""
+    if info.state != "released":
+        return info.state
+    return "released, reclaimed" if info.name in reclaimed else "released, payload kept"
+
+
+def _info_row(info: ArchiveInfo, reclaimed: set[str]) -> list[object]:
     return [
         info.name,
         info.rollout_id,
         "yes" if info.evaluation else "no",
-        info.state,
+        _state_shown(info, reclaimed),
         info.samples,
         human_size(info.bytes),
         local_time(info.created_at),
@@ -40,7 +60,11 @@ def _info_row(info: ArchiveInfo) -> list[object]:
 
 
 @click.command()
-@click.option("--rollout-id", type=int, help="Only archives of this rollout id.")
+@click.option(
+    "--rollout-id",
+    type=ROLLOUT_RANGE,
+    help="Only archives of this rollout id or range (A..B, A.., ..B).",
+)
 @click.option(
     "--evaluation/--no-evaluation",
     default=None,
@@ -59,36 +83,74 @@ def _info_row(info: ArchiveInfo) -> list[object]:
     type=SINCE,
     help="Only archives created since a date/time or a duration ago (2h, 3d).",
 )
-@json_option
+@listing_options
 @pass_pool
 def ls(
     pool: ArchiveManager,
-    rollout_id: int | None,
+    rollout_id: tuple[int | None, int | None] | None,
     evaluation: bool | None,
     task_key: str | None,
     state: str,
     since: datetime | None,
     as_json: bool,
+    fmt: str,
 ) -> None:
     """List archives, by rollout id then name."""
     found = pool.find(
-        rollout_id=rollout_id,
+        # One id is the same filter, with find's own wording of an id out of range.
+        rollout_id=rollout_id[0] if rollout_id and rollout_id[0] == rollout_id[1] else rollout_id,
         evaluation=evaluation,
         task_key=task_key,
         state=_state(state),
         since=since,
     )
-    if as_json:
-        echo_json([asdict(i) for i in found])
+    reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
+    records = [
+        {**asdict(i), "payload_reclaimed": i.name in reclaimed}
+        if i.state == "released"
+        else asdict(i)
+        for i in found
+    ]
+    if _structured(records, as_json, fmt):
         return
     if not found:
         echo("no archives match")
         return
     echo_table(
         ["NAME", "ROLLOUT", "EVAL", "STATE", "SAMPLES", "SIZE", "CREATED"],
-        [_info_row(i) for i in found],
+        [_info_row(i, reclaimed) for i in found],
         right={1, 4, 5},
     )
+
+
+# describe_sample records these payload fields' lengths under the fields' own names (the API's
+# contract); machine output names the counts apart, so "tokens" is never a number there.
+_COUNTED = ("tokens", "loss_mask", "rollout_log_probs")
+
+
+def _row_out(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row.get("metadata")
+    if isinstance(meta, dict):
+        row["metadata"] = {
+            (f"{k}_length" if k in _COUNTED and not isinstance(v, (list, dict)) else k): v
+            for k, v in meta.items()
+        }
+    return row
+
+
+def _structured(records: list[dict[str, Any]], as_json: bool, fmt: str) -> bool:
+    """Print ``records`` as ``--json`` or ``--format json|ndjson|csv`` asked; False for a
+    table, which the command prints itself."""
+    fmt = fmt.lower()
+    if as_json and fmt not in ("table", "json"):
+        raise click.UsageError(f"--json and --format {fmt} contradict each other: give one")
+    if as_json or fmt == "json":
+        echo_json(records)
+    elif fmt in ("ndjson", "csv"):
+        echo_records(records, fmt)
+    else:
+        return False
+    return True
 
 
 def _stats_line(stats: dict[str, float] | None, fmt: str) -> str:
@@ -109,10 +171,12 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     owners = arc.owners()
     # The web viewer's archive page shows the same summary (one computation, from the catalog).
     summary = archive_summary(pool.context, arc.name).overview()
+    reclaimed = pool.payload_reclaimed([arc.name])
     if as_json:
         echo_json(
             {
                 **asdict(info),
+                "payload_reclaimed": arc.name in reclaimed,
                 "attrs": arc.attrs,
                 "manifest_digest": arc.manifest_digest,
                 "owners": owners,
@@ -126,7 +190,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("archive", info.name),
             ("rollout id", info.rollout_id),
             ("evaluation", "yes" if info.evaluation else "no"),
-            ("state", info.state),
+            ("state", _state_shown(info, reclaimed)),
             ("samples", info.samples),
             ("size", f"{human_size(info.bytes)} ({info.bytes} bytes)"),
             ("created", local_time(info.created_at)),
@@ -134,7 +198,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("released", local_time(info.released_at)),
             ("reference", info.reference),
             ("manifest", arc.manifest_digest),
-            ("attrs", arc.attrs or None),
+            ("attrs", json.dumps(arc.attrs, ensure_ascii=False) if arc.attrs else None),
             ("owners", ", ".join(owners) or "none (released; gc may reclaim its payload)"),
         ]
     )
@@ -159,15 +223,15 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("name", shell_complete=complete_archive_name)
-@json_option
+@listing_options
 @pass_pool
-def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
+def keys(pool: ArchiveManager, name: str, as_json: bool, fmt: str) -> None:
     """List the sample key and task key of every sample, in archive order."""
     pairs = pool.open_archive(name).keys()
-    if as_json:
-        echo_json(
-            [{"position": i, "sample_key": sk, "task_key": tk} for i, (sk, tk) in enumerate(pairs)]
-        )
+    records = [
+        {"position": i, "sample_key": sk, "task_key": tk} for i, (sk, tk) in enumerate(pairs)
+    ]
+    if _structured(records, as_json, fmt):
         return
     echo_table(
         ["POS", "SAMPLE KEY", "TASK KEY"],
@@ -179,7 +243,12 @@ def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
 @click.command()
 @click.option("--task-key", help="Samples of this task key.")
 @click.option("--sample-key", help="Samples of this sample key (e.g. sample:12).")
-@click.option("--status", multiple=True, help="Sample status (repeatable: any of them).")
+@click.option(
+    "--status",
+    multiple=True,
+    type=click.Choice([s.value for s in Sample.Status], case_sensitive=False),
+    help="Sample status (repeatable: any of them).",
+)
 @click.option("--min-reward", type=float)
 @click.option("--max-reward", type=float)
 @click.option("--min-length", type=click.IntRange(min=0), help="Minimum response length.")
@@ -188,7 +257,7 @@ def keys(pool: ArchiveManager, name: str, as_json: bool) -> None:
 @click.option("--evaluation/--no-evaluation", default=None, help="Evaluation archives or not.")
 @click.option("--state", type=click.Choice(_STATES), default="published", show_default=True)
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many samples.")
-@json_option
+@listing_options
 @pass_pool
 def query(
     pool: ArchiveManager,
@@ -204,6 +273,7 @@ def query(
     state: str,
     limit: int | None,
     as_json: bool,
+    fmt: str,
 ) -> None:
     """Find samples across archives by key, status, reward, length (catalog only)."""
     low, high = rollout_id or (None, None)
@@ -221,8 +291,7 @@ def query(
         state=_state(state),
         limit=limit,
     )
-    if as_json:
-        echo_json([r.as_dict() for r in rows])
+    if _structured([_row_out(r.as_dict()) for r in rows], as_json, fmt):
         return
     if not rows:
         echo("no samples match")
@@ -246,10 +315,30 @@ def query(
     )
 
 
+def _expand(patterns: tuple[str, ...]) -> list[Path]:
+    """The files named, a glob pattern (``debug/rollout_*.pt``) standing for its matches in
+    sorted order (for shells that pass a pattern unexpanded, or quoted ones); each once."""
+    files: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(pattern)))
+            matches = [m for m in matches if m.is_file()]
+            if not matches:
+                raise click.BadParameter(f"no file matches {pattern!r}", param_hint="FILES")
+            files.extend(matches)
+        else:
+            path = Path(pattern).expanduser()
+            if not path.is_file():
+                raise click.BadParameter(f"{pattern!r} is not a file", param_hint="FILES")
+            files.append(path)
+    return list(dict.fromkeys(files))
+
+
 @click.command("import-pt")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True)
 @click.option(
-    "--name", help="Archive name (default: the exported archive's, else the file's stem)."
+    "--name",
+    help="Archive name (one file only; default: the exported archive's, else the file's stem).",
 )
 @click.option(
     "--rollout-id",
@@ -277,7 +366,7 @@ def query(
 @pass_pool
 def import_pt(
     pool: ArchiveManager,
-    file: Path,
+    files: tuple[str, ...],
     name: str | None,
     rollout_id: int | None,
     evaluation: bool | None,
@@ -285,26 +374,52 @@ def import_pt(
     trust_pickle: bool,
     as_json: bool,
 ) -> None:
-    """Import a torch.save rollout dump (slime's, or an export) as a new archive.
+    """Import torch.save rollout dumps FILES (paths or glob patterns; slime's, or exports) as
+    new archives, one per file.
 
-    What an export recorded (name, evaluation, attrs, sample and task keys) comes back;
-    the options override it."""
+    What an export recorded (name, evaluation, attrs, sample and task keys) comes back; the
+    options override it, and a plain dump is named after its file's stem. Each file is its own
+    archive and its own save: they are imported in order, and the first failure stops the run
+    (the files imported before it stay, and are listed).
+    """
+    paths = _expand(files)
+    if name is not None and len(paths) > 1:
+        raise click.UsageError("--name names one archive: give one file with it")
     options: dict[str, Any] = {}
     if rollout_id is not None:
         options["rollout_id"] = rollout_id
-    arc = pool.import_pt(
-        file,
-        name=name,
-        trust_pickle=trust_pickle,
-        evaluation=evaluation,
-        task_key_field=task_key_field,
-        **options,
-    )
-    info = arc.info()
+    total = sum(p.stat().st_size for p in paths)
+    imported: list[dict[str, Any]] = []
+    done = 0
+    with progress_reporter(
+        "importing", enabled=not as_json and len(paths) > 1, unit="bytes"
+    ) as progress:
+        for path in paths:
+            try:
+                arc = pool.import_pt(
+                    path,
+                    name=name,
+                    trust_pickle=trust_pickle,
+                    evaluation=evaluation,
+                    task_key_field=task_key_field,
+                    **options,
+                )
+            except Exception as exc:
+                if imported and is_reportable(exc):
+                    done_names = ", ".join(i["name"] for i in imported)
+                    raise CliError(
+                        f"{path}: {one_line(exc)} (imported before it: {done_names})"
+                    ) from exc
+                raise
+            info = arc.info()
+            imported.append({**asdict(info), "file": str(path)})
+            done += path.stat().st_size
+            if progress is not None:
+                progress(done, total)
+            if not as_json:
+                echo(
+                    f"imported {info.samples} samples from {path} as archive {info.name!r} "
+                    f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
+                )
     if as_json:
-        echo_json(asdict(info))
-        return
-    echo(
-        f"imported {info.samples} samples from {file} as archive {info.name!r} "
-        f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
-    )
+        echo_json(imported[0] if len(files) == 1 and len(paths) == 1 else imported)

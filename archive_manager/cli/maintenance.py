@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import click
 
@@ -11,6 +11,7 @@ from ..manager import ArchiveManager
 from ._context import (
     CliError,
     PoolState,
+    confirm,
     dry_run_option,
     json_option,
     pass_pool,
@@ -24,6 +25,7 @@ from ._output import (
     echo_table,
     human_duration,
     human_size,
+    local_time,
     progress_reporter,
 )
 from ._params import DURATION, check_subset
@@ -41,21 +43,27 @@ def _has_work(report: GcReport) -> bool:
     )
 
 
+# Past this many archives a GC report lists the largest and sums the rest in one line.
+_LISTED = 20
+
+
 def _echo_gc(report: GcReport, *, err: bool = False) -> None:
     """Print a GC report (or plan); on stderr for the preview before a prompt."""
     verb = "would reclaim" if report.dry_run else "reclaimed"
     echo(f"{verb} {report.blobs} blob(s), {human_size(report.bytes)}", err=err)
     if report.per_archive:
-        echo_table(
-            ["ARCHIVE", "BLOBS", "BYTES"],
-            [
-                [name, v["blobs"], human_size(v["bytes"])]
-                for name, v in sorted(report.per_archive.items())
-            ],
-            right={1, 2},
-            indent=2,
-            err=err,
-        )
+        ranked = sorted(report.per_archive.items(), key=lambda kv: (-kv[1]["bytes"], kv[0]))
+        shown, rest = ranked[:_LISTED], ranked[_LISTED:]
+        rows: list[list[object]] = [[name, v["blobs"], human_size(v["bytes"])] for name, v in shown]
+        if rest:
+            rows.append(
+                [
+                    f"... {len(rest)} more archive(s)",
+                    sum(v["blobs"] for _, v in rest),
+                    human_size(sum(v["bytes"] for _, v in rest)),
+                ]
+            )
+        echo_table(["ARCHIVE", "BLOBS", "BYTES"], rows, right={1, 2}, indent=2, err=err)
     extras: list[tuple[str, object]] = [
         ("orphan files", f"{report.orphans} ({human_size(report.orphan_bytes)})"),
         ("stale temp files", report.temp_files),
@@ -65,6 +73,17 @@ def _echo_gc(report: GcReport, *, err: bool = False) -> None:
     ]
     # Only what happened: a line of zeros per kind would bury the one that matters.
     echo_fields([(k, v) for k, v in extras if v not in (0, "", "0 (0 B)")], indent=2, err=err)
+    if report.grace_blobs:
+        first, last = (
+            local_time(datetime.fromtimestamp(t, tz=timezone.utc)) if t is not None else "-"
+            for t in (report.grace_first, report.grace_last)
+        )
+        when = f"after {first}" if first == last else f"from {first}, all of them after {last}"
+        echo(
+            f"the grace period holds back {report.grace_blobs} unowned blob(s), "
+            f"{human_size(report.grace_bytes)}: reclaimable {when}",
+            err=err,
+        )
     if not err:
         echo(f"took {human_duration(report.duration)}")
 
@@ -93,9 +112,9 @@ def gc(pool: ArchiveManager, grace: timedelta, yes: bool, dry_run: bool, as_json
             return
         if _has_work(plan):
             _echo_gc(plan, err=True)
-            click.confirm("Delete them?", abort=True, err=True)
+            confirm("Delete them?")
     # The real run recomputes its plan: what changed since the dry run is taken into account.
-    with progress_reporter("deleting blobs", enabled=not as_json) as progress:
+    with progress_reporter("deleting blobs", enabled=not as_json, unit="bytes") as progress:
         report = pool.gc(grace=grace, progress=progress)
     if as_json:
         echo_json(report.as_dict())
@@ -120,7 +139,7 @@ def verify(
 ) -> None:
     """Check the catalog against the blob files; exit 1 if damage is found."""
     read_data = read_data or subset is not None
-    with progress_reporter("verifying blobs", enabled=not as_json) as progress:
+    with progress_reporter("verifying blobs", enabled=not as_json, unit="bytes") as progress:
         report = pool.verify(read_data=read_data, subset=subset, progress=progress)
     if as_json:
         echo_json(report.as_dict())
@@ -156,11 +175,9 @@ def rebuild_catalog(state: PoolState, resolve: bool, yes: bool, as_json: bool) -
     recorded since.
     """
     if not yes:
-        click.confirm(
+        confirm(
             f"Rebuild the catalog {state.shown_catalog_url()} of the pool at {state.root} "
-            "from its blobs and retention journal?",
-            abort=True,
-            err=True,
+            "from its blobs and retention journal?"
         )
     pool = state.open(recover=True)
     with progress_reporter("restoring archives", enabled=not as_json) as progress:
@@ -217,11 +234,9 @@ def rebind(state: PoolState, yes: bool, as_json: bool) -> None:
     afterwards.
     """
     if not yes:
-        click.confirm(
+        confirm(
             f"Give the pool at {state.root} (catalog {state.shown_catalog_url()}) a new "
-            "identity of its own?",
-            abort=True,
-            err=True,
+            "identity of its own?"
         )
     pool = state.open(rebind=True)
     identity = pool.identity

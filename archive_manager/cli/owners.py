@@ -1,18 +1,20 @@
-"""Retention verbs: ``release``, ``retain``, ``release-owner``, ``owners``."""
+"""Retention verbs: ``release``, ``forget``, ``retain``, ``release-owner``, ``owners``."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import click
 
 from ..manager import ArchiveManager
-from ..retention import ReleasePlan
+from ..retention import ForgetPlan, ReleasePlan
 from ._complete import complete_archive_name
-from ._context import dry_run_option, json_option, pass_pool, yes_option
-from ._output import echo, echo_json, echo_table, human_size, terminal_safe
+from ._context import CliError, confirm, dry_run_option, json_option, pass_pool, yes_option
+from ._output import echo, echo_json, echo_table, human_size, local_time
+from ._params import DURATION, ROLLOUT_RANGE
 
-__all__ = ["owners", "release", "release_owner", "retain"]
+__all__ = ["echo_plan", "forget", "owners", "release", "release_owner", "retain"]
 
 
 def _frees(plan: ReleasePlan) -> str:
@@ -21,15 +23,76 @@ def _frees(plan: ReleasePlan) -> str:
     return f"the next gc may reclaim {plan.blobs} blob(s), {human_size(plan.bytes)}"
 
 
-@click.command()
-@click.argument("name", shell_complete=complete_archive_name)
-@yes_option
-@dry_run_option
-@json_option
-@pass_pool
-def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: bool) -> None:
-    """Release archive NAME: drop its own owner so that gc may reclaim what nothing else
-    retains.  Its catalog rows stay for inspection."""
+def _plan_rows(plan: ForgetPlan) -> list[list[object]]:
+    items = [(i, "keep") for i in plan.keep] + [(i, "release") for i in plan.release]
+    items.sort(
+        key=lambda p: (p[0].rollout_id is not None, p[0].rollout_id or 0, p[0].created_at),
+        reverse=True,
+    )
+    rows: list[list[object]] = []
+    for item, action in items:
+        if action == "keep":
+            why = ", ".join(item.kept_by)
+        elif item.other_owners:
+            why = f"still retained by {', '.join(item.other_owners)}: its payload stays"
+        else:
+            why = ""
+        rows.append(
+            [
+                item.name,
+                item.rollout_id,
+                "yes" if item.evaluation else "no",
+                local_time(item.created_at),
+                action,
+                why,
+            ]
+        )
+    return rows
+
+
+def echo_plan(plan: ForgetPlan, *, err: bool) -> None:
+    """Print a retention plan as a table, then what it frees (on stderr before a prompt)."""
+    verb = "will release" if err else "would release"
+    echo(f"keep {len(plan.keep)} archive(s), {verb} {len(plan.release)}", err=err)
+    if plan.keep or plan.release:
+        echo_table(
+            ["NAME", "ROLLOUT", "EVAL", "CREATED", "ACTION", "WHY"],
+            _plan_rows(plan),
+            right={1},
+            indent=2,
+            err=err,
+        )
+    for name in plan.already_released:
+        echo(f"archive {name!r} is already released; nothing changes for it", err=err)
+    held = plan.still_retained
+    if held:
+        echo(
+            f"{len(held)} archive(s) to release are still retained by other owners, which keep "
+            "their payload until they let go ('archive-manager release-owner OWNER')",
+            err=err,
+        )
+    if plan.release:
+        echo(
+            f"the next gc may reclaim {plan.freed_blobs} blob(s), {human_size(plan.freed_bytes)}",
+            err=err,
+        )
+
+
+def _finish(plan: ForgetPlan, as_json: bool) -> None:
+    if as_json:
+        echo_json(plan.as_dict())
+    elif plan.released:
+        echo(f"released {len(plan.released)} archive(s); run 'archive-manager gc' to reclaim space")
+    elif not plan.dry_run and plan.release:
+        echo("nothing released: another process released them first")
+
+
+def _names_in(pool: ArchiveManager, bounds: tuple[int | None, int | None]) -> list[str]:
+    return [i.name for i in pool.find(rollout_id=bounds, state="published")]
+
+
+def _release_one(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: bool) -> None:
+    """``release NAME``: one archive, reported as one line (``--json``: one object)."""
     arc = pool.open_archive(name)
     # The plan changes nothing; it also names the archive's own owner for the output.
     plan = pool.release_plan(name=arc.name)
@@ -57,12 +120,154 @@ def release(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_json: 
             echo_json(result)
         return
     if not yes:
-        click.confirm(terminal_safe(f"Release archive {arc.name!r}?"), abort=True, err=True)
+        confirm(f"Release archive {arc.name!r}?")
     result["released"] = arc.release()
     if as_json:
         echo_json(result)
     else:
         echo(f"released archive {arc.name!r}; run 'archive-manager gc' to reclaim space")
+
+
+@click.command()
+@click.argument("names", nargs=-1, shell_complete=complete_archive_name)
+@click.option(
+    "--rollout-id",
+    type=ROLLOUT_RANGE,
+    help="Also release every published archive of this rollout id or range (A..B, A.., ..B).",
+)
+@yes_option
+@dry_run_option
+@json_option
+@pass_pool
+def release(
+    pool: ArchiveManager,
+    names: tuple[str, ...],
+    rollout_id: tuple[int | None, int | None] | None,
+    yes: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Release archives NAMES (and those of --rollout-id): drop each one's own owner so that
+    gc may reclaim what nothing else retains.  Their catalog rows stay for inspection.
+
+    Several archives are released in one transaction: a name that does not exist releases
+    nothing.  One NAME alone prints one line (--json: one object); several, or
+    --rollout-id, print the plan as forget does (--json: the same plan object).
+    """
+    if not names and rollout_id is None:
+        raise click.UsageError("give archive names, --rollout-id, or both")
+    if len(names) == 1 and rollout_id is None:
+        _release_one(pool, names[0], yes, dry_run, as_json)
+        return
+    chosen = list(dict.fromkeys([*names, *(_names_in(pool, rollout_id) if rollout_id else [])]))
+    if not chosen:
+        raise CliError("no published archive has a rollout id in that range; nothing to release")
+    # The plan checks every name first (a typo releases nothing) and changes nothing.
+    plan = pool.release(chosen, dry_run=True)
+    if not plan.release:
+        if as_json:
+            echo_json(plan.as_dict())
+        else:
+            echo_plan(plan, err=False)
+        return
+    if dry_run or not yes:
+        if not as_json or not dry_run:
+            echo_plan(plan, err=not dry_run)
+        if dry_run:
+            if as_json:
+                echo_json(plan.as_dict())
+            return
+        confirm(f"Release {len(plan.release)} archive(s)?")
+    plan = pool.release(chosen)
+    _finish(plan, as_json)
+
+
+@click.command()
+@click.option(
+    "--keep-last",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Keep the N newest archives (by rollout id, then creation time).",
+)
+@click.option(
+    "--keep-within",
+    type=DURATION,
+    metavar="DURATION",
+    help="Keep archives created within DURATION (2d, 12h) of the newest archive in scope.",
+)
+@click.option(
+    "--keep-every",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="Keep archives whose rollout id is a multiple of K.",
+)
+@click.option(
+    "--rollout-id",
+    type=ROLLOUT_RANGE,
+    help="Scope: only archives of this rollout id or range (A..B, A.., ..B).",
+)
+@click.option(
+    "--evaluation/--no-evaluation",
+    default=None,
+    help="Scope: only evaluation (or only training) archives.",
+)
+@yes_option
+@dry_run_option
+@json_option
+@pass_pool
+def forget(
+    pool: ArchiveManager,
+    keep_last: int | None,
+    keep_within: timedelta | None,
+    keep_every: int | None,
+    rollout_id: tuple[int | None, int | None] | None,
+    evaluation: bool | None,
+    yes: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply a retention policy (as restic's forget): among the published archives in scope,
+    keep those a --keep-* rule keeps and release the rest, in one transaction.
+
+    Archives outside the scope are left alone.  An archive another owner (a checkpoint, a
+    queue) still retains is released too, and the plan says so: its payload stays until that
+    owner lets go.  Prints the plan and asks first (unless --yes).
+    """
+    if keep_last is None and keep_within is None and keep_every is None:
+        raise click.UsageError(
+            "give at least one of --keep-last, --keep-within, --keep-every: a policy without "
+            "a rule would release every archive in its scope"
+        )
+    policy: dict[str, Any] = {
+        "keep_last": keep_last,
+        "keep_within": keep_within,
+        "keep_every": keep_every,
+        "rollout_ids": rollout_id,
+        "evaluation": evaluation,
+    }
+    if dry_run or not yes:
+        plan = pool.forget(**policy, dry_run=True)
+        if dry_run:
+            if as_json:
+                echo_json(plan.as_dict())
+            else:
+                echo_plan(plan, err=False)
+            return
+        if not plan.release:
+            if as_json:
+                echo_json(plan.as_dict())
+            else:
+                echo_plan(plan, err=False)
+            return
+        echo_plan(plan, err=True)
+        confirm(f"Release {len(plan.release)} archive(s)?")
+        # Exactly what the user saw: archives saved since the plan are not touched.
+        done = pool.release([i.name for i in plan.release])
+        plan.dry_run = False
+        plan.released = done.released
+    else:
+        plan = pool.forget(**policy)
+    _finish(plan, as_json)
 
 
 @click.command()
@@ -124,7 +329,7 @@ def release_owner(
             if as_json:
                 echo_json(result)
             return
-        click.confirm(terminal_safe(f"Release owner {owner}?"), abort=True, err=True)
+        confirm(f"Release owner {owner}?")
     result["released"] = count = pool.release_owner(owner)
     if as_json:
         echo_json(result)

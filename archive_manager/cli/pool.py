@@ -143,7 +143,11 @@ def info(pool: ArchiveManager, as_json: bool) -> None:
             ("blobs", counts(summary.blobs)),
             ("stored", human_size(summary.stored_bytes)),
             ("referenced", f"{human_size(summary.logical_bytes)} (by published archives)"),
-            ("dedup ratio", f"{summary.dedup_ratio:.2f}x"),
+            (
+                "dedup ratio",
+                f"{summary.dedup_ratio:.2f}x (referenced over the {human_size(summary.unique_bytes)} "
+                "of distinct blobs they need)",
+            ),
             ("access", f"read-only ({pool.read_only_reason})" if pool.read_only else "read-write"),
         ]
     )
