@@ -285,6 +285,7 @@ register_sample_class(Flagged)
         (Flagged(meta=MetaFlag.A | MetaFlag.B), "meta", "custom metaclass"),
         (Flagged(meta_enum=MetaEnum.X), "meta_enum", "custom metaclass"),
     ],
+    ids=["mixin-flag-combination", "metaclass-flag", "metaclass-flag-combination", "metaclass"],
 )
 def test_claim2_enums_a_lookup_cannot_rebuild_are_refused_at_save(
     pool: ArchiveManager, sample: Flagged, field: str, why: str
@@ -333,6 +334,7 @@ class Meters(np.float64):
         (lambda: torch.ones(2).as_subclass(LoggedTensor), r"LoggedTensor .*as_subclass"),
         (lambda: Meters(1.5), r"Meters"),
     ],
+    ids=["np.matrix", "masked-array", "nn.Parameter", "tensor-subclass", "numpy-scalar-subclass"],
 )
 def test_claim3_subclasses_are_refused_not_downgraded(pool: ArchiveManager, value, match) -> None:
     """Claim 3: ``np.matrix`` and other ndarray subclasses, ``torch.nn.Parameter`` (its
