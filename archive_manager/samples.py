@@ -10,10 +10,13 @@ registry are rebuilt, anything else comes back as a plain dict (docs/architectur
 
 from __future__ import annotations
 
+import ast
+import builtins
 import dataclasses
 import enum
 import functools
 import struct
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +51,10 @@ QUEUE_PREFIX = "_queue_"
 SAMPLE_CLASS_NAME = "archive_manager.Sample"
 
 _T = TypeVar("_T")
+
+#: The fields of `Sample` that a record stores converted (a `Sample.Status` as its value, a
+#: helper as its fields and extra attributes), in a subclass too unless it declares them anew.
+_SAMPLE_OWNED = ("status", "spec_info", "prefix_cache_info")
 
 
 @dataclass
@@ -213,7 +220,7 @@ class Sample:
         Raises:
             ValueError: the status string is not one of `Sample.Status`.
         """
-        data = _sample_values(dict(data))
+        data = _sample_values(dict(data), _sample_owned(cls))  # type: ignore[arg-type]  # a class is hashable
         init_names = _init_names(cls)  # type: ignore[arg-type]  # a class is hashable
         sample = cls(**{k: v for k, v in data.items() if k in init_names})
         for key, value in data.items():
@@ -236,16 +243,25 @@ class Sample:
         return int(sum(self.loss_mask))
 
 
-def _sample_values(data: dict[str, Any]) -> dict[str, Any]:
-    """`Sample.to_dict` output (a dict the caller owns) with status and helpers as objects."""
-    status = data.get("status")
-    data["status"] = Sample.Status.PENDING if status is None else Sample.Status(status)
-    spec_info = data.get("spec_info")
-    if spec_info is None or isinstance(spec_info, Mapping):
-        data["spec_info"] = Sample.SpecInfo.from_dict(spec_info or {})
-    prefix = data.get("prefix_cache_info")
-    if prefix is None or isinstance(prefix, Mapping):
-        data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
+def _sample_values(
+    data: dict[str, Any], owned: frozenset[str] = frozenset(_SAMPLE_OWNED)
+) -> dict[str, Any]:
+    """`Sample.to_dict` output (a dict the caller owns) with status and helpers as objects.
+
+    Only the ``owned`` fields (those a subclass keeps as `Sample` declares them) are
+    converted: a subclass that declares ``status: str`` keeps its string.
+    """
+    if "status" in owned:
+        status = data.get("status")
+        data["status"] = Sample.Status.PENDING if status is None else Sample.Status(status)
+    if "spec_info" in owned:
+        spec_info = data.get("spec_info")
+        if spec_info is None or isinstance(spec_info, Mapping):
+            data["spec_info"] = Sample.SpecInfo.from_dict(spec_info or {})
+    if "prefix_cache_info" in owned:
+        prefix = data.get("prefix_cache_info")
+        if prefix is None or isinstance(prefix, Mapping):
+            data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
     return data
 
 
@@ -358,9 +374,22 @@ def _strip_queue(fields: dict[Any, Any], declared: frozenset[str] = frozenset())
     return fields
 
 
-#: The fields of `Sample` (and its subclasses) that a record stores converted: a
-#: `Sample.Status` as its value, a helper as its fields and extra attributes.
-_SAMPLE_CONVERTED = ("status", "spec_info", "prefix_cache_info")
+@functools.cache
+def _sample_owned(cls: type) -> frozenset[str]:
+    """The `_SAMPLE_OWNED` fields the `Sample` subclass ``cls`` keeps as `Sample` declares them.
+
+    NOTE: a dataclass subclass reuses its bases' `dataclasses.Field` objects and makes a new
+    one for a field it declares again (``status: str``): that field is the subclass's own, a
+    plain field of its declared type, never turned into a `Sample.Status` (docs/architecture.md,
+    "Samples and values").
+    """
+    mine = _dataclass_fields(cls)
+    return frozenset(k for k in _SAMPLE_OWNED if mine.get(k) is _dataclass_fields(Sample)[k])
+
+
+def _dataclass_fields(cls: type) -> dict[str, dataclasses.Field]:
+    fields: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(cls)}
+    return fields
 
 
 def sample_to_fields(obj: Any) -> tuple[str | None, dict[str, Any]]:
@@ -413,28 +442,28 @@ def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | 
             "archive_manager.samples.register_sample_class()"
         )
         raise UnencodableError(f"cannot store a sample of type {_qualified(cls)}: {hint}")
-    if isinstance(obj, Sample):
-        fields = _dataclass_state(obj)
-        converted = []
-        status = fields.get("status")
-        if status is not None:
-            _check_status(status)
-            # a member, or its value as a str (which loads as the member, as it always did)
-            fields["status"] = status.value if type(status) is Sample.Status else status
-            converted.append("status")
-        for key, helper in (
-            ("spec_info", Sample.SpecInfo),
-            ("prefix_cache_info", Sample.PrefixCacheInfo),
-        ):
-            if type(fields.get(key)) is helper:
-                fields[key] = _dataclass_state(fields[key])
-                converted.append(key)
-        return name, fields, converted
     fields = _dataclass_state(obj)
     for key, enum_type in _enum_fields(cls).items():
         if key in fields:
             fields[key] = _enum_field_value(cls, key, enum_type, fields[key])
-    return name, fields, None
+    if not isinstance(obj, Sample):
+        return name, fields, None
+    converted = []
+    owned = _sample_owned(cls)  # type: ignore[arg-type]  # a class is hashable
+    status = fields.get("status")
+    if status is not None and "status" in owned:
+        _check_status(status)
+        # a member, or its value as a str (which loads as the member, as it always did)
+        fields["status"] = status.value if type(status) is Sample.Status else status
+        converted.append("status")
+    for key, helper in (
+        ("spec_info", Sample.SpecInfo),
+        ("prefix_cache_info", Sample.PrefixCacheInfo),
+    ):
+        if key in owned and type(fields.get(key)) is helper:
+            fields[key] = _dataclass_state(fields[key])
+            converted.append(key)
+    return name, fields, converted
 
 
 def _dataclass_state(obj: Any) -> dict[str, Any]:
@@ -477,13 +506,20 @@ def _enum_field_value(cls: type, name: str, enum_type: type[enum.Enum], value: A
     """What an enum-typed field stores: a member's value; anything else as it is, unless the
     load would turn it into a member (which would not be what was saved)."""
     if isinstance(value, enum_type):
-        if _enum_member(enum_type, value.value) is not value:
+        refusal = _enum_refusal(enum_type, value._value_)
+        if refusal is not None:
+            raise UnencodableError(
+                f"sample field {name!r} of {_qualified(cls)} holds {value!r:.80}, which a "
+                f"load could not rebuild without running the enum's code: {refusal}; store "
+                "its value in a plain field, or use an enum of the standard metaclass"
+            )
+        if _enum_member(enum_type, value._value_) is not value:
             # e.g. a member whose value is NaN, which no lookup by equality finds
             raise UnencodableError(
-                f"sample field {name!r} of {_qualified(cls)} holds {value}, whose value "
-                f"{value.value!r:.80} would not load as that member"
+                f"sample field {name!r} of {_qualified(cls)} holds {value!r:.80}, whose value "
+                f"{value._value_!r:.80} would not load as that member"
             )
-        return value.value
+        return value._value_
     member = _enum_member(enum_type, value)
     if member is None:
         return value  # stays as it is on load too
@@ -517,24 +553,84 @@ def _same_stored(a: Any, b: Any) -> bool:
     return False
 
 
+# The classes whose enum hooks are the standard library's: a lookup that reaches only these
+# runs none of the user's code.
+_STDLIB_ENUM_BASES = frozenset(
+    {enum.Enum, enum.Flag, enum.IntEnum, enum.IntFlag, enum.ReprEnum, int, object}
+)
+# What `enum.Flag`'s lookup of a combination calls on the class and its members.
+_FLAG_HOOKS = (
+    "__new__", "_missing_", "_iter_member_", "_numeric_repr_", "__eq__", "__init__",
+    "__getattribute__", "__getattr__", "__setattr__",
+)  # fmt: skip
+
+
+def _enum_refusal(enum_type: type[enum.Enum], value: Any) -> str | None:
+    """Why a field storing ``value`` cannot be turned back into a member of ``enum_type``
+    without running the enum's code, or None when it can (see `_enum_member`)."""
+    if type(enum_type) is not enum.EnumType:
+        # EnumType.__call__, __getattr__, __instancecheck__...: a metaclass's code
+        return f"its enum class {enum_type.__qualname__} has a custom metaclass"
+    get_value = object.__getattribute__
+    if (
+        type(value) is int
+        and issubclass(enum_type, enum.Flag)
+        and not _plain_flag(enum_type)
+        and not any(
+            _same_stored(get_value(m, "_value_"), value) for m in enum_type._member_map_.values()
+        )
+    ):
+        return (
+            f"a combination of {enum_type.__qualname__} flags is made by the class's own "
+            "code (a mixin type or an overridden enum hook)"
+        )
+    return None
+
+
+@functools.cache
+def _plain_flag(enum_type: type[enum.Enum]) -> bool:
+    """Whether the standard `enum.Flag` lookup of a combination runs only stdlib code here."""
+    if getattr(enum_type, "_member_type_", None) not in (
+        object,
+        int,
+    ):  # a mixin's __new__ makes pseudo-members
+        return False
+    return all(_stdlib_hook(enum_type, hook) for hook in _FLAG_HOOKS)
+
+
+def _stdlib_hook(cls: type, name: str) -> bool:
+    """Whether ``cls`` resolves ``name`` to the standard library's (or to nothing).
+
+    NOTE: EnumType puts ``Enum.__new__`` into every enum class's own namespace, so the
+    attribute found is compared with the stdlib bases' attributes, not only its class.
+    """
+    for klass in cls.__mro__:
+        namespace = vars(klass)
+        if name in namespace:
+            found = namespace[name]
+            return klass in _STDLIB_ENUM_BASES or any(
+                vars(base).get(name) is found for base in _STDLIB_ENUM_BASES
+            )
+    return True
+
+
 def _enum_member(enum_type: type[enum.Enum], value: Any) -> enum.Enum | None:
     """The member of ``enum_type`` a field storing ``value`` loads as, or None.
 
     One rule for save and load (the save checks a member comes back as itself), and no code
-    of the enum runs: its ``_missing_`` hook and its values' ``__eq__`` are never called.
-    The standard `enum.Flag` lookup (stdlib code) is used for an int no member has, so a
-    combination of flags loads as that combination.
+    of the enum runs: its ``_missing_`` hook, its values' ``__eq__``, its metaclass are never
+    called; members are read from the class's ``_member_map_``.  An enum class with a custom
+    metaclass gets no member (saves refuse it).  For an int no member of an `enum.Flag` has,
+    the standard Flag lookup (stdlib code) runs when every hook it calls is the stdlib's and
+    its members are plain or ints (`_plain_flag`), so a combination loads as that combination.
     """
+    if type(enum_type) is not enum.EnumType:
+        return None
+    get_value = object.__getattribute__  # not the enum's own __getattribute__
     for member in enum_type._member_map_.values():
-        if _same_stored(member._value_, value):
+        if _same_stored(get_value(member, "_value_"), value):
             return member
-    if (
-        type(value) is int
-        and issubclass(enum_type, enum.Flag)
-        and getattr(enum_type._missing_, "__func__", None)
-        is getattr(enum.Flag._missing_, "__func__", None)
-        and enum_type.__new__ is enum.Enum.__new__
-    ):
+    if type(value) is int and issubclass(enum_type, enum.Flag) and _plain_flag(enum_type):
         try:
             return enum_type(value)
         except ValueError:
@@ -589,8 +685,9 @@ def fields_to_sample(
         data = _strip_queue(dict(fields), _rebuild_plan(cls).declared)
         if issubclass(cls, Sample):
             if converted is None:
-                return _rebuild(cls, _sample_values(data))
-            return _rebuild(cls, _converted_sample_values(data, converted))
+                data = _sample_values(data, _sample_owned(cls))  # type: ignore[arg-type]
+            else:
+                data = _converted_sample_values(data, converted)
         return _build_dataclass(cls, data)
     except (TypeError, ValueError, AttributeError) as exc:
         raise UnsupportedFormatError(
@@ -622,7 +719,9 @@ def _helper_state(value: Any) -> dict[str, Any]:
 
 def _build_dataclass(cls: type, data: dict[str, Any]) -> Any:
     for key, enum_type in _enum_fields(cls).items():
-        if key in data and not isinstance(data[key], enum_type):
+        # NOTE: no isinstance(data[key], enum_type): decoded values are never members, and
+        # a custom metaclass's __instancecheck__ is the class's code
+        if key in data:
             # not one of its values: keep what was stored rather than fail the load
             member = _enum_member(enum_type, data[key])
             if member is not None:
@@ -750,17 +849,27 @@ def _rebuild(cls: type, data: dict[str, Any]) -> Any:
 
 
 def _enum_fields(cls: type) -> dict[str, type[enum.Enum]]:
+    """The fields of ``cls`` whose annotation (or default) names one Enum type.
+
+    Annotations are read, never evaluated: ``typing.get_type_hints`` runs ``eval`` on string
+    annotations (every annotation under ``from __future__ import annotations``), which is
+    arbitrary code; a string annotation is parsed and its names looked up in the namespaces of
+    the class that declares it and of its module (see `_resolve_annotation`).  The fields a
+    `Sample` subclass keeps from `Sample` follow `Sample`'s own rules, not this one.
+    """
     cached = _ENUM_FIELDS.get(cls)
     if cached is not None:
         return cached
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # unresolvable forward references: fall back to defaults only
-        hints = {}
+    sample_fields = _dataclass_fields(Sample)
     found: dict[str, type[enum.Enum]] = {}
     for f in dataclasses.fields(cls):
-        enum_type = _single_enum(hints.get(f.name))
-        if enum_type is None and isinstance(f.default, enum.Enum):
+        if sample_fields.get(f.name) is f:
+            continue
+        hint = f.type
+        if isinstance(hint, str):
+            hint = _resolve_annotation(cls, f.name, hint)
+        enum_type = _single_enum(hint)
+        if enum_type is None and issubclass(type(f.default), enum.Enum):
             enum_type = type(f.default)
         if enum_type is not None:
             found[f.name] = enum_type
@@ -769,15 +878,72 @@ def _enum_fields(cls: type) -> dict[str, type[enum.Enum]]:
 
 
 def _single_enum(hint: Any) -> type[enum.Enum] | None:
+    if isinstance(hint, list):  # the members of a union `_resolve_annotation` parsed
+        enums = [a for a in hint if isinstance(a, type) and issubclass(a, enum.Enum)]
+        return enums[0] if len(enums) == 1 else None
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint
     if typing.get_origin(hint) in (Union, types.UnionType):
-        enums = [
-            a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)
-        ]
-        if len(enums) == 1:
-            return enums[0]
+        return _single_enum(list(typing.get_args(hint)))
     return None
+
+
+_UNRESOLVED = object()
+
+
+def _resolve_annotation(cls: type, name: str, text: str) -> Any:
+    """What the string annotation ``text`` of field ``name`` names, found without running code.
+
+    Names, dotted names, ``X | Y``, ``Optional[X]`` and ``Union[X, ...]`` are resolved by plain
+    dictionary lookups in the declaring class's namespace, its module's and the builtins (a
+    union as the list of its members); anything else resolves to nothing, so the field is no
+    enum field unless its default is a member.
+    """
+    owner: type = cls
+    for klass in cls.__mro__:
+        if name in vars(klass).get("__annotations__", {}):
+            owner = klass
+            break
+    module = sys.modules.get(owner.__module__)
+    scopes = [dict(vars(owner))]
+    if type(module) is types.ModuleType:
+        scopes.append(module.__dict__)
+    scopes.append(vars(builtins))
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    found = _resolve_node(node, scopes)
+    return None if found is _UNRESOLVED else found
+
+
+def _resolve_node(node: ast.expr, scopes: list[dict[str, Any]]) -> Any:
+    if isinstance(node, ast.Name):
+        for scope in scopes:
+            if node.id in scope:
+                return scope[node.id]
+        return _UNRESOLVED
+    if isinstance(node, ast.Constant) and node.value is None:
+        return type(None)
+    if isinstance(node, ast.Attribute):
+        base = _resolve_node(node.value, scopes)
+        if type(base) is types.ModuleType:
+            return base.__dict__.get(node.attr, _UNRESOLVED)
+        if isinstance(base, type):
+            found = _class_attr(base, node.attr)
+            return _UNRESOLVED if found is dataclasses.MISSING else found
+        return _UNRESOLVED
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        parts = [_resolve_node(node.left, scopes), _resolve_node(node.right, scopes)]
+        return [m for p in parts for m in (p if isinstance(p, list) else [p])]
+    if isinstance(node, ast.Subscript):
+        origin = _resolve_node(node.value, scopes)
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if origin is typing.Optional and len(args) == 1:
+            return [_resolve_node(args[0], scopes), type(None)]
+        if origin is typing.Union:
+            return [_resolve_node(a, scopes) for a in args]
+    return _UNRESOLVED
 
 
 # after the functions registering uses

@@ -14,6 +14,7 @@ stays False: a proxy cannot pass that test, so the loaders take ``materialize=Tr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -236,4 +237,7 @@ def materialize_tensor_refs(obj: Any) -> Any:
             new = _materialized(value)
             if new is not value:
                 setattr(obj, key, new)
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                # a helper held by the sample (`Sample.spec_info` with an extra tensor)
+                materialize_tensor_refs(value)
     return obj

@@ -16,7 +16,7 @@ import json
 import marshal
 import math
 import struct
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from operator import countOf
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._digest import Buffer, check_digest
-from .._torch import is_tensor
+from .._torch import is_tensor, tensor_class
 from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
 from ..samples import fields_to_sample, sample_to_record
 from .tensor_ref import TensorRef
@@ -74,12 +74,22 @@ _NEG_BIG_INT = -_BIG_INT
 # 2**40 lists: past this many items written again for repeated containers, the save is refused
 # (docs/architecture.md, "Samples and values").
 _MAX_REPEATED_ITEMS = 1 << 20
-# NOTE: items are not the whole cost: a leaf held in many places (a long string, a tensor
-# below the inline limit, a numpy array) is written again in each, and the elements of a
+# NOTE: items are not the whole cost: a leaf held in many places (a string, an int, a
+# float, a tensor, a numpy array, a dict key) is written again in each, views of one buffer
+# (``a[:]``, ``t.view(-1)``, each a new object) write its bytes again, and the elements of a
 # zero-stride view (``np.broadcast_to``, ``Tensor.expand``: a few bytes in memory, terabytes
-# expanded) are written out one by one.  The bytes a record would hold beyond the memory the
-# sample itself holds are bounded too (docs/architecture.md, "Samples and values").
+# expanded) are written out one by one.  Every byte a record (and its tensor blobs) would
+# hold beyond the memory the sample itself holds is bounded too (docs/architecture.md,
+# "Samples and values").
 _MAX_EXTRA_BYTES = 1 << 28
+# A leaf written in at most this many bytes is no bigger than the reference that holds it
+# (None, bools, ints of up to 8 digits, strings of one character): not counted.
+_SMALL_LEAF = 8
+_SMALL_INT_LO, _SMALL_INT_HI = -(10**7), 10**8
+# What a tensor or array node costs in the tree beyond its bytes (tag, dtype, offsets, alias),
+# and per dimension of its shape; written again with every repeat.
+_NODE_BYTES = 96
+_DIM_BYTES = 21
 
 
 def _numpy_dtype(name: str) -> np.dtype | None:
@@ -146,28 +156,40 @@ class _Encoder:
         # items written again because a container was met again (see _MAX_REPEATED_ITEMS).
         self.seen: set[int] = set()
         self.repeated = 0
-        # leaves whose bytes were written (see _MAX_EXTRA_BYTES), and those bytes written again
-        self.seen_leaves: set[int] = set()
+        # leaves written so far (see _MAX_EXTRA_BYTES): id -> the bytes writing one again
+        # costs, or -1 until it is met a second time; and the bytes written again
+        self.leaves: dict[int, int] = {}
         self.extra_bytes = 0
-        # tensors above the inline limit already made into blobs: a tensor held in many places
-        # is hashed (and, for the writer, copied) once
-        self.refs: dict[int, tuple[Any, dict[str, Any]]] = {}
+        # buffers (torch storages, numpy base buffers) tensors and arrays were written from:
+        # key -> [bytes the buffer holds, bytes written from it]
+        self.buffers: dict[Any, list[int]] = {}
+        # tensors and arrays by view (buffer, offset, shape, strides, dtype): the alias index
+        # their nodes carry, and the object (kept alive: the key holds addresses); a view
+        # above the inline limit also keeps its tensor-blob node, so it is hashed (and, for
+        # the writer, copied) once
+        self.views: dict[Any, tuple[int, Any, dict[str, Any] | None]] = {}
 
     def encode(self, value: Any) -> Any:
         t = type(value)
         if t is str:
             if len(value) >= _MIN_RAW_STR:
-                self._leaf(value, len(value))
-                offset, nbytes = self.record.add(value.encode("utf-8", "surrogatepass"))
+                data = self._long_text(value)
+                offset, nbytes = self.record.add(data)
                 return {_TAG: "str", "o": offset, "n": nbytes}
+            if len(value) > 1:
+                self._again(value)
             return value
         if value is None or t is bool:
             return value
         if t is int:
+            if _SMALL_INT_LO < value < _SMALL_INT_HI:
+                return value
+            self._again(value)
             if _NEG_BIG_INT < value < _BIG_INT:
                 return value
             return {_TAG: "int", "v": hex(value)}
         if t is float:
+            self._again(value)
             if value != value and _NAN_BITS.pack(value) != _CANONICAL_NAN:
                 return {_TAG: "nan", "v": _NAN_BITS.pack(value).hex()}
             return value
@@ -178,12 +200,35 @@ class _Encoder:
         if t is tuple:
             return {_TAG: "tuple", "v": self._items(value)}
         if is_tensor(value):
+            if type(value) is not tensor_class():
+                # NOTE: a subclass (torch.nn.Parameter, a user's) would load as a plain tensor
+                # without what it adds (requires_grad, its methods): refused, not downgraded
+                raise UnencodableError(
+                    f"cannot store a {t.__module__}.{t.__qualname__} (a torch.Tensor "
+                    "subclass): it would load as a plain torch.Tensor; store its data as one "
+                    "(value.detach() for a Parameter, value.as_subclass(torch.Tensor) otherwise)"
+                )
             return self._tensor(value)
         if isinstance(value, TensorRef):
             return self._tensor(value.materialize())
-        if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray):
+        if isinstance(value, np.ndarray):
+            if t is np.memmap:
+                # A memory-mapped array (np.load(..., mmap_mode="r")) is an ndarray whose
+                # bytes live in a file: that is where it is read from, not what it is.
+                value = np.asarray(value)
+            elif t is not np.ndarray:
+                raise UnencodableError(
+                    f"cannot store a {t.__module__}.{t.__qualname__} (a numpy.ndarray "
+                    "subclass): it would load as a plain numpy.ndarray; store np.asarray(value) "
+                    "(which drops what the subclass adds, e.g. a mask or matrix semantics)"
+                )
             return self._ndarray(value)
-        if isinstance(value, np.generic) and value.dtype.name in _NUMPY_DTYPES:
+        if (
+            isinstance(value, np.generic)
+            and t is value.dtype.type
+            and value.dtype.name in _NUMPY_DTYPES
+        ):
+            self._again(value)
             return {_TAG: "npscalar", "d": value.dtype.name, "v": self._ndarray_tree(value)}
         raise UnencodableError(
             f"cannot store a value of type {t.__module__}.{t.__qualname__}: samples may hold "
@@ -211,13 +256,46 @@ class _Encoder:
                 "stored as trees: a shared value is written once per place it appears)"
             )
 
-    def _leaf(self, value: Any, nbytes: int) -> None:
-        """Count a leaf about to write ``nbytes`` into the record if it was written before."""
+    def _again(self, value: Any) -> None:
+        """Count a leaf (a str, int, float, numpy scalar) about to be written again.
+
+        NOTE: one dict lookup per leaf; what writing it costs is measured once, on its
+        second appearance.  The first is free: the sample holds it.
+        """
         key = id(value)
-        if key in self.seen_leaves:
-            self._extra(nbytes)
-        else:
-            self.seen_leaves.add(key)
+        size = self.leaves.get(key)
+        if size is None:
+            self.leaves[key] = -1
+            return
+        if size < 0:
+            size = self.leaves[key] = _leaf_bytes(value)
+        if size > _SMALL_LEAF:
+            self._extra(size)
+
+    def _long_text(self, value: str) -> bytes:
+        """A long string's UTF-8 bytes, counted against the bound when written again."""
+        key = id(value)
+        size = self.leaves.get(key)
+        if size is not None and size >= 0:
+            self._extra(size)  # before it is encoded again
+        data = value.encode("utf-8", "surrogatepass")
+        self.leaves[key] = len(data)
+        return data
+
+    def _from_buffer(self, buffer: Any, capacity: int, nbytes: int) -> None:
+        """Count ``nbytes`` about to be written from a buffer holding ``capacity`` bytes:
+        what all writes from one buffer add up to beyond its size is written again (a view
+        held in many places, views of one buffer, a broadcast or overlapping view)."""
+        state = self.buffers.get(buffer)
+        if state is None:
+            state = self.buffers[buffer] = [capacity, 0]
+        elif capacity > state[0]:
+            state[0] = capacity
+        before = max(state[1] - state[0], 0)
+        state[1] += nbytes
+        after = max(state[1] - state[0], 0)
+        if after > before:
+            self._extra(after - before)
 
     def _extra(self, nbytes: int) -> None:
         """Count bytes a record would hold beyond the sample's own memory; refuse past the
@@ -249,6 +327,12 @@ class _Encoder:
         try:
             # NOTE: ``key :=`` keeps the key being encoded for the error message below
             if _TAG not in value and all(type(k) is str for k in value):
+                if not top:
+                    # its str keys are written as they are, never through `encode`
+                    for key in value:
+                        if len(key) > 1:
+                            self._again(key)
+                    key = None
                 return {(key := k): self.encode(v) for k, v in value.items()}
             return {
                 _TAG: "map",
@@ -287,6 +371,7 @@ class _Encoder:
                 key = id(value)
                 if key in self.seen:
                     self._count(value, key)
+                    self._extra(node["n"])  # its array's bytes, written again
                 else:
                     self.seen.add(key)
                 return node
@@ -329,16 +414,31 @@ class _Encoder:
         return None
 
     def _tensor(self, value: torch.Tensor) -> Any:
-        known = self.refs.get(id(value))
-        if known is not None:
-            return dict(known[1])
         _check_storable(value)
+        storage = value.untyped_storage()
+        # NOTE: storages of no bytes may all sit at address 0: never one buffer
+        address = storage.data_ptr() if storage.nbytes() else ("empty", id(value))
+        buffer = ("torch", value.device, address)
+        view = (
+            buffer,
+            value.storage_offset(),
+            tuple(value.shape),
+            value.stride(),
+            value.dtype,
+            value.is_conj(),
+            value.is_neg(),
+        )
+        known = self.views.get(view)
+        if known is not None and known[2] is not None:
+            # the same tensor-blob view again: its node, not its bytes (stored once)
+            self._extra(_NODE_BYTES + _DIM_BYTES * value.dim())
+            return dict(known[2])
         nbytes = value.numel() * value.element_size()
-        overlap = nbytes - _span(value.shape, value.stride(), value.element_size())
-        if overlap > 0:
-            self._extra(overlap)  # before .contiguous() expands it
-        if nbytes <= self.record.inline_limit:
-            self._leaf(value, nbytes)
+        if known is not None:
+            self._extra(_NODE_BYTES + _DIM_BYTES * value.dim())
+        # before .contiguous() expands a broadcast view or copies the bytes
+        self._from_buffer(buffer, storage.nbytes(), nbytes)
+        alias = self._alias(view, value) if known is None else known[0]
         t, raw = _tensor_bytes(value)
         dtype = torch_dtype_names()[t.dtype]
         if raw.nbytes > self.record.inline_limit:
@@ -352,12 +452,26 @@ class _Encoder:
                 "d": dtype,
                 "sh": list(t.shape),
                 "n": raw.nbytes,
+                "a": alias,
             }
-            # the tensor is kept with its node: an id is only unique while its object lives
-            self.refs[id(value)] = (value, node)
+            self.views[view] = (alias, value, node)
             return dict(node)
         offset, nbytes = self.record.add(bytes(raw) if raw.nbytes else b"")
-        return {_TAG: "tensor", "d": dtype, "sh": list(t.shape), "o": offset, "n": nbytes}
+        return {
+            _TAG: "tensor",
+            "d": dtype,
+            "sh": list(t.shape),
+            "o": offset,
+            "n": nbytes,
+            "a": alias,
+        }
+
+    def _alias(self, view: Any, value: Any) -> int:
+        """The alias index of a new view (see `_Decoder`: nodes with one index load as one
+        object); the value is kept with it, as the key holds its addresses."""
+        alias = len(self.views)
+        self.views[view] = (alias, value, None)
+        return alias
 
     def _ndarray_tree(self, value: np.ndarray | np.generic) -> dict[str, Any]:
         # NOTE: not ascontiguousarray, which turns 0-d arrays and scalars into shape (1,);
@@ -365,26 +479,70 @@ class _Encoder:
         arr = np.asarray(value)
         if arr.dtype.name not in _NUMPY_DTYPES or arr.dtype.byteorder == ">":
             raise UnencodableError(f"cannot store a numpy array of dtype {arr.dtype}")
-        overlap = arr.nbytes - _span(arr.shape, arr.strides, 1, arr.itemsize)
-        if overlap > 0:
-            self._extra(overlap)  # before tobytes() expands it
-        self._leaf(value, arr.nbytes)
         offset, nbytes = self.record.add(arr.tobytes())
         return {"sh": list(arr.shape), "o": offset, "n": nbytes}
 
     def _ndarray(self, value: np.ndarray) -> Any:
-        return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value)}
+        buffer, capacity = _numpy_buffer(value)
+        view = (
+            buffer,
+            value.__array_interface__["data"][0],
+            value.shape,
+            value.strides,
+            value.dtype.str,
+        )
+        known = self.views.get(view)
+        if known is not None:
+            self._extra(_NODE_BYTES + _DIM_BYTES * value.ndim)
+        # before tobytes() expands a broadcast view
+        self._from_buffer(buffer, capacity, value.nbytes)
+        alias = self._alias(view, value) if known is None else known[0]
+        return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value), "a": alias}
 
 
-def _span(shape: Sequence[int], strides: Sequence[int], unit: int, itemsize: int = 0) -> int:
-    """The bytes of memory a strided view spans (``strides`` in units of ``unit`` bytes; the
-    last element's ``itemsize``, ``unit`` when 0).  A view whose elements take more bytes
-    than it spans overlaps itself: a zero stride, or overlapping strides."""
-    if 0 in shape:
-        return 0
-    return sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) * unit + (
-        itemsize or unit
-    )
+def _leaf_bytes(value: Any) -> int:
+    """The bytes the tree takes to write ``value`` (a str, int, float or numpy scalar)."""
+    t = type(value)
+    if t is int:
+        if _NEG_BIG_INT < value < _BIG_INT:
+            return len(str(value))
+        return len(hex(value)) + 16  # {"$t":"int","v":"..."}
+    if t is str:
+        return len(_dumps(value))
+    if t is float:
+        return 40 if value != value else len(repr(value))  # a tagged NaN at most
+    return _NODE_BYTES + value.nbytes  # a numpy scalar: its node and bytes
+
+
+def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int]:
+    """The buffer an array's bytes are in, as a key, and the bytes it holds.
+
+    NOTE: numpy points every view's ``base`` at the array that owns the memory (or at the
+    object it wraps: bytes, a torch tensor, ``as_strided``'s DummyArray holding the array).
+    """
+    root: Any = arr
+    while True:
+        base = root.base
+        if isinstance(base, np.ndarray):
+            root = base
+        elif type(base).__name__ == "DummyArray" and isinstance(
+            getattr(base, "base", None), np.ndarray
+        ):
+            root = base.base
+        else:
+            break
+    base = root.base
+    if base is None:
+        return ("numpy", id(root)), root.nbytes
+    if is_tensor(base):
+        return ("torch", base.device, base.untyped_storage().data_ptr()), (
+            base.untyped_storage().nbytes()
+        )
+    try:
+        capacity = memoryview(base).nbytes
+    except TypeError:
+        capacity = root.nbytes
+    return ("buffer", id(base)), capacity
 
 
 # marshal writes exact ints in int32 range as b"i" + 4 bytes and exact floats as b"g" + 8 bytes
@@ -647,6 +805,27 @@ class _Decoder:
         # never reference more than its array section; hostile ones that alias the same bytes
         # many times would otherwise multiply the memory a small blob decodes to.
         self.budget = arrays.nbytes
+        # alias index -> (node kind, dtype, shape, object): the tensor and array nodes the
+        # encoder wrote for one tensor or view (``"a"``) load as one object; records without
+        # it (older releases) load a separate object per node
+        self.aliases: dict[int, tuple[Any, Any, Any, Any]] = {}
+
+    def _shared(self, node: dict, build: Callable[[], Any]) -> Any:
+        """The object a tensor or array node decodes to: one per alias index."""
+        alias = node.get("a")
+        if alias is None:
+            return build()
+        if type(alias) is not int:
+            raise IntegrityError("malformed alias index")
+        shape = node.get("sh")
+        known = self.aliases.get(alias)
+        if known is not None:
+            if known[:3] != (node[_TAG], node["d"], shape):
+                raise IntegrityError("nodes of one alias index describe different values")
+            return known[3]
+        value = build()
+        self.aliases[alias] = (node[_TAG], node["d"], shape, value)
+        return value
 
     def _slice(self, node: dict) -> memoryview:
         offset, nbytes = node["o"], node["n"]
@@ -709,19 +888,28 @@ class _Decoder:
         if tag == "map":
             return {_hashable(self.decode(k)): self.decode(v) for k, v in node["v"]}
         if tag == "tensor":
-            return _tensor_from(
-                self._slice(node), torch_dtypes()[node["d"]], _check_shape(node["sh"]), exact=True
+            return self._shared(
+                node,
+                lambda: _tensor_from(
+                    self._slice(node),
+                    torch_dtypes()[node["d"]],
+                    _check_shape(node["sh"]),
+                    exact=True,
+                ),
             )
         if tag == "ref":
-            return TensorRef(
-                check_digest(node["h"]),
-                torch_dtypes()[node["d"]],
-                _check_shape(node["sh"]),
-                int(node["n"]),
-                self.loader,
+            return self._shared(
+                node,
+                lambda: TensorRef(
+                    check_digest(node["h"]),
+                    torch_dtypes()[node["d"]],
+                    _check_shape(node["sh"]),
+                    int(node["n"]),
+                    self.loader,
+                ),
             )
         if tag == "ndarray":
-            return self._ndarray(node["d"], node).copy()
+            return self._shared(node, lambda: self._ndarray(node["d"], node).copy())
         if tag == "npscalar":
             return self._ndarray(node["d"], node["v"])[()]
         if tag == "int":
