@@ -58,6 +58,12 @@ def _info_row(info: ArchiveInfo) -> list[object]:
     type=SINCE,
     help="Only archives created since a date/time or a duration ago (2h, 3d).",
 )
+@click.option("--limit", type=click.IntRange(min=0), help="At most this many archives.")
+@click.option(
+    "--after",
+    metavar="NAME",
+    help="Start after this archive (the last of the previous page): pages of --limit.",
+)
 @json_option
 @pass_pool
 def ls(
@@ -67,15 +73,19 @@ def ls(
     task_key: str | None,
     state: str,
     since: datetime | None,
+    limit: int | None,
+    after: str | None,
     as_json: bool,
 ) -> None:
-    """List archives, by rollout id then name."""
+    """List archives, by rollout id (none last) then name; --limit and --after page."""
     found = pool.find(
         rollout_id=rollout_id,
         evaluation=evaluation,
         task_key=task_key,
         state=_state(state),
         since=since,
+        limit=limit,
+        after=after,
     )
     if as_json:
         echo_json([asdict(i) for i in found])
