@@ -161,6 +161,7 @@ def _walk(
     wanted: _Wanted,
     limit: int,
     unnumbered: bool,
+    keyed: set[int] | None,
 ) -> list[Sequence[Any]]:
     """The first ``limit`` rows of ``sample_query`` in archive order, archive by archive.
 
@@ -182,7 +183,11 @@ def _walk(
             break
         after = (page[-1].rollout_id, page[-1].name)
         stored = read_summaries(conn, [row.id for row in page])
-        candidates = [row.id for row in page if _may_match(stored.get(row.id), wanted)]
+        candidates = [
+            row.id
+            for row in page
+            if (keyed is None or row.id in keyed) and _may_match(stored.get(row.id), wanted)
+        ]
         rank = {archive_id: i for i, archive_id in enumerate(candidates)}
         while candidates and len(found) < limit:
             ids, candidates = candidates[:step], candidates[step:]
@@ -299,7 +304,18 @@ def query_samples(
     with pool.catalog.read() as conn:
         if limit is not None:
             numbered = min_rollout_id is not None or max_rollout_id is not None
-            rows = _walk(conn, archive_query, query, wanted, limit, not numbered)
+            # The archives holding the key, from the (task_key | sample_key, archive_id)
+            # indexes: a key of one prompt is in a few archives of thousands.
+            keyed: set[int] | None = None
+            for column, value in ((e.c.task_key, task_key), (e.c.sample_key, sample_key)):
+                if value is not None:
+                    holders = set(
+                        conn.execute(select(e.c.archive_id).where(column == value).distinct())
+                        .scalars()
+                        .all()
+                    )
+                    keyed = holders if keyed is None else keyed & holders
+            rows = _walk(conn, archive_query, query, wanted, limit, not numbered, keyed)
         else:
             # NULL rollout ids last on both backends, as every listing.
             order = (a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name, e.c.position)
