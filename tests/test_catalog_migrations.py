@@ -20,6 +20,7 @@ from archive_manager.catalog import (
     Base,
     Catalog,
     archive_blobs_table,
+    archive_summaries_table,
     archives_table,
     blobs_table,
     chunks_table,
@@ -189,6 +190,12 @@ def test_upgrade_from_0001_keeps_every_row(engine: Engine, url: str) -> None:
         assert dumped == expected
         with catalog.read() as conn:
             assert conn.execute(select(blobs_table.c.verified_at)).scalar_one() is None
+            # 0005: the archive got its summary from its sample rows during the upgrade.
+            t = archive_summaries_table
+            summary = conn.execute(
+                select(t.c.archive_id, t.c.samples, t.c.status, t.c.reward_p50, t.c.length_max)
+            ).one()
+            assert tuple(summary) == (1, 1, {"completed": 1}, 0.25, 12.0)
             if catalog.dialect_name == "sqlite":
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         # 0003: the longest archive name's own owner fits (PostgreSQL enforces the width).
