@@ -23,7 +23,7 @@ from .catalog import (
     sample_metadata_table,
 )
 from .catalog.engine import shown_url
-from .catalog.queries import ArchiveKey, archives_in_order
+from .catalog.queries import IN_BATCH, ArchiveKey, archives_in_order
 from .errors import InvalidInputError
 from .samples import check_key_text
 from .summary import ArchiveSummary, read_summaries
@@ -151,7 +151,9 @@ _Wanted = tuple[list[str] | None, float | None, float | None, float | None, floa
 
 # Archives a walk step reads at first, and at most: a dense filter is answered from the first
 # archive; a sparse one widens the step so the number of statements stays small.
-_FIRST_STEP, _LAST_STEP, _ARCHIVE_PAGE = 1, 64, 512
+_FIRST_STEP, _LAST_STEP = 1, 64
+# Archives read per listing page: few at first (a dense filter needs one), more later.
+_FIRST_PAGE, _LAST_PAGE = 32, 4096
 
 
 def _walk(
@@ -174,10 +176,16 @@ def _walk(
     """
     found: list[Sequence[Any]] = []
     after: ArchiveKey | None = None
-    step = _FIRST_STEP
+    step, page_size = _FIRST_STEP, _FIRST_PAGE
+    if keyed is not None:
+        if not keyed:
+            return found
+        if len(keyed) <= IN_BATCH:
+            archive_query = archive_query.where(archives_table.c.id.in_(sorted(keyed)))
     while len(found) < limit:
+        asked, page_size = page_size, min(page_size * 8, _LAST_PAGE)
         page = archives_in_order(
-            conn, archive_query, after=after, limit=_ARCHIVE_PAGE, unnumbered=unnumbered
+            conn, archive_query, after=after, limit=asked, unnumbered=unnumbered
         )
         if not page:
             break
@@ -203,7 +211,7 @@ def _walk(
             )
             rows.sort(key=lambda row: (rank[row[0]], row[4]))
             found += rows[: limit - len(found)]
-        if len(page) < _ARCHIVE_PAGE:
+        if len(page) < asked:
             break
     return found
 

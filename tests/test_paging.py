@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import event
 
+import archive_manager.query as query_module
 from archive_manager import ArchiveManager, Sample
 from archive_manager.cli import cli
 from archive_manager.errors import ArchiveNotFoundError, InvalidInputError
@@ -81,8 +82,13 @@ _FILTERS: list[dict[str, Any]] = [
 ]
 
 
-def test_query_with_a_limit_is_the_head_of_the_full_answer(pool: ArchiveManager) -> None:
+def test_query_with_a_limit_is_the_head_of_the_full_answer(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _fill(pool, seed=1)
+    # Listing pages of 2, then 4 archives: the walk crosses pages in this small pool.
+    monkeypatch.setattr(query_module, "_FIRST_PAGE", 2)
+    monkeypatch.setattr(query_module, "_LAST_PAGE", 4)
     for filters in _FILTERS:
         every = pool.query(**filters)
         for limit in (0, 1, 7, 100):
