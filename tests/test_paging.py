@@ -139,11 +139,26 @@ def test_query_plans_use_indexes_and_never_sort_the_pool(tmp_path: Path) -> None
     assert "sqlite_autoindex_sample_metadata_1" in used
 
 
-def test_cli_ls_pages(tmp_path: Path) -> None:
+def test_cli_ls_and_the_viewer_page(tmp_path: Path) -> None:
     root = tmp_path / "pool"
     with ArchiveManager.open(root) as pool:
         _fill(pool)
         every = [i.name for i in pool.find()]
+        # The viewer's pool page: the JSON names where the next page starts, the page's
+        # "next" link starts after its last archive.
+        client = create_app(pool).test_client()
+        seen: list[str] = []
+        url = "/?format=json&per_page=3&state=published"
+        for _ in range(5):
+            data = client.get(url).get_json()
+            seen += [a["name"] for a in data["archives"]]
+            if data["next_after"] is None:
+                break
+            url = f"/?format=json&per_page=3&state=published&after={data['next_after']}"
+        assert seen == every
+        page = client.get("/?per_page=3&state=published").get_data(as_text=True)
+        assert f"after={every[2]}" in page
+        assert client.get("/?after=nope").status_code == 404
     runner = CliRunner()
     first = runner.invoke(cli, ["--root", str(root), "ls", "--limit", "2", "--json"])
     assert first.exit_code == 0, first.output
@@ -156,22 +171,3 @@ def test_cli_ls_pages(tmp_path: Path) -> None:
     bad = runner.invoke(cli, ["--root", str(root), "ls", "--after", "nope"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     assert "not found" in bad.output
-
-
-def test_viewer_pool_page_pages_by_keyset(tmp_path: Path) -> None:
-    with ArchiveManager.open(tmp_path / "pool") as pool:
-        _fill(pool)
-        every = [i.name for i in pool.find()]
-        client = create_app(pool).test_client()
-        seen: list[str] = []
-        url = "/?format=json&per_page=3&state=published"
-        for _ in range(5):
-            data = client.get(url).get_json()
-            seen += [a["name"] for a in data["archives"]]
-            if data["next_after"] is None:
-                break
-            url = f"/?format=json&per_page=3&state=published&after={data['next_after']}"
-        assert seen == every
-        page = client.get("/?per_page=3&state=published").get_data(as_text=True)
-        assert f"after={every[2]}" in page  # the next link names the page's last archive
-        assert client.get("/?after=nope").status_code == 404
