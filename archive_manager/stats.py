@@ -31,7 +31,12 @@ from sqlalchemy.sql import ColumnElement
 
 from ._context import PoolContext
 from ._names import check_archive_name
-from .catalog import archives_table, entries_table, sample_metadata_table
+from .catalog import (
+    archive_summaries_table,
+    archives_table,
+    entries_table,
+    sample_metadata_table,
+)
 from .catalog.queries import archive_by_name, batches
 from .errors import ArchiveNotFoundError, InvalidInputError
 from .summary import (
@@ -43,6 +48,8 @@ from .summary import (
     merge_summaries,
     nearest_rank,
     read_summaries,
+    summary_columns,
+    summary_from_row,
 )
 
 __all__ = [
@@ -542,12 +549,25 @@ def rollout_stats(
     bounds = check_rollout_range(rollout_ids)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
-    a = archives_table
-    archive_query = select(
-        a.c.id, a.c.manifest_digest, a.c.rollout_id, a.c.evaluation, a.c.state, a.c.bytes
-    ).where(*archive_filters(bounds, evaluation))
+    a, t = archives_table, archive_summaries_table
+    # NOTE: the summaries come joined to the archive rows, in one statement: IN lists of
+    # thousands of ids cost more to bind than the rows to read.
+    archive_query = (
+        select(
+            a.c.id,
+            a.c.manifest_digest,
+            a.c.rollout_id,
+            a.c.evaluation,
+            a.c.state,
+            a.c.bytes,
+            *summary_columns(),
+        )
+        .select_from(a.outerjoin(t, t.c.archive_id == a.c.id))
+        .where(*archive_filters(bounds, evaluation))
+    )
     with pool.catalog.read() as conn:
-        groups = _by_group(conn.execute(archive_query).all())
+        rows = conn.execute(archive_query).all()
+        groups = _by_group(rows)
         members = {key: frozenset((r[0], r[1]) for r in rows) for key, rows in groups.items()}
         summaries: dict[_Group, SampleSummary] = {}
         missing: list[_Group] = []
@@ -557,9 +577,11 @@ def rollout_stats(
                 missing.append(key)
             else:
                 summaries[key] = cached
-        single = [groups[key][0][0] for key in missing if len(groups[key]) == 1]
+        stored = {r[0]: summary_from_row(r[6:]) for r in rows if r[6] is not None}
+        lacking = [r[0] for r in rows if r[6] is None]
+        if lacking:
+            stored.update(compute_missing_summaries(conn, lacking))
         several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]
-        stored = _summaries(conn, single, sketches=False)
         stored.update(_summaries(conn, several, sketches=True))
     for key in missing:
         summaries[key] = _sample_summary(merge_summaries([stored[r[0]] for r in groups[key]]))

@@ -55,6 +55,8 @@ __all__ = [
     "sketch_weights",
     "store_summaries",
     "summarize_archive",
+    "summary_columns",
+    "summary_from_row",
     "summary_rows",
 ]
 
@@ -396,12 +398,24 @@ def read_summaries(
     """The stored summaries of these archives (those that have one); with their sketches only
     when asked (a stats row of one archive needs none)."""
     t = archive_summaries_table
-    columns = [t.c[name] for name in _COLUMNS if sketches or not name.endswith("_sketch")]
     found: dict[int, ArchiveSummary] = {}
     for batch in batches(archive_ids):
-        for row in conn.execute(select(*columns).where(t.c.archive_id.in_(batch))):
-            found[row[0]] = _from_row(row)
+        query = select(*summary_columns(sketches=sketches)).where(t.c.archive_id.in_(batch))
+        for row in conn.execute(query):
+            found[row[0]] = summary_from_row(row)
     return found
+
+
+def summary_columns(*, sketches: bool = False) -> list[Any]:
+    """The ``archive_summaries`` columns `summary_from_row` reads, ``archive_id`` first (to
+    join to another select: a missing summary reads as a None ``archive_id``)."""
+    t = archive_summaries_table
+    return [t.c[name] for name in _COLUMNS if sketches or not name.endswith("_sketch")]
+
+
+def summary_from_row(row: Sequence[Any]) -> ArchiveSummary:
+    """The summary in a row of `summary_columns`."""
+    return _from_row(row)
 
 
 def _from_row(row: Sequence[Any]) -> ArchiveSummary:

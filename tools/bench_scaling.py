@@ -485,13 +485,20 @@ def _backend(name: str) -> Iterator[Callable[[], str | None]]:
 
 
 def run(
-    backend: str, sizes: list[int], per: int, repeat: int, work: Path, verbs: list[str], plans: bool
+    backend: str,
+    sizes: list[int],
+    per: int,
+    repeat: int,
+    work: Path,
+    verbs: list[str],
+    plans: bool,
+    existing: Path | None = None,
 ) -> dict:
     rows = []
     with _backend(backend) as new_url:
         url = new_url()
-        root = work / f"pool-{backend}"
-        filled = 0
+        root = existing or work / f"pool-{backend}"
+        filled = sizes[0] if existing else 0
         for size in sizes:
             t0 = time.perf_counter()
             with _open(root, url) as pool:
@@ -541,7 +548,13 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the pools (printed) when done")
+    ap.add_argument(
+        "--pool", type=Path, default=None, help="measure this SQLite pool a --keep run filled"
+    )
     args = ap.parse_args()
+    if args.pool is not None:
+        with _open(args.pool, None) as kept:
+            args.sizes, args.backends = str(len(kept.find())), "sqlite"
     if args.quick:
         args.sizes, args.samples, args.repeat, args.cli = "6,10", 64, 1, "ls --limit 50,stats"
     try:
@@ -565,7 +578,7 @@ def main() -> int:
     try:
         for backend in backends:
             results[backend] = run(
-                backend, sizes, args.samples, args.repeat, work, verbs, not args.no_plans
+                backend, sizes, args.samples, args.repeat, work, verbs, not args.no_plans, args.pool
             )
     finally:
         if args.keep:
