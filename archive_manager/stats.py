@@ -577,8 +577,9 @@ def rollout_stats(
                 missing.append(key)
             else:
                 summaries[key] = cached
-        stored = {r[0]: summary_from_row(r[6:]) for r in rows if r[6] is not None}
-        lacking = [r[0] for r in rows if r[6] is None]
+        wanted = [r for key in missing for r in groups[key]]
+        stored = {r[0]: summary_from_row(r[6:]) for r in wanted if r[6] is not None}
+        lacking = [r[0] for r in wanted if r[6] is None]
         if lacking:
             stored.update(compute_missing_summaries(conn, lacking))
         several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]

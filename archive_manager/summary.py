@@ -419,13 +419,20 @@ def summary_from_row(row: Sequence[Any]) -> ArchiveSummary:
 
 
 def _from_row(row: Sequence[Any]) -> ArchiveSummary:
-    values = dict(zip(_COLUMNS, row, strict=False))
-    status = values.pop("status") or {}
-    return ArchiveSummary(
-        **{k: v for k, v in values.items() if k not in ("archive_id",) and "sketch" not in k},
-        status=_sorted_status({str(k): int(n) for k, n in status.items()}),
-        reward_sketch=tuple(_unpack(values.get("reward_sketch"))),
-        length_sketch=tuple(_unpack(values.get("length_sketch"))),
+    # Positional, in `_COLUMNS` order: this runs once per archive of a `stats` call.
+    status = row[2] or {}
+    figures: list[Any] = [
+        row[1],
+        _sorted_status({str(k): int(n) for k, n in status.items()}),
+        *row[3:19],
+    ]
+    sketches = row[19:]
+    # The positional fields are typed Any here; the dataclass checks their number.
+    make: Any = ArchiveSummary
+    return make(  # type: ignore[no-any-return]
+        *figures,
+        reward_sketch=tuple(_unpack(sketches[0])) if sketches else (),
+        length_sketch=tuple(_unpack(sketches[1])) if sketches else (),
     )
 
 
