@@ -41,7 +41,7 @@ from .catalog import (
 from .catalog.engine import dialect_of, make_engine, parse_url, shown_url, sqlite_path
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
-from .catalog.queries import archive_by_name, stored_owner
+from .catalog.queries import archive_by_name, archives_in_order, stored_owner
 from .codec import DEFAULT_INLINE_LIMIT
 from .errors import (
     ArchiveReleasedError,
@@ -796,14 +796,21 @@ class ArchiveManager:
         task_key: str | None = None,
         state: str | None = "published",
         since: datetime | None = None,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[ArchiveInfo]:
-        """Archives matching every filter given, by rollout id then name.
+        """Archives matching every filter given, by rollout id (archives without one last)
+        then name.
 
         ``rollout_id`` is one id, a ``range`` or an inclusive ``(low, high)`` with optional
         ends (the CLI's ``A..B``, ``A..``, ``..B``).
 
         ``state=None`` means every state (pending saves included); ``since`` keeps archives
-        created at or after that time (a naive datetime is local time).
+        created at or after that time (a naive datetime is local time).  ``limit`` returns
+        at most that many; ``after`` (an archive's name, the last of the previous page)
+        starts after that archive: keyset paging, as cheap on the last page as on the first
+        (docs/architecture.md, "Summaries and paging").
 
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
@@ -839,8 +846,21 @@ class ArchiveManager:
             if state not in _STATES:
                 raise InvalidInputError(f"state must be one of {', '.join(_STATES)} or None")
             query = query.where(a.c.state == state)
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63
+        ):
+            raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
+        if after is not None and not isinstance(after, str):
+            raise InvalidInputError("after must be an archive name (str) or None")
         with self.catalog.read() as conn:
-            rows = conn.execute(query.order_by(a.c.rollout_id, a.c.name)).all()
+            start: tuple[int | None, str] | None = None
+            if after is not None:
+                check_archive_name(after)
+                row = archive_by_name(conn, after)
+                if row is None:
+                    raise not_found(conn, after)
+                start = (row.rollout_id, row.name)
+            rows = archives_in_order(conn, query, after=start, limit=limit)
         return infos(rows)
 
     def payload_reclaimed(self, names: Sequence[str]) -> set[str]:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
+from sqlalchemy.engine import Connection
 
 from ._context import PoolContext
 from .catalog import (
@@ -24,8 +25,10 @@ from .catalog import (
     sample_metadata_table,
 )
 from .catalog.engine import shown_url
+from .catalog.queries import IN_BATCH, ArchiveKey, archives_in_order
 from .errors import InvalidInputError
 from .samples import check_key_text
+from .summary import ArchiveSummary, read_summaries
 
 __all__ = ["PoolSummary", "SampleRow", "pool_summary", "query_samples"]
 
@@ -136,6 +139,99 @@ def _number(value: object, what: str) -> float | None:
     return number
 
 
+def _may_match(summary: ArchiveSummary | None, wanted: _Wanted) -> bool:
+    """Whether an archive's stored summary leaves room for a sample matching ``wanted``
+    (False only when it proves none does: no sample of those statuses, rewards or lengths
+    all outside the range)."""
+    if summary is None:
+        return True
+    statuses, low_r, high_r, low_l, high_l = wanted
+    if statuses is not None:
+        counts = dict(summary.status)
+        if not any(counts.get(s, 0) for s in statuses):
+            return False
+    for count, low, high, least, most in (
+        (summary.rewarded, low_r, high_r, summary.reward_min, summary.reward_max),
+        (summary.measured, low_l, high_l, summary.length_min, summary.length_max),
+    ):
+        if low is None and high is None:
+            continue
+        if not count or least is None or most is None:
+            return False
+        if (low is not None and most < low) or (high is not None and least > high):
+            return False
+    return True
+
+
+_Wanted = tuple[list[str] | None, float | None, float | None, float | None, float | None]
+
+# Archives a walk step reads at first, and at most: a dense filter is answered from the first
+# archive; a sparse one widens the step so the number of statements stays small.
+_FIRST_STEP, _LAST_STEP = 1, 64
+# Archives read per listing page: few at first (a dense filter needs one), more later.
+_FIRST_PAGE, _LAST_PAGE = 32, 4096
+
+
+def _walk(
+    conn: Connection,
+    archive_query: Select[Any],
+    sample_query: Select[Any],
+    wanted: _Wanted,
+    limit: int,
+    unnumbered: bool,
+    keyed: set[int] | None,
+) -> list[Sequence[Any]]:
+    """The first ``limit`` rows of ``sample_query`` in archive order, archive by archive.
+
+    NOTE: one statement over every archive lets the planner start from a sample index (a
+    status, a reward range) and sort every match across the pool before the LIMIT: 0.33 s at
+    a million samples, linear beyond.  Here the archives are read in listing order (the
+    ``(state, rollout_id, name)`` index, keyset pages), those whose stored summary proves
+    they hold no match are skipped, and the samples of a few archives at a time are read by
+    primary key until ``limit`` rows are found (docs/architecture.md, "Summaries and paging").
+    """
+    found: list[Sequence[Any]] = []
+    after: ArchiveKey | None = None
+    step, page_size = _FIRST_STEP, _FIRST_PAGE
+    if keyed is not None:
+        if not keyed:
+            return found
+        if len(keyed) <= IN_BATCH:
+            archive_query = archive_query.where(archives_table.c.id.in_(sorted(keyed)))
+    while len(found) < limit:
+        asked, page_size = page_size, min(page_size * 8, _LAST_PAGE)
+        page = archives_in_order(
+            conn, archive_query, after=after, limit=asked, unnumbered=unnumbered
+        )
+        if not page:
+            break
+        after = (page[-1].rollout_id, page[-1].name)
+        stored = read_summaries(conn, [row.id for row in page])
+        candidates = [
+            row.id
+            for row in page
+            if (keyed is None or row.id in keyed) and _may_match(stored.get(row.id), wanted)
+        ]
+        rank = {archive_id: i for i, archive_id in enumerate(candidates)}
+        while candidates and len(found) < limit:
+            ids, candidates = candidates[:step], candidates[step:]
+            step = min(step * 4, _LAST_STEP)
+            rows = list(
+                conn.execute(
+                    sample_query.where(entries_table.c.archive_id.in_(ids))
+                    .order_by(entries_table.c.archive_id, entries_table.c.position)
+                    .limit(limit - len(found))
+                    if len(ids) == 1
+                    else sample_query.where(entries_table.c.archive_id.in_(ids))
+                ).all()
+            )
+            rows.sort(key=lambda row: (rank[row[0]], row[4]))
+            found += rows[: limit - len(found)]
+        if len(page) < asked:
+            break
+    return found
+
+
 def query_samples(
     pool: PoolContext,
     *,
@@ -156,6 +252,7 @@ def query_samples(
     a, e, m = archives_table, entries_table, sample_metadata_table
     query = (
         select(
+            e.c.archive_id,
             a.c.name,
             a.c.rollout_id,
             a.c.evaluation,
@@ -196,27 +293,60 @@ def query_samples(
             except UnicodeEncodeError:  # the driver's error, raised mid-query
                 raise InvalidInputError(f"status {value!r:.80} is not valid unicode text") from None
         query = query.where(m.c.status.in_(statuses))
+    archive_query = select(a.c.id, a.c.rollout_id, a.c.name)
     bounds = (
         (m.c.reward, min_reward, max_reward, "reward"),
         (m.c.response_length, min_length, max_length, "length"),
         (a.c.rollout_id, min_rollout_id, max_rollout_id, "rollout id"),
     )
+    ranges: list[float | None] = []
     for column, low, high, what in bounds:
         if (lo := _number(low, f"minimum {what}")) is not None:
             query = query.where(column >= lo)
+            if column.table is a:
+                archive_query = archive_query.where(column >= lo)
         if (hi := _number(high, f"maximum {what}")) is not None:
             query = query.where(column <= hi)
+            if column.table is a:
+                archive_query = archive_query.where(column <= hi)
+        ranges += [lo, hi]
     if evaluation is not None:
         query = query.where(a.c.evaluation == bool(evaluation))
+        archive_query = archive_query.where(a.c.evaluation == bool(evaluation))
     if state is not None:
         query = query.where(a.c.state == state)
-    query = query.order_by(a.c.rollout_id, a.c.name, e.c.position)
-    if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63:
-            raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
-        query = query.limit(limit)
+        archive_query = archive_query.where(a.c.state == state)
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63
+    ):
+        raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
+    wanted: _Wanted = (
+        statuses if status is not None else None,
+        ranges[0],
+        ranges[1],
+        ranges[2],
+        ranges[3],
+    )
     with pool.catalog.read() as conn:
+        if limit is not None:
+            numbered = min_rollout_id is not None or max_rollout_id is not None
+            # The archives holding the key, from the (task_key | sample_key, archive_id)
+            # indexes: a key of one prompt is in a few archives of thousands.
+            keyed: set[int] | None = None
+            for column, value in ((e.c.task_key, task_key), (e.c.sample_key, sample_key)):
+                if value is not None:
+                    holders = set(
+                        conn.execute(select(e.c.archive_id).where(column == value).distinct())
+                        .scalars()
+                        .all()
+                    )
+                    keyed = holders if keyed is None else keyed & holders
+            rows = _walk(conn, archive_query, query, wanted, limit, not numbered, keyed)
+        else:
+            # NULL rollout ids last on both backends, as every listing.
+            order = (a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name, e.c.position)
+            rows = list(conn.execute(query.order_by(*order)).all())
         return [
-            SampleRow(row[0], row[1], bool(row[2]), *row[3:])  # type: ignore[call-arg]
-            for row in conn.execute(query)
+            SampleRow(row[1], row[2], bool(row[3]), *row[4:])  # type: ignore[call-arg]
+            for row in rows
         ]

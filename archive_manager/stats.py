@@ -2,12 +2,13 @@
 
 For every rollout id and evaluation flag: samples, mean / p50 / p90 reward, mean and p90
 response length, the share of truncated samples, the share of each status, and bytes.
-Counts, sums and shares come from SQL aggregates; only the reward and response-length columns
-are fetched, for the quantiles.  The arithmetic is done by pure functions (`summarize_samples`,
-`build_stats`) over those rows, so it is tested without a database.  Archives never change
-once visible, so a `StatsCache` keeps each rollout's sample summary until the set of its
-archives changes: asking again reads only the ``archives`` rows (states and bytes, which can
-change) and the rollouts that are new.
+Each archive's figures were computed once, when its rows were written, and stored in
+``archive_summaries`` (`archive_manager.summary`; docs/architecture.md, "Summaries and
+paging"): a call reads one small row per archive and merges the rows of each rollout (exact
+quantiles for a rollout of one archive; merged sketches, within a stated rank bound, for
+several).  The sample-level computation (`summarize_samples`, `build_stats`: pure functions
+over sample rows) stays as the reference the stored summaries are tested against.  A
+`StatsCache` keeps each rollout's merged summary until the set of its archives changes.
 
 Archives count while their catalog rows describe samples that were generated: published ones
 and released ones (a release drops an owner, not the history; the rows stay, so the drift of
@@ -30,9 +31,26 @@ from sqlalchemy.sql import ColumnElement
 
 from ._context import PoolContext
 from ._names import check_archive_name
-from .catalog import archives_table, entries_table, sample_metadata_table
+from .catalog import (
+    archive_summaries_table,
+    archives_table,
+    entries_table,
+    sample_metadata_table,
+)
 from .catalog.queries import archive_by_name, batches
 from .errors import ArchiveNotFoundError, InvalidInputError
+from .summary import (
+    NO_STATUS,
+    ArchiveSummary,
+    compute_missing_summaries,
+    group_spread,
+    mean_std,
+    merge_summaries,
+    nearest_rank,
+    read_summaries,
+    summary_columns,
+    summary_from_row,
+)
 
 __all__ = [
     "COUNTED_STATES",
@@ -44,8 +62,11 @@ __all__ = [
     "archive_summary",
     "build_stats",
     "check_rollout_range",
+    "group_spread",
+    "mean_std",
     "nearest_rank",
     "rollout_stats",
+    "sample_rows",
     "summarize_samples",
 ]
 
@@ -55,25 +76,11 @@ COUNTED_STATES = ("published", "released")
 TRUNCATED = "truncated"
 """`Sample.Status.TRUNCATED`'s value: the status of a response cut at the length cap."""
 
-NO_STATUS = "none"
-"""The status key of samples whose status the catalog does not index (absent or too long)."""
 
 RolloutRange = tuple[int | None, int | None]
 """An inclusive range of rollout ids; either end may be None (open)."""
 
 _Group = tuple[int | None, bool]
-
-
-def nearest_rank(ordered: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile of sorted values by the nearest-rank method (a value that occurs).
-
-    The smallest value with at least ``q * n`` values at or below it (the one definition of a
-    quantile in this library).  None for no values.
-    """
-    if not ordered:
-        return None
-    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[index]
 
 
 @dataclass(frozen=True)
@@ -239,42 +246,6 @@ class SampleSummary:
             ),
             "status": dict(self.status),
         }
-
-
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (``n - 1``, as ``torch.std``) of finite floats;
-    each value is divided before summing, so values near the float limit do not overflow."""
-    if not values:
-        return None, None
-    n = len(values)
-    mean = math.fsum(v / n for v in values)
-    if n < 2:
-        return mean, None
-    try:
-        var = math.fsum(((v - mean) / n) * (v - mean) for v in values) * (n / (n - 1))
-    except OverflowError:
-        return mean, None
-    return mean, math.sqrt(var) if math.isfinite(var) else None
-
-
-def group_spread(rewards: Iterable[Sequence[Any]]) -> tuple[int, int, float | None]:
-    """``(groups, zero_variance_groups, mean of their stds)`` over ``(archive_id, task_key,
-    reward)`` rows: groups with at least two finite rewards count."""
-    by_group: dict[tuple[Any, Any], list[float]] = defaultdict(list)
-    for archive_id, task_key, reward in rewards:
-        if reward is not None and math.isfinite(float(reward)):
-            by_group[(archive_id, task_key)].append(float(reward))
-    stds: list[float] = []
-    groups = flat = 0
-    for values in by_group.values():
-        if len(values) < 2:
-            continue
-        groups += 1
-        flat += min(values) == max(values)
-        std = mean_std(values)[1]
-        if std is not None:
-            stds.append(std)
-    return groups, flat, mean_std(stds)[0]
 
 
 def summarize_samples(
@@ -471,10 +442,11 @@ def archive_filters(
     return where
 
 
-def _sample_rows(
+def sample_rows(
     conn: Connection, archive_ids: Sequence[int]
 ) -> tuple[list[Sequence[Any]], list[Sequence[Any]], list[Sequence[Any]]]:
-    """The status rows, value rows and group rows (see `build_stats`) of these archives."""
+    """The status rows, value rows and group rows (see `build_stats`) of these archives: the
+    sample-level computation the stored summaries are tested against."""
     m, e = sample_metadata_table, entries_table
     status_rows: list[Sequence[Any]] = []
     value_rows: list[Sequence[Any]] = []
@@ -504,8 +476,40 @@ def _sample_rows(
     return status_rows, value_rows, group_rows
 
 
+def _sample_summary(s: ArchiveSummary) -> SampleSummary:
+    return SampleSummary(
+        status=s.status,
+        rewarded=s.rewarded,
+        reward_mean=s.reward_mean,
+        reward_p50=s.reward_p50,
+        reward_p90=s.reward_p90,
+        length_mean=s.length_mean,
+        length_p90=s.length_p90,
+        groups=s.groups,
+        zero_variance_groups=s.zero_variance_groups,
+        group_std_mean=s.group_std_mean,
+        reward_min=s.reward_min,
+        reward_max=s.reward_max,
+        length_p50=s.length_p50,
+        length_min=s.length_min,
+        length_max=s.length_max,
+    )
+
+
+def _summaries(
+    conn: Connection, archive_ids: Sequence[int], *, sketches: bool
+) -> dict[int, ArchiveSummary]:
+    """The stored summaries of these archives; one an upgrade emitted as SQL text left
+    without is computed from its sample rows (not stored: this may be a reader)."""
+    found = read_summaries(conn, archive_ids, sketches=sketches)
+    lacking = [i for i in archive_ids if i not in found]
+    if lacking:
+        found.update(compute_missing_summaries(conn, lacking))
+    return found
+
+
 def archive_summary(pool: PoolContext, name: str) -> SampleSummary:
-    """The `SampleSummary` of one published or released archive (catalog only).
+    """The `SampleSummary` of one published or released archive (its stored summary).
 
     Raises:
         ArchiveNotFoundError: no such visible archive.
@@ -515,8 +519,8 @@ def archive_summary(pool: PoolContext, name: str) -> SampleSummary:
         row = archive_by_name(conn, name)
         if row is None or row.state not in COUNTED_STATES:
             raise ArchiveNotFoundError(f"archive {name!r} not found")
-        status_rows, value_rows, group_rows = _sample_rows(conn, [row.id])
-    return summarize_samples([r[1:] for r in status_rows], [r[1:] for r in value_rows], group_rows)
+        summary = _summaries(conn, [row.id], sketches=False)[row.id]
+    return _sample_summary(summary)
 
 
 def rollout_stats(
@@ -528,13 +532,16 @@ def rollout_stats(
 ) -> list[RolloutStats]:
     """The statistics of every rollout id and evaluation flag of ``pool`` (catalog only).
 
+    Reads one stored summary per archive (docs/architecture.md, "Summaries and paging");
+    the sketches only of rollouts that hold several archives, whose quantiles are merged
+    (`archive_manager.summary.merge_quantile`).
+
     Args:
         pool: The pool.
         rollout_ids: None (all), an int, a ``range`` or an inclusive ``(low, high)`` whose
             ends may be None; archives without a rollout id count only when this is None.
         evaluation: None (both), True (evaluation rollouts) or False (training rollouts).
-        cache: Sample summaries of groups seen before; only groups whose archives changed
-            are read again.
+        cache: Summaries of groups seen before, reused while a group's archives are the same.
 
     Raises:
         InvalidInputError: a malformed filter.
@@ -542,12 +549,25 @@ def rollout_stats(
     bounds = check_rollout_range(rollout_ids)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
-    a = archives_table
-    archive_query = select(
-        a.c.id, a.c.manifest_digest, a.c.rollout_id, a.c.evaluation, a.c.state, a.c.bytes
-    ).where(*archive_filters(bounds, evaluation))
+    a, t = archives_table, archive_summaries_table
+    # NOTE: the summaries come joined to the archive rows, in one statement: IN lists of
+    # thousands of ids cost more to bind than the rows to read.
+    archive_query = (
+        select(
+            a.c.id,
+            a.c.manifest_digest,
+            a.c.rollout_id,
+            a.c.evaluation,
+            a.c.state,
+            a.c.bytes,
+            *summary_columns(),
+        )
+        .select_from(a.outerjoin(t, t.c.archive_id == a.c.id))
+        .where(*archive_filters(bounds, evaluation))
+    )
     with pool.catalog.read() as conn:
-        groups = _by_group(conn.execute(archive_query).all())
+        rows = conn.execute(archive_query).all()
+        groups = _by_group(rows)
         members = {key: frozenset((r[0], r[1]) for r in rows) for key, rows in groups.items()}
         summaries: dict[_Group, SampleSummary] = {}
         missing: list[_Group] = []
@@ -557,20 +577,15 @@ def rollout_stats(
                 missing.append(key)
             else:
                 summaries[key] = cached
-        ids = sorted(r[0] for key in missing for r in groups[key])
-        status_rows, value_rows, group_rows = _sample_rows(conn, ids)
-    group_of = {r[0]: key for key in missing for r in groups[key]}
-    statuses: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
-    values: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
-    spreads: dict[_Group, list[Sequence[Any]]] = defaultdict(list)
-    for row in status_rows:
-        statuses[group_of[row[0]]].append(row[1:])
-    for row in value_rows:
-        values[group_of[row[0]]].append(row[1:])
-    for row in group_rows:
-        spreads[group_of[row[0]]].append(row)
+        wanted = [r for key in missing for r in groups[key]]
+        stored = {r[0]: summary_from_row(r[6:]) for r in wanted if r[6] is not None}
+        lacking = [r[0] for r in wanted if r[6] is None]
+        if lacking:
+            stored.update(compute_missing_summaries(conn, lacking))
+        several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]
+        stored.update(_summaries(conn, several, sketches=True))
     for key in missing:
-        summaries[key] = summarize_samples(statuses[key], values[key], spreads[key])
+        summaries[key] = _sample_summary(merge_summaries([stored[r[0]] for r in groups[key]]))
         if cache is not None:
             cache.put(key, members[key], summaries[key])
     return [_combine(key, groups[key], summaries[key]) for key in sorted(groups, key=_order)]

@@ -68,6 +68,7 @@ from .journal import Staged, pool_id_of, publish_op, stage_record, write_committ
 from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
 from .metadata import describe_sample
 from .samples import check_key_text, check_task_key, sample_key, task_key_of
+from .summary import store_summaries, summarize_archive
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 
@@ -678,13 +679,26 @@ def insert_contents(
         ("archive_id", "position", "sample_key", "task_key", "chunk_ordinal", "offset"),
         [(archive_id, *e) for e in entries],
     )
+    indexed = [(_indexed_status(d), _indexed_reward(d), _indexed_length(d)) for d in metadata]
     insert_rows(
         conn,
         sample_metadata_table,
         ("archive_id", "position", "status", "reward", "response_length", "description"),
         [
-            (archive_id, i, _indexed_status(d), _indexed_reward(d), _indexed_length(d), d)
-            for i, d in enumerate(metadata)
+            (archive_id, i, *row, d)
+            for i, (row, d) in enumerate(zip(indexed, metadata, strict=True))
+        ],
+    )
+    # The archive's summary, from the very values just indexed: a save, a reference save and
+    # a catalog rebuild all come through here (docs/architecture.md, "Summaries and paging").
+    task_keys = {position: task_key for position, _, task_key, _, _ in entries}
+    store_summaries(
+        conn,
+        [
+            (
+                archive_id,
+                summarize_archive((*row, task_keys.get(i)) for i, row in enumerate(indexed)),
+            )
         ],
     )
 

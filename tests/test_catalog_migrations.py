@@ -20,6 +20,7 @@ from archive_manager.catalog import (
     Base,
     Catalog,
     archive_blobs_table,
+    archive_summaries_table,
     archives_table,
     blobs_table,
     chunks_table,
@@ -72,8 +73,8 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0004"
-    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004"}
+    assert head_revision() == "0005"
+    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005"}
 
 
 def test_new_catalog_is_created_at_head(url: str) -> None:
@@ -189,6 +190,12 @@ def test_upgrade_from_0001_keeps_every_row(engine: Engine, url: str) -> None:
         assert dumped == expected
         with catalog.read() as conn:
             assert conn.execute(select(blobs_table.c.verified_at)).scalar_one() is None
+            # 0005: the archive got its summary from its sample rows during the upgrade.
+            t = archive_summaries_table
+            summary = conn.execute(
+                select(t.c.archive_id, t.c.samples, t.c.status, t.c.reward_p50, t.c.length_max)
+            ).one()
+            assert tuple(summary) == (1, 1, {"completed": 1}, 0.25, 12.0)
             if catalog.dialect_name == "sqlite":
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         # 0003: the longest archive name's own owner fits (PostgreSQL enforces the width).

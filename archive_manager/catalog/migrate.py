@@ -48,7 +48,7 @@ Alembic history cannot collide with the catalog's."""
 CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
 """Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
 
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 """The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
 Alembic's own head).
 
@@ -63,15 +63,17 @@ _UPGRADE_HINT = "upgrade archive_manager (pip install -U archive_manager)"
 
 def script_location() -> Path:
     """The folder of the Alembic environment (``env.py``, ``versions/``)."""
+    # NOTE: a source checkout's own folder first: an editable install maps
+    # archive_manager._migrations to the checkout it was installed from, which another
+    # worktree on sys.path must not take for its own revisions.
+    beside = Path(__file__).resolve().parents[2] / "migrations"
+    if (beside / "env.py").is_file() and (beside / "versions" / "0001_initial.py").is_file():
+        return beside
     spec = importlib.util.find_spec("archive_manager._migrations")
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
             if (Path(location) / "env.py").is_file():
                 return Path(location)
-    # Not installed (source checkout on sys.path): the repository's top-level folder.
-    fallback = Path(__file__).resolve().parents[2] / "migrations"
-    if (fallback / "env.py").is_file():
-        return fallback
     raise CatalogError("the catalog migrations (archive_manager._migrations) are not installed")
 
 

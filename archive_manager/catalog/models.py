@@ -35,6 +35,7 @@ __all__ = [
     "STATUS_LENGTH",
     "Archive",
     "ArchiveBlob",
+    "ArchiveSummaryRow",
     "Base",
     "Blob",
     "Chunk",
@@ -46,6 +47,7 @@ __all__ = [
     "Retention",
     "SampleMetadata",
     "archive_blobs_table",
+    "archive_summaries_table",
     "archives_table",
     "blobs_table",
     "chunks_table",
@@ -130,7 +132,9 @@ class Archive(Base):
     __table_args__ = (
         CheckConstraint(_one_of("state", ARCHIVE_STATES), name="state"),
         Index(None, "rollout_id"),
-        Index(None, "state", "rollout_id"),
+        # Listings and the sample-query walk page through (state, rollout id, name) in order
+        # (docs/architecture.md, "Summaries and paging"); it replaces (state, rollout_id).
+        Index(None, "state", "rollout_id", "name"),
         # Ids appear in logs and reports; never hand a deleted archive's id to a new one.
         {"sqlite_autoincrement": True},
     )
@@ -205,6 +209,38 @@ class SampleMetadata(Base):
     description: Mapped[Any] = mapped_column(JSON, nullable=False)
 
 
+class ArchiveSummaryRow(Base):
+    """What the statistics need of one archive's samples, computed once when its rows are
+    written (``archive_manager/summary.py``; docs/architecture.md, "Summaries and paging")."""
+
+    __tablename__ = "archive_summaries"
+
+    archive_id: Mapped[int] = _archive_fk()
+    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+    # {status: samples}; statuses the catalog does not index count under "none".
+    status: Mapped[Any] = mapped_column(JSON, nullable=False)
+    rewarded: Mapped[int] = mapped_column(Integer, nullable=False)
+    reward_mean: Mapped[float | None] = mapped_column(Float)
+    reward_min: Mapped[float | None] = mapped_column(Float)
+    reward_max: Mapped[float | None] = mapped_column(Float)
+    reward_p50: Mapped[float | None] = mapped_column(Float)
+    reward_p90: Mapped[float | None] = mapped_column(Float)
+    measured: Mapped[int] = mapped_column(Integer, nullable=False)
+    length_mean: Mapped[float | None] = mapped_column(Float)
+    length_min: Mapped[float | None] = mapped_column(Float)
+    length_max: Mapped[float | None] = mapped_column(Float)
+    length_p50: Mapped[float | None] = mapped_column(Float)
+    length_p90: Mapped[float | None] = mapped_column(Float)
+    groups: Mapped[int] = mapped_column(Integer, nullable=False)
+    zero_variance_groups: Mapped[int] = mapped_column(Integer, nullable=False)
+    group_stds: Mapped[int] = mapped_column(Integer, nullable=False)
+    group_std_mean: Mapped[float | None] = mapped_column(Float)
+    # Little-endian float64 quantile sketches (summary.sketch_of): merged when several
+    # archives share a rollout id.
+    reward_sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    length_sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
 class ArchiveBlob(Base):
     """Every blob an archive needs: chunks, tensor blobs and its manifest."""
 
@@ -275,6 +311,7 @@ chunks_table: Table = Chunk.__table__  # type: ignore[assignment]
 entries_table: Table = Entry.__table__  # type: ignore[assignment]
 sample_metadata_table: Table = SampleMetadata.__table__  # type: ignore[assignment]
 archive_blobs_table: Table = ArchiveBlob.__table__  # type: ignore[assignment]
+archive_summaries_table: Table = ArchiveSummaryRow.__table__  # type: ignore[assignment]
 retention_table: Table = Retention.__table__  # type: ignore[assignment]
 leases_table: Table = Lease.__table__  # type: ignore[assignment]
 lease_blobs_table: Table = LeaseBlob.__table__  # type: ignore[assignment]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy import Select, and_, delete, exists, func, or_, select, update
 from sqlalchemy.engine import Connection, CursorResult, Row
 
 from .._names import name_spellings
@@ -28,6 +28,7 @@ __all__ = [
     "IN_BATCH",
     "archive_by_name",
     "archive_bytes",
+    "archives_in_order",
     "batches",
     "blob_rows",
     "check_lease",
@@ -243,3 +244,47 @@ def inserted_id(result: CursorResult[Any]) -> int:
     if key is None or key[0] is None:  # pragma: no cover - a single-row insert always has one
         raise RuntimeError("the insert returned no primary key")
     return int(key[0])
+
+
+ArchiveKey = tuple[int | None, str]
+"""Where an archive stands in listings: ``(rollout_id, name)``; None rollout ids last."""
+
+
+def archives_in_order(
+    conn: Connection,
+    query: Select[Any],
+    *,
+    after: ArchiveKey | None = None,
+    limit: int | None = None,
+    unnumbered: bool = True,
+) -> list[Row[Any]]:
+    """The rows of ``query`` (a select from ``archives`` with its filters) by rollout id,
+    archives without one last, then name; only those after the key ``after`` (keyset
+    paging), at most ``limit``.  ``unnumbered=False`` skips the archives without a rollout
+    id (a query with a rollout-id range holds none).
+
+    NOTE: two statements, the archives with a rollout id then those without, each ordered
+    by plain columns, so the ``(state, rollout_id, name)`` index yields the rows in order and
+    a page reads only its rows however deep it is (docs/architecture.md, "Summaries and
+    paging"); ``ORDER BY rollout_id IS NULL`` would sort every matching archive per page.
+    """
+    a = archives_table
+    rows: list[Row[Any]] = []
+    if after is None or after[0] is not None:
+        part = query.where(a.c.rollout_id.is_not(None))
+        if after is not None:
+            rollout_id, name = after
+            part = part.where(
+                or_(
+                    a.c.rollout_id > rollout_id, and_(a.c.rollout_id == rollout_id, a.c.name > name)
+                )
+            )
+        part = part.order_by(a.c.rollout_id, a.c.name)
+        rows += conn.execute(part if limit is None else part.limit(limit)).all()
+    if unnumbered and (limit is None or len(rows) < limit):
+        part = query.where(a.c.rollout_id.is_(None))
+        if after is not None and after[0] is None:
+            part = part.where(a.c.name > after[1])
+        part = part.order_by(a.c.name)
+        rows += conn.execute(part if limit is None else part.limit(limit - len(rows))).all()
+    return rows

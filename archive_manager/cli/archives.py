@@ -83,6 +83,12 @@ def _info_row(info: ArchiveInfo, reclaimed: set[str]) -> list[object]:
     type=SINCE,
     help="Only archives created since a date/time or a duration ago (2h, 3d).",
 )
+@click.option("--limit", type=click.IntRange(min=0), help="At most this many archives.")
+@click.option(
+    "--after",
+    metavar="NAME",
+    help="Start after this archive (the last of the previous page): pages of --limit.",
+)
 @listing_options
 @pass_pool
 def ls(
@@ -92,10 +98,12 @@ def ls(
     task_key: str | None,
     state: str,
     since: datetime | None,
+    limit: int | None,
+    after: str | None,
     as_json: bool,
     fmt: str,
 ) -> None:
-    """List archives, by rollout id then name."""
+    """List archives, by rollout id (none last) then name; --limit and --after page."""
     found = pool.find(
         # One id is the same filter, with find's own wording of an id out of range.
         rollout_id=rollout_id[0] if rollout_id and rollout_id[0] == rollout_id[1] else rollout_id,
@@ -103,6 +111,8 @@ def ls(
         task_key=task_key,
         state=_state(state),
         since=since,
+        limit=limit,
+        after=after,
     )
     reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
     records = [

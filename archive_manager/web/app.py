@@ -228,6 +228,9 @@ def pool_page() -> Any:
     states = ("published", "released") if state == "visible" else (state,)
     rollout_ids, evaluation = _rollout_range(), _evaluation()
     page, per_page = _page()
+    # The "next" link names the page's last archive: deep pages by keyset, not by offset
+    # (docs/architecture.md, "Summaries and paging"); ``page`` then only numbers the page.
+    after = _text("after")
     listing = archive_page(
         pool,
         states=states,
@@ -235,6 +238,7 @@ def pool_page() -> Any:
         evaluation=evaluation,
         offset=(page - 1) * per_page,
         limit=per_page,
+        after=after,
     )
     rows = pool.stats(rollout_ids, evaluation)
     summary = pool.info()
@@ -245,6 +249,7 @@ def pool_page() -> Any:
             "total": listing.total,
             "page": page,
             "per_page": per_page,
+            "next_after": listing.archives[-1].name if len(listing.archives) == per_page else None,
             "archives": [
                 _archive_json(i, listing.owners.get(i.name, []), listing.chunks.get(i.name))
                 for i in listing.archives
@@ -259,6 +264,9 @@ def pool_page() -> Any:
         pages=_pages(listing.total, per_page),
         per_page=per_page,
         state=state,
+        next_url=(
+            _query_url(page=page + 1, after=listing.archives[-1].name) if listing.archives else None
+        ),
     )
 
 
@@ -655,6 +663,7 @@ _QUERY_PARAMETERS = frozenset(
         "evaluation",
         "page",
         "per_page",
+        "after",
         "status",
         "task_key",
         "sample_key",

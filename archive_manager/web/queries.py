@@ -20,7 +20,7 @@ from ..catalog import (
     retention_table,
     sample_metadata_table,
 )
-from ..catalog.queries import archive_by_name
+from ..catalog.queries import archive_by_name, archives_in_order
 from ..errors import ArchiveNotFoundError
 from ..stats import COUNTED_STATES, RolloutRange, archive_filters
 
@@ -60,20 +60,33 @@ def archive_page(
     evaluation: bool | None = None,
     offset: int = 0,
     limit: int = 100,
+    after: str | None = None,
 ) -> ArchivePage:
-    """Archives in ``states`` matching the filters, one page of them, with owners."""
+    """Archives in ``states`` matching the filters, one page of them, with owners.
+
+    ``after`` (an archive's name) starts the page after that archive by keyset, as cheap
+    deep in the listing as on its first page; otherwise the page starts at ``offset``.
+    """
     a, r, c = archives_table, retention_table, chunks_table
     where = archive_filters(rollout_ids, evaluation, states)
     with pool.catalog.read() as conn:
         total = int(conn.execute(select(func.count()).select_from(a).where(*where)).scalar_one())
-        rows = conn.execute(
-            select(a)
-            .where(*where)
-            # NULL rollout ids last on both backends (SQLite sorts them first by default).
-            .order_by(a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name)
-            .offset(offset)
-            .limit(limit)
-        ).all()
+        start = archive_by_name(conn, after) if after is not None else None
+        if start is not None:
+            rows: Sequence[Any] = archives_in_order(
+                conn, select(a).where(*where), after=(start.rollout_id, start.name), limit=limit
+            )
+        elif after is not None:
+            raise ArchiveNotFoundError(f"archive {after!r} (the page's start) not found")
+        else:
+            rows = conn.execute(
+                select(a)
+                .where(*where)
+                # NULL rollout ids last on both backends (SQLite sorts them first by default).
+                .order_by(a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name)
+                .offset(offset)
+                .limit(limit)
+            ).all()
         ids = {row.id: row.name for row in rows}
         owners: dict[str, list[str]] = defaultdict(list)
         chunks: dict[str, int] = {}

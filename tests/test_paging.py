@@ -1,0 +1,173 @@
+"""Listings that page by keyset (find, ls, the viewer's pool page) and sample queries that walk
+the archives in order (docs/architecture.md, "Summaries and paging")."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import event
+
+import archive_manager.query as query_module
+from archive_manager import ArchiveManager, Sample
+from archive_manager.cli import cli
+from archive_manager.errors import ArchiveNotFoundError, InvalidInputError
+from archive_manager.web import create_app
+
+
+def _fill(pool: ArchiveManager, seed: int = 0) -> None:
+    """Archives of several rollouts, some without a rollout id, evaluation and released
+    ones; rewards, lengths and statuses at random (a few dense, a few rare)."""
+    rng = random.Random(seed)
+    statuses = [Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED]
+    for k, rollout_id in enumerate([3, 1, None, 2, 1, None, 0, 2]):
+        samples = []
+        for i in range(rng.randint(1, 30)):
+            sample = Sample(
+                index=i,
+                reward=rng.choice([None, 0.0, 1.0, rng.random()]),
+                response_length=rng.randint(0, 100),
+                status=rng.choices(statuses, weights=[10, 10, 1])[0],
+            )
+            sample.task_key = f"t{i % 3}"  # type: ignore[attr-defined]
+            samples.append(sample)
+        pool.save(
+            f"a{k}-{'X' if k % 2 else 'y'}", samples, rollout_id=rollout_id, evaluation=k == 4
+        )
+    pool.open_archive("a7-X").release()
+
+
+def test_find_pages_by_keyset(pool: ArchiveManager) -> None:
+    _fill(pool)
+    for state in ("published", None):
+        every = [i.name for i in pool.find(state=state)]
+        # Rollout ids in order, archives without one last (both catalogs alike).
+        ids = [i.rollout_id for i in pool.find(state=state)]
+        assert ids == sorted(ids, key=lambda r: (r is None, r or 0))
+        for size in (1, 3):
+            pages: list[str] = []
+            after = None
+            while True:
+                page = [i.name for i in pool.find(state=state, limit=size, after=after)]
+                assert len(page) <= size
+                if not page:
+                    break
+                pages += page
+                after = page[-1]
+            assert pages == every
+    assert [i.name for i in pool.find(evaluation=True, limit=5)] == ["a4-y"]
+    with pytest.raises(ArchiveNotFoundError):
+        pool.find(after="nope")
+    with pytest.raises(InvalidInputError):
+        pool.find(limit=-1)
+
+
+_FILTERS: list[dict[str, Any]] = [
+    {},
+    {"status": "truncated"},
+    {"status": ["aborted"]},
+    {"min_reward": 0.5},
+    {"max_reward": 0.2, "status": "completed"},
+    {"min_length": 90},
+    {"min_rollout_id": 1, "max_rollout_id": 2},
+    {"evaluation": True},
+    {"task_key": "t1", "min_reward": 0.0},
+    {"state": None, "status": "aborted"},
+    {"min_reward": 5.0},
+]
+
+
+def test_query_with_a_limit_is_the_head_of_the_full_answer(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(pool, seed=1)
+    # Listing pages of 2, then 4 archives: the walk crosses pages in this small pool.
+    monkeypatch.setattr(query_module, "_FIRST_PAGE", 2)
+    monkeypatch.setattr(query_module, "_LAST_PAGE", 4)
+    for filters in _FILTERS:
+        every = pool.query(**filters)
+        for limit in (0, 1, 7, 100):
+            assert pool.query(**filters, limit=limit) == every[:limit], (filters, limit)
+
+
+def _statements(pool: ArchiveManager, call: Any) -> list[tuple[str, Any]]:
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append((statement, params))
+
+    event.listen(pool.catalog.engine, "before_cursor_execute", record)
+    try:
+        call()
+    finally:
+        event.remove(pool.catalog.engine, "before_cursor_execute", record)
+    return seen
+
+
+def test_query_plans_use_indexes_and_never_sort_the_pool(tmp_path: Path) -> None:
+    """The statements a limited query and a page of find run, planned by SQLite: archives
+    through the (state, rollout_id, name) index, samples by primary key, no sort of the whole
+    pool (the benchmark prints the same plans at 10M entries, and PostgreSQL's)."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        _fill(pool)
+        calls = [
+            lambda: pool.query(status="truncated", limit=100),
+            lambda: pool.query(min_reward=0.5, max_length=50, evaluation=False, limit=100),
+            lambda: pool.query(min_rollout_id=1, max_rollout_id=2, limit=100),
+            lambda: pool.query(task_key="t1", limit=100),
+            lambda: pool.find(limit=2, after="a1-X"),
+        ]
+        statements = [s for call in calls for s in _statements(pool, call)]
+        db = tmp_path / "pool" / "catalog.db"
+    plans = []
+    with sqlite3.connect(db) as con:
+        for statement, params in statements:
+            plan = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + statement, params)]
+            plans.append(plan)
+            text = " | ".join(plan)
+            assert "TEMP B-TREE" not in text, (statement, text)
+            for table in ("archives", "entries", "sample_metadata"):
+                assert f"SCAN {table}" not in text, (statement, text)
+    used = " | ".join(" | ".join(p) for p in plans)
+    assert "ix_archives_state_rollout_id_name" in used
+    assert "sqlite_autoindex_sample_metadata_1" in used
+
+
+def test_cli_ls_and_the_viewer_page(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        _fill(pool)
+        every = [i.name for i in pool.find()]
+        # The viewer's pool page: the JSON names where the next page starts, the page's
+        # "next" link starts after its last archive.
+        client = create_app(pool).test_client()
+        seen: list[str] = []
+        url = "/?format=json&per_page=3&state=published"
+        for _ in range(5):
+            data = client.get(url).get_json()
+            seen += [a["name"] for a in data["archives"]]
+            if data["next_after"] is None:
+                break
+            url = f"/?format=json&per_page=3&state=published&after={data['next_after']}"
+        assert seen == every
+        page = client.get("/?per_page=3&state=published").get_data(as_text=True)
+        assert f"after={every[2]}" in page
+        assert client.get("/?after=nope").status_code == 404
+    runner = CliRunner()
+    first = runner.invoke(cli, ["--root", str(root), "ls", "--limit", "2", "--json"])
+    assert first.exit_code == 0, first.output
+    names = [row["name"] for row in json.loads(first.output)]
+    assert names == every[:2]
+    second = runner.invoke(
+        cli, ["--root", str(root), "ls", "--limit", "2", "--after", names[-1], "--json"]
+    )
+    assert [row["name"] for row in json.loads(second.output)] == every[2:4]
+    bad = runner.invoke(cli, ["--root", str(root), "ls", "--after", "nope"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert "not found" in bad.output
