@@ -472,7 +472,7 @@ def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:
                 failpoint("gc.orphan.after_unlink")
 
 
-def _unlink_many(pool: PoolContext, digests: list[str]) -> None:
+def _unlink_many(pool: PoolContext, digests: Sequence[str]) -> None:
     """Unlink ``digests``' files; one already gone is what GC wanted (a store's delete may
     say so with FileNotFoundError rather than False, then the rest are retried one by one)."""
     if not digests:

@@ -27,9 +27,11 @@ choice).
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import os
 import random
 import re
@@ -361,7 +363,7 @@ class S3BlobStore(AbstractBlobStore):
             session = boto3.session.Session(
                 botocore_session=_botocore_session(), profile_name=cfg.profile
             )
-            return session.client(
+            client = session.client(
                 "s3",
                 endpoint_url=cfg.endpoint_url,
                 region_name=cfg.region or session.region_name or "us-east-1",
@@ -380,6 +382,10 @@ class S3BlobStore(AbstractBlobStore):
                     response_checksum_validation="when_required",
                 ),
             )
+            # DeleteObjects requires an integrity header: botocore now sends a CRC32 one,
+            # which those same servers do not know (MissingContentMD5); S3 takes either.
+            client.meta.events.register("before-call.s3.DeleteObjects", _add_content_md5)
+            return client
         except Exception as exc:
             code, _, _ = _classify(exc)
             raise BlobStoreError(
@@ -891,6 +897,16 @@ class S3BlobStore(AbstractBlobStore):
             "delete a pool object", key, lambda c: c.delete_object(Bucket=self.bucket, Key=key)
         )
         return True
+
+
+def _add_content_md5(params: dict[str, Any], **_: Any) -> None:
+    """Give a request body its Content-MD5 header (see `S3BlobStore._make_client`)."""
+    body = params.get("body", b"")
+    if isinstance(body, str):
+        body = body.encode()
+    if isinstance(body, bytes):
+        digest = hashlib.md5(body, usedforsecurity=False).digest()
+        params["headers"]["Content-MD5"] = base64.b64encode(digest).decode()
 
 
 def _parts(views: list[memoryview], size: int) -> Iterator[bytes]:
