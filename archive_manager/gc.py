@@ -491,12 +491,14 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
             )
             if still:
                 pin_write_lock(conn)
-            for digest in still:
-                try:
-                    _unlink(pool, digest)
-                except OSError as exc:
-                    # The transaction rolls back: the rows stay 'deleting' for the next GC.
-                    raise GcAbortedError(f"gc could not unlink blob {digest}: {exc}") from exc
+            try:
+                # One call per batch: an object store deletes up to 1,000 keys a request.
+                _unlink_many(pool, still)
+            except OSError as exc:
+                # The transaction rolls back: the rows stay 'deleting' for the next GC, which
+                # deletes again whatever of them is still there.
+                raise GcAbortedError(f"gc could not unlink blobs of this batch: {exc}") from exc
+            for _ in still:
                 failpoint("gc.after_unlink")
             conn.execute(delete(b).where(b.c.digest.in_(still), b.c.state == "deleting"))
         done += sum(sizes[d] for d in batch)
@@ -514,20 +516,26 @@ def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:
             known = set(conn.execute(select(b.c.digest).where(b.c.digest.in_(batch))).scalars())
             if len(known) < len(batch):
                 pin_write_lock(conn)
-            for digest in batch:
-                if digest not in known:
-                    try:
-                        _unlink(pool, digest)
-                    except OSError as exc:
-                        raise GcAbortedError(f"gc could not unlink orphan {digest}: {exc}") from exc
-                    failpoint("gc.orphan.after_unlink")
+            orphans = [d for d in batch if d not in known]
+            try:
+                _unlink_many(pool, orphans)
+            except OSError as exc:
+                raise GcAbortedError(f"gc could not unlink orphans of this batch: {exc}") from exc
+            for _ in orphans:
+                failpoint("gc.orphan.after_unlink")
 
 
-def _unlink(pool: PoolContext, digest: str) -> None:
-    """Unlink ``digest``'s file; one already gone is what GC wanted (any store's delete may
-    say so with FileNotFoundError rather than False)."""
-    with contextlib.suppress(FileNotFoundError):
-        pool.store.delete(digest)
+def _unlink_many(pool: PoolContext, digests: Sequence[str]) -> None:
+    """Unlink ``digests``' files; one already gone is what GC wanted (a store's delete may
+    say so with FileNotFoundError rather than False, then the rest are retried one by one)."""
+    if not digests:
+        return
+    try:
+        pool.store.delete_many(digests)
+    except FileNotFoundError:
+        for digest in digests:
+            with contextlib.suppress(FileNotFoundError):
+                pool.store.delete(digest)
 
 
 def _remove_incomplete(store: AbstractBlobStore, write: IncompleteWrite) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import errno
 import itertools
 import logging
 import os
@@ -38,7 +39,15 @@ from .catalog import (
     entries_table,
     retention_table,
 )
-from .catalog.engine import dialect_of, make_engine, parse_url, shown_url, sqlite_path
+from .catalog.engine import (
+    dialect_of,
+    filesystem_type,
+    make_engine,
+    parse_url,
+    read_mount_table,
+    shown_url,
+    sqlite_path,
+)
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
 from .catalog.queries import archive_by_name, archives_in_order, stored_owner
@@ -1441,6 +1450,30 @@ def _unwritable(root: Path) -> str | None:
             if mount_read_only:
                 return f"{folder} is on a read-only mount"
             return f"this process may not write {folder}"
+    return _fuse_read_only(root)
+
+
+def _fuse_read_only(root: Path) -> str | None:
+    """Why ``root`` is read-only if it is on a FUSE filesystem that refuses writes itself.
+
+    NOTE: a FUSE client mounted read-only (``juicefs mount --read-only``, ``s3fs -o ro``...)
+    may leave the kernel's mount read-write: statvfs shows no ST_RDONLY and access(2) says
+    "writable"; only each write fails with EROFS (docs/architecture.md, Shared pools).  A
+    setattr that changes nothing (the folder's own times) is the cheapest request the client
+    itself must answer; EPERM (someone else's folder) tells nothing and is no verdict.
+    """
+    table = read_mount_table()
+    if table is None:
+        return None
+    fstype = filesystem_type(os.path.realpath(root), table)
+    if fstype is None or not fstype.startswith("fuse."):
+        return None
+    try:
+        st = os.stat(root)
+        os.utime(root, ns=(st.st_atime_ns, st.st_mtime_ns))
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            return f"{root} is on a read-only mount ({fstype} refuses writes)"
     return None
 
 

@@ -36,6 +36,7 @@ from archive_manager.errors import (
     InvalidInputError,
     InvalidNameError,
     PoolIdentityError,
+    ReadOnlyPoolError,
     TransientBlobStoreError,
 )
 from archive_manager.synthetic import make_rollout
@@ -156,6 +157,46 @@ def test_identity_and_journal_live_in_the_bucket(s3_env: S3Server, bucket: str) 
     assert f"{prefix}/blobs/.archive-pool.json" in keys
     assert any(k.startswith(f"{prefix}/journal/") and k.endswith(".rec") for k in keys)
     assert all(k.startswith(prefix + "/") for k in keys)
+
+
+def test_a_read_only_open_reads_and_writes_nothing(s3_env: S3Server, bucket: str) -> None:
+    root = _root(bucket)
+    prefix = root.split("/", 3)[3]
+    url = _sqlite_url()
+    samples = _samples(8)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=4) as pool:
+        pool.save("a", samples, rollout_id=0)
+        pool.save("b", samples[:4], rollout_id=1).release()
+    client: Any = s3_env.client()
+    before = {
+        item["Key"]: item["ETag"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for item in page.get("Contents", ())
+    }
+    catalog = Path(url.removeprefix("sqlite:///")).read_bytes()
+    with ArchiveManager.open(root, catalog_url=url, read_only=True) as pool:
+        assert pool.read_only
+        archive = pool.open_archive("a")
+        assert [s.tokens for s in archive.load_samples()] == [s.tokens for s in samples]
+        [one] = archive.load_samples(sample_key=archive.keys()[5][0])
+        assert one.tokens == samples[5].tokens
+        assert pool.verify(read_data=True).ok
+        for write in (
+            lambda: pool.save("c", samples, rollout_id=2),
+            lambda: pool.gc(grace=0),
+            lambda: pool.open_archive("a").release(),
+            lambda: pool.retain("job:x", "a"),
+        ):
+            with pytest.raises(ReadOnlyPoolError):
+                write()
+    after = {
+        item["Key"]: item["ETag"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for item in page.get("Contents", ())
+    }
+    assert after == before  # not a claim, journal record, blob or identity written or removed
+    assert client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", []) == []
+    assert Path(url.removeprefix("sqlite:///")).read_bytes() == catalog
 
 
 def test_a_second_catalog_is_refused(s3_env: S3Server, bucket: str) -> None:

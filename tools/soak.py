@@ -30,7 +30,12 @@ retains must load identical to its record.  Prints operations by kind, errors by
 unexpected error, loss or damage.
 
     python3 tools/soak.py [--processes 4] [--seconds 60] [--root DIR] [--catalog-url URL]
-                          [--seed 0] [--json]
+                          [--seed 0] [--json] [--two-hosts]
+
+``--two-hosts`` (root, FUSE, ``juicefs``; issue 20): the pool on a JuiceFS volume mounted in
+two mount namespaces at the same path (tests/jfshosts.py), metadata and catalog on a
+throwaway PostgreSQL server; workers alternate between the two hosts, the final check runs
+on the second.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -420,9 +426,9 @@ def _trace(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
 
 
-def _work(
-    root: str, url: str | None, records: str, index: int, seed: int, seconds: float, results: Any
-) -> None:
+def _run_worker(
+    root: str, url: str | None, records: str, index: int, seed: int, seconds: float
+) -> dict[str, Any]:
     tally = Tally()
     try:
         with ArchiveManager.open(root, catalog_url=url, **POOL_OPTIONS) as pool:  # type: ignore[arg-type]
@@ -431,7 +437,13 @@ def _work(
     except BaseException as exc:
         tally.unexpected[f"worker: {type(exc).__name__}"] += 1
         tally.tracebacks.append(f"worker {index}:\n" + _trace(exc))
-    results.put(tally.as_dict())
+    return tally.as_dict()
+
+
+def _work(
+    root: str, url: str | None, records: str, index: int, seed: int, seconds: float, results: Any
+) -> None:
+    results.put(_run_worker(root, url, records, index, seed, seconds))
 
 
 # --------------------------------------------------------------------------- final check
@@ -510,6 +522,73 @@ def soak(root: Path, url: str | None, processes: int, seconds: float, seed: int)
         final = final_check(str(root), url, Records(folder))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    catalog = "sqlite" if url is None else url.split(":", 1)[0]
+    return summarize(tallies, final, processes, elapsed, seed, catalog)
+
+
+def soak_two_hosts(url: str | None, processes: int, seconds: float, seed: int) -> dict[str, Any]:
+    """The soak on two hosts (tests/jfshosts.py): a JuiceFS volume with its metadata on a
+    throwaway PostgreSQL server, mounted through FUSE in two mount namespaces at the same
+    path; workers alternate between the hosts, the final check runs on the second.  The
+    catalog: ``url``, or a database on that server."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from jfshosts import TwoHosts
+    from pgserver import PgServer
+
+    folder = Path(tempfile.mkdtemp(prefix="soak-records-"))
+    try:
+        with PgServer.start() as pg:
+            meta = pg.create_database().rsplit("/", 1)[1]
+            url = url or pg.create_database()
+            meta_url = f"postgres://postgres@{pg.host}:{pg.port}/{meta}?sslmode=disable"
+            with TwoHosts.start(meta_url) as hosts:
+                root = str(hosts.mount_point / "pool")
+
+                def on(host: int, *args: Any) -> subprocess.Popen[str]:
+                    return hosts.hosts[host].python(
+                        __file__, "--on-host", json.dumps(args), stdout=subprocess.PIPE
+                    )
+
+                def answer(proc: subprocess.Popen[str], timeout: float) -> Any:
+                    out, _ = proc.communicate(timeout=timeout)
+                    if proc.returncode != 0:
+                        raise RuntimeError(f"a soak process on a host failed ({proc.returncode})")
+                    return json.loads(out.strip().splitlines()[-1])
+
+                answer(on(0, "create", root, url), 300)
+                started = time.monotonic()
+                procs = [
+                    on(i % 2, "work", root, url, str(folder), i, seed, seconds)
+                    for i in range(processes)
+                ]
+                tallies = [answer(p, seconds + 600) for p in procs]
+                elapsed = time.monotonic() - started
+                final = answer(on(1, "final", root, url, str(folder)), 3600)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return summarize(tallies, final, processes, elapsed, seed, "postgresql, two hosts on JuiceFS")
+
+
+def _on_host(args: list[Any]) -> Any:
+    """What one process of `soak_two_hosts` does on its host, as JSON."""
+    what, root, url, *rest = args
+    if what == "create":
+        ArchiveManager.open(root, catalog_url=url).close()
+        return {}
+    if what == "work":
+        return _run_worker(root, url, *rest)
+    return final_check(root, url, Records(Path(rest[0])))
+
+
+def summarize(
+    tallies: list[dict[str, Any]],
+    final: dict[str, Any],
+    processes: int,
+    elapsed: float,
+    seed: int,
+    catalog: str,
+) -> dict[str, Any]:
+    """The summary of a soak from its workers' tallies and the final check."""
     ops: collections.Counter[str] = collections.Counter()
     expected: collections.Counter[str] = collections.Counter()
     unexpected: collections.Counter[str] = collections.Counter(final.pop("unexpected"))
@@ -525,7 +604,7 @@ def soak(root: Path, url: str | None, processes: int, seconds: float, seed: int)
         "processes": processes,
         "seconds": round(elapsed, 1),
         "seed": seed,
-        "catalog": "sqlite" if url is None else url.split(":", 1)[0],
+        "catalog": catalog,
         "ops": dict(sorted(ops.items())),
         "ops_total": sum(ops.values()),
         "expected_errors": dict(sorted(expected.items())),
@@ -590,9 +669,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalog-url", help="SQLAlchemy URL (default: SQLite in the root)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--two-hosts",
+        action="store_true",
+        help="the pool on a JuiceFS volume mounted on two hosts (mount namespaces; root, "
+        "FUSE, juicefs and PostgreSQL's binaries needed), workers alternating between them; "
+        "catalog: --catalog-url or a throwaway PostgreSQL database",
+    )
+    parser.add_argument("--on-host", help=argparse.SUPPRESS)  # one process of --two-hosts
     args = parser.parse_args(argv)
+    if args.on_host is not None:
+        print(json.dumps(_on_host(json.loads(args.on_host)), default=dict))
+        return 0
     if args.processes < 1 or args.seconds <= 0:
         parser.error("--processes must be >= 1 and --seconds > 0")
+    if args.two_hosts:
+        if args.root is not None:
+            parser.error("--two-hosts makes its own pool: no --root")
+        summary = soak_two_hosts(args.catalog_url, args.processes, args.seconds, args.seed)
+        return _report(summary, args.json)
     temp = None
     if args.root is None:
         temp = Path(tempfile.mkdtemp(prefix="soak-pool-"))
@@ -602,7 +697,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
-    if args.json:
+    return _report(summary, args.json)
+
+
+def _report(summary: dict[str, Any], as_json: bool) -> int:
+    if as_json:
         print(json.dumps(summary, indent=1, default=dict))
     else:
         _print(summary)

@@ -193,8 +193,9 @@ class AbstractBlobStore(abc.ABC):
         """Remove ``digest``; False if it was not stored."""
 
     def delete_many(self, digests: Iterable[str]) -> int:
-        """Remove each of ``digests``; return how many were stored.  On an error, those
-        before it are removed and the rest are not."""
+        """Remove each of ``digests``; return how many were stored.  On an error, some
+        may be removed and the rest are not (this default: those before it, in order; a
+        store may remove them in batches)."""
         return sum(1 for digest in digests if self.delete(digest))
 
     # ------------------------------------------------------------------ incomplete writes

@@ -27,9 +27,11 @@ choice).
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import random
@@ -37,7 +39,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -60,6 +62,7 @@ from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, Pu
 from .layout import BLOBS_DIR, blob_key, is_blob_name
 
 __all__ = [
+    "DELETE_BATCH",
     "MULTIPART_THRESHOLD",
     "PART_SIZE",
     "S3BlobStore",
@@ -75,6 +78,8 @@ _log = logging.getLogger("archive_manager")
 MULTIPART_THRESHOLD = 64 << 20
 #: The size of one part (S3 wants at least 5 MiB for every part but the last).
 PART_SIZE = 16 << 20
+#: Keys per ``DeleteObjects`` request (S3's limit).
+DELETE_BATCH = 1000
 
 _T = TypeVar("_T")
 # S3's rules for bucket names (the subset every provider accepts).
@@ -361,7 +366,7 @@ class S3BlobStore(AbstractBlobStore):
             session = boto3.session.Session(
                 botocore_session=_botocore_session(), profile_name=cfg.profile
             )
-            return session.client(
+            client = session.client(
                 "s3",
                 endpoint_url=cfg.endpoint_url,
                 region_name=cfg.region or session.region_name or "us-east-1",
@@ -380,6 +385,10 @@ class S3BlobStore(AbstractBlobStore):
                     response_checksum_validation="when_required",
                 ),
             )
+            # DeleteObjects requires an integrity header: botocore now sends a CRC32 one,
+            # which those same servers do not know (MissingContentMD5); S3 takes either.
+            client.meta.events.register("before-call.s3.DeleteObjects", _add_content_md5)
+            return client
         except Exception as exc:
             code, _, _ = _classify(exc)
             raise BlobStoreError(
@@ -695,6 +704,49 @@ class S3BlobStore(AbstractBlobStore):
         self._call("delete a blob", key, lambda c: c.delete_object(Bucket=self.bucket, Key=key))
         return True
 
+    def delete_many(self, digests: Iterable[str], *, workers: int = 8) -> int:
+        """Delete each of ``digests``; return how many were stored.
+
+        Every name is checked before anything is deleted.  The existence checks (HEADs, on
+        up to ``workers`` threads: S3 reports a missing key deleted too) come first, then one
+        ``DeleteObjects`` request per `DELETE_BATCH` keys instead of a DELETE each.  On an
+        error, a batch may be partly deleted and later batches are not (GC keeps such rows
+        'deleting' and finishes them next time; docs/architecture.md, "Blobs on an object
+        store").
+        """
+        keys = list(dict.fromkeys(self._key(d) for d in digests))
+        if not keys:
+            return 0
+
+        def exists(key: str) -> bool:
+            return self._head(key, "look up a blob") is not None
+
+        if len(keys) == 1 or workers <= 1:
+            found = [k for k in keys if exists(k)]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(min(workers, len(keys))) as pool:
+                found = [k for k, there in zip(keys, pool.map(exists, keys), strict=True) if there]
+        for start in range(0, len(found), DELETE_BATCH):
+            batch = found[start : start + DELETE_BATCH]
+            request = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            answer = self._call(
+                "delete blobs",
+                batch[0],
+                lambda c, r=request: c.delete_objects(Bucket=self.bucket, Delete=r),  # type: ignore[misc]
+            )
+            errors = [e for e in answer.get("Errors", ()) or () if e.get("Code") != "NoSuchKey"]
+            if errors:
+                code = str(errors[0].get("Code", "error"))
+                raise self._error(
+                    f"delete blobs ({len(errors)} of {len(batch)} refused)",
+                    str(errors[0].get("Key")),
+                    code,
+                    code in _TRANSIENT_CODES,
+                    None,
+                    1,
+                )
+        return len(found)
+
     # ------------------------------------------------------------------ incomplete writes
 
     def incomplete_writes(self) -> list[IncompleteWrite]:
@@ -852,6 +904,16 @@ class S3BlobStore(AbstractBlobStore):
             "delete a pool object", key, lambda c: c.delete_object(Bucket=self.bucket, Key=key)
         )
         return True
+
+
+def _add_content_md5(params: dict[str, Any], **_: Any) -> None:
+    """Give a request body its Content-MD5 header (see `S3BlobStore._make_client`)."""
+    body = params.get("body", b"")
+    if isinstance(body, str):
+        body = body.encode()
+    if isinstance(body, bytes):
+        digest = hashlib.md5(body, usedforsecurity=False).digest()
+        params["headers"]["Content-MD5"] = base64.b64encode(digest).decode()
 
 
 def _parts(views: list[memoryview], size: int) -> Iterator[bytes]:
