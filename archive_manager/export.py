@@ -14,7 +14,6 @@ import inspect
 import itertools
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from ._atomic import fsync_dir
+from ._atomic import _temp_for, fsync_dir
 from ._context import PoolContext
 from .archive import Archive, ArchiveInfo, infos, open_archive
 from .arrow import (
@@ -209,10 +208,6 @@ def _selected_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Sch
 # --------------------------------------------------------------------------- files
 
 
-def _temp_beside(target: Path) -> Path:
-    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
 def write_file(target: Path, write: Callable[[Path], object], *, overwrite: bool) -> None:
     """Call ``write(temp)``, then move the temp file to ``target``: a failure anywhere
     leaves ``target`` as it was (docs/architecture.md, "Safety rules")."""
@@ -221,7 +216,7 @@ def write_file(target: Path, write: Callable[[Path], object], *, overwrite: bool
     if target.is_dir():
         raise InvalidInputError(f"{target} is a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = _temp_beside(target)
+    temp = _temp_for(target)  # within NAME_MAX for a long archive name
     try:
         write(temp)
         with open(temp, "rb") as f:

@@ -1,0 +1,47 @@
+"""Breaks found reviewing issue 17 (exports and imports): each test reproduces one defect
+(docs/architecture.md, "Exports and imports")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import tiny_rollout
+
+from archive_manager import ArchiveManager
+from archive_manager.cli import cli
+from archive_manager.errors import (
+    ArchiveNotFoundError,
+    UnsupportedFormatError,
+)
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> ArchiveManager:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        yield pool
+
+
+def _import_fails_cleanly(pool: ArchiveManager, path: Path) -> None:
+    """The import raises one UnsupportedFormatError naming the file and writes nothing;
+    the CLI prints one line and exits non-zero."""
+    with pytest.raises(UnsupportedFormatError, match=path.name):
+        pool.import_table(path, name="x")
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("x")
+    result = CliRunner().invoke(cli, ["--root", str(pool.root), "import", str(path), "--name", "x"])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.exception
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_export_many_handles_a_long_legal_archive_name(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A 230-byte archive name (legal: up to 255) fits as '<name>.parquet' (238 bytes), but
+    the temp file beside it ('.<name>.parquet.<pid>.<hex>.tmp') exceeds NAME_MAX: ENAMETOOLONG."""
+    name = "r" * 230
+    pool.save(name, tiny_rollout(2), rollout_id=1)
+    (done,) = pool.export_many(tmp_path / "out", format="parquet")
+    assert done.name == f"{name}.parquet" and done.is_file()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [done.name]
