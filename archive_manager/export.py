@@ -211,7 +211,8 @@ def _selected_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Sch
 def write_file(target: Path, write: Callable[[Path], object], *, overwrite: bool) -> None:
     """Call ``write(temp)``, then move the temp file to ``target``: a failure anywhere
     leaves ``target`` as it was (docs/architecture.md, "Safety rules")."""
-    if target.exists() and not overwrite:
+    # is_symlink: a dangling link is something at that name too, not to be replaced silently
+    if (target.exists() or target.is_symlink()) and not overwrite:
         raise ArchiveExistsError(f"{target} exists; pass --force (overwrite=True) to replace it")
     if target.is_dir():
         raise InvalidInputError(f"{target} is a folder")

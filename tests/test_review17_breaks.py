@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from helpers import tiny_rollout
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
 from archive_manager.errors import (
+    ArchiveExistsError,
     ArchiveNotFoundError,
     UnsupportedFormatError,
 )
@@ -33,6 +35,18 @@ def _import_fails_cleanly(pool: ArchiveManager, path: Path) -> None:
     result = CliRunner().invoke(cli, ["--root", str(pool.root), "import", str(path), "--name", "x"])
     assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.exception
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_export_does_not_replace_a_dangling_symlink_without_force(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A symlink at the target (pointing nowhere yet) is silently replaced without --force."""
+    pool.save("a", tiny_rollout(2), rollout_id=1)
+    link = tmp_path / "out.parquet"
+    os.symlink(tmp_path / "not-yet.parquet", link)
+    with pytest.raises(ArchiveExistsError, match=r"out\.parquet"):
+        pool.export("a", link)
+    assert link.is_symlink()
 
 
 def test_export_many_handles_a_long_legal_archive_name(
