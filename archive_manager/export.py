@@ -468,7 +468,10 @@ def _jsonl_rows_in(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             try:
                 row = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            # ValueError: also an int past Python's digit limit; RecursionError: nesting
+            # deeper than the parser's stack (hostile input, docs/architecture.md "Exports
+            # and imports")
+            except (ValueError, RecursionError) as exc:
                 raise UnsupportedFormatError(
                     f"{path}, line {number} is not JSON (is it a JSONL file?): {exc}"
                 ) from None

@@ -37,6 +37,24 @@ def _import_fails_cleanly(pool: ArchiveManager, path: Path) -> None:
     assert len(result.output.strip().splitlines()) == 1, result.output
 
 
+def test_jsonl_import_of_deeply_nested_json_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A JSONL line nested 100,000 deep escapes as RecursionError (CLI traceback)."""
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + ', "response": "x"}\n')
+    _import_fails_cleanly(pool, path)
+
+
+def test_jsonl_import_of_a_5000_digit_int_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A JSONL int over Python's 4300-digit limit escapes as ValueError (CLI traceback)."""
+    path = tmp_path / "bigint.jsonl"
+    path.write_text('{"prompt": "a", "response": "b", "reward": ' + "9" * 5000 + "}\n")
+    _import_fails_cleanly(pool, path)
+
+
 def test_export_does_not_replace_a_dangling_symlink_without_force(
     pool: ArchiveManager, tmp_path: Path
 ) -> None:
