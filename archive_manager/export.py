@@ -445,6 +445,12 @@ def _parquet_batches(path: Path, mapping: dict[str, str]) -> Iterator[pa.RecordB
             raise
         raise UnsupportedFormatError(f"{path} is not a Parquet file: {exc}") from None
     schema = file.schema_arrow
+    twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
+    if twice:
+        # a row is a dict by column name: which of the two would be the field is a guess
+        raise UnsupportedFormatError(
+            f"{path} has several columns named {', '.join(map(repr, twice))[:200]}"
+        )
     missing = [s for s in mapping.values() if s not in schema.names]
     if missing:
         raise InvalidInputError(

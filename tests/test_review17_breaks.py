@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from helpers import tiny_rollout
@@ -52,6 +54,18 @@ def test_jsonl_import_of_a_5000_digit_int_is_a_clear_error(
     """A JSONL int over Python's 4300-digit limit escapes as ValueError (CLI traceback)."""
     path = tmp_path / "bigint.jsonl"
     path.write_text('{"prompt": "a", "response": "b", "reward": ' + "9" * 5000 + "}\n")
+    _import_fails_cleanly(pool, path)
+
+
+def test_parquet_import_with_duplicate_column_names_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A Parquet file with two columns named 'prompt' escapes as pyarrow's KeyError."""
+    path = tmp_path / "dup.parquet"
+    table = pa.table(
+        [pa.array(["a"]), pa.array(["b"]), pa.array(["r"])], names=["prompt", "prompt", "response"]
+    )
+    pq.write_table(table, path)
     _import_fails_cleanly(pool, path)
 
 
