@@ -459,6 +459,9 @@ def to_json_value(value: Any) -> Any:
     if t is list:
         return [to_json_value(v) for v in value]
     if t is StoredNumbers:
+        # nan and +-inf (a -inf log-prob is ordinary) need their tag; finite lists stay fast
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return [to_json_value(v) for v in value.tolist()]
         return value.tolist()
     if t is dict:
         if _TAG not in value and all(type(k) is str for k in value):
@@ -475,7 +478,7 @@ def to_json_value(value: Any) -> Any:
             "v": to_json_value(array.reshape(-1).tolist()),
         }
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        flat = value.reshape(-1).tolist()
+        flat = to_json_value(value.reshape(-1).tolist())
         return {_TAG: "ndarray", "d": value.dtype.str, "sh": list(value.shape), "v": flat}
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
         return {_TAG: "npscalar", "d": value.dtype.str, "v": to_json_value(value.item())}
@@ -504,7 +507,8 @@ def from_json_value(value: Any) -> Any:
             flat = torch_module().tensor(from_json_value(value["v"]), dtype=dtype)
             return flat.reshape(value["sh"])
         if tag == "ndarray":
-            return np.array(value["v"], dtype=np.dtype(value["d"])).reshape(value["sh"])
+            flat = from_json_value(value["v"])
+            return np.array(flat, dtype=np.dtype(value["d"])).reshape(value["sh"])
         if tag == "npscalar":
             return np.dtype(value["d"]).type(from_json_value(value["v"]))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from helpers import tiny_rollout
+from helpers import assert_same_samples, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
@@ -91,3 +92,18 @@ def test_export_many_handles_a_long_legal_archive_name(
     (done,) = pool.export_many(tmp_path / "out", format="parquet")
     assert done.name == f"{name}.parquet" and done.is_file()
     assert [p.name for p in (tmp_path / "out").iterdir()] == [done.name]
+
+
+def test_jsonl_round_trip_of_non_finite_floats_in_lists_and_arrays(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A -inf log-prob in a number list (or nan in a numpy array) made the JSONL export raise
+    ValueError ("Out of range float values are not JSON compliant"): CLI traceback."""
+    samples = [
+        {"rollout_log_probs": [-0.0, float("-inf"), float("nan"), -1.5], "tokens": [1, 2, 3, 4]},
+        {"scores": np.array([np.nan, np.inf, 1.0], dtype=np.float32), "tokens": [5]},
+    ]
+    arc = pool.save("a", samples, rollout_id=1)
+    pool.export("a", tmp_path / "a.jsonl")
+    back = pool.import_table(tmp_path / "a.jsonl", name="b")
+    assert_same_samples(back.load_samples(), arc.load_samples())
