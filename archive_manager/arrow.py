@@ -701,8 +701,8 @@ def rows_to_samples(
         if kind == b"json":
             # a null in a JSON column is a field the sample lacks; None is the text "null"
             values = [
-                _MISSING if t is None else from_json_value(json.loads(t))
-                for t in column.to_pylist()
+                _MISSING if t is None else _json_cell(t, f"{where}, row {i}, column {name!r}")
+                for i, t in enumerate(column.to_pylist())
             ]
         elif kind in (b"tensor", b"ndarray"):
             values = _read_tensors(batch, field, kind)
@@ -719,6 +719,19 @@ def rows_to_samples(
     for i in range(batch.num_rows):
         row = {name: values[i] for name, values in decoded.items()}
         yield imported_row(row, ours, mapping, f"{where}, row {i}")
+
+
+def _json_cell(text: str, where: str) -> Any:
+    """A JSON column's cell decoded; the file is untrusted input, so text that is not JSON,
+    nests past the parser's stack or holds an int past Python's digit limit is named."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UnsupportedFormatError(f"{where} is not JSON text: {exc}") from None
+    try:
+        return from_json_value(value)
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{where}: {exc}") from None
 
 
 def _valid(column: Any) -> list[bool]:

@@ -107,3 +107,23 @@ def test_jsonl_round_trip_of_non_finite_floats_in_lists_and_arrays(
     pool.export("a", tmp_path / "a.jsonl")
     back = pool.import_table(tmp_path / "a.jsonl", name="b")
     assert_same_samples(back.load_samples(), arc.load_samples())
+
+
+@pytest.mark.parametrize(
+    "cell",
+    ["{not json", "[" * 100_000 + "]" * 100_000, '{"a": ' + "9" * 5000 + "}"],
+    ids=["invalid", "deep", "bigint"],
+)
+def test_parquet_import_of_a_bad_json_cell_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path, cell: str
+) -> None:
+    """An export's JSON column ('metadata') edited into bad text escaped as JSONDecodeError,
+    RecursionError or ValueError (CLI traceback)."""
+    pool.save("a", tiny_rollout(2), rollout_id=1)
+    pool.export("a", tmp_path / "a.parquet")
+    table = pq.read_table(tmp_path / "a.parquet")
+    i = table.schema.get_field_index("metadata")
+    table = table.set_column(i, table.schema.field(i), pa.array([cell] * table.num_rows))
+    path = tmp_path / "edited.parquet"
+    pq.write_table(table, path)
+    _import_fails_cleanly(pool, path)
