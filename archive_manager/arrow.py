@@ -684,11 +684,16 @@ def is_export(names: Iterable[str]) -> bool:
 
 
 def rows_to_samples(
-    batch: pa.RecordBatch, *, mapping: dict[str, str] | None = None, where: str = "the table"
+    batch: pa.RecordBatch,
+    *,
+    mapping: dict[str, str] | None = None,
+    where: str = "the table",
+    first_row: int = 0,
 ) -> Iterator[ImportedRow]:
     """The samples of a record batch: this library's exports rebuilt as they were saved;
     other tables' rows as `Sample` s (``Sample.from_dict`` of the row, columns renamed by
-    ``mapping``: ``{sample field: column}``)."""
+    ``mapping``: ``{sample field: column}``).  Errors name rows counted from ``first_row``
+    (the batch's first row in its file)."""
     schema = batch.schema
     ours = is_export(schema.names)
     decoded: dict[str, list[Any]] = {}
@@ -701,7 +706,9 @@ def rows_to_samples(
         if kind == b"json":
             # a null in a JSON column is a field the sample lacks; None is the text "null"
             values = [
-                _MISSING if t is None else _json_cell(t, f"{where}, row {i}, column {name!r}")
+                _MISSING
+                if t is None
+                else _json_cell(t, f"{where}, row {first_row + i}, column {name!r}")
                 for i, t in enumerate(column.to_pylist())
             ]
         elif kind in (b"tensor", b"ndarray"):
@@ -718,7 +725,7 @@ def rows_to_samples(
         decoded[name] = values
     for i in range(batch.num_rows):
         row = {name: values[i] for name, values in decoded.items()}
-        yield imported_row(row, ours, mapping, f"{where}, row {i}")
+        yield imported_row(row, ours, mapping, f"{where}, row {first_row + i}")
 
 
 def _json_cell(text: str, where: str) -> Any:

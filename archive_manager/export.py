@@ -467,6 +467,13 @@ def _parquet_batches(path: Path, mapping: dict[str, str]) -> Iterator[pa.RecordB
     return batches()
 
 
+def _parquet_imported(path: Path, mapping: dict[str, str]) -> Iterator[ImportedRow]:
+    done = 0  # rows of earlier batches: an error names the row's number in the file
+    for batch in _parquet_batches(path, mapping):
+        yield from rows_to_samples(batch, mapping=mapping, where=str(path), first_row=done)
+        done += batch.num_rows
+
+
 def _jsonl_rows_in(path: Path) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
@@ -543,12 +550,7 @@ def import_table(
         raise UnsupportedFormatError(f"{source} is a .pt dump: import it with import_pt")
     fields = _check_mapping(mapping)
     if kind == "parquet":
-        batches = _parquet_batches(source, fields)
-        rows: Iterator[ImportedRow] = (
-            row
-            for batch in batches
-            for row in rows_to_samples(batch, mapping=fields, where=str(source))
-        )
+        rows: Iterator[ImportedRow] = _parquet_imported(source, fields)
     else:
         rows = _jsonl_imported(source, fields)
     first = next(rows, None)

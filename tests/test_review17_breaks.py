@@ -127,3 +127,17 @@ def test_parquet_import_of_a_bad_json_cell_is_a_clear_error(
     path = tmp_path / "edited.parquet"
     pq.write_table(table, path)
     _import_fails_cleanly(pool, path)
+
+
+def test_parquet_import_error_names_the_row_in_the_file_not_in_its_batch(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """Rows are read in batches of 64: a bad row 70 was reported as 'row 6'."""
+    status = ["completed"] * 100
+    status[70] = "bogus"
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"prompt": ["p"] * 100, "response": ["r"] * 100, "status": status}), path
+    )
+    with pytest.raises(UnsupportedFormatError, match=r"row 70\b"):
+        pool.import_table(path, name="t")
