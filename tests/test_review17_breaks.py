@@ -183,3 +183,16 @@ def test_set_epoch_reshuffles_with_persistent_workers(tmp_path: Path) -> None:
         )
     assert expected[0] != expected[1]  # the seeds do give different orders
     assert orders == expected
+
+
+def test_cli_export_name_file_refuses_evaluation_instead_of_ignoring_it(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """`export NAME FILE --evaluation` exported a training archive, the flag silently
+    ignored (`--rollout-id` with NAME FILE is refused)."""
+    pool.save("a", tiny_rollout(2), rollout_id=1, evaluation=False)
+    out = tmp_path / "a.parquet"
+    result = CliRunner().invoke(
+        cli, ["--root", str(pool.root), "export", "a", str(out), "--evaluation"]
+    )
+    assert result.exit_code != 0 and not out.exists(), result.output
