@@ -459,6 +459,9 @@ def to_json_value(value: Any) -> Any:
     if t is list:
         return [to_json_value(v) for v in value]
     if t is StoredNumbers:
+        # nan and +-inf (a -inf log-prob is ordinary) need their tag; finite lists stay fast
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return [to_json_value(v) for v in value.tolist()]
         return value.tolist()
     if t is dict:
         if _TAG not in value and all(type(k) is str for k in value):
@@ -475,7 +478,7 @@ def to_json_value(value: Any) -> Any:
             "v": to_json_value(array.reshape(-1).tolist()),
         }
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        flat = value.reshape(-1).tolist()
+        flat = to_json_value(value.reshape(-1).tolist())
         return {_TAG: "ndarray", "d": value.dtype.str, "sh": list(value.shape), "v": flat}
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
         return {_TAG: "npscalar", "d": value.dtype.str, "v": to_json_value(value.item())}
@@ -504,7 +507,8 @@ def from_json_value(value: Any) -> Any:
             flat = torch_module().tensor(from_json_value(value["v"]), dtype=dtype)
             return flat.reshape(value["sh"])
         if tag == "ndarray":
-            return np.array(value["v"], dtype=np.dtype(value["d"])).reshape(value["sh"])
+            flat = from_json_value(value["v"])
+            return np.array(flat, dtype=np.dtype(value["d"])).reshape(value["sh"])
         if tag == "npscalar":
             return np.dtype(value["d"]).type(from_json_value(value["v"]))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -680,11 +684,16 @@ def is_export(names: Iterable[str]) -> bool:
 
 
 def rows_to_samples(
-    batch: pa.RecordBatch, *, mapping: dict[str, str] | None = None, where: str = "the table"
+    batch: pa.RecordBatch,
+    *,
+    mapping: dict[str, str] | None = None,
+    where: str = "the table",
+    first_row: int = 0,
 ) -> Iterator[ImportedRow]:
     """The samples of a record batch: this library's exports rebuilt as they were saved;
     other tables' rows as `Sample` s (``Sample.from_dict`` of the row, columns renamed by
-    ``mapping``: ``{sample field: column}``)."""
+    ``mapping``: ``{sample field: column}``).  Errors name rows counted from ``first_row``
+    (the batch's first row in its file)."""
     schema = batch.schema
     ours = is_export(schema.names)
     decoded: dict[str, list[Any]] = {}
@@ -697,8 +706,10 @@ def rows_to_samples(
         if kind == b"json":
             # a null in a JSON column is a field the sample lacks; None is the text "null"
             values = [
-                _MISSING if t is None else from_json_value(json.loads(t))
-                for t in column.to_pylist()
+                _MISSING
+                if t is None
+                else _json_cell(t, f"{where}, row {first_row + i}, column {name!r}")
+                for i, t in enumerate(column.to_pylist())
             ]
         elif kind in (b"tensor", b"ndarray"):
             values = _read_tensors(batch, field, kind)
@@ -714,7 +725,20 @@ def rows_to_samples(
         decoded[name] = values
     for i in range(batch.num_rows):
         row = {name: values[i] for name, values in decoded.items()}
-        yield imported_row(row, ours, mapping, f"{where}, row {i}")
+        yield imported_row(row, ours, mapping, f"{where}, row {first_row + i}")
+
+
+def _json_cell(text: str, where: str) -> Any:
+    """A JSON column's cell decoded; the file is untrusted input, so text that is not JSON,
+    nests past the parser's stack or holds an int past Python's digit limit is named."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UnsupportedFormatError(f"{where} is not JSON text: {exc}") from None
+    try:
+        return from_json_value(value)
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{where}: {exc}") from None
 
 
 def _valid(column: Any) -> list[bool]:

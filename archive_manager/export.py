@@ -14,7 +14,6 @@ import inspect
 import itertools
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from ._atomic import fsync_dir
+from ._atomic import _temp_for, fsync_dir
 from ._context import PoolContext
 from .archive import Archive, ArchiveInfo, infos, open_archive
 from .arrow import (
@@ -209,19 +208,16 @@ def _selected_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Sch
 # --------------------------------------------------------------------------- files
 
 
-def _temp_beside(target: Path) -> Path:
-    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
 def write_file(target: Path, write: Callable[[Path], object], *, overwrite: bool) -> None:
     """Call ``write(temp)``, then move the temp file to ``target``: a failure anywhere
     leaves ``target`` as it was (docs/architecture.md, "Safety rules")."""
-    if target.exists() and not overwrite:
+    # is_symlink: a dangling link is something at that name too, not to be replaced silently
+    if (target.exists() or target.is_symlink()) and not overwrite:
         raise ArchiveExistsError(f"{target} exists; pass --force (overwrite=True) to replace it")
     if target.is_dir():
         raise InvalidInputError(f"{target} is a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = _temp_beside(target)
+    temp = _temp_for(target)  # within NAME_MAX for a long archive name
     try:
         write(temp)
         with open(temp, "rb") as f:
@@ -449,6 +445,12 @@ def _parquet_batches(path: Path, mapping: dict[str, str]) -> Iterator[pa.RecordB
             raise
         raise UnsupportedFormatError(f"{path} is not a Parquet file: {exc}") from None
     schema = file.schema_arrow
+    twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
+    if twice:
+        # a row is a dict by column name: which of the two would be the field is a guess
+        raise UnsupportedFormatError(
+            f"{path} has several columns named {', '.join(map(repr, twice))[:200]}"
+        )
     missing = [s for s in mapping.values() if s not in schema.names]
     if missing:
         raise InvalidInputError(
@@ -465,6 +467,13 @@ def _parquet_batches(path: Path, mapping: dict[str, str]) -> Iterator[pa.RecordB
     return batches()
 
 
+def _parquet_imported(path: Path, mapping: dict[str, str]) -> Iterator[ImportedRow]:
+    done = 0  # rows of earlier batches: an error names the row's number in the file
+    for batch in _parquet_batches(path, mapping):
+        yield from rows_to_samples(batch, mapping=mapping, where=str(path), first_row=done)
+        done += batch.num_rows
+
+
 def _jsonl_rows_in(path: Path) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
@@ -472,7 +481,10 @@ def _jsonl_rows_in(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             try:
                 row = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            # ValueError: also an int past Python's digit limit; RecursionError: nesting
+            # deeper than the parser's stack (hostile input, docs/architecture.md "Exports
+            # and imports")
+            except (ValueError, RecursionError) as exc:
                 raise UnsupportedFormatError(
                     f"{path}, line {number} is not JSON (is it a JSONL file?): {exc}"
                 ) from None
@@ -538,12 +550,7 @@ def import_table(
         raise UnsupportedFormatError(f"{source} is a .pt dump: import it with import_pt")
     fields = _check_mapping(mapping)
     if kind == "parquet":
-        batches = _parquet_batches(source, fields)
-        rows: Iterator[ImportedRow] = (
-            row
-            for batch in batches
-            for row in rows_to_samples(batch, mapping=fields, where=str(source))
-        )
+        rows: Iterator[ImportedRow] = _parquet_imported(source, fields)
     else:
         rows = _jsonl_imported(source, fields)
     first = next(rows, None)

@@ -68,7 +68,8 @@ def export(
 ) -> None:
     """Write archive NAME to FILE (.parquet, .jsonl, or .pt: slime's dump format), or every
     archive of --rollout-id A..B to DIR, one file per archive."""
-    many = rollout_id is not None or (evaluation is not None and len(args) == 1)
+    # --evaluation selects archives: with NAME FILE it would be silently ignored
+    many = rollout_id is not None or evaluation is not None
     if many:
         if len(args) != 1:
             raise click.UsageError("with --rollout-id or --evaluation, give one DIR (no NAME)")

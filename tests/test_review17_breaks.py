@@ -1,0 +1,198 @@
+"""Breaks found reviewing issue 17 (exports and imports): each test reproduces one defect
+(docs/architecture.md, "Exports and imports")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from helpers import assert_same_samples, tiny_rollout
+from torch.utils.data import DataLoader
+
+from archive_manager import ArchiveManager
+from archive_manager.cli import cli
+from archive_manager.data import RolloutIterableDataset
+from archive_manager.errors import (
+    ArchiveExistsError,
+    ArchiveNotFoundError,
+    UnsupportedFormatError,
+)
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> ArchiveManager:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        yield pool
+
+
+def _import_fails_cleanly(pool: ArchiveManager, path: Path) -> None:
+    """The import raises one UnsupportedFormatError naming the file and writes nothing;
+    the CLI prints one line and exits non-zero."""
+    with pytest.raises(UnsupportedFormatError, match=path.name):
+        pool.import_table(path, name="x")
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("x")
+    result = CliRunner().invoke(cli, ["--root", str(pool.root), "import", str(path), "--name", "x"])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.exception
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_jsonl_import_of_deeply_nested_json_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A JSONL line nested 100,000 deep escapes as RecursionError (CLI traceback)."""
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + ', "response": "x"}\n')
+    _import_fails_cleanly(pool, path)
+
+
+def test_jsonl_import_of_a_5000_digit_int_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A JSONL int over Python's 4300-digit limit escapes as ValueError (CLI traceback)."""
+    path = tmp_path / "bigint.jsonl"
+    path.write_text('{"prompt": "a", "response": "b", "reward": ' + "9" * 5000 + "}\n")
+    _import_fails_cleanly(pool, path)
+
+
+def test_parquet_import_with_duplicate_column_names_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A Parquet file with two columns named 'prompt' escapes as pyarrow's KeyError."""
+    path = tmp_path / "dup.parquet"
+    table = pa.table(
+        [pa.array(["a"]), pa.array(["b"]), pa.array(["r"])], names=["prompt", "prompt", "response"]
+    )
+    pq.write_table(table, path)
+    _import_fails_cleanly(pool, path)
+
+
+def test_export_does_not_replace_a_dangling_symlink_without_force(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A symlink at the target (pointing nowhere yet) is silently replaced without --force."""
+    pool.save("a", tiny_rollout(2), rollout_id=1)
+    link = tmp_path / "out.parquet"
+    os.symlink(tmp_path / "not-yet.parquet", link)
+    with pytest.raises(ArchiveExistsError, match=r"out\.parquet"):
+        pool.export("a", link)
+    assert link.is_symlink()
+
+
+def test_export_many_handles_a_long_legal_archive_name(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A 230-byte archive name (legal: up to 255) fits as '<name>.parquet' (238 bytes), but
+    the temp file beside it ('.<name>.parquet.<pid>.<hex>.tmp') exceeds NAME_MAX: ENAMETOOLONG."""
+    name = "r" * 230
+    pool.save(name, tiny_rollout(2), rollout_id=1)
+    (done,) = pool.export_many(tmp_path / "out", format="parquet")
+    assert done.name == f"{name}.parquet" and done.is_file()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [done.name]
+
+
+def test_jsonl_round_trip_of_non_finite_floats_in_lists_and_arrays(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """A -inf log-prob in a number list (or nan in a numpy array) made the JSONL export raise
+    ValueError ("Out of range float values are not JSON compliant"): CLI traceback."""
+    samples = [
+        {"rollout_log_probs": [-0.0, float("-inf"), float("nan"), -1.5], "tokens": [1, 2, 3, 4]},
+        {"scores": np.array([np.nan, np.inf, 1.0], dtype=np.float32), "tokens": [5]},
+    ]
+    arc = pool.save("a", samples, rollout_id=1)
+    pool.export("a", tmp_path / "a.jsonl")
+    back = pool.import_table(tmp_path / "a.jsonl", name="b")
+    assert_same_samples(back.load_samples(), arc.load_samples())
+
+
+@pytest.mark.parametrize(
+    "cell",
+    ["{not json", "[" * 100_000 + "]" * 100_000, '{"a": ' + "9" * 5000 + "}"],
+    ids=["invalid", "deep", "bigint"],
+)
+def test_parquet_import_of_a_bad_json_cell_is_a_clear_error(
+    pool: ArchiveManager, tmp_path: Path, cell: str
+) -> None:
+    """An export's JSON column ('metadata') edited into bad text escaped as JSONDecodeError,
+    RecursionError or ValueError (CLI traceback)."""
+    pool.save("a", tiny_rollout(2), rollout_id=1)
+    pool.export("a", tmp_path / "a.parquet")
+    table = pq.read_table(tmp_path / "a.parquet")
+    i = table.schema.get_field_index("metadata")
+    table = table.set_column(i, table.schema.field(i), pa.array([cell] * table.num_rows))
+    path = tmp_path / "edited.parquet"
+    pq.write_table(table, path)
+    _import_fails_cleanly(pool, path)
+
+
+def test_parquet_import_error_names_the_row_in_the_file_not_in_its_batch(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """Rows are read in batches of 64: a bad row 70 was reported as 'row 6'."""
+    status = ["completed"] * 100
+    status[70] = "bogus"
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"prompt": ["p"] * 100, "response": ["r"] * 100, "status": status}), path
+    )
+    with pytest.raises(UnsupportedFormatError, match=r"row 70\b"):
+        pool.import_table(path, name="t")
+
+
+def test_iterable_dataset_gives_every_rank_the_same_number_of_samples(
+    tmp_path: Path,
+) -> None:
+    """Chunks are dealt whole to ranks, so rank 0 got 6 samples and rank 1 got 4: under DDP
+    the rank with fewer batches leaves the others waiting in an all-reduce (a hang);
+    torch's DistributedSampler pads or drops to equal counts for this reason."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=4) as pool:
+        pool.save("a", tiny_rollout(10), rollout_id=1)
+    counts = [
+        len(
+            list(
+                RolloutIterableDataset(tmp_path / "pool", fields=["position"], rank=r, world_size=2)
+            )
+        )
+        for r in (0, 1)
+    ]
+    assert counts[0] == counts[1], counts
+
+
+def test_set_epoch_reshuffles_with_persistent_workers(tmp_path: Path) -> None:
+    """set_epoch changes the shuffle only in the main process's copy: with
+    DataLoader(persistent_workers=True) every epoch reads the chunks in epoch 0's order."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
+        pool.save("a", tiny_rollout(16), rollout_id=1)
+    data = RolloutIterableDataset(tmp_path / "pool", fields=["position"], shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True)
+    orders = []
+    for epoch in range(2):
+        data.set_epoch(epoch)
+        orders.append([int(item["position"]) for item in loader])
+    expected = []
+    for epoch in range(2):
+        data.set_epoch(epoch)
+        expected.append(
+            [int(item["position"]) for item in DataLoader(data, batch_size=None, num_workers=2)]
+        )
+    assert expected[0] != expected[1]  # the seeds do give different orders
+    assert orders == expected
+
+
+def test_cli_export_name_file_refuses_evaluation_instead_of_ignoring_it(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """`export NAME FILE --evaluation` exported a training archive, the flag silently
+    ignored (`--rollout-id` with NAME FILE is refused)."""
+    pool.save("a", tiny_rollout(2), rollout_id=1, evaluation=False)
+    out = tmp_path / "a.parquet"
+    result = CliRunner().invoke(
+        cli, ["--root", str(pool.root), "export", "a", str(out), "--evaluation"]
+    )
+    assert result.exit_code != 0 and not out.exists(), result.output
