@@ -16,6 +16,7 @@ not import it.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 from collections import OrderedDict
@@ -216,10 +217,16 @@ class RolloutDataset(Dataset):  # type: ignore[type-arg]
 class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
     """Streamed: the samples ``query`` selects, a chunk at a time.
 
-    Chunks are dealt round-robin to every (rank, DataLoader worker) pair; ``rank`` and
-    ``world_size`` default to torch.distributed's when it is initialised, else 0 and 1.
-    With ``shuffle``, chunk order (not the order inside a chunk) is shuffled with
-    ``seed + epoch`` (`set_epoch`), the same on every rank, so the shards stay disjoint.
+    Chunks are dealt round-robin to the ranks, and a rank's chunks round-robin to its
+    DataLoader workers; ``rank`` and ``world_size`` default to torch.distributed's when it is
+    initialised, else 0 and 1. Every rank yields the same number of samples, as
+    `torch.utils.data.DistributedSampler` does, because a rank with fewer batches would leave
+    the others waiting in their next all-reduce: the ranks dealt fewer samples are padded with
+    samples from the start of the epoch's order (``drop_last=False``), or every rank stops at
+    the smallest count (``drop_last=True``). With ``shuffle``, chunk order (not the order
+    inside a chunk) is shuffled with ``seed + epoch`` (`set_epoch`), the same on every rank,
+    so the shards stay disjoint; the epoch is shared with the DataLoader's workers, so
+    ``persistent_workers=True`` reshuffles too.
     """
 
     def __init__(
@@ -233,6 +240,7 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        drop_last: bool = False,
         **query: Any,
     ) -> None:
         if rank is None and world_size is None and _distributed():
@@ -244,33 +252,102 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
                 raise InvalidInputError(f"{what} must be an int")
         if not 0 <= rank < world_size:
             raise InvalidInputError(f"rank {rank} is not in [0, world_size={world_size})")
+        if type(drop_last) is not bool:
+            raise InvalidInputError("drop_last must be True or False")
         self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, query)
         self.shuffle = bool(shuffle)
         self.seed = seed
-        self.epoch = 0
+        # NOTE: shared memory, not an int: DataLoader workers (persistent ones above all) hold
+        # their own copy of the dataset, and must see the epoch the main process sets.
+        self._epoch = multiprocessing.Value("q", 0, lock=False)
         self.rank = rank
         self.world_size = world_size
+        self.drop_last = drop_last
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.value)
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle chunks differently in this epoch (call it on every rank alike)."""
-        self.epoch = epoch
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise InvalidInputError("epoch must be an int")
+        self._epoch.value = epoch
 
-    def shard(self, worker: int = 0, workers: int = 1) -> list[int]:
-        """The chunks (indices into the selection's) this rank's worker reads, in order."""
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if not _spawning():
+            # A copy that is not a DataLoader worker being started (pickle.dumps, a spawn
+            # by the user) cannot share the memory: it keeps the epoch as it is now.
+            del state["_epoch"]
+            state["_epoch_value"] = self.epoch
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        value = state.pop("_epoch_value", None)
+        self.__dict__.update(state)
+        if value is not None:
+            self._epoch = multiprocessing.Value("q", value, lock=False)
+
+    def _order(self) -> list[int]:
         order = list(range(len(self._reader.units)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
-        return order[self.rank * workers + worker :: self.world_size * workers]
+        return order
+
+    def shard(self, worker: int = 0, workers: int = 1) -> list[int]:
+        """The chunks (indices into the selection's) dealt to this rank's worker, in order
+        (before the padding or cut that evens the ranks' counts)."""
+        return self._order()[self.rank :: self.world_size][worker::workers]
+
+    def _sizes(self) -> list[int]:
+        return [len(part[2]) for _, part in self._reader.units]
+
+    def _per_rank(self) -> int:
+        """The samples every rank yields this epoch."""
+        sizes, order = self._sizes(), self._order()
+        counts = [
+            sum(sizes[k] for k in order[r :: self.world_size]) for r in range(self.world_size)
+        ]
+        return min(counts) if self.drop_last else max(counts)
+
+    def _plan(self) -> list[tuple[int, int]]:
+        """``(chunk, samples read from its start)`` of this rank, in order: its own chunks,
+        cut or padded to `_per_rank` samples."""
+        sizes, order = self._sizes(), self._order()
+        want = self._per_rank()
+        plan: list[tuple[int, int]] = []
+        for k in order[self.rank :: self.world_size]:
+            if want <= 0:
+                break
+            plan.append((k, min(sizes[k], want)))
+            want -= plan[-1][1]
+        # Padding repeats the epoch's order from its start, as DistributedSampler does.
+        while want > 0 and order:
+            for k in order:
+                if want <= 0:
+                    break
+                plan.append((k, min(sizes[k], want)))
+                want -= plan[-1][1]
+        return plan
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for k in self.shard(worker, workers):
-            yield from self._reader.read_unit(k)
+        for k, count in self._plan()[worker::workers]:
+            yield from self._reader.read_unit(k)[:count]
 
     def __len__(self) -> int:
-        """Samples selected across all ranks and workers."""
-        return sum(len(part[2]) for _, part in self._reader.units)
+        """Samples this rank yields in an epoch (the same on every rank)."""
+        return self._per_rank()
+
+
+def _spawning() -> bool:
+    """Whether this pickling starts a process (a DataLoader worker under spawn/forkserver),
+    the one time a shared value may be handed over."""
+    from multiprocessing import context
+
+    return context.get_spawning_popen() is not None
 
 
 def _distributed() -> bool:

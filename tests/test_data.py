@@ -107,3 +107,30 @@ def test_pad_collate_pads_right_with_an_attention_mask() -> None:
     assert batch["reward"].tolist() == [1.0, 0.0] and batch["archive"] == ["a", "b"]
     with pytest.raises(InvalidInputError):
         pad_collate([])
+
+
+def test_ranks_yield_equal_counts_padded_or_cut_and_a_pickled_copy_keeps_its_epoch(
+    root: Path,
+) -> None:
+    """Every rank yields as many samples as the others (a rank with fewer batches would hang
+    DDP's next all-reduce): padded from the epoch's start by default, cut with drop_last."""
+    for drop_last in (False, True):
+        ranks = [
+            RolloutIterableDataset(root, fields=FIELDS, rank=r, world_size=4, drop_last=drop_last)
+            for r in range(4)
+        ]
+        counts = [len(list(rank)) for rank in ranks]
+        assert len(set(counts)) == 1 and counts[0] == len(ranks[0]), counts
+        seen = {(d["archive"], d["position"]) for rank in ranks for d in rank}
+        if drop_last:
+            assert 4 * counts[0] <= 30 and len(seen) == 4 * counts[0]
+        else:
+            assert 4 * counts[0] >= 30 and len(seen) == 30  # every sample, some twice
+    data = RolloutIterableDataset(root, fields=FIELDS, shuffle=True, seed=3)
+    data.set_epoch(7)
+    copy = pickle.loads(pickle.dumps(data))
+    assert copy.epoch == 7 and copy.shard() == data.shard()
+    copy.set_epoch(8)
+    assert data.epoch == 7  # a copy made outside a worker start shares nothing
+    with pytest.raises(InvalidInputError, match="epoch"):
+        data.set_epoch("1")  # type: ignore[arg-type]
