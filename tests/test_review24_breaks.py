@@ -157,9 +157,6 @@ class MetaDataclass(metaclass=RecordingMeta):
     x: int = 0
 
 
-register_sample_class(MetaDataclass, "rev24.MetaDataclass")
-
-
 class ClassProperty:
     """An object whose ``__class__`` is a property: ``isinstance`` on it runs user code."""
 
@@ -180,10 +177,21 @@ class PropertyAnnotated:
 register_sample_class(PropertyAnnotated, "rev24.PropertyAnnotated")
 
 
+def registered(cls: type) -> type | None:
+    """``cls`` registered, or None when registering refuses it (as refused as at save)."""
+    try:
+        return register_sample_class(cls, f"rev24.{cls.__qualname__}")
+    except UnencodableError:
+        return None
+
+
 @pytest.mark.parametrize(
     "sample",
     [
-        pytest.param(lambda: MetaDataclass(3), id="dataclass-metaclass-getattribute"),
+        pytest.param(
+            lambda: registered(MetaDataclass) and MetaDataclass(3),
+            id="dataclass-metaclass-getattribute",
+        ),
         pytest.param(lambda: PropertyAnnotated(4), id="annotation-class-property"),
     ],
 )
@@ -197,6 +205,8 @@ def test_loading_runs_no_code_of_a_registered_dataclass(
     an annotation naming an object is checked with ``isinstance``, which reads its
     ``__class__``, a property of the user's.  Either is fine: refused at save, or no call."""
     value = sample()
+    if value is None:
+        return  # refused at registration
     name = f"c{next(_names)}"
     try:
         pool.save(name, [value], rollout_id=1)
