@@ -802,13 +802,17 @@ def _pt_int(value: int) -> int:
     return value
 
 
-def _torch_native(value: Any, *, top: bool = True) -> Any:
+def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | None = None) -> Any:
     """``value`` with numpy arrays as tensors and numpy scalars as Python numbers.
 
     NOTE: `torch.load(weights_only=True)` refuses numpy objects (values or keys) and ints past
     `_PT_INT_MAX`, which the codec stores faithfully; an export must load with it (and import
     back equal), so numpy becomes its torch/Python equivalents and huge ints are refused.
+    One array held in several places of ``value`` becomes one tensor (``tensors``: by id),
+    as a load gives one array (docs/architecture.md, "Samples and values").
     """
+    if tensors is None:
+        tensors = {}
     kind = type(value)
     if kind is int:
         return _pt_int(value)
@@ -820,20 +824,26 @@ def _torch_native(value: Any, *, top: bool = True) -> Any:
             if int in kinds:
                 _check_ints(value, kinds)
             return value
-        return _native_items(value)
+        return _native_items(value, tensors)
     if kind is tuple:
-        return tuple(_native_items(value))
+        return tuple(_native_items(value, tensors))
     if kind is dict:
         out = {}
         key: Any = None
         try:
             for key, v in value.items():
-                out[_torch_native(key, top=False)] = _torch_native(v, top=False)
+                out[_torch_native(key, top=False, tensors=tensors)] = _torch_native(
+                    v, top=False, tensors=tensors
+                )
         except UnencodableError as exc:
             raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
         return out
     if isinstance(value, np.ndarray):
-        return torch_module().from_numpy(value.copy())
+        # the array is kept alive by ``value``, so its id is not reused meanwhile
+        tensor = tensors.get(id(value))
+        if tensor is None:
+            tensor = tensors[id(value)] = torch_module().from_numpy(value.copy())
+        return tensor
     if isinstance(value, np.generic):
         if value.dtype.kind == "c":
             # NOTE: item() gives a Python complex, which torch.load reads but the codec (and
@@ -884,11 +894,11 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
             )
 
 
-def _native_items(values: list | tuple) -> list[Any]:
+def _native_items(values: list | tuple, tensors: dict[int, Any]) -> list[Any]:
     out: list[Any] = []
     try:
         for v in values:
-            out.append(_torch_native(v, top=False))
+            out.append(_torch_native(v, top=False, tensors=tensors))
     except UnencodableError as exc:
         raise _at(exc, f"[{len(out)}]") from None
     return out

@@ -10,6 +10,7 @@ registry are rebuilt, anything else comes back as a plain dict (docs/architectur
 
 from __future__ import annotations
 
+import abc
 import ast
 import builtins
 import dataclasses
@@ -280,6 +281,10 @@ _NAMES: dict[type, str] = {}
 _ENUM_FIELDS: dict[type, dict[str, type[enum.Enum]]] = {}
 
 
+# Metaclasses whose attribute lookup is the standard library's.
+_PLAIN_METACLASSES = (type, abc.ABCMeta)
+
+
 def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
     """Allow instances of the dataclass ``cls`` to be stored and rebuilt on load.
 
@@ -295,6 +300,14 @@ def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
     """
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise UnencodableError(f"only dataclass types can be registered as samples, got {cls!r}")
+    if type(cls) not in _PLAIN_METACLASSES:
+        # NOTE: a load reads the class's attributes (its fields, MRO, namespace), and a custom
+        # metaclass's __getattribute__/__getattr__ would run then (as enums: see
+        # docs/architecture.md, "Samples and values")
+        raise UnencodableError(
+            f"{_qualified(cls)} has the custom metaclass {type(cls).__qualname__}, whose code "
+            "loading would run; it cannot be registered as a sample class"
+        )
     try:
         object.__new__(cls)
     except TypeError as exc:
@@ -877,13 +890,20 @@ def _enum_fields(cls: type) -> dict[str, type[enum.Enum]]:
     return found
 
 
+# What ``Optional[X]``, ``Union[X, Y]`` and ``X | Y`` are (typing's alias is no UnionType).
+_UNION_TYPES = (types.UnionType, type(Union[int, str]))  # noqa: UP007
+
+
 def _single_enum(hint: Any) -> type[enum.Enum] | None:
-    if isinstance(hint, list):  # the members of a union `_resolve_annotation` parsed
-        enums = [a for a in hint if isinstance(a, type) and issubclass(a, enum.Enum)]
+    # NOTE: by the hint's exact type only: ``isinstance`` reads an object's ``__class__``,
+    # which an annotation naming a user's object may make a property (code run on load)
+    kind = type(hint)
+    if kind is list:  # the members of a union `_resolve_annotation` parsed
+        enums = [a for a in hint if issubclass(type(a), type) and issubclass(a, enum.Enum)]
         return enums[0] if len(enums) == 1 else None
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return hint
-    if typing.get_origin(hint) in (Union, types.UnionType):
+    if issubclass(kind, type):
+        return hint if issubclass(hint, enum.Enum) else None
+    if issubclass(kind, _UNION_TYPES) and typing.get_origin(hint) in (Union, types.UnionType):
         return _single_enum(list(typing.get_args(hint)))
     return None
 

@@ -523,6 +523,10 @@ def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int]:
     root: Any = arr
     while True:
         base = root.base
+        # A memoryview (np.frombuffer(memoryview(b)), np.asarray(memoryview(a)), ctypes) is a
+        # new object per view over the same memory: the buffer is what it exports.
+        while isinstance(base, memoryview) and base.obj is not None:
+            base = base.obj
         if isinstance(base, np.ndarray):
             root = base
         elif type(base).__name__ == "DummyArray" and isinstance(
@@ -532,6 +536,8 @@ def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int]:
         else:
             break
     base = root.base
+    while isinstance(base, memoryview) and base.obj is not None:
+        base = base.obj
     if base is None:
         return ("numpy", id(root)), root.nbytes
     if is_tensor(base):

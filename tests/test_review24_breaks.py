@@ -1,0 +1,219 @@
+"""Issue 24, third review: cases that break the claims of the second fix (README, "What you
+save is what you load"; docs/architecture.md, "Samples and values").  Each test failed on the
+code it was written against, for the reason its docstring gives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from archive_manager import ArchiveManager
+from archive_manager.codec import encode_chunk, values
+from archive_manager.errors import UnencodableError
+from archive_manager.samples import _ENUM_FIELDS, register_sample_class
+
+pytestmark = pytest.mark.timeout(120)
+
+_names = itertools.count()
+CALLS: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArchiveManager]:
+    manager = ArchiveManager.open(tmp_path_factory.mktemp("rev24") / "pool", inline_limit=64)
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+@pytest.fixture
+def small_bound(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The expansion bound lowered to 1 MiB: the same rule, tested with small data."""
+    monkeypatch.setattr(values, "_MAX_EXTRA_BYTES", 1 << 20)
+    return 1 << 20
+
+
+# --------------------------------------------------------------------------- claim 1
+
+_BYTES = bytes(1 << 17)  # 128 KiB
+_ARRAY = np.zeros(1 << 14)  # 128 KiB, owns its memory
+_CBUF = (ctypes.c_uint8 * (1 << 17))()  # 128 KiB
+
+
+class ArrayInterface:
+    """A new object per view exporting an array's memory through ``__array_interface__``."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.__array_interface__ = arr.__array_interface__
+        self.arr = arr
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(
+            lambda: [np.frombuffer(memoryview(_BYTES), np.uint8) for _ in range(40)],
+            id="frombuffer-memoryview",
+        ),
+        pytest.param(
+            lambda: [np.asarray(memoryview(_ARRAY)) for _ in range(40)], id="asarray-memoryview"
+        ),
+        pytest.param(
+            lambda: [np.ctypeslib.as_array(_CBUF) for _ in range(40)], id="ctypes-as-array"
+        ),
+        pytest.param(
+            lambda: [np.asarray(ArrayInterface(_ARRAY)) for _ in range(40)],
+            id="array-interface-exporter",
+        ),
+    ],
+)
+def test_views_through_a_fresh_buffer_wrapper_are_counted(
+    small_bound: int, make: Callable[[], list[np.ndarray]]
+) -> None:
+    """Claim 1 (views of one buffer count against the bound): `_numpy_buffer` keys a buffer
+    by the id of the array's base object, and each ``memoryview`` (``np.frombuffer``,
+    ``np.asarray(memoryview(a))``, ``np.ctypeslib.as_array``) is a new base over the same
+    memory, so 40 such views of one 128 KiB buffer write 5 MiB unbounded (1,000 views of a
+    1 MiB buffer: a 1 GB record from 1 MiB held).  Fixed for memoryviews (the buffer is the
+    object they export); an ``__array_interface__`` exporter made per view is not (its
+    memory is known by address only: counting it needs the buffers' address ranges)."""
+    with pytest.raises(UnencodableError, match=r"sample field 'x'\[\d+\]: .*bytes beyond"):
+        encode_chunk([{"x": make()}])
+
+
+def test_table_export_of_a_shared_tensor_is_bounded(
+    pool: ArchiveManager, small_bound: int, tmp_path: Path
+) -> None:
+    """Claim 1 vs the exports: a tensor blob held in N places is accepted by the save (one
+    blob, N small nodes), but the JSONL export (and Parquet's JSON columns, the viewer) writes
+    the tensor out N times: 200 places of a 16 KiB tensor export 16 MB of text (2,000 places
+    of 64 KiB: a 1.4 MB archive exported as 164 MB in 29 s; the save's bound admits about two
+    million places).  What the save bounded should not come back unbounded on export."""
+    name = f"amp{next(_names)}"
+    big = torch.zeros(1 << 12)  # 16 KiB
+    pool.save(name, [{"x": [big] * 200}], rollout_id=1)
+    out = tmp_path / "amp.jsonl"
+    try:
+        pool.export(name, out)
+    except UnencodableError:
+        return  # refused: bounded
+    assert out.stat().st_size <= small_bound + 64 * big.nbytes
+
+
+# --------------------------------------------------------------------------- claim 2
+
+
+def test_table_round_trip_keeps_one_tensor_held_twice(pool: ArchiveManager, tmp_path: Path) -> None:
+    """Claim 2 (one tensor held in several places loads as one object) is kept by every load
+    and by export_pt/import_pt, but not by the JSONL round trip: ``{"t": t, "u": [t]}``
+    comes back as two separate tensors."""
+    name = f"sh{next(_names)}"
+    t = torch.arange(100, dtype=torch.float32)
+    pool.save(name, [{"t": t, "u": [t]}], rollout_id=1)
+    (loaded,) = pool.open_archive(name).load_samples()
+    assert loaded["t"] is loaded["u"][0]
+    out = tmp_path / "sh.jsonl"
+    pool.export(name, out)
+    pool.import_table(out, name=f"{name}i")
+    (back,) = pool.open_archive(f"{name}i").load_samples()
+    assert back["t"] is back["u"][0]
+
+
+def test_export_pt_keeps_one_array_held_twice(pool: ArchiveManager, tmp_path: Path) -> None:
+    """Claim 2 through export_pt/import_pt: one numpy array held twice loads as one object,
+    but export_pt makes a tensor per place, so import_pt gives two tensors (one tensor held
+    twice comes back as one)."""
+    name = f"np{next(_names)}"
+    a = np.arange(100.0)
+    pool.save(name, [{"a": a, "b": [a]}], rollout_id=1)
+    out = pool.open_archive(name).export_pt(tmp_path / "np.pt")
+    (back,) = pool.import_pt(out, name=f"{name}i").load_samples()
+    assert back["a"] is back["b"][0]
+
+
+# --------------------------------------------------------------------------- claim 3
+
+
+class RecordingMeta(type):
+    """A metaclass whose attribute lookup is the user's code."""
+
+    def __getattribute__(cls, name: str) -> Any:
+        CALLS.append(f"metaclass __getattribute__ {name}")
+        return super().__getattribute__(name)
+
+
+@dataclasses.dataclass
+class MetaDataclass(metaclass=RecordingMeta):
+    x: int = 0
+
+
+class ClassProperty:
+    """An object whose ``__class__`` is a property: ``isinstance`` on it runs user code."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        CALLS.append("annotation __class__")
+        return ClassProperty
+
+
+LEVEL = ClassProperty()
+
+
+@dataclasses.dataclass
+class PropertyAnnotated:
+    level: LEVEL = 0  # type: ignore[valid-type]
+
+
+register_sample_class(PropertyAnnotated, "rev24.PropertyAnnotated")
+
+
+def registered(cls: type) -> type | None:
+    """``cls`` registered, or None when registering refuses it (as refused as at save)."""
+    try:
+        return register_sample_class(cls, f"rev24.{cls.__qualname__}")
+    except UnencodableError:
+        return None
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        pytest.param(
+            lambda: registered(MetaDataclass) and MetaDataclass(3),
+            id="dataclass-metaclass-getattribute",
+        ),
+        pytest.param(lambda: PropertyAnnotated(4), id="annotation-class-property"),
+    ],
+)
+def test_loading_runs_no_code_of_a_registered_dataclass(
+    pool: ArchiveManager, sample: Callable[[], Any]
+) -> None:
+    """Claim 3 (loading runs none of the user's code; classes a plain lookup cannot rebuild
+    are refused at save): enums with a custom metaclass are refused, but a registered
+    dataclass with one is saved, and the first load of a process (`_enum_fields` reads
+    ``dataclasses.fields(cls)``, ``cls.__mro__``) runs its metaclass's ``__getattribute__``;
+    an annotation naming an object is checked with ``isinstance``, which reads its
+    ``__class__``, a property of the user's.  Either is fine: refused at save, or no call."""
+    value = sample()
+    if value is None:
+        return  # refused at registration
+    name = f"c{next(_names)}"
+    try:
+        pool.save(name, [value], rollout_id=1)
+    except UnencodableError:
+        return
+    _ENUM_FIELDS.pop(type(value), None)  # as in a process that only loads
+    CALLS.clear()
+    (loaded,) = pool.open_archive(name).load_samples()
+    assert CALLS == []
+    assert loaded == value
