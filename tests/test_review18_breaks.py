@@ -54,3 +54,18 @@ def test_csv_listing_keeps_escape_sequences_exactly(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--root", str(tmp_path / "pool"), "query", "--format", "csv"])
     assert result.exit_code == 0, result.output
     assert "\x1b[31mred" in result.output
+
+
+def test_import_pt_takes_an_existing_file_whose_name_looks_like_a_glob(tmp_path: Path) -> None:
+    """A dump named 'rollout[1].pt' was taken for a glob (its [1] a character class) that
+    matches nothing: the file could not be imported by its own path."""
+    pytest.importorskip("torch")
+    with _pool(tmp_path) as pool:
+        dump = tmp_path / "rollout[1].pt"
+        pool.open_archive("r1").export_pt(dump)
+    target = tmp_path / "other"
+    ArchiveManager.open(target, create=True).close()
+    result = CliRunner().invoke(cli, ["--root", str(target), "import-pt", str(dump)])
+    assert result.exit_code == 0, result.output
+    with ArchiveManager.open(target) as other:
+        assert len(other.find()) == 1
