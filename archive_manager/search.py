@@ -62,6 +62,8 @@ LINE_CONTEXT = 120
 #: Seconds one text may take a regular expression: a sane pattern needs microseconds for a
 #: response; past this it is backtracking without end (see `_finder`).
 _PER_TEXT = 2.0
+#: Seconds the check against the empty text may take: a sane pattern needs microseconds.
+_EMPTY_TEXT = 0.25
 #: Chunks read and scanned ahead of the one whose matches are being collected.
 _AHEAD = 4
 _WORKERS = 2
@@ -169,7 +171,16 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         compiled = regex_module.compile(pattern, regex_module.IGNORECASE if ignore_case else 0)
     except (regex_module.error, ValueError, OverflowError, RecursionError) as exc:
         raise InvalidInputError(f"the regular expression does not compile: {exc}") from None
-    if compiled.search("") is not None:
+    try:
+        # Time-limited too: a pattern recursing into itself (``(?R)``) never ends on "" and
+        # the regex module ends it with MemoryError, after seconds and ~100 MB.
+        empty = compiled.search("", timeout=_EMPTY_TEXT)
+    except (TimeoutError, MemoryError, RecursionError):
+        raise InvalidInputError(
+            f"the regular expression {pattern[:60]!r} does not finish even on an empty text "
+            "(it recurses or backtracks without end); simplify it"
+        ) from None
+    if empty is not None:
         # Matches everywhere (``.*``, ``a?``): every sample would match, with nothing found.
         raise InvalidInputError("the regular expression matches the empty string")
 
@@ -180,7 +191,8 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         limit = min(left, _PER_TEXT)
         try:
             m = compiled.search(text, timeout=limit)
-        except TimeoutError:
+        except (TimeoutError, MemoryError, RecursionError):
+            # MemoryError: the regex module's end of a recursion without bound.
             if limit < _PER_TEXT:
                 raise _DeadlineReached from None  # the search's own time ran out meanwhile
             raise SearchTimeoutError(_timeout_message(pattern)) from None

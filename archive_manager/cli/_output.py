@@ -148,7 +148,9 @@ def echo_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
                     for k, v in row.items()
                 }
             )
-    click.echo(out.getvalue(), nl=False)
+    # color=True: click.echo strips ANSI sequences when stdout is no terminal, which would
+    # alter stored text ('\x1b[31mred' -> 'red') in a format that promises it exactly.
+    click.echo(out.getvalue(), nl=False, color=True)
 
 
 def echo_table(

@@ -330,7 +330,8 @@ def _expand(patterns: tuple[str, ...]) -> list[Path]:
     sorted order (for shells that pass a pattern unexpanded, or quoted ones); each once."""
     files: list[Path] = []
     for pattern in patterns:
-        if glob.has_magic(pattern):
+        # A file that exists is itself, even when its name holds glob characters ([1], *).
+        if glob.has_magic(pattern) and not Path(pattern).expanduser().is_file():
             matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(pattern)))
             matches = [m for m in matches if m.is_file()]
             if not matches:
