@@ -74,6 +74,11 @@ class ArrayInterface:
         pytest.param(
             lambda: [np.asarray(ArrayInterface(_ARRAY)) for _ in range(40)],
             id="array-interface-exporter",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open (issue 24): an __array_interface__ exporter made per view is "
+                "known by address only; counting it needs the buffers' address ranges",
+            ),
         ),
     ],
 )
@@ -91,6 +96,10 @@ def test_views_through_a_fresh_buffer_wrapper_are_counted(
         encode_chunk([{"x": make()}])
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 24): table exports write a shared tensor once per place, unbounded",
+)
 def test_table_export_of_a_shared_tensor_is_bounded(
     pool: ArchiveManager, small_bound: int, tmp_path: Path
 ) -> None:
@@ -113,6 +122,10 @@ def test_table_export_of_a_shared_tensor_is_bounded(
 # --------------------------------------------------------------------------- claim 2
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 24): a table export does not record that two places hold one tensor",
+)
 def test_table_round_trip_keeps_one_tensor_held_twice(pool: ArchiveManager, tmp_path: Path) -> None:
     """Claim 2 (one tensor held in several places loads as one object) is kept by every load
     and by export_pt/import_pt, but not by the JSONL round trip: ``{"t": t, "u": [t]}``
