@@ -281,7 +281,7 @@ def test_serve_opens_the_pool_read_only(tmp_path: Path, monkeypatch: pytest.Monk
         fill(pool)
     seen: list[bool] = []
 
-    def fake_serve(pool: ArchiveManager, host: str, port: int, announce: Any) -> None:
+    def fake_serve(pool: ArchiveManager, host: str, port: int, announce: Any, **_: Any) -> None:
         seen.append(pool.read_only)
 
     monkeypatch.setattr("archive_manager.web.serve", fake_serve)
