@@ -33,6 +33,7 @@ from .codec import (
     torch_dtype_names,
     torch_dtypes,
 )
+from .codec import values as codec_values
 from .codec.values import _narrow_ints_dtype
 from .errors import (
     ArchiveError,
@@ -446,9 +447,38 @@ def to_json_value(value: Any) -> Any:
     """``value`` as plain JSON, tagged (``{"$t": ...}``) where JSON would lose it: tuples,
     mappings with keys other than text, non-finite floats, tensors and numpy values.
 
+    One tensor or array held in several places (it loads as one object) is written out at
+    each place, so the bytes written again count against the save's own expansion bound
+    (docs/architecture.md, "Samples and values"): what the save bounded stays bounded here.
+
     Raises:
-        UnencodableError: a value JSON cannot hold even tagged (a complex number).
+        UnencodableError: a value JSON cannot hold even tagged (a complex number), or one
+            whose repeated tensors would write more than the bound again.
     """
+    return _to_json(value, _Repeats())
+
+
+class _Repeats:
+    """The tensors and arrays one `to_json_value` call wrote, and the bytes written again."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.extra = 0
+
+    def add(self, value: Any, nbytes: int) -> None:
+        if id(value) not in self.seen:
+            self.seen.add(id(value))
+            return
+        self.extra += nbytes
+        limit = codec_values._MAX_EXTRA_BYTES
+        if self.extra > limit:
+            raise UnencodableError(
+                f"a tensor held in many places would be written out again past {limit:,} "
+                "bytes: a table export writes it at each place (export_pt keeps it once)"
+            )
+
+
+def _to_json(value: Any, repeats: _Repeats) -> Any:
     t = type(value)
     if value is None or t in (bool, str, int):
         return value
@@ -457,31 +487,36 @@ def to_json_value(value: Any) -> Any:
             return value
         return {_TAG: "float", "v": _FLOAT_BITS.pack(value).hex()}
     if t is list:
-        return [to_json_value(v) for v in value]
+        return [_to_json(v, repeats) for v in value]
     if t is StoredNumbers:
         # nan and +-inf (a -inf log-prob is ordinary) need their tag; finite lists stay fast
         if value.dtype.kind == "f" and not np.isfinite(value).all():
-            return [to_json_value(v) for v in value.tolist()]
+            return [_to_json(v, repeats) for v in value.tolist()]
         return value.tolist()
     if t is dict:
         if _TAG not in value and all(type(k) is str for k in value):
-            return {k: to_json_value(v) for k, v in value.items()}
-        return {_TAG: "map", "v": [[to_json_value(k), to_json_value(v)] for k, v in value.items()]}
+            return {k: _to_json(v, repeats) for k, v in value.items()}
+        return {
+            _TAG: "map",
+            "v": [[_to_json(k, repeats), _to_json(v, repeats)] for k, v in value.items()],
+        }
     if t is tuple:
-        return {_TAG: "tuple", "v": [to_json_value(v) for v in value]}
+        return {_TAG: "tuple", "v": [_to_json(v, repeats) for v in value]}
     if isinstance(value, TensorRef) or is_tensor(value):
         array = _tensor_numpy(value)
+        repeats.add(value, array.nbytes)
         return {
             _TAG: "tensor",
             "d": _torch_dtype_name(value),
             "sh": list(array.shape),
-            "v": to_json_value(array.reshape(-1).tolist()),
+            "v": _to_json(array.reshape(-1).tolist(), repeats),
         }
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        flat = to_json_value(value.reshape(-1).tolist())
+        repeats.add(value, value.nbytes)
+        flat = _to_json(value.reshape(-1).tolist(), repeats)
         return {_TAG: "ndarray", "d": value.dtype.str, "sh": list(value.shape), "v": flat}
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
-        return {_TAG: "npscalar", "d": value.dtype.str, "v": to_json_value(value.item())}
+        return {_TAG: "npscalar", "d": value.dtype.str, "v": _to_json(value.item(), repeats)}
     raise UnencodableError(f"a {t.__name__} has no JSON form")
 
 
