@@ -46,7 +46,14 @@ import xxhash
 from .._atomic import fsync_dir
 from .._digest import Buffer, check_digest
 from .._failpoints import failpoint
-from ..errors import BlobCorruptError, IntegrityError, InvalidNameError, PoolLayoutError
+from ..errors import (
+    BlobCorruptError,
+    BlobNotFoundError,
+    BlobStoreError,
+    IntegrityError,
+    InvalidNameError,
+    PoolLayoutError,
+)
 from ..permissions import share_like_parent
 from ._common import check_size as _check_size
 from ._common import corrupt as _corrupt
@@ -341,8 +348,22 @@ class LocalBlobStore(AbstractBlobStore):
         # A FIFO or a link there is damage to report, not a blob to dedup against or replace.
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(digest, path, st.st_mode)
+        # NOTE: a write is skipped only on an open file: on a shared filesystem (a FUSE
+        # client, NFS) a stat may answer from this host's cache for a file another host's GC
+        # has since unlinked, and the blob would then never be written anywhere. An open goes
+        # to the filesystem (docs/architecture.md, "Shared pools").
+        if not self._opens(digest):
+            return digest, self._begin(digest, views)
         _check_size(digest, st.st_size, views)
         return digest, None
+
+    def _opens(self, digest: str) -> bool:
+        """Whether ``digest``'s file opens as a regular file now."""
+        try:
+            os.close(self._open_fd(digest))
+        except BlobNotFoundError:
+            return False
+        return True
 
     def _begin(self, digest: str, views: list[memoryview]) -> _Pending:
         """Write ``views`` to a new read-only temp file and start its writeback; not synced."""
@@ -453,12 +474,20 @@ class LocalBlobStore(AbstractBlobStore):
             os.close(fd)
 
     def has(self, digest: str) -> bool:
-        """True when a regular file exists for ``digest`` (its bytes are not read)."""
+        """True when a regular file exists for ``digest`` (its bytes are not read).
+
+        Opened, not only stat'ed: a save skips writing a blob that `has` finds, and a stat
+        on a shared filesystem may answer from a cache another host has made stale."""
         path = self._checked_path(digest)
         try:
-            return stat.S_ISREG(os.lstat(path).st_mode)
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return False
         except _MISSING:
             return False
+        try:
+            return self._opens(digest)
+        except (OSError, BlobStoreError):
+            return True  # there (its stat said so), but not ours to open: as before
 
     def stat(self, digest: str) -> BlobStat:
         """The size and mtime of ``digest``'s file.
