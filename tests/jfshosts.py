@@ -45,6 +45,18 @@ _MOUNT_TIMEOUT = 60.0
 WORKTREE = Path(__file__).resolve().parents[1]
 
 
+#: Metadata caches off, as docs/architecture.md ("Shared pools") asks of a pool shared by
+#: hosts: with JuiceFS's default 1 s entry and attribute caches, a host that looked a blob up
+#: may see it missing for that long after another host renamed a new copy over it (a reload
+#: right after publishing failed so, about 1 run in 5 under load; the blob was there).
+CONSISTENT_METADATA = (
+    "--attr-cache=0",
+    "--entry-cache=0",
+    "--dir-entry-cache=0",
+    "--negative-entry-cache=0",
+)
+
+
 class TwoHostsUnavailable(RuntimeError):
     """``juicefs``, ``unshare``, ``nsenter``, root or FUSE is missing, or a mount failed."""
 
@@ -230,6 +242,7 @@ class TwoHosts:
                 "--no-usage-report",
                 "--cache-dir",
                 str(self.workdir / f"cache-{name}"),
+                *CONSISTENT_METADATA,
                 *options,
                 self.meta_url,
                 str(self.mount_point),
