@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["fsync_dir", "write_atomic", "write_atomic_with"]
+__all__ = ["fsync_dir", "write_atomic", "write_atomic_via_path", "write_atomic_with"]
 
 # A filesystem without hard links (some FUSE and object-store mounts) says so with these.
 _NO_LINKS = frozenset(
@@ -132,6 +132,23 @@ def write_atomic_with(path: Path, write: Callable[[BinaryIO], None], *, mode: in
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_atomic_via_path(path: Path, write: Callable[[Path], object]) -> None:
+    """`write_atomic_with` for writers that take a file name (pyarrow, json lines): ``write``
+    fills a temp file beside ``path``, which is fsynced and then replaces ``path``.  On any
+    failure the temp file is removed and ``path`` is left as it was."""
+    tmp = _temp_for(path)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

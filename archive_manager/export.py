@@ -9,7 +9,6 @@ publishes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import json
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from ._atomic import _temp_for, fsync_dir
+from ._atomic import write_atomic_via_path
 from ._context import PoolContext
 from .archive import Archive, ArchiveInfo, infos, open_archive
 from .arrow import (
@@ -217,17 +216,7 @@ def write_file(target: Path, write: Callable[[Path], object], *, overwrite: bool
     if target.is_dir():
         raise InvalidInputError(f"{target} is a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = _temp_for(target)  # within NAME_MAX for a long archive name
-    try:
-        write(temp)
-        with open(temp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    fsync_dir(target.parent)
+    write_atomic_via_path(target, write)  # its temp name stays within NAME_MAX
 
 
 def _write_parquet(
