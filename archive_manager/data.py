@@ -356,7 +356,8 @@ def _distributed() -> bool:
 
 def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
     """A batch of dataset items as one dict: ``tokens`` padded with ``pad_id`` (right) into
-    ``[B, T]`` with ``attention_mask`` (1 on real tokens); ``loss_mask`` and
+    ``[B, T]`` with ``attention_mask`` (1 on real tokens; an item's own ``attention_mask``
+    is kept and padded with 0 instead); ``loss_mask`` and
     ``rollout_log_probs`` padded with 0 into ``[B, R]``; other 1-d tensors padded with 0;
     numbers as a tensor; anything else as a list.
 
@@ -374,7 +375,9 @@ def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, A
         if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
             fill = pad_id if key == "tokens" else 0
             out[key] = torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=fill)
-            if key == "tokens":
+            # NOTE: an item that brings its own attention_mask (packed or left-padded
+            # samples) keeps it: it was padded like any 1-d tensor above.
+            if key == "tokens" and "attention_mask" not in keys:
                 lengths = torch.tensor([len(v) for v in values])
                 out["attention_mask"] = (
                     torch.arange(out[key].shape[1])[None, :] < lengths[:, None]

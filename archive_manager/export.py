@@ -9,6 +9,8 @@ publishes nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import inspect
 import itertools
 import json
@@ -49,6 +51,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .query import query_samples
+from .samples import Sample
 from .writer import ArchiveWriter
 
 if TYPE_CHECKING:
@@ -421,6 +424,14 @@ def _check_mapping(mapping: Mapping[str, str] | None) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) and k and v for k, v in mapping.items()
     ):
         raise InvalidInputError("mapping must map sample field names to column names (text)")
+    # NOTE: a target that is no Sample field would import as an extra attribute of that name:
+    # ``promt=input`` (a typo) left every prompt empty and the text under ``promt``, silently.
+    known = [f.name for f in dataclasses.fields(Sample)] + ["task_key"]
+    for target in mapping:
+        if target not in known:
+            close = difflib.get_close_matches(target, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidInputError(f"mapping: {target!r} is not a sample field{hint}")
     return dict(mapping)
 
 

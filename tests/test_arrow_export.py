@@ -219,6 +219,7 @@ def test_bad_input_is_refused_whole(pool: ArchiveManager, tmp_path: Path) -> Non
         (UnsupportedFormatError, "unknown format", lambda: pool.export("odd", tmp_path / "x", format="xlsx")),
         (InvalidInputError, "'answer'", lambda: pool.import_table(good, name="n", mapping={"response": "answer"})),
         (InvalidInputError, "give the archive a name", lambda: pool.import_table(good)),
+        (InvalidInputError, "did you mean 'prompt'", lambda: pool.import_table(good, name="n", mapping={"promt": "input"})),
     ]  # fmt: skip
     fake = tmp_path / "fake.parquet"
     fake.write_text("not parquet\n")

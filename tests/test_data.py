@@ -109,6 +109,16 @@ def test_pad_collate_pads_right_with_an_attention_mask() -> None:
         pad_collate([])
 
 
+def test_pad_collate_keeps_an_attention_mask_the_items_bring() -> None:
+    """Left-padded or packed samples carry their own mask: it is padded, never replaced."""
+    items = [
+        {"tokens": torch.tensor([0, 5, 6]), "attention_mask": torch.tensor([0, 1, 1])},
+        {"tokens": torch.tensor([8]), "attention_mask": torch.tensor([1])},
+    ]
+    batch = pad_collate(items)
+    assert batch["attention_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
 def test_ranks_yield_equal_counts_padded_or_cut_and_a_pickled_copy_keeps_its_epoch(
     root: Path,
 ) -> None:
