@@ -262,6 +262,14 @@ def test_cli_release_many(root: Path) -> None:
         "rollout-3",
         "rollout-4",
     ]
+    # A retry of a finished range release is no error; a range with no archive is.
+    again = _run(root, "release", "--rollout-id", "3..4", "--yes")
+    assert again.exit_code == 0 and "already released; nothing changed" in again.stdout
+    assert (
+        json.loads(_run(root, "release", "--rollout-id", "3..4", "--json").stdout)["release"] == []
+    )
+    empty = _run(root, "release", "--rollout-id", "40..", "--yes")
+    assert empty.exit_code == 1 and "no archive has a rollout id in that range" in empty.stderr
     assert _run(root, "gc", "--grace", "0", "--yes").exit_code == 0
     shown = _run(root, "show", "rollout-0").stdout
     assert "released, reclaimed" in shown

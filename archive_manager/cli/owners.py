@@ -161,7 +161,17 @@ def release(
         return
     chosen = list(dict.fromkeys([*names, *(_names_in(pool, rollout_id) if rollout_id else [])]))
     if not chosen:
-        raise CliError("no published archive has a rollout id in that range; nothing to release")
+        assert rollout_id is not None
+        # NOTE: releasing is idempotent (as one released NAME is): a range whose archives are
+        # all released already is a retry of a finished release, not an error; a range with no
+        # archive at all is most likely a typo and fails.
+        if not pool.find(rollout_id=rollout_id, state="released"):
+            raise CliError("no archive has a rollout id in that range; nothing to release")
+        if as_json:
+            echo_json(pool.release([], dry_run=True).as_dict())
+        else:
+            echo("every archive in that range is already released; nothing changed")
+        return
     # The plan checks every name first (a typo releases nothing) and changes nothing.
     plan = pool.release(chosen, dry_run=True)
     if not plan.release:
