@@ -574,16 +574,16 @@ def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int, tuple[str, int, int] | Non
     # NOTE: any other base lends memory it may not own, and a new one can be made per view
     # over the same addresses (an ``__array_interface__`` or DLPack exporter, a ctypes array
     # from_address): the memory is known by its address range, never by the object.
-    start, end = _span(root)
     try:
         capacity = memoryview(base).nbytes
+        # the buffer the array was made from (so it spans the array): all of it is held
         whole = np.frombuffer(base, np.uint8)
     except (TypeError, ValueError, BufferError):
         capacity = root.nbytes
+        start, end = _span(root)
     else:
-        if whole.nbytes:  # the buffer the array was made from: all of it is held
-            first = whole.__array_interface__["data"][0]
-            start, end = min(start, first), max(end, first + whole.nbytes)
+        start = whole.__array_interface__["data"][0]
+        end = start + whole.nbytes
     return ("buffer", id(base)), capacity, ("cpu", start, end)
 
 
@@ -604,6 +604,8 @@ def _borrowed_storage(storage: Any, device: Any) -> tuple[str, int, int] | None:
 def _span(arr: np.ndarray) -> tuple[int, int]:
     """The addresses ``[start, end)`` an array's elements lie within."""
     start = end = arr.__array_interface__["data"][0]
+    if arr.flags.c_contiguous or arr.flags.f_contiguous:
+        return start, start + arr.nbytes
     if arr.size:
         for n, stride in zip(arr.shape, arr.strides, strict=True):
             if stride < 0:
