@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same_samples
 from hypothesis import given
 from hypothesis import strategies as st
 
 from archive_manager import ArchiveManager
 from archive_manager.codec import encode_chunk, values
-from archive_manager.errors import UnencodableError
+from archive_manager.errors import UnencodableError, UnsupportedFormatError
 from archive_manager.samples import _ENUM_FIELDS, register_sample_class
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,8 +89,8 @@ def test_views_through_a_fresh_buffer_wrapper_are_counted(
     ``np.asarray(memoryview(a))``, ``np.ctypeslib.as_array``) is a new base over the same
     memory, so 40 such views of one 128 KiB buffer write 5 MiB unbounded (1,000 views of a
     1 MiB buffer: a 1 GB record from 1 MiB held).  Fixed for memoryviews (the buffer is the
-    object they export); an ``__array_interface__`` exporter made per view is not (its
-    memory is known by address only: counting it needs the buffers' address ranges)."""
+    object they export), then for an ``__array_interface__`` exporter made per view, whose
+    memory is known by address only: borrowed memory is counted by its address ranges."""
     with pytest.raises(UnencodableError, match=r"sample field 'x'\[\d+\]: .*bytes beyond"):
         encode_chunk([{"x": make()}])
 
@@ -193,14 +195,11 @@ def test_table_export_of_a_shared_tensor_is_bounded(
 # --------------------------------------------------------------------------- claim 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 24): a table export does not record that two places hold one tensor",
-)
 def test_table_round_trip_keeps_one_tensor_held_twice(pool: ArchiveManager, tmp_path: Path) -> None:
     """Claim 2 (one tensor held in several places loads as one object) is kept by every load
-    and by export_pt/import_pt, but not by the JSONL round trip: ``{"t": t, "u": [t]}``
-    comes back as two separate tensors."""
+    and by export_pt/import_pt, but was not by the JSONL round trip: ``{"t": t, "u": [t]}``
+    came back as two separate tensors.  The export's ``sample_shared`` column now lists the
+    places, and the import gives them one tensor."""
     name = f"sh{next(_names)}"
     t = torch.arange(100, dtype=torch.float32)
     pool.save(name, [{"t": t, "u": [t]}], rollout_id=1)
@@ -211,6 +210,125 @@ def test_table_round_trip_keeps_one_tensor_held_twice(pool: ArchiveManager, tmp_
     pool.import_table(out, name=f"{name}i")
     (back,) = pool.open_archive(f"{name}i").load_samples()
     assert back["t"] is back["u"][0]
+
+
+def _shared_sample() -> dict[str, Any]:
+    """One tensor (a tensor blob) in a typed column and three JSON places, a small tensor
+    twice inside a tuple and a dict keyed by a float, one numpy array in a typed column and
+    inside JSON."""
+    t = torch.arange(100, dtype=torch.float32)
+    small = torch.tensor([1, 2], dtype=torch.int16)
+    a = np.arange(6.0).reshape(2, 3)
+    return {"t": t, "u": [t, (small, {"k": a, 3.5: small})], "a": a, "v": {"x": t}}
+
+
+def _assert_shared(s: dict[str, Any]) -> None:
+    assert s["t"] is s["u"][0] is s["v"]["x"]
+    assert s["u"][1][0] is s["u"][1][1][3.5]
+    assert s["u"][1][1]["k"] is s["a"]
+
+
+def _assert_separate(s: dict[str, Any]) -> None:
+    assert s["t"] is not s["u"][0] and s["u"][0] is not s["v"]["x"]
+    assert s["u"][1][0] is not s["u"][1][1][3.5]
+    assert s["u"][1][1]["k"] is not s["a"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_table_round_trip_keeps_what_each_sample_shares(
+    pool: ArchiveManager, tmp_path: Path, suffix: str
+) -> None:
+    """Claim 2 through both table formats, typed and JSON columns, tuples and dicts on the
+    way: the places of one tensor or array come back as one object; the same structure
+    built of distinct equal objects (the second sample) comes back distinct."""
+    name = f"shp{next(_names)}"
+    first = _shared_sample()
+    # the same structure, each place a copy of its own
+    t, small, a = first["t"], first["u"][1][0], first["a"]
+    second = {
+        "t": t.clone(),
+        "u": [t.clone(), (small.clone(), {"k": a.copy(), 3.5: small.clone()})],
+        "a": a.copy(),
+        "v": {"x": t.clone()},
+    }
+    pool.save(name, [first, second], rollout_id=1)
+    out = tmp_path / f"shp{suffix}"
+    pool.export(name, out)
+    back = pool.open_archive(pool.import_table(out, name=f"{name}i").name).load_samples()
+    assert_same_samples(back, pool.open_archive(name).load_samples())
+    _assert_shared(back[0])
+    _assert_separate(back[1])
+
+
+def test_shared_column_leaves_the_table_readable(pool: ArchiveManager, tmp_path: Path) -> None:
+    """The readers of the table formats see every place's values, and the ``sample_shared``
+    column as text (null where a sample shares nothing): pandas, DuckDB and datasets."""
+    datasets = pytest.importorskip("datasets")
+    duckdb = pytest.importorskip("duckdb")
+    pd = pytest.importorskip("pandas")
+    name = f"shr{next(_names)}"
+    second = {"t": torch.zeros(100), "u": [], "a": np.zeros((2, 3))}
+    pool.save(name, [_shared_sample(), second], rollout_id=1)
+    parquet, jsonl = tmp_path / "shr.parquet", tmp_path / "shr.jsonl"
+    pool.export(name, parquet)
+    pool.export(name, jsonl)
+    want = [[["t"], ["u", 0], ["v", 0]], [["u", 1, 0], ["u", 1, 1, 1]], [["u", 1, 1, 0], ["a"]]]
+    df = pd.read_parquet(parquet)
+    assert [json.loads(v) if isinstance(v, str) else None for v in df["sample_shared"]] == [
+        want,
+        None,
+    ]
+    assert pd.isna(df["sample_shared"][1])
+    assert list(df["t"][0]) == list(range(100))
+    assert json.loads(df["u"][0])[0]["v"] == list(range(100))  # written in full at each place
+    rows = duckdb.sql(f"select sample_shared, len(t) from '{parquet}' order by position").fetchall()
+    assert rows == [(json.dumps(want), 100), (None, 100)]
+    ds = datasets.Dataset.from_parquet(str(parquet), cache_dir=str(tmp_path / "cache"))
+    assert json.loads(ds[0]["sample_shared"]) == want and ds[1]["sample_shared"] is None
+    lines = pd.read_json(jsonl, lines=True)
+    assert lines["sample_shared"][0] == want and pd.isna(lines["sample_shared"][1])
+
+
+def test_shared_column_that_does_not_fit_its_row(pool: ArchiveManager, tmp_path: Path) -> None:
+    """The table's values win: places the column says are one but that hold different
+    values (an edited table) are refused, naming them; without the column (an export of an
+    older release, or the column dropped) they import as separate values; a place in a
+    column left out of the table is skipped; a malformed column is refused."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    name = f"shf{next(_names)}"
+    pool.save(name, [_shared_sample()], rollout_id=1)
+    out = tmp_path / "shf.parquet"
+    pool.export(name, out)
+    table = pq.read_table(out)
+
+    def imported(t: Any) -> dict[str, Any]:
+        path = tmp_path / f"{next(_names)}.parquet"
+        pq.write_table(t, path)
+        (sample,) = pool.import_table(path, name=f"{name}-{path.stem}").load_samples()
+        return sample
+
+    u = json.loads(table.column("u")[0].as_py())
+    u[0]["v"][0] = 7.0  # one place edited
+    edited = table.set_column(
+        table.schema.get_field_index("u"), table.schema.field("u"), pa.array([json.dumps(u)])
+    )
+    with pytest.raises(UnsupportedFormatError, match=r"'t' and 'u'\[0\] hold one value"):
+        imported(edited)
+    assert not [a for a in pool.find(state=None) if a.name.startswith(f"{name}-")]
+    _assert_separate(imported(table.drop_columns(["sample_shared"])))
+    # the typed columns t and a left out: the JSON places still share among themselves
+    partial = imported(table.drop_columns(["t", "t.shape", "a", "a.shape"]))
+    assert partial["u"][0] is partial["v"]["x"] and "t" not in partial
+    assert partial["u"][1][0] is partial["u"][1][1][3.5]
+    for bad in ["{}", "[[1]]", '[[["u", 9]]]', '[[["u", 1, 1], ["u", 0]]]']:
+        broken = table.set_column(
+            table.schema.get_field_index("sample_shared"),
+            table.schema.field("sample_shared"),
+            pa.array([bad]),
+        )
+        with pytest.raises(UnsupportedFormatError, match="sample_shared"):
+            imported(broken)
 
 
 def test_export_pt_keeps_one_array_held_twice(pool: ArchiveManager, tmp_path: Path) -> None:
