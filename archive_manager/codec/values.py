@@ -575,16 +575,14 @@ def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int, tuple[str, int, int] | Non
     # over the same addresses (an ``__array_interface__`` or DLPack exporter, a ctypes array
     # from_address): the memory is known by its address range, never by the object.
     try:
-        capacity = memoryview(base).nbytes
         # the buffer the array was made from (so it spans the array): all of it is held
         whole = np.frombuffer(base, np.uint8)
     except (TypeError, ValueError, BufferError):
-        capacity = root.nbytes
         start, end = _span(root)
     else:
         start = whole.__array_interface__["data"][0]
         end = start + whole.nbytes
-    return ("buffer", id(base)), capacity, ("cpu", start, end)
+    return ("buffer", id(base)), end - start, ("cpu", start, end)
 
 
 def _borrowed_storage(storage: Any, device: Any) -> tuple[str, int, int] | None:
