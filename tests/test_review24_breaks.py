@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import assert_same_samples
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from archive_manager import ArchiveManager
@@ -151,6 +151,7 @@ def test_overlapping_windows_of_borrowed_memory_are_counted(
     encode_chunk([{"x": [window(k << 13, 1 << 13) for k in range(16)] * 2}])
 
 
+@settings(deadline=None, database=None)  # a loaded CI machine: no per-example deadline
 @given(st.lists(st.tuples(st.integers(0, 64), st.integers(0, 16), st.integers(0, 40)), max_size=30))
 def test_address_ranges_charge_what_is_written_beyond_the_addresses_spanned(
     writes: list[tuple[int, int, int]],
