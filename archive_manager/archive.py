@@ -681,8 +681,8 @@ class Archive:
         """The archive as a `pyarrow.Table`, one row per sample (docs/architecture.md,
         "Getting data out"): ``archive``, ``position``, ``sample_key``, ``task_key``,
         ``rollout_id``, ``evaluation``, then a column per sample field, then
-        ``archive_attrs``, ``sample_class``, ``sample_converted``; ``columns`` keeps those
-        named.  Needs pyarrow (the ``data`` extra).
+        ``archive_attrs``, ``sample_class``, ``sample_converted``, ``sample_shared``;
+        ``columns`` keeps those named.  Needs pyarrow (the ``data`` extra).
 
         Raises:
             InvalidInputError: ``columns`` names a column the archive does not have.

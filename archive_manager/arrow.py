@@ -11,6 +11,7 @@ flattened, with a ``<field>.shape`` column beside; nested and mixed fields becom
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -65,7 +66,7 @@ __all__ = [
 #: The columns every exported row starts with: where the sample is and what its archive is.
 KEY_COLUMNS = ("archive", "position", "sample_key", "task_key", "rollout_id", "evaluation")
 #: The columns every exported row ends with: what an import needs to rebuild the sample.
-TAIL_COLUMNS = ("archive_attrs", "sample_class", "sample_converted")
+TAIL_COLUMNS = ("archive_attrs", "sample_class", "sample_converted", "sample_shared")
 RESERVED = frozenset(KEY_COLUMNS + TAIL_COLUMNS)
 #: A sample field whose name is reserved (slime's ``rollout_id``, a ``task_key`` attribute)
 #: gets this prefix; so does one that starts with it, so the mapping stays reversible.
@@ -80,6 +81,8 @@ _TAG = "$t"
 _FLOAT_BITS = struct.Struct("<d")
 _MISSING: Any = object()
 _INT64 = (-(2**63), 2**63 - 1)
+# the tail columns holding JSON text (a JSON value in JSONL)
+_JSON_TAIL = frozenset(("archive_attrs", "sample_shared"))
 
 
 def pyarrow_module() -> Any:
@@ -294,9 +297,10 @@ def build_batch(
             [None if r.converted is None else ",".join(r.converted) for r in rows],
             "sample_converted",
         ),
+        ([_shared_text(r.fields) for r in rows], "sample_shared"),
     ]
     for values, name in tail:
-        meta = {_KIND: b"json"} if name == "archive_attrs" else None
+        meta = {_KIND: b"json"} if name in _JSON_TAIL else None
         fields.append(pa.field(name, pa.string(), metadata=meta))
         arrays.append(pa.array(values, pa.string()))
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
@@ -840,6 +844,9 @@ def imported_row(
         if name in RESERVED or value is _MISSING:
             continue
         fields[field_name(name)] = value
+    shared = row.get("sample_shared")
+    if shared is not None and shared is not _MISSING:
+        share_places(fields, shared, where)
     converted = row.get("sample_converted")
     attrs = row.get("archive_attrs")
     attrs = None if attrs is _MISSING else attrs
@@ -861,6 +868,142 @@ def imported_row(
     )
 
 
+# --------------------------------------------------------------------------- sharing
+
+
+def shared_places(fields: dict[str, Any]) -> list[list[list[Any]]] | None:
+    """The places of each tensor or numpy array that a sample's fields hold more than once
+    (it loads as one object: docs/architecture.md, "Samples and values"), for the
+    ``sample_shared`` column: ``[[place, place, ...], ...]``, a place being the field name
+    then a step per container, a list's or tuple's index or a dict's item ordinal (its keys
+    may be anything a mapping key can be).  None when nothing is held twice.
+
+    NOTE: every place still holds the whole value, so a reader that knows nothing of this
+    column (pandas, DuckDB, datasets) reads every place; the column only lets an import
+    give the places one object again (`share_places`).
+    """
+    places: dict[int, list[list[Any]]] = {}
+    stack: list[tuple[Any, list[Any]]] = [(v, [k]) for k, v in reversed(fields.items())]
+    while stack:
+        value, place = stack.pop()
+        t = type(value)
+        if t is list or t is tuple or t is dict:
+            items = value.values() if t is dict else value
+            inner = [
+                (v, [*place, i])
+                for i, v in enumerate(items)
+                if type(v) not in _LEAVES  # strings and numbers: nothing to share
+            ]
+            stack.extend(reversed(inner))
+        elif t is np.ndarray or t is TensorRef or is_tensor(value):
+            places.setdefault(id(value), []).append(place)
+    groups = [group for group in places.values() if len(group) > 1]
+    return groups or None
+
+
+_LEAVES = frozenset((str, int, float, bool, type(None), StoredNumbers))
+
+
+def _shared_text(fields: dict[str, Any]) -> str | None:
+    groups = shared_places(fields)
+    return None if groups is None else json.dumps(groups)
+
+
+def share_places(fields: dict[str, Any], groups: Any, where: str) -> None:
+    """Make the places each group of ``groups`` (`shared_places`) names hold one object, in
+    ``fields`` as read from a table.
+
+    A place in a field the row lacks (a column left out) is skipped.  The table's values
+    win: places that do not hold the same tensor or array (dtype, shape and bits; an edited
+    table) are refused rather than made one, and so is a malformed column.
+
+    Raises:
+        UnsupportedFormatError: a malformed ``sample_shared`` value, a place that holds no
+            tensor or array, or places of one group holding different values.
+    """
+    if type(groups) is not list or not all(type(g) is list for g in groups):
+        raise UnsupportedFormatError(f"{where}: sample_shared is not a list of place lists")
+    for group in groups:
+        found: list[tuple[list[Any], Any]] = []
+        for place in group:
+            if type(place) is not list or not place or type(place[0]) is not str:
+                raise UnsupportedFormatError(f"{where}: sample_shared holds a malformed place")
+            if place[0] in fields:
+                found.append((place, _at_place(fields[place[0]], place, where)))
+        if len(found) < 2:
+            continue
+        first = found[0][1]
+        for place, value in found[1:]:
+            if not _same_data(first, value):
+                raise UnsupportedFormatError(
+                    f"{where}: sample_shared says {_place_text(found[0][0])} and "
+                    f"{_place_text(place)} hold one value, but they differ (an edited "
+                    "table?); drop the sample_shared column to import them as separate values"
+                )
+        for place, _ in found[1:]:
+            fields[place[0]] = _put(fields[place[0]], place[1:], first)
+
+
+def _place_text(place: list[Any]) -> str:
+    return repr(place[0]) + "".join(f"[{step}]" for step in place[1:])
+
+
+def _at_place(value: Any, place: list[Any], where: str) -> Any:
+    for step in place[1:]:
+        items = _container_items(value, step)
+        if items is None:
+            raise UnsupportedFormatError(
+                f"{where}: sample_shared names {_place_text(place)}, which the row lacks"
+            )
+        value = items[step]
+    if not (type(value) is np.ndarray or is_tensor(value)):
+        raise UnsupportedFormatError(
+            f"{where}: sample_shared names {_place_text(place)}, which holds no tensor or array"
+        )
+    return value
+
+
+def _container_items(value: Any, step: Any) -> list[Any] | tuple[Any, ...] | None:
+    """The items a step indexes (a dict's values in order), or None if it indexes none."""
+    t = type(value)
+    if t is dict:
+        value = list(value.values())
+    elif t is not list and t is not tuple:
+        return None
+    if type(step) is not int or not 0 <= step < len(value):
+        return None
+    return value  # type: ignore[no-any-return]
+
+
+def _put(container: Any, steps: list[Any], obj: Any) -> Any:
+    """``container`` with ``obj`` at ``steps`` (a tuple on the way is built again)."""
+    if not steps:
+        return obj
+    step, rest = steps[0], steps[1:]
+    t = type(container)
+    if t is dict:
+        key = next(itertools.islice(container, step, None))
+        container[key] = _put(container[key], rest, obj)
+        return container
+    if t is tuple:
+        items = list(container)
+        items[step] = _put(items[step], rest, obj)
+        return tuple(items)
+    container[step] = _put(container[step], rest, obj)
+    return container
+
+
+def _same_data(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are one type of value holding the same dtype, shape and bits."""
+    if type(a) is not type(b) or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if type(a) is np.ndarray:
+        return bool(a.tobytes() == b.tobytes())
+    torch = torch_module()
+    bits = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in (a, b)]
+    return bool(torch.equal(bits[0], bits[1]))
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -869,8 +1012,10 @@ def key_schema() -> pa.Schema:
     pa = pyarrow_module()
     types = [pa.string(), pa.int64(), pa.string(), pa.string(), pa.int64(), pa.bool_()]
     fields = [pa.field(n, t) for n, t in zip(KEY_COLUMNS, types, strict=True)]
-    fields.append(pa.field("archive_attrs", pa.string(), metadata={_KIND: b"json"}))
-    fields += [pa.field(n, pa.string()) for n in TAIL_COLUMNS[1:]]
+    fields += [
+        pa.field(n, pa.string(), metadata={_KIND: b"json"} if n in _JSON_TAIL else None)
+        for n in TAIL_COLUMNS
+    ]
     return pa.schema(fields)
 
 
@@ -903,6 +1048,7 @@ def json_rows(source: ArchiveSource) -> Iterator[dict[str, Any]]:
             out["archive_attrs"] = attrs
             out["sample_class"] = r.cls
             out["sample_converted"] = None if r.converted is None else ",".join(r.converted)
+            out["sample_shared"] = shared_places(r.fields)
             yield out
 
 

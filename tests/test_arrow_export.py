@@ -73,7 +73,7 @@ def test_to_arrow_types_each_column_and_keeps_every_value(pool: ArchiveManager) 
         "rollout_id",
         "evaluation",
     ]
-    assert names[-3:] == ["archive_attrs", "sample_class", "sample_converted"]
+    assert names[-4:] == ["archive_attrs", "sample_class", "sample_converted", "sample_shared"]
     types = {f.name: f.type for f in table.schema}
     assert types["tokens"] == pa.list_(pa.int32())  # ids < 152,000: the narrowest exact type
     assert types["loss_mask"] == pa.list_(pa.int8())

@@ -16,6 +16,7 @@ import json
 import marshal
 import math
 import struct
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from operator import countOf
@@ -163,6 +164,9 @@ class _Encoder:
         # buffers (torch storages, numpy base buffers) tensors and arrays were written from:
         # key -> [bytes the buffer holds, bytes written from it]
         self.buffers: dict[Any, list[int]] = {}
+        # memory tensors and arrays borrow from another object, by address space (see
+        # `_numpy_buffer`): the address ranges it spans, the bytes written from them
+        self.borrowed: dict[str, _AddressRanges] = {}
         # tensors and arrays by view (buffer, offset, shape, strides, dtype): the alias index
         # their nodes carry, and the object (kept alive: the key holds addresses); a view
         # above the inline limit also keeps its tensor-blob node, so it is hashed (and, for
@@ -296,6 +300,18 @@ class _Encoder:
         after = max(state[1] - state[0], 0)
         if after > before:
             self._extra(after - before)
+
+    def _from_memory(self, memory: tuple[str, int, int], nbytes: int) -> None:
+        """Count ``nbytes`` about to be written from borrowed memory ``(address space,
+        start, end)``: what all such writes add up to beyond the addresses they span is
+        written again, whichever object lent each view its memory."""
+        space, start, end = memory
+        ranges = self.borrowed.get(space)
+        if ranges is None:
+            ranges = self.borrowed[space] = _AddressRanges()
+        beyond = ranges.add(start, end, nbytes)
+        if beyond:
+            self._extra(beyond)
 
     def _extra(self, nbytes: int) -> None:
         """Count bytes a record would hold beyond the sample's own memory; refuse past the
@@ -437,7 +453,11 @@ class _Encoder:
         if known is not None:
             self._extra(_NODE_BYTES + _DIM_BYTES * value.dim())
         # before .contiguous() expands a broadcast view or copies the bytes
-        self._from_buffer(buffer, storage.nbytes(), nbytes)
+        memory = _borrowed_storage(storage, value.device)
+        if memory is None:
+            self._from_buffer(buffer, storage.nbytes(), nbytes)
+        else:
+            self._from_memory(memory, nbytes)
         alias = self._alias(view, value) if known is None else known[0]
         t, raw = _tensor_bytes(value)
         dtype = torch_dtype_names()[t.dtype]
@@ -483,7 +503,7 @@ class _Encoder:
         return {"sh": list(arr.shape), "o": offset, "n": nbytes}
 
     def _ndarray(self, value: np.ndarray) -> Any:
-        buffer, capacity = _numpy_buffer(value)
+        buffer, capacity, memory = _numpy_buffer(value)
         view = (
             buffer,
             value.__array_interface__["data"][0],
@@ -495,7 +515,10 @@ class _Encoder:
         if known is not None:
             self._extra(_NODE_BYTES + _DIM_BYTES * value.ndim)
         # before tobytes() expands a broadcast view
-        self._from_buffer(buffer, capacity, value.nbytes)
+        if memory is None:
+            self._from_buffer(buffer, capacity, value.nbytes)
+        else:
+            self._from_memory(memory, value.nbytes)
         alias = self._alias(view, value) if known is None else known[0]
         return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value), "a": alias}
 
@@ -514,8 +537,9 @@ def _leaf_bytes(value: Any) -> int:
     return _NODE_BYTES + value.nbytes  # a numpy scalar: its node and bytes
 
 
-def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int]:
-    """The buffer an array's bytes are in, as a key, and the bytes it holds.
+def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int, tuple[str, int, int] | None]:
+    """The buffer an array's bytes are in, as a key, the bytes it holds, and, when the memory
+    is borrowed from an object other than its owner, its address range (see `_AddressRanges`).
 
     NOTE: numpy points every view's ``base`` at the array that owns the memory (or at the
     object it wraps: bytes, a torch tensor, ``as_strided``'s DummyArray holding the array).
@@ -539,16 +563,94 @@ def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int]:
     while isinstance(base, memoryview) and base.obj is not None:
         base = base.obj
     if base is None:
-        return ("numpy", id(root)), root.nbytes
+        return ("numpy", id(root)), root.nbytes, None
     if is_tensor(base):
-        return ("torch", base.device, base.untyped_storage().data_ptr()), (
-            base.untyped_storage().nbytes()
+        storage = base.untyped_storage()
+        return (
+            ("torch", base.device, storage.data_ptr()),
+            storage.nbytes(),
+            _borrowed_storage(storage, base.device),
         )
+    # NOTE: any other base lends memory it may not own, and a new one can be made per view
+    # over the same addresses (an ``__array_interface__`` or DLPack exporter, a ctypes array
+    # from_address): the memory is known by its address range, never by the object.
     try:
-        capacity = memoryview(base).nbytes
-    except TypeError:
-        capacity = root.nbytes
-    return ("buffer", id(base)), capacity
+        # the buffer the array was made from (so it spans the array): all of it is held
+        whole = np.frombuffer(base, np.uint8)
+    except (TypeError, ValueError, BufferError):
+        start, end = _span(root)
+    else:
+        start = whole.__array_interface__["data"][0]
+        end = start + whole.nbytes
+    return ("buffer", id(base)), end - start, ("cpu", start, end)
+
+
+def _borrowed_storage(storage: Any, device: Any) -> tuple[str, int, int] | None:
+    """A torch storage's address range when it borrows its memory, else None.
+
+    NOTE: torch resizes only storages whose memory its allocator owns; ``torch.from_numpy``,
+    ``torch.frombuffer`` and DLPack make a new storage per call over memory another object
+    holds, so ``from_numpy(a[i:])`` windows are distinct storages over one buffer.
+    """
+    nbytes = storage.nbytes()
+    if not nbytes or storage.resizable():
+        return None
+    address = storage.data_ptr()
+    return (str(device), address, address + nbytes)
+
+
+def _span(arr: np.ndarray) -> tuple[int, int]:
+    """The addresses ``[start, end)`` an array's elements lie within."""
+    start = end = arr.__array_interface__["data"][0]
+    if arr.flags.c_contiguous or arr.flags.f_contiguous:
+        return start, start + arr.nbytes
+    if arr.size:
+        for n, stride in zip(arr.shape, arr.strides, strict=True):
+            if stride < 0:
+                start += (n - 1) * stride
+            else:
+                end += (n - 1) * stride
+        end += arr.itemsize
+    return start, end
+
+
+class _AddressRanges:
+    """The memory tensors and arrays of one sample borrow, in one address space: the
+    disjoint address ranges their views span, and the bytes written from them.
+
+    What is written beyond the addresses spanned is written again, however many objects lent
+    the views (docs/architecture.md, "Samples and values").  The ranges stay valid while the
+    sample is encoded: the encoder keeps every tensor and array it wrote alive.
+    """
+
+    __slots__ = ("charged", "ends", "held", "starts", "written")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.held = 0
+        self.written = 0
+        self.charged = 0
+
+    def add(self, start: int, end: int, nbytes: int) -> int:
+        """Record ``nbytes`` written from ``[start, end)``; the bytes newly written beyond
+        the ranges held (counted once: a range spanned later takes back nothing)."""
+        if end > start:
+            # the ranges that overlap or touch [start, end) are merged with it
+            i = bisect_left(self.ends, start)
+            j = bisect_right(self.starts, end)
+            if i < j:
+                self.held -= sum(self.ends[i:j]) - sum(self.starts[i:j])
+                start, end = min(start, self.starts[i]), max(end, self.ends[j - 1])
+            self.starts[i:j] = [start]
+            self.ends[i:j] = [end]
+            self.held += end - start
+        self.written += nbytes
+        beyond = self.written - self.held - self.charged
+        if beyond <= 0:
+            return 0
+        self.charged += beyond
+        return beyond
 
 
 # marshal writes exact ints in int32 range as b"i" + 4 bytes and exact floats as b"g" + 8 bytes
