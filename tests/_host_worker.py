@@ -17,6 +17,11 @@ Usage: python _host_worker.py MODE ROOT CATALOG_URL [ARGS...]
   stream ``NAME`` part way (40 samples added: more chunks than the writer may hold back),
   print ``{}`` and wait on stdin: the host crashes meanwhile.
 
+Each result line also says ``read_retry``, the store's bound (seconds; 5 on this FUSE mount
+unless ``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` says otherwise), and ``reads_retried``, how many
+blob reads of this process met a stale cache and succeeded on a later try (docs/architecture.md,
+"Shared pools").
+
 The check: GC twice (grace 60 s, after the clock's skew); then every expected archive loads
 with its fingerprint, every name listed as ``absent`` is not found, no lease, pending
 archive, ``writing``/``deleting`` row, temp or orphan file remains, the blob files are the
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import select
 import sys
 import time
@@ -41,8 +47,31 @@ ROLLOUT = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size":
 OPTIONS: dict[str, Any] = {"chunk_size": 4, "inline_limit": 256}
 
 
+class RetriedReads(logging.Handler):
+    """Counts the store's "read on try N" records: reads a stale cache made wait."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "read on try" in record.getMessage():
+            self.count += 1
+
+
+RETRIED = RetriedReads()
+
+
 def emit(value: dict[str, Any]) -> None:
     print(json.dumps(value), flush=True)
+
+
+def with_retries(pool: ArchiveManager, value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **value,
+        "read_retry": getattr(pool.store, "read_retry", None),
+        "reads_retried": RETRIED.count,
+    }
 
 
 def content(seed: int, n: int = 10) -> list[Any]:
@@ -155,11 +184,15 @@ def refuse_sqlite(root: str) -> str:
 
 def main() -> None:
     mode, root, url, *args = sys.argv[1:]
+    logger = logging.getLogger("archive_manager")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(RETRIED)
     if mode == "gc-loop":
         with ArchiveManager.open(root, url, **OPTIONS) as pool:
             emit({})
             runs, line = gc_until_told(pool)
-        emit({"runs": runs, **check(root, url, json.loads(line), 0.0)})
+            checked = check(root, url, json.loads(line), 0.0)
+            emit(with_retries(pool, {"runs": runs, **checked}))
         return
     with ArchiveManager.open(root, url, **OPTIONS) as pool:
         if mode == "hold":
@@ -167,7 +200,7 @@ def main() -> None:
             return
         if mode not in ("save", "save-check"):
             raise SystemExit(f"unknown mode {mode!r}")
-        result = save(pool, args[0], int(args[1]), int(args[2]))
+        result = with_retries(pool, save(pool, args[0], int(args[1]), int(args[2])))
     if args[3:] == ["refuse-sqlite"]:
         result["sqlite"] = refuse_sqlite(root)
     emit(result)

@@ -4,6 +4,9 @@ Shared pools): a JuiceFS volume mounted through FUSE in two mount namespaces at 
 
 * The dedup race across hosts: both hosts save the same content over and over (plain and
   streaming saves, some released at once, a verify after each) while a GC loop runs on one.
+  The hosts mount with JuiceFS's default 1 s metadata caches, so a host may see a blob the
+  other just rewrote as missing: the store's reads try again (docs/architecture.md, "Shared
+  pools"); ``$ARCHIVE_MANAGER_JFS_CACHES=off`` mounts with the caches off instead.
 * A host crash: host b publishes an archive, then dies (its processes frozen, its FUSE client
   SIGKILLed, its processes killed) part way through a streaming save; host a's GC past lease
   and grace then finds nothing published lost or changed, the dead host's save invisible,
@@ -30,6 +33,8 @@ from typing import Any
 import pytest
 from jfshosts import REQUIRE_ENVS, Host, TwoHosts, TwoHostsUnavailable
 from pgserver import PgServer
+
+from archive_manager.blobs.local import DEFAULT_SHARED_READ_RETRY, READ_RETRY_ENV
 
 WORKER = str(Path(__file__).with_name("_host_worker.py"))
 SKEW = 3 * 3600.0  # host a's clock in the check: past every lease and the grace
@@ -116,6 +121,14 @@ def test_identical_savers_on_both_hosts_race_a_gc_loop(hosts: tuple[TwoHosts, st
     check = gc.result()
     assert check["runs"] > 1, check
     assert_clean(check)
+    # The store found the root on FUSE and retries its reads there (the hosts keep JuiceFS's
+    # default metadata caches unless $ARCHIVE_MANAGER_JFS_CACHES=off).
+    expected = float(os.environ.get(READ_RETRY_ENV) or DEFAULT_SHARED_READ_RETRY)
+    assert [out["read_retry"] for out in (*saved, check)] == [expected] * 3
+    print(
+        f"caches {'on' if volume.caches else 'off'}: reads that waited for a stale cache: "
+        f"{[out['reads_retried'] for out in (*saved, check)]}"
+    )
 
 
 def test_a_host_crash_mid_save_leaves_the_other_host_a_clean_pool(
