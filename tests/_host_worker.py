@@ -13,6 +13,10 @@ Usage: python _host_worker.py MODE ROOT CATALOG_URL [ARGS...]
   stdin, pausing 20 ms between runs; that line is what the check expects (below).
 * ``save-check PREFIX COUNT SEED SKEW``: ``save``, print its result, wait for a line on stdin
   (the check's expectation) and check with the clock SKEW seconds ahead.
+* ``blobs``: blob store operations, one JSON command a line on stdin, one answer line each:
+  ``{"op": "put"|"rewrite"|"read", "data": TEXT, "retry": SECONDS}`` (``rewrite``: unlink
+  the blob and put it again, as GC and a writer do; ``read``: `get` and `check`); the
+  answer is ``{"ok": true}`` or ``{"error": ...}``, with ``"s"``, the seconds it took.
 * ``hold NAME SEED``: publish ``NAME-pub`` (its result line: ``{"fingerprint": ...}``), then
   stream ``NAME`` part way (40 samples added: more chunks than the writer may hold back),
   print ``{}`` and wait on stdin: the host crashes meanwhile.
@@ -33,14 +37,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import select
 import sys
 import time
 from typing import Any
 
 from archive_manager import ArchiveManager
+from archive_manager._digest import digest_of
+from archive_manager.blobs import LocalBlobStore
 from archive_manager.catalog import archives_table, blobs_table, leases_table
-from archive_manager.errors import ArchiveNotFoundError, UnsupportedFilesystemError
+from archive_manager.errors import ArchiveError, ArchiveNotFoundError, UnsupportedFilesystemError
 from archive_manager.synthetic import make_rollout
 
 ROLLOUT = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
@@ -182,11 +189,37 @@ def refuse_sqlite(root: str) -> str:
     return "not refused"
 
 
+def blob_ops(root: str) -> None:
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        store = LocalBlobStore(root, read_retry=cmd.get("retry"))
+        data = cmd["data"].encode() * 1000
+        out: dict[str, Any] = {}
+        started = time.monotonic()
+        try:
+            if cmd["op"] == "put":
+                store.put(data)
+            elif cmd["op"] == "rewrite":
+                os.unlink(store.path(store.put(data)))
+                store.put(data)
+            else:
+                store.get(digest_of(data))
+                store.check(digest_of(data))
+            out["ok"] = True
+        except (OSError, ArchiveError) as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        out["s"] = time.monotonic() - started
+        emit(out)
+
+
 def main() -> None:
     mode, root, url, *args = sys.argv[1:]
     logger = logging.getLogger("archive_manager")
     logger.setLevel(logging.INFO)
     logger.addHandler(RETRIED)
+    if mode == "blobs":
+        blob_ops(root)
+        return
     if mode == "gc-loop":
         with ArchiveManager.open(root, url, **OPTIONS) as pool:
             emit({})

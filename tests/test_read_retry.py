@@ -157,8 +157,8 @@ def test_a_truly_missing_blob_raises_once_the_bound_has_passed(
             read(digest)
         took = time.monotonic() - started
         assert 0.8 <= took < 1.5, took
-        # 50, 100, 200, 400 ms, then the rest of the bound: a handful of opens, not a spin.
-        assert 4 <= opens.opens[str(store.path(digest))] <= 7
+        # 50, 100, 200, then 250 ms pauses to the bound: a few opens, not a spin.
+        assert 4 <= opens.opens[str(store.path(digest))] <= 8
 
 
 def test_real_corruption_is_reported_within_the_bound(tmp_path: Path) -> None:
