@@ -23,8 +23,10 @@ __all__ = ["ReadOnlyBlobStore"]
 class ReadOnlyBlobStore(BlobStore):
     """A `BlobStore` that only reads; ``reason`` says why (for the error)."""
 
-    def __init__(self, root: str | os.PathLike[str], reason: str) -> None:
-        super().__init__(root)
+    def __init__(
+        self, root: str | os.PathLike[str], reason: str, *, read_retry: float | None = None
+    ) -> None:
+        super().__init__(root, read_retry=read_retry)
         self.reason = reason
 
     def _refuse(self, what: str) -> NoReturn:

@@ -13,9 +13,18 @@ Usage: python _host_worker.py MODE ROOT CATALOG_URL [ARGS...]
   stdin, pausing 20 ms between runs; that line is what the check expects (below).
 * ``save-check PREFIX COUNT SEED SKEW``: ``save``, print its result, wait for a line on stdin
   (the check's expectation) and check with the clock SKEW seconds ahead.
+* ``blobs``: blob store operations, one JSON command a line on stdin, one answer line each:
+  ``{"op": "put"|"rewrite"|"read", "data": TEXT, "retry": SECONDS}`` (``rewrite``: unlink
+  the blob and put it again, as GC and a writer do; ``read``: `get` and `check`); the
+  answer is ``{"ok": true}`` or ``{"error": ...}``, with ``"s"``, the seconds it took.
 * ``hold NAME SEED``: publish ``NAME-pub`` (its result line: ``{"fingerprint": ...}``), then
   stream ``NAME`` part way (40 samples added: more chunks than the writer may hold back),
   print ``{}`` and wait on stdin: the host crashes meanwhile.
+
+Each result line also says ``read_retry``, the store's bound (seconds; 5 on this FUSE mount
+unless ``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` says otherwise), and ``reads_retried``, how many
+blob reads of this process met a stale cache and succeeded on a later try (docs/architecture.md,
+"Shared pools").
 
 The check: GC twice (grace 60 s, after the clock's skew); then every expected archive loads
 with its fingerprint, every name listed as ``absent`` is not found, no lease, pending
@@ -27,22 +36,49 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import select
 import sys
 import time
 from typing import Any
 
 from archive_manager import ArchiveManager
+from archive_manager._digest import digest_of
+from archive_manager.blobs import LocalBlobStore
 from archive_manager.catalog import archives_table, blobs_table, leases_table
-from archive_manager.errors import ArchiveNotFoundError, UnsupportedFilesystemError
+from archive_manager.errors import ArchiveError, ArchiveNotFoundError, UnsupportedFilesystemError
 from archive_manager.synthetic import make_rollout
 
 ROLLOUT = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
 OPTIONS: dict[str, Any] = {"chunk_size": 4, "inline_limit": 256}
 
 
+class RetriedReads(logging.Handler):
+    """Counts the store's "read on try N" records: reads a stale cache made wait."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "read on try" in record.getMessage():
+            self.count += 1
+
+
+RETRIED = RetriedReads()
+
+
 def emit(value: dict[str, Any]) -> None:
     print(json.dumps(value), flush=True)
+
+
+def with_retries(pool: ArchiveManager, value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **value,
+        "read_retry": getattr(pool.store, "read_retry", None),
+        "reads_retried": RETRIED.count,
+    }
 
 
 def content(seed: int, n: int = 10) -> list[Any]:
@@ -153,13 +189,43 @@ def refuse_sqlite(root: str) -> str:
     return "not refused"
 
 
+def blob_ops(root: str) -> None:
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        store = LocalBlobStore(root, read_retry=cmd.get("retry"))
+        data = cmd["data"].encode() * 1000
+        out: dict[str, Any] = {}
+        started = time.monotonic()
+        try:
+            if cmd["op"] == "put":
+                store.put(data)
+            elif cmd["op"] == "rewrite":
+                os.unlink(store.path(store.put(data)))
+                store.put(data)
+            else:
+                store.get(digest_of(data))
+                store.check(digest_of(data))
+            out["ok"] = True
+        except (OSError, ArchiveError) as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        out["s"] = time.monotonic() - started
+        emit(out)
+
+
 def main() -> None:
     mode, root, url, *args = sys.argv[1:]
+    logger = logging.getLogger("archive_manager")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(RETRIED)
+    if mode == "blobs":
+        blob_ops(root)
+        return
     if mode == "gc-loop":
         with ArchiveManager.open(root, url, **OPTIONS) as pool:
             emit({})
             runs, line = gc_until_told(pool)
-        emit({"runs": runs, **check(root, url, json.loads(line), 0.0)})
+            checked = check(root, url, json.loads(line), 0.0)
+            emit(with_retries(pool, {"runs": runs, **checked}))
         return
     with ArchiveManager.open(root, url, **OPTIONS) as pool:
         if mode == "hold":
@@ -167,7 +233,7 @@ def main() -> None:
             return
         if mode not in ("save", "save-check"):
             raise SystemExit(f"unknown mode {mode!r}")
-        result = save(pool, args[0], int(args[1]), int(args[2]))
+        result = with_retries(pool, save(pool, args[0], int(args[1]), int(args[2])))
     if args[3:] == ["refuse-sqlite"]:
         result["sqlite"] = refuse_sqlite(root)
     emit(result)

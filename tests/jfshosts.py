@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["REQUIRE_ENVS", "Host", "TwoHosts", "TwoHostsUnavailable"]
+__all__ = ["CACHES_ENV", "REQUIRE_ENVS", "Host", "TwoHosts", "TwoHostsUnavailable"]
 
 #: Either one set turns "cannot run here" into a failure (``.ci/run`` sets both).
 REQUIRE_ENVS = ("ARCHIVE_MANAGER_REQUIRE_SHARING", "ARCHIVE_MANAGER_REQUIRE_JUICEFS")
@@ -45,16 +45,28 @@ _MOUNT_TIMEOUT = 60.0
 WORKTREE = Path(__file__).resolve().parents[1]
 
 
-#: Metadata caches off, as docs/architecture.md ("Shared pools") asks of a pool shared by
-#: hosts: with JuiceFS's default 1 s entry and attribute caches, a host that looked a blob up
-#: may see it missing for that long after another host renamed a new copy over it (a reload
-#: right after publishing failed so, about 1 run in 5 under load; the blob was there).
+#: Metadata caches off.  Not the default: the hosts mount with JuiceFS's own defaults (1 s
+#: attribute, entry and directory caches), as an operator would, and the pool's reads get past
+#: what those caches show (docs/architecture.md, "Shared pools": a blob another host just
+#: renamed over looks missing for up to a second; before reads were retried a reload right
+#: after publishing failed so about 1 run in 5 under load).  ``$ARCHIVE_MANAGER_JFS_CACHES=off``
+#: (or ``TwoHosts.start(caches=False)``) mounts with these instead.
 CONSISTENT_METADATA = (
     "--attr-cache=0",
     "--entry-cache=0",
     "--dir-entry-cache=0",
     "--negative-entry-cache=0",
 )
+#: ``default`` (JuiceFS's metadata caches) or ``off`` (`CONSISTENT_METADATA`).
+CACHES_ENV = "ARCHIVE_MANAGER_JFS_CACHES"
+
+
+def caches_from_env() -> bool:
+    """Whether the hosts keep JuiceFS's default metadata caches (`CACHES_ENV`)."""
+    value = os.environ.get(CACHES_ENV, "default").strip().lower()
+    if value not in ("default", "off"):
+        raise ValueError(f"{CACHES_ENV} must be 'default' or 'off', not {value!r}")
+    return value == "default"
 
 
 class TwoHostsUnavailable(RuntimeError):
@@ -182,22 +194,27 @@ class Host:
 class TwoHosts:
     """A formatted JuiceFS volume and its hosts; `close` (or ``with``) removes everything."""
 
-    def __init__(self, workdir: Path, meta_url: str) -> None:
+    def __init__(self, workdir: Path, meta_url: str, *, caches: bool = True) -> None:
         self.workdir = workdir
         self.meta_url = meta_url
+        #: Whether mounts keep JuiceFS's default metadata caches (else `CONSISTENT_METADATA`).
+        self.caches = caches
         #: The pool's path, the same on every host (and empty in the tester's namespace).
         self.mount_point = workdir / "pool"
         self.hosts: list[Host] = []
 
     @classmethod
-    def start(cls, meta_url: str, hosts: int = 2) -> TwoHosts:
+    def start(cls, meta_url: str, hosts: int = 2, *, caches: bool | None = None) -> TwoHosts:
         """Format a volume whose metadata lives at ``meta_url`` and mount it on ``hosts``
-        hosts (``a``, ``b``, ...).  Raises `TwoHostsUnavailable`."""
+        hosts (``a``, ``b``, ...), with JuiceFS's default metadata caches unless ``caches``
+        is False (None: `CACHES_ENV` decides).  Raises `TwoHostsUnavailable`."""
         problem = _problem()
         if problem is not None:
             raise TwoHostsUnavailable(problem)
+        if caches is None:
+            caches = caches_from_env()
         # NOTE: not under pytest's tmp_path, whose path differs per test; any folder works.
-        made = cls(Path(tempfile.mkdtemp(prefix="am-jfs-")), meta_url)
+        made = cls(Path(tempfile.mkdtemp(prefix="am-jfs-")), meta_url, caches=caches)
         try:
             made.mount_point.mkdir()
             done = subprocess.run(
@@ -242,7 +259,7 @@ class TwoHosts:
                 "--no-usage-report",
                 "--cache-dir",
                 str(self.workdir / f"cache-{name}"),
-                *CONSISTENT_METADATA,
+                *(() if self.caches else CONSISTENT_METADATA),
                 *options,
                 self.meta_url,
                 str(self.mount_point),

@@ -4,6 +4,9 @@ Shared pools): a JuiceFS volume mounted through FUSE in two mount namespaces at 
 
 * The dedup race across hosts: both hosts save the same content over and over (plain and
   streaming saves, some released at once, a verify after each) while a GC loop runs on one.
+  The hosts mount with JuiceFS's default 1 s metadata caches, so a host may see a blob the
+  other just rewrote as missing: the store's reads try again (docs/architecture.md, "Shared
+  pools"); ``$ARCHIVE_MANAGER_JFS_CACHES=off`` mounts with the caches off instead.
 * A host crash: host b publishes an archive, then dies (its processes frozen, its FUSE client
   SIGKILLed, its processes killed) part way through a streaming save; host a's GC past lease
   and grace then finds nothing published lost or changed, the dead host's save invisible,
@@ -30,6 +33,8 @@ from typing import Any
 import pytest
 from jfshosts import REQUIRE_ENVS, Host, TwoHosts, TwoHostsUnavailable
 from pgserver import PgServer
+
+from archive_manager.blobs.local import DEFAULT_SHARED_READ_RETRY, READ_RETRY_ENV
 
 WORKER = str(Path(__file__).with_name("_host_worker.py"))
 SKEW = 3 * 3600.0  # host a's clock in the check: past every lease and the grace
@@ -116,6 +121,48 @@ def test_identical_savers_on_both_hosts_race_a_gc_loop(hosts: tuple[TwoHosts, st
     check = gc.result()
     assert check["runs"] > 1, check
     assert_clean(check)
+    # The store found the root on FUSE and retries its reads there (the hosts keep JuiceFS's
+    # default metadata caches unless $ARCHIVE_MANAGER_JFS_CACHES=off).
+    expected = float(os.environ.get(READ_RETRY_ENV) or DEFAULT_SHARED_READ_RETRY)
+    assert [out["read_retry"] for out in (*saved, check)] == [expected] * 3
+    print(
+        f"caches {'on' if volume.caches else 'off'}: reads that waited for a stale cache: "
+        f"{[out['reads_retried'] for out in (*saved, check)]}"
+    )
+
+
+def test_a_blob_another_host_just_rewrote_is_read(hosts: tuple[TwoHosts, str]) -> None:
+    """Host a reads a blob, host b removes and writes it again (GC, then a saver), host a
+    reads it at once: through JuiceFS's 1 s entry cache it is missing (without retries every
+    such read failed, 10 of 10); the store's retry reads it once the cache has expired."""
+    volume, url = hosts
+    root = str(volume.mount_point / "pool")
+    a, b = Worker(volume["a"], "blobs", root, url), Worker(volume["b"], "blobs", root, url)
+
+    def ask(worker: Worker, **cmd: Any) -> dict[str, Any]:
+        worker.tell(cmd)
+        return worker.line()
+
+    unretried, retried = [], []
+    for i in range(3):
+        for retry, outcomes in ((0.0, unretried), (None, retried)):
+            data = f"round {i}, retry {retry} "
+            assert ask(a, op="put", data=data)["ok"] and ask(a, op="read", data=data)["ok"]
+            assert ask(b, op="rewrite", data=data)["ok"]
+            outcomes.append(ask(a, op="read", data=data, retry=retry))
+    for worker in (a, b):
+        assert worker.proc.stdin is not None
+        worker.proc.stdin.close()
+        assert worker.proc.wait(timeout=60) == 0
+    if volume.caches:
+        # The stale cache is there (else this test shows nothing) ...
+        assert any("is missing" in out.get("error", "") for out in unretried), unretried
+    else:
+        assert all(out.get("ok") for out in unretried), unretried
+    # ... and the default bound gets past it, well within the bound.
+    bound = float(os.environ.get(READ_RETRY_ENV) or DEFAULT_SHARED_READ_RETRY)
+    assert all(out.get("ok") and out["s"] < bound for out in retried), retried
+    print(f"stale reads without retry: {unretried}; with: {retried}")
 
 
 def test_a_host_crash_mid_save_leaves_the_other_host_a_clean_pool(

@@ -30,12 +30,13 @@ retains must load identical to its record.  Prints operations by kind, errors by
 unexpected error, loss or damage.
 
     python3 tools/soak.py [--processes 4] [--seconds 60] [--root DIR] [--catalog-url URL]
-                          [--seed 0] [--json] [--two-hosts]
+                          [--seed 0] [--json] [--two-hosts [--jfs-caches default|off]]
 
 ``--two-hosts`` (root, FUSE, ``juicefs``; issue 20): the pool on a JuiceFS volume mounted in
 two mount namespaces at the same path (tests/jfshosts.py), metadata and catalog on a
 throwaway PostgreSQL server; workers alternate between the two hosts, the final check runs
-on the second.
+on the second.  The hosts keep JuiceFS's default metadata caches (``--jfs-caches off``: none,
+``$ARCHIVE_MANAGER_JFS_CACHES`` by default).
 """
 
 from __future__ import annotations
@@ -526,11 +527,14 @@ def soak(root: Path, url: str | None, processes: int, seconds: float, seed: int)
     return summarize(tallies, final, processes, elapsed, seed, catalog)
 
 
-def soak_two_hosts(url: str | None, processes: int, seconds: float, seed: int) -> dict[str, Any]:
+def soak_two_hosts(
+    url: str | None, processes: int, seconds: float, seed: int, caches: bool | None = None
+) -> dict[str, Any]:
     """The soak on two hosts (tests/jfshosts.py): a JuiceFS volume with its metadata on a
     throwaway PostgreSQL server, mounted through FUSE in two mount namespaces at the same
     path; workers alternate between the hosts, the final check runs on the second.  The
-    catalog: ``url``, or a database on that server."""
+    catalog: ``url``, or a database on that server.  ``caches``: whether the mounts keep
+    JuiceFS's default metadata caches (None: ``$ARCHIVE_MANAGER_JFS_CACHES``, default yes)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from jfshosts import TwoHosts
     from pgserver import PgServer
@@ -541,7 +545,7 @@ def soak_two_hosts(url: str | None, processes: int, seconds: float, seed: int) -
             meta = pg.create_database().rsplit("/", 1)[1]
             url = url or pg.create_database()
             meta_url = f"postgres://postgres@{pg.host}:{pg.port}/{meta}?sslmode=disable"
-            with TwoHosts.start(meta_url) as hosts:
+            with TwoHosts.start(meta_url, caches=caches) as hosts:
                 root = str(hosts.mount_point / "pool")
 
                 def on(host: int, *args: Any) -> subprocess.Popen[str]:
@@ -676,6 +680,12 @@ def main(argv: list[str] | None = None) -> int:
         "FUSE, juicefs and PostgreSQL's binaries needed), workers alternating between them; "
         "catalog: --catalog-url or a throwaway PostgreSQL database",
     )
+    parser.add_argument(
+        "--jfs-caches",
+        choices=("default", "off"),
+        help="with --two-hosts: mount with JuiceFS's default metadata caches or with them off "
+        "(default: $ARCHIVE_MANAGER_JFS_CACHES, else default)",
+    )
     parser.add_argument("--on-host", help=argparse.SUPPRESS)  # one process of --two-hosts
     args = parser.parse_args(argv)
     if args.on_host is not None:
@@ -686,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.two_hosts:
         if args.root is not None:
             parser.error("--two-hosts makes its own pool: no --root")
-        summary = soak_two_hosts(args.catalog_url, args.processes, args.seconds, args.seed)
+        caches = None if args.jfs_caches is None else args.jfs_caches == "default"
+        summary = soak_two_hosts(args.catalog_url, args.processes, args.seconds, args.seed, caches)
         return _report(summary, args.json)
     temp = None
     if args.root is None:

@@ -22,6 +22,12 @@ pool (``tmp/`` linked to a shared scratch folder would have GC sweep that folder
   symlink, FIFO, device, socket or directory there is a `BlobCorruptError` naming the blob.
   `delete` unlinks whatever non-directory is at the blob's path (a symlink itself, never its
   target); listings and the temp sweep see regular files only.
+
+A read that finds its blob missing, its bytes not hashing to its digest, or its file handle
+stale (ESTALE) opens the path again, with a bounded backoff, before it raises that error
+(`read_retry`): on a shared filesystem another host's GC and a writer may just have replaced the
+file, and this host's metadata caches show the old state for a moment (docs/architecture.md,
+"Shared pools").
 """
 
 from __future__ import annotations
@@ -30,27 +36,32 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
+import logging
+import math
 import mmap
 import os
 import secrets
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
 from .._atomic import fsync_dir
 from .._digest import Buffer, check_digest
 from .._failpoints import failpoint
+from .._mounts import filesystem_type, is_network_filesystem, read_mount_table
 from ..errors import (
     BlobCorruptError,
     BlobNotFoundError,
     BlobStoreError,
     IntegrityError,
+    InvalidInputError,
     InvalidNameError,
     PoolLayoutError,
 )
@@ -63,7 +74,31 @@ from ._common import verify as _verify
 from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem
 from .layout import BLOBS_DIR, FANOUT_NAMES, TEMP_DIR, fanout, is_blob_name
 
-__all__ = ["BlobStore", "LocalBlobStore"]
+__all__ = [
+    "DEFAULT_SHARED_READ_RETRY",
+    "READ_RETRY_ENV",
+    "BlobStore",
+    "LocalBlobStore",
+    "resolve_read_retry",
+]
+
+_T = TypeVar("_T")
+_log = logging.getLogger("archive_manager")
+
+#: Seconds a read of a missing or mismatching blob keeps trying on a networked or FUSE root.
+#: JuiceFS keeps attributes and entries 1 s by default and NFS its file attributes 3-60 s
+#: (``acregmin``/``acregmax``); 5 s covers JuiceFS's caches with room for a loaded client
+#: (a blob another host had just rewritten read after 1.1 s, tests/test_two_hosts.py), and
+#: keeps a truly missing or corrupt blob's error seconds away, not a minute.  NFS's cached negative lookups
+#: may last longer (``acdirmax``, 60 s): mount with ``lookupcache=positive`` or raise this.
+DEFAULT_SHARED_READ_RETRY = 5.0
+#: The variable that sets the bound for every store that is not given one (seconds, >= 0).
+READ_RETRY_ENV = "ARCHIVE_MANAGER_BLOB_READ_RETRY"
+# The first pause, doubled after each try up to the last.  NOTE: a short cap: with 1 s it took
+# 1.6 s to read a blob past JuiceFS's 1 s entry cache (tries at 0.75 s and 1.55 s); with
+# 0.25 s, about 1.1 s, and a 5 s bound costs a missing blob about 20 lookups.
+_RETRY_FIRST = 0.05
+_RETRY_MAX = 0.25
 
 # Read/write/hash granularity: large enough for full disk throughput, small enough for memory.
 _BLOCK = 8 << 20
@@ -204,18 +239,127 @@ def _start_writeback(fd: int) -> None:
         _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
+class _Stale(Exception):
+    """A read met what a stale metadata cache can show (never leaves this module): ``error``
+    is what the read raises if trying again does not get past it."""
+
+    def __init__(self, error: IntegrityError | OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _mismatch(digest: str, data: Buffer) -> None:
+    """`_Stale` carrying the BlobCorruptError unless ``data`` hashes to ``digest``."""
+    try:
+        _verify(digest, data)
+    except BlobCorruptError as exc:
+        raise _Stale(exc) from None
+
+
+def _check_seconds(value: float, what: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInputError(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None) -> float:
+    """How long a read of a blob under ``root`` keeps trying (seconds; docs/architecture.md,
+    "Shared pools"): ``value``, else ``$ARCHIVE_MANAGER_BLOB_READ_RETRY``, else
+    `DEFAULT_SHARED_READ_RETRY` when ``root`` is on a networked or FUSE filesystem and 0 on a
+    local one, whose one kernel's caches are never stale (a blob missing there is missing).
+
+    Raises:
+        InvalidInputError: the value (or the variable) is not a number of seconds >= 0.
+    """
+    if value is not None:
+        return _check_seconds(value, "read_retry")
+    raw = os.environ.get(READ_RETRY_ENV, "").strip()
+    if raw:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise InvalidInputError(
+                f"{READ_RETRY_ENV} must be a number of seconds, not {raw!r}"
+            ) from None
+        return _check_seconds(seconds, READ_RETRY_ENV)
+    table = read_mount_table()
+    if table is None:
+        return 0.0
+    fstype = filesystem_type(os.path.realpath(root), table)
+    if fstype is not None and is_network_filesystem(fstype):
+        return DEFAULT_SHARED_READ_RETRY
+    return 0.0
+
+
 class LocalBlobStore(AbstractBlobStore):
-    """Blobs on a (possibly shared) POSIX filesystem under ``root``; folders are made lazily."""
+    """Blobs on a (possibly shared) POSIX filesystem under ``root``; folders are made lazily.
+
+    ``read_retry`` bounds, in seconds, how long a read that finds its blob missing or not
+    matching its digest keeps opening it again before it raises (`resolve_read_retry`:
+    by default 5 s on a networked or FUSE root, 0 on a local disk; decided at the first such
+    read).
+    """
 
     capabilities = Capabilities(mmap=True, local_paths=True, persistent=True)
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, read_retry: float | None = None) -> None:
         # Absolute and normalised, so a later chdir cannot move the store and `remove_temp`
         # can compare paths textually.
         self._root = Path(os.path.abspath(root))
         self._blobs = self._root / BLOBS_DIR
         self._blobs_str = str(self._blobs)
         self._tmp = self._root / TEMP_DIR
+        # Checked now, a bad value is refused at open; the mount table is read only when a
+        # read first needs a retry (the common read never does).
+        self._read_retry = None if read_retry is None else _check_seconds(read_retry, "read_retry")
+
+    @property
+    def read_retry(self) -> float:
+        """Seconds a read of a missing or mismatching blob keeps trying (see the class)."""
+        if self._read_retry is None:
+            self._read_retry = resolve_read_retry(self._root)
+        return self._read_retry
+
+    def _retried(self, digest: str, attempt: Callable[[], _T]) -> _T:
+        """``attempt()``, again after a pause while it meets a missing blob, a digest mismatch
+        or ESTALE, until `read_retry` seconds have passed; then that error.
+
+        NOTE: each try opens the path afresh (a held descriptor would keep the old file): on a
+        shared filesystem another host's GC may have unlinked the blob and a writer renamed a
+        new copy in, and this host's entry and attribute caches show the old state until they
+        expire (docs/architecture.md, "Shared pools").  The bound keeps real damage reported.
+        """
+        started = deadline = delay = 0.0
+        tries = 0
+        while True:
+            try:
+                value = attempt()
+            except _Stale as stale:
+                error: IntegrityError | OSError = stale.error
+            except BlobNotFoundError as exc:
+                error = exc
+            except OSError as exc:
+                if exc.errno != errno.ESTALE:
+                    raise
+                error = exc
+            else:
+                if tries:
+                    _log.info(
+                        "blob %s read on try %d, %.2f s after the first (a stale metadata "
+                        "cache of a shared filesystem)",
+                        digest,
+                        tries + 1,
+                        time.monotonic() - started,
+                    )
+                return value
+            now = time.monotonic()
+            if not tries:
+                started, deadline, delay = now, now + self.read_retry, _RETRY_FIRST
+            if now >= deadline:
+                raise error
+            tries += 1
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, _RETRY_MAX)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self._root)!r})"
@@ -439,39 +583,54 @@ class LocalBlobStore(AbstractBlobStore):
         return fd
 
     def get(self, digest: str) -> bytes:
-        """The verified bytes of ``digest``; BlobNotFoundError or IntegrityError on damage."""
-        with open(self._open_fd(digest), "rb") as f:
-            data = f.read()
-        _verify(digest, data)
-        return data
+        """The verified bytes of ``digest``; BlobNotFoundError or IntegrityError on damage
+        (after `read_retry` seconds of trying again)."""
+
+        def attempt() -> bytes:
+            with open(self._open_fd(digest), "rb") as f:
+                data = f.read()
+            _mismatch(digest, data)
+            return data
+
+        return self._retried(digest, attempt)
 
     def open(self, digest: str, *, verify: bool = True) -> memoryview:
-        """A read-only memory map of ``digest`` for lazy reads, verified unless ``verify=False``."""
-        fd = self._open_fd(digest)
-        try:
-            if os.fstat(fd).st_size == 0:
-                view = memoryview(b"")  # mmap cannot map 0 bytes
-            else:
-                view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
-        finally:
-            os.close(fd)  # the map holds its own reference to the file
-        if verify:
+        """A read-only memory map of ``digest`` for lazy reads, verified unless ``verify=False``
+        (a missing or mismatching blob is tried again for `read_retry` seconds)."""
+
+        def attempt() -> memoryview:
+            fd = self._open_fd(digest)
             try:
-                _verify(digest, view)
-            except IntegrityError:
-                view.release()
-                raise
-        return view
+                if os.fstat(fd).st_size == 0:
+                    view = memoryview(b"")  # mmap cannot map 0 bytes
+                else:
+                    view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+            finally:
+                os.close(fd)  # the map holds its own reference to the file
+            if verify:
+                try:
+                    _mismatch(digest, view)
+                except _Stale:
+                    view.release()
+                    raise
+            return view
+
+        return self._retried(digest, attempt)
 
     def read_range(self, digest: str, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes of ``digest`` from ``offset``, unverified."""
+        """Up to ``length`` bytes of ``digest`` from ``offset``, unverified (a missing blob is
+        tried again for `read_retry` seconds)."""
         if offset < 0 or length < 0:
             raise ValueError("offset and length must be >= 0")
-        fd = self._open_fd(digest)
-        try:
-            return os.pread(fd, length, offset)
-        finally:
-            os.close(fd)
+
+        def attempt() -> bytes:
+            fd = self._open_fd(digest)
+            try:
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+
+        return self._retried(digest, attempt)
 
     def has(self, digest: str) -> bool:
         """True when a regular file exists for ``digest`` (its bytes are not read).
@@ -526,18 +685,23 @@ class LocalBlobStore(AbstractBlobStore):
         return True
 
     def check(self, digest: str) -> None:
-        """Rehash ``digest`` in 8 MiB reads; BlobCorruptError or BlobNotFoundError on damage."""
-        hasher = xxhash.xxh3_128()
-        size = 0
-        with open(self._open_fd(digest), "rb", buffering=0) as f:
-            # NOTE: a buffer sized to the file: allocating 8 MiB per small blob made rehashing
-            # 100,000 small blobs 5x slower than a plain read-and-hash loop.
-            buf = memoryview(bytearray(min(os.fstat(f.fileno()).st_size, _BLOCK) or 1))
-            while n := f.readinto(buf):
-                hasher.update(buf[:n])
-                size += n
-        if hasher.hexdigest() != digest:
-            raise _corrupt(digest, size, hasher.hexdigest())
+        """Rehash ``digest`` in 8 MiB reads; BlobCorruptError or BlobNotFoundError on damage
+        (after `read_retry` seconds of trying again)."""
+
+        def attempt() -> None:
+            hasher = xxhash.xxh3_128()
+            size = 0
+            with open(self._open_fd(digest), "rb", buffering=0) as f:
+                # NOTE: a buffer sized to the file: allocating 8 MiB per small blob made
+                # rehashing 100,000 small blobs 5x slower than a plain read-and-hash loop.
+                buf = memoryview(bytearray(min(os.fstat(f.fileno()).st_size, _BLOCK) or 1))
+                while n := f.readinto(buf):
+                    hasher.update(buf[:n])
+                    size += n
+            if hasher.hexdigest() != digest:
+                raise _Stale(_corrupt(digest, size, hasher.hexdigest()))
+
+        self._retried(digest, attempt)
 
     def iter_digests(self) -> Iterator[str]:
         """Digests of the canonical files ``blobs/ab/cd/abcd…``; anything else is ignored."""

@@ -1,0 +1,284 @@
+"""Blob reads that survive a shared filesystem's stale metadata caches (issue 20;
+docs/architecture.md, "Shared pools").
+
+On JuiceFS with its default 1 s caches, or NFS, a host can see a blob as missing, or read an
+old file's bytes, for a moment after another host's GC removed it and a writer renamed a new
+copy in.  The filesystem store opens such a blob again, with a bounded backoff, before it
+raises the error it raised before.  Here the filesystem is made to misbehave so (``os.open``
+wrapped: the first N opens of a blob's path fail, or open an old truncated copy, or hit
+ESTALE) and the blob is really removed and put back; a truly missing or corrupt blob still
+raises, within the bound.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import assert_loads, tiny_rollout
+
+from archive_manager import ArchiveManager
+from archive_manager._digest import digest_of
+from archive_manager.blobs import LocalBlobStore
+from archive_manager.blobs import local as local_module
+from archive_manager.blobs.local import (
+    DEFAULT_SHARED_READ_RETRY,
+    READ_RETRY_ENV,
+    resolve_read_retry,
+)
+from archive_manager.errors import BlobCorruptError, BlobNotFoundError, InvalidInputError
+
+DATA = b"a blob that another host's GC removed and a writer wrote again" * 100
+
+
+class FlakyOpens:
+    """``os.open`` wrapped: the first ``failures`` opens of each blob path in ``paths`` fail
+    as ``how`` says; every open of those paths is counted."""
+
+    def __init__(self, paths: set[str], failures: int, how: Callable[[str], int]) -> None:
+        self.paths = paths
+        self.failures = failures
+        self.how = how
+        self.opens: dict[str, int] = {}
+        self.real = os.open
+
+    def __call__(self, path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        key = os.fspath(path)
+        if key in self.paths:
+            self.opens[key] = self.opens.get(key, 0) + 1
+            if self.opens[key] <= self.failures:
+                return self.how(key)
+        return self.real(path, flags, mode, **kw)
+
+
+def missing(path: str) -> int:
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
+def stale_handle(path: str) -> int:
+    raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), path)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalBlobStore:
+    return LocalBlobStore(tmp_path / "pool", read_retry=5.0)
+
+
+@pytest.fixture
+def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(READ_RETRY_ENV, raising=False)
+
+
+def flaky(
+    monkeypatch: pytest.MonkeyPatch, paths: set[str], failures: int, how: Callable[[str], int]
+) -> FlakyOpens:
+    wrapped = FlakyOpens(paths, failures, how)
+    monkeypatch.setattr(os, "open", wrapped)
+    return wrapped
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@pytest.mark.parametrize("how", [missing, stale_handle], ids=["ENOENT", "ESTALE"])
+@pytest.mark.parametrize("read", ["get", "open", "check", "read_range"])
+def test_a_blob_missing_for_the_first_opens_is_read(
+    store: LocalBlobStore, monkeypatch: pytest.MonkeyPatch, how: Callable[[str], int], read: str
+) -> None:
+    digest = store.put(DATA)
+    path = str(store.path(digest))
+    opens = flaky(monkeypatch, {path}, 3, how)
+    started = time.monotonic()
+    if read == "get":
+        assert store.get(digest) == DATA
+    elif read == "open":
+        assert bytes(store.open(digest)) == DATA
+    elif read == "check":
+        store.check(digest)
+    else:
+        assert store.read_range(digest, 10, 5) == DATA[10:15]
+    # Each try opened the path again (no descriptor is kept between tries).
+    assert opens.opens[path] == 4
+    # Three pauses of the backoff (50, 100, 200 ms), far inside the 5 s bound.
+    assert 0.3 <= time.monotonic() - started < 3.0
+
+
+@pytest.mark.parametrize("read", ["get", "open", "check"])
+def test_old_bytes_seen_at_first_are_read_again(
+    store: LocalBlobStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, read: str
+) -> None:
+    """A stale attribute cache can show a file's old, shorter size: its bytes do not hash to
+    the digest; the read opens the path again instead of reporting corruption."""
+    digest = store.put(DATA)
+    old = tmp_path / "old-copy"
+    old.write_bytes(DATA[:100])
+    opens = flaky(monkeypatch, {str(store.path(digest))}, 2, lambda _: opens.real(old, os.O_RDONLY))
+    if read == "get":
+        assert store.get(digest) == DATA
+    elif read == "open":
+        assert bytes(store.open(digest)) == DATA
+    else:
+        store.check(digest)
+    assert opens.opens[str(store.path(digest))] == 3
+
+
+def test_a_blob_removed_and_written_again_meanwhile_is_read(store: LocalBlobStore) -> None:
+    """The real sequence on the filesystem: GC unlinks the blob, a writer puts it again
+    300 ms later; a read in between waits for it."""
+    digest = store.put(DATA)
+    os.unlink(store.path(digest))
+    writer = threading.Timer(0.3, store.put, args=(DATA,))
+    writer.start()
+    try:
+        started = time.monotonic()
+        assert store.get(digest) == DATA
+        assert 0.25 <= time.monotonic() - started < 3.0
+    finally:
+        writer.join()
+
+
+def test_a_truly_missing_blob_raises_once_the_bound_has_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalBlobStore(tmp_path / "pool", read_retry=0.8)
+    digest = store.put(DATA)
+    os.unlink(store.path(digest))
+    opens = flaky(monkeypatch, {str(store.path(digest))}, 0, missing)
+    for read in (store.get, store.open, store.check, lambda d: store.read_range(d, 0, 1)):
+        opens.opens.clear()
+        started = time.monotonic()
+        with pytest.raises(BlobNotFoundError, match=f"blob {digest} is missing"):
+            read(digest)
+        took = time.monotonic() - started
+        assert 0.8 <= took < 1.5, took
+        # 50, 100, 200, then 250 ms pauses to the bound: a few opens, not a spin.
+        assert 4 <= opens.opens[str(store.path(digest))] <= 8
+
+
+def test_real_corruption_is_reported_within_the_bound(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "pool", read_retry=0.6)
+    digest = store.put(DATA)
+    path = store.path(digest)
+    os.chmod(path, 0o644)
+    path.write_bytes(DATA[:-1] + b"!")
+    for read in (store.get, store.open, store.check):
+        started = time.monotonic()
+        with pytest.raises(BlobCorruptError, match=f"blob {digest} is corrupt"):
+            read(digest)
+        assert 0.6 <= time.monotonic() - started < 1.3
+    # An unverified read returns the bytes as stored, at once.
+    assert store.read_range(digest, len(DATA) - 1, 1) == b"!"
+
+
+def test_what_no_cache_explains_is_raised_at_once(
+    store: LocalBlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only "missing", a digest mismatch and ESTALE are retried: a FIFO in a blob's place,
+    or EACCES, is the same on the next try."""
+    digest = digest_of(b"fifo")
+    path = store.path(digest)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    started = time.monotonic()
+    with pytest.raises(BlobCorruptError, match="FIFO"):
+        store.get(digest)
+    other = store.put(DATA)
+
+    def denied(p: str) -> int:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), p)
+
+    flaky(monkeypatch, {str(store.path(other))}, 10, denied)
+    with pytest.raises(PermissionError):
+        store.get(other)
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_local_disk_does_not_wait_for_a_missing_blob(tmp_path: Path, no_env: None) -> None:
+    store = LocalBlobStore(tmp_path / "pool")
+    digest = store.put(DATA)
+    os.unlink(store.path(digest))
+    started = time.monotonic()
+    with pytest.raises(BlobNotFoundError):
+        store.get(digest)
+    assert time.monotonic() - started < 0.2
+    assert store.read_retry == 0.0
+
+
+def mount_table(root: Path, fstype: str) -> str:
+    return f"36 1 0:30 / {root} rw,relatime shared:1 - {fstype} src rw\n"
+
+
+@pytest.mark.parametrize(
+    ("fstype", "expected"),
+    [
+        ("fuse.juicefs", DEFAULT_SHARED_READ_RETRY),
+        ("nfs4", DEFAULT_SHARED_READ_RETRY),
+        ("lustre", DEFAULT_SHARED_READ_RETRY),
+        ("ext4", 0.0),
+        ("fuse.fuse-overlayfs", 0.0),
+    ],
+)
+def test_the_default_bound_follows_the_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env: None, fstype: str, expected: float
+) -> None:
+    root = tmp_path / "pool"
+    table = mount_table(Path(os.path.realpath(tmp_path)), fstype)
+    monkeypatch.setattr(local_module, "read_mount_table", lambda: table)
+    assert resolve_read_retry(root) == expected
+    assert LocalBlobStore(root).read_retry == expected
+    assert LocalBlobStore(root, read_retry=1.5).read_retry == 1.5
+    monkeypatch.setenv(READ_RETRY_ENV, "0.25")
+    assert LocalBlobStore(root).read_retry == 0.25
+    assert LocalBlobStore(root, read_retry=0).read_retry == 0.0
+
+
+@pytest.mark.parametrize("bad", ["soon", "-1", "inf", "nan"])
+def test_a_bad_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    monkeypatch.setenv(READ_RETRY_ENV, bad)
+    with pytest.raises(InvalidInputError, match=READ_RETRY_ENV):
+        resolve_read_retry(tmp_path)
+    if bad != "soon":
+        with pytest.raises(InvalidInputError, match="read_retry"):
+            LocalBlobStore(tmp_path, read_retry=float(bad))
+
+
+# --------------------------------------------------------------------------- a pool
+
+
+@pytest.fixture
+def saved(tmp_path: Path, no_env: None) -> Iterator[tuple[Path, list[Any]]]:
+    root = tmp_path / "pool"
+    samples = tiny_rollout(6)
+    with ArchiveManager.open(root) as pool:
+        pool.save("run", samples, rollout_id=0)
+    yield root, samples
+
+
+def test_a_published_archive_loads_while_its_blobs_look_missing(
+    saved: tuple[Path, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cross-host race as this host sees it: every blob of the archive (chunks, tensor
+    blobs, its manifest) is "missing" for its first two opens; the load succeeds."""
+    root, samples = saved
+    with ArchiveManager.open(root, store=LocalBlobStore(root, read_retry=5.0)) as pool:
+        paths = {str(p) for p in (root / "blobs").rglob("*") if p.is_file()}
+        opens = flaky(monkeypatch, paths, 2, missing)
+        assert_loads(pool, "run", samples)
+        assert opens.opens and all(n >= 3 for n in opens.opens.values()), opens.opens
+
+
+def test_the_variable_sets_the_bound_of_an_opened_pool(
+    saved: tuple[Path, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, samples = saved
+    monkeypatch.setenv(READ_RETRY_ENV, "3")
+    with ArchiveManager.open(root, read_only=True) as pool:
+        assert isinstance(pool.store, LocalBlobStore) and pool.store.read_retry == 3.0
+        flaky(monkeypatch, {str(p) for p in (root / "blobs").rglob("*") if p.is_file()}, 1, missing)
+        assert_loads(pool, "run", samples)
