@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
-import numpy as np
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
@@ -23,7 +22,6 @@ from ._atomic import write_atomic_with
 from ._context import HasContext, PoolContext, context_of
 from ._names import archive_owner, check_archive_name
 from ._torch import is_tensor, torch_module
-from .arrow import ArchiveSource, archive_table
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -34,14 +32,6 @@ from .catalog import (
     sample_metadata_table,
 )
 from .catalog.queries import archive_by_name, batches
-from .codec import (
-    ChunkReader,
-    _at,
-    _gc_paused,
-    _key_text,
-    decode_tensor_blob,
-    materialize_tensor_refs,
-)
 from .errors import (
     ArchiveNotFoundError,
     ArchiveReleasedError,
@@ -51,13 +41,18 @@ from .errors import (
     UnencodableError,
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
-from .ptdump import FACTS_KEY, facts_block
 from .samples import Sample, check_key_text, check_task_key, sample_to_record
 
+# NOTE: the codec (numpy, zstandard) and the Arrow and .pt exports are imported by the
+# methods that read or export samples: listing and inspecting archives needs only the
+# catalog (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
     import pandas
     import pyarrow
     import torch
+
+    from .arrow import ArchiveSource
+    from .codec import ChunkReader
 
 __all__ = [
     "Archive",
@@ -258,6 +253,8 @@ class Archive:
         for ordinal, offset in wanted:
             by_chunk[ordinal].append(offset)
         decoded: dict[tuple[int, int], Any] = {}
+        from .codec import _gc_paused
+
         # One GC pause over the whole load: pausing per chunk let each resume collect (and
         # traverse) everything decoded so far, quadratic in the archive's size.
         with _gc_paused():
@@ -445,6 +442,8 @@ class Archive:
         as_arrays: bool,
         materialize: bool,
     ) -> Iterator[Any]:
+        from .codec import _gc_paused
+
         runs = self._chunk_runs(page, sample_key, task_key)
         run = next(runs, None)
         if run is None:
@@ -498,6 +497,8 @@ class Archive:
         for position in sorted(at):
             ordinal, offset = at[position]
             by_chunk[ordinal].append(offset)
+        from .codec import _gc_paused
+
         decoded: dict[tuple[int, int], Any] = {}
         with _gc_paused():
             self._decode_into(decoded, ordinals, digests, by_chunk, False, False)
@@ -543,6 +544,8 @@ class Archive:
     def _fetch(
         self, ordinal: int, digests: dict[int, str], by_chunk: dict[int, list[int]]
     ) -> ChunkReader:
+        from .codec import ChunkReader
+
         digest = digests.get(ordinal)
         if digest is None:
             raise IntegrityError(f"archive {self.name!r} has no row for chunk {ordinal}")
@@ -561,6 +564,8 @@ class Archive:
         as_arrays: bool,
         materialize: bool = False,
     ) -> None:
+        from .codec import materialize_tensor_refs
+
         for offset in offsets:
             try:
                 sample = reader.sample(offset, as_arrays=as_arrays)
@@ -584,6 +589,8 @@ class Archive:
             raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
 
     def _load_tensor(self, digest: str) -> torch.Tensor:
+        from .codec import decode_tensor_blob
+
         try:
             return decode_tensor_blob(self._pool.store.open(digest), digest)
         except BlobNotFoundError as exc:
@@ -628,6 +635,9 @@ class Archive:
                 is not its helper with only its counters; the message names the sample and
                 field, and no file is written; so is an attrs int of that size.
         """
+        from .codec import _at, materialize_tensor_refs
+        from .ptdump import FACTS_KEY, facts_block
+
         target = Path(path)
         samples = []
         classes: list[str | None] = []
@@ -666,6 +676,8 @@ class Archive:
 
     def arrow_source(self) -> ArchiveSource:
         """What the Arrow export reads of this archive (`archive_manager.arrow`)."""
+        from .arrow import ArchiveSource
+
         return ArchiveSource(
             context=self._pool,
             archive_id=self._id,
@@ -689,6 +701,8 @@ class Archive:
             UnencodableError: a field no column type can hold (named).
             MissingDependencyError: pyarrow is not installed.
         """
+        from .arrow import archive_table
+
         return archive_table(self.arrow_source(), columns)
 
     def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
@@ -836,8 +850,12 @@ def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | Non
                     v, top=False, tensors=tensors
                 )
         except UnencodableError as exc:
+            from .codec import _at, _key_text
+
             raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
         return out
+    import numpy as np  # only an export reaches here (docs/architecture.md, Start-up)
+
     if isinstance(value, np.ndarray):
         # the array is kept alive by ``value``, so its id is not reused meanwhile
         tensor = tensors.get(id(value))
@@ -867,6 +885,8 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
     """Refuse a `Sample` that slime's ``from_dict`` (what `import_pt` reads a dump with)
     would not give back: it reads a None status as pending and a helper from its counters
     only (docs/architecture.md, "Samples and values")."""
+    from .codec import _at
+
     if fields.get("status", ...) is None:
         raise _at(
             UnencodableError("a None status imports back as 'pending' (slime's from_dict)"),
@@ -900,6 +920,8 @@ def _native_items(values: list | tuple, tensors: dict[int, Any]) -> list[Any]:
         for v in values:
             out.append(_torch_native(v, top=False, tensors=tensors))
     except UnencodableError as exc:
+        from .codec import _at
+
         raise _at(exc, f"[{len(out)}]") from None
     return out
 
@@ -912,6 +934,8 @@ def _check_ints(values: list, kinds: set[type]) -> None:
             try:
                 _pt_int(v)
             except UnencodableError as exc:
+                from .codec import _at
+
                 raise _at(exc, f"[{i}]") from None
 
 

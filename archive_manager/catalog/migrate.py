@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
+from .._constants import CATALOG_URL_ENV
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.base import WRITE_OPTION
 from .models import FORMAT_VERSION, Base, pool_info_table
@@ -45,8 +46,6 @@ VERSION_TABLE = "archive_manager_version"
 """Alembic's version table; not ``alembic_version``, so a shared PostgreSQL database's own
 Alembic history cannot collide with the catalog's."""
 
-CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
-"""Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
 
 HEAD_REVISION = "0005"
 """The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against

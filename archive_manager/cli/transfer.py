@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.shell_completion import CompletionItem
 
-from ..manager import ArchiveManager
 from ._complete import complete_archive_name
 from ._context import CliError, json_option, pass_pool
 from ._output import echo, echo_json, human_size, progress_reporter
 from ._params import ROLLOUT_RANGE
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = ["export", "import_file"]
 
