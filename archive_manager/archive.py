@@ -8,8 +8,9 @@ import difflib
 import operator
 import os
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -131,6 +132,8 @@ class Archive:
         self.manifest_digest: str | None = row.manifest_digest
         self.reference: str | None = row.reference_name
         self._samples: int = row.samples
+        # Called with a blob's digest after each chunk or tensor blob read (`reads_reported`).
+        self._read_hook: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         return f"Archive({self.name!r}, rollout_id={self.rollout_id}, samples={self._samples})"
@@ -168,6 +171,29 @@ class Archive:
                 .order_by(c.c.ordinal)
             )
             return [dict(r._mapping) for r in rows]
+
+    def payload_sizes(self) -> dict[str, int]:
+        """The stored size of each chunk and tensor blob of the archive, by digest: what
+        reading all of it reads (its manifest aside), from the catalog."""
+        ab, b = archive_blobs_table, blobs_table
+        with self._pool.catalog.read() as conn:
+            rows = conn.execute(
+                select(ab.c.digest, b.c.size)
+                .join(b, b.c.digest == ab.c.digest)
+                .where(ab.c.archive_id == self._id, ab.c.kind != "manifest")
+            )
+            return {digest: int(size) for digest, size in rows}
+
+    @contextmanager
+    def reads_reported(self, report: Callable[[str], None]) -> Iterator[None]:
+        """Call ``report(digest)`` after each blob this archive reads, inside the block
+        (an export's progress counts the bytes it read by it).  ``report`` may be called
+        from the thread that reads ahead."""
+        self._read_hook = report
+        try:
+            yield
+        finally:
+            self._read_hook = None
 
     def owners(self) -> list[str]:
         """The owners retaining this archive (``archive:<name>`` until it is released)."""
@@ -579,7 +605,7 @@ class Archive:
 
     def _read_blob(self, digest: str, what: str) -> bytes:
         try:
-            return self._pool.store.get(digest)
+            data = self._pool.store.get(digest)
         except BlobNotFoundError as exc:
             self._raise_if_released(f"{what} (blob {digest}) is gone")
             raise IntegrityError(
@@ -587,17 +613,23 @@ class Archive:
             ) from exc
         except IntegrityError as exc:
             raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
+        if self._read_hook is not None:
+            self._read_hook(digest)
+        return data
 
     def _load_tensor(self, digest: str) -> torch.Tensor:
         from .codec import decode_tensor_blob
 
         try:
-            return decode_tensor_blob(self._pool.store.open(digest), digest)
+            tensor = decode_tensor_blob(self._pool.store.open(digest), digest)
         except BlobNotFoundError as exc:
             self._raise_if_released(f"tensor blob {digest} is gone")
             raise IntegrityError(f"archive {self.name!r}: tensor blob {digest} is missing") from exc
         except IntegrityError as exc:
             raise IntegrityError(f"archive {self.name!r}, tensor blob: {exc}") from exc
+        if self._read_hook is not None:
+            self._read_hook(digest)
+        return tensor
 
     def _raise_if_released(self, detail: str) -> None:
         with self._pool.catalog.read() as conn:

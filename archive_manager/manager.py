@@ -1359,12 +1359,16 @@ class ArchiveManager:
         *,
         format: str | None = None,
         overwrite: bool = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Path:
         """Write archive ``name`` as Parquet, JSONL or slime's ``.pt`` (``format``, else the
-        suffix of ``path``), through a temp file (see `archive_manager.export`)."""
+        suffix of ``path``), through a temp file (see `archive_manager.export`).
+        ``progress(done, total)`` counts the stored bytes read."""
         from .export import export_archive
 
-        return export_archive(self.open_archive(name), path, format=format, overwrite=overwrite)
+        return export_archive(
+            self.open_archive(name), path, format=format, overwrite=overwrite, progress=progress
+        )
 
     def export_many(
         self,
@@ -1377,7 +1381,8 @@ class ArchiveManager:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[Path]:
         """Export each published archive of an inclusive rollout id range (and evaluation
-        flag) to ``folder/<name>.<format>``."""
+        flag) to ``folder/<name>.<format>``; ``progress(done, total)`` counts the stored
+        bytes read."""
         from .export import export_many
 
         return export_many(
