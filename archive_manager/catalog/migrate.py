@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from .._constants import CATALOG_URL_ENV
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.base import WRITE_OPTION
-from .models import FORMAT_VERSION, Base, pool_info_table
+from .models import FORMAT_VERSION, metadata, pool_info_table
 from .urls import shown_url
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def _foreign_catalog_tables(conn: Connection) -> set[str]:
-    return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
+    return set(inspect(conn).get_table_names()) & set(metadata.tables)
 
 
 def check_current(engine: Engine) -> str:
