@@ -5,7 +5,8 @@ Runs, each in a fresh process and interleaved round by round (so a burst of load
 hits every command alike): ``python -c pass``, ``import archive_manager``,
 ``archive-manager --help``, ``archive-manager ls`` and an archive-name completion on a pool
 of ``--archives`` archives, and prints the median (and fastest) wall time of each, with the
-difference to and ratio over bare python.  Target (issue 18): ``--help`` and ``ls`` within
+difference to and ratio over bare python, and the median CPU time (user + system) of each,
+which other jobs on the machine inflate far less than the wall time.  Target (issue 18): ``--help`` and ``ls`` within
 0.3 s of bare python on a quiet machine.
 
 The children read compiled bytecode from a cache of their own (``PYTHONPYCACHEPREFIX``, filled
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -104,41 +106,56 @@ def _env(extra: dict[str, str], pycache: Path | None) -> dict[str, str]:
     return env
 
 
-def time_once(argv: list[str], env: dict[str, str]) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one run of ``argv``."""
+    cpu = _children_cpu()
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{argv} failed: {done.stderr.decode(errors='replace')}")
-    return elapsed
+    # Runs are sequential: the children's total grew by this child's time alone.
+    return elapsed, _children_cpu() - cpu
 
 
 def measure(
     root: Path, runs: int, pycache: Path | None, baseline: Path | None = None
-) -> dict[str, list[float]]:
+) -> dict[str, list[tuple[float, float]]]:
     todo = {
         name: (argv, _env(extra, pycache))
         for name, (argv, extra) in all_commands(root, baseline).items()
     }
     for argv, env in todo.values():  # warm the page cache and .pyc files first
         time_once(argv, env)
-    times: dict[str, list[float]] = {name: [] for name in todo}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in todo}
     for _ in range(runs):
         for name, (argv, env) in todo.items():
             times[name].append(time_once(argv, env))
     return times
 
 
-def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
-    bare = statistics.median(times["python -c pass"])
+def summarize(times: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """Per command: wall time (median, fastest, over and times bare python) and the median
+    CPU time, which a loaded machine inflates far less than the wall time."""
+    bare = statistics.median(wall for wall, _ in times["python -c pass"])
+    bare_cpu = statistics.median(cpu for _, cpu in times["python -c pass"])
     rows = {}
-    for name, values in times.items():
+    for name, runs in times.items():
+        values = [wall for wall, _ in runs]
         median = statistics.median(values)
+        cpu = statistics.median(c for _, c in runs)
         rows[name] = {
             "median_s": round(median, 4),
             "min_s": round(min(values), 4),
             "over_python_s": round(median - bare, 4),
             "ratio": round(median / bare, 2),
+            "cpu_median_s": round(cpu, 4),
+            "cpu_over_python_s": round(cpu - bare_cpu, 4),
         }
     met = {name: rows[name]["over_python_s"] <= TARGET_SECONDS for name in TARGETS}
     return {"commands": rows, "target_s": TARGET_SECONDS, "target_met": met}
@@ -146,11 +163,15 @@ def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any], runs: int, archives: int) -> None:
     print(f"start-up, median of {runs} runs each, pool of {archives} archives")
-    print(f"{'command':47} {'median':>8} {'fastest':>8} {'- python':>9} {'x python':>9}")
+    print(
+        f"{'command':47} {'median':>8} {'fastest':>8} {'- python':>9} {'x python':>9}"
+        f" {'cpu':>8} {'cpu - py':>9}"
+    )
     for name, row in result["commands"].items():
         print(
             f"{name:47} {row['median_s']:7.3f}s {row['min_s']:7.3f}s "
-            f"{row['over_python_s']:+8.3f}s {row['ratio']:8.1f}x"
+            f"{row['over_python_s']:+8.3f}s {row['ratio']:8.1f}x "
+            f"{row['cpu_median_s']:7.3f}s {row['cpu_over_python_s']:+8.3f}s"
         )
     for name, met in result["target_met"].items():
         verdict = "met" if met else "NOT met"
