@@ -301,6 +301,23 @@ def test_bench_startup_quick_run(tmp_path: Path) -> None:
     }
     assert result["commands"]["python -c pass"]["ratio"] == 1.0
     assert set(result["target_met"]) == {"archive-manager --help", "archive-manager ls"}
+    assert all(row["cpu_median_s"] > 0 for row in result["commands"].values())
+
+
+def test_bench_startup_times_a_baseline_tree_alongside(tmp_path: Path) -> None:
+    # The tree itself as its own baseline: every command again, under "(baseline)".
+    done = _python(
+        WORKTREE / "tools" / "bench_startup.py",
+        *("--runs", "1", "--archives", "2", "--json", "--baseline", WORKTREE),
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    names = set(result["commands"])
+    assert "archive-manager ls (baseline)" in names and "archive-manager ls" in names
+    assert "python -c pass (baseline)" not in names
+    assert result["baseline"] == str(WORKTREE)
+    refused = _python(WORKTREE / "tools" / "bench_startup.py", "--baseline", tmp_path)
+    assert refused.returncode == 2 and "holds no archive_manager" in refused.stderr
 
 
 def test_the_head_revision_constant_is_alembics_head() -> None:
