@@ -8,14 +8,14 @@ import difflib
 import operator
 import os
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
-import numpy as np
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
@@ -23,7 +23,6 @@ from ._atomic import write_atomic_with
 from ._context import HasContext, PoolContext, context_of
 from ._names import archive_owner, check_archive_name
 from ._torch import is_tensor, torch_module
-from .arrow import ArchiveSource, archive_table
 from .catalog import (
     archive_blobs_table,
     archives_table,
@@ -34,14 +33,6 @@ from .catalog import (
     sample_metadata_table,
 )
 from .catalog.queries import archive_by_name, batches
-from .codec import (
-    ChunkReader,
-    _at,
-    _gc_paused,
-    _key_text,
-    decode_tensor_blob,
-    materialize_tensor_refs,
-)
 from .errors import (
     ArchiveNotFoundError,
     ArchiveReleasedError,
@@ -51,13 +42,18 @@ from .errors import (
     UnencodableError,
 )
 from .journal import pool_id_of, release_op, stage_record, write_committed
-from .ptdump import FACTS_KEY, facts_block
 from .samples import Sample, check_key_text, check_task_key, sample_to_record
 
+# NOTE: the codec (numpy, zstandard) and the Arrow and .pt exports are imported by the
+# methods that read or export samples: listing and inspecting archives needs only the
+# catalog (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
     import pandas
     import pyarrow
     import torch
+
+    from .arrow import ArchiveSource
+    from .codec import ChunkReader
 
 __all__ = [
     "Archive",
@@ -136,6 +132,8 @@ class Archive:
         self.manifest_digest: str | None = row.manifest_digest
         self.reference: str | None = row.reference_name
         self._samples: int = row.samples
+        # Called with a blob's digest after each chunk or tensor blob read (`reads_reported`).
+        self._read_hook: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         return f"Archive({self.name!r}, rollout_id={self.rollout_id}, samples={self._samples})"
@@ -173,6 +171,29 @@ class Archive:
                 .order_by(c.c.ordinal)
             )
             return [dict(r._mapping) for r in rows]
+
+    def payload_sizes(self) -> dict[str, int]:
+        """The stored size of each chunk and tensor blob of the archive, by digest: what
+        reading all of it reads (its manifest aside), from the catalog."""
+        ab, b = archive_blobs_table, blobs_table
+        with self._pool.catalog.read() as conn:
+            rows = conn.execute(
+                select(ab.c.digest, b.c.size)
+                .join(b, b.c.digest == ab.c.digest)
+                .where(ab.c.archive_id == self._id, ab.c.kind != "manifest")
+            )
+            return {digest: int(size) for digest, size in rows}
+
+    @contextmanager
+    def reads_reported(self, report: Callable[[str], None]) -> Iterator[None]:
+        """Call ``report(digest)`` after each blob this archive reads, inside the block
+        (an export's progress counts the bytes it read by it).  ``report`` may be called
+        from the thread that reads ahead."""
+        self._read_hook = report
+        try:
+            yield
+        finally:
+            self._read_hook = None
 
     def owners(self) -> list[str]:
         """The owners retaining this archive (``archive:<name>`` until it is released)."""
@@ -258,6 +279,8 @@ class Archive:
         for ordinal, offset in wanted:
             by_chunk[ordinal].append(offset)
         decoded: dict[tuple[int, int], Any] = {}
+        from .codec import _gc_paused
+
         # One GC pause over the whole load: pausing per chunk let each resume collect (and
         # traverse) everything decoded so far, quadratic in the archive's size.
         with _gc_paused():
@@ -445,6 +468,8 @@ class Archive:
         as_arrays: bool,
         materialize: bool,
     ) -> Iterator[Any]:
+        from .codec import _gc_paused
+
         runs = self._chunk_runs(page, sample_key, task_key)
         run = next(runs, None)
         if run is None:
@@ -498,6 +523,8 @@ class Archive:
         for position in sorted(at):
             ordinal, offset = at[position]
             by_chunk[ordinal].append(offset)
+        from .codec import _gc_paused
+
         decoded: dict[tuple[int, int], Any] = {}
         with _gc_paused():
             self._decode_into(decoded, ordinals, digests, by_chunk, False, False)
@@ -543,6 +570,8 @@ class Archive:
     def _fetch(
         self, ordinal: int, digests: dict[int, str], by_chunk: dict[int, list[int]]
     ) -> ChunkReader:
+        from .codec import ChunkReader
+
         digest = digests.get(ordinal)
         if digest is None:
             raise IntegrityError(f"archive {self.name!r} has no row for chunk {ordinal}")
@@ -561,6 +590,8 @@ class Archive:
         as_arrays: bool,
         materialize: bool = False,
     ) -> None:
+        from .codec import materialize_tensor_refs
+
         for offset in offsets:
             try:
                 sample = reader.sample(offset, as_arrays=as_arrays)
@@ -574,7 +605,7 @@ class Archive:
 
     def _read_blob(self, digest: str, what: str) -> bytes:
         try:
-            return self._pool.store.get(digest)
+            data = self._pool.store.get(digest)
         except BlobNotFoundError as exc:
             self._raise_if_released(f"{what} (blob {digest}) is gone")
             raise IntegrityError(
@@ -582,15 +613,23 @@ class Archive:
             ) from exc
         except IntegrityError as exc:
             raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
+        if self._read_hook is not None:
+            self._read_hook(digest)
+        return data
 
     def _load_tensor(self, digest: str) -> torch.Tensor:
+        from .codec import decode_tensor_blob
+
         try:
-            return decode_tensor_blob(self._pool.store.open(digest), digest)
+            tensor = decode_tensor_blob(self._pool.store.open(digest), digest)
         except BlobNotFoundError as exc:
             self._raise_if_released(f"tensor blob {digest} is gone")
             raise IntegrityError(f"archive {self.name!r}: tensor blob {digest} is missing") from exc
         except IntegrityError as exc:
             raise IntegrityError(f"archive {self.name!r}, tensor blob: {exc}") from exc
+        if self._read_hook is not None:
+            self._read_hook(digest)
+        return tensor
 
     def _raise_if_released(self, detail: str) -> None:
         with self._pool.catalog.read() as conn:
@@ -628,6 +667,9 @@ class Archive:
                 is not its helper with only its counters; the message names the sample and
                 field, and no file is written; so is an attrs int of that size.
         """
+        from .codec import _at, materialize_tensor_refs
+        from .ptdump import FACTS_KEY, facts_block
+
         target = Path(path)
         samples = []
         classes: list[str | None] = []
@@ -666,6 +708,8 @@ class Archive:
 
     def arrow_source(self) -> ArchiveSource:
         """What the Arrow export reads of this archive (`archive_manager.arrow`)."""
+        from .arrow import ArchiveSource
+
         return ArchiveSource(
             context=self._pool,
             archive_id=self._id,
@@ -689,6 +733,8 @@ class Archive:
             UnencodableError: a field no column type can hold (named).
             MissingDependencyError: pyarrow is not installed.
         """
+        from .arrow import archive_table
+
         return archive_table(self.arrow_source(), columns)
 
     def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
@@ -836,8 +882,12 @@ def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | Non
                     v, top=False, tensors=tensors
                 )
         except UnencodableError as exc:
+            from .codec import _at, _key_text
+
             raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
         return out
+    import numpy as np  # only an export reaches here (docs/architecture.md, Start-up)
+
     if isinstance(value, np.ndarray):
         # the array is kept alive by ``value``, so its id is not reused meanwhile
         tensor = tensors.get(id(value))
@@ -867,6 +917,8 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
     """Refuse a `Sample` that slime's ``from_dict`` (what `import_pt` reads a dump with)
     would not give back: it reads a None status as pending and a helper from its counters
     only (docs/architecture.md, "Samples and values")."""
+    from .codec import _at
+
     if fields.get("status", ...) is None:
         raise _at(
             UnencodableError("a None status imports back as 'pending' (slime's from_dict)"),
@@ -900,6 +952,8 @@ def _native_items(values: list | tuple, tensors: dict[int, Any]) -> list[Any]:
         for v in values:
             out.append(_torch_native(v, top=False, tensors=tensors))
     except UnencodableError as exc:
+        from .codec import _at
+
         raise _at(exc, f"[{len(out)}]") from None
     return out
 
@@ -912,6 +966,8 @@ def _check_ints(values: list, kinds: set[type]) -> None:
             try:
                 _pt_int(v)
             except UnencodableError as exc:
+                from .codec import _at
+
                 raise _at(exc, f"[{i}]") from None
 
 

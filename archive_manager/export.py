@@ -15,8 +15,10 @@ import inspect
 import itertools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -321,15 +323,43 @@ def _write_jsonl(source: ArchiveSource, path: Path) -> int:
     return rows
 
 
+@contextmanager
+def _bytes_read(
+    arc: Archive, sizes: dict[str, int], report: Callable[[int], None]
+) -> Iterator[None]:
+    """Call ``report(bytes read so far)`` as ``arc`` reads its blobs (each counted once, by
+    its stored size in ``sizes``), inside the block."""
+    seen: set[str] = set()
+    done = 0
+    # The read-ahead thread reads chunks while this one loads tensors: one count, one bar.
+    lock = threading.Lock()
+
+    def on_read(digest: str) -> None:
+        nonlocal done
+        with lock:
+            if digest in seen or digest not in sizes:
+                return
+            seen.add(digest)
+            done += sizes[digest]
+            report(done)
+
+    with arc.reads_reported(on_read):
+        yield
+
+
 def export_archive(
     arc: Archive,
     path: str | os.PathLike[str],
     *,
     format: str | None = None,
     overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """`ArchiveManager.export`: write archive ``arc`` to ``path`` as Parquet, JSONL or
     slime's ``.pt`` (by ``format``, else by the suffix), through a temp file.
+
+    ``progress(done, total)`` counts the stored bytes of the archive's chunk and tensor
+    blobs read (`Archive.payload_sizes`); it is called last with ``done == total``.
 
     Raises:
         UnsupportedFormatError: an unknown format or suffix.
@@ -338,6 +368,18 @@ def export_archive(
     """
     target = Path(path)
     kind = format_of(target, format)
+    if progress is None:
+        _export_to(arc, target, kind, overwrite)
+        return target
+    sizes = arc.payload_sizes()
+    total = sum(sizes.values())
+    with _bytes_read(arc, sizes, lambda done: progress(done, total)):
+        _export_to(arc, target, kind, overwrite)
+    progress(total, total)
+    return target
+
+
+def _export_to(arc: Archive, target: Path, kind: str, overwrite: bool) -> None:
     source = arc.arrow_source()
     if kind == "pt":
         write_file(target, lambda temp: _export_pt(arc, temp), overwrite=overwrite)
@@ -353,12 +395,18 @@ def export_archive(
         )
     else:
         write_file(target, lambda temp: _write_jsonl(source, temp), overwrite=overwrite)
-    return target
 
 
 def _export_pt(arc: Archive, temp: Path) -> None:
     # export_pt writes atomically itself; here it writes the temp file write_file renames.
     arc.export_pt(temp)
+
+
+def _shifted(
+    progress: Callable[[int, int], None], before: int, total: int
+) -> Callable[[int], None]:
+    """``report(n)`` for one archive of many: ``progress(before + n, total)``."""
+    return lambda n: progress(before + n, total)
 
 
 def export_many(
@@ -372,7 +420,8 @@ def export_many(
     evaluation: bool | None = None,
 ) -> list[Path]:
     """`ArchiveManager.export_many`: each published archive of the rollout id range (and
-    evaluation flag) to ``folder/<name><suffix>``; ``progress(done, total)`` per archive.
+    evaluation flag) to ``folder/<name><suffix>``; ``progress(done, total)`` counts the
+    stored bytes of the archives' chunk and tensor blobs read, as `export_archive`'s does.
 
     Raises:
         ArchiveExistsError: a target exists and ``overwrite`` is False (checked for every
@@ -397,11 +446,18 @@ def export_many(
             raise ArchiveExistsError(
                 f"{taken[0]} exists ({len(taken)} of the targets do); pass --force to replace them"
             )
+    sizes = [a.payload_sizes() for a in arcs] if progress is not None else []
+    total = sum(sum(s.values()) for s in sizes)
     done: list[Path] = []
+    before = 0  # bytes of the archives already exported
     for i, (arc, target) in enumerate(zip(arcs, targets, strict=True)):
-        done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
-        if progress is not None:
-            progress(i + 1, len(arcs))
+        if progress is None:
+            done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
+            continue
+        with _bytes_read(arc, sizes[i], _shifted(progress, before, total)):
+            done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
+        before += sum(sizes[i].values())
+        progress(before, total)
     return done
 
 

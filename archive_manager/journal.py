@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
-import zstandard
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
@@ -243,6 +242,8 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
         "at": now,
         "archives": {m: a.as_json() for m, a in sorted(state.archives.items())},
     }
+    import zstandard  # imported on use (docs/architecture.md, Start-up)
+
     data = _CKPT_MAGIC + zstandard.ZstdCompressor(level=3).compress(_encode_json(doc))
     staged = Staged(seq, _digest(data), data, "ckpt")
     set_pool_info(conn, JOURNAL_CHECKPOINT, f"{seq:020d}-{staged.digest}")
@@ -531,6 +532,8 @@ def decode(entry: Entry, data: bytes, pool_id: str | None) -> dict[str, Any]:
     Raises:
         JournalDamagedError: damaged, not a journal file, or another pool's.
     """
+    import zstandard  # imported on use (docs/architecture.md, Start-up)
+
     if _digest(data) != entry.digest:
         raise JournalDamagedError(
             f"journal file {entry.name} is damaged: its bytes do not match its digest"

@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, exists, select
 from sqlalchemy import exc as sa_exc
 
+from ._constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
 from ._context import PoolContext
 from ._humanize import duration_seconds
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
@@ -51,7 +52,6 @@ from .catalog.engine import (
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
 from .catalog.queries import archive_by_name, archives_in_order, stored_owner
-from .codec import DEFAULT_INLINE_LIMIT
 from .errors import (
     ArchiveReleasedError,
     CatalogError,
@@ -60,8 +60,6 @@ from .errors import (
     PoolNotFoundError,
     ReadOnlyPoolError,
 )
-from .export import arrow_reader, export_archive, export_many, import_table
-from .gc import GcReport, collect
 from .identity import (
     IDENTITY_FILE,
     PoolIdentity,
@@ -92,7 +90,6 @@ from .lens import (
 from .permissions import SharedReport, share_pool
 from .ptdump import read_pt_file, task_keys_from_field
 from .query import PoolSummary, SampleRow, pool_summary, query_samples
-from .recovery import RebuildReport, rebuild_catalog
 from .retention import (
     ForgetPlan,
     OwnersReport,
@@ -103,11 +100,18 @@ from .retention import (
     plan_release_names,
 )
 from .samples import check_task_key
-from .search import DEFAULT_TIMEOUT as DEFAULT_SEARCH_TIMEOUT
-from .search import SearchResult, search_pool
 from .stats import RolloutStats, StatsCache, check_rollout_range, rollout_stats
-from .verify import VerifyReport, verify_pool
-from .writer import ArchiveWriter, check_rollout_id, save_samples
+
+# NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
+# numpy, zstandard) are imported by the methods that use them: opening a pool and reading
+# its catalog, which most CLI verbs only do, needs none of them (docs/architecture.md,
+# Start-up).
+if TYPE_CHECKING:
+    from .gc import GcReport
+    from .recovery import RebuildReport
+    from .search import SearchResult
+    from .verify import VerifyReport
+    from .writer import ArchiveWriter
 
 __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
 
@@ -156,11 +160,6 @@ class CatalogStatus:
     def up_to_date(self) -> bool:
         """Whether the catalog is at this library's head revision."""
         return self.current == self.head
-
-
-def default_catalog_url(root: Path) -> str:
-    """The catalog of a one-machine pool: SQLite in the pool root."""
-    return f"sqlite:///{root / 'catalog.db'}"
 
 
 # `import_pt`'s "take it from the file" default, told apart from an explicit None.
@@ -739,6 +738,8 @@ class ArchiveManager:
                 unreachable even to roll back, the save's lease expires and GC clears
                 what it wrote.
         """
+        from .writer import ArchiveWriter, save_samples
+
         if reference is not None:
             if samples is not None:
                 raise InvalidInputError("give either samples or reference, not both")
@@ -784,6 +785,8 @@ class ArchiveManager:
         Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
         at the end of the block).
         """
+        from .writer import ArchiveWriter
+
         return ArchiveWriter(
             self._context, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
         )
@@ -833,6 +836,8 @@ class ArchiveManager:
             if high is not None:
                 query = query.where(a.c.rollout_id <= high)
         elif rollout_id is not None:
+            from .writer import check_rollout_id
+
             query = query.where(a.c.rollout_id == check_rollout_id(rollout_id))
         if evaluation is not None:
             if not isinstance(evaluation, bool):
@@ -1017,6 +1022,8 @@ class ArchiveManager:
             InvalidInputError: bad pattern, field, range or limit.
             SearchTimeoutError: the search ran past ``timeout`` (a runaway pattern).
         """
+        from .search import search_pool
+
         return search_pool(
             self.context,
             pattern,
@@ -1215,6 +1222,8 @@ class ArchiveManager:
                 from the catalog (one restored from a backup), until `rebuild_catalog` ran;
                 also when the pool's identity at the blob root changed since it was opened.
         """
+        from .gc import collect
+
         seconds = _grace_seconds(grace)
         if not dry_run:
             self._refuse_if_read_only("gc")
@@ -1232,6 +1241,8 @@ class ArchiveManager:
         ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
         ``progress(done, total)`` counts the bytes rehashed.  Never changes anything.
         """
+        from .verify import verify_pool
+
         return verify_pool(self._context, read_data=read_data, subset=subset, progress=progress)
 
     def rebuild_catalog(
@@ -1256,6 +1267,8 @@ class ArchiveManager:
         rebuild with ``resolve=True`` accepts the rebuilt owners.
         ``progress(done, total)`` is called per archive name.
         """
+        from .recovery import rebuild_catalog
+
         self._refuse_if_read_only("rebuild_catalog")
         return rebuild_catalog(self._context, progress=progress, resolve=resolve)
 
@@ -1290,6 +1303,8 @@ class ArchiveManager:
             InvalidInputError: a sample lacks ``task_key_field``, or an argument is invalid.
             ArchiveExistsError: the name is taken (nothing is written).
         """
+        from .writer import check_rollout_id
+
         self._refuse_if_read_only("import_pt")
         if evaluation is not None and type(evaluation) is not bool:
             raise InvalidInputError("evaluation must be True, False or None (from the file)")
@@ -1333,6 +1348,8 @@ class ArchiveManager:
         chunk at a time (memory stays bounded); filters as `query`, columns as
         `Archive.to_arrow`; ``schema``: None (the first batch's), ``"scan"`` (a first pass
         finds one every batch fits) or a schema (see `archive_manager.export.arrow_reader`)."""
+        from .export import arrow_reader
+
         return arrow_reader(self._context, columns=columns, schema=schema, names=names, **filters)
 
     def export(
@@ -1342,10 +1359,16 @@ class ArchiveManager:
         *,
         format: str | None = None,
         overwrite: bool = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Path:
         """Write archive ``name`` as Parquet, JSONL or slime's ``.pt`` (``format``, else the
-        suffix of ``path``), through a temp file (see `archive_manager.export`)."""
-        return export_archive(self.open_archive(name), path, format=format, overwrite=overwrite)
+        suffix of ``path``), through a temp file (see `archive_manager.export`).
+        ``progress(done, total)`` counts the stored bytes read."""
+        from .export import export_archive
+
+        return export_archive(
+            self.open_archive(name), path, format=format, overwrite=overwrite, progress=progress
+        )
 
     def export_many(
         self,
@@ -1358,7 +1381,10 @@ class ArchiveManager:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[Path]:
         """Export each published archive of an inclusive rollout id range (and evaluation
-        flag) to ``folder/<name>.<format>``."""
+        flag) to ``folder/<name>.<format>``; ``progress(done, total)`` counts the stored
+        bytes read."""
+        from .export import export_many
+
         return export_many(
             self._context,
             folder,
@@ -1381,6 +1407,8 @@ class ArchiveManager:
     ) -> Archive:
         """Import a Parquet or JSONL file (an export of this library, or another framework's
         rows with ``mapping`` from sample fields to columns) as a new archive."""
+        from .export import import_table
+
         self._refuse_if_read_only("import")
         return import_table(
             self._context,

@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
-import numpy as np
-
 from .errors import InvalidInputError, InvalidNameError, UnencodableError, UnsupportedFormatError
 
 __all__ = [
@@ -561,8 +559,11 @@ def _same_stored(a: Any, b: Any) -> bool:
         return bool(a == b)
     if kind is tuple:
         return len(a) == len(b) and all(map(_same_stored, a, b))
-    if isinstance(a, np.generic):
-        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    # A numpy scalar; numpy is not imported for the test: a value cannot be one unless some
+    # module imported numpy (docs/architecture.md, Start-up).
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(a, numpy.generic):
+        return bool(a.dtype == b.dtype and a.tobytes() == b.tobytes())
     return False
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from ._constants import DEFAULT_SEARCH_TIMEOUT, MAX_SEARCH_LIMIT
 from .archive import Archive
 from .catalog import archives_table, chunks_table, entries_table, sample_metadata_table
 from .codec import ChunkReader
@@ -52,11 +53,11 @@ __all__ = [
 #: The fields a search reads, in the order they are tried.
 SEARCH_FIELDS = ("prompt", "response")
 #: Most matches one search returns (memory is bounded by it).
-MAX_LIMIT = 10_000
+MAX_LIMIT = MAX_SEARCH_LIMIT
 #: Longest pattern accepted (characters).
 MAX_PATTERN = 1_000
 #: Default time limit of a search, in seconds.
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = DEFAULT_SEARCH_TIMEOUT
 #: Characters of the matched line kept on either side of the match.
 LINE_CONTEXT = 120
 #: Seconds one text may take a regular expression: a sane pattern needs microseconds for a

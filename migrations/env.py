@@ -16,10 +16,10 @@ from sqlalchemy.engine import Connection
 
 from archive_manager.catalog.engine import make_engine
 from archive_manager.catalog.migrate import CATALOG_URL_ENV, VERSION_TABLE, migration_connection
-from archive_manager.catalog.models import Base
+from archive_manager.catalog.models import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 _OPTIONS: dict[str, Any] = {
     "target_metadata": target_metadata,

@@ -17,7 +17,6 @@ from sqlalchemy import Engine, func, insert, inspect, select, text
 
 from archive_manager.catalog import (
     FORMAT_VERSION,
-    Base,
     Catalog,
     archive_blobs_table,
     archive_summaries_table,
@@ -30,6 +29,7 @@ from archive_manager.catalog import (
     lease_blobs_table,
     leases_table,
     make_engine,
+    metadata,
     migrate,
     pool_info_table,
     retention_table,
@@ -82,7 +82,7 @@ def test_new_catalog_is_created_at_head(url: str) -> None:
         assert current_revision(catalog.engine) == head_revision()
         assert catalog.get_pool_info("format_version") == str(FORMAT_VERSION)
         tables = set(inspect(catalog.engine).get_table_names())
-    assert tables == set(Base.metadata.tables) | {VERSION_TABLE}
+    assert tables == set(metadata.tables) | {VERSION_TABLE}
 
 
 def test_empty_database_has_no_revision(engine: Engine) -> None:
@@ -95,7 +95,7 @@ def test_models_and_head_migration_agree(engine: Engine) -> None:
         context = MigrationContext.configure(
             conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
         )
-        assert compare_metadata(context, Base.metadata) == []
+        assert compare_metadata(context, metadata) == []
 
 
 def _rows_of_every_table() -> dict[str, list[dict[str, Any]]]:

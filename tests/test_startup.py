@@ -1,9 +1,12 @@
-"""Start-up: no verb that needs no tensor imports torch (docs/architecture.md, Layers).
+"""Start-up: no verb imports what it does not need (docs/architecture.md, Layers and
+Start-up).
 
 Importing torch costs seconds, more than any catalog verb; it used to be imported by
-``import archive_manager`` and so by every CLI call and every TAB completion.  Each case runs
-the real entry point in a fresh interpreter (a process that imported torch once cannot tell)
-and reports, at exit, whether torch was imported.
+``import archive_manager`` and so by every CLI call and every TAB completion.  SQLAlchemy and
+numpy cost most of what was left: ``--help`` and completion import neither, and ``ls`` no
+numpy and no zstandard.  Each case runs the real entry point in a fresh interpreter (a
+process that imported a module once cannot tell) and reports, at exit, which of the heavy
+modules were imported.
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ from archive_manager.catalog import migrate
 pytestmark = pytest.mark.timeout(600)
 
 WORKTREE = Path(__file__).resolve().parents[1]
-MARK = "torch-imported="
+MARK = "heavy-imported="
+#: The modules whose import a start-up pays for, and that a verb must not import in vain.
+HEAVY = ("torch", "sqlalchemy", "sqlalchemy.orm", "numpy", "zstandard", "pyarrow", "alembic")
 # The console script's entry point, with a report of sys.modules at exit (after the pool
 # was closed and click's completion or --help exited).
 ENTRY = (
     "import atexit, sys\n"
-    f"atexit.register(lambda: sys.stderr.write('\\n{MARK}%s\\n' % ('torch' in sys.modules)))\n"
+    f"HEAVY = {HEAVY!r}\n"
+    "def report():\n"
+    "    found = ','.join(m for m in HEAVY if m in sys.modules)\n"
+    f"    sys.stderr.write('\\n{MARK}' + found + '\\n')\n"
+    "atexit.register(report)\n"
     "from archive_manager.cli import main\n"
     "main()\n"
 )
@@ -56,13 +65,19 @@ def _python(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _run(args: list[str], **env: str) -> tuple[str, bool]:
-    """Run the CLI with ``args``; its stdout and whether it imported torch."""
+def _run_heavy(args: list[str], **env: str) -> tuple[str, set[str]]:
+    """Run the CLI with ``args``; its stdout and which of `HEAVY` it imported."""
     done = _python("-c", ENTRY, *args, **env)
     assert done.returncode == 0, f"{args}: {done.stderr}"
     marks = [line for line in done.stderr.splitlines() if line.startswith(MARK)]
     assert len(marks) == 1, done.stderr
-    return done.stdout, marks[0] == f"{MARK}True"
+    return done.stdout, set(filter(None, marks[0].removeprefix(MARK).split(",")))
+
+
+def _run(args: list[str], **env: str) -> tuple[str, bool]:
+    """Run the CLI with ``args``; its stdout and whether it imported torch."""
+    out, heavy = _run_heavy(args, **env)
+    return out, "torch" in heavy
 
 
 @pytest.fixture(scope="module")
@@ -123,33 +138,35 @@ def test_changing_verbs_never_import_torch(tmp_path: Path) -> None:
         assert pool.find(state=None)[0].state == "released"
 
 
-def _complete(root: Path, words: str, shell: str = "bash") -> tuple[list[str], bool]:
+def _complete(root: Path, words: str, shell: str = "bash") -> tuple[list[str], set[str]]:
+    """Complete ``words``; the completions and which heavy modules that imported."""
     cword = len(words.split()) - (0 if words.endswith(" ") else 1)
-    out, imported = _run(
+    out, heavy = _run_heavy(
         [],
         _ARCHIVE_MANAGER_COMPLETE=f"{shell}_complete",
         COMP_WORDS=f"archive-manager --root {root} {words}",
         COMP_CWORD=str(cword + 3),  # after archive-manager --root ROOT
     )
-    return [line for line in out.splitlines() if line], imported
+    return [line for line in out.splitlines() if line], heavy
 
 
 def test_completion_of_archive_names_reads_only_the_catalog(root: Path) -> None:
-    lines, imported = _complete(root, "show ")
+    # Not even SQLAlchemy: a SQLite catalog is read with sqlite3 (cli/_complete.py).
+    lines, heavy = _complete(root, "show ")
     assert lines == [f"plain,{n}" for n in ("eval-0", "rollout-0", "rollout-1", "rollout-2")]
-    assert not imported
-    lines, imported = _complete(root, "retain checkpoint:x roll")
+    assert not heavy, heavy
+    lines, heavy = _complete(root, "retain checkpoint:x roll")
     assert lines == [f"plain,rollout-{i}" for i in range(3)]
-    assert not imported
+    assert not heavy, heavy
 
 
 def test_completion_of_verbs_and_names_elsewhere(root: Path, tmp_path: Path) -> None:
-    lines, imported = _complete(root, "re")
+    lines, heavy = _complete(root, "re")
     assert {"plain,release", "plain,release-owner", "plain,retain"} <= set(lines)
-    assert not imported
+    assert not heavy, heavy
     # No pool there: nothing to offer, no error in the user's shell, nothing created.
-    lines, imported = _complete(tmp_path / "nothing", "keys ")
-    assert lines == [] and not imported
+    lines, heavy = _complete(tmp_path / "nothing", "keys ")
+    assert lines == [] and not heavy, heavy
     assert not (tmp_path / "nothing").exists()
     # zsh gets each name's rollout and state as its description.
     lines, _ = _complete(root, "keys eval", shell="zsh")
@@ -160,6 +177,80 @@ def test_import_archive_manager_does_not_import_torch() -> None:
     for module in ("archive_manager", "archive_manager.cli", "archive_manager.web"):
         done = _python("-c", f"import sys, {module}; print('torch' in sys.modules)")
         assert done.stdout.strip() == "False", (module, done.stderr)
+
+
+def test_import_archive_manager_and_its_cli_import_no_heavy_module() -> None:
+    # The package's names come on first use (PEP 562), and the CLI's modules import the
+    # library inside their verbs: loading either costs no SQLAlchemy, numpy, zstandard.
+    for module in ("archive_manager", "archive_manager.cli"):
+        done = _python(
+            "-c", f"import sys, {module}; print(sorted(set({HEAVY!r}) & set(sys.modules)))"
+        )
+        assert done.stdout.strip() == "[]", (module, done.stdout, done.stderr)
+
+
+LAZY_NAMES = """
+import sys, archive_manager
+assert "sqlalchemy" not in sys.modules
+namespace = {}
+exec("from archive_manager import *", namespace)
+exported = sorted(k for k in namespace if k != "__builtins__")
+assert exported == sorted(archive_manager.__all__), exported
+from archive_manager.manager import ArchiveManager
+from archive_manager.samples import Sample
+from archive_manager.codec import TensorRef
+assert namespace["ArchiveManager"] is ArchiveManager is archive_manager.ArchiveManager
+assert namespace["Sample"] is Sample and namespace["TensorRef"] is TensorRef
+assert set(archive_manager.__all__) <= set(dir(archive_manager))
+assert archive_manager.gc.__name__ == "archive_manager.gc"  # a submodule, as before
+for missing in ("Nope", "__wrapped__"):
+    try:
+        getattr(archive_manager, missing)
+    except AttributeError as exc:
+        assert missing in str(exc), exc
+    else:
+        raise AssertionError(missing)
+print("ok")
+"""
+
+
+def test_the_lazy_package_keeps_every_public_name() -> None:
+    done = _python("-c", LAZY_NAMES)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["--version"], ["ls", "--help"], ["export", "--help"], ["db", "--help"]],
+    ids=" ".join,
+)
+def test_help_imports_neither_sqlalchemy_nor_numpy(root: Path, args: list[str]) -> None:
+    out, heavy = _run_heavy(["--root", str(root), *args])
+    assert out
+    assert not heavy, f"archive-manager {' '.join(args)} imported {sorted(heavy)}"
+
+
+CATALOG_VERBS = [
+    ["ls"],
+    ["ls", "--json"],
+    ["ls", "--rollout-id", "1.."],
+    ["show", "rollout-1"],
+    ["keys", "rollout-1"],
+    ["info"],
+    ["owners"],
+    ["query", "--limit", "2"],
+    ["stats"],
+    ["groups", "rollout-1"],
+]
+
+
+@pytest.mark.parametrize("args", CATALOG_VERBS, ids=" ".join)
+def test_catalog_verbs_import_no_codec(root: Path, args: list[str]) -> None:
+    # They read the catalog only: SQLAlchemy Core, not its ORM (the catalog declares Core
+    # tables), and not numpy or zstandard (the codec's).
+    out, heavy = _run_heavy(["--root", str(root), *args])
+    assert out
+    assert heavy == {"sqlalchemy"}, f"archive-manager {' '.join(args)} imported {sorted(heavy)}"
 
 
 SAVE_AND_LOAD = """
@@ -210,6 +301,23 @@ def test_bench_startup_quick_run(tmp_path: Path) -> None:
     }
     assert result["commands"]["python -c pass"]["ratio"] == 1.0
     assert set(result["target_met"]) == {"archive-manager --help", "archive-manager ls"}
+    assert all(row["cpu_median_s"] > 0 for row in result["commands"].values())
+
+
+def test_bench_startup_times_a_baseline_tree_alongside(tmp_path: Path) -> None:
+    # The tree itself as its own baseline: every command again, under "(baseline)".
+    done = _python(
+        WORKTREE / "tools" / "bench_startup.py",
+        *("--runs", "1", "--archives", "2", "--json", "--baseline", WORKTREE),
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    names = set(result["commands"])
+    assert "archive-manager ls (baseline)" in names and "archive-manager ls" in names
+    assert "python -c pass (baseline)" not in names
+    assert result["baseline"] == str(WORKTREE)
+    refused = _python(WORKTREE / "tools" / "bench_startup.py", "--baseline", tmp_path)
+    assert refused.returncode == 2 and "holds no archive_manager" in refused.stderr
 
 
 def test_the_head_revision_constant_is_alembics_head() -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import archive_manager.archive as archive_module
+import archive_manager.codec as codec_module
 from archive_manager import ArchiveManager
 from archive_manager.codec import ChunkReader
 from archive_manager.errors import IntegrityError, InvalidInputError
@@ -41,7 +42,9 @@ class ChunkCounter:
                 counter.made += 1
                 counter.alive.add(self)
 
-        monkeypatch.setattr(archive_module, "ChunkReader", Counted)
+        # archive.py imports ChunkReader from the codec package where it reads a chunk
+        # (docs/architecture.md, Start-up): replaced there, every reader it makes is counted.
+        monkeypatch.setattr(codec_module, "ChunkReader", Counted)
 
 
 @pytest.fixture

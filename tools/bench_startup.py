@@ -5,7 +5,8 @@ Runs, each in a fresh process and interleaved round by round (so a burst of load
 hits every command alike): ``python -c pass``, ``import archive_manager``,
 ``archive-manager --help``, ``archive-manager ls`` and an archive-name completion on a pool
 of ``--archives`` archives, and prints the median (and fastest) wall time of each, with the
-difference to and ratio over bare python.  Target (issue 18): ``--help`` and ``ls`` within
+difference to and ratio over bare python, and the median CPU time (user + system) of each,
+which other jobs on the machine inflate far less than the wall time.  Target (issue 18): ``--help`` and ``ls`` within
 0.3 s of bare python on a quiet machine.
 
 The children read compiled bytecode from a cache of their own (``PYTHONPYCACHEPREFIX``, filled
@@ -13,8 +14,12 @@ by a warm-up run), as an installed package's ``.pyc`` files are read: with bytec
 off (``PYTHONDONTWRITEBYTECODE``) a source tree is compiled again by every process, which is
 not what a user's start-up costs.  ``--no-bytecode-cache`` measures that case instead.
 
+``--baseline TREE`` times the same commands on another source tree of the package too (an
+earlier commit, e.g. ``git archive <commit> | tar -x -C TREE``), in the same rounds, so a
+change is measured before and after under one load; its rows end in ``(baseline)``.
+
     python3 tools/bench_startup.py [--runs 21] [--archives 100] [--root DIR] [--json]
-                                   [--no-bytecode-cache]
+                                   [--no-bytecode-cache] [--baseline TREE]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -51,12 +57,15 @@ def make_pool(root: Path, archives: int) -> None:
             pool.save(f"rollout-{i:04d}", make_rollout(4, seed=i, **shape), rollout_id=i)
 
 
-def commands(root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Each measured command: argv and extra environment."""
+BASELINE = " (baseline)"
+
+
+def commands(root: Path, tree: Path = REPO) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Each measured command of the package in ``tree``: argv and extra environment."""
     py = sys.executable
     cli = [py, "-c", ENTRY, "--root", str(root)]
-    return {
-        "python -c pass": ([py, "-c", "pass"], {}),
+    tree_env = {"PYTHONPATH": str(tree)}
+    measured: dict[str, tuple[list[str], dict[str, str]]] = {
         "import archive_manager": ([py, "-c", "import archive_manager"], {}),
         "archive-manager --help": ([py, "-c", ENTRY, "--help"], {}),
         "archive-manager ls": ([*cli, "ls"], {}),
@@ -69,6 +78,19 @@ def commands(root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
             },
         ),
     }
+    return {name: (argv, {**tree_env, **extra}) for name, (argv, extra) in measured.items()}
+
+
+def all_commands(
+    root: Path, baseline: Path | None = None
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Bare python, this tree's commands, and the baseline tree's (if any)."""
+    todo = {"python -c pass": ([sys.executable, "-c", "pass"], {})}
+    todo.update(commands(root))
+    if baseline is not None:
+        for name, command in commands(root, baseline).items():
+            todo[name + BASELINE] = command
+    return todo
 
 
 def _env(extra: dict[str, str], pycache: Path | None) -> dict[str, str]:
@@ -76,42 +98,64 @@ def _env(extra: dict[str, str], pycache: Path | None) -> dict[str, str]:
     if pycache is not None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(pycache)
-    # This tree, whatever copy of the package is installed.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    extra = dict(extra)
+    # The tree measured (``extra``'s PYTHONPATH), whatever copy of the package is installed.
+    tree = extra.pop("PYTHONPATH", str(REPO))
+    env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env
 
 
-def time_once(argv: list[str], env: dict[str, str]) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one run of ``argv``."""
+    cpu = _children_cpu()
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{argv} failed: {done.stderr.decode(errors='replace')}")
-    return elapsed
+    # Runs are sequential: the children's total grew by this child's time alone.
+    return elapsed, _children_cpu() - cpu
 
 
-def measure(root: Path, runs: int, pycache: Path | None) -> dict[str, list[float]]:
-    todo = {name: (argv, _env(extra, pycache)) for name, (argv, extra) in commands(root).items()}
+def measure(
+    root: Path, runs: int, pycache: Path | None, baseline: Path | None = None
+) -> dict[str, list[tuple[float, float]]]:
+    todo = {
+        name: (argv, _env(extra, pycache))
+        for name, (argv, extra) in all_commands(root, baseline).items()
+    }
     for argv, env in todo.values():  # warm the page cache and .pyc files first
         time_once(argv, env)
-    times: dict[str, list[float]] = {name: [] for name in todo}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in todo}
     for _ in range(runs):
         for name, (argv, env) in todo.items():
             times[name].append(time_once(argv, env))
     return times
 
 
-def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
-    bare = statistics.median(times["python -c pass"])
+def summarize(times: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """Per command: wall time (median, fastest, over and times bare python) and the median
+    CPU time, which a loaded machine inflates far less than the wall time."""
+    bare = statistics.median(wall for wall, _ in times["python -c pass"])
+    bare_cpu = statistics.median(cpu for _, cpu in times["python -c pass"])
     rows = {}
-    for name, values in times.items():
+    for name, runs in times.items():
+        values = [wall for wall, _ in runs]
         median = statistics.median(values)
+        cpu = statistics.median(c for _, c in runs)
         rows[name] = {
             "median_s": round(median, 4),
             "min_s": round(min(values), 4),
             "over_python_s": round(median - bare, 4),
             "ratio": round(median / bare, 2),
+            "cpu_median_s": round(cpu, 4),
+            "cpu_over_python_s": round(cpu - bare_cpu, 4),
         }
     met = {name: rows[name]["over_python_s"] <= TARGET_SECONDS for name in TARGETS}
     return {"commands": rows, "target_s": TARGET_SECONDS, "target_met": met}
@@ -119,11 +163,15 @@ def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any], runs: int, archives: int) -> None:
     print(f"start-up, median of {runs} runs each, pool of {archives} archives")
-    print(f"{'command':36} {'median':>8} {'fastest':>8} {'- python':>9} {'x python':>9}")
+    print(
+        f"{'command':47} {'median':>8} {'fastest':>8} {'- python':>9} {'x python':>9}"
+        f" {'cpu':>8} {'cpu - py':>9}"
+    )
     for name, row in result["commands"].items():
         print(
-            f"{name:36} {row['median_s']:7.3f}s {row['min_s']:7.3f}s "
-            f"{row['over_python_s']:+8.3f}s {row['ratio']:8.1f}x"
+            f"{name:47} {row['median_s']:7.3f}s {row['min_s']:7.3f}s "
+            f"{row['over_python_s']:+8.3f}s {row['ratio']:8.1f}x "
+            f"{row['cpu_median_s']:7.3f}s {row['cpu_over_python_s']:+8.3f}s"
         )
     for name, met in result["target_met"].items():
         verdict = "met" if met else "NOT met"
@@ -137,6 +185,11 @@ def main() -> None:
     parser.add_argument("--root", type=Path, help="an existing pool to list (default: a new one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another source tree of the package (holding archive_manager/) to time alongside",
+    )
+    parser.add_argument(
         "--no-bytecode-cache",
         action="store_true",
         help="run the children with the environment's bytecode settings as they are",
@@ -144,6 +197,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.baseline is not None and not (args.baseline / "archive_manager").is_dir():
+        parser.error(f"--baseline {args.baseline} holds no archive_manager package")
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     try:
         root = args.root
@@ -151,10 +206,11 @@ def main() -> None:
             root = work / "pool"
             make_pool(root, args.archives)
         pycache = None if args.no_bytecode_cache else work / "pycache"
-        result = summarize(measure(root, args.runs, pycache))
+        result = summarize(measure(root, args.runs, pycache, args.baseline))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.update(runs=args.runs, archives=args.archives if args.root is None else None)
+    result["baseline"] = None if args.baseline is None else str(args.baseline)
     result["bytecode_cache"] = not args.no_bytecode_cache
     result["load_average"] = list(os.getloadavg())
     result["cpus"] = os.cpu_count()

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
+from .._constants import CATALOG_URL_ENV
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.base import WRITE_OPTION
-from .models import FORMAT_VERSION, Base, pool_info_table
+from .models import FORMAT_VERSION, metadata, pool_info_table
 from .urls import shown_url
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ VERSION_TABLE = "archive_manager_version"
 """Alembic's version table; not ``alembic_version``, so a shared PostgreSQL database's own
 Alembic history cannot collide with the catalog's."""
 
-CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
-"""Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
 
 HEAD_REVISION = "0005"
 """The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
@@ -238,7 +237,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def _foreign_catalog_tables(conn: Connection) -> set[str]:
-    return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
+    return set(inspect(conn).get_table_names()) & set(metadata.tables)
 
 
 def check_current(engine: Engine) -> str:

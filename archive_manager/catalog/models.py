@@ -1,19 +1,19 @@
 """The catalog schema: the single source of truth that Alembic revisions are checked against.
 
-Timestamps are UTC epoch seconds (``Float``); the API layer converts them. Core ``Table``
-objects are exported next to the mapped classes because the hot paths (bulk inserts of
-entries, the GC reachability query) use Core, not ORM sessions.
+Timestamps are UTC epoch seconds (``Float``); the API layer converts them. The tables are
+SQLAlchemy Core ``Table`` objects: every statement of the library is Core, and the ORM's
+import (a third of SQLAlchemy's, paid by every CLI verb) bought nothing but the declarations
+(docs/architecture.md, Start-up).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
     CheckConstraint,
+    Column,
     Float,
     ForeignKey,
     Index,
@@ -24,7 +24,6 @@ from sqlalchemy import (
     Table,
     Text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
     "ARCHIVE_STATES",
@@ -33,19 +32,6 @@ __all__ = [
     "FORMAT_VERSION",
     "NAMING_CONVENTION",
     "STATUS_LENGTH",
-    "Archive",
-    "ArchiveBlob",
-    "ArchiveSummaryRow",
-    "Base",
-    "Blob",
-    "Chunk",
-    "Entry",
-    "JournalRecord",
-    "Lease",
-    "LeaseBlob",
-    "PoolInfo",
-    "Retention",
-    "SampleMetadata",
     "archive_blobs_table",
     "archive_summaries_table",
     "archives_table",
@@ -55,6 +41,7 @@ __all__ = [
     "journal_table",
     "lease_blobs_table",
     "leases_table",
+    "metadata",
     "pool_info_table",
     "retention_table",
     "sample_metadata_table",
@@ -91,228 +78,193 @@ def _one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({quoted})"
 
 
-class Base(DeclarativeBase):
-    """Declarative base whose metadata carries the naming convention."""
-
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""Every table of the catalog, with the naming convention (Alembic compares against it)."""
 
 
-class PoolInfo(Base):
-    """Key/value facts about the pool: ``format_version``, ``blob_root``, ``created_at``."""
-
-    __tablename__ = "pool_info"
-
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str | None] = mapped_column(Text)
-
-
-class Blob(Base):
-    """One content-addressed blob and its life-cycle state."""
-
-    __tablename__ = "blobs"
-    __table_args__ = (
-        CheckConstraint(_one_of("kind", BLOB_KINDS), name="kind"),
-        CheckConstraint(_one_of("state", BLOB_STATES), name="state"),
-        # GC plan: "deleting" rows and unretained "live" rows older than the grace period.
-        Index(None, "state", "created_at"),
+def _archive_fk() -> Column[int]:
+    return Column(
+        "archive_id", Integer, ForeignKey("archives.id", ondelete="CASCADE"), primary_key=True
     )
 
-    digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
-    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    kind: Mapped[str] = mapped_column(String(16), nullable=False)
-    state: Mapped[str] = mapped_column(String(16), nullable=False)
-    created_at: Mapped[float] = mapped_column(Float, nullable=False)
-    verified_at: Mapped[float | None] = mapped_column(Float)
 
+pool_info_table = Table(
+    # Key/value facts about the pool: ``format_version``, ``blob_root``, ``created_at``.
+    "pool_info",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text),
+)
 
-class Archive(Base):
-    """One named archive; its rows stay after release for inspection."""
+blobs_table = Table(
+    # One content-addressed blob and its life-cycle state.
+    "blobs",
+    metadata,
+    Column("digest", _DIGEST, primary_key=True),
+    Column("size", BigInteger, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("verified_at", Float),
+    CheckConstraint(_one_of("kind", BLOB_KINDS), name="kind"),
+    CheckConstraint(_one_of("state", BLOB_STATES), name="state"),
+    # GC plan: "deleting" rows and unretained "live" rows older than the grace period.
+    Index(None, "state", "created_at"),
+)
 
-    __tablename__ = "archives"
-    __table_args__ = (
-        CheckConstraint(_one_of("state", ARCHIVE_STATES), name="state"),
-        Index(None, "rollout_id"),
-        # Listings and the sample-query walk page through (state, rollout id, name) in order
-        # (docs/architecture.md, "Summaries and paging"); it replaces (state, rollout_id).
-        Index(None, "state", "rollout_id", "name"),
-        # Ids appear in logs and reports; never hand a deleted archive's id to a new one.
-        {"sqlite_autoincrement": True},
-    )
+archives_table = Table(
+    # One named archive; its rows stay after release for inspection.
+    "archives",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", _NAME, nullable=False, unique=True),
+    Column("rollout_id", BigInteger),
+    Column("evaluation", Boolean, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("manifest_digest", _DIGEST),
+    Column("samples", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("published_at", Float),
+    Column("released_at", Float),
+    Column("attrs", JSON),
+    Column("reference_name", _NAME),
+    Column("lease_owner", _LEASE),
+    CheckConstraint(_one_of("state", ARCHIVE_STATES), name="state"),
+    Index(None, "rollout_id"),
+    # Listings and the sample-query walk page through (state, rollout id, name) in order
+    # (docs/architecture.md, "Summaries and paging"); it replaces (state, rollout_id).
+    Index(None, "state", "rollout_id", "name"),
+    # Ids appear in logs and reports; never hand a deleted archive's id to a new one.
+    sqlite_autoincrement=True,
+)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(_NAME, nullable=False, unique=True)
-    rollout_id: Mapped[int | None] = mapped_column(BigInteger)
-    evaluation: Mapped[bool] = mapped_column(Boolean, nullable=False)
-    state: Mapped[str] = mapped_column(String(16), nullable=False)
-    manifest_digest: Mapped[str | None] = mapped_column(_DIGEST)
-    samples: Mapped[int] = mapped_column(Integer, nullable=False)
-    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    created_at: Mapped[float] = mapped_column(Float, nullable=False)
-    published_at: Mapped[float | None] = mapped_column(Float)
-    released_at: Mapped[float | None] = mapped_column(Float)
-    attrs: Mapped[Any | None] = mapped_column(JSON)
-    reference_name: Mapped[str | None] = mapped_column(_NAME)
-    lease_owner: Mapped[str | None] = mapped_column(_LEASE)
+chunks_table = Table(
+    # One chunk blob of an archive; no FK to ``blobs``, whose rows GC deletes.
+    "chunks",
+    metadata,
+    _archive_fk(),
+    Column("ordinal", Integer, primary_key=True),
+    Column("digest", _DIGEST, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Index(None, "digest"),
+)
 
+entries_table = Table(
+    # One sample's place in an archive: keys, chunk ordinal and offset in the chunk.
+    "entries",
+    metadata,
+    _archive_fk(),
+    Column("position", Integer, primary_key=True),
+    Column("sample_key", _NAME, nullable=False),
+    Column("task_key", _NAME),
+    Column("chunk_ordinal", Integer, nullable=False),
+    Column("offset", Integer, nullable=False),
+    # Lookups across archives ("every archive holding task t") and within one.
+    Index(None, "task_key", "archive_id"),
+    Index(None, "sample_key", "archive_id"),
+)
 
-def _archive_fk() -> Any:
-    return mapped_column(Integer, ForeignKey("archives.id", ondelete="CASCADE"), primary_key=True)
-
-
-class Chunk(Base):
-    """One chunk blob of an archive; no FK to ``blobs``, whose rows GC deletes."""
-
-    __tablename__ = "chunks"
-    __table_args__ = (Index(None, "digest"),)
-
-    archive_id: Mapped[int] = _archive_fk()
-    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
-    digest: Mapped[str] = mapped_column(_DIGEST, nullable=False)
-    samples: Mapped[int] = mapped_column(Integer, nullable=False)
-    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
-
-
-class Entry(Base):
-    """One sample's place in an archive: keys, chunk ordinal and offset in the chunk."""
-
-    __tablename__ = "entries"
-    __table_args__ = (
-        # Lookups across archives ("every archive holding task t") and within one.
-        Index(None, "task_key", "archive_id"),
-        Index(None, "sample_key", "archive_id"),
-    )
-
-    archive_id: Mapped[int] = _archive_fk()
-    position: Mapped[int] = mapped_column(Integer, primary_key=True)
-    sample_key: Mapped[str] = mapped_column(_NAME, nullable=False)
-    task_key: Mapped[str | None] = mapped_column(_NAME)
-    chunk_ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
-    offset: Mapped[int] = mapped_column(Integer, nullable=False)
-
-
-class SampleMetadata(Base):
-    """Per-sample metadata (``describe_sample``), queryable without reading a blob."""
-
-    __tablename__ = "sample_metadata"
-    __table_args__ = (
-        Index(None, "status"),
-        Index(None, "reward"),
-        Index(None, "response_length"),
-    )
-
-    archive_id: Mapped[int] = _archive_fk()
-    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+sample_metadata_table = Table(
+    # Per-sample metadata (``describe_sample``), queryable without reading a blob.
+    "sample_metadata",
+    metadata,
+    _archive_fk(),
+    Column("position", Integer, primary_key=True),
     # The status column is an index for queries; longer statuses stay in the description only.
-    status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
-    reward: Mapped[float | None] = mapped_column(Float)
-    response_length: Mapped[int | None] = mapped_column(Integer)
-    description: Mapped[Any] = mapped_column(JSON, nullable=False)
+    Column("status", String(STATUS_LENGTH)),
+    Column("reward", Float),
+    Column("response_length", Integer),
+    Column("description", JSON, nullable=False),
+    Index(None, "status"),
+    Index(None, "reward"),
+    Index(None, "response_length"),
+)
 
-
-class ArchiveSummaryRow(Base):
-    """What the statistics need of one archive's samples, computed once when its rows are
-    written (``archive_manager/summary.py``; docs/architecture.md, "Summaries and paging")."""
-
-    __tablename__ = "archive_summaries"
-
-    archive_id: Mapped[int] = _archive_fk()
-    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+archive_summaries_table = Table(
+    # What the statistics need of one archive's samples, computed once when its rows are
+    # written (``archive_manager/summary.py``; docs/architecture.md, "Summaries and paging").
+    "archive_summaries",
+    metadata,
+    _archive_fk(),
+    Column("samples", Integer, nullable=False),
     # {status: samples}; statuses the catalog does not index count under "none".
-    status: Mapped[Any] = mapped_column(JSON, nullable=False)
-    rewarded: Mapped[int] = mapped_column(Integer, nullable=False)
-    reward_mean: Mapped[float | None] = mapped_column(Float)
-    reward_min: Mapped[float | None] = mapped_column(Float)
-    reward_max: Mapped[float | None] = mapped_column(Float)
-    reward_p50: Mapped[float | None] = mapped_column(Float)
-    reward_p90: Mapped[float | None] = mapped_column(Float)
-    measured: Mapped[int] = mapped_column(Integer, nullable=False)
-    length_mean: Mapped[float | None] = mapped_column(Float)
-    length_min: Mapped[float | None] = mapped_column(Float)
-    length_max: Mapped[float | None] = mapped_column(Float)
-    length_p50: Mapped[float | None] = mapped_column(Float)
-    length_p90: Mapped[float | None] = mapped_column(Float)
-    groups: Mapped[int] = mapped_column(Integer, nullable=False)
-    zero_variance_groups: Mapped[int] = mapped_column(Integer, nullable=False)
-    group_stds: Mapped[int] = mapped_column(Integer, nullable=False)
-    group_std_mean: Mapped[float | None] = mapped_column(Float)
+    Column("status", JSON, nullable=False),
+    Column("rewarded", Integer, nullable=False),
+    Column("reward_mean", Float),
+    Column("reward_min", Float),
+    Column("reward_max", Float),
+    Column("reward_p50", Float),
+    Column("reward_p90", Float),
+    Column("measured", Integer, nullable=False),
+    Column("length_mean", Float),
+    Column("length_min", Float),
+    Column("length_max", Float),
+    Column("length_p50", Float),
+    Column("length_p90", Float),
+    Column("groups", Integer, nullable=False),
+    Column("zero_variance_groups", Integer, nullable=False),
+    Column("group_stds", Integer, nullable=False),
+    Column("group_std_mean", Float),
     # Little-endian float64 quantile sketches (summary.sketch_of): merged when several
     # archives share a rollout id.
-    reward_sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-    length_sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    Column("reward_sketch", LargeBinary, nullable=False),
+    Column("length_sketch", LargeBinary, nullable=False),
+)
 
-
-class ArchiveBlob(Base):
-    """Every blob an archive needs: chunks, tensor blobs and its manifest."""
-
-    __tablename__ = "archive_blobs"
+archive_blobs_table = Table(
+    # Every blob an archive needs: chunks, tensor blobs and its manifest.
+    "archive_blobs",
+    metadata,
+    _archive_fk(),
+    Column("digest", _DIGEST, primary_key=True),
+    Column("kind", String(16), nullable=False),
     # (digest, archive_id) covers GC's "is this digest needed by a retained archive" probe
     # without touching the table.
-    __table_args__ = (Index(None, "digest", "archive_id"),)
+    Index(None, "digest", "archive_id"),
+)
 
-    archive_id: Mapped[int] = _archive_fk()
-    digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+retention_table = Table(
+    # An owner (``archive:<name>``, ``checkpoint:...``) retains every blob of an archive.
+    "retention",
+    metadata,
+    Column("owner", _OWNER, primary_key=True),
+    _archive_fk(),
+    Column("created_at", Float, nullable=False),
+    Index(None, "archive_id"),
+)
 
+leases_table = Table(
+    # A temporary owner (``lease:<uuid>``, ``gc:<uuid>``) held by a save or GC in flight.
+    "leases",
+    metadata,
+    Column("owner", _LEASE, primary_key=True),
+    Column("expires_at", Float, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("archive_name", _NAME),
+)
 
-class Retention(Base):
-    """An owner (``archive:<name>``, ``checkpoint:...``) retains every blob of an archive."""
+lease_blobs_table = Table(
+    # A blob digest retained by a lease; dropped with the lease.
+    "lease_blobs",
+    metadata,
+    Column("lease", _LEASE, ForeignKey("leases.owner", ondelete="CASCADE"), primary_key=True),
+    Column("digest", _DIGEST, primary_key=True),
+    Index(None, "digest"),
+)
 
-    __tablename__ = "retention"
-    __table_args__ = (Index(None, "archive_id"),)
-
-    owner: Mapped[str] = mapped_column(_OWNER, primary_key=True)
-    archive_id: Mapped[int] = _archive_fk()
-    created_at: Mapped[float] = mapped_column(Float, nullable=False)
-
-
-class Lease(Base):
-    """A temporary owner (``lease:<uuid>``, ``gc:<uuid>``) held by a save or GC in flight."""
-
-    __tablename__ = "leases"
-
-    owner: Mapped[str] = mapped_column(_LEASE, primary_key=True)
-    expires_at: Mapped[float] = mapped_column(Float, nullable=False)
-    generation: Mapped[int] = mapped_column(Integer, nullable=False)
-    created_at: Mapped[float] = mapped_column(Float, nullable=False)
-    archive_name: Mapped[str | None] = mapped_column(_NAME)
-
-
-class LeaseBlob(Base):
-    """A blob digest retained by a lease; dropped with the lease."""
-
-    __tablename__ = "lease_blobs"
-    __table_args__ = (Index(None, "digest"),)
-
-    lease: Mapped[str] = mapped_column(
-        _LEASE, ForeignKey("leases.owner", ondelete="CASCADE"), primary_key=True
-    )
-    digest: Mapped[str] = mapped_column(_DIGEST, primary_key=True)
-
-
-class JournalRecord(Base):
-    """A retention record this catalog committed since its last journal checkpoint
-    (docs/architecture.md, "Retention journal"): a record file on disk that is not here, and
-    not older than the checkpoint, is one this catalog never saw (it is behind the pool)."""
-
-    __tablename__ = "journal"
-
-    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    digest: Mapped[str] = mapped_column(_DIGEST, nullable=False)
-    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+journal_table = Table(
+    # A retention record this catalog committed since its last journal checkpoint
+    # (docs/architecture.md, "Retention journal"): a record file on disk that is not here,
+    # and not older than the checkpoint, is one this catalog never saw (it is behind the pool).
+    "journal",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("digest", _DIGEST, nullable=False),
+    Column("created_at", Float, nullable=False),
     # The record itself (a few hundred bytes): a file that could not be written, or not yet,
     # is written again from here, and a rebuild replays this catalog's own decisions exactly.
-    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-
-
-pool_info_table: Table = PoolInfo.__table__  # type: ignore[assignment]
-blobs_table: Table = Blob.__table__  # type: ignore[assignment]
-archives_table: Table = Archive.__table__  # type: ignore[assignment]
-chunks_table: Table = Chunk.__table__  # type: ignore[assignment]
-entries_table: Table = Entry.__table__  # type: ignore[assignment]
-sample_metadata_table: Table = SampleMetadata.__table__  # type: ignore[assignment]
-archive_blobs_table: Table = ArchiveBlob.__table__  # type: ignore[assignment]
-archive_summaries_table: Table = ArchiveSummaryRow.__table__  # type: ignore[assignment]
-retention_table: Table = Retention.__table__  # type: ignore[assignment]
-leases_table: Table = Lease.__table__  # type: ignore[assignment]
-lease_blobs_table: Table = LeaseBlob.__table__  # type: ignore[assignment]
-journal_table: Table = JournalRecord.__table__  # type: ignore[assignment]
+    Column("data", LargeBinary, nullable=False),
+)

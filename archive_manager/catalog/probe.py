@@ -20,7 +20,7 @@ from typing import Literal
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.sqlite import begin_read_snapshot, connect_reader, sqlite_read_mode
 from .migrate import VERSION_TABLE
-from .models import Base
+from .models import metadata
 
 __all__ = ["SQLITE_HEADER", "SqliteProbe", "probe_sqlite_catalog"]
 
@@ -173,7 +173,7 @@ def probe_sqlite_catalog(
         if VERSION_TABLE not in tables:
             if not tables:
                 return SqliteProbe("empty")
-            ours = sorted(tables & set(Base.metadata.tables))
+            ours = sorted(tables & set(metadata.tables))
             reason = (
                 f"catalog tables ({', '.join(ours)}) but no revision stamp ({VERSION_TABLE})"
                 if ours

@@ -5,15 +5,24 @@ resilient mode: the group's callback does not run, so the pool is found from the
 context's parsed ``--root`` / ``--catalog-url`` (flag, environment or default), as the verb
 itself would find it.  Completion reads the catalog only, through a read-only open: it
 creates, migrates and writes nothing, and never imports torch (docs/architecture.md, Layers).
+
+A SQLite catalog is read with the standard library's ``sqlite3``, read-only, without
+SQLAlchemy or the library: a completion is a hint the user waits for at each TAB, and the
+library's import costs more than the whole answer (docs/architecture.md, Start-up).  Any
+other catalog, or a SQLite file that cannot be read that way, goes through a read-only open.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 from click.shell_completion import CompletionItem
+
+from .._constants import CATALOG_FILE
 
 __all__ = ["complete_archive_name"]
 
@@ -27,6 +36,46 @@ def _pool_location(ctx: click.Context) -> tuple[Path, str | None] | None:
     return Path(root), url if isinstance(url, str) and url else None
 
 
+def _sqlite_file(root: Path, url: str | None) -> Path | None:
+    """The SQLite catalog file of the pool, or None when the catalog is not a plain file."""
+    if url is None:
+        return root.expanduser() / CATALOG_FILE
+    # sqlite:///relative or sqlite:////absolute; a URL with options takes the library's path.
+    if url.startswith("sqlite:///") and "?" not in url:
+        return Path(url.removeprefix("sqlite:///")).expanduser()
+    return None
+
+
+def _names_from_sqlite(file: Path) -> list[tuple[str, int | None, str]] | None:
+    """Every archive's (name, rollout id, state), read-only; None when the file cannot be
+    read so (the library then decides: it knows WAL recovery and damaged files)."""
+    if not file.is_file():
+        return []  # no catalog: no pool here, nothing to offer
+    try:
+        # mode=ro: nothing is created or changed, a missing file is an error, not a new one.
+        conn = sqlite3.connect(f"file:{quote(str(file.resolve()))}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = conn.execute("SELECT name, rollout_id, state FROM archives").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return [(str(name), rollout_id, str(state)) for name, rollout_id, state in rows]
+
+
+def _names_from_library(root: Path, url: str | None) -> list[tuple[str, int | None, str]]:
+    # NOTE: imported here: the library pulls in the catalog's dependencies, which `--help`
+    # and the completion of verbs and options do not need.
+    from ..manager import ArchiveManager
+
+    if not ArchiveManager.exists(root, url):
+        return []
+    with ArchiveManager.open(root, url, read_only=True) as pool:
+        return [(i.name, i.rollout_id, i.state) for i in pool.find(state=None)]
+
+
 def complete_archive_name(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
@@ -38,21 +87,17 @@ def complete_archive_name(
     location = _pool_location(ctx)
     if location is None:
         return []
-    # NOTE: imported here: the library pulls in the catalog's dependencies, which `--help`
-    # and the completion of verbs and options do not need.
-    from ..manager import ArchiveManager
-
     root, url = location
     try:
-        if not ArchiveManager.exists(root, url):
-            return []
-        with ArchiveManager.open(root, url, read_only=True) as pool:
-            found = pool.find(state=None)
+        file = _sqlite_file(root, url)
+        found = _names_from_sqlite(file) if file is not None else None
+        if found is None:
+            found = _names_from_library(root, url)
     except Exception:
         return []
     items: dict[str, Any] = {}
-    for info in found:
-        if info.name.startswith(incomplete) and info.name not in items:
-            shown = info.state if info.rollout_id is None else f"rollout {info.rollout_id}"
-            items[info.name] = f"{shown}, {info.state}" if shown != info.state else shown
+    for name, rollout_id, state in found:
+        if name.startswith(incomplete) and name not in items:
+            shown = state if rollout_id is None else f"rollout {rollout_id}"
+            items[name] = f"{shown}, {state}" if shown != state else shown
     return [CompletionItem(name, help=help_text) for name, help_text in sorted(items.items())]

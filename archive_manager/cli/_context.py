@@ -8,14 +8,18 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..catalog.engine import shown_url
+from .._constants import default_catalog_url
 from ..errors import ArchiveError, PoolNotFoundError
-from ..manager import ArchiveManager, default_catalog_url
 from ._output import terminal_safe
+
+# NOTE: the manager is imported when a command opens the pool, not when the CLI loads:
+# ``--help`` and TAB completion must not import SQLAlchemy (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = [
     "CliError",
@@ -94,12 +98,16 @@ class PoolState:
 
     def shown_catalog_url(self) -> str:
         """The catalog URL with any password hidden."""
+        from ..catalog.engine import shown_url
+
         return shown_url(self.effective_catalog_url)
 
     def exists(self) -> bool:
         """Whether a pool is there (its catalog was set up), creating nothing; unless
         ``--read-only``, a dead writer's log is recovered to tell (`ArchiveManager.exists`):
         the commands that ask open the pool for writing next."""
+        from ..manager import ArchiveManager
+
         return ArchiveManager.exists(self.root, self.catalog_url, recover=not self.read_only)
 
     def open(
@@ -118,6 +126,8 @@ class PoolState:
                 must not silently create an empty pool.
         """
         if self._pool is None:
+            from ..manager import ArchiveManager
+
             try:
                 self._pool = ArchiveManager.open(
                     self.root,

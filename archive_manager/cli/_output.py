@@ -193,12 +193,15 @@ def progress_reporter(
 ) -> Iterator[Callable[[int, int], None] | None]:
     """A ``progress(done, total)`` callback drawing a bar on stderr, or None.
 
-    None (no bar) unless ``enabled`` and stderr is a terminal: pipes, logs and ``--json``
-    output stay free of control characters.  The bar is created on the first call, because
+    None (no bar) unless ``enabled``, stderr is a terminal and the command line has no
+    ``-q``: pipes, logs and ``--json`` output stay free of control characters, and a quiet
+    run prints only errors.  The bar is created on the first call, because
     the library learns the total only once it has listed its work.  With ``unit="bytes"``
     the bar shows the bytes done and the total in binary units beside its ETA.
     """
-    if not (enabled and sys.stderr.isatty()):
+    ctx = click.get_current_context(silent=True)
+    quiet = ctx is not None and bool(ctx.find_root().params.get("quiet"))
+    if not (enabled and not quiet and sys.stderr.isatty()):
         yield None
         return
     bar: Any = None

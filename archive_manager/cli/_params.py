@@ -11,7 +11,6 @@ import click
 
 from .._humanize import looks_like_duration, parse_duration
 from ..errors import InvalidInputError
-from ..verify import parse_subset
 
 __all__ = ["DURATION", "ROLLOUT_RANGE", "SINCE", "check_subset", "parse_duration"]
 
@@ -96,6 +95,8 @@ class RolloutRange(click.ParamType):
 def check_subset(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Validate ``--subset`` with the library's own parser, as a usage error."""
     if value is not None:
+        from ..verify import parse_subset
+
         try:
             parse_subset(value)
         except InvalidInputError as exc:

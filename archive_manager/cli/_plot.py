@@ -6,10 +6,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, MissingDependencyError
-from ..stats import RolloutStats
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..stats import RolloutStats
 
 __all__ = ["check_plot_path", "plot_stats"]
 

@@ -9,14 +9,11 @@ import os
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..archive import ArchiveInfo
-from ..manager import ArchiveManager
 from ..samples import Sample
-from ..stats import archive_summary
 from ._complete import complete_archive_name
 from ._context import CliError, is_reportable, json_option, listing_options, one_line, pass_pool
 from ._output import (
@@ -30,6 +27,13 @@ from ._output import (
     progress_reporter,
 )
 from ._params import ROLLOUT_RANGE, SINCE
+
+# NOTE: the library's modules are imported for typing only, or inside the verb that runs:
+# loading the CLI (``--help``, a TAB completion) must not import SQLAlchemy or numpy
+# (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..archive import ArchiveInfo
+    from ..manager import ArchiveManager
 
 __all__ = ["import_pt", "keys", "ls", "query", "show"]
 
@@ -179,6 +183,8 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     info = arc.info()
     chunks = arc.chunks()
     owners = arc.owners()
+    from ..stats import archive_summary
+
     # The web viewer's archive page shows the same summary (one computation, from the catalog).
     summary = archive_summary(pool.context, arc.name).overview()
     reclaimed = pool.payload_reclaimed([arc.name])

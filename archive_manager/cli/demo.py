@@ -8,16 +8,18 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..errors import ArchiveReleasedError
-from ..manager import ArchiveManager
 from ..samples import Sample
-from ..synthetic import make_rollout
 from ._context import CliError, PoolState, one_line, pass_state
 from ._output import echo_fields, echo_table, human_duration, human_size
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = ["demo"]
 
@@ -139,6 +141,8 @@ def demo(state: PoolState, samples: int) -> None:
 
 
 def _save_rollouts(pool: ArchiveManager, samples: int) -> None:
+    from ..synthetic import make_rollout
+
     rows: list[list[object]] = []
     total = 0.0
     for rollout_id in range(_ROLLOUTS):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from ..manager import ArchiveManager
 from ._complete import complete_archive_name
 from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = ["groups", "prompts"]
 

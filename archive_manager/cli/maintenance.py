@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import click
 
-from ..gc import GcReport
-from ..manager import ArchiveManager
 from ._context import (
     CliError,
     PoolState,
@@ -29,6 +28,11 @@ from ._output import (
     progress_reporter,
 )
 from ._params import DURATION, check_subset
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..gc import GcReport
+    from ..manager import ArchiveManager
 
 __all__ = ["gc", "rebind", "rebuild_catalog", "verify"]
 

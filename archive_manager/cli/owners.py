@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..manager import ArchiveManager
-from ..retention import ForgetPlan, ReleasePlan
 from ._complete import complete_archive_name
 from ._context import CliError, confirm, dry_run_option, json_option, pass_pool, yes_option
 from ._output import echo, echo_json, echo_table, human_size, local_time
 from ._params import DURATION, ROLLOUT_RANGE
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
+    from ..retention import ForgetPlan, ReleasePlan
 
 __all__ = ["echo_plan", "forget", "owners", "release", "release_owner", "retain"]
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..catalog.migrate import known_revisions
-from ..manager import ArchiveManager, CatalogStatus
 from ._context import CliError, PoolState, json_option, pass_pool, pass_state
 from ._output import echo, echo_fields, echo_json, human_size
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager, CatalogStatus
 
 __all__ = ["db", "info", "init"]
 
@@ -56,6 +58,8 @@ def init(state: PoolState, shared_group: str | None) -> None:
 def _catalog_status(state: PoolState) -> CatalogStatus:
     """The catalog's revision, read without migrating it (opening the pool would)."""
     # A writer may let SQLite recover a log left without its -shm, as the open would.
+    from ..manager import ArchiveManager
+
     return ArchiveManager.catalog_status(state.root, state.catalog_url, recover=not state.read_only)
 
 
@@ -64,6 +68,8 @@ def _revision_status(status: CatalogStatus) -> str:
         return "no catalog"
     if status.up_to_date:
         return "up to date"
+    from ..catalog.migrate import known_revisions
+
     if status.current in known_revisions():
         return "behind: run 'archive-manager db upgrade'"
     return "newer than this archive_manager: upgrade the library"

@@ -7,21 +7,22 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 
 from .._torch import is_tensor
-from ..codec import TensorRef
 from ..errors import InvalidInputError
-from ..manager import ArchiveManager
-from ..metadata import describe_sample
 from ..samples import sample_to_fields
 from ..tokenizer import TokenDecoder, load_tokenizer
 from ._complete import complete_archive_name
 from ._context import json_option, pass_pool
 from ._output import echo, echo_fields, echo_json, terminal_safe
+
+# NOTE: numpy, the codec and the manager are imported by the verb, not by the module: loading
+# the CLI (``--help``, a TAB completion) must not import them (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = ["sample"]
 
@@ -30,6 +31,10 @@ _TEXTS = ("prompt", "response")
 
 def _plain(value: Any) -> Any:
     """A field's value as JSON data; tensors described, never loaded."""
+    import numpy as np
+
+    from ..codec import TensorRef
+
     if isinstance(value, TensorRef) or is_tensor(value):
         return {"tensor": f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"}
     if isinstance(value, np.ndarray):
@@ -62,6 +67,8 @@ def _numbers(value: Any) -> list[float] | None:
 def numeric_summary(fields: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per numeric list field: its length, min, max, mean (finite values), and for 0/1 lists
     the count of ones; per tensor field its dtype and shape (from `describe_sample`)."""
+    from ..metadata import describe_sample
+
     out: dict[str, dict[str, Any]] = {}
     for name, value in fields.items():
         numbers = _numbers(value)
@@ -164,6 +171,10 @@ def sample(
         raise click.UsageError("give exactly one of --position N or --key sample:N")
     if field is not None and (as_json or tokenizer_path is not None):
         raise click.UsageError("--field prints one field raw: no --json or --tokenizer")
+    import numpy as np
+
+    from ..codec import TensorRef
+
     decoder = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
     arc = pool.open_archive(name)
     keys = arc.keys()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from ..manager import ArchiveManager
-from ..search import MAX_LIMIT
+from .._constants import MAX_SEARCH_LIMIT
 from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = ["grep"]
 
@@ -28,7 +33,7 @@ __all__ = ["grep"]
 @click.option("--evaluation/--no-evaluation", default=None, help="Evaluation rollouts or not.")
 @click.option(
     "--limit",
-    type=click.IntRange(1, MAX_LIMIT),
+    type=click.IntRange(1, MAX_SEARCH_LIMIT),
     default=100,
     show_default=True,
     help="Stop after this many matching samples.",

@@ -4,15 +4,19 @@ figure."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..manager import ArchiveManager
-from ..stats import RolloutStats
 from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table, human_size
 from ._params import ROLLOUT_RANGE
 from ._plot import check_plot_path, plot_stats
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
+    from ..stats import RolloutStats
 
 __all__ = ["stats"]
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.shell_completion import CompletionItem
 
-from ..manager import ArchiveManager
 from ._complete import complete_archive_name
 from ._context import CliError, json_option, pass_pool
 from ._output import echo, echo_json, human_size, progress_reporter
 from ._params import ROLLOUT_RANGE
+
+# NOTE: imported for typing only (docs/architecture.md, Start-up).
+if TYPE_CHECKING:
+    from ..manager import ArchiveManager
 
 __all__ = ["export", "import_file"]
 
@@ -67,13 +70,16 @@ def export(
     as_json: bool,
 ) -> None:
     """Write archive NAME to FILE (.parquet, .jsonl, or .pt: slime's dump format), or every
-    archive of --rollout-id A..B to DIR, one file per archive."""
+    archive of --rollout-id A..B to DIR, one file per archive.
+
+    On a terminal a bar shows the stored bytes read, with an ETA (none with --json or -q).
+    """
     # --evaluation selects archives: with NAME FILE it would be silently ignored
     many = rollout_id is not None or evaluation is not None
     if many:
         if len(args) != 1:
             raise click.UsageError("with --rollout-id or --evaluation, give one DIR (no NAME)")
-        with progress_reporter("exporting archives", enabled=not as_json) as progress:
+        with progress_reporter("exporting archives", enabled=not as_json, unit="bytes") as progress:
             paths = pool.export_many(
                 Path(args[0]),
                 format=fmt or "parquet",
@@ -93,7 +99,8 @@ def export(
         raise click.UsageError("give NAME FILE, or --rollout-id A..B DIR")
     name, out = args[0], Path(args[1])
     arc = pool.open_archive(name)
-    path = pool.export(arc.name, out, format=fmt, overwrite=force)
+    with progress_reporter("exporting", enabled=not as_json, unit="bytes") as progress:
+        path = pool.export(arc.name, out, format=fmt, overwrite=force, progress=progress)
     result: dict[str, Any] = {
         "archive": arc.name,
         "samples": len(arc),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._constants import DEFAULT_INLINE_LIMIT
 from .._digest import Buffer, check_digest
 from .._torch import is_tensor, tensor_class
 from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
@@ -54,7 +55,6 @@ __all__ = [
     "encode_sample",
 ]
 
-DEFAULT_INLINE_LIMIT = 1 << 20
 
 _TREE_LEN = struct.Struct("<I")
 # Short numeric lists cost more as arrays (descriptor, alignment) than as JSON.

@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from ...errors import ArchiveError, CatalogError, CatalogLockedError, ReadOnlyPoolError
-from ..models import Base
+from ..models import metadata
 from ..urls import shown_url
 from .base import WRITE_OPTION, CatalogDialect, CatalogUnreachableError, track_for_fork
 
@@ -310,7 +310,7 @@ def _server_unwritable(engine: Engine) -> str | None:
     (an operator's read-only setting is never overridden), so they inherit that default, and
     ``transaction_read_only`` inside one tells both.
     """
-    names = sorted(Base.metadata.tables)
+    names = sorted(metadata.tables)
     with engine.connect() as conn, conn.begin():
         allowed, found, standby, read_only = conn.execute(
             text(
