@@ -7,6 +7,7 @@ list, and None for every list they leave to JSON; and the fallback must work wit
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
@@ -41,7 +42,18 @@ if codec._native_numbers is None:
     pytest.skip(why, allow_module_level=True)
 
 NATIVE = codec._native_numbers
-assert NATIVE is not None
+FIRST_LEAVES = codec._native_first_leaves
+assert NATIVE is not None and FIRST_LEAVES is not None
+
+
+@contextlib.contextmanager
+def python_only() -> Iterator[None]:
+    """The Python paths alone, as without the extension."""
+    codec._native_numbers = codec._native_first_leaves = None
+    try:
+        yield
+    finally:
+        codec._native_numbers, codec._native_first_leaves = NATIVE, FIRST_LEAVES
 
 
 class Colour(enum.IntEnum):
@@ -58,21 +70,15 @@ class MyFloat(float):
 
 @pytest.fixture
 def no_native() -> Iterator[None]:
-    codec._native_numbers = None
-    try:
+    with python_only():
         yield
-    finally:
-        codec._native_numbers = NATIVE
 
 
 def _python(value: list) -> tuple[str, bytes, bool] | None:
     """What `_Encoder._array` stores for ``value`` through the Python paths only."""
     record = codec._Record(codec.DEFAULT_INLINE_LIMIT, {})
-    codec._native_numbers = None
-    try:
+    with python_only():
         node = codec._Encoder(record)._array(value)
-    finally:
-        codec._native_numbers = NATIVE
     if node is None:
         return None
     return node["d"], b"".join(map(bytes, record.arrays)), node["s"]
@@ -171,11 +177,8 @@ def test_records_are_byte_identical_with_and_without_native(lists: list[list]) -
     sample = {f"f{i}": v for i, v in enumerate(lists)}
     sample["shared"] = lists  # a list met again counts its array's bytes (the bound)
     native = _outcome(sample)
-    codec._native_numbers = None
-    try:
+    with python_only():
         python = _outcome(sample)
-    finally:
-        codec._native_numbers = NATIVE
     assert native == python
 
 
@@ -261,8 +264,78 @@ def test_the_realistic_rollouts_chunk_digests_are_identical_without_native(
         return [build_chunk(samples[i : i + 64]).pack().digest for i in range(0, 128, 64)]
 
     python = digests()
-    codec._native_numbers = NATIVE
+    codec._native_numbers, codec._native_first_leaves = NATIVE, FIRST_LEAVES
     native = digests()
+    assert native == python
+
+
+# The bound accounting of plain leaves (`first_leaves`): the same tree, arrays, marks in
+# `leaves` and bytes counted again, or the same refusal, as the Python loop.
+LONG = "y" * 511  # the longest string still written in the tree
+SHARED = [1.0000000001, -3.25, 10**12, 2**62, "shared", LONG, math.nan, 2**70, "z" * 600]
+LEAVES = (
+    st.sampled_from([*SHARED, None, True, False, "a", ""])
+    | st.floats()
+    | st.integers()
+    | st.integers(-(10**8), 10**9)
+    | st.text(max_size=3)
+    | st.integers(0, 2**64 - 1).map(_double)
+    | ODD
+)
+
+
+@st.composite
+def leaf_values(draw: Any) -> Any:
+    leaf_lists = st.lists(LEAVES, max_size=12)
+    tuples = leaf_lists.map(tuple)
+    values = draw(st.lists(leaf_lists | tuples | LEAVES, min_size=1, max_size=8))
+    if draw(st.booleans()):  # one list held in several places
+        values.append(values[0])
+    return values
+
+
+def _encoder_outcome(value: Any) -> tuple[Any, ...]:
+    encoder = codec._Encoder(codec._Record(codec.DEFAULT_INLINE_LIMIT, {}))
+    try:
+        tree: Any = codec.values._dumps(encoder.encode(value))
+    except codec.UnencodableError as exc:
+        tree = str(exc)
+    arrays = b"".join(map(bytes, encoder.record.arrays))
+    return tree, arrays, encoder.leaves, encoder.extra_bytes, encoder.repeated
+
+
+@settings(max_examples=500, deadline=None)
+@given(leaf_values())
+def test_leaf_accounting_is_the_python_loops(value: list) -> None:
+    native = _encoder_outcome(value)
+    with python_only():
+        python = _encoder_outcome(value)
+    assert native == python
+
+
+def test_first_leaves_takes_only_first_appearances() -> None:
+    x, s = 1.0000000001, "shared"
+    leaves: dict[int, int] = {}
+    assert FIRST_LEAVES([x, s, 5, None, True, "a"], leaves)
+    assert leaves == {id(x): -1, id(s): -1}
+    before = dict(leaves)
+    y = 2.5000000001
+    assert not FIRST_LEAVES([y, x], leaves)  # x met again: Python counts it
+    assert not FIRST_LEAVES([y, 3.5, y], leaves)  # twice in one list
+    assert not FIRST_LEAVES([y, math.nan], leaves)
+    assert not FIRST_LEAVES([y, "z" * 512], leaves)
+    assert not FIRST_LEAVES([y, 2**63], leaves)
+    assert not FIRST_LEAVES([y, MyFloat(1.0)], leaves)
+    assert not FIRST_LEAVES([y, [1]], leaves)
+    assert leaves == before  # every refusal left the marks as they were
+
+
+def test_a_leaf_held_in_many_lists_is_refused_past_the_bound_as_before() -> None:
+    value = [[LONG] for _ in range(codec.values._MAX_EXTRA_BYTES // 513 + 2)]
+    native = _encoder_outcome(value)
+    with python_only():
+        python = _encoder_outcome(value)
+    assert "beyond the memory it holds" in native[0]
     assert native == python
 
 

@@ -1,7 +1,8 @@
 """The native list conversion, when it is there (docs/architecture.md, "Native list conversion").
 
-`native_numbers` is ``archive_manager.codec._native.numbers`` (setup.py builds it) or None,
-and then the codec converts numeric lists in Python: the bytes are the same.  The extension
+`native_numbers` and `native_first_leaves` are the functions of ``archive_manager.codec._native``
+(setup.py builds it) or None, and then the codec converts numeric lists and counts leaves
+against the expansion bound in Python: the bytes and the bound are the same.  The extension
 is optional at install (no compiler, a failed build), so a missing one is not an error: it is
 warned once, here, at import.  ``ARCHIVE_MANAGER_NO_NATIVE=1`` forces the Python path without
 a warning (the tests compare the two paths with it).
@@ -16,18 +17,19 @@ from typing import Any
 
 from ..errors import NativeFallbackWarning
 
-__all__ = ["NO_NATIVE_ENV", "native_numbers"]
+__all__ = ["NO_NATIVE_ENV", "native_first_leaves", "native_numbers"]
 
 NO_NATIVE_ENV = "ARCHIVE_MANAGER_NO_NATIVE"
 
 NumbersFn = Callable[[list[Any]], "tuple[str, bytes, bool] | None"]
+FirstLeavesFn = Callable[["list[Any] | tuple[Any, ...]", dict[int, int]], bool]
 
 
-def _load() -> NumbersFn | None:
+def _load() -> tuple[NumbersFn, FirstLeavesFn] | tuple[None, None]:
     if os.environ.get(NO_NATIVE_ENV, "") not in ("", "0"):
-        return None
+        return None, None
     try:
-        from . import _native
+        from ._native import first_leaves, numbers
     except ImportError as exc:
         warnings.warn(
             f"archive_manager's C extension is not available ({exc}): numeric lists are "
@@ -36,9 +38,8 @@ def _load() -> NumbersFn | None:
             NativeFallbackWarning,
             stacklevel=2,
         )
-        return None
-    fn: NumbersFn = _native.numbers
-    return fn
+        return None, None
+    return numbers, first_leaves
 
 
-native_numbers = _load()
+native_numbers, native_first_leaves = _load()

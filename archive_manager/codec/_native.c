@@ -167,7 +167,122 @@ numbers(PyObject *module, PyObject *list)
     return out;
 }
 
+/* The bound accounting of a list or tuple of plain leaves, done as _Encoder._items would do it
+ * (docs/architecture.md, "Native list conversion"): encode() returns each such leaf as it is,
+ * and _again() marks a str, float or int that the tree writes out at its first appearance
+ * (leaves[id] = -1).  Only first appearances are taken here: a leaf met before (in `leaves`,
+ * or twice in this list), a NaN, a long string, an int beyond int64 or any other value
+ * returns False with `leaves` as it was, and the Python path does the whole list. */
+enum { SKIP, MARK, OTHER };
+
+static int
+leaf_kind(PyObject *item)
+{
+    if (PyUnicode_CheckExact(item)) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(item);
+        return n >= 512 ? OTHER : (n > 1 ? MARK : SKIP); /* values._MIN_RAW_STR */
+    }
+    if (item == Py_None || PyBool_Check(item)) {
+        return SKIP;
+    }
+    if (PyLong_CheckExact(item)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return OTHER;
+        }
+        /* values._SMALL_INT_LO < v < values._SMALL_INT_HI: not counted */
+        return (-10000000LL < v && v < 100000000LL) ? SKIP : MARK;
+    }
+    if (PyFloat_CheckExact(item)) {
+        return isnan(PyFloat_AS_DOUBLE(item)) ? OTHER : MARK;
+    }
+    return OTHER;
+}
+
+static PyObject *
+first_leaves(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyDict_CheckExact(args[1]) ||
+        !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "first_leaves(list or tuple, dict)");
+        return NULL;
+    }
+    PyObject *seq = args[0], *leaves = args[1];
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t marks = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int kind = leaf_kind(items[i]);
+        if (kind == OTHER) {
+            Py_RETURN_FALSE;
+        }
+        marks += kind == MARK;
+    }
+    if (marks == 0) {
+        Py_RETURN_TRUE;
+    }
+    /* The keys this call added, to take back if a leaf turns out to be known. */
+    PyObject **added = PyMem_Malloc((size_t)marks * sizeof(PyObject *));
+    if (added == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t n_added = 0;
+    PyObject *minus_one = PyLong_FromLong(-1);
+    PyObject *out = Py_True;
+    if (minus_one == NULL) {
+        out = NULL;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (leaf_kind(items[i]) != MARK) {
+            continue;
+        }
+        PyObject *key = PyLong_FromVoidPtr(items[i]); /* what id() returns */
+        if (key == NULL) {
+            out = NULL;
+            goto undo;
+        }
+        PyObject *had = PyDict_GetItemWithError(leaves, key);
+        if (had != NULL || PyErr_Occurred()) {
+            /* met before (or twice here): the Python path counts it, and may refuse */
+            Py_DECREF(key);
+            out = had != NULL ? Py_False : NULL;
+            goto undo;
+        }
+        if (PyDict_SetItem(leaves, key, minus_one) < 0) {
+            Py_DECREF(key);
+            out = NULL;
+            goto undo;
+        }
+        added[n_added++] = key;
+    }
+    goto done;
+undo:
+    for (Py_ssize_t k = 0; k < n_added; k++) {
+        if (PyDict_DelItem(leaves, added[k]) < 0) {
+            out = NULL;
+        }
+    }
+done:
+    for (Py_ssize_t k = 0; k < n_added; k++) {
+        Py_DECREF(added[k]);
+    }
+    PyMem_Free(added);
+    Py_XDECREF(minus_one);
+    if (out == NULL) {
+        return NULL;
+    }
+    return Py_NewRef(out);
+}
+
 static PyMethodDef methods[] = {
+    {"first_leaves", (PyCFunction)(void (*)(void))first_leaves, METH_FASTCALL,
+     "first_leaves(items, leaves) -> bool\n\n"
+     "Mark the plain leaves of a list or tuple met for the first time (leaves[id] = -1);\n"
+     "False, with leaves unchanged, when the Python path must do the list."},
     {"numbers", numbers, METH_O,
      "numbers(list) -> (dtype name, bytes, shuffled) | None\n\n"
      "A list of exact ints (within int64) or exact floats as the codec's narrowed,\n"
