@@ -179,7 +179,11 @@ static int
 leaf_kind(PyObject *item)
 {
     if (PyUnicode_CheckExact(item)) {
-        Py_ssize_t n = PyUnicode_GET_LENGTH(item);
+        Py_ssize_t n = PyUnicode_GetLength(item); /* len(): code points */
+        if (n < 0) {
+            PyErr_Clear();
+            return OTHER;
+        }
         return n >= 512 ? OTHER : (n > 1 ? MARK : SKIP); /* values._MIN_RAW_STR */
     }
     if (item == Py_None || PyBool_Check(item)) {
