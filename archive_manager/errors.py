@@ -26,6 +26,7 @@ __all__ = [
     "LeaseExpiredError",
     "MetadataError",
     "MissingDependencyError",
+    "NativeFallbackWarning",
     "PoolIdentityError",
     "PoolLayoutError",
     "PoolNotFoundError",
@@ -158,3 +159,11 @@ class MissingDependencyError(ArchiveError, ImportError):
 
 class GcAbortedError(ArchiveError):
     """Garbage collection stopped before deleting anything because a check failed."""
+
+
+class NativeFallbackWarning(RuntimeWarning):
+    """The codec's C extension could not be imported: numeric lists are converted in Python.
+
+    Warned once, at import; the bytes written are the same, only slower (docs/architecture.md,
+    "Native list conversion").
+    """

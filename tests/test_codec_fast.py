@@ -30,12 +30,13 @@ class Colour(enum.IntEnum):
 def _general(value: list) -> dict | None:
     """What `_Encoder._list` stores for ``value`` with the fast path switched off."""
     record = codec._Record(codec.DEFAULT_INLINE_LIMIT, {})
-    fast = codec._marshalled_numbers
+    fast, native = codec._marshalled_numbers, codec._native_numbers
     codec._marshalled_numbers = lambda v: None  # type: ignore[assignment]
+    codec._native_numbers = None  # the C conversion: tests/test_codec_native.py
     try:
         node = codec._Encoder(record)._list(value)
     finally:
-        codec._marshalled_numbers = fast
+        codec._marshalled_numbers, codec._native_numbers = fast, native
     if not isinstance(node, dict):
         return None
     return {"d": node["d"], "s": node["s"], "data": b"".join(map(bytes, record.arrays))}
@@ -85,12 +86,13 @@ def test_float_lists_encode_exactly_as_the_general_path(value: list) -> None:
 def test_lists_that_are_not_plain_numbers_take_the_general_path(value: list) -> None:
     assert codec._marshalled_numbers(value) is None
     with_fast = _chunk_or_error(value)
-    fast = codec._marshalled_numbers
+    fast, native = codec._marshalled_numbers, codec._native_numbers
     codec._marshalled_numbers = lambda v: None  # type: ignore[assignment]
+    codec._native_numbers = None
     try:
         assert _chunk_or_error(value) == with_fast
     finally:
-        codec._marshalled_numbers = fast
+        codec._marshalled_numbers, codec._native_numbers = fast, native
 
 
 def _chunk_or_error(value: list) -> bytes | type:

@@ -7,8 +7,14 @@ install while the editable installs of the suite still import it from the tree.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,3 +61,47 @@ def test_package_data_exists() -> None:
         base = _source_dir(package)
         for pattern in patterns:
             assert list(base.glob(pattern)), f"{package}: nothing matches {pattern}"
+
+
+def _copy_source(dest: Path) -> Path:
+    """The files a build reads, without build output the tree may hold (a built .so)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "*.egg-info", "build")
+    dest.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("archive_manager", "migrations"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    return dest
+
+
+def test_the_sdist_carries_the_extensions_source(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path / "src")
+    out = tmp_path / "dist"
+    build = f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(out / done.stdout.split()[-1]) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    assert {
+        "setup.py",
+        "archive_manager/codec/_native.c",
+        "archive_manager/codec/_native.pyi",
+    } <= names
+
+
+@pytest.mark.skipif(
+    shutil.which("gcc") is None and shutil.which("cc") is None, reason="no C compiler"
+)
+def test_the_wheel_builds_the_extension(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path / "src")
+    out = tmp_path / "wheel"
+    build = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(out / done.stdout.split()[-1]) as wheel:
+        names = wheel.namelist()
+    assert any(n.startswith("archive_manager/codec/_native.") and n.endswith(".so") for n in names)

@@ -176,3 +176,16 @@ def test_bench_search_quick_run(tmp_path: Path) -> None:
     assert "literal, no match (reads all)" in done.stdout and "32 samples" in done.stdout
     assert "unicode61 fill" in done.stdout and "trigram" in done.stdout
     assert "text-only frames" in done.stdout and "target:" in done.stdout
+
+
+def test_bench_native_quick_run_compares_both_paths() -> None:
+    from archive_manager import codec
+
+    if codec._native_numbers is None:  # tests/test_codec_native.py fails CI on that
+        pytest.skip("the C extension is not built or is switched off")
+    done = _run(TOOLS / "bench_native.py", "--samples", "8", "--repeat", "1", "--bound")
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.splitlines()[1:]
+    assert [r.split()[0] for r in rows[::2]] == ["realistic", "leaves"]
+    assert all(r.endswith("(same digests)") for r in rows[::2])
+    assert all("expansion bound" in r for r in rows[1::2])

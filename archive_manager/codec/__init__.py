@@ -87,6 +87,8 @@ from .values import (
     _gc_paused,
     _key_text,
     _marshalled_numbers,
+    _native_first_leaves,
+    _native_numbers,
     _number_array,
     _Record,
     decode_fields,

@@ -29,6 +29,7 @@ from .._digest import Buffer, check_digest
 from .._torch import is_tensor, tensor_class
 from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
 from ..samples import fields_to_sample, sample_to_record
+from ._accel import native_first_leaves, native_numbers
 from .tensor_ref import TensorRef
 from .tensors import (
     _DTYPE_NAMES,
@@ -329,6 +330,11 @@ class _Encoder:
         self._enter(values)
         index = -1
         try:
+            # Plain leaves met for the first time (docs/architecture.md, "Native list
+            # conversion"): encode() returns them as they are; the C side marks them in
+            # `leaves` as _again() would, and leaves any other list to the loop below.
+            if _native_first_leaves is not None and _native_first_leaves(values, self.leaves):
+                return list(values)
             # NOTE: the index is counted, not searched for by identity afterwards: an object
             # held many times can fail at a later place only (the repeat bounds).
             return [self.encode(v) for v in values if (index := index + 1) >= 0]
@@ -395,7 +401,11 @@ class _Encoder:
 
     def _array(self, value: list) -> dict[str, Any] | None:
         """A numeric list as one binary array, or None when it is not one."""
-        fast = _marshalled_numbers(value)
+        # The C conversion (docs/architecture.md, "Native list conversion") writes what the
+        # Python paths below write; a list it does not take is theirs to decide.
+        fast = _native_numbers(value) if _native_numbers is not None else None
+        if fast is None:
+            fast = _marshalled_numbers(value)
         if fast is not None:
             dtype, data, shuffled = fast
             offset, nbytes = self.record.add(data)
@@ -652,6 +662,11 @@ class _AddressRanges:
         self.charged += beyond
         return beyond
 
+
+# None when the extension is not built (or ARCHIVE_MANAGER_NO_NATIVE is set); tests set it to
+# None to run the Python paths.
+_native_numbers = native_numbers
+_native_first_leaves = native_first_leaves
 
 # marshal writes exact ints in int32 range as b"i" + 4 bytes and exact floats as b"g" + 8 bytes
 # (little-endian); version 2 never writes back-references, so every item has a fixed size.

@@ -1,0 +1,306 @@
+/* The codec's numeric-list conversion in C (docs/architecture.md, "Native list conversion").
+ *
+ * numbers(list) turns a list of exact ints (within int64) or exact floats into exactly the
+ * (dtype name, bytes, shuffled) that the pure-Python path of archive_manager.codec.values
+ * writes: the same exact-type checks (a bool, an int or float subclass, a numpy scalar is
+ * not a number here), the same lossless narrowing, the same byte planes.  Anything else
+ * returns None and the Python path decides.  No Python code runs while the list is read
+ * (only exact ints and floats are looked at), so the list cannot change under the loop.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The narrowing order of values._INT_NARROWING: the first that holds [lo, hi] wins. */
+static const struct {
+    const char *name;
+    int64_t lo;
+    int64_t hi;
+    int width;
+} NARROWING[] = {
+    {"int8", INT8_MIN, INT8_MAX, 1},      {"uint8", 0, UINT8_MAX, 1},
+    {"int16", INT16_MIN, INT16_MAX, 2},   {"uint16", 0, UINT16_MAX, 2},
+    {"int32", INT32_MIN, INT32_MAX, 4},   {"uint32", 0, UINT32_MAX, 4},
+    {"int64", INT64_MIN, INT64_MAX, 8},
+};
+#define N_NARROWING (sizeof(NARROWING) / sizeof(NARROWING[0]))
+
+/* Byte plane j of the result holds byte j (little-endian) of every item: the layout of
+ * _Record.add_shuffled, whether or not the flag says shuffled (one item or one-byte items
+ * lay out the same either way). */
+static void
+planes(unsigned char *out, const uint64_t *bits, Py_ssize_t n, int width)
+{
+    for (int j = 0; j < width; j++) {
+        unsigned char *plane = out + (Py_ssize_t)j * n;
+        const int shift = 8 * j;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            plane[i] = (unsigned char)(bits[i] >> shift);
+        }
+    }
+}
+
+static PyObject *
+result(const char *name, const uint64_t *bits, Py_ssize_t n, int width)
+{
+    PyObject *data = PyBytes_FromStringAndSize(NULL, n * width);
+    if (data == NULL) {
+        return NULL;
+    }
+    planes((unsigned char *)PyBytes_AS_STRING(data), bits, n, width);
+    /* add_shuffled: shuffled only when wider than a byte and more than one item */
+    PyObject *shuffled = (width > 1 && n > 1) ? Py_True : Py_False;
+    return Py_BuildValue("(sNO)", name, data, shuffled);
+}
+
+static PyObject *
+ints(PyObject *list, Py_ssize_t n, uint64_t *bits)
+{
+    PyObject **items = PySequence_Fast_ITEMS(list);
+    int64_t lo = 0, hi = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        if (!PyLong_CheckExact(item)) {
+            Py_RETURN_NONE;
+        }
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow) {
+            Py_RETURN_NONE; /* beyond int64: JSON keeps any size exact */
+        }
+        if (v == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (i == 0 || v < lo) {
+            lo = v;
+        }
+        if (i == 0 || v > hi) {
+            hi = v;
+        }
+        bits[i] = (uint64_t)v;
+    }
+    for (size_t k = 0; k < N_NARROWING; k++) {
+        if (NARROWING[k].lo <= lo && hi <= NARROWING[k].hi) {
+            return result(NARROWING[k].name, bits, n, NARROWING[k].width);
+        }
+    }
+    return result("int64", bits, n, 8); /* not reached: int64 holds every value read */
+}
+
+/* Whether d survives float64 -> float32 -> float64 bit for bit (NaN payloads, -0.0, inf),
+ * through the same hardware conversion numpy's astype uses. */
+static int
+exact_single(double d, uint32_t *single)
+{
+    if (isfinite(d) && fabs(d) > FLT_MAX) {
+        return 0; /* would round to inf */
+    }
+    float f = (float)d;
+    double back = (double)f;
+    uint64_t a, b;
+    memcpy(&a, &d, 8);
+    memcpy(&b, &back, 8);
+    memcpy(single, &f, 4);
+    return a == b;
+}
+
+static PyObject *
+floats(PyObject *list, Py_ssize_t n, uint64_t *bits)
+{
+    PyObject **items = PySequence_Fast_ITEMS(list);
+    int all_single = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        if (!PyFloat_CheckExact(item)) {
+            Py_RETURN_NONE;
+        }
+        double d = PyFloat_AS_DOUBLE(item);
+        uint64_t b;
+        memcpy(&b, &d, 8);
+        bits[i] = b;
+        if (all_single) {
+            uint32_t s;
+            all_single = exact_single(d, &s);
+        }
+    }
+    if (!all_single) {
+        return result("float64", bits, n, 8);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double d;
+        float f;
+        memcpy(&d, &bits[i], 8);
+        f = (float)d;
+        uint32_t s;
+        memcpy(&s, &f, 4);
+        bits[i] = s;
+    }
+    return result("float32", bits, n, 4);
+}
+
+static PyObject *
+numbers(PyObject *module, PyObject *list)
+{
+    (void)module;
+    if (!PyList_CheckExact(list)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n == 0) {
+        return Py_BuildValue("(syO)", "int8", "", Py_False);
+    }
+    PyObject *first = PyList_GET_ITEM(list, 0);
+    int is_int = PyLong_CheckExact(first);
+    if (!is_int && !PyFloat_CheckExact(first)) {
+        Py_RETURN_NONE;
+    }
+    uint64_t *bits = PyMem_Malloc((size_t)n * sizeof(uint64_t));
+    if (bits == NULL) {
+        return PyErr_NoMemory();
+    }
+    PyObject *out = is_int ? ints(list, n, bits) : floats(list, n, bits);
+    PyMem_Free(bits);
+    return out;
+}
+
+/* The bound accounting of a list or tuple of plain leaves, done as _Encoder._items would do it
+ * (docs/architecture.md, "Native list conversion"): encode() returns each such leaf as it is,
+ * and _again() marks a str, float or int that the tree writes out at its first appearance
+ * (leaves[id] = -1).  Only first appearances are taken here: a leaf met before (in `leaves`,
+ * or twice in this list), a NaN, a long string, an int beyond int64 or any other value
+ * returns False with `leaves` as it was, and the Python path does the whole list. */
+enum { SKIP, MARK, OTHER };
+
+static int
+leaf_kind(PyObject *item)
+{
+    if (PyUnicode_CheckExact(item)) {
+        Py_ssize_t n = PyUnicode_GetLength(item); /* len(): code points */
+        if (n < 0) {
+            PyErr_Clear();
+            return OTHER;
+        }
+        return n >= 512 ? OTHER : (n > 1 ? MARK : SKIP); /* values._MIN_RAW_STR */
+    }
+    if (item == Py_None || PyBool_Check(item)) {
+        return SKIP;
+    }
+    if (PyLong_CheckExact(item)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return OTHER;
+        }
+        /* values._SMALL_INT_LO < v < values._SMALL_INT_HI: not counted */
+        return (-10000000LL < v && v < 100000000LL) ? SKIP : MARK;
+    }
+    if (PyFloat_CheckExact(item)) {
+        return isnan(PyFloat_AS_DOUBLE(item)) ? OTHER : MARK;
+    }
+    return OTHER;
+}
+
+static PyObject *
+first_leaves(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyDict_CheckExact(args[1]) ||
+        !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "first_leaves(list or tuple, dict)");
+        return NULL;
+    }
+    PyObject *seq = args[0], *leaves = args[1];
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t marks = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int kind = leaf_kind(items[i]);
+        if (kind == OTHER) {
+            Py_RETURN_FALSE;
+        }
+        marks += kind == MARK;
+    }
+    if (marks == 0) {
+        Py_RETURN_TRUE;
+    }
+    /* The keys this call added, to take back if a leaf turns out to be known. */
+    PyObject **added = PyMem_Malloc((size_t)marks * sizeof(PyObject *));
+    if (added == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t n_added = 0;
+    PyObject *minus_one = PyLong_FromLong(-1);
+    PyObject *out = Py_True;
+    if (minus_one == NULL) {
+        out = NULL;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (leaf_kind(items[i]) != MARK) {
+            continue;
+        }
+        PyObject *key = PyLong_FromVoidPtr(items[i]); /* what id() returns */
+        if (key == NULL) {
+            out = NULL;
+            goto undo;
+        }
+        PyObject *had = PyDict_GetItemWithError(leaves, key);
+        if (had != NULL || PyErr_Occurred()) {
+            /* met before (or twice here): the Python path counts it, and may refuse */
+            Py_DECREF(key);
+            out = had != NULL ? Py_False : NULL;
+            goto undo;
+        }
+        if (PyDict_SetItem(leaves, key, minus_one) < 0) {
+            Py_DECREF(key);
+            out = NULL;
+            goto undo;
+        }
+        added[n_added++] = key;
+    }
+    goto done;
+undo:
+    for (Py_ssize_t k = 0; k < n_added; k++) {
+        if (PyDict_DelItem(leaves, added[k]) < 0) {
+            out = NULL;
+        }
+    }
+done:
+    for (Py_ssize_t k = 0; k < n_added; k++) {
+        Py_DECREF(added[k]);
+    }
+    PyMem_Free(added);
+    Py_XDECREF(minus_one);
+    if (out == NULL) {
+        return NULL;
+    }
+    return Py_NewRef(out);
+}
+
+static PyMethodDef methods[] = {
+    {"first_leaves", (PyCFunction)(void (*)(void))first_leaves, METH_FASTCALL,
+     "first_leaves(items, leaves) -> bool\n\n"
+     "Mark the plain leaves of a list or tuple met for the first time (leaves[id] = -1);\n"
+     "False, with leaves unchanged, when the Python path must do the list."},
+    {"numbers", numbers, METH_O,
+     "numbers(list) -> (dtype name, bytes, shuffled) | None\n\n"
+     "A list of exact ints (within int64) or exact floats as the codec's narrowed,\n"
+     "byte-shuffled array; None for any other list."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "archive_manager.codec._native",
+    "The codec's numeric-list conversion in C.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModule_Create(&module);
+}
