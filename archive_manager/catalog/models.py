@@ -180,6 +180,10 @@ class Entry(Base):
         # Lookups across archives ("every archive holding task t") and within one.
         Index(None, "task_key", "archive_id"),
         Index(None, "sample_key", "archive_id"),
+        # Stored in primary-key order: no hidden rowid beside (archive_id, position), nor an
+        # automatic index repeating it (revision 0006; docs/architecture.md, "Summaries and
+        # paging").  PostgreSQL ignores the option.
+        {"sqlite_with_rowid": False},
     )
 
     archive_id: Mapped[int] = _archive_fk()
@@ -198,6 +202,8 @@ class SampleMetadata(Base):
         Index(None, "status"),
         Index(None, "reward"),
         Index(None, "response_length"),
+        # As ``entries`` (revision 0006).
+        {"sqlite_with_rowid": False},
     )
 
     archive_id: Mapped[int] = _archive_fk()
