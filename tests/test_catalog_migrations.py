@@ -73,8 +73,8 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0006"
-    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005", "0006"}
+    assert head_revision() == "0007"
+    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005", "0006", "0007"}
 
 
 def test_new_catalog_is_created_at_head(url: str) -> None:

@@ -48,7 +48,7 @@ Alembic history cannot collide with the catalog's."""
 CATALOG_URL_ENV = "ARCHIVE_MANAGER_CATALOG_URL"
 """Where ``migrations/env.py`` finds a URL when run by the alembic CLI (developers only)."""
 
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"
 """The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
 Alembic's own head).
 

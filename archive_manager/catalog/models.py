@@ -35,6 +35,7 @@ __all__ = [
     "STATUS_LENGTH",
     "Archive",
     "ArchiveBlob",
+    "ArchiveSketch",
     "ArchiveSummaryRow",
     "Base",
     "Blob",
@@ -47,6 +48,7 @@ __all__ = [
     "Retention",
     "SampleMetadata",
     "archive_blobs_table",
+    "archive_sketches_table",
     "archive_summaries_table",
     "archives_table",
     "blobs_table",
@@ -241,8 +243,17 @@ class ArchiveSummaryRow(Base):
     zero_variance_groups: Mapped[int] = mapped_column(Integer, nullable=False)
     group_stds: Mapped[int] = mapped_column(Integer, nullable=False)
     group_std_mean: Mapped[float | None] = mapped_column(Float)
-    # Little-endian float64 quantile sketches (summary.sketch_of): merged when several
-    # archives share a rollout id.
+
+
+class ArchiveSketch(Base):
+    """The quantile sketches of one archive's rewards and response lengths, merged when
+    several archives share a rollout id; apart from its summary, whose row they made ten
+    times larger (revision 0007; docs/architecture.md, "Summaries and paging")."""
+
+    __tablename__ = "archive_sketches"
+
+    archive_id: Mapped[int] = _archive_fk()
+    # Little-endian float64 values (summary.sketch_of).
     reward_sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     length_sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
@@ -318,6 +329,7 @@ entries_table: Table = Entry.__table__  # type: ignore[assignment]
 sample_metadata_table: Table = SampleMetadata.__table__  # type: ignore[assignment]
 archive_blobs_table: Table = ArchiveBlob.__table__  # type: ignore[assignment]
 archive_summaries_table: Table = ArchiveSummaryRow.__table__  # type: ignore[assignment]
+archive_sketches_table: Table = ArchiveSketch.__table__  # type: ignore[assignment]
 retention_table: Table = Retention.__table__  # type: ignore[assignment]
 leases_table: Table = Lease.__table__  # type: ignore[assignment]
 lease_blobs_table: Table = LeaseBlob.__table__  # type: ignore[assignment]
