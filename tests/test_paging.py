@@ -136,7 +136,8 @@ def test_query_plans_use_indexes_and_never_sort_the_pool(tmp_path: Path) -> None
                 assert f"SCAN {table}" not in text, (statement, text)
     used = " | ".join(" | ".join(p) for p in plans)
     assert "ix_archives_state_rollout_id_name" in used
-    assert "sqlite_autoindex_sample_metadata_1" in used
+    # By primary key: since revision 0006 the table's own b-tree (WITHOUT ROWID).
+    assert "SEARCH sample_metadata USING PRIMARY KEY (archive_id=? AND position=?)" in used
 
 
 def test_cli_ls_and_the_viewer_page(tmp_path: Path) -> None:
