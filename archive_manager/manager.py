@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, exists, select
+from sqlalchemy import delete, select
 from sqlalchemy import exc as sa_exc
 
 from ._constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
@@ -845,7 +845,11 @@ class ArchiveManager:
             query = query.where(a.c.evaluation == evaluation)
         if task_key is not None:
             key = check_task_key(task_key)
-            query = query.where(exists().where(e.c.archive_id == a.c.id, e.c.task_key == key))
+            # NOTE: an uncorrelated IN, read once from the (task_key, archive_id) index: as a
+            # correlated EXISTS, SQLite probed each archive's entries by primary key once
+            # they were a WITHOUT ROWID table (3 s at 10,000 archives; docs/architecture.md,
+            # "Summaries and paging").
+            query = query.where(a.c.id.in_(select(e.c.archive_id).where(e.c.task_key == key)))
         if since is not None:
             if not isinstance(since, datetime):
                 raise InvalidInputError("since must be a datetime")

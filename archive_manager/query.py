@@ -193,6 +193,12 @@ def _walk(
     found: list[Sequence[Any]] = []
     after: ArchiveKey | None = None
     step, page_size = _FIRST_STEP, _FIRST_PAGE
+    # NOTE: one archive's samples in position order, named on the table the plan starts from:
+    # a status filter reads sample_metadata's (status, archive_id) index, which since the
+    # table is WITHOUT ROWID (revision 0006) holds the positions in order, and SQLite sorts
+    # when the ORDER BY names the other table's equal column.
+    table = sample_metadata_table if wanted[0] is not None else entries_table
+    in_order = (table.c.archive_id, table.c.position)
     if keyed is not None:
         if not keyed:
             return found
@@ -218,8 +224,8 @@ def _walk(
             step = min(step * 4, _LAST_STEP)
             rows = list(
                 conn.execute(
-                    sample_query.where(entries_table.c.archive_id.in_(ids))
-                    .order_by(entries_table.c.archive_id, entries_table.c.position)
+                    sample_query.where(in_order[0] == ids[0])
+                    .order_by(*in_order)
                     .limit(limit - len(found))
                     if len(ids) == 1
                     else sample_query.where(entries_table.c.archive_id.in_(ids))

@@ -568,10 +568,19 @@ def rollout_stats(
     with pool.catalog.read() as conn:
         rows = conn.execute(archive_query).all()
         groups = _by_group(rows)
-        members = {key: frozenset((r[0], r[1]) for r in rows) for key, rows in groups.items()}
+        done: dict[_Group, RolloutStats] = {}
+        merged: dict[_Group, list[Sequence[Any]]] = {}
+        for key, group in groups.items():
+            # NOTE: a rollout of one archive, the common case, is its stored row as it is:
+            # nothing to merge or cache (docs/architecture.md, "Summaries and paging").
+            if len(group) == 1 and group[0][_AT["archive_id"]] is not None:
+                done[key] = _one_archive(key, group[0])
+            else:
+                merged[key] = group
+        members = {key: frozenset((r[0], r[1]) for r in rows) for key, rows in merged.items()}
         summaries: dict[_Group, SampleSummary] = {}
         missing: list[_Group] = []
-        for key in groups:
+        for key in merged:
             cached = cache.get(key, members[key]) if cache is not None else None
             if cached is None:
                 missing.append(key)
@@ -588,4 +597,41 @@ def rollout_stats(
         summaries[key] = _sample_summary(merge_summaries([stored[r[0]] for r in groups[key]]))
         if cache is not None:
             cache.put(key, members[key], summaries[key])
-    return [_combine(key, groups[key], summaries[key]) for key in sorted(groups, key=_order)]
+    for key, summary in summaries.items():
+        done[key] = _combine(key, groups[key], summary)
+    return [done[key] for key in sorted(groups, key=_order)]
+
+
+# Where each summary column sits in a row of ``rollout_stats``'s statement: after the six
+# archive columns, in `summary_columns` order.
+_AT = {column.name: 6 + i for i, column in enumerate(summary_columns())}
+
+
+def _one_archive(key: _Group, row: Sequence[Any]) -> RolloutStats:
+    """The statistics of a rollout of one archive, straight from its row of
+    ``rollout_stats``'s statement (the archive's columns, then `summary_columns`): what
+    ``_combine`` makes of the stored summary, without the summaries in between."""
+    status = row[_AT["status"]] or {}
+    counts = sorted(((str(k), int(n)) for k, n in status.items()), key=_most_first)
+    return RolloutStats(
+        rollout_id=key[0],
+        evaluation=key[1],
+        archives=1,
+        released=int(row[4] == "released"),
+        samples=sum(n for _, n in counts),
+        bytes=int(row[5] or 0),
+        rewarded=row[_AT["rewarded"]],
+        reward_mean=row[_AT["reward_mean"]],
+        reward_p50=row[_AT["reward_p50"]],
+        reward_p90=row[_AT["reward_p90"]],
+        length_mean=row[_AT["length_mean"]],
+        length_p90=row[_AT["length_p90"]],
+        status=tuple(counts),
+        groups=row[_AT["groups"]],
+        zero_variance_groups=row[_AT["zero_variance_groups"]],
+        group_std_mean=row[_AT["group_std_mean"]],
+    )
+
+
+def _most_first(item: tuple[str, int]) -> tuple[int, str]:
+    return (-item[1], item[0])

@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from .catalog import (
+    archive_sketches_table,
     archive_summaries_table,
     archives_table,
     entries_table,
@@ -346,8 +347,6 @@ _COLUMNS = (
     "zero_variance_groups",
     "group_stds",
     "group_std_mean",
-    "reward_sketch",
-    "length_sketch",
 )
 
 
@@ -376,18 +375,28 @@ def summary_rows(
         s.zero_variance_groups,
         s.group_stds,
         s.group_std_mean,
-        _pack(s.reward_sketch),
-        _pack(s.length_sketch),
     )
 
 
 def store_summaries(conn: Connection, summaries: Iterable[tuple[int, ArchiveSummary]]) -> int:
-    """Inside a write transaction: insert the summary rows of ``(archive_id, summary)``."""
+    """Inside a write transaction: insert the summary rows of ``(archive_id, summary)`` and
+    their sketches (``archive_sketches``)."""
+    given = list(summaries)
+    insert_rows(
+        conn,
+        archive_sketches_table,
+        ("archive_id", "reward_sketch", "length_sketch"),
+        (
+            (archive_id, _pack(summary.reward_sketch), _pack(summary.length_sketch))
+            for archive_id, summary in given
+        ),
+        batch_size=1_000,
+    )
     return insert_rows(
         conn,
         archive_summaries_table,
         _COLUMNS,
-        (summary_rows(archive_id, summary) for archive_id, summary in summaries),
+        (summary_rows(archive_id, summary) for archive_id, summary in given),
         batch_size=1_000,
     )
 
@@ -397,20 +406,25 @@ def read_summaries(
 ) -> dict[int, ArchiveSummary]:
     """The stored summaries of these archives (those that have one); with their sketches only
     when asked (a stats row of one archive needs none)."""
-    t = archive_summaries_table
+    t, k = archive_summaries_table, archive_sketches_table
     found: dict[int, ArchiveSummary] = {}
     for batch in batches(archive_ids):
-        query = select(*summary_columns(sketches=sketches)).where(t.c.archive_id.in_(batch))
-        for row in conn.execute(query):
+        query = select(*summary_columns())
+        if sketches:
+            query = query.add_columns(k.c.reward_sketch, k.c.length_sketch).outerjoin(
+                k, k.c.archive_id == t.c.archive_id
+            )
+        for row in conn.execute(query.where(t.c.archive_id.in_(batch))):
             found[row[0]] = summary_from_row(row)
     return found
 
 
-def summary_columns(*, sketches: bool = False) -> list[Any]:
+def summary_columns() -> list[Any]:
     """The ``archive_summaries`` columns `summary_from_row` reads, ``archive_id`` first (to
-    join to another select: a missing summary reads as a None ``archive_id``)."""
+    join to another select: a missing summary reads as a None ``archive_id``); the sketches,
+    when wanted, follow them (``archive_sketches``)."""
     t = archive_summaries_table
-    return [t.c[name] for name in _COLUMNS if sketches or not name.endswith("_sketch")]
+    return [t.c[name] for name in _COLUMNS]
 
 
 def summary_from_row(row: Sequence[Any]) -> ArchiveSummary:
@@ -426,7 +440,7 @@ def _from_row(row: Sequence[Any]) -> ArchiveSummary:
         _sorted_status({str(k): int(n) for k, n in status.items()}),
         *row[3:19],
     ]
-    sketches = row[19:]
+    sketches = row[len(_COLUMNS) :]
     # The positional fields are typed Any here; the dataclass checks their number.
     make: Any = ArchiveSummary
     return make(  # type: ignore[no-any-return]

@@ -73,8 +73,8 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0005"
-    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005"}
+    assert head_revision() == "0007"
+    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005", "0006", "0007"}
 
 
 def test_new_catalog_is_created_at_head(url: str) -> None:
@@ -82,6 +82,14 @@ def test_new_catalog_is_created_at_head(url: str) -> None:
         assert current_revision(catalog.engine) == head_revision()
         assert catalog.get_pool_info("format_version") == str(FORMAT_VERSION)
         tables = set(inspect(catalog.engine).get_table_names())
+        if catalog.dialect_name == "sqlite":
+            # Revision 0006: the per-sample tables are stored in primary-key order.
+            with catalog.read() as conn:
+                for table in ("entries", "sample_metadata"):
+                    sql = conn.exec_driver_sql(
+                        f"SELECT sql FROM sqlite_master WHERE name = '{table}'"
+                    ).scalar_one()
+                    assert sql.rstrip().endswith("WITHOUT ROWID"), sql
     assert tables == set(metadata.tables) | {VERSION_TABLE}
 
 

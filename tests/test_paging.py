@@ -136,7 +136,8 @@ def test_query_plans_use_indexes_and_never_sort_the_pool(tmp_path: Path) -> None
                 assert f"SCAN {table}" not in text, (statement, text)
     used = " | ".join(" | ".join(p) for p in plans)
     assert "ix_archives_state_rollout_id_name" in used
-    assert "sqlite_autoindex_sample_metadata_1" in used
+    # By primary key: since revision 0006 the table's own b-tree (WITHOUT ROWID).
+    assert "SEARCH sample_metadata USING PRIMARY KEY (archive_id=? AND position=?)" in used
 
 
 def test_cli_ls_and_the_viewer_page(tmp_path: Path) -> None:
@@ -171,3 +172,29 @@ def test_cli_ls_and_the_viewer_page(tmp_path: Path) -> None:
     bad = runner.invoke(cli, ["--root", str(root), "ls", "--after", "nope"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     assert "not found" in bad.output
+
+
+def test_find_by_task_key_reads_the_task_key_index(tmp_path: Path) -> None:
+    """``find(task_key=)`` finds the archives holding a key from the (task_key, archive_id)
+    index, on SQLite's WITHOUT ROWID entries too (revision 0006): as a correlated EXISTS the
+    planner probed every archive's entries by primary key instead (3 s at 10,000 archives)."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        for i in range(3):
+            pool.save(f"a{i}", [{"reward": 1.0}] * 4, rollout_id=i, task_keys=[f"k{i}"] * 4)
+        statements: list[tuple[str, Any]] = []
+
+        def record(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+            if "FROM entries" in statement:
+                statements.append((statement, params))
+
+        event.listen(pool.catalog.engine, "before_cursor_execute", record)
+        try:
+            assert [i.name for i in pool.find(task_key="k1")] == ["a1"]
+        finally:
+            event.remove(pool.catalog.engine, "before_cursor_execute", record)
+    assert statements
+    with sqlite3.connect(tmp_path / "pool" / "catalog.db") as db:
+        for statement, params in statements:
+            plan = " ".join(row[3] for row in db.execute("EXPLAIN QUERY PLAN " + statement, params))
+            assert "ix_entries_task_key_archive_id (task_key=?)" in plan, plan
+            assert "CORRELATED" not in plan, plan

@@ -3,8 +3,10 @@ catalog rebuild, and equal to the sample-level computation they replace."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import sqlite3
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,12 @@ import pytest
 from sqlalchemy import inspect, select
 
 from archive_manager import ArchiveManager, Sample
-from archive_manager.catalog import archive_summaries_table, archives_table, current_revision
+from archive_manager.catalog import (
+    archive_summaries_table,
+    archives_table,
+    current_revision,
+    head_revision,
+)
 from archive_manager.stats import (
     COUNTED_STATES,
     RolloutStats,
@@ -247,7 +254,7 @@ def test_a_pool_of_revision_0004_gets_its_summaries_on_upgrade(tmp_path: Path) -
         tar.extractall(tmp_path, filter="data")
     root = tmp_path / "pool-r4"
     with ArchiveManager.open(root) as pool:
-        assert current_revision(pool.catalog.engine) == "0005"
+        assert current_revision(pool.catalog.engine) == head_revision()
         with pool.catalog.read() as conn:
             count = conn.execute(select(archive_summaries_table.c.archive_id)).all()
         assert len(count) == len(pool.find(state=None)) == 7
@@ -258,3 +265,65 @@ def test_a_pool_of_revision_0004_gets_its_summaries_on_upgrade(tmp_path: Path) -
         # The upgrade computed what a save computes now.
         pool.save("again", None, rollout_id=9, reference="r2")
         assert _summaries_by_name(pool)["again"] == upgraded["r2"]
+
+
+def _sample_tables(path: Path) -> dict[str, Any]:
+    """Every row of ``entries`` and ``sample_metadata``, their indexes and their DDL, read
+    with the sqlite3 module (no archive_manager code, so no upgrade)."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        out: dict[str, Any] = {}
+        for table in ("entries", "sample_metadata"):
+            out[table] = db.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+            # The b-trees stored for the table's indexes (a WITHOUT ROWID table's primary
+            # key is the table's own b-tree, not one of these).
+            out[f"{table} indexes"] = sorted(
+                row[0]
+                for row in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+                    (table,),
+                )
+            )
+            out[f"{table} sql"] = db.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()[0]
+    return out
+
+
+def test_a_pool_of_revision_0005_keeps_its_samples_without_rowids(tmp_path: Path) -> None:
+    """tests/data/pool-r5.tar.gz was written by the release at revision 0005 (the pool of
+    `_random_pool`, seed 5).  Revision 0006 copies ``entries`` and ``sample_metadata`` into
+    WITHOUT ROWID tables: every row, index and figure the same, the automatic primary-key
+    indexes gone."""
+    with tarfile.open(DATA / "pool-r5.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "pool-r5"
+    before = _sample_tables(root / "catalog.db")
+    assert "WITHOUT ROWID" not in before["entries sql"]
+    assert "sqlite_autoindex_entries_1" in before["entries indexes"]
+    assert len(before["entries"]) == len(before["sample_metadata"]) == 994
+    # The same pool made by this library: the upgraded one must read as it does.
+    with ArchiveManager.open(tmp_path / "now") as now:
+        _random_pool(now, 5)
+        loaded = {i.name: now.open_archive(i.name).load_samples() for i in now.find()}
+        stats = now.stats()
+    # rebind: the tarball is a copy of the pool it was made as.
+    with ArchiveManager.open(root, rebind=True) as pool:
+        assert current_revision(pool.catalog.engine) == head_revision()
+        assert sorted(i.name for i in pool.find()) == sorted(loaded)
+        _assert_matches(pool.stats(), _reference_stats(pool), pool)
+        assert [(r.rollout_id, r.samples, r.status) for r in pool.stats()] == [
+            (r.rollout_id, r.samples, r.status) for r in stats
+        ]
+        for name, samples in loaded.items():
+            assert pool.open_archive(name).load_samples() == samples, name
+        assert pool.verify().ok
+        pool.save("after", _samples(random.Random(6), 9, "a"), rollout_id=7, task_keys=["t"] * 9)
+        assert [r.position for r in pool.query(task_key="t", limit=100)] == list(range(9))
+    after = _sample_tables(root / "catalog.db")
+    for table in ("entries", "sample_metadata"):
+        assert "WITHOUT ROWID" in after[f"{table} sql"]
+        assert after[f"{table} indexes"] == [
+            i for i in before[f"{table} indexes"] if not i.startswith("sqlite_autoindex_")
+        ]
+        assert after[table][: len(before[table])] == before[table]
+        assert len(after[table]) == len(before[table]) + 9

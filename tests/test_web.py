@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -33,6 +34,7 @@ import archive_manager
 from archive_manager import ArchiveManager, Sample, TensorRef
 from archive_manager.cli import cli
 from archive_manager.errors import InvalidInputError
+from archive_manager.stats import RolloutStats
 
 flask = pytest.importorskip("flask", reason="the web extra is not installed")
 
@@ -198,6 +200,12 @@ def test_pool_page_filters_and_pages(client: Any) -> None:
     assert [(r["rollout_id"], r["evaluation"]) for r in stats] == [(2, True)]
     html = get(client, "/?per_page=2&page=2").text
     assert "page 2 of 3" in html and 'rel="next"' in html and 'rel="prev"' in html
+    # The statistics table holds the rollouts of the archives listed (eval-2 and train-2:
+    # rollout 2, evaluation and training), and links to all of them.
+    assert "Statistics of the rollouts on this page (2 of 5 rows;" in html
+    table = html.split('<table class="data stats">')[1].split("</table>")[0]
+    assert table.count("<tr><td") == 2
+    assert 'href="/stats"' in html
 
 
 def test_stats_page_and_json(client: Any, viewer_pool: ArchiveManager) -> None:
@@ -566,6 +574,49 @@ def test_drift_charts_split_training_and_evaluation(viewer_pool: ArchiveManager)
     assert [s[0] for s in truncated.legend] == ["training", "evaluation"]
     assert not length.empty
     assert drift_charts([])[0].empty
+
+
+def _rollout(rollout_id: int, truncated: int | None, evaluation: bool = False) -> RolloutStats:
+    """A rollout of 4 samples, ``truncated`` of them truncated (None: no sample at all)."""
+    status = () if truncated is None else (("completed", 4 - truncated), ("truncated", truncated))
+    return RolloutStats(
+        rollout_id=rollout_id,
+        evaluation=evaluation,
+        archives=1,
+        released=0,
+        samples=0 if truncated is None else 4,
+        bytes=10,
+        rewarded=4,
+        reward_mean=1.0,
+        reward_p50=1.0,
+        reward_p90=1.0,
+        length_mean=5.0,
+        length_p90=6.0,
+        status=tuple((s, n) for s, n in status if n),
+    )
+
+
+def test_drift_charts_of_many_rollouts_draw_runs_of_them() -> None:
+    """Past MAX_POINTS rollouts a point is the mean of a run of consecutive rollouts: the
+    SVG stays small at 10,000 rollouts and the titles say so."""
+    rows = [_rollout(i, i % 3 if i != 4 else None) for i in range(3 * MAX_POINTS + 1)]
+    rows.append(_rollout(7, 1, evaluation=True))
+    reward, length, truncated = drift_charts(rows)
+    assert reward.title == "Reward by rollout (means of up to 4 rollouts a point)"
+    assert length.title.endswith("(means of up to 4 rollouts a point)")
+    assert truncated.title.endswith("(means of up to 4 rollouts a point)")
+    training = truncated.lines[0]
+    assert training.label == "training"
+    points = [p.split(",") for p in " ".join(training.segments).split()]
+    assert len(points) == math.ceil((3 * MAX_POINTS + 1) / 4)
+    # The share axis is 0..1.  Rollouts 0-3 have truncated shares 0, 1/4, 2/4, 0: mean
+    # 0.1875; rollouts 4-7 skip rollout 4, which has no sample: (2/4 + 0 + 1/4) / 3 = 0.25.
+    c = truncated
+    for (x, y), first, share in zip(points, (0, 4), (0.1875, 0.25), strict=False):
+        assert float(y) == round(c.bottom - share * (c.bottom - c.top), 1)
+        assert float(x) == round(c.left + first / (3 * MAX_POINTS) * (c.right - c.left), 1)
+    assert truncated.lines[1].label == "evaluation" and truncated.lines[1].dots  # one point
+    assert drift_charts(rows[:10])[0].title == "Reward by rollout"
 
 
 # --------------------------------------------------------------------------- Archive.load_sample

@@ -47,7 +47,7 @@ VERSION_TABLE = "archive_manager_version"
 Alembic history cannot collide with the catalog's."""
 
 
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0007"
 """The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
 Alembic's own head).
 

@@ -33,6 +33,7 @@ __all__ = [
     "NAMING_CONVENTION",
     "STATUS_LENGTH",
     "archive_blobs_table",
+    "archive_sketches_table",
     "archive_summaries_table",
     "archives_table",
     "blobs_table",
@@ -164,6 +165,10 @@ entries_table = Table(
     # Lookups across archives ("every archive holding task t") and within one.
     Index(None, "task_key", "archive_id"),
     Index(None, "sample_key", "archive_id"),
+    # Stored in primary-key order: no hidden rowid beside (archive_id, position), nor an
+    # automatic index repeating it (revision 0006; docs/architecture.md, "Summaries and
+    # paging").  PostgreSQL ignores the option.
+    sqlite_with_rowid=False,
 )
 
 sample_metadata_table = Table(
@@ -180,6 +185,8 @@ sample_metadata_table = Table(
     Index(None, "status"),
     Index(None, "reward"),
     Index(None, "response_length"),
+    # As ``entries`` (revision 0006).
+    sqlite_with_rowid=False,
 )
 
 archive_summaries_table = Table(
@@ -207,8 +214,16 @@ archive_summaries_table = Table(
     Column("zero_variance_groups", Integer, nullable=False),
     Column("group_stds", Integer, nullable=False),
     Column("group_std_mean", Float),
-    # Little-endian float64 quantile sketches (summary.sketch_of): merged when several
-    # archives share a rollout id.
+)
+
+archive_sketches_table = Table(
+    # The quantile sketches of one archive's rewards and response lengths, merged when
+    # several archives share a rollout id; apart from its summary, whose row they made ten
+    # times larger (revision 0007; docs/architecture.md, "Summaries and paging").
+    "archive_sketches",
+    metadata,
+    _archive_fk(),
+    # Little-endian float64 values (summary.sketch_of).
     Column("reward_sketch", LargeBinary, nullable=False),
     Column("length_sketch", LargeBinary, nullable=False),
 )

@@ -242,6 +242,11 @@ def pool_page() -> Any:
     )
     rows = pool.stats(rollout_ids, evaluation)
     summary = pool.info()
+    # The page's table holds the rollouts of the archives it lists, not every rollout of the
+    # pool (the stats page has them all): at 10,000 rollouts the whole table was most of the
+    # page's time (docs/architecture.md, "Summaries and paging").
+    listed = {(a.rollout_id, a.evaluation) for a in listing.archives}
+    page_rows = [r for r in rows if (r.rollout_id, r.evaluation) in listed]
     return _respond(
         "pool.html",
         lambda: {
@@ -259,7 +264,8 @@ def pool_page() -> Any:
         lambda: {"charts": drift_charts(rows)},
         summary=summary,
         listing=listing,
-        stats=rows,
+        stats=page_rows,
+        stats_rows=len(rows),
         page=page,
         pages=_pages(listing.total, per_page),
         per_page=per_page,

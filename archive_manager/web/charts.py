@@ -233,33 +233,57 @@ def line_chart(
     )
 
 
+def _per_bucket(values: Sequence[float | None], bucket: int) -> list[float | None]:
+    """The mean of the finite values of each run of ``bucket`` consecutive ones (None for a
+    run without any)."""
+    if bucket == 1:
+        return list(values)
+    out: list[float | None] = []
+    for start in range(0, len(values), bucket):
+        part = _finite(values[start : start + bucket])
+        out.append(_mean(part) if part else None)
+    return out
+
+
 def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
     """The pool's drift charts: reward, response length and truncated share by rollout id.
 
     Training and evaluation rollouts are separate series; rows without a rollout id have no
-    place on the axis and are left out.
+    place on the axis and are left out.  Past `MAX_POINTS` rollouts a series, each point is
+    the mean of a run of consecutive rollouts' figures, drawn at the run's first rollout id
+    (the titles say how many): 10,000 rollouts draw as 600 points, not as 10,000.
     """
     charts: dict[str, list[Series]] = {"reward": [], "length": [], "truncated": []}
+    widest = 1
     for evaluation, name, base in ((False, "training", 0), (True, "evaluation", 3)):
         part = [r for r in rows if r.evaluation is evaluation and r.rollout_id is not None]
         if not part:
             continue
-        x = [float(r.rollout_id) for r in part if r.rollout_id is not None]
+        bucket = max(1, math.ceil(len(part) / MAX_POINTS))
+        widest = max(widest, bucket)
+        x = [float(r.rollout_id) for r in part[::bucket] if r.rollout_id is not None]
+
+        def y(
+            figure: str, part: list[RolloutStats] = part, bucket: int = bucket
+        ) -> list[float | None]:
+            return _per_bucket([getattr(r, figure) for r in part], bucket)
+
         charts["reward"] += [
-            Series(f"{name} mean", x, [r.reward_mean for r in part], base),
-            Series(f"{name} p50", x, [r.reward_p50 for r in part], base + 1, dashed=True),
-            Series(f"{name} p90", x, [r.reward_p90 for r in part], base + 2, dashed=True),
+            Series(f"{name} mean", x, y("reward_mean"), base),
+            Series(f"{name} p50", x, y("reward_p50"), base + 1, dashed=True),
+            Series(f"{name} p90", x, y("reward_p90"), base + 2, dashed=True),
         ]
         charts["length"] += [
-            Series(f"{name} mean", x, [r.length_mean for r in part], base),
-            Series(f"{name} p90", x, [r.length_p90 for r in part], base + 2, dashed=True),
+            Series(f"{name} mean", x, y("length_mean"), base),
+            Series(f"{name} p90", x, y("length_p90"), base + 2, dashed=True),
         ]
         charts["truncated"].append(
-            Series(f"{name}", x, [r.truncated_share for r in part], base),
+            Series(f"{name}", x, y("truncated_share"), base),
         )
+    per = f" (means of up to {widest} rollouts a point)" if widest > 1 else ""
     return [
         line_chart(
-            "Reward by rollout",
+            "Reward by rollout" + per,
             charts["reward"],
             width=460,
             x_label="rollout id",
@@ -267,7 +291,7 @@ def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
             empty="no rollout with a rollout id and a numeric reward",
         ),
         line_chart(
-            "Response length by rollout",
+            "Response length by rollout" + per,
             charts["length"],
             width=460,
             x_label="rollout id",
@@ -275,7 +299,7 @@ def drift_charts(rows: Sequence[RolloutStats]) -> list[Chart]:
             empty="no rollout with a rollout id and response lengths",
         ),
         line_chart(
-            "Truncated share by rollout",
+            "Truncated share by rollout" + per,
             charts["truncated"],
             width=460,
             x_label="rollout id",

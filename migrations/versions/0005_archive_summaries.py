@@ -6,10 +6,10 @@ Create Date: 2026-12-02
 
 ``archive_summaries`` holds what the statistics need of each archive's samples, computed once
 (docs/architecture.md, "Summaries and paging"): ``stats`` over N archives reads N small rows
-instead of every sample.  The upgrade computes the summary of every archive already in the
-catalog from its sample rows (one pass, in the upgrade's transaction); an upgrade emitted as
-SQL text (``alembic upgrade --sql``) cannot, and the statistics then compute the missing ones
-from the sample rows on every call, as before.
+instead of every sample.  The summary of every archive already in the catalog is computed
+from its sample rows when the upgrade reaches revision 0007 (one pass, in the upgrade's
+transaction); an upgrade emitted as SQL text (``alembic upgrade --sql``) cannot, and the
+statistics then compute the missing ones from the sample rows on every call, as before.
 
 ``ix_archives_state_rollout_id`` becomes ``(state, rollout_id, name)``: listings and the
 sample-query walk read archives in that order, page by page, without a sort.
@@ -66,10 +66,9 @@ def upgrade() -> None:
             ["state", "rollout_id", "name"],
             unique=False,
         )
-    if not op.get_context().as_sql:
-        from archive_manager.summary import fill_missing_summaries
-
-        fill_missing_summaries(op.get_bind())
+    # NOTE: the summaries of the archives already here are computed by revision 0007, the
+    # last to change these tables: the library's code writes today's tables, not this
+    # revision's.
 
 
 def downgrade() -> None:
