@@ -213,6 +213,11 @@ def _timeout_message(pattern: str) -> str:
     )
 
 
+# The characters beyond ASCII that `re.IGNORECASE` matches to an ASCII one (found by trying
+# every code point; tests/test_lens.py checks the table still holds).
+_FOLDS_BEYOND_ASCII = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
+
+
 def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> re.Pattern[bytes] | None:
     """A bytes pattern every record holding a match of ``pattern`` holds, or None.
 
@@ -221,10 +226,23 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> re.Pattern[bytes
     tree, which writes every character as it is (``ensure_ascii=False``) except ``"``, ``\\``
     and control characters; literals holding those get no prefilter.  Records without the bytes
     (most, for a rare pattern) are skipped before their tree is parsed: that parse cost as much
-    as the inflation (docs/architecture.md, "Search").
+    as the inflation (docs/architecture.md, "Search").  A case-folded literal gets one when it
+    is ASCII: each letter matches its two cases and the few non-ASCII characters `re` folds
+    to it (``K``, Kelvin sign, for ``k``).
     """
-    if regex or ignore_case or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
+    if regex or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
         return None
+    if ignore_case:
+        if not pattern.isascii():
+            return None
+        parts = []
+        for c in pattern:
+            if not c.isalpha():
+                parts.append(re.escape(c.encode()))
+                continue
+            options = [c.lower(), c.upper(), *_FOLDS_BEYOND_ASCII.get(c.lower(), "")]
+            parts.append(b"(?:" + b"|".join(re.escape(o.encode()) for o in options) + b")")
+        return re.compile(b"".join(parts))
     try:
         needle = pattern.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: stored with surrogatepass
@@ -280,6 +298,9 @@ def _scan_chunk(
     and, per matching sample, its first match."""
     data = archive._read_blob(digest, f"chunk {ordinal}")
     reader = ChunkReader(data, digest=digest)
+    # Of a chunk of format version 2, only the records' text parts (docs/architecture.md,
+    # "Chunk format"); one zstd call, which releases the GIL once.
+    reader.inflate([entry.offset for entry in entries], texts_only=True)
     found = []
     # The samples of a prompt group share its prompt, and one chunk holds whole groups:
     # each distinct text is searched once.
