@@ -458,22 +458,21 @@ class ChunkReader:
             parts = self._record(i, rest=False)
             text = parts.get("t")
             if text is None:
-                parts = self._record(i, text=False)
-                rec = parts["r"]
-                if require is not None and require.search(rec) is None:
+                whole = self._record(i, text=False)["r"]
+                if require is not None and require.search(whole) is None:
                     return None
-                return decode_fields(rec, names)
-            rec = self._record(i, text=False)["r"] if others else None
+                return decode_fields(whole, names)
+            rest = self._record(i, text=False)["r"] if others else None
             if (
                 require is not None
                 and require.search(text) is None
-                and (rec is None or require.search(rec) is None)
+                and (rest is None or require.search(rest) is None)
             ):
                 return None
-            out = decode_fields(text, [n for n in names if n in TEXT_FIELDS])
-            if rec is not None:
-                out.update(decode_fields(rec, others))
-            return out
+            found = decode_fields(text, [n for n in names if n in TEXT_FIELDS])
+            if rest is not None:
+                found.update(decode_fields(rest, others))
+            return {n: found[n] for n in names if n in found}  # in the order asked, as v1
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
 
