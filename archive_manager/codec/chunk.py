@@ -23,12 +23,11 @@ with each record the whole sample in one frame.
 
 from __future__ import annotations
 
-import re
 import struct
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 import zstandard
@@ -68,6 +67,7 @@ __all__ = [
     "ChunkReader",
     "EncodedChunk",
     "GilHandOver",
+    "Needle",
     "RawChunk",
     "build_chunk",
     "decode_chunk",
@@ -81,6 +81,13 @@ _INDEX2 = struct.Struct("<QQQQQBB6xQ")
 _RAW, _ZSTD = 0, 1
 #: The chunk format versions this library reads.
 CHUNK_VERSIONS = (1, 2)
+
+
+class Needle(Protocol):
+    """What `ChunkReader.fields` looks for in a record's bytes: a compiled bytes pattern, or
+    anything with its ``search`` (None when absent)."""
+
+    def search(self, data: Buffer, /) -> object | None: ...
 
 
 @dataclass
@@ -441,7 +448,7 @@ class ChunkReader:
         return self._decode(i, decode)  # type: ignore[no-any-return]
 
     def fields(
-        self, i: int, names: Collection[str], *, require: re.Pattern[bytes] | None = None
+        self, i: int, names: Collection[str], *, require: Needle | None = None
     ) -> dict[str, Any] | None:
         """Only the top-level fields ``names`` of the sample at offset ``i`` (a search reads
         its texts so, without decoding token ids or log-probs); missing ones are left out.
