@@ -57,7 +57,9 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_scan(pool: ArchiveManager, repeat: int) -> list[dict[str, Any]]:
+def bench_scan(
+    pool: ArchiveManager, repeat: int, only: str | None = None, rollouts: int | None = None
+) -> list[dict[str, Any]]:
     cases: list[tuple[str, dict[str, Any]]] = [
         ("literal, no match (reads all)", {"pattern": "no such phrase here"}),
         ("literal, common, limit 100", {"pattern": "equation solve"}),
@@ -68,14 +70,21 @@ def bench_scan(pool: ArchiveManager, repeat: int) -> list[dict[str, Any]]:
     ]
     out = []
     for label, kwargs in cases:
-        times = []
+        if only is not None and only not in label:
+            continue
+        if rollouts is not None:
+            kwargs = {**kwargs, "rollout_ids": (0, rollouts - 1)}
+        times, cpu = [], []
         for _ in range(repeat):
+            before = time.process_time()
             result = pool.search(timeout=3600, **kwargs)
+            cpu.append(time.process_time() - before)
             times.append(result.seconds)
         out.append(
             {
                 "case": label,
                 "seconds": statistics.median(times),
+                "cpu seconds": statistics.median(cpu),
                 "matches": len(result.matches),
                 "samples": result.samples,
                 "MB read": result.bytes_read / 1e6,
@@ -91,7 +100,7 @@ def _texts(pool: ArchiveManager, names: list[str]) -> Any:
         for chunk in arc.chunks():
             reader = ChunkReader(pool.store.get(chunk["digest"]))
             for i in range(len(reader)):
-                fields = reader.fields(i, ("prompt", "response"))
+                fields = reader.fields(i, ("prompt", "response")) or {}
                 yield name, chunk["ordinal"], i, fields.get("prompt"), fields.get("response")
 
 
@@ -167,6 +176,10 @@ def main() -> int:
         help="rollouts put into the FTS5 comparison (0: skip it)",
     )
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--cases", help="only the scan cases whose label holds this text")
+    ap.add_argument(
+        "--rollouts", type=int, help="search only rollout ids 0 to N-1 (a part of the pool)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         root = args.root or Path(tmp) / "pool"
@@ -177,16 +190,18 @@ def main() -> int:
             names = [i.name for i in pool.find()][: args.archives]
             total = sum(len(pool.open_archive(n)) for n in names)
             first = pool.open_archive(names[0]).chunks()[0]["digest"]
-            version = ChunkReader(pool.store.get(first)).version
+            # (an older release's reader has no version: it reads only version 1)
+            version = getattr(ChunkReader(pool.store.get(first)), "version", 1)
             print(
                 f"pool: {len(names)} archives, {total:,} samples, chunk format version "
                 f"{version}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
             )
             print("scan (pool.search):")
             ok = True
-            for row in bench_scan(pool, args.repeat):
+            for row in bench_scan(pool, args.repeat, args.cases, args.rollouts):
                 print(
-                    f"  {row['case']:<32} {row['seconds']:7.2f} s  {row['matches']:6} matches  "
+                    f"  {row['case']:<32} {row['seconds']:7.2f} s ({row['cpu seconds']:6.2f} s "
+                    f"CPU)  {row['matches']:6} matches  "
                     f"{row['samples']:8,} samples  {row['MB read']:8.0f} MB read  "
                     f"peak RSS {row['peak RSS MiB']:.0f} MiB"
                 )
