@@ -43,7 +43,7 @@ def _trees(data: bytes) -> list[dict]:
     reader = ChunkReader(data)
     trees = []
     for i in range(len(reader)):
-        record = reader._record(i)
+        record = reader._record(i)["r"]  # the whole record, or a version 2 record's rest
         (n,) = struct.unpack_from("<I", record, 0)
         trees.append(json.loads(bytes(record[4 : 4 + n])))
     return trees

@@ -47,6 +47,8 @@ pytestmark = pytest.mark.timeout(60)
 OK_ERRORS = (IntegrityError, UnsupportedFormatError)
 HEAD = struct.Struct("<8sHHI")  # magic, version, flags, count (or raw length for manifests)
 INDEX = struct.Struct("<QQQB7x")  # offset, stored length, raw length, method
+# version 2: offset, text stored, text raw, rest stored, rest raw, methods, xxh3-64
+INDEX2 = struct.Struct("<QQQQQBB6xQ")
 RAW, ZSTD = 0, 1
 FUZZ = dict(
     derandomize=True,
@@ -98,32 +100,47 @@ def small_samples() -> list:
     ]
 
 
-@pytest.fixture(scope="module")
-def chunk() -> tuple[EncodedChunk, list]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
+def chunk(request: pytest.FixtureRequest) -> tuple[EncodedChunk, list]:
     samples = small_samples()
-    enc = encode_chunk(samples, inline_limit=64)
+    enc = encode_chunk(samples, inline_limit=64, version=request.param)
     assert len(enc.tensor_blobs) == 1
     return enc, [
         materialize_tensor_refs(x) for x in decode_chunk(enc.data, loader=make_loader(enc))
     ]
 
 
-@pytest.fixture(scope="module")
-def raw_chunk() -> tuple[EncodedChunk, list]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["v1", "v2"])
+def raw_chunk(request: pytest.FixtureRequest) -> tuple[EncodedChunk, list]:
     """Records zstd does not shrink, so they are stored raw (method 0)."""
     rng = np.random.default_rng(7)
     samples = [
         {"i": i, "noise": torch.from_numpy(rng.integers(0, 2**31, size=40, dtype=np.int32))}
         for i in range(3)
     ]
-    enc = encode_chunk(samples)
+    enc = encode_chunk(samples, version=request.param)
     assert all(index_entries(enc.data)[i][3] == RAW for i in range(3))
     return enc, decode_chunk(enc.data)
 
 
 def index_entries(data: bytes) -> list[tuple[int, int, int, int]]:
-    count = HEAD.unpack_from(data, 0)[3]
-    return [INDEX.unpack_from(data, HEAD.size + i * INDEX.size) for i in range(count)]
+    """Each record's (offset, stored bytes, raw length, method); of a version 2 chunk, its
+    text part and rest together, with the rest's raw length and method."""
+    _, version, _, count = HEAD.unpack_from(data, 0)
+    if version == 1:
+        return [INDEX.unpack_from(data, HEAD.size + i * INDEX.size) for i in range(count)]
+    out = []
+    for i in range(count):
+        offset, t_stored, _, r_stored, r_raw, _, r_method, _ = INDEX2.unpack_from(
+            data, HEAD.size + i * INDEX2.size
+        )
+        out.append((offset, t_stored + r_stored, r_raw, r_method))
+    return out
+
+
+def index_end(data: bytes) -> int:
+    _, version, _, count = HEAD.unpack_from(data, 0)
+    return HEAD.size + (INDEX if version == 1 else INDEX2).size * count
 
 
 def same(a: Any, b: Any) -> bool:
@@ -240,10 +257,10 @@ def test_truncated_chunk_at_every_length(chunk: tuple[EncodedChunk, list]) -> No
     enc, expected = chunk
     loader = make_loader(enc)
     entries = index_entries(enc.data)
-    index_end = HEAD.size + INDEX.size * len(entries)
+    end = index_end(enc.data)
     for n in range(len(enc.data)):
         out = decode_all(enc.data[:n], loader)
-        if n < index_end:
+        if n < end:
             assert len(out) == 1 and isinstance(out[0], IntegrityError), n
             continue
         for i, (offset, stored, _, _) in enumerate(entries):
@@ -285,7 +302,7 @@ def test_bit_flips_in_chunks_stay_in_their_record(
     enc, expected = chunk if which == "compressed" else raw_chunk
     loader = make_loader(enc)
     entries = index_entries(enc.data)
-    index_end = HEAD.size + INDEX.size * len(entries)
+    end = index_end(enc.data)
     rng = random.Random(99)
     damaged_seen = 0
     for pos in range(len(enc.data)):
@@ -293,7 +310,7 @@ def test_bit_flips_in_chunks_stay_in_their_record(
             data = bytearray(enc.data)
             data[pos] ^= 1 << bit
             out = decode_all(bytes(data), loader)
-            if pos < index_end:
+            if pos < end:
                 continue  # header or index: anything but a foreign exception goes
             for i, (offset, stored, _, _) in enumerate(entries):
                 if not offset <= pos < offset + stored:

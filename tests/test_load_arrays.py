@@ -214,8 +214,19 @@ def test_damaged_chunk_mid_archive_names_it_and_leaves_no_thread(
 
 def _forge_record(data: bytes, i: int, how: str) -> bytes:
     """Chunk bytes whose record ``i`` is damaged in a way the blob digest would not show
-    (the reader is given the bytes directly)."""
+    (the reader is given the bytes directly); of a version 2 chunk, its text part."""
     out = bytearray(data)
+    if struct.unpack_from("<H", data, 8) == (2,):
+        index2 = codec_module._INDEX2
+        at = codec_module._HEAD.size + i * index2.size
+        entry = list(index2.unpack_from(out, at))
+        assert entry[5] == codec_module._ZSTD
+        if how == "size":
+            entry[2] += 1
+            index2.pack_into(out, at, *entry)
+        else:
+            out[entry[0] : entry[0] + 4] = b"\0\0\0\0"
+        return bytes(out)
     at = codec_module._HEAD.size + i * codec_module._INDEX.size
     offset, stored, raw_len, method = codec_module._INDEX.unpack_from(out, at)
     assert method == codec_module._ZSTD
@@ -226,12 +237,14 @@ def _forge_record(data: bytes, i: int, how: str) -> bytes:
     return bytes(out)
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("how", ["size", "frame"])
-def test_inflate_ahead_leaves_a_bad_record_to_sample(how: str) -> None:
-    samples = [{"v": list(range(i, i + 300)), "s": "x" * 600} for i in range(5)]
-    data = _forge_record(encode_chunk(samples).data, 2, how)
+def test_inflate_ahead_leaves_a_bad_record_to_sample(how: str, version: int) -> None:
+    samples = [{"v": list(range(i, i + 300)), "response": "x" * 600} for i in range(5)]
+    data = _forge_record(encode_chunk(samples, version=version).data, 2, how)
     reader = ChunkReader(data, digest="d")
-    reader.inflate(range(5))  # never raises: the record is left for `sample`
+    for texts_only in (True, False):
+        reader.inflate(range(5), texts_only=texts_only)  # never raises: left for `sample`
     for i in (0, 1, 3, 4):
         assert reader.sample(i)["v"] == samples[i]["v"]
     with pytest.raises(IntegrityError, match="record 2"):
@@ -267,14 +280,14 @@ def test_inflate_ahead_keeps_the_blob_ratio_bound_on_an_aliasing_index() -> None
     # A forged index whose 64 records all name one highly compressed frame: each passes the
     # per-record bound, so inflating all of them at once would allocate 64x that; read-ahead
     # stops at the bound for the whole blob and leaves the rest to `sample`.
-    one = encode_chunk([{"v": [i % 7 for i in range(300_000)]}]).data
+    one = encode_chunk([{"v": [i % 7 for i in range(300_000)]}], version=1).data
     head, index = codec_module._HEAD, codec_module._INDEX
     _, stored, raw_len, method = index.unpack_from(one, head.size)
     frame = one[-stored:]
     count = 64
     at = head.size + count * index.size
     forged = (
-        head.pack(codec_module.CHUNK_MAGIC, codec_module.FORMAT_VERSION, 0, count)
+        head.pack(codec_module.CHUNK_MAGIC, 1, 0, count)
         + index.pack(at, stored, raw_len, method) * count
         + frame
     )
@@ -322,7 +335,7 @@ def _replace_list_dtype(chunk: bytes, dtype: str, values: list) -> bytes:
     head, index = codec_module._HEAD, codec_module._INDEX
     at = head.size + index.size
     return (
-        head.pack(codec_module.CHUNK_MAGIC, codec_module.FORMAT_VERSION, 0, 1)
+        head.pack(codec_module.CHUNK_MAGIC, 1, 0, 1)
         + index.pack(at, len(raw), len(raw), codec_module._RAW)
         + raw
     )

@@ -30,8 +30,10 @@ from ..errors import ArchiveError, IntegrityError, UnencodableError, Unsupported
 from . import chunk, framing, tensor_ref, tensors, values
 from .chunk import (
     _INDEX,
+    _INDEX2,
     _RAW,
     _ZSTD,
+    CHUNK_VERSIONS,
     ChunkReader,
     EncodedChunk,
     GilHandOver,
@@ -46,6 +48,7 @@ from .framing import (
     _HEAD,
     _MAX_RATIO,
     _RATIO_SLACK,
+    BLOB_VERSION,
     CHUNK_MAGIC,
     FORMAT_VERSION,
     MAGIC_SIZE,
@@ -79,6 +82,7 @@ from .values import (
     _NUMPY_DTYPES,
     _TREE_LEN,
     DEFAULT_INLINE_LIMIT,
+    TEXT_FIELDS,
     EncodedSample,
     StoredNumbers,
     _at,

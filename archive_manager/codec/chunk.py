@@ -1,24 +1,35 @@
 """The chunk format: up to a chunk's worth of consecutive samples of one archive in one blob.
 
-Chunk blob layout (little-endian)::
+Chunk blob layout (little-endian; docs/architecture.md, "Chunk format")::
 
-    magic "AMCHUNK\\0" | version u16 | flags u16 | n u32 | n x (offset u64, stored u64, raw u64,
+    magic "AMCHUNK\\0" | version u16 (2) | flags u16 | n u32 | n x (offset u64,
+    text stored u64, text raw u64, rest stored u64, rest raw u64, text method u8,
+    rest method u8, pad 6, xxh3-64 u64) | records...
+
+Each record holds one sample in two parts, stored back to back from ``offset``: its text part
+(the `TEXT_FIELDS`, prompt and response, as a record of their own; none when raw is 0) and the
+rest, each compressed with zstd as a frame of its own unless that does not pay.  A search
+inflates only text parts; decoding one sample touches only its own record, whose stored bytes
+the xxh3-64 checks (so one record read by a ranged read can be verified without the chunk).
+The index is at a fixed place, so a reader can seek (or slice a memory map) straight to it.
+
+Version 1 (every chunk written before; still read, and written by ``version=1``)::
+
+    magic | version u16 (1) | flags u16 | n u32 | n x (offset u64, stored u64, raw u64,
     method u8, pad 7) | records...
 
-Each record holds one sample (`values`), compressed with zstd as a whole unless that does not
-pay.  Decoding one sample therefore touches only its own record: the index is at a fixed
-place, so a reader can seek (or slice a memory map) straight to it.
+with each record the whole sample in one frame.
 """
 
 from __future__ import annotations
 
-import re
 import struct
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import xxhash
 import zstandard
 
 from .._digest import Buffer, digest_of
@@ -39,6 +50,7 @@ from .framing import (
 from .tensors import TensorBlob
 from .values import (
     DEFAULT_INLINE_LIMIT,
+    TEXT_FIELDS,
     EncodedSample,
     _gc_paused,
     decode_fields,
@@ -51,17 +63,31 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CHUNK_VERSIONS",
     "ChunkReader",
     "EncodedChunk",
     "GilHandOver",
+    "Needle",
     "RawChunk",
     "build_chunk",
     "decode_chunk",
     "encode_chunk",
 ]
 
-_INDEX = struct.Struct("<QQQB7x")  # offset, stored length, raw length, method
+_INDEX = struct.Struct("<QQQB7x")  # version 1: offset, stored length, raw length, method
+# version 2: offset, text stored, text raw, rest stored, rest raw, text method, rest method,
+# xxh3-64 of the record's stored bytes (text part, then rest)
+_INDEX2 = struct.Struct("<QQQQQBB6xQ")
 _RAW, _ZSTD = 0, 1
+#: The chunk format versions this library reads.
+CHUNK_VERSIONS = (1, 2)
+
+
+class Needle(Protocol):
+    """What `ChunkReader.fields` looks for in a record's bytes: a compiled bytes pattern, or
+    anything with its ``search`` (None when absent)."""
+
+    def search(self, data: Buffer, /) -> object | None: ...
 
 
 @dataclass
@@ -112,20 +138,69 @@ class RawChunk:
     """A chunk's records, built but not yet compressed.
 
     Building needs the GIL; `pack` (zstd, join, hash) mostly does not, so a writer can pack
-    and store chunk i on an I/O thread while it builds chunk i+1.
+    and store chunk i on an I/O thread while it builds chunk i+1.  ``records[i]`` is record
+    i's rest and ``texts[i]`` its text part (see `EncodedSample`; missing ones are empty).
     """
 
     records: list[bytes]
     tensor_blobs: dict[str, TensorBlob]
+    texts: list[bytes] = field(default_factory=list)
 
     def add(self, encoded: EncodedSample) -> None:
         """Append one encoded sample (see `encode_sample`)."""
+        self.texts.extend([b""] * (len(self.records) - len(self.texts)))
         self.records.append(encoded.record)
+        self.texts.append(encoded.text)
         for digest, blob in encoded.tensor_blobs.items():
             self.tensor_blobs.setdefault(digest, blob)
 
-    def pack(self) -> EncodedChunk:
-        """Compress the records and assemble the chunk blob."""
+    def pack(self, *, version: int = FORMAT_VERSION) -> EncodedChunk:
+        """Compress the records and assemble the chunk blob (format ``version``: 1 only for
+        records without text parts, as `build_chunk` makes them for it)."""
+        texts = self.texts + [b""] * (len(self.records) - len(self.texts))
+        if version == 1:
+            if any(texts):
+                raise ValueError("a chunk of format version 1 holds no text parts")
+            return self._pack_v1()
+        if version != 2:
+            raise ValueError(f"cannot write chunk format version {version}")
+        n = len(self.records)
+        # NOTE: one zstd call for the texts and rests of all records (see `_pack_all`); an
+        # empty text part (a sample without prompt and response) is stored as nothing.
+        which = [i for i, text in enumerate(texts) if text]
+        packed = _pack_all([texts[i] for i in which] + self.records)
+        text_parts: list[tuple[Buffer, int, int]] = [(b"", 0, _RAW)] * n
+        for i, part in zip(which, packed, strict=False):
+            text_parts[i] = part
+        rests = packed[len(which) :]
+        offset = _HEAD.size + _INDEX2.size * n
+        index = []
+        body: list[Buffer] = []
+        for (text, text_raw, text_method), (rest, rest_raw, rest_method) in zip(
+            text_parts, rests, strict=True
+        ):
+            h = xxhash.xxh3_64()
+            h.update(text)
+            h.update(rest)
+            text_len, rest_len = memoryview(text).nbytes, memoryview(rest).nbytes
+            index.append(
+                _INDEX2.pack(
+                    offset,
+                    text_len,
+                    text_raw,
+                    rest_len,
+                    rest_raw,
+                    text_method,
+                    rest_method,
+                    h.intdigest(),
+                )
+            )
+            body += [text, rest]
+            offset += text_len + rest_len
+        data = b"".join([_HEAD.pack(CHUNK_MAGIC, 2, 0, n), *index, *body])
+        return EncodedChunk(data, digest_of(data), n, self.tensor_blobs)
+
+    def _pack_v1(self) -> EncodedChunk:
         records = _pack_all(self.records)
         offset = _HEAD.size + _INDEX.size * len(records)
         index = []
@@ -133,7 +208,7 @@ class RawChunk:
             index.append(_INDEX.pack(offset, memoryview(stored).nbytes, raw_len, method))
             offset += memoryview(stored).nbytes
         data = b"".join(
-            [_HEAD.pack(CHUNK_MAGIC, FORMAT_VERSION, 0, len(records)), *index]
+            [_HEAD.pack(CHUNK_MAGIC, 1, 0, len(records)), *index]
             + [stored for stored, _, _ in records]
         )
         return EncodedChunk(data, digest_of(data), len(records), self.tensor_blobs)
@@ -144,19 +219,28 @@ class RawChunk:
 _HAND_OVER_EVERY = 0.001
 
 
-def build_chunk(samples: Sequence[Any], *, inline_limit: int = DEFAULT_INLINE_LIMIT) -> RawChunk:
-    """Encode samples into uncompressed records (see `RawChunk`).
+def build_chunk(
+    samples: Sequence[Any],
+    *,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+    version: int = FORMAT_VERSION,
+) -> RawChunk:
+    """Encode samples into uncompressed records (see `RawChunk`), for a chunk of format
+    ``version`` (1: whole records, which releases before the text parts read).
 
     Raises:
         UnencodableError: a sample holds a value that cannot be stored losslessly and safely.
     """
     if inline_limit < 0:
         raise ValueError("inline_limit must be >= 0")
+    if version not in CHUNK_VERSIONS:
+        raise ValueError(f"cannot write chunk format version {version}")
+    texts = TEXT_FIELDS if version >= 2 else ()
     raw = RawChunk([], {})
     hand_over = GilHandOver()
     with _gc_paused():
         for sample in samples:
-            raw.add(encode_sample(sample, inline_limit=inline_limit))
+            raw.add(encode_sample(sample, inline_limit=inline_limit, texts=texts))
             hand_over()
     return raw
 
@@ -183,20 +267,24 @@ class GilHandOver:
 
 
 def encode_chunk(
-    samples: Sequence[Any], *, inline_limit: int = DEFAULT_INLINE_LIMIT
+    samples: Sequence[Any],
+    *,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+    version: int = FORMAT_VERSION,
 ) -> EncodedChunk:
-    """Encode up to a chunk's worth of samples into one chunk blob.
+    """Encode up to a chunk's worth of samples into one chunk blob of format ``version``.
 
     Raises:
         UnencodableError: a sample holds a value that cannot be stored losslessly and safely.
     """
-    return build_chunk(samples, inline_limit=inline_limit).pack()
+    return build_chunk(samples, inline_limit=inline_limit, version=version).pack(version=version)
 
 
 class ChunkReader:
-    """Random access to the samples of one chunk blob.
+    """Random access to the samples of one chunk blob (format version 1 or 2).
 
-    Only the index is parsed up front; `sample` decompresses and decodes one record.
+    Only the index is parsed up front; `sample` decompresses and decodes one record, `fields`
+    of the text fields only its text part.
     """
 
     def __init__(
@@ -213,24 +301,29 @@ class ChunkReader:
             magic, version, _flags, count = _HEAD.unpack_from(self._mv, 0)
         except struct.error as exc:
             raise IntegrityError(f"chunk blob {digest} is truncated (no header)") from exc
-        _check_magic(magic, CHUNK_MAGIC, version, f"chunk blob {digest}")
-        if _HEAD.size + count * _INDEX.size > self._mv.nbytes:
+        _check_magic(magic, CHUNK_MAGIC, version, f"chunk blob {digest}", CHUNK_VERSIONS)
+        self.version: int = version
+        self._index = _INDEX if version == 1 else _INDEX2
+        if _HEAD.size + count * self._index.size > self._mv.nbytes:
             raise IntegrityError(f"chunk blob {digest} is truncated (index of {count} records)")
         self._count = count
-        self._inflated: dict[int, memoryview] = {}
+        # (record, part) -> inflated bytes; part "t" is a text part, "r" the rest (version
+        # 2) or the whole record (version 1)
+        self._inflated: dict[tuple[int, str], memoryview] = {}
 
     def __len__(self) -> int:
         return self._count
 
-    def inflate(self, offsets: Iterable[int]) -> None:
-        """Decompress these records ahead of `sample`, which then only decodes them.
+    def inflate(self, offsets: Iterable[int], *, texts_only: bool = False) -> None:
+        """Decompress these records (only their text parts with ``texts_only``) ahead of
+        `sample` or `fields`, which then only decode them.
 
         One zstd call for all of them releases the GIL once, so a reader thread can inflate
         the next chunk while the caller decodes this one (one call per record made that
         thread wait for the GIL after every record).  A record that fails its checks here is
         left for `sample`, which raises its error with the record named.
         """
-        todo: list[int] = []
+        todo: list[tuple[int, str]] = []
         frames: list[memoryview] = []
         sizes: list[int] = []
         # NOTE: records are checked one by one against the ratio bound, but a forged index
@@ -238,21 +331,29 @@ class ChunkReader:
         # single record, and what is past it is left for `sample` to inflate one at a time.
         budget = self._mv.nbytes * _MAX_RATIO + _RATIO_SLACK
         for i in sorted(set(offsets)):
-            if not 0 <= i < self._count or i in self._inflated:
+            if not 0 <= i < self._count:
                 continue
             try:
-                body, raw_len, method = self._body(i)
-                if method == _ZSTD:
-                    _check_frame(body, raw_len)
-            except (ArchiveError, struct.error, zstandard.ZstdError, ValueError):
+                parts = self._parts(i)
+            except (ArchiveError, struct.error, ValueError):
                 continue
-            if method == _ZSTD:
+            for part, body, raw_len, method in parts:
+                if texts_only and part != "t" and self.version > 1:
+                    continue
+                if method != _ZSTD or (i, part) in self._inflated:
+                    continue
+                try:
+                    _check_frame(body, raw_len)
+                except (ArchiveError, zstandard.ZstdError, ValueError):
+                    continue
                 budget -= raw_len
                 if budget < 0:
                     break
-                todo.append(i)
+                todo.append((i, part))
                 frames.append(body)
                 sizes.append(raw_len)
+            if budget < 0:
+                break
         if not todo:
             return
         try:
@@ -262,22 +363,48 @@ class ChunkReader:
             )
         except (zstandard.ZstdError, ValueError, TypeError, MemoryError):
             return  # each `sample` inflates its own record and names the one that fails
-        for i, raw_len, segment in zip(todo, sizes, out, strict=True):
+        for key, raw_len, segment in zip(todo, sizes, out, strict=True):
             view = memoryview(segment)
             if view.nbytes == raw_len:
-                self._inflated[i] = view
+                self._inflated[key] = view
 
-    def _body(self, i: int) -> tuple[memoryview, int, int]:
-        offset, stored, raw_len, method = _INDEX.unpack_from(self._mv, _HEAD.size + i * _INDEX.size)
+    def _parts(self, i: int) -> list[tuple[str, memoryview, int, int]]:
+        """Record ``i``'s stored parts: ``(part, stored bytes, raw length, method)``; a text
+        part only where there is one."""
+        at = _HEAD.size + i * self._index.size
+        if self.version == 1:
+            offset, stored, raw_len, method = _INDEX.unpack_from(self._mv, at)
+            return [("r", self._slice(offset, stored), raw_len, method)]
+        offset, t_stored, t_raw, r_stored, r_raw, t_method, r_method, _ = _INDEX2.unpack_from(
+            self._mv, at
+        )
+        whole = self._slice(offset, t_stored + r_stored)
+        rest = ("r", whole[t_stored:], r_raw, r_method)
+        if t_stored == 0 and t_raw == 0:
+            return [rest]
+        return [("t", whole[:t_stored], t_raw, t_method), rest]
+
+    def _slice(self, offset: int, stored: int) -> memoryview:
         if offset + stored > self._mv.nbytes or offset < _HEAD.size:
             raise IntegrityError("record runs past the end of the chunk")
-        return self._mv[offset : offset + stored], raw_len, method
+        return self._mv[offset : offset + stored]
 
-    def _record(self, i: int) -> memoryview:
-        ahead = self._inflated.pop(i, None)
+    def _verify(self, i: int) -> None:
+        """Check record ``i``'s stored bytes against its xxh3-64 (version 2)."""
+        if self.version == 1:
+            return
+        offset, t_stored, _, r_stored, _, _, _, checksum = _INDEX2.unpack_from(
+            self._mv, _HEAD.size + i * _INDEX2.size
+        )
+        if xxhash.xxh3_64_intdigest(self._slice(offset, t_stored + r_stored)) != checksum:
+            raise IntegrityError("record does not match its checksum")
+
+    def _inflate_part(
+        self, i: int, part: str, body: memoryview, raw_len: int, method: int
+    ) -> memoryview:
+        ahead = self._inflated.pop((i, part), None)
         if ahead is not None:
             return ahead
-        body, raw_len, method = self._body(i)
         if method == _RAW:
             if raw_len != body.nbytes:
                 raise IntegrityError("raw record length mismatch")
@@ -286,42 +413,82 @@ class ChunkReader:
             raise UnsupportedFormatError(f"unknown record compression {method}")
         return memoryview(_inflate(body, raw_len))
 
+    def _record(self, i: int, *, text: bool = True, rest: bool = True) -> dict[str, memoryview]:
+        """Record ``i``'s inflated parts, of those asked for: ``"t"`` (its text part, if it
+        has one) and ``"r"`` (the rest, or the whole record of a version 1 chunk)."""
+        return {
+            part: self._inflate_part(i, part, body, raw_len, method)
+            for part, body, raw_len, method in self._parts(i)
+            if (text if part == "t" else rest)
+        }
+
     def sample(self, i: int, *, as_arrays: bool = False) -> Any:
         """Decode the sample at offset ``i`` of this chunk.
 
         With ``as_arrays``, every field that is a list of ints (within int64) or of floats
         comes back as ``np.array(that list)``: same values, int64 or float64, writable.
         """
-        return self._decode(i, lambda rec: decode_sample(rec, self.loader, as_arrays=as_arrays))
+
+        def decode() -> Any:
+            self._verify(i)
+            parts = self._record(i)
+            return decode_sample(parts["r"], self.loader, as_arrays=as_arrays, text=parts.get("t"))
+
+        return self._decode(i, decode)
 
     def record(self, i: int) -> tuple[str | None, dict[str, Any], list[str] | None]:
         """The record at offset ``i`` as ``(class name, fields, converted)``, numeric list
         fields as `StoredNumbers` (see `decode_record`); errors as `sample`."""
-        return self._decode(i, lambda rec: decode_record(rec, self.loader, stored=True))
 
-    def fields(
-        self, i: int, names: Collection[str], *, require: re.Pattern[bytes] | None = None
-    ) -> dict[str, Any] | None:
-        """Only the top-level fields ``names`` of the sample at offset ``i`` (a search reads
-        its texts so, without decoding token ids or log-probs); missing ones are left out.
-
-        With ``require``, None unless the record's inflated bytes hold a match of it: nothing
-        is decoded for a record that cannot hold what a search looks for.
-        """
-
-        def decode(rec: memoryview) -> dict[str, Any] | None:
-            if require is not None and require.search(rec) is None:
-                return None
-            return decode_fields(rec, names)
+        def decode() -> Any:
+            self._verify(i)
+            parts = self._record(i)
+            return decode_record(parts["r"], self.loader, stored=True, text=parts.get("t"))
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
 
-    def _decode(self, i: int, decode: Callable[[memoryview], Any]) -> Any:
+    def fields(
+        self, i: int, names: Collection[str], *, require: Needle | None = None
+    ) -> dict[str, Any] | None:
+        """Only the top-level fields ``names`` of the sample at offset ``i`` (a search reads
+        its texts so, without decoding token ids or log-probs); missing ones are left out.
+        Of a version 2 chunk, text fields (`TEXT_FIELDS`) come from the record's text part
+        alone: the rest is neither inflated nor checked against the record's checksum (a
+        search reads whole chunks, verified by their digest).
+
+        With ``require``, None unless the inflated bytes read hold a match of it: nothing
+        is decoded for a record that cannot hold what a search looks for.
+        """
+        others = [n for n in names if n not in TEXT_FIELDS]
+
+        def decode() -> dict[str, Any] | None:
+            parts = self._record(i, rest=False)
+            text = parts.get("t")
+            if text is None:
+                whole = self._record(i, text=False)["r"]
+                if require is not None and require.search(whole) is None:
+                    return None
+                return decode_fields(whole, names)
+            rest = self._record(i, text=False)["r"] if others else None
+            if (
+                require is not None
+                and require.search(text) is None
+                and (rest is None or require.search(rest) is None)
+            ):
+                return None
+            found = decode_fields(text, [n for n in names if n in TEXT_FIELDS])
+            if rest is not None:
+                found.update(decode_fields(rest, others))
+            return {n: found[n] for n in names if n in found}  # in the order asked, as v1
+
+        return self._decode(i, decode)  # type: ignore[no-any-return]
+
+    def _decode(self, i: int, decode: Callable[[], Any]) -> Any:
         if not 0 <= i < self._count:
             raise IndexError(f"chunk {self.digest} has {self._count} samples, not {i + 1}")
         what = f"chunk blob {self.digest}, record {i}"
         try:
-            return decode(self._record(i))
+            return decode()
         except ArchiveError as exc:
             raise _integrity(what, exc) from exc
         except (

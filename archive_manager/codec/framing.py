@@ -20,6 +20,7 @@ from .._digest import Buffer
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
 
 __all__ = [
+    "BLOB_VERSION",
     "CHUNK_MAGIC",
     "FORMAT_VERSION",
     "MAGIC_SIZE",
@@ -33,7 +34,13 @@ __all__ = [
 CHUNK_MAGIC = b"AMCHUNK\x00"
 TENSOR_MAGIC = b"AMTENSR\x00"
 MANIFEST_MAGIC = b"AMMANIF\x00"
-FORMAT_VERSION = 1
+#: The newest blob format version this library writes: chunks of version 2 hold each record's
+#: text part apart (docs/architecture.md, "Chunk format").  Tensor and manifest blobs, whose
+#: layout did not change, are still written as version 1: their bytes (and digests) stay what
+#: every release wrote, and releases that read only version 1 read them.
+FORMAT_VERSION = 2
+#: The version tensor and manifest blobs are written and read at.
+BLOB_VERSION = 1
 
 _HEAD = struct.Struct("<8sHHI")  # magic, version, flags, count
 
@@ -82,13 +89,16 @@ def _inflate(body: memoryview, raw_len: int) -> bytes:
     return out
 
 
-def _check_magic(magic: bytes, want: bytes, version: int, what: str) -> None:
+def _check_magic(
+    magic: bytes, want: bytes, version: int, what: str, versions: tuple[int, ...] = (BLOB_VERSION,)
+) -> None:
     if magic != want:
         raise UnsupportedFormatError(f"{what} is not in archive_manager's format (bad magic)")
-    if version != FORMAT_VERSION:
+    if version not in versions:
+        known = " and ".join(map(str, versions))
         raise UnsupportedFormatError(
-            f"{what} has format version {version}; this library reads version "
-            f"{FORMAT_VERSION} (upgrade archive_manager)"
+            f"{what} has format version {version}; this library reads version {known} "
+            "(upgrade archive_manager)"
         )
 
 
@@ -113,7 +123,7 @@ def blob_kind(head: bytes) -> str | None:
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     """An archive's manifest (plain JSON-able dict) as blob bytes: magic, version, zstd(JSON)."""
     body = json.dumps(manifest, separators=(",", ":"), allow_nan=True).encode()
-    return _HEAD.pack(MANIFEST_MAGIC, FORMAT_VERSION, 0, len(body)) + _compressor().compress(body)
+    return _HEAD.pack(MANIFEST_MAGIC, BLOB_VERSION, 0, len(body)) + _compressor().compress(body)
 
 
 def decode_manifest(data: Buffer, digest: str = "?") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .._digest import Buffer, digest_of
 from .._torch import torch_module
 from ..errors import ArchiveError, IntegrityError, UnencodableError
-from .framing import FORMAT_VERSION, TENSOR_MAGIC, _check_magic, _integrity
+from .framing import BLOB_VERSION, TENSOR_MAGIC, _check_magic, _integrity
 
 if TYPE_CHECKING:
     import torch
@@ -111,7 +111,7 @@ def encode_tensor_blob(t: torch.Tensor) -> TensorBlob:
         {"dtype": torch_dtype_names()[t.dtype], "shape": list(t.shape)}, separators=(",", ":")
     ).encode()
     header += b" " * (-(len(header) + _TENSOR_HEAD.size) % 64)
-    head = _TENSOR_HEAD.pack(TENSOR_MAGIC, FORMAT_VERSION, 0, len(header)) + header
+    head = _TENSOR_HEAD.pack(TENSOR_MAGIC, BLOB_VERSION, 0, len(header)) + header
     parts: list[Buffer] = [head, raw]
     return TensorBlob(digest_of(parts), parts, len(head) + raw.nbytes)
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INLINE_LIMIT",
+    "TEXT_FIELDS",
     "EncodedSample",
     "StoredNumbers",
     "decode_fields",
@@ -65,6 +66,11 @@ _ALIGN = 8
 # on the way in and out.
 _MIN_RAW_STR = 512
 _TAG = "$t"
+#: The top-level fields a chunk of format version 2 stores in a record's text part, apart from
+#: the rest, so that a search inflates only them (docs/architecture.md, "Chunk format").
+TEXT_FIELDS = ("prompt", "response")
+# The rest part's node where a field moved to the text part was: keeps the fields' order.
+_TEXT_NODE = {_TAG: "text"}
 # JSON keeps neither a NaN's sign and payload nor (past sys.get_int_max_str_digits(), at least
 # 640 digits) an int: those few scalars are tagged.
 _NAN_BITS = struct.Struct("<d")
@@ -763,10 +769,17 @@ def _dumps(tree: Any) -> bytes:
 
 @dataclass
 class EncodedSample:
-    """One sample as a chunk record (uncompressed) and the tensor blobs it references."""
+    """One sample as a chunk record (uncompressed) and the tensor blobs it references.
+
+    ``text`` is the record's text part (its `TEXT_FIELDS`, laid out as a record of their own)
+    and ``record`` the rest, whose tree marks where they were; ``text`` is empty when the
+    sample has none of them (or a field name that is not a string), and ``record`` is then the
+    whole sample, as in a chunk of format version 1.
+    """
 
     record: bytes
     tensor_blobs: dict[str, TensorBlob]
+    text: bytes = b""
 
 
 def _key_text(key: Any) -> str:
@@ -786,9 +799,16 @@ def _at(exc: UnencodableError, step: str) -> UnencodableError:
 
 
 def encode_sample(
-    sample: Any, *, inline_limit: int = DEFAULT_INLINE_LIMIT, copy: bool = False
+    sample: Any,
+    *,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+    copy: bool = False,
+    texts: Collection[str] = TEXT_FIELDS,
 ) -> EncodedSample:
     """One sample as a record and its tensor blobs, ready for `RawChunk.add`.
+
+    The top-level fields named in ``texts`` go to the record's text part (empty ``texts``:
+    a whole record, as chunk format version 1 stores it).
 
     With ``copy``, no part of the result aliases the sample's memory (tensor blobs copy their
     bytes), so the caller may change the sample afterwards: what was encoded is what is stored.
@@ -801,11 +821,29 @@ def encode_sample(
     tensor_blobs: dict[str, TensorBlob] = {}
     record = _Record(inline_limit, tensor_blobs, copy=copy)
     encoder = _Encoder(record)
+    moved = (
+        [k for k in texts if k in fields]
+        if _TAG not in fields and all(type(k) is str for k in fields)
+        else []
+    )
+    text = b""
     # see _gc_paused; inline, as this runs for every sample
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        tree: dict[str, Any] = {"c": name, "f": encoder._dict(fields, top=True)}
+        if moved:
+            # NOTE: the text fields first, with the same encoder (one set of repeat bounds and
+            # alias indices): a tensor or array both parts hold gets its bytes in each part,
+            # and loads as one object because the text part is decoded first.
+            encoder.record = _Record(inline_limit, tensor_blobs, copy=copy)
+            text_tree = {"f": encoder._dict({k: fields[k] for k in moved}, top=True)}
+            text = _assemble(text_tree, encoder.record)
+            encoder.record = record
+            rest = encoder._dict({k: v for k, v in fields.items() if k not in moved}, top=True)
+            tree_fields = {k: _TEXT_NODE if k in moved else rest[k] for k in fields}
+        else:
+            tree_fields = encoder._dict(fields, top=True)
+        tree: dict[str, Any] = {"c": name, "f": tree_fields}
         if converted is not None:
             # NOTE: added to the tree of `Sample` records (format version 1 unchanged; a
             # reader of an older release ignores it): the fields stored converted, so that a
@@ -817,11 +855,15 @@ def encode_sample(
     finally:
         if was_enabled:
             gc.enable()
+    return EncodedSample(_assemble(tree, record), tensor_blobs, text)
+
+
+def _assemble(tree: Any, record: _Record) -> bytes:
+    """``tree_len u32 | tree | pad to 8 | arrays``."""
     tree_bytes = _dumps(tree)
     head_len = _TREE_LEN.size + len(tree_bytes)
     pad = -head_len % _ALIGN
-    data = b"".join([_TREE_LEN.pack(len(tree_bytes)), tree_bytes, b"\0" * pad, *record.arrays])
-    return EncodedSample(data, tensor_blobs)
+    return b"".join([_TREE_LEN.pack(len(tree_bytes)), tree_bytes, b"\0" * pad, *record.arrays])
 
 
 def decode_sample(
@@ -829,15 +871,16 @@ def decode_sample(
     loader: Callable[[str], torch.Tensor] | None,
     *,
     as_arrays: bool = False,
+    text: memoryview | None = None,
 ) -> Any:
-    """The sample in one (inflated) record.
+    """The sample in one (inflated) record, and its inflated text part if it has one.
 
     Raises what it meets on damaged bytes (`IntegrityError`, and the ``struct``, ``json``,
     ``KeyError``... errors of malformed parts): the chunk reader names the record and turns
     them into `IntegrityError`.
     """
     with _gc_paused():
-        return fields_to_sample(*decode_record(rec, loader, as_arrays=as_arrays))
+        return fields_to_sample(*decode_record(rec, loader, as_arrays=as_arrays, text=text))
 
 
 class StoredNumbers(np.ndarray):
@@ -852,21 +895,16 @@ def decode_record(
     *,
     as_arrays: bool = False,
     stored: bool = False,
+    text: memoryview | None = None,
 ) -> tuple[str | None, dict[str, Any], list[str] | None]:
     """One record as `sample_to_record` output: ``(class name, fields, converted)``.
 
+    ``text`` is the record's inflated text part (chunk format version 2), if it has one.
     With ``stored``, numeric list fields come back as `StoredNumbers` (the Arrow export
     builds its columns from them without a Python object per number); otherwise as
     `decode_sample` gives them.  Raises as `decode_sample`.
     """
-    (tree_len,) = _TREE_LEN.unpack_from(rec, 0)
-    tree_end = _TREE_LEN.size + tree_len
-    if tree_end > rec.nbytes:
-        raise IntegrityError("tree runs past the end of its record")
-    tree = _TREE_DECODER.decode(
-        bytes(rec[_TREE_LEN.size : tree_end]).decode("utf-8", "surrogatepass")
-    )
-    arrays = rec[tree_end + (-tree_end % _ALIGN) :]
+    tree, arrays = _parse(rec)
     if type(tree) is not dict or type(tree.get("f")) is not dict:
         raise IntegrityError("record tree is not a sample")
     name = tree.get("c")
@@ -879,16 +917,27 @@ def decode_record(
         raise IntegrityError("record lists its converted fields malformed")
     with _gc_paused():
         decoder = _Decoder(arrays, loader, as_arrays=as_arrays or stored, stored=stored)
-        fields = decoder.fields(tree["f"])
+        texts = None
+        if text is not None:
+            text_tree, text_arrays = _parse(text)
+            text_node = text_tree.get("f") if type(text_tree) is dict else None
+            if type(text_node) is not dict or _TAG in text_node:
+                raise IntegrityError("record's text part is not a set of fields")
+            # NOTE: one alias table for both parts: the encoder wrote the text part first
+            # (see `encode_sample`), so a tensor both hold loads as one object.
+            text_decoder = _Decoder(
+                text_arrays, loader, as_arrays=as_arrays or stored, stored=stored
+            )
+            text_decoder.aliases = decoder.aliases
+            texts = text_decoder.fields(text_node)
+        fields = decoder.fields(tree["f"], texts)
     if type(fields) is not dict:
         raise IntegrityError("record fields are not a mapping")
     return name, fields, converted
 
 
-def decode_fields(rec: memoryview, names: Collection[str]) -> dict[str, Any]:
-    """Only the top-level fields ``names`` of one (inflated) record, decoded; the arrays of
-    the other fields (token ids, log-probs, tensors) are never touched.  A field the record
-    lacks is left out.  Raises as `decode_sample` does on damaged bytes."""
+def _parse(rec: memoryview) -> tuple[Any, memoryview]:
+    """A record's tree (parsed) and its array section."""
     (tree_len,) = _TREE_LEN.unpack_from(rec, 0)
     tree_end = _TREE_LEN.size + tree_len
     if tree_end > rec.nbytes:
@@ -896,12 +945,20 @@ def decode_fields(rec: memoryview, names: Collection[str]) -> dict[str, Any]:
     tree = _TREE_DECODER.decode(
         bytes(rec[_TREE_LEN.size : tree_end]).decode("utf-8", "surrogatepass")
     )
+    return tree, rec[tree_end + (-tree_end % _ALIGN) :]
+
+
+def decode_fields(rec: memoryview, names: Collection[str]) -> dict[str, Any]:
+    """Only the top-level fields ``names`` of one (inflated) record, decoded; the arrays of
+    the other fields (token ids, log-probs, tensors) are never touched.  A field the record
+    lacks is left out.  Raises as `decode_sample` does on damaged bytes."""
+    tree, arrays = _parse(rec)
     if type(tree) is not dict:
         raise IntegrityError("record tree is not a sample")
     node = tree.get("f")
     if type(node) is not dict:
         raise IntegrityError("record tree is not a sample")
-    decoder = _Decoder(rec[tree_end + (-tree_end % _ALIGN) :], None)
+    decoder = _Decoder(arrays, None)
     if node.get(_TAG) == "map" and type(node.get("v")) is list:  # a dict sample with odd keys
         pairs = [(k, v) for k, v in node["v"] if type(k) is str and k in names]
     else:
@@ -961,8 +1018,27 @@ class _Decoder:
             raise IntegrityError("array descriptors reference more bytes than the record holds")
         return self.arrays[offset : offset + nbytes]
 
-    def fields(self, node: Any) -> Any:
-        """The sample's fields; with ``as_arrays``, numeric list fields as numpy arrays."""
+    def fields(self, node: Any, texts: dict[str, Any] | None = None) -> Any:
+        """The sample's fields; with ``as_arrays``, numeric list fields as numpy arrays.
+
+        ``texts``: the fields decoded from the record's text part, put where the tree marks
+        them (`_TEXT_NODE`); each must be marked once.
+        """
+        if texts is not None:
+            if type(node) is not dict or _TAG in node:
+                raise IntegrityError("record with a text part has no plain fields")
+            field = self._field if self.as_arrays else self.decode
+            out = {}
+            for k, v in node.items():
+                if v == _TEXT_NODE:
+                    if k not in texts:
+                        raise IntegrityError(f"record's text part lacks field {k!r:.40}")
+                    out[k] = texts.pop(k)
+                else:
+                    out[k] = field(v)
+            if texts:
+                raise IntegrityError("record's text part holds fields its tree does not mark")
+            return out
         if not self.as_arrays or type(node) is not dict:
             return self.decode(node)
         tag = node.get(_TAG)

@@ -1,0 +1,294 @@
+"""Chunk format version 2 (docs/architecture.md, "Chunk format", issue 19 item 4): each
+record's prompt and response in a text part of their own, an xxh3-64 per record, and chunks
+of version 1 (every pool saved before) read, searched and migrated byte for byte.
+
+``tests/data/pool-r4.tar.gz`` was written by the release at catalog revision 0004, whose
+chunks are all of format version 1.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+
+import archive_manager.codec as codec
+from archive_manager import ArchiveManager, Sample, search
+from archive_manager.codec import (
+    _HEAD,
+    _INDEX2,
+    CHUNK_VERSIONS,
+    ChunkReader,
+    build_chunk,
+    decode_chunk,
+    encode_chunk,
+    encode_manifest,
+    encode_tensor_blob,
+)
+from archive_manager.errors import IntegrityError, UnsupportedFormatError
+
+DATA = Path(__file__).parent / "data"
+
+
+def _samples(n: int = 4) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": i,
+            "prompt": f"question {i}: what is six times seven?",
+            "tokens": list(range(100 + i)),
+            "response": "intro\n" + "filler words. " * 60 + f"\nthe answer is {40 + i}",
+            "rollout_log_probs": [-0.25 * k for k in range(50)],
+            "reward": float(i % 2),
+        }
+        for i in range(n)
+    ]
+
+
+def _entry(data: bytes, i: int) -> tuple[int, ...]:
+    return _INDEX2.unpack_from(data, _HEAD.size + i * _INDEX2.size)
+
+
+@pytest.fixture
+def pool_r4(tmp_path: Path) -> Path:
+    with tarfile.open(DATA / "pool-r4.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "pool-r4"
+
+
+def test_a_pool_of_version_1_chunks_loads_byte_for_byte_and_migrates(pool_r4: Path) -> None:
+    with ArchiveManager.open(pool_r4) as pool:
+        names = [info.name for info in pool.find()]
+        assert len(names) == 6
+        for name in names:
+            arc = pool.open_archive(name)
+            everything = arc.load_samples()
+            loaded: list[Any] = []
+            for chunk in arc.chunks():
+                data = pool.store.get(chunk["digest"])
+                assert ChunkReader(data).version == 1
+                samples = everything[len(loaded) : len(loaded) + chunk["samples"]]
+                # What this library loads from a chunk written before is what that release
+                # saved: re-encoded as version 1, the very same bytes.
+                assert encode_chunk(samples, version=1).data == data
+                v2 = encode_chunk(samples)
+                assert v2.data == encode_chunk(samples).data  # deterministic
+                assert ChunkReader(v2.data).version == 2 and v2.data != data
+                back = decode_chunk(v2.data, loader=arc._load_tensor)
+                assert encode_chunk(back, version=1).data == data
+                loaded += samples
+            # Saved again (version 2 chunks), the archive loads the same samples.
+            pool.save(f"{name}-v2", loaded, rollout_id=arc.info().rollout_id)
+            again = pool.open_archive(f"{name}-v2")
+            assert [ChunkReader(pool.store.get(c["digest"])).version for c in again.chunks()] == [
+                2
+            ] * len(arc.chunks())
+            assert (
+                encode_chunk(again.load_samples(), version=1).data
+                == encode_chunk(loaded, version=1).data
+            )
+        # A search finds the same samples in both copies.
+        for kwargs in (
+            {"pattern": "rr"},
+            {"pattern": "P", "ignore_case": True},
+            {"pattern": r"r+", "regex": True},
+        ):
+            found = pool.search(limit=10_000, **kwargs).matches
+            old = [
+                (m.archive, m.position, m.field, m.line) for m in found if "-v2" not in m.archive
+            ]
+            new = [
+                (m.archive.removesuffix("-v2"), m.position, m.field, m.line)
+                for m in found
+                if "-v2" in m.archive
+            ]
+            assert old and sorted(old) == sorted(new), kwargs
+
+
+def test_text_parts_are_apart_and_each_record_has_its_checksum() -> None:
+    samples = _samples()
+    data = encode_chunk(samples).data
+    reader = ChunkReader(data)
+    for i in range(len(samples)):
+        offset, t_stored, t_raw, r_stored, _r_raw, t_method, r_method, checksum = _entry(data, i)
+        assert t_raw > 0 and t_method in (0, 1) and r_method in (0, 1)
+        assert checksum == xxhash.xxh3_64_intdigest(data[offset : offset + t_stored + r_stored])
+        # The text part alone holds the texts (a record of its own), none of the numbers.
+        text = codec._inflate(memoryview(data)[offset : offset + t_stored], t_raw)
+        assert codec.decode_fields(memoryview(text), ("prompt", "response")) == {
+            "prompt": samples[i]["prompt"],
+            "response": samples[i]["response"],
+        }
+        assert b'"tokens"' not in text and b'"prompt"' in text
+        assert reader.sample(i) == samples[i]
+        assert list(reader.sample(i)) == list(samples[i])  # the fields' order is kept
+
+    # Damage in record 1's rest: its checksum refuses it, its text part still searches,
+    # its neighbours load.
+    offset, t_stored, _, r_stored, *_ = _entry(data, 1)
+    damaged = bytearray(data)
+    damaged[offset + t_stored + r_stored // 2] ^= 0x40
+    broken = ChunkReader(bytes(damaged), digest="d")
+    with pytest.raises(IntegrityError, match=r"chunk blob d, record 1: .*checksum"):
+        broken.sample(1)
+    with pytest.raises(IntegrityError, match="checksum"):
+        broken.record(1)
+    assert broken.fields(1, ("response",)) == {"response": samples[1]["response"]}
+    assert broken.sample(0) == samples[0] and broken.sample(2) == samples[2]
+    # ... and a damaged text part fails the checksum too.
+    damaged = bytearray(data)
+    damaged[offset + t_stored // 2] ^= 0x01
+    with pytest.raises(IntegrityError, match="checksum"):
+        ChunkReader(bytes(damaged)).sample(1)
+
+
+def test_a_search_inflates_only_the_text_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = _samples(8)
+    data = encode_chunk(samples).data
+    reader = ChunkReader(data)
+    sizes: list[int] = []
+    real = codec.chunk._decompressor
+
+    class Spy:
+        def multi_decompress_to_buffer(self, frames: Any, decompressed_sizes: bytes) -> Any:
+            sizes.extend(struct.unpack(f"<{len(frames)}Q", decompressed_sizes))
+            return real().multi_decompress_to_buffer(frames, decompressed_sizes=decompressed_sizes)
+
+    monkeypatch.setattr(codec.chunk, "_decompressor", Spy)
+    reader.inflate(range(8), texts_only=True)
+    assert sizes == [_entry(data, i)[2] for i in range(8)]  # text raw lengths only
+    monkeypatch.setattr(codec, "_inflate", lambda *_: pytest.fail("inflated a rest part"))
+    needle = re.compile(re.escape(b"answer is 43"))
+    got = [reader.fields(i, ("prompt", "response"), require=needle) for i in range(8)]
+    assert [i for i, g in enumerate(got) if g is not None] == [3]
+    # A non-text field asked for comes from the rest, which is then inflated.
+    monkeypatch.undo()
+    assert reader.fields(5, ("reward", "prompt")) == {
+        "reward": 1.0,
+        "prompt": samples[5]["prompt"],
+    }
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        {"tokens": [1, 2, 3]},  # no text field: the whole record is the rest
+        {1: "x", "prompt": "a non-str key: not split"},
+        {"$t": "tag-like key", "prompt": "p", "response": "r"},
+        {"prompt": [{"role": "user", "content": "Q?" * 400}], "response": None},
+        {"response": "é" * 600, "z": 1, "prompt": "p"},
+    ],
+)
+def test_samples_of_every_shape_round_trip(sample: dict[Any, Any]) -> None:
+    data = encode_chunk([sample]).data
+    assert ChunkReader(data).version == 2
+    loaded = decode_chunk(data)[0]
+    assert loaded == sample and list(loaded) == list(sample)
+    assert encode_chunk([loaded], version=1).data == encode_chunk([sample], version=1).data
+
+
+def test_a_tensor_held_by_a_text_field_and_another_loads_as_one_object() -> None:
+    t = torch.arange(6, dtype=torch.int32)
+    arr = np.arange(4.0)
+    sample = {"x": t, "prompt": [t, arr], "response": "r", "y": arr}
+    for as_arrays in (False, True):
+        loaded = ChunkReader(encode_chunk([sample]).data).sample(0, as_arrays=as_arrays)
+        assert loaded["x"] is loaded["prompt"][0] and torch.equal(loaded["x"], t)
+        assert loaded["y"] is loaded["prompt"][1] and np.array_equal(loaded["y"], arr)
+    s = Sample(prompt="p", response="q" * 700, tokens=[1, 2])
+    assert vars(decode_chunk(encode_chunk([s]).data)[0]) == vars(s)
+
+
+def test_versions_written_and_refused() -> None:
+    assert CHUNK_VERSIONS == (1, 2) and codec.FORMAT_VERSION == 2
+    data = encode_chunk(_samples(1)).data
+    assert struct.unpack_from("<H", data, 8) == (2,)
+    newer = data[:8] + struct.pack("<H", 3) + data[10:]
+    with pytest.raises(
+        UnsupportedFormatError, match="version 3; this library reads version 1 and 2"
+    ):
+        ChunkReader(newer, digest="c")
+    # A chunk with text parts cannot be written as version 1; version 1 records hold none.
+    with pytest.raises(ValueError, match="version 1"):
+        build_chunk(_samples(1)).pack(version=1)
+    with pytest.raises(ValueError, match="version 7"):
+        encode_chunk(_samples(1), version=7)
+    assert build_chunk(_samples(1), version=1).texts == [b""]
+    # Tensor and manifest blobs did not change: still version 1, the same bytes as before.
+    blob = encode_tensor_blob(torch.arange(3))
+    assert struct.unpack_from("<H", b"".join(bytes(p) for p in blob.parts), 8) == (1,)
+    assert struct.unpack_from("<H", encode_manifest({"a": 1}), 8) == (1,)
+
+
+def test_the_case_folding_table_of_the_prefilter_is_complete() -> None:
+    letter = re.compile("[a-z]", re.IGNORECASE)
+    beyond: dict[str, str] = {}
+    for cp in range(128, 0x110000):
+        c = chr(cp)
+        if letter.fullmatch(c):
+            folded = next(a for a in "abcdefghijklmnopqrstuvwxyz" if re.fullmatch(a, c, re.I))
+            beyond[folded] = beyond.get(folded, "") + c
+    assert beyond == search._FOLDS_BEYOND_ASCII
+
+
+def test_a_case_folded_search_skips_records_without_the_letters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = ["KELVIN here", "\u212aelvin sign", "no such word", "x" * 600 + " kelvin"]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", [{"response": t, "tokens": [1]} for t in texts], rollout_id=1)
+        parsed: list[int] = []
+        real = codec.chunk.decode_fields
+        monkeypatch.setattr(
+            codec.chunk, "decode_fields", lambda rec, names: parsed.append(1) or real(rec, names)
+        )
+        found = pool.search("kelvin", ignore_case=True).matches
+        assert [m.position for m in found] == [0, 1, 3] and len(parsed) == 3
+        assert pool.search("kélvin", ignore_case=True).matches == []  # no prefilter: all read
+        assert len(parsed) == 7
+
+
+def test_chunks_of_version_1_and_2_search_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    samples = _samples(6)
+    samples[5]["prompt"] = [{"role": "user", "content": "chat question"}]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("new", samples, rollout_id=1)
+        with monkeypatch.context() as m:
+            real_pack = codec.RawChunk.pack
+            m.setattr(codec.RawChunk, "pack", lambda self: real_pack(self, version=1))
+            real_encode = codec.encode_sample
+            m.setattr(codec, "encode_sample", lambda s, **kw: real_encode(s, texts=(), **kw))
+            pool.save("old", samples, rollout_id=1)
+        versions = {
+            name: {
+                ChunkReader(pool.store.get(c["digest"])).version
+                for c in pool.open_archive(name).chunks()
+            }
+            for name in ("new", "old")
+        }
+        assert versions == {"new": {2}, "old": {1}}
+        for kwargs in (
+            {"pattern": "answer is 4"},
+            {"pattern": "ANSWER", "ignore_case": True},
+            {"pattern": r"is 4[13]\b", "regex": True},
+            {"pattern": "chat", "fields": "prompt"},
+            {"pattern": "six", "fields": "response"},
+        ):
+            found = pool.search(**kwargs).matches
+            by = {
+                name: [(m.position, m.field, m.line, m.start) for m in found if m.archive == name]
+                for name in ("new", "old")
+            }
+            assert by["new"] == by["old"], kwargs
+        assert pool.open_archive("old").load_samples() == samples
+        assert pool.open_archive("new").load_samples() == samples
+    shutil.rmtree(tmp_path / "pool")
