@@ -76,6 +76,7 @@ _log = logging.getLogger("archive_manager")
 
 _UNSET: Any = object()
 _STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
+_CHUNKS_PER_STORE = 2  # chunks claimed in one transaction (at most _STORES_IN_FLIGHT)
 # A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
 # back from a restart is noticed within seconds, and an outage costs a few dozen attempts.
 _RENEW_FIRST_RETRY = 0.1
@@ -141,10 +142,7 @@ class ArchiveWriter:
         self._metadata: list[dict[str, Any]] = []
         # The samples of the chunk being filled, encoded at add() (see `add`).
         self._buffer = codec.RawChunk([], {})
-        # Set by the packer and the I/O thread while they work (one writer each).
-        self._packing = False
-        self._storing = False
-        self._hand_over = codec.GilHandOver(self._busy)
+        self._hand_over = codec.GilHandOver()
         # `save_samples` holds its samples until the save returns: it may skip the copy.
         self._copy = True
         self._chunks: dict[int, tuple[str, int, int]] = {}
@@ -392,7 +390,7 @@ class ArchiveWriter:
         # chunk i (zstd, xxhash, write and fsync release the GIL).  With one stage for pack and
         # store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
         # bounded: at most three chunks past their samples.
-        packed = self._packer.submit(self._pack, raw)
+        packed = self._packer.submit(raw.pack)
         # Queued before waiting for an older store: that store may be waiting for this chunk
         # to pair it with its own (see `_store_queued`).
         with self._queued:
@@ -401,16 +399,6 @@ class ArchiveWriter:
         while len(self._pending) >= _STORES_IN_FLIGHT:
             self._pending.popleft().result()
         self._pending.append(self._io.submit(self._store_queued))
-
-    def _busy(self) -> bool:
-        return self._packing or self._storing
-
-    def _pack(self, raw: codec.RawChunk) -> EncodedChunk:
-        self._packing = True
-        try:
-            return raw.pack()
-        finally:
-            self._packing = False
 
     def _wait(self) -> None:
         self._drain(True)
@@ -436,7 +424,8 @@ class ArchiveWriter:
         the writer drains: commit, `wait_stored`, abort), so the failpoints are reached the
         same number of times in every run, as the crash matrix needs.  A pair needs the next
         chunk queued while this store waits: `_flush` queues before it waits for a store, and
-        at most `_STORES_IN_FLIGHT` (2) chunks go in one transaction.  One call is submitted
+        at most `_CHUNKS_PER_STORE` chunks, never more than `_STORES_IN_FLIGHT`, go in one
+        transaction.  One call is submitted
         per chunk and each call stores the oldest queued chunk, so a chunk is stored by the
         call of its own ordinal at the latest; a call that finds the queue empty returns.  A
         second chunk whose packing failed is left to the call that takes it first, which
@@ -447,7 +436,7 @@ class ArchiveWriter:
                 return
             ordinal, packed = self._queue.popleft()
         encoded = [(ordinal, packed.result())]
-        while len(encoded) < _STORES_IN_FLIGHT:
+        while len(encoded) < _CHUNKS_PER_STORE:
             with self._queued:
                 self._queued.wait_for(lambda: bool(self._queue) or self._draining)
                 if not self._queue:
@@ -464,11 +453,7 @@ class ArchiveWriter:
                 _Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()
             )
             blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
-        self._storing = True
-        try:
-            self._store(blobs)
-        finally:
-            self._storing = False
+        self._store(blobs)
         for ordinal, enc in encoded:
             self._chunks[ordinal] = (enc.digest, enc.samples, len(enc.data))
 

@@ -1,6 +1,6 @@
 """The save pipeline's costs (docs/architecture.md, "Save protocol"): chunks claimed in pairs
-(one catalog transaction for two chunks, counted by the failpoint's hits), the GIL handed over
-only while another thread of the writer works, no garbage collection during `pool.save`."""
+(one catalog transaction for two chunks, counted by the failpoint's hits), no garbage
+collection during `pool.save`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 from archive_manager import ArchiveManager, _failpoints
 from archive_manager import writer as writer_module
 from archive_manager.catalog import lease_blobs_table
-from archive_manager.codec import chunk as chunk_module
 from archive_manager.errors import UnencodableError
 
 CHUNK = 2
@@ -109,25 +108,6 @@ def test_a_writer_made_to_fail_after_a_lone_chunk_rolls_back(pool: ArchiveManage
         writer.add({"bad": object()})
     _within(60, writer.abort)
     assert pool.find(state=None) == []
-
-
-def test_the_gil_is_handed_over_only_while_the_writer_is_busy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    naps: list[float] = []
-    monkeypatch.setattr(chunk_module.time, "sleep", naps.append)
-    busy = False
-    hand_over = chunk_module.GilHandOver(lambda: busy, every=0.0)
-    for _ in range(5):
-        hand_over()
-    assert naps == []
-    busy = True
-    for _ in range(5):
-        hand_over()
-    assert naps == [0] * 5
-    always = chunk_module.GilHandOver(every=0.0)
-    always()
-    assert len(naps) == 6
 
 
 def test_pool_save_runs_without_garbage_collection(

@@ -168,25 +168,18 @@ class GilHandOver:
     zstd call releases the GIL and then waits for it: behind a thread that never lets go, each
     wait lasts the 5 ms switch interval.  Measured: 16 blob writes took 0.74 s beside a busy
     encoder, 0.05 s with this yield.  Not after every sample: sleep(0) naps for the kernel's
-    timer slack (~60 us), which added 80 ms to a 1024-sample save.  ``busy`` (a writer's)
-    tells whether another thread is at work at all: while none is, nobody waits for the GIL
-    and the nap is skipped.
+    timer slack (~60 us), which added 80 ms to a 1024-sample save.
     """
 
-    __slots__ = ("busy", "every", "handed")
+    __slots__ = ("handed",)
 
-    def __init__(self, busy: Callable[[], bool] | None = None, every: float | None = None) -> None:
-        self.busy = busy
-        self.every = _HAND_OVER_EVERY if every is None else every
+    def __init__(self) -> None:
         self.handed = time.perf_counter()
 
     def __call__(self) -> None:
-        now = time.perf_counter()
-        if now - self.handed > self.every:
-            if self.busy is None or self.busy():
-                time.sleep(0)
-                now = time.perf_counter()
-            self.handed = now
+        if time.perf_counter() - self.handed > _HAND_OVER_EVERY:
+            time.sleep(0)
+            self.handed = time.perf_counter()
 
 
 def encode_chunk(
