@@ -76,6 +76,7 @@ _log = logging.getLogger("archive_manager")
 
 _UNSET: Any = object()
 _STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
+_CHUNKS_PER_STORE = 2  # chunks claimed in one transaction (at most _STORES_IN_FLIGHT)
 # A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
 # back from a restart is noticed within seconds, and an outage costs a few dozen attempts.
 _RENEW_FIRST_RETRY = 0.1
@@ -114,7 +115,7 @@ class ArchiveWriter:
     Use it through `ArchiveManager.writer` as a context manager: a clean exit publishes, an
     exception rolls back (the lease is dropped and the blobs only this save wrote are
     removed).  Memory stays bounded: at most one chunk is being built, one compressed and
-    one stored (``_STORES_IN_FLIGHT`` queued for the I/O thread) at any time.
+    two stored together (``_STORES_IN_FLIGHT`` queued for the I/O thread) at any time.
     """
 
     def __init__(
@@ -152,6 +153,10 @@ class ArchiveWriter:
         self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
         self._next_ordinal = 0
         self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
+        # Chunks handed to the I/O thread and not yet taken by a store, oldest first.
+        self._queue: deque[tuple[int, Future[EncodedChunk]]] = deque()
+        self._queued = threading.Condition()
+        self._draining = False
         self._state = "open"
         self._lock = threading.Lock()  # one catalog writer of this save at a time
         self._failure: BaseException | None = None
@@ -252,6 +257,7 @@ class ArchiveWriter:
             return
         self._state = "aborted"
         self._stop.set()
+        self._drain(True)
         try:
             for pending in self._pending:
                 pending.exception()
@@ -321,6 +327,7 @@ class ArchiveWriter:
 
     def _shutdown(self) -> None:
         self._stop.set()
+        self._drain(True)
         self._io.shutdown(wait=True)
         self._packer.shutdown(wait=True)
 
@@ -384,20 +391,71 @@ class ArchiveWriter:
         # store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
         # bounded: at most three chunks past their samples.
         packed = self._packer.submit(raw.pack)
+        # Queued before waiting for an older store: that store may be waiting for this chunk
+        # to pair it with its own (see `_store_queued`).
+        with self._queued:
+            self._queue.append((ordinal, packed))
+            self._queued.notify_all()
         while len(self._pending) >= _STORES_IN_FLIGHT:
             self._pending.popleft().result()
-        self._pending.append(self._io.submit(self._store_chunk, packed, ordinal))
+        self._pending.append(self._io.submit(self._store_queued))
 
     def _wait(self) -> None:
-        while self._pending:
-            self._pending.popleft().result()
+        self._drain(True)
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            self._drain(False)
 
-    def _store_chunk(self, packed: Future[EncodedChunk], ordinal: int) -> None:
-        enc = packed.result()
-        blobs = [_Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()]
-        blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
+    def _drain(self, draining: bool) -> None:
+        """While draining, a store takes the chunks queued and waits for no more."""
+        with self._queued:
+            self._draining = draining
+            self._queued.notify_all()
+
+    def _store_queued(self) -> None:
+        """On the I/O thread: store the oldest queued chunk together with the next one, in one
+        catalog transaction and one `put_many`.
+
+        NOTE: one transaction per chunk cost a commit and ~2.5 ms of the GIL each, taken
+        from the encoder; pairs halve that (docs/architecture.md, "Save protocol", step 2).
+        The pairing is deterministic (chunks 0+1, 2+3, ...; a chunk stored alone only when
+        the writer drains: commit, `wait_stored`, abort), so the failpoints are reached the
+        same number of times in every run, as the crash matrix needs.  A pair needs the next
+        chunk queued while this store waits: `_flush` queues before it waits for a store, and
+        at most `_CHUNKS_PER_STORE` chunks, never more than `_STORES_IN_FLIGHT`, go in one
+        transaction.  One call is submitted
+        per chunk and each call stores the oldest queued chunk, so a chunk is stored by the
+        call of its own ordinal at the latest; a call that finds the queue empty returns.  A
+        second chunk whose packing failed is left to the call that takes it first, which
+        raises.
+        """
+        with self._queued:
+            if not self._queue:
+                return
+            ordinal, packed = self._queue.popleft()
+        encoded = [(ordinal, packed.result())]
+        while len(encoded) < _CHUNKS_PER_STORE:
+            with self._queued:
+                self._queued.wait_for(lambda: bool(self._queue) or self._draining)
+                if not self._queue:
+                    break
+                ordinal, packed = self._queue[0]
+            if packed.exception() is not None:
+                break
+            with self._queued:
+                self._queue.popleft()
+            encoded.append((ordinal, packed.result()))
+        blobs: list[_Blob] = []
+        for _, enc in encoded:
+            blobs.extend(
+                _Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()
+            )
+            blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
         self._store(blobs)
-        self._chunks[ordinal] = (enc.digest, enc.samples, len(enc.data))
+        for ordinal, enc in encoded:
+            self._chunks[ordinal] = (enc.digest, enc.samples, len(enc.data))
 
     def _store(self, blobs: list[_Blob]) -> None:
         """Step 2: retain under the lease, then write what is not already live."""
@@ -423,20 +481,12 @@ class ArchiveWriter:
         blobs whose files must be written (absent, being written, or taken back from GC)."""
         store = self._pool.store
         to_write: list[_Blob] = []
+        new: list[_Blob] = []
         rows = blob_rows(conn, [b.digest for b in blobs])
         for blob in _unique(blobs):
             row = rows.get(blob.digest)
             if row is None:
-                conn.execute(
-                    blobs_table.insert().values(
-                        digest=blob.digest,
-                        size=blob.size,
-                        kind=blob.kind,
-                        state="writing",
-                        created_at=now,
-                    )
-                )
-                self._created.add(blob.digest)
+                new.append(blob)
                 to_write.append(blob)
             elif row.size != blob.size:
                 raise IntegrityError(
@@ -459,6 +509,15 @@ class ArchiveWriter:
                 # Another save may be writing it, or a file went missing: putting the same
                 # bytes again is idempotent and heals the pool.
                 to_write.append(blob)
+        if new:
+            # One executemany for the new rows (a chunk of R3 samples brings dozens of tensors).
+            insert_rows(
+                conn,
+                blobs_table,
+                ("digest", "size", "kind", "state", "created_at"),
+                [(b.digest, b.size, b.kind, "writing", now) for b in new],
+            )
+            self._created.update(b.digest for b in new)
         return to_write
 
     def _adopt_reference(self, source: Archive) -> None:
@@ -774,18 +833,26 @@ def save_samples(
                 "give one key (or None) per sample"
             )
         keys = [check_task_key(k) for k in task_keys]
-    writer = ArchiveWriter(pool, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs)
-    # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored before
-    # it does: the tensor blobs may reference the samples' memory instead of a copy (a memcpy
-    # of every big tensor would cost pool.save, the headline number).
-    writer._copy = False
-    try:
-        for i, sample in enumerate(samples):
-            if task_keys is None:
-                writer.add(sample)
-            else:
-                writer.add(sample, task_key=keys[i])
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.commit()
+    # NOTE: no garbage collection during the save: a full collection walks the caller's whole
+    # heap (a training process's; here the samples' millions of numbers) and the save's own
+    # allocations (records, entries, catalog rows) trigger one every few saves.  Measured on
+    # the 1024-sample rollout: a full collection cost 0.2-0.45 s of a 1.7-3.7 s save.  What a
+    # save builds holds no cycles; the codec pauses the GC the same way (`_gc_paused`).
+    with codec._gc_paused():
+        writer = ArchiveWriter(
+            pool, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
+        )
+        # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored
+        # before it does: the tensor blobs may reference the samples' memory instead of a
+        # copy (a memcpy of every big tensor would cost pool.save, the headline number).
+        writer._copy = False
+        try:
+            for i, sample in enumerate(samples):
+                if task_keys is None:
+                    writer.add(sample)
+                else:
+                    writer.add(sample, task_key=keys[i])
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.commit()

@@ -412,28 +412,28 @@ def test_unregistered_sample_class_is_refused(pool, snapshot) -> None:
     assert snapshot(pool) == before
 
 
-@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (256, 2)])
+@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (384, 2)])
 def test_failed_chunk_write_poisons_the_writer(
     pool, rollout, snapshot, monkeypatch, n_samples, failing_put
 ) -> None:
     """A writer whose chunk failed to store must never publish an archive missing it.
 
-    With 256 samples and the second chunk failing, the fourth chunk is built but lost when
-    the failure surfaces (two chunks may be in flight); a writer that went on would publish
-    entries without chunks.
+    With 384 samples (six chunks, stored in pairs) and the second pair failing, the chunks
+    built after it are lost when the failure surfaces (two stores may be in flight); a writer
+    that went on would publish entries without chunks.
     """
     before = snapshot(pool)
     samples = rollout(n_samples, seed=15)
-    real_put = pool.store.put
+    real_put_many = pool.store.put_many
     calls = {"n": 0}
 
-    def flaky_put(parts, digest=None):
+    def flaky_put_many(items, **options):
         calls["n"] += 1
         if calls["n"] == failing_put:
             raise OSError(28, "No space left on device")
-        return real_put(parts, digest=digest)
+        return real_put_many(items, **options)
 
-    monkeypatch.setattr(pool.store, "put", flaky_put)
+    monkeypatch.setattr(pool.store, "put_many", flaky_put_many)
     w = pool.writer("w", rollout_id=0)
     failures = []
     for sample in samples:  # a producer that logs errors and carries on

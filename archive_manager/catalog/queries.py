@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, CursorResult, Row
 
 from .._names import name_spellings
 from ..errors import LeaseExpiredError
+from .bulk import insert_rows
 from .models import (
     archive_blobs_table,
     archives_table,
@@ -125,9 +126,9 @@ def hold_blobs(conn: Connection, lease: str, digests: Collection[str]) -> None:
                 )
             ).scalars()
         )
-    rows = [{"lease": lease, "digest": d} for d in wanted if d not in held]
+    rows = [(lease, d) for d in wanted if d not in held]
     if rows:
-        conn.execute(lease_blobs_table.insert(), rows)
+        insert_rows(conn, lease_blobs_table, ("lease", "digest"), rows)
 
 
 def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]:

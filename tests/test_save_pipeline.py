@@ -1,0 +1,148 @@
+"""The save pipeline's costs (docs/architecture.md, "Save protocol"): chunks claimed in pairs
+(one catalog transaction for two chunks, counted by the failpoint's hits), no garbage
+collection during `pool.save`."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from archive_manager import ArchiveManager, _failpoints
+from archive_manager import writer as writer_module
+from archive_manager.catalog import lease_blobs_table
+from archive_manager.errors import UnencodableError
+
+CHUNK = 2
+
+
+def _samples(n: int) -> list[dict[str, Any]]:
+    return [{"index": i, "tokens": [i, i + 1, i + 2], "reward": i / 4} for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def _counted() -> Iterator[None]:
+    # sleep:0 only counts the hits of a point.
+    _failpoints.configure("save.blobs.before_commit=sleep:0")
+    yield
+    _failpoints.configure(None)
+
+
+@pytest.fixture
+def pool(open_pool) -> ArchiveManager:  # type: ignore[no-untyped-def]
+    return open_pool(chunk_size=CHUNK)  # type: ignore[no-any-return]
+
+
+def _blob_transactions() -> int:
+    return _failpoints.hits("save.blobs.before_commit")
+
+
+@pytest.mark.parametrize(("n", "transactions"), [(2, 1), (4, 1), (10, 3), (12, 3)])
+def test_a_save_claims_its_chunks_in_pairs(pool: ArchiveManager, n: int, transactions: int) -> None:
+    samples = _samples(n)
+    arc = pool.save("a", samples, rollout_id=1)
+    assert _blob_transactions() == transactions
+    assert arc.load_samples() == samples
+    assert pool.verify(read_data=True).ok
+
+
+def _within(seconds: float, fn: Any) -> None:
+    """Run ``fn`` on a thread; fail (instead of hanging the suite) if it does not return."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} did not return within {seconds} s"
+    if errors:
+        raise errors[0]
+
+
+def test_wait_stored_stores_a_chunk_that_waits_for_its_pair(pool: ArchiveManager) -> None:
+    samples = _samples(6)
+    writer = pool.writer("a", rollout_id=1)
+    for sample in samples[:CHUNK]:
+        writer.add(sample)
+    # The chunk's store waits for the next chunk to pair with: waiting must end that.
+    _within(60, writer.wait_stored)
+    assert _blob_transactions() == 1
+    with pool.catalog.read() as conn:
+        held = conn.execute(
+            lease_blobs_table.select().where(lease_blobs_table.c.lease == writer.lease)
+        ).all()
+    assert len(held) == 1
+    for sample in samples[CHUNK:]:
+        writer.add(sample)
+    _within(60, writer.commit)
+    assert _blob_transactions() == 2  # the chunk stored alone, then the next two together
+    assert pool.open_archive("a").load_samples() == samples
+
+
+def test_abort_and_abandon_end_a_store_waiting_for_its_pair(pool: ArchiveManager) -> None:
+    samples = _samples(CHUNK)
+    aborted = pool.writer("a", rollout_id=1)
+    for sample in samples:
+        aborted.add(sample)
+    _within(60, aborted.abort)
+    abandoned = pool.writer("b", rollout_id=1)
+    for sample in samples:
+        abandoned.add(sample)
+    _within(60, abandoned.abandon)
+
+
+def test_a_writer_made_to_fail_after_a_lone_chunk_rolls_back(pool: ArchiveManager) -> None:
+    writer = pool.writer("a", rollout_id=1)
+    for sample in _samples(CHUNK):
+        writer.add(sample)
+    with pytest.raises(UnencodableError):
+        writer.add({"bad": object()})
+    _within(60, writer.abort)
+    assert pool.find(state=None) == []
+
+
+def test_pool_save_runs_without_garbage_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full collection walks the caller's whole heap (a training process's, the samples').
+    seen: list[tuple[str, bool]] = []
+
+    def spied(name: str) -> Any:
+        original = getattr(writer_module.ArchiveWriter, name)
+
+        def spy(self: writer_module.ArchiveWriter, *args: Any, **kwargs: Any) -> Any:
+            seen.append((name, gc.isenabled()))
+            return original(self, *args, **kwargs)
+
+        return spy
+
+    for name in ("add", "_commit_ownership", "abort"):
+        monkeypatch.setattr(writer_module.ArchiveWriter, name, spied(name))
+    samples = _samples(9)
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool:
+        assert gc.isenabled()
+        pool.save("a", samples, rollout_id=1)
+        assert gc.isenabled()
+        assert {name for name, _ in seen} == {"add", "_commit_ownership"}
+        assert [name for name, enabled in seen if enabled] == []
+        seen.clear()
+        with pytest.raises(UnencodableError):
+            pool.save("b", [*samples, {"bad": object()}], rollout_id=1)
+        assert gc.isenabled()
+        assert ("abort", False) in seen
+        assert [name for name, enabled in seen if enabled] == []
+        assert pool.open_archive("a").load_samples() == samples
+        # A streaming writer's caller runs between adds: its collector is left alone.
+        seen.clear()
+        with pool.writer("c", rollout_id=1) as writer:
+            writer.add(samples[0])
+        assert seen == [("add", True), ("_commit_ownership", True)]
