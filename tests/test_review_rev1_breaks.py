@@ -1,0 +1,138 @@
+"""Review rev1 of issues 24 (what you save is what you load) and 20 (shared-filesystem read
+retries): cases that break their claims (README, "What you save is what you load";
+docs/architecture.md, "Samples and values" and "Shared pools").  Each test failed on the code
+it was written against, for the reason its docstring gives; the ones still marked xfail are
+not fixed (strict: they fail the suite once they pass).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from archive_manager import ArchiveManager
+from archive_manager.codec import values
+from archive_manager.codec.values import encode_sample
+from archive_manager.errors import UnencodableError
+
+pytestmark = pytest.mark.timeout(120)
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArchiveManager]:
+    manager = ArchiveManager.open(tmp_path_factory.mktemp("rev1") / "pool", inline_limit=64)
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+# --------------------------------------------------------------------------- claim 1: bound
+
+
+class _Exporter:
+    """A new object per view exporting raw memory through ``__array_interface__``."""
+
+    def __init__(self, address: int, shape: tuple[int, ...], strides: tuple[int, ...] | None):
+        self.__array_interface__ = {
+            "data": (address, True),
+            "shape": shape,
+            "strides": strides,
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: a borrowed view's address span counts as memory the sample holds, "
+    "gaps included (see the docstring)",
+)
+def test_a_strided_view_does_not_vouch_for_the_gap_it_spans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Claim 1, the bound vs borrowed memory: `_AddressRanges` counts the union of the
+    address ranges borrowed views *span* as held.  A 2-element view whose stride is the
+    distance between two live buffers (a 1 MiB array and a 16-byte one: tens of TB apart in
+    a 64-bit address space) spans the whole gap, so any number of views of the 1 MiB array
+    are then written free: 40 MiB for 1 MiB held past a 1 MiB bound, and with the default
+    bound an unbounded amount (2 bytes of sample let 256 views of a 1 GiB region through)."""
+    monkeypatch.setattr(values, "_MAX_EXTRA_BYTES", 1 << 20)
+    region = np.zeros(1 << 20, np.uint8)
+    far = np.zeros(16, np.uint8)
+    a, b = region.ctypes.data, far.ctypes.data
+    lo, hi = min(a, b), max(a, b)
+    views = [np.asarray(_Exporter(a, (region.size,), None)) for _ in range(40)]
+    with pytest.raises(UnencodableError, match="beyond the memory"):
+        encode_sample({"v": views})  # refused without the wide view: the rule holds
+    wide = np.asarray(_Exporter(lo, (2,), (hi - lo,)))
+    with pytest.raises(UnencodableError, match="beyond the memory"):
+        encode_sample({"wide": wide, "v": views})
+
+
+# --------------------------------------------------------------------------- claim 1: types
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: a Mapping sample is stored as dict(sample) and loads as a plain dict",
+)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: collections.defaultdict(list, tokens=[1, 2]),
+        lambda: collections.OrderedDict(tokens=[1, 2]),
+        lambda: collections.Counter(tokens=2),
+    ],
+    ids=["defaultdict", "OrderedDict", "Counter"],
+)
+def test_a_dict_subclass_sample_keeps_its_type_or_is_refused(
+    pool: ArchiveManager, make: Any
+) -> None:
+    """Claim 1 (no type lost): a ``defaultdict`` or ``OrderedDict`` *value* inside a sample
+    is refused at save (it would load as a plain dict), and ndarray/Tensor subclasses are
+    refused rather than loaded as their base class (README), but the same types as the
+    *sample itself* are stored silently as ``dict(sample)``: a producer's
+    ``defaultdict(list)`` sample loads as a dict, and ``s["missing"].append(...)`` that
+    worked before the save raises KeyError after the load."""
+    sample = make()
+    name = f"map{next(_names)}"
+    try:
+        pool.save(name, [sample], rollout_id=1)
+    except UnencodableError:
+        return  # refused, naming the type: fine
+    (back,) = pool.open_archive(name).load_samples()
+    assert type(back) is type(sample)
+
+
+# --------------------------------------------------------------------------- claim 1: sharing
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed (documented for containers, not for floats): a float held in several "
+    "places loads as one object per place",
+)
+def test_one_nan_object_held_as_a_key_and_a_value_still_finds_its_entry(
+    pool: ArchiveManager,
+) -> None:
+    """Claim 1 (sharing): distinct NaN keys now stay distinct because the decoder makes a
+    new float per NaN it reads, but so does one NaN *object* held in two places: a sample
+    keeping ``keys=[nan]`` and ``m={nan: ...}`` (math.nan is one object) finds
+    ``m[keys[0]]`` before the save (dicts match keys by identity first) and raises
+    KeyError after the load."""
+    nan = math.nan
+    sample = {"keys": [nan], "m": {nan: "x"}}
+    assert sample["m"][sample["keys"][0]] == "x"
+    name = f"nan{next(_names)}"
+    pool.save(name, [sample], rollout_id=1)
+    (back,) = pool.open_archive(name).load_samples()
+    assert back["m"].get(back["keys"][0]) == "x"
