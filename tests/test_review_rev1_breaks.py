@@ -11,6 +11,7 @@ import collections
 import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import blob_files
 
 from archive_manager import ArchiveManager, arrow
+from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore
 from archive_manager.codec import values
 from archive_manager.codec.values import encode_sample
-from archive_manager.errors import UnencodableError
+from archive_manager.errors import InvalidInputError, UnencodableError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -194,3 +197,35 @@ def test_a_sample_shared_column_costs_what_the_table_holds(
     # measured on a 2-core machine at load 4-9: 1.0 s with the column, 1.1 s without it;
     # before the fix 8.2 s and 1.8 s
     assert shared < 2 * plain + 0.5, (shared, plain)
+
+
+# --------------------------------------------------------------------------- claim 2
+
+
+def test_a_bad_retry_variable_is_refused_at_open_not_at_the_first_damaged_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim 2 ("then raises the same error as before"; verify not misled): the variable
+    was parsed at the first read that needed a retry, so with a typo in it
+    (``ARCHIVE_MANAGER_BLOB_READ_RETRY=5s``) the pool opened and loaded normally until a
+    blob was missing or corrupt; then `verify(read_data=True)` stopped with
+    InvalidInputError instead of reporting the corrupt blob, and a load raised it instead
+    of IntegrityError.  Now the store refuses the value when it is made (the pool's open)."""
+    monkeypatch.delenv(READ_RETRY_ENV, raising=False)
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", [{"x": "y" * 100}], rollout_id=1)
+    for name in blob_files(root):
+        path = root / "blobs" / name
+        os.chmod(path, 0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\xff\xff")
+    monkeypatch.setenv(READ_RETRY_ENV, "5s")
+    with pytest.raises(InvalidInputError, match=READ_RETRY_ENV):
+        LocalBlobStore(root)
+    with pytest.raises(InvalidInputError, match=READ_RETRY_ENV):
+        ArchiveManager.open(root).close()
+    monkeypatch.setenv(READ_RETRY_ENV, "0")
+    with ArchiveManager.open(root) as pool:
+        report = pool.verify(read_data=True)
+    assert any("corrupt" in str(p) for p in report.problems), report.problems
