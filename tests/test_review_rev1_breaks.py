@@ -22,7 +22,8 @@ import pytest
 from helpers import blob_files
 
 from archive_manager import ArchiveManager, arrow
-from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore
+from archive_manager.blobs import local as local_module
+from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore, resolve_read_retry
 from archive_manager.codec import values
 from archive_manager.codec.values import encode_sample
 from archive_manager.errors import InvalidInputError, UnencodableError
@@ -229,3 +230,17 @@ def test_a_bad_retry_variable_is_refused_at_open_not_at_the_first_damaged_blob(
     with ArchiveManager.open(root) as pool:
         report = pool.verify(read_data=True)
     assert any("corrupt" in str(p) for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("fstype", ["wekafs", "panfs", "pvfs2"])
+def test_gpu_cluster_filesystems_get_the_shared_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fstype: str
+) -> None:
+    """Claim 2 (5 s on a network root): WekaFS, PanFS and OrangeFS (common on GPU clusters,
+    where several hosts share the pool) were taken for local disks: no retry at all there,
+    and a SQLite catalog on them was not refused."""
+    monkeypatch.delenv(READ_RETRY_ENV, raising=False)
+    real = os.path.realpath(tmp_path)
+    table = f"36 1 0:30 / {real} rw,relatime shared:1 - {fstype} src rw\n"
+    monkeypatch.setattr(local_module, "read_mount_table", lambda: table)
+    assert resolve_read_retry(tmp_path / "pool") == local_module.DEFAULT_SHARED_READ_RETRY
