@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ _DTYPE = b"archive_manager.dtype"  # a tensor column's torch or numpy dtype
 _NULL = b"archive_manager.null"  # "absent": a null is a field the sample lacks (not a None)
 _TAG = "$t"
 _FLOAT_BITS = struct.Struct("<d")
+# NOTE: Python refuses to write or read an int of more digits than this in decimal (by
+# default; sys.set_int_max_str_digits), so json.dumps raised a bare ValueError on an int the
+# codec stores (tagged): past it an int is written as a tagged hex string.
+_JSON_INT_LIMIT = 10**sys.int_info.default_max_str_digits
 _MISSING: Any = object()
 _INT64 = (-(2**63), 2**63 - 1)
 # the tail columns holding JSON text (a JSON value in JSONL)
@@ -448,7 +453,8 @@ def _tensor_numpy(value: Any) -> np.ndarray:
 
 def to_json_value(value: Any) -> Any:
     """``value`` as plain JSON, tagged (``{"$t": ...}``) where JSON would lose it: tuples,
-    mappings with keys other than text, non-finite floats, tensors and numpy values.
+    mappings with keys other than text, non-finite floats, ints of more than 4,300 digits
+    (Python's default limit on decimal ints), tensors and numpy values.
 
     One tensor or array held in several places (it loads as one object) is written out at
     each place, so the bytes written again count against the save's own expansion bound
@@ -483,7 +489,11 @@ class _Repeats:
 
 def _to_json(value: Any, repeats: _Repeats) -> Any:
     t = type(value)
-    if value is None or t in (bool, str, int):
+    if t is int:
+        if -_JSON_INT_LIMIT < value < _JSON_INT_LIMIT:
+            return value
+        return {_TAG: "int", "v": hex(value)}
+    if value is None or t is bool or t is str:
         return value
     if t is float:
         if math.isfinite(value):
@@ -536,6 +546,10 @@ def from_json_value(value: Any) -> Any:
     try:
         if tag == "float":
             return _FLOAT_BITS.unpack(bytes.fromhex(value["v"]))[0]
+        if tag == "int":
+            if type(value["v"]) is not str:
+                raise TypeError("its value is not text")
+            return int(value["v"], 16)  # linear in its length, unlike decimal
         if tag == "map":
             return {_hashable(from_json_value(k)): from_json_value(v) for k, v in value["v"]}
         if tag == "tuple":

@@ -26,7 +26,7 @@ from archive_manager.blobs import local as local_module
 from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore, resolve_read_retry
 from archive_manager.codec import values
 from archive_manager.codec.values import encode_sample
-from archive_manager.errors import InvalidInputError, UnencodableError
+from archive_manager.errors import InvalidInputError, UnencodableError, UnsupportedFormatError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,6 +198,29 @@ def test_a_sample_shared_column_costs_what_the_table_holds(
     # measured on a 2-core machine at load 4-9: 1.0 s with the column, 1.1 s without it;
     # before the fix 8.2 s and 1.8 s
     assert shared < 2 * plain + 0.5, (shared, plain)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_an_int_past_the_decimal_digit_limit_exports_and_imports(
+    pool: ArchiveManager, tmp_path: Path, suffix: str
+) -> None:
+    """Claim 1 (an archive that saved exports and imports back equal, or is refused with
+    the library's error): the codec stores ints of any size (tagged), but the table export
+    wrote them as JSON numbers, and Python refuses to write an int of more than 4,300
+    decimal digits: `export` raised a bare ValueError ("Exceeds the limit (4300 digits)")
+    for ``2**20000`` as a value, a dict key or a list item, in both formats.  Now such an
+    int is a tagged hex string, and a malformed one is refused on import."""
+    big = 2**20000
+    sample = {"x": -(3**9000), "m": {big: 1}, "l": [big, 1], "t": (big,)}
+    name = f"bigint{next(_names)}"
+    pool.save(name, [sample], rollout_id=1)
+    out = tmp_path / f"{name}{suffix}"
+    pool.export(name, out)
+    (back,) = pool.import_table(out, name=f"{name}i").load_samples()
+    assert back == sample
+    for bad in ('{"$t": "int", "v": 5}', '{"$t": "int", "v": "0xzz"}'):
+        with pytest.raises(UnsupportedFormatError, match="malformed 'int'"):
+            arrow.from_json_value(json.loads(bad))
 
 
 # --------------------------------------------------------------------------- claim 2
