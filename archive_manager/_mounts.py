@@ -28,6 +28,11 @@ NETWORK_FILESYSTEMS = frozenset(
         "9p",
         "afs",
         "fuse",
+        # distributed filesystems of GPU clusters: other hosts change the files behind this
+        # kernel, as on lustre, gpfs and beegfs (WekaFS, Panasas PanFS, OrangeFS)
+        "wekafs",
+        "panfs",
+        "pvfs2",
     }
 )
 # NOTE: every fuse.* type counts as networked (juicefs, sshfs, s3fs, gcsfuse, ...), except

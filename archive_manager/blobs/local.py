@@ -262,6 +262,24 @@ def _check_seconds(value: float, what: str) -> float:
     return float(value)
 
 
+def _read_retry_from_env() -> float | None:
+    """``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` in seconds, or None when it is unset or empty.
+
+    Raises:
+        InvalidInputError: the variable is set to anything but a number of seconds >= 0.
+    """
+    raw = os.environ.get(READ_RETRY_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise InvalidInputError(
+            f"{READ_RETRY_ENV} must be a number of seconds, not {raw!r}"
+        ) from None
+    return _check_seconds(seconds, READ_RETRY_ENV)
+
+
 def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None) -> float:
     """How long a read of a blob under ``root`` keeps trying (seconds; docs/architecture.md,
     "Shared pools"): ``value``, else ``$ARCHIVE_MANAGER_BLOB_READ_RETRY``, else
@@ -273,15 +291,9 @@ def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None)
     """
     if value is not None:
         return _check_seconds(value, "read_retry")
-    raw = os.environ.get(READ_RETRY_ENV, "").strip()
-    if raw:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            raise InvalidInputError(
-                f"{READ_RETRY_ENV} must be a number of seconds, not {raw!r}"
-            ) from None
-        return _check_seconds(seconds, READ_RETRY_ENV)
+    seconds = _read_retry_from_env()
+    if seconds is not None:
+        return seconds
     table = read_mount_table()
     if table is None:
         return 0.0
@@ -296,8 +308,11 @@ class LocalBlobStore(AbstractBlobStore):
 
     ``read_retry`` bounds, in seconds, how long a read that finds its blob missing or not
     matching its digest keeps opening it again before it raises (`resolve_read_retry`:
-    by default 5 s on a networked or FUSE root, 0 on a local disk; decided at the first such
-    read).
+    by default 5 s on a networked or FUSE root, 0 on a local disk, decided at the first such
+    read; ``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` is read when the store is made).
+
+    Raises:
+        InvalidInputError: ``read_retry`` or the variable is not a number of seconds >= 0.
     """
 
     capabilities = Capabilities(mmap=True, local_paths=True, persistent=True)
@@ -309,9 +324,15 @@ class LocalBlobStore(AbstractBlobStore):
         self._blobs = self._root / BLOBS_DIR
         self._blobs_str = str(self._blobs)
         self._tmp = self._root / TEMP_DIR
-        # Checked now, a bad value is refused at open; the mount table is read only when a
-        # read first needs a retry (the common read never does).
-        self._read_retry = None if read_retry is None else _check_seconds(read_retry, "read_retry")
+        # Checked now, a bad value (given or in the variable) is refused at open: found at
+        # the first read that needs a retry, it replaced that read's BlobNotFoundError or
+        # IntegrityError and stopped `verify` (docs/architecture.md, "Shared pools").  The
+        # mount table is read only when a read first needs a retry (the common read never does).
+        self._read_retry = (
+            _read_retry_from_env()
+            if read_retry is None
+            else _check_seconds(read_retry, "read_retry")
+        )
 
     @property
     def read_retry(self) -> float:
@@ -631,6 +652,20 @@ class LocalBlobStore(AbstractBlobStore):
                 os.close(fd)
 
         return self._retried(digest, attempt)
+
+    def read_head(self, digest: str, n: int) -> bytes:
+        """The first ``n`` bytes of ``digest``, unverified, and *not* tried again (BlobNotFoundError
+        at once): its callers, GC's and `rebuild_catalog`'s probes of row-less files, take a
+        file gone for nothing to do, and waiting `read_retry` for each made a GC on a shared
+        root wait 5 s per orphan another host had just removed (docs/architecture.md,
+        "Shared pools")."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        fd = self._open_fd(digest)
+        try:
+            return os.pread(fd, n, 0)
+        finally:
+            os.close(fd)
 
     def has(self, digest: str) -> bool:
         """True when a regular file exists for ``digest`` (its bytes are not read).
