@@ -442,6 +442,13 @@ def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | 
             member that would not load as itself (docs/architecture.md, "Samples and values").
     """
     if isinstance(obj, Mapping):
+        if isinstance(obj, dict) and type(obj) is not dict:
+            # NOTE: it would load as a plain dict (a defaultdict's factory, a Counter's
+            # missing-key 0 gone), as such values inside a sample are refused for.
+            raise UnencodableError(
+                f"cannot store a {_qualified(type(obj))} sample: it would load as a plain dict; "
+                "pass dict(sample) to store it as one"
+            )
         return None, _strip_queue(dict(obj)), None
     cls = type(obj)
     name = _NAMES.get(cls)
