@@ -20,15 +20,16 @@ from archive_manager import ArchiveManager
 WORKTREE = Path(__file__).resolve().parents[1]
 
 
-def _complete(root: Path, words: str) -> list[str]:
-    """What bash completion of ``archive-manager --root ROOT words`` offers (fresh process)."""
+def _complete(root: Path, words: str, *options: str) -> list[str]:
+    """What bash completion of ``archive-manager --root ROOT [options] words`` offers (fresh
+    process)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ARCHIVE_MANAGER_", "_ARCH"))}
     env["PYTHONPATH"] = str(WORKTREE)
     cword = len(words.split()) - (0 if words.endswith(" ") else 1)
     env.update(
         _ARCHIVE_MANAGER_COMPLETE="bash_complete",
-        COMP_WORDS=f"archive-manager --root {root} {words}",
-        COMP_CWORD=str(cword + 3),
+        COMP_WORDS=" ".join(["archive-manager", "--root", str(root), *options, words]),
+        COMP_CWORD=str(cword + 3 + len(options)),
     )
     done = subprocess.run(
         [sys.executable, "-c", "from archive_manager.cli import main; main()"],
@@ -82,8 +83,9 @@ def test_completion_leaves_a_dead_writers_wal_files_unchanged(tmp_path: Path) ->
     assert _files(root) == before
 
 
+@pytest.mark.parametrize("options", ["", "?timeout=5"], ids=["sqlite3", "library"])
 def test_completion_never_offers_a_pending_archive(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: str
 ) -> None:
     # Break: completion listed every row of `archives`, a save in progress (or one that died
     # before publishing) included; `show` of that name then fails.
@@ -92,7 +94,9 @@ def test_completion_never_offers_a_pending_archive(
         pool.save("rollout-1", small_rollout(3, seed=1), rollout_id=1)
         die_before_publish(pool, "rollout-2", small_rollout(3, seed=2), monkeypatch)
         assert {i.name for i in pool.find(state=None)} == {"rollout-1", "rollout-2"}
-    assert _complete(root, "show roll") == ["plain,rollout-1"]
+    # A catalog URL with options is read through the library's read-only open instead.
+    url = ["--catalog-url", f"sqlite:///{root / 'catalog.db'}{options}"] if options else []
+    assert _complete(root, "show roll", *url) == ["plain,rollout-1"]
 
 
 def test_python_m_archive_manager_runs_the_cli() -> None:
