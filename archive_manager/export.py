@@ -54,6 +54,7 @@ from .errors import (
 )
 from .query import query_samples
 from .samples import Sample
+from .stats import narrow_rollout_bounds
 from .writer import ArchiveWriter
 
 if TYPE_CHECKING:
@@ -103,8 +104,9 @@ def format_of(path: Path, given: str | None = None) -> str:
 # --------------------------------------------------------------------------- pool-wide
 
 
-#: The sample filters of `query_samples` (and so of `ArchiveManager.query`).
-_FILTERS = frozenset(inspect.signature(query_samples).parameters) - {"pool"}
+#: The sample filters of `ArchiveManager.query`: those of `query_samples`, and
+#: ``rollout_ids``, which narrows their rollout-id ends.
+_FILTERS = frozenset(inspect.signature(query_samples).parameters) - {"pool"} | {"rollout_ids"}
 
 
 def selected_archives(
@@ -119,6 +121,12 @@ def selected_archives(
             f"unknown filter {', '.join(map(repr, unknown))}; the filters are "
             f"{', '.join(sorted(_FILTERS))}"
         )
+    filters = dict(filters)
+    filters["min_rollout_id"], filters["max_rollout_id"] = narrow_rollout_bounds(
+        filters.pop("rollout_ids", None),
+        filters.get("min_rollout_id"),
+        filters.get("max_rollout_id"),
+    )
     rows = query_samples(pool, **filters)
     wanted = None if names is None else set(names)
     out: list[tuple[str, list[int]]] = []

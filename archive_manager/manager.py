@@ -100,7 +100,13 @@ from .retention import (
     plan_release_names,
 )
 from .samples import check_task_key
-from .stats import RolloutStats, StatsCache, check_rollout_range, rollout_stats
+from .stats import (
+    RolloutStats,
+    StatsCache,
+    check_rollout_range,
+    narrow_rollout_bounds,
+    rollout_stats,
+)
 
 # NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
 # numpy, zstandard) are imported by the methods that use them: opening a pool and reading
@@ -920,13 +926,9 @@ class ArchiveManager:
         ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
         further; ``state`` is ``"published"`` by default, None for all.
         """
-        bounds = check_rollout_range(rollout_ids)
-        if bounds is not None:
-            low, high = bounds
-            if low is not None:
-                min_rollout_id = low if min_rollout_id is None else max(low, min_rollout_id)
-            if high is not None:
-                max_rollout_id = high if max_rollout_id is None else min(high, max_rollout_id)
+        min_rollout_id, max_rollout_id = narrow_rollout_bounds(
+            rollout_ids, min_rollout_id, max_rollout_id
+        )
         return query_samples(
             self._context,
             task_key=task_key,

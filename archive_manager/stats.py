@@ -175,6 +175,27 @@ def check_rollout_range(rollout_ids: object) -> RolloutRange | None:
     return bounds
 
 
+def narrow_rollout_bounds(
+    rollout_ids: object, low: int | None, high: int | None
+) -> tuple[int | None, int | None]:
+    """``min_rollout_id``/``max_rollout_id`` narrowed by a ``rollout_ids`` filter (as
+    `check_rollout_range` takes it): the sample queries' one rollout-id filter, whether it
+    came as ``rollout_ids`` or as both ends.
+
+    Raises:
+        InvalidInputError: as `check_rollout_range`.
+    """
+    bounds = check_rollout_range(rollout_ids)
+    if bounds is None:
+        return low, high
+    first, last = bounds
+    if first is not None:
+        low = first if low is None else max(first, low)
+    if last is not None:
+        high = last if high is None else min(last, high)
+    return low, high
+
+
 def _check_rollout_range(rollout_ids: object) -> RolloutRange | None:
     if rollout_ids is None:
         return None

@@ -6,7 +6,8 @@ context's parsed ``--root`` / ``--catalog-url`` (flag, environment or default), 
 itself would find it.  Completion reads the catalog only, through a read-only open: it
 creates, migrates and writes nothing, and never imports torch (docs/architecture.md, Layers).
 
-A SQLite catalog is read with the standard library's ``sqlite3``, read-only, without
+A SQLite catalog is read with the standard library's ``sqlite3``, opened as the library's
+readers open it (`sqlite_read_mode`: nothing created or written, not even -wal/-shm), without
 SQLAlchemy or the library: a completion is a hint the user waits for at each TAB, and the
 library's import costs more than the whole answer (docs/architecture.md, Start-up).  Any
 other catalog, or a SQLite file that cannot be read that way, goes through a read-only open.
@@ -17,12 +18,13 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import click
 from click.shell_completion import CompletionItem
 
 from .._constants import CATALOG_FILE
+from .._sqlite_read import reader_uri, sqlite_read_mode
+from ..errors import ArchiveError
 
 __all__ = ["complete_archive_name"]
 
@@ -47,17 +49,24 @@ def _sqlite_file(root: Path, url: str | None) -> Path | None:
 
 
 def _names_from_sqlite(file: Path) -> list[tuple[str, int | None, str]] | None:
-    """Every archive's (name, rollout id, state), read-only; None when the file cannot be
-    read so (the library then decides: it knows WAL recovery and damaged files)."""
+    """Every archive's (name, rollout id, state) but pending saves', read as the library's
+    readers read (`sqlite_read_mode`); None when the file cannot be read so (the library then
+    decides: it knows WAL recovery and damaged files)."""
     if not file.is_file():
         return []  # no catalog: no pool here, nothing to offer
     try:
-        # mode=ro: nothing is created or changed, a missing file is an error, not a new one.
-        conn = sqlite3.connect(f"file:{quote(str(file.resolve()))}?mode=ro", uri=True)
-    except sqlite3.Error:
+        # NOTE: not a plain mode=ro open: on a WAL file without -wal/-shm that creates both,
+        # and beside a dead writer's it rebuilds the wal-index in -shm (docs/architecture.md,
+        # Shared pools).
+        conn = sqlite3.connect(reader_uri(file, sqlite_read_mode(file)), uri=True, timeout=0.5)
+    except (sqlite3.Error, ArchiveError):
         return None
     try:
-        rows = conn.execute("SELECT name, rollout_id, state FROM archives").fetchall()
+        # A pending row is a save in progress or one that died before publishing: no verb
+        # can open it by that name.
+        rows = conn.execute(
+            "SELECT name, rollout_id, state FROM archives WHERE state <> 'pending'"
+        ).fetchall()
     except sqlite3.Error:
         return None
     finally:
@@ -73,7 +82,11 @@ def _names_from_library(root: Path, url: str | None) -> list[tuple[str, int | No
     if not ArchiveManager.exists(root, url):
         return []
     with ArchiveManager.open(root, url, read_only=True) as pool:
-        return [(i.name, i.rollout_id, i.state) for i in pool.find(state=None)]
+        return [
+            (i.name, i.rollout_id, i.state)
+            for state in ("published", "released")
+            for i in pool.find(state=state)
+        ]
 
 
 def complete_archive_name(
