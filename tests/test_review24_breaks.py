@@ -420,3 +420,29 @@ def test_loading_runs_no_code_of_a_registered_dataclass(
     (loaded,) = pool.open_archive(name).load_samples()
     assert CALLS == []
     assert loaded == value
+
+
+@settings(deadline=None, database=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(-40, 40)), min_size=1, max_size=4),
+    st.sampled_from([1, 2, 4, 8]),
+)
+def test_a_views_footprint_is_the_bytes_its_elements_cover(
+    dims: list[tuple[int, int]], itemsize: int
+) -> None:
+    """`values._footprint` against every element's bytes listed one by one: what a borrowed
+    view vouches for is exactly what its elements cover (gaps, broadcasts, backward and
+    overlapping strides included), never the span between them."""
+    shape = [n for n, _ in dims]
+    strides = [step for _, step in dims]
+    covered: set[int] = set()
+    for index in itertools.product(*(range(n) for n in shape)):
+        first = 1000 + sum(i * step for i, step in zip(index, strides, strict=True))
+        covered.update(range(first, first + itemsize))
+    pieces = values._footprint(1000, shape, strides, itemsize)
+    assert pieces is not None
+    got: set[int] = set()
+    for lo, hi in pieces:
+        got.update(range(lo, hi))
+    assert got == covered
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(pieces))  # merged, sorted

@@ -59,11 +59,6 @@ class _Exporter:
         }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: a borrowed view's address span counts as memory the sample holds, "
-    "gaps included (see the docstring)",
-)
 @pytest.mark.parametrize("through", ["array_interface", "dlpack"])
 def test_a_strided_view_does_not_vouch_for_the_gap_it_spans(
     monkeypatch: pytest.MonkeyPatch, through: str

@@ -308,15 +308,28 @@ class _Encoder:
         if after > before:
             self._extra(after - before)
 
-    def _from_memory(self, memory: tuple[str, int, int], nbytes: int) -> None:
+    def _from_memory(
+        self, memory: tuple[str, int, int], nbytes: int, footprint: list[tuple[int, int]] | None
+    ) -> None:
         """Count ``nbytes`` about to be written from borrowed memory ``(address space,
-        start, end)``: what all such writes add up to beyond the addresses they span is
-        written again, whichever object lent each view its memory."""
+        start, end)`` by a view whose elements lie in ``footprint``: what all such writes add
+        up to beyond the addresses their elements cover is written again, whichever object
+        lent each view its memory.
+
+        NOTE: the view's elements, not the range its lender claims: an
+        ``__array_interface__`` or DLPack exporter can claim any strides, and a 2-element
+        view leaping from one buffer to another terabytes away spanned (and so vouched for)
+        the whole gap, after which any number of views were written free (rev1's break).
+        A view with too many scattered rows to list (None) vouches for nothing: its bytes
+        count as written again, which errs towards refusing.
+        """
         space, start, end = memory
         ranges = self.borrowed.get(space)
         if ranges is None:
             ranges = self.borrowed[space] = _AddressRanges()
-        beyond = ranges.add(start, end, nbytes)
+        for lo, hi in footprint or ():
+            ranges.add(max(lo, start), min(hi, end), 0)
+        beyond = ranges.add(0, 0, nbytes)
         if beyond:
             self._extra(beyond)
 
@@ -473,7 +486,13 @@ class _Encoder:
         if memory is None:
             self._from_buffer(buffer, storage.nbytes(), nbytes)
         else:
-            self._from_memory(memory, nbytes)
+            footprint = _footprint(
+                value.data_ptr(),
+                value.shape,
+                [step * value.element_size() for step in value.stride()],
+                value.element_size(),
+            )
+            self._from_memory(memory, nbytes, footprint)
         alias = self._alias(view, value) if known is None else known[0]
         t, raw = _tensor_bytes(value)
         dtype = torch_dtype_names()[t.dtype]
@@ -534,7 +553,10 @@ class _Encoder:
         if memory is None:
             self._from_buffer(buffer, capacity, value.nbytes)
         else:
-            self._from_memory(memory, value.nbytes)
+            footprint = _footprint(
+                value.__array_interface__["data"][0], value.shape, value.strides, value.itemsize
+            )
+            self._from_memory(memory, value.nbytes, footprint)
         alias = self._alias(view, value) if known is None else known[0]
         return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value), "a": alias}
 
@@ -628,6 +650,52 @@ def _span(arr: np.ndarray) -> tuple[int, int]:
                 end += (n - 1) * stride
         end += arr.itemsize
     return start, end
+
+
+#: Most rows (runs of contiguous bytes) of one borrowed view listed one by one.
+_MAX_ROWS = 1 << 16
+
+
+def _footprint(
+    address: int, shape: Any, strides: Any, itemsize: int
+) -> list[tuple[int, int]] | None:
+    """The address ranges ``[lo, hi)`` a view's elements cover: its contiguous runs of bytes
+    (rows), merged; None past `_MAX_ROWS` scattered rows."""
+    dims = []
+    for n, step in zip(shape, strides, strict=True):
+        if n == 0:
+            return []
+        if n > 1:
+            if step < 0:  # walked backwards: the same addresses from the lowest one
+                address += (n - 1) * step
+                step = -step
+            dims.append((step, n))
+    dims.sort()
+    block = itemsize
+    outer: list[tuple[int, int]] = []
+    for step, n in dims:
+        if step == 0:
+            continue  # a broadcast dimension: the same bytes again
+        if not outer and step <= block:
+            block += (n - 1) * step  # contiguous (or overlapping) with what is inside it
+        else:
+            outer.append((step, n))
+    rows = 1
+    for _, n in outer:
+        rows *= n
+        if rows > _MAX_ROWS:
+            return None
+    starts = [address]
+    for step, n in outer:
+        starts = [s + k * step for s in starts for k in range(n)]
+    starts.sort()
+    merged: list[tuple[int, int]] = []
+    for lo in starts:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], lo + block))
+        else:
+            merged.append((lo, lo + block))
+    return merged
 
 
 class _AddressRanges:
