@@ -75,8 +75,8 @@ __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 _log = logging.getLogger("archive_manager")
 
 _UNSET: Any = object()
-_STORES_IN_FLIGHT = 2  # chunks queued for the I/O thread (one being stored, one packing)
-_CHUNKS_PER_STORE = 2  # chunks claimed in one transaction (at most _STORES_IN_FLIGHT)
+_STORES_IN_FLIGHT = 1  # stores (of a pair of chunks each) queued for the I/O thread
+_CHUNKS_PER_STORE = 2  # chunks claimed in one transaction
 # A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
 # back from a restart is noticed within seconds, and an outage costs a few dozen attempts.
 _RENEW_FIRST_RETRY = 0.1
@@ -153,10 +153,8 @@ class ArchiveWriter:
         self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
         self._next_ordinal = 0
         self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
-        # Chunks handed to the I/O thread and not yet taken by a store, oldest first.
-        self._queue: deque[tuple[int, Future[EncodedChunk]]] = deque()
-        self._queued = threading.Condition()
-        self._draining = False
+        # Chunks packing or packed that wait for the next one to be stored with (see `_flush`).
+        self._batch: list[tuple[int, Future[EncodedChunk]]] = []
         self._state = "open"
         self._lock = threading.Lock()  # one catalog writer of this save at a time
         self._failure: BaseException | None = None
@@ -257,7 +255,6 @@ class ArchiveWriter:
             return
         self._state = "aborted"
         self._stop.set()
-        self._drain(True)
         try:
             for pending in self._pending:
                 pending.exception()
@@ -327,7 +324,6 @@ class ArchiveWriter:
 
     def _shutdown(self) -> None:
         self._stop.set()
-        self._drain(True)
         self._io.shutdown(wait=True)
         self._packer.shutdown(wait=True)
 
@@ -385,68 +381,43 @@ class ArchiveWriter:
         ordinal = self._next_ordinal
         self._next_ordinal += 1
         self._buffer = codec.RawChunk([], {})
-        # NOTE: a pipeline of three one-chunk stages: this thread builds chunk i+2 (needs the
-        # GIL) while the packer compresses and hashes chunk i+1 and the I/O thread stores
-        # chunk i (zstd, xxhash, write and fsync release the GIL).  With one stage for pack and
-        # store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
-        # bounded: at most three chunks past their samples.
-        packed = self._packer.submit(raw.pack)
-        # Queued before waiting for an older store: that store may be waiting for this chunk
-        # to pair it with its own (see `_store_queued`).
-        with self._queued:
-            self._queue.append((ordinal, packed))
-            self._queued.notify_all()
-        while len(self._pending) >= _STORES_IN_FLIGHT:
-            self._pending.popleft().result()
-        self._pending.append(self._io.submit(self._store_queued))
+        # NOTE: a pipeline of three stages: this thread builds chunks i+2 and i+3 (needs the
+        # GIL) while the packer compresses and hashes them and the I/O thread stores chunks i
+        # and i+1 (zstd, xxhash, write and fsync release the GIL).  With one stage for pack
+        # and store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
+        # bounded: at most four chunks past their samples (a pair stored, one packed, one
+        # packing).
+        self._batch.append((ordinal, self._packer.submit(raw.pack)))
+        if len(self._batch) >= _CHUNKS_PER_STORE:
+            self._submit_batch()
 
-    def _wait(self) -> None:
-        self._drain(True)
-        try:
-            while self._pending:
-                self._pending.popleft().result()
-        finally:
-            self._drain(False)
-
-    def _drain(self, draining: bool) -> None:
-        """While draining, a store takes the chunks queued and waits for no more."""
-        with self._queued:
-            self._draining = draining
-            self._queued.notify_all()
-
-    def _store_queued(self) -> None:
-        """On the I/O thread: store the oldest queued chunk together with the next one, in one
-        catalog transaction and one `put_many`.
+    def _submit_batch(self) -> None:
+        """Hand the chunks of `_batch` to the I/O thread, to be stored in one transaction.
 
         NOTE: one transaction per chunk cost a commit and ~2.5 ms of the GIL each, taken
         from the encoder; pairs halve that (docs/architecture.md, "Save protocol", step 2).
-        The pairing is deterministic (chunks 0+1, 2+3, ...; a chunk stored alone only when
-        the writer drains: commit, `wait_stored`, abort), so the failpoints are reached the
-        same number of times in every run, as the crash matrix needs.  A pair needs the next
-        chunk queued while this store waits: `_flush` queues before it waits for a store, and
-        at most `_CHUNKS_PER_STORE` chunks, never more than `_STORES_IN_FLIGHT`, go in one
-        transaction.  One call is submitted
-        per chunk and each call stores the oldest queued chunk, so a chunk is stored by the
-        call of its own ordinal at the latest; a call that finds the queue empty returns.  A
-        second chunk whose packing failed is left to the call that takes it first, which
-        raises.
+        The pairs are made here, on the caller's thread (chunks 0+1, 2+3, ...; a chunk stored
+        alone only when `_wait` drains: commit, `wait_stored`), so the failpoints are reached
+        the same number of times in every run, as the crash matrix needs.  The I/O thread
+        never waits for a chunk still to come: it did once, and the interpreter, which joins
+        that thread at exit, hung for good in a process that left its writer open after an
+        odd number of chunks (tests/test_review_rev3_breaks.py).
         """
-        with self._queued:
-            if not self._queue:
-                return
-            ordinal, packed = self._queue.popleft()
-        encoded = [(ordinal, packed.result())]
-        while len(encoded) < _CHUNKS_PER_STORE:
-            with self._queued:
-                self._queued.wait_for(lambda: bool(self._queue) or self._draining)
-                if not self._queue:
-                    break
-                ordinal, packed = self._queue[0]
-            if packed.exception() is not None:
-                break
-            with self._queued:
-                self._queue.popleft()
-            encoded.append((ordinal, packed.result()))
+        batch, self._batch = self._batch, []
+        while len(self._pending) >= _STORES_IN_FLIGHT:
+            self._pending.popleft().result()
+        self._pending.append(self._io.submit(self._store_chunks, batch))
+
+    def _wait(self) -> None:
+        if self._batch:
+            self._submit_batch()
+        while self._pending:
+            self._pending.popleft().result()
+
+    def _store_chunks(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
+        """On the I/O thread: store these chunks (once packed) in one catalog transaction and
+        one `put_many`; raise the error of the first whose packing failed."""
+        encoded = [(ordinal, packed.result()) for ordinal, packed in batch]
         blobs: list[_Blob] = []
         for _, enc in encoded:
             blobs.extend(
