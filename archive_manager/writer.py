@@ -388,6 +388,10 @@ class ArchiveWriter:
         # bounded: at most four chunks past their samples (a pair stored, one packed, one
         # packing).
         self._batch.append((ordinal, self._packer.submit(raw.pack)))
+        # At every chunk, not only when a pair is handed over: a failed store surfaces at the
+        # next chunk, and a pair stored overlaps the building of one chunk, as before.
+        while len(self._pending) >= _STORES_IN_FLIGHT:
+            self._pending.popleft().result()
         if len(self._batch) >= _CHUNKS_PER_STORE:
             self._submit_batch()
 
@@ -404,8 +408,6 @@ class ArchiveWriter:
         odd number of chunks (tests/test_review_rev3_breaks.py).
         """
         batch, self._batch = self._batch, []
-        while len(self._pending) >= _STORES_IN_FLIGHT:
-            self._pending.popleft().result()
         self._pending.append(self._io.submit(self._store_chunks, batch))
 
     def _wait(self) -> None:
