@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any
 
-from sqlalchemy import JSON, Table, event, text
+from sqlalchemy import JSON, Table, event, insert, text
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.engine.interfaces import ExceptionContext
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
@@ -371,5 +371,15 @@ class PostgreSQLDialect(CatalogDialect):
             first = list(islice(rows, _COPY_MIN_ROWS))
             if len(first) == _COPY_MIN_ROWS:
                 return _copy_rows(conn, table, columns, chain(first, rows))
-            rows = iter(first)
+            if first:
+                # NOTE: one multi-row INSERT, not the driver's executemany: psycopg runs that
+                # in pipeline mode, after which the server left a writer stopped at its next
+                # step (SIGSTOP, Ctrl-Z) "idle in transaction" without ending it at the
+                # idle_in_transaction_session_timeout this transaction set, so the stopped
+                # writer held the write lock for good (tests/test_stopped_writer.py, 2 runs
+                # in 4 before).
+                conn.execute(
+                    insert(table).values([dict(zip(columns, row, strict=True)) for row in first])
+                )
+            return len(first)
         return super().bulk_insert(conn, table, columns, rows, batch_size)
