@@ -128,17 +128,14 @@ def write_atomic_with(path: Path, write: Callable[[BinaryIO], None], *, mode: in
     ``path`` is left as it was."""
     tmp = _temp_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
+
+    def fill() -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+
+    _replace_with(tmp, path, fill)
 
 
 def write_atomic_via_path(path: Path, write: Callable[[Path], object]) -> None:
@@ -146,10 +143,20 @@ def write_atomic_via_path(path: Path, write: Callable[[Path], object]) -> None:
     fills a temp file beside ``path``, which is fsynced and then replaces ``path``.  On any
     failure the temp file is removed and ``path`` is left as it was."""
     tmp = _temp_for(path)
-    try:
+
+    def fill() -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+
+    _replace_with(tmp, path, fill)
+
+
+def _replace_with(tmp: Path, path: Path, fill: Callable[[], None]) -> None:
+    """Run ``fill`` (which writes and fsyncs ``tmp``), then let ``tmp`` replace ``path`` and
+    fsync the folder; on any failure ``tmp`` is removed and ``path`` is left as it was."""
+    try:
+        fill()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -74,15 +74,20 @@ def _copy_source(dest: Path) -> Path:
     return dest
 
 
-def test_the_sdist_carries_the_extensions_source(tmp_path: Path) -> None:
+def _build(tmp_path: Path, kind: str, *, timeout: int) -> Path:
+    """Build an sdist or a wheel of a clean copy of the source with setuptools' backend."""
     src = _copy_source(tmp_path / "src")
-    out = tmp_path / "dist"
-    build = f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"
+    out = tmp_path / kind
+    build = f"from setuptools import build_meta; print(build_meta.build_{kind}({str(out)!r}))"
     done = subprocess.run(
-        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, done.stderr
-    with tarfile.open(out / done.stdout.split()[-1]) as sdist:
+    return out / done.stdout.split()[-1]
+
+
+def test_the_sdist_carries_the_extensions_source(tmp_path: Path) -> None:
+    with tarfile.open(_build(tmp_path, "sdist", timeout=120)) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {
         "setup.py",
@@ -95,13 +100,6 @@ def test_the_sdist_carries_the_extensions_source(tmp_path: Path) -> None:
     shutil.which("gcc") is None and shutil.which("cc") is None, reason="no C compiler"
 )
 def test_the_wheel_builds_the_extension(tmp_path: Path) -> None:
-    src = _copy_source(tmp_path / "src")
-    out = tmp_path / "wheel"
-    build = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
-    done = subprocess.run(
-        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, done.stderr
-    with zipfile.ZipFile(out / done.stdout.split()[-1]) as wheel:
+    with zipfile.ZipFile(_build(tmp_path, "wheel", timeout=240)) as wheel:
         names = wheel.namelist()
     assert any(n.startswith("archive_manager/codec/_native.") and n.endswith(".so") for n in names)
