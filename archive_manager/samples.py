@@ -16,6 +16,7 @@ import builtins
 import dataclasses
 import enum
 import functools
+import itertools
 import struct
 import sys
 import types
@@ -379,7 +380,12 @@ def _strip_queue(fields: dict[Any, Any], declared: frozenset[str] = frozenset())
     declares is its data, whatever its name: only attributes a queue attached at run time are
     live queue state (docs/architecture.md, "Samples and values").
     """
-    if QUEUE_PREFIX in "\0".join(k for k in fields if type(k) is str):
+    try:
+        # str subclasses joined too: a false hit only takes the exact test below
+        joined = "\0".join(fields)
+    except TypeError:  # a key that is not a str
+        joined = "\0".join(k for k in fields if isinstance(k, str))
+    if QUEUE_PREFIX in joined:
         for key in [k for k in fields if is_queue_key(k) and k not in declared]:
             del fields[key]
     return fields
@@ -484,12 +490,34 @@ def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | 
     return name, fields, converted
 
 
+def _shadowed(cls: type, key: str) -> UnencodableError:
+    # put into __dict__ behind the class's back: the load would refuse it
+    return UnencodableError(
+        f"attribute {key!r:.80} of {_qualified(cls)} is in its __dict__ but "
+        "the class makes that name a property or another data descriptor"
+    )
+
+
 def _dataclass_state(obj: Any) -> dict[str, Any]:
     """A registered dataclass instance's declared fields, then its other attributes
     (undeclared ``_queue_*`` ones dropped): what `_rebuild` sets back."""
     cls: type = type(obj)
     plan = _rebuild_plan(cls)
-    fields: dict[str, Any] = {}
+    names = plan.plain_names
+    if names is not None and plan.instance_dict is not None:
+        # NOTE: the common case in one copy (a save reads 3 dataclasses a sample): every
+        # field in ``__dict__``, in declaration order, as ``__init__`` puts them; getattr of
+        # a plain attribute is then exactly that entry, and the copy keeps what the loop
+        # below would write, in the same order.
+        state = plan.instance_dict(obj)
+        if tuple(itertools.islice(state, len(names))) == names:
+            fields = dict(state)
+            if len(fields) > len(names):
+                for key in itertools.islice(state, len(names), None):
+                    if key in plan.descriptors:
+                        raise _shadowed(cls, key)
+            return _strip_queue(fields, plan.declared)
+    fields = {}
     for step in plan.fields:
         if step.setter is None:
             raise UnencodableError(
@@ -511,11 +539,7 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
     if plan.instance_dict is not None:
         for key, value in plan.instance_dict(obj).items():
             if key in plan.descriptors and key not in plan.declared:
-                # put into __dict__ behind the class's back: the load would refuse it
-                raise UnencodableError(
-                    f"attribute {key!r:.80} of {_qualified(cls)} is in its __dict__ but "
-                    "the class makes that name a property or another data descriptor"
-                )
+                raise _shadowed(cls, key)
             fields.setdefault(key, value)
     return _strip_queue(fields, plan.declared)
 
@@ -773,6 +797,10 @@ class _RebuildPlan:
     # names the class resolves to a data descriptor (``__class__``, properties...): an
     # attribute of that name in ``__dict__`` is shadowed, and setting it runs their code
     descriptors: frozenset[str]
+    # the declared field names in order, when reading them is reading ``__dict__`` (every
+    # field a plain instance attribute, attribute access not overridden): `_dataclass_state`
+    # then copies ``__dict__`` whole; else None
+    plain_names: tuple[str, ...] | None = None
 
 
 def _class_attr(cls: type, name: str) -> Any:
@@ -810,6 +838,7 @@ def _rebuild_plan(cls: type) -> _RebuildPlan:
         return put
 
     steps = []
+    into: set[str] = set()
     for f in dataclasses.fields(cls):
         attr = _class_attr(cls, f.name)
         if type(attr) is types.MemberDescriptorType:
@@ -818,12 +847,24 @@ def _rebuild_plan(cls: type) -> _RebuildPlan:
             setter = None
         else:
             setter = into_dict(f.name)
+            into.add(f.name)
         steps.append(_FieldStep(f.name, f.default, f.default_factory, setter))
     resolved: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         resolved.update(vars(klass))
     descriptors = frozenset(k for k, v in resolved.items() if _is_data_descriptor(v))
-    return _RebuildPlan(tuple(steps), frozenset(f.name for f in steps), instance_dict, descriptors)
+    plain = (
+        instance_dict is not None
+        and resolved.get("__getattribute__") is object.__getattribute__
+        and all(s.name not in descriptors and s.name in into for s in steps)
+    )
+    return _RebuildPlan(
+        tuple(steps),
+        frozenset(f.name for f in steps),
+        instance_dict,
+        descriptors,
+        tuple(s.name for s in steps) if plain else None,
+    )
 
 
 def _rebuild(cls: type, data: dict[str, Any]) -> Any:

@@ -43,17 +43,19 @@ if codec._native_numbers is None:
 
 NATIVE = codec._native_numbers
 FIRST_LEAVES = codec._native_first_leaves
-assert NATIVE is not None and FIRST_LEAVES is not None
+DICT_ITEMS = codec._native_dict_items
+assert NATIVE is not None and FIRST_LEAVES is not None and DICT_ITEMS is not None
 
 
 @contextlib.contextmanager
 def python_only() -> Iterator[None]:
     """The Python paths alone, as without the extension."""
-    codec._native_numbers = codec._native_first_leaves = None
+    codec._native_numbers = codec._native_first_leaves = codec._native_dict_items = None
     try:
         yield
     finally:
         codec._native_numbers, codec._native_first_leaves = NATIVE, FIRST_LEAVES
+        codec._native_dict_items = DICT_ITEMS
 
 
 class Colour(enum.IntEnum):
@@ -265,6 +267,7 @@ def test_the_realistic_rollouts_chunk_digests_are_identical_without_native(
 
     python = digests()
     codec._native_numbers, codec._native_first_leaves = NATIVE, FIRST_LEAVES
+    codec._native_dict_items = DICT_ITEMS
     native = digests()
     assert native == python
 
@@ -351,6 +354,95 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         check=True,
         timeout=120,
     )
+
+
+# `_Encoder._dict`'s loop in C (`dict_items`): the same tree, arrays, marks in `leaves`, bytes
+# counted again and repeats, or the same refusal with the same path, as the Python loop.
+KEYS = st.sampled_from(["a", "bc", "shared", "$t", "$", LONG, "k" * 600]) | st.text(max_size=4)
+ODD_KEYS = st.sampled_from([1, 2.5, None, (1, "a"), True])
+
+
+@st.composite
+def dict_values(draw: Any) -> Any:
+    leaf = LEAVES | st.sampled_from([{1, 2}, b"bytes", Colour.RED])
+    inner = st.dictionaries(KEYS, leaf | st.lists(LEAVES, max_size=4), max_size=6)
+    outer = st.dictionaries(KEYS, leaf | inner | st.lists(inner, max_size=3), max_size=8)
+    value = draw(outer)
+    if value and draw(st.booleans()):  # a key that is not a str: a map
+        value[draw(ODD_KEYS)] = draw(leaf)
+    if value and draw(st.booleans()):  # the same dict (and its leaves) held twice
+        value["again"] = dict(value)
+        value["again2"] = value["again"]
+    return value
+
+
+@settings(max_examples=500, deadline=None)
+@given(dict_values())
+def test_dict_accounting_is_the_python_loops(value: dict) -> None:
+    native = _encoder_outcome(value)
+    with python_only():
+        python = _encoder_outcome(value)
+    assert native == python
+
+
+@settings(max_examples=200, deadline=None)
+@given(dict_values())
+def test_top_level_dicts_are_the_python_loops(value: dict) -> None:
+    """The top of a sample (``_dict(top=True)``): keys never counted, paths without brackets."""
+
+    def outcome() -> tuple[Any, ...]:
+        encoder = codec._Encoder(codec._Record(codec.DEFAULT_INLINE_LIMIT, {}))
+        try:
+            tree: Any = codec.values._dumps(encoder._dict(value, top=True))
+        except codec.UnencodableError as exc:
+            tree = str(exc)
+        return tree, b"".join(map(bytes, encoder.record.arrays)), encoder.leaves
+
+    native = outcome()
+    with python_only():
+        python = outcome()
+    assert native == python
+
+
+def test_a_key_held_in_many_dicts_is_refused_past_the_bound_as_before() -> None:
+    key = "k" * 500
+    value = [{key: i} for i in range(codec.values._MAX_EXTRA_BYTES // 500 + 2)]
+    native = _encoder_outcome(value)
+    with python_only():
+        python = _encoder_outcome(value)
+    assert "beyond the memory it holds" in native[0]
+    assert native == python
+
+
+def test_dict_items_leaves_maps_and_tags_to_python() -> None:
+    leaves: dict[int, int] = {}
+    x = 1.0000000001
+
+    def refuse(value: Any) -> Any:
+        raise AssertionError("not called for a map")
+
+    assert DICT_ITEMS({"a": x, 1: 2}, leaves, refuse, None, [None]) is None
+    assert DICT_ITEMS({"a": x, "$t": 2}, leaves, refuse, None, [None]) is None
+    assert leaves == {}  # nothing marked before the refusal
+
+
+def test_dict_items_names_the_key_that_failed_and_stops_on_a_resized_dict() -> None:
+    where: list[Any] = [None]
+    value: dict[str, Any] = {"ok": 1, "bad": [1], "later": 2}
+
+    def fail(item: Any) -> Any:
+        raise codec.UnencodableError("no")
+
+    with pytest.raises(codec.UnencodableError):
+        DICT_ITEMS(value, {}, fail, None, where)
+    assert where == ["bad"]
+
+    def grow(item: Any) -> Any:
+        value["new"] = 0
+        return item
+
+    with pytest.raises(RuntimeError, match="changed size"):
+        DICT_ITEMS(value, {}, grow, None, [None])
 
 
 _SAVE_AND_REPORT = """

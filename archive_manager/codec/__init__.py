@@ -91,6 +91,7 @@ from .values import (
     _gc_paused,
     _key_text,
     _marshalled_numbers,
+    _native_dict_items,
     _native_first_leaves,
     _native_numbers,
     _number_array,

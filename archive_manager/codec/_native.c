@@ -282,7 +282,150 @@ done:
     return Py_NewRef(out);
 }
 
+/* One step of dict_items: mark `leaf` as _again() marks a first appearance (leaves[id] = -1);
+ * 1 if it was marked, 0 if it was met before (the caller's Python callback counts it), -1 on
+ * error. */
+static int
+mark_first(PyObject *leaves, PyObject *leaf, PyObject *minus_one)
+{
+    PyObject *key = PyLong_FromVoidPtr(leaf); /* what id() returns */
+    if (key == NULL) {
+        return -1;
+    }
+    PyObject *had = PyDict_GetItemWithError(leaves, key);
+    int out;
+    if (had != NULL) {
+        out = 0;
+    }
+    else if (PyErr_Occurred()) {
+        out = -1;
+    }
+    else {
+        out = PyDict_SetItem(leaves, key, minus_one) < 0 ? -1 : 1;
+    }
+    Py_DECREF(key);
+    return out;
+}
+
+/* Call fn(arg) with `where[0] = name` first (the caller's error message names it); the
+ * result, or NULL.  A dict that changed size under the call fails as a dict comprehension
+ * over it would. */
+static PyObject *
+call_at(PyObject *fn, PyObject *arg, PyObject *where, PyObject *name, PyObject *dict,
+        Py_ssize_t size)
+{
+    Py_INCREF(name);
+    if (PyList_SetItem(where, 0, name) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyObject_CallOneArg(fn, arg);
+    if (out != NULL && PyDict_GET_SIZE(dict) != size) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+        return NULL;
+    }
+    return out;
+}
+
+/* _Encoder._dict's loop over a dict of str keys, done as the Python path does it
+ * (docs/architecture.md, "Native list conversion"):
+ *   dict_items(value, leaves, encode, again, where) -> dict | None
+ * None, with `leaves` as it was, when a key is not an exact str or the dict holds the tag
+ * "$t" (the Python path writes a map).  Otherwise first the keys, when `again` is not None (a
+ * dict below the top): each longer than one code point is counted as _again(key) counts it
+ * (marked at its first appearance, again(key) otherwise); then the values, in order: a plain
+ * leaf met for the first time is marked and kept as it is (what encode() would return), any
+ * other value is encode(value).  where[0] holds the key being counted or encoded, for the
+ * caller's error message. */
+static PyObject *
+dict_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) ||
+        !PyList_CheckExact(args[4]) || PyList_GET_SIZE(args[4]) != 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dict_items(dict, leaves dict, encode, again or None, [where])");
+        return NULL;
+    }
+    PyObject *value = args[0], *leaves = args[1], *encode = args[2], *again = args[3];
+    PyObject *where = args[4];
+    Py_ssize_t size = PyDict_GET_SIZE(value);
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(value, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k)) {
+            Py_RETURN_NONE;
+        }
+        if (PyUnicode_GET_LENGTH(k) == 2 && PyUnicode_CompareWithASCIIString(k, "$t") == 0) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *minus_one = PyLong_FromLong(-1);
+    if (minus_one == NULL) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (again != Py_None) {
+        pos = 0;
+        while (PyDict_Next(value, &pos, &k, &v)) {
+            if (PyUnicode_GET_LENGTH(k) <= 1) {
+                continue;
+            }
+            int marked = mark_first(leaves, k, minus_one);
+            if (marked < 0) {
+                goto fail;
+            }
+            if (marked == 0) {
+                Py_INCREF(k);
+                PyObject *r = call_at(again, k, where, k, value, size);
+                Py_DECREF(k);
+                if (r == NULL) {
+                    goto fail;
+                }
+                Py_DECREF(r);
+            }
+        }
+    }
+    out = PyDict_New();
+    if (out == NULL) {
+        goto fail;
+    }
+    pos = 0;
+    while (PyDict_Next(value, &pos, &k, &v)) {
+        Py_INCREF(k);
+        Py_INCREF(v);
+        PyObject *item = NULL;
+        int kind = leaf_kind(v);
+        int marked = kind == MARK ? mark_first(leaves, v, minus_one) : 0;
+        if (marked < 0) {
+            /* error: item stays NULL */
+        }
+        else if (kind == SKIP || marked == 1) {
+            item = Py_NewRef(v);
+        }
+        else {
+            item = call_at(encode, v, where, k, value, size);
+        }
+        int failed = item == NULL || PyDict_SetItem(out, k, item) < 0;
+        Py_XDECREF(item);
+        Py_DECREF(v);
+        Py_DECREF(k);
+        if (failed) {
+            goto fail;
+        }
+    }
+    Py_DECREF(minus_one);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(minus_one);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"dict_items", (PyCFunction)(void (*)(void))dict_items, METH_FASTCALL,
+     "dict_items(value, leaves, encode, again, where) -> dict | None\n\n"
+     "_Encoder._dict's loop over a dict of str keys; None when the Python path must do it."},
     {"first_leaves", (PyCFunction)(void (*)(void))first_leaves, METH_FASTCALL,
      "first_leaves(items, leaves) -> bool\n\n"
      "Mark the plain leaves of a list or tuple met for the first time (leaves[id] = -1);\n"

@@ -1,5 +1,17 @@
+from collections.abc import Callable
+
 # The C extension's signature (_native.c); None: not a list of exact ints or exact floats.
 def numbers(value: list[object], /) -> tuple[str, bytes, bool] | None: ...
 
 # Marks the plain leaves of items met for the first time; False (leaves unchanged): Python's turn.
 def first_leaves(items: list[object] | tuple[object, ...], leaves: dict[int, int], /) -> bool: ...
+
+# _Encoder._dict's loop over a dict of str keys; None (leaves unchanged): Python's turn (a map).
+def dict_items(
+    value: dict[object, object],
+    leaves: dict[int, int],
+    encode: Callable[[object], object],
+    again: Callable[[object], None] | None,
+    where: list[object],
+    /,
+) -> dict[str, object] | None: ...
