@@ -469,3 +469,75 @@ def test_task_key_must_be_read_before_stripping() -> None:
     assert task_key_of(sample) == "q-9"
     _, fields = sample_to_fields(sample)
     assert task_key_of(fields) is None
+
+
+# `_dataclass_state` copies ``__dict__`` whole when the declared fields are its first entries
+# in order and attribute access is not overridden; every other case takes the getattr loop.
+# Both must give what the loop gives: the declared fields (getattr), then the other attributes.
+def _state_by_the_loop(obj: Any) -> dict[str, Any]:
+    import dataclasses as dc
+
+    fields = {f.name: getattr(obj, f.name) for f in dc.fields(obj)}
+    for key, value in vars(obj).items():
+        fields.setdefault(key, value)
+    return {k: v for k, v in fields.items() if not str(k).startswith("_queue_")}
+
+
+@dataclasses.dataclass
+class _Ordered:
+    a: int = 1
+    b: str = "x"
+
+
+@dataclasses.dataclass
+class _Reordered:
+    a: int = 1
+    b: str = "x"
+
+    def __post_init__(self) -> None:
+        del self.a  # __dict__ now holds b before a
+        self.a = 5
+
+
+@dataclasses.dataclass
+class _Looked:
+    a: int = 1
+    b: str = "x"
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        return value * 2 if name == "a" else value
+
+
+def test_dataclass_state_copies_dict_only_when_it_is_the_loop() -> None:
+    from archive_manager.samples import _dataclass_state
+
+    plain = _Ordered()
+    plain.extra = [1]  # type: ignore[attr-defined]
+    plain._queue_live = 3  # type: ignore[attr-defined]
+    reordered = _Reordered()
+    looked = _Looked()
+    for obj in (plain, reordered, looked, _Ordered(b="y")):
+        state = _dataclass_state(obj)
+        assert state == _state_by_the_loop(obj)
+        assert list(state) == list(_state_by_the_loop(obj))  # the order too
+    assert _dataclass_state(looked)["a"] == 2  # through its __getattribute__, as before
+    assert list(_dataclass_state(reordered)) == ["a", "b"]
+
+
+def test_dataclass_state_still_refuses_an_attribute_a_property_shadows() -> None:
+    from archive_manager.errors import UnencodableError
+    from archive_manager.samples import _dataclass_state
+
+    @dataclasses.dataclass
+    class Shadowed:
+        a: int = 1
+
+        @property
+        def p(self) -> int:
+            return 0
+
+    obj = Shadowed()
+    obj.__dict__["p"] = 9  # behind the class's back
+    with pytest.raises(UnencodableError, match="property or another data descriptor"):
+        _dataclass_state(obj)
