@@ -57,6 +57,28 @@ result(const char *name, const uint64_t *bits, Py_ssize_t n, int width)
     return Py_BuildValue("(sNO)", name, data, shuffled);
 }
 
+/* An exact int's value when CPython keeps it in one machine digit (every token id, mask and
+ * length: |v| < 2**30): read in place, without the call and overflow checks of
+ * PyLong_AsLongLongAndOverflow, which the caller falls back to.  1 if read. */
+static inline int
+compact_value(PyObject *item, long long *v)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)item);
+        return 1;
+    }
+    return 0;
+#else
+    Py_ssize_t size = Py_SIZE(item);
+    if (size >= -1 && size <= 1) {
+        *v = (long long)size * (long long)((PyLongObject *)item)->ob_digit[0];
+        return 1;
+    }
+    return 0;
+#endif
+}
+
 static PyObject *
 ints(PyObject *list, Py_ssize_t n, uint64_t *bits)
 {
@@ -67,13 +89,16 @@ ints(PyObject *list, Py_ssize_t n, uint64_t *bits)
         if (!PyLong_CheckExact(item)) {
             Py_RETURN_NONE;
         }
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (overflow) {
-            Py_RETURN_NONE; /* beyond int64: JSON keeps any size exact */
-        }
-        if (v == -1 && PyErr_Occurred()) {
-            return NULL;
+        long long v;
+        if (!compact_value(item, &v)) {
+            int overflow = 0;
+            v = PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow) {
+                Py_RETURN_NONE; /* beyond int64: JSON keeps any size exact */
+            }
+            if (v == -1 && PyErr_Occurred()) {
+                return NULL;
+            }
         }
         if (i == 0 || v < lo) {
             lo = v;
