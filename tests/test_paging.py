@@ -67,6 +67,42 @@ def test_find_pages_by_keyset(pool: ArchiveManager) -> None:
         pool.find(limit=-1)
 
 
+def test_stats_pages_by_keyset(pool: ArchiveManager) -> None:
+    _fill(pool)
+    # Rollout 2 holds two archives (merged), rollout 1 a training and an evaluation row,
+    # two archives have no rollout id (the last row), a7-X is released.
+    for filters in ({}, {"evaluation": False}, {"rollout_ids": (1, None)}, {"rollout_ids": 9}):
+        every = pool.stats(**filters)
+        keys = [(r.rollout_id, r.evaluation) for r in every]
+        assert keys == sorted(keys, key=lambda k: (k[0] is None, k[0] or 0, k[1]))
+        for size in (1, 2, 5):
+            pages: list[Any] = []
+            after = None
+            while True:
+                page = pool.stats(**filters, limit=size, after=after)
+                assert len(page) <= size
+                if not page:
+                    break
+                pages += page
+                after = (page[-1].rollout_id, page[-1].evaluation)
+            assert pages == every, (filters, size)
+        for i, key in enumerate(keys):
+            assert pool.stats(**filters, after=key) == every[i + 1 :]
+    every = pool.stats()
+    assert (None, False) in [(r.rollout_id, r.evaluation) for r in every]
+    # A key that is no row's still starts after its place in the order.
+    assert pool.stats(after=(1, True), limit=1) == [r for r in every if r.rollout_id == 2]
+    assert pool.stats(after=(-5, False)) == every
+    assert pool.stats(after=(None, False)) == []  # the last row (None, True) does not exist
+    assert pool.stats(limit=0) == []
+    for bad in ((1,), (1, "yes"), ("1", False), (True, False), (2**63, False), [1, False]):
+        with pytest.raises(InvalidInputError):
+            pool.stats(after=bad)  # type: ignore[arg-type]
+    for limit in (-1, True, 1.5):
+        with pytest.raises(InvalidInputError):
+            pool.stats(limit=limit)  # type: ignore[arg-type]
+
+
 _FILTERS: list[dict[str, Any]] = [
     {},
     {"status": "truncated"},
