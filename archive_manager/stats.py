@@ -48,8 +48,6 @@ from .summary import (
     merge_summaries,
     nearest_rank,
     read_summaries,
-    summary_columns,
-    summary_from_row,
 )
 
 __all__ = [
@@ -611,7 +609,9 @@ def rollout_stats(
     a, t = archives_table, archive_summaries_table
     where = archive_filters(bounds, evaluation)
     # NOTE: the summaries come joined to the archive rows, in one statement: IN lists of
-    # thousands of ids cost more to bind than the rows to read.
+    # thousands of ids cost more to bind than the rows to read.  Only the figures a rollout
+    # of one archive shows (`_one_archive`): the archives of a rollout of several have their
+    # whole summaries and sketches read apart, to merge them.
     archive_query = (
         select(
             a.c.id,
@@ -620,7 +620,7 @@ def rollout_stats(
             a.c.evaluation,
             a.c.state,
             a.c.bytes,
-            *summary_columns(),
+            *(t.c[name] for name in _SHOWN),
         )
         .select_from(a.outerjoin(t, t.c.archive_id == a.c.id))
         .where(*where)
@@ -664,9 +664,11 @@ def rollout_stats(
                 missing.append(key)
             else:
                 summaries[key] = cached
-        wanted = [r for key in missing for r in groups[key]]
-        stored = {r[0]: summary_from_row(r[6:]) for r in wanted if r[6] is not None}
-        lacking = [r[0] for r in wanted if r[6] is None]
+        # A rollout of one archive without a stored summary (an upgrade emitted as SQL
+        # text) has it computed; a rollout of several has its archives' summaries and
+        # sketches read (those missing computed).
+        stored: dict[int, ArchiveSummary] = {}
+        lacking = [g[0][0] for key in missing if len(g := groups[key]) == 1]
         if lacking:
             stored.update(compute_missing_summaries(conn, lacking))
         several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]
@@ -712,34 +714,50 @@ def _keys_after(
     return keys if limit is None else keys[:limit]
 
 
-# Where each summary column sits in a row of ``rollout_stats``'s statement: after the six
-# archive columns, in `summary_columns` order.
-_AT = {column.name: 6 + i for i, column in enumerate(summary_columns())}
+# The summary columns of ``rollout_stats``'s statement, after the six archive columns: what
+# `_one_archive` shows, ``archive_id`` first (None: the archive has no stored summary).
+_SHOWN = (
+    "archive_id",
+    "status",
+    "rewarded",
+    "reward_mean",
+    "reward_p50",
+    "reward_p90",
+    "length_mean",
+    "length_p90",
+    "groups",
+    "zero_variance_groups",
+    "group_std_mean",
+)
+_AT = {name: 6 + i for i, name in enumerate(_SHOWN)}
 
 
 def _one_archive(key: _Group, row: Sequence[Any]) -> RolloutStats:
     """The statistics of a rollout of one archive, straight from its row of
-    ``rollout_stats``'s statement (the archive's columns, then `summary_columns`): what
-    ``_combine`` makes of the stored summary, without the summaries in between."""
-    status = row[_AT["status"]] or {}
-    counts = sorted(((str(k), int(n)) for k, n in status.items()), key=_most_first)
+    ``rollout_stats``'s statement (the archive's columns, then `_SHOWN`): what ``_combine``
+    makes of the stored summary, without the summaries in between."""
+    # NOTE: positional, on a plain tuple: this runs once per rollout, 10,000 times for the
+    # pool page's charts.
+    (_, _, _, _, state, size, _, status, rewarded, r_mean, r_p50, r_p90, l_mean, l_p90,
+     groups, flat, std_mean) = tuple(row)  # fmt: skip
+    counts = sorted([(str(k), int(n)) for k, n in (status or {}).items()], key=_most_first)
     return RolloutStats(
         rollout_id=key[0],
         evaluation=key[1],
         archives=1,
-        released=int(row[4] == "released"),
+        released=int(state == "released"),
         samples=sum(n for _, n in counts),
-        bytes=int(row[5] or 0),
-        rewarded=row[_AT["rewarded"]],
-        reward_mean=row[_AT["reward_mean"]],
-        reward_p50=row[_AT["reward_p50"]],
-        reward_p90=row[_AT["reward_p90"]],
-        length_mean=row[_AT["length_mean"]],
-        length_p90=row[_AT["length_p90"]],
+        bytes=int(size or 0),
+        rewarded=rewarded,
+        reward_mean=r_mean,
+        reward_p50=r_p50,
+        reward_p90=r_p90,
+        length_mean=l_mean,
+        length_p90=l_p90,
         status=tuple(counts),
-        groups=row[_AT["groups"]],
-        zero_variance_groups=row[_AT["zero_variance_groups"]],
-        group_std_mean=row[_AT["group_std_mean"]],
+        groups=groups,
+        zero_variance_groups=flat,
+        group_std_mean=std_mean,
     )
 
 
