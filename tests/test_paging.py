@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 import archive_manager.query as query_module
 from archive_manager import ArchiveManager, Sample
@@ -101,6 +101,28 @@ def test_stats_pages_by_keyset(pool: ArchiveManager) -> None:
     for limit in (-1, True, 1.5):
         with pytest.raises(InvalidInputError):
             pool.stats(limit=limit)  # type: ignore[arg-type]
+
+
+def test_info_counts_each_blob_a_published_archive_needs_once(pool: ArchiveManager) -> None:
+    """``unique_bytes`` (a probe of the first published archive per blob) against the rows."""
+    _fill(pool)
+    # Reference saves share the chunks of a0-y.
+    pool.save("ref-1", None, rollout_id=9, reference=pool.open_archive("a0-y"))
+    pool.save("ref-2", None, rollout_id=9, reference="a0-y")
+    pool.open_archive("a3-X").release()
+    with pool.catalog.read() as conn:
+        published = {
+            r.id for r in conn.execute(text("SELECT id FROM archives WHERE state = 'published'"))
+        }
+        sizes = {r.digest: r.size for r in conn.execute(text("SELECT digest, size FROM blobs"))}
+        needed = {
+            r.digest
+            for r in conn.execute(text("SELECT archive_id, digest FROM archive_blobs"))
+            if r.archive_id in published
+        }
+    info = pool.info()
+    assert info.unique_bytes == sum(sizes[d] for d in needed) > 0
+    assert info.logical_bytes > info.unique_bytes and info.dedup_ratio > 1.0
 
 
 _FILTERS: list[dict[str, Any]] = [
