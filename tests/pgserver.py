@@ -171,7 +171,8 @@ class PgServer:
     def start_kept(cls, base: Path, *, max_connections: int = 300) -> PgServer:
         """Start a server on the cluster in ``base`` (``initdb`` it first if ``base`` holds
         none), one that `stop` shuts down cleanly and leaves in place: for a benchmark that
-        measures a large pool again after each change without filling it again.
+        measures a large pool again after each change without filling it again.  As root,
+        ``base``'s parent folders must let the ``postgres`` user through.
 
         Raises:
             PgServerUnavailable: the binaries or a user to run them as are missing.
