@@ -949,6 +949,9 @@ class ArchiveManager:
         self,
         rollout_ids: range | tuple[int | None, int | None] | int | None = None,
         evaluation: bool | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[int | None, bool] | None = None,
     ) -> list[RolloutStats]:
         """Training-drift statistics per rollout id and evaluation flag, from the catalog.
 
@@ -956,8 +959,20 @@ class ArchiveManager:
         truncated and share by status, bytes; published and released archives count (see
         `archive_manager.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
         ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
+
+        Rows come by rollout id (rollouts without one last), training before evaluation.
+        ``limit`` returns at most that many; ``after`` (``(rollout_id, evaluation)`` of the
+        last row of the previous page) starts after that row: keyset paging, reading only the
+        page's archives (docs/architecture.md, "Summaries and paging").
         """
-        return rollout_stats(self._context, rollout_ids, evaluation, cache=self._stats_cache)
+        return rollout_stats(
+            self._context,
+            rollout_ids,
+            evaluation,
+            cache=self._stats_cache,
+            after=after,
+            limit=limit,
+        )
 
     # ------------------------------------------------------------------ the RL lens
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, literal, select
 from sqlalchemy.engine import Connection
 
 from ._context import PoolContext
@@ -93,14 +93,22 @@ def pool_summary(pool: PoolContext) -> PoolSummary:
             ).scalar_one()
         )
         ab = archive_blobs_table
-        needed = (
-            select(ab.c.digest)
-            .join(a, a.c.id == ab.c.archive_id)
+        # NOTE: the first published archive needing the blob, as a scalar subquery with LIMIT
+        # 1 rather than EXISTS: PostgreSQL made the EXISTS a hash semi-join over every
+        # archive_blobs row (170,000 at 10,000 archives: 0.2 s); this probes the (digest,
+        # archive_id) index once per blob and stops at the first match (0.12 s), as SQLite
+        # runs either.
+        needer = (
+            select(literal(1))
+            .select_from(ab.join(a, a.c.id == ab.c.archive_id))
             .where(ab.c.digest == b.c.digest, a.c.state == "published")
-            .exists()
+            .limit(1)
+            .scalar_subquery()
         )
         summary.unique_bytes = int(
-            conn.execute(select(func.coalesce(func.sum(b.c.size), 0)).where(needed)).scalar_one()
+            conn.execute(
+                select(func.coalesce(func.sum(b.c.size), 0)).where(needer.is_not(None))
+            ).scalar_one()
         )
     return summary
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
@@ -48,12 +48,11 @@ from .summary import (
     merge_summaries,
     nearest_rank,
     read_summaries,
-    summary_columns,
-    summary_from_row,
 )
 
 __all__ = [
     "COUNTED_STATES",
+    "RolloutKey",
     "RolloutRange",
     "RolloutStats",
     "SampleSummary",
@@ -61,6 +60,7 @@ __all__ = [
     "archive_filters",
     "archive_summary",
     "build_stats",
+    "check_rollout_key",
     "check_rollout_range",
     "group_spread",
     "mean_std",
@@ -81,6 +81,10 @@ RolloutRange = tuple[int | None, int | None]
 """An inclusive range of rollout ids; either end may be None (open)."""
 
 _Group = tuple[int | None, bool]
+
+RolloutKey = tuple[int | None, bool]
+"""Where a row of the statistics stands: ``(rollout_id, evaluation)``; the order is by
+rollout id, archives without one last, training before evaluation."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,27 @@ def check_rollout_range(rollout_ids: object) -> RolloutRange | None:
                 f"rollout id {end} is out of range: rollout ids are 64-bit signed ints"
             )
     return bounds
+
+
+def check_rollout_key(key: object) -> RolloutKey:
+    """Check a row's key of the statistics (the ``after`` of a page): ``(rollout_id,
+    evaluation)``, the id a 64-bit int or None, the flag a bool.
+
+    Raises:
+        InvalidInputError: anything else.
+    """
+    if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], bool)):
+        raise InvalidInputError(
+            "a rollout key must be (rollout_id, evaluation): an int or None, a bool"
+        )
+    rollout_id = key[0]
+    if rollout_id is not None and (
+        isinstance(rollout_id, bool)
+        or not isinstance(rollout_id, int)
+        or not -(2**63) <= rollout_id < 2**63
+    ):
+        raise InvalidInputError("a rollout key's rollout id must be a 64-bit int or None")
+    return (rollout_id, key[1])
 
 
 def narrow_rollout_bounds(
@@ -550,6 +575,9 @@ def rollout_stats(
     evaluation: bool | None = None,
     *,
     cache: StatsCache | None = None,
+    after: object = None,
+    limit: int | None = None,
+    keys: Collection[RolloutKey] | None = None,
 ) -> list[RolloutStats]:
     """The statistics of every rollout id and evaluation flag of ``pool`` (catalog only).
 
@@ -563,16 +591,27 @@ def rollout_stats(
             ends may be None; archives without a rollout id count only when this is None.
         evaluation: None (both), True (evaluation rollouts) or False (training rollouts).
         cache: Summaries of groups seen before, reused while a group's archives are the same.
+        after: A `RolloutKey`: only the rows after it (keyset paging).
+        limit: At most this many rows, the first in order.
+        keys: Only the rows of these keys (the rollouts of one page of archives).
 
     Raises:
-        InvalidInputError: a malformed filter.
+        InvalidInputError: a malformed filter, key or limit.
     """
     bounds = check_rollout_range(rollout_ids)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
+    start = None if after is None else check_rollout_key(after)
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63
+    ):
+        raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
     a, t = archives_table, archive_summaries_table
+    where = archive_filters(bounds, evaluation)
     # NOTE: the summaries come joined to the archive rows, in one statement: IN lists of
-    # thousands of ids cost more to bind than the rows to read.
+    # thousands of ids cost more to bind than the rows to read.  Only the figures a rollout
+    # of one archive shows (`_one_archive`): the archives of a rollout of several have their
+    # whole summaries and sketches read apart, to merge them.
     archive_query = (
         select(
             a.c.id,
@@ -581,14 +620,32 @@ def rollout_stats(
             a.c.evaluation,
             a.c.state,
             a.c.bytes,
-            *summary_columns(),
+            *(t.c[name] for name in _SHOWN),
         )
         .select_from(a.outerjoin(t, t.c.archive_id == a.c.id))
-        .where(*archive_filters(bounds, evaluation))
+        .where(*where)
     )
     with pool.catalog.read() as conn:
+        chosen = None if keys is None else {_group_key(*check_rollout_key(k)) for k in keys}
+        if start is not None or limit is not None:
+            page = set(_keys_after(conn, where, start, limit))
+            chosen = page if chosen is None else chosen & page
+        if chosen is not None:
+            # A page reads the archives of its rollout-id span only (docs/architecture.md,
+            # "Summaries and paging"); rows of the span not asked for are dropped below.
+            numbered = [k[0] for k in chosen if k[0] is not None]
+            span = []
+            if numbered:
+                span.append(a.c.rollout_id.between(min(numbered), max(numbered)))
+            if len(numbered) < len(chosen):
+                span.append(a.c.rollout_id.is_(None))
+            if not span:
+                return []
+            archive_query = archive_query.where(or_(*span))
         rows = conn.execute(archive_query).all()
         groups = _by_group(rows)
+        if chosen is not None:
+            groups = defaultdict(list, {k: g for k, g in groups.items() if k in chosen})
         done: dict[_Group, RolloutStats] = {}
         merged: dict[_Group, list[Sequence[Any]]] = {}
         for key, group in groups.items():
@@ -607,9 +664,11 @@ def rollout_stats(
                 missing.append(key)
             else:
                 summaries[key] = cached
-        wanted = [r for key in missing for r in groups[key]]
-        stored = {r[0]: summary_from_row(r[6:]) for r in wanted if r[6] is not None}
-        lacking = [r[0] for r in wanted if r[6] is None]
+        # A rollout of one archive without a stored summary (an upgrade emitted as SQL
+        # text) has it computed; a rollout of several has its archives' summaries and
+        # sketches read (those missing computed).
+        stored: dict[int, ArchiveSummary] = {}
+        lacking = [g[0][0] for key in missing if len(g := groups[key]) == 1]
         if lacking:
             stored.update(compute_missing_summaries(conn, lacking))
         several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]
@@ -623,34 +682,82 @@ def rollout_stats(
     return [done[key] for key in sorted(groups, key=_order)]
 
 
-# Where each summary column sits in a row of ``rollout_stats``'s statement: after the six
-# archive columns, in `summary_columns` order.
-_AT = {column.name: 6 + i for i, column in enumerate(summary_columns())}
+def _keys_after(
+    conn: Connection,
+    where: Sequence[ColumnElement[bool]],
+    after: RolloutKey | None,
+    limit: int | None,
+) -> list[_Group]:
+    """The keys of the first ``limit`` rows of the statistics after ``after``, in order.
+
+    NOTE: two statements, the rollouts with an id then those without, each ordered by plain
+    columns, as `catalog.queries.archives_in_order` reads the listings.
+    """
+    a = archives_table
+    keys: list[_Group] = []
+    if after is None or after[0] is not None:
+        part = select(a.c.rollout_id, a.c.evaluation).where(*where, a.c.rollout_id.is_not(None))
+        if after is not None:
+            later = a.c.rollout_id > after[0]
+            if not after[1]:  # its evaluation row comes after the training row
+                later = or_(later, and_(a.c.rollout_id == after[0], a.c.evaluation.is_(True)))
+            part = part.where(later)
+        part = part.distinct().order_by(a.c.rollout_id, a.c.evaluation)
+        found = conn.execute(part if limit is None else part.limit(limit)).all()
+        keys += [_group_key(rollout_id, flag) for rollout_id, flag in found]
+    if (limit is None or len(keys) < limit) and after != (None, True):
+        part = select(a.c.evaluation).where(*where, a.c.rollout_id.is_(None))
+        if after == (None, False):
+            part = part.where(a.c.evaluation.is_(True))
+        flags = conn.execute(part.distinct().order_by(a.c.evaluation)).scalars().all()
+        keys += [_group_key(None, flag) for flag in flags]
+    return keys if limit is None else keys[:limit]
+
+
+# The summary columns of ``rollout_stats``'s statement, after the six archive columns: what
+# `_one_archive` shows, ``archive_id`` first (None: the archive has no stored summary).
+_SHOWN = (
+    "archive_id",
+    "status",
+    "rewarded",
+    "reward_mean",
+    "reward_p50",
+    "reward_p90",
+    "length_mean",
+    "length_p90",
+    "groups",
+    "zero_variance_groups",
+    "group_std_mean",
+)
+_AT = {name: 6 + i for i, name in enumerate(_SHOWN)}
 
 
 def _one_archive(key: _Group, row: Sequence[Any]) -> RolloutStats:
     """The statistics of a rollout of one archive, straight from its row of
-    ``rollout_stats``'s statement (the archive's columns, then `summary_columns`): what
-    ``_combine`` makes of the stored summary, without the summaries in between."""
-    status = row[_AT["status"]] or {}
-    counts = sorted(((str(k), int(n)) for k, n in status.items()), key=_most_first)
+    ``rollout_stats``'s statement (the archive's columns, then `_SHOWN`): what ``_combine``
+    makes of the stored summary, without the summaries in between."""
+    # NOTE: positional, on a plain tuple: this runs once per rollout, 10,000 times for the
+    # pool page's charts.
+    (_, _, _, _, state, size, _, status, rewarded, r_mean, r_p50, r_p90, l_mean, l_p90,
+     groups, flat, std_mean) = tuple(row)  # fmt: skip
+    counts = sorted([(str(k), int(n)) for k, n in (status or {}).items()], key=_most_first)
     return RolloutStats(
         rollout_id=key[0],
         evaluation=key[1],
         archives=1,
-        released=int(row[4] == "released"),
+        released=int(state == "released"),
         samples=sum(n for _, n in counts),
-        bytes=int(row[5] or 0),
-        rewarded=row[_AT["rewarded"]],
-        reward_mean=row[_AT["reward_mean"]],
-        reward_p50=row[_AT["reward_p50"]],
-        reward_p90=row[_AT["reward_p90"]],
-        length_mean=row[_AT["length_mean"]],
-        length_p90=row[_AT["length_p90"]],
+        bytes=int(size or 0),
+        rewarded=rewarded,
+        reward_mean=r_mean,
+        reward_p50=r_p50,
+        reward_p90=r_p90,
+        length_mean=l_mean,
+        length_p90=l_p90,
         status=tuple(counts),
-        groups=row[_AT["groups"]],
-        zero_variance_groups=row[_AT["zero_variance_groups"]],
-        group_std_mean=row[_AT["group_std_mean"]],
+        groups=groups,
+        zero_variance_groups=flat,
+        group_std_mean=std_mean,
     )
 
 

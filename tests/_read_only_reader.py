@@ -54,7 +54,15 @@ def main() -> None:
         from archive_manager.web import create_app
 
         client = create_app(pool).test_client()
-        pages = ["/", "/stats", f"/archive/{name}", f"/archive/{name}/sample/0"]
+        pages = [
+            "/",
+            "/stats",
+            f"/archive/{name}",
+            f"/archive/{name}/sample/0",
+            # Keyset pages of the statistics and of the pool's JSON.
+            "/stats?format=json&per_page=1&after=1:training",
+            f"/?format=json&per_page=1&after={name}",
+        ]
         result["pages"] = [client.get(page).status_code for page in pages]
 
         writes = {

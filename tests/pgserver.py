@@ -110,6 +110,7 @@ class PgServer:
         self._stopped = False
         self._max_connections = 300
         self._durable = False
+        self._kept = False  # started by `start_kept`: `stop` leaves the data dir
 
     # ------------------------------------------------------------------ life cycle
 
@@ -165,6 +166,47 @@ class PgServer:
         except BaseException:
             shutil.rmtree(base, ignore_errors=True)
             raise
+
+    @classmethod
+    def start_kept(cls, base: Path, *, max_connections: int = 300) -> PgServer:
+        """Start a server on the cluster in ``base`` (``initdb`` it first if ``base`` holds
+        none), one that `stop` shuts down cleanly and leaves in place: for a benchmark that
+        measures a large pool again after each change without filling it again.  As root,
+        ``base``'s parent folders must let the ``postgres`` user through.
+
+        Raises:
+            PgServerUnavailable: the binaries or a user to run them as are missing.
+            RuntimeError: the server did not start (its log's tail is in the message).
+        """
+        bindir = find_bindir()
+        prefix = _as_server_user()
+        base = base.resolve()
+        if not (base / "data" / "PG_VERSION").exists():
+            base.mkdir(parents=True, exist_ok=True)
+            (base / "data").mkdir(mode=0o700, exist_ok=True)
+            (base / "socket").mkdir(mode=0o700, exist_ok=True)
+            if prefix:
+                for path in (base, base / "data", base / "socket"):
+                    shutil.chown(path, _SERVER_USER, _SERVER_USER)
+            _run(
+                [
+                    *prefix,
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(base / "data"),
+                    "-U",
+                    _SUPERUSER,
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ],
+                "initdb",
+            )
+        server = cls(bindir, base, _free_port())
+        server._max_connections, server._kept = max_connections, True
+        server._pg_ctl_start(prefix, max_connections, durable=False)
+        return server
 
     def _pg_ctl_start(self, prefix: list[str], max_connections: int, durable: bool) -> None:
         settings = [
@@ -230,10 +272,17 @@ class PgServer:
         self._pg_ctl_start(_as_server_user(), self._max_connections, self._durable)
 
     def stop(self) -> None:
-        """Stop the server at once and remove its folder; idempotent."""
+        """Stop the server at once and remove its folder; idempotent.
+
+        A server of `start_kept` is shut down cleanly instead (its data written out, as
+        ``fsync=off`` needs before the next start) and its folder kept.
+        """
         if self._stopped:
             return
         self._stopped = True
+        if self._kept:
+            self.stop_in_place("fast")
+            return
         with contextlib.suppress(Exception):
             subprocess.run(
                 [
@@ -285,6 +334,16 @@ class PgServer:
             sql += f' TEMPLATE "{template}" STRATEGY FILE_COPY'
         self._admin(sql)
         return self.url(name)
+
+    def ensure_database(self, name: str) -> str:
+        """The URL of database ``name``, created empty if it does not exist yet."""
+        import psycopg
+
+        with psycopg.connect(
+            host=self.host, port=self.port, user=_SUPERUSER, dbname="postgres", autocommit=True
+        ) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        return self.url(name) if found else self.create_database(name)
 
     def drop_database(self, name_or_url: str) -> None:
         """Drop a database, closing whatever connections are still open to it."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 import archive_manager.query as query_module
 from archive_manager import ArchiveManager, Sample
@@ -65,6 +65,64 @@ def test_find_pages_by_keyset(pool: ArchiveManager) -> None:
         pool.find(after="nope")
     with pytest.raises(InvalidInputError):
         pool.find(limit=-1)
+
+
+def test_stats_pages_by_keyset(pool: ArchiveManager) -> None:
+    _fill(pool)
+    # Rollout 2 holds two archives (merged), rollout 1 a training and an evaluation row,
+    # two archives have no rollout id (the last row), a7-X is released.
+    for filters in ({}, {"evaluation": False}, {"rollout_ids": (1, None)}, {"rollout_ids": 9}):
+        every = pool.stats(**filters)
+        keys = [(r.rollout_id, r.evaluation) for r in every]
+        assert keys == sorted(keys, key=lambda k: (k[0] is None, k[0] or 0, k[1]))
+        for size in (1, 2, 5):
+            pages: list[Any] = []
+            after = None
+            while True:
+                page = pool.stats(**filters, limit=size, after=after)
+                assert len(page) <= size
+                if not page:
+                    break
+                pages += page
+                after = (page[-1].rollout_id, page[-1].evaluation)
+            assert pages == every, (filters, size)
+        for i, key in enumerate(keys):
+            assert pool.stats(**filters, after=key) == every[i + 1 :]
+    every = pool.stats()
+    assert (None, False) in [(r.rollout_id, r.evaluation) for r in every]
+    # A key that is no row's still starts after its place in the order.
+    assert pool.stats(after=(1, True), limit=1) == [r for r in every if r.rollout_id == 2]
+    assert pool.stats(after=(-5, False)) == every
+    assert pool.stats(after=(None, False)) == []  # the last row (None, True) does not exist
+    assert pool.stats(limit=0) == []
+    for bad in ((1,), (1, "yes"), ("1", False), (True, False), (2**63, False), [1, False]):
+        with pytest.raises(InvalidInputError):
+            pool.stats(after=bad)  # type: ignore[arg-type]
+    for limit in (-1, True, 1.5):
+        with pytest.raises(InvalidInputError):
+            pool.stats(limit=limit)  # type: ignore[arg-type]
+
+
+def test_info_counts_each_blob_a_published_archive_needs_once(pool: ArchiveManager) -> None:
+    """``unique_bytes`` (a probe of the first published archive per blob) against the rows."""
+    _fill(pool)
+    # Reference saves share the chunks of a0-y.
+    pool.save("ref-1", None, rollout_id=9, reference=pool.open_archive("a0-y"))
+    pool.save("ref-2", None, rollout_id=9, reference="a0-y")
+    pool.open_archive("a3-X").release()
+    with pool.catalog.read() as conn:
+        published = {
+            r.id for r in conn.execute(text("SELECT id FROM archives WHERE state = 'published'"))
+        }
+        sizes = {r.digest: r.size for r in conn.execute(text("SELECT digest, size FROM blobs"))}
+        needed = {
+            r.digest
+            for r in conn.execute(text("SELECT archive_id, digest FROM archive_blobs"))
+            if r.archive_id in published
+        }
+    info = pool.info()
+    assert info.unique_bytes == sum(sizes[d] for d in needed) > 0
+    assert info.logical_bytes > info.unique_bytes and info.dedup_ratio > 1.0
 
 
 _FILTERS: list[dict[str, Any]] = [

@@ -4,6 +4,7 @@ catalog rebuild, and equal to the sample-level computation they replace."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 import sqlite3
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from archive_manager import ArchiveManager, Sample
 from archive_manager.catalog import (
@@ -21,6 +22,7 @@ from archive_manager.catalog import (
     current_revision,
     head_revision,
 )
+from archive_manager.catalog.dialects.base import compact_json
 from archive_manager.stats import (
     COUNTED_STATES,
     RolloutStats,
@@ -327,3 +329,31 @@ def test_a_pool_of_revision_0005_keeps_its_samples_without_rowids(tmp_path: Path
         ]
         assert after[table][: len(before[table])] == before[table]
         assert len(after[table]) == len(before[table]) + 9
+
+
+def test_json_columns_are_stored_without_blanks(pool: ArchiveManager) -> None:
+    """Each sample's description (and every JSON column) is stored as compact JSON text: a
+    tenth of a sample's catalog row less (docs/architecture.md, "Summaries and paging")."""
+    # 600 samples go to PostgreSQL through COPY, 5 through one INSERT: both serialize.
+    pool.save(
+        "many",
+        [Sample(index=i, reward=i / 600, status="completed") for i in range(600)],
+        rollout_id=1,
+    )
+    pool.save(
+        "few", [Sample(index=i, reward=0.5) for i in range(5)], rollout_id=2, attrs={"a": [1, 2]}
+    )
+    with pool.catalog.read() as conn:
+        texts = [
+            str(raw)
+            for query in (
+                "SELECT CAST(description AS TEXT) FROM sample_metadata",
+                "SELECT CAST(attrs AS TEXT) FROM archives WHERE attrs IS NOT NULL",
+                "SELECT CAST(status AS TEXT) FROM archive_summaries",
+            )
+            for raw in conn.execute(text(query)).scalars()
+        ]
+    assert len(texts) >= 605 + 1 + 2  # (attrs of None may be stored as JSON null)
+    for raw in texts:
+        assert raw == compact_json(json.loads(raw)), raw
+    assert json.loads(texts[0])["index"] == 0 and '"index":0,' in texts[0]

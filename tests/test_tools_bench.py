@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -112,6 +115,30 @@ def test_bench_scaling_quick_run(tmp_path: Path) -> None:
     plans = "\n".join(line for lines in result["plans"].values() for line in lines)
     assert "ix_archives_state_rollout_id_name" in plans and "TEMP B-TREE" not in plans
     assert "per archive" in done.stdout
+
+
+def test_bench_scaling_keeps_a_postgresql_pool(tmp_path: Path, pg_server: Any) -> None:
+    """``--pg-data DIR`` keeps the cluster and its pool: a second run measures the pool the
+    first filled, without filling it again."""
+    # NOTE: not under tmp_path: /tmp/pytest-of-root is 0700, and the postgres user must
+    # reach the cluster's folder (as tests/pgserver.py).
+    kept = Path(tempfile.mkdtemp(prefix="am-bench-kept-"))
+    kept.chmod(0o755)
+    try:
+        rows = []
+        for run in (1, 2):
+            out = tmp_path / f"run{run}.json"
+            args = ("--quick", "--cli", "", "--no-plans", "--pg-data", kept / "pg", "--json", out)
+            done = _run(TOOLS / "bench_scaling.py", *args)
+            assert done.returncode == 0, done.stderr
+            rows.append(json.loads(out.read_text())["postgresql"]["rows"])
+        assert [r["archives"] for r in rows[0]] == [6, 10]
+        assert [r["archives"] for r in rows[1]] == [10]  # 6 is below what the pool holds
+        # A refill would have failed: the templates' names are taken.
+        assert rows[1][0]["entries"] == 10 * 64
+        assert (kept / "pg" / "data" / "PG_VERSION").exists() and (kept / "pg" / "pool").is_dir()
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
 
 
 def test_samples_nbytes_counts_raw_array_sizes() -> None:

@@ -209,14 +209,65 @@ def test_pool_page_filters_and_pages(client: Any) -> None:
 
 
 def test_stats_page_and_json(client: Any, viewer_pool: ArchiveManager) -> None:
-    assert get_json(client, "/stats?format=json") == jsonable(
-        [r.as_dict() for r in viewer_pool.stats()]
-    )
-    assert get_json(client, "/stats?format=json&rollout_id=..1") == jsonable(
+    every = jsonable([r.as_dict() for r in viewer_pool.stats()])
+    assert get_json(client, "/stats?format=json") == {
+        "per_page": 100,
+        "after": None,
+        "next_after": None,
+        "stats": every,
+    }
+    assert get_json(client, "/stats?format=json&rollout_id=..1")["stats"] == jsonable(
         [r.as_dict() for r in viewer_pool.stats((None, 1))]
     )
     html = get(client, "/stats").text
     assert html.count("<svg") == 3 and "1 released" in html
+    assert 'rel="next"' not in html and "« first" not in html
+
+
+def test_stats_page_and_json_page_by_keyset(client: Any, viewer_pool: ArchiveManager) -> None:
+    every = jsonable([r.as_dict() for r in viewer_pool.stats()])
+    for size in (1, 2, 3):
+        seen: list[Any] = []
+        url = f"/stats?format=json&per_page={size}"
+        while True:
+            data = get_json(client, url)
+            assert len(data["stats"]) <= size and data["per_page"] == size
+            seen += data["stats"]
+            if data["next_after"] is None:
+                break
+            url = f"/stats?format=json&per_page={size}&after={quote(data['next_after'])}"
+        assert seen == every
+    # Rows 0, 1 | 2 training, 2 evaluation | 3: the keys name the last row of each page.
+    first = get_json(client, "/stats?format=json&per_page=2")
+    assert first["next_after"] == "1:training"
+    second = get_json(client, "/stats?format=json&per_page=2&after=1:training")
+    assert second["after"] == "1:training" and second["next_after"] == "2:evaluation"
+    assert [(r["rollout_id"], r["evaluation"]) for r in second["stats"]] == [(2, False), (2, True)]
+    only_eval = get_json(client, "/stats?format=json&evaluation=yes&after=1:evaluation")
+    assert [(r["rollout_id"], r["evaluation"]) for r in only_eval["stats"]] == [(2, True)]
+    assert get_json(client, "/stats?format=json&after=none:training")["stats"] == []
+    # The page's table holds its rows; its charts still draw every rollout.
+    html = get(client, "/stats?per_page=2").text
+    table = html.split('<table class="data stats">')[1].split("</table>")[0]
+    assert table.count("<tr><td") == 2 and html.count("<svg") == 3
+    assert 'rel="next"' in html and "after=1:training" in html and "« first" not in html
+    last = get(client, "/stats?per_page=2&after=2:evaluation").text
+    table = last.split('<table class="data stats">')[1].split("</table>")[0]
+    assert table.count("<tr><td") == 1 and 'rel="next"' not in last and "« first" in last
+
+
+def test_pool_page_json_holds_the_stats_of_its_archives(
+    client: Any, viewer_pool: ArchiveManager
+) -> None:
+    rows = {(r.rollout_id, r.evaluation): r.as_dict() for r in viewer_pool.stats()}
+    for query, keys in (
+        ("per_page=2", [(0, False), (1, False)]),  # old-0, train-1
+        ("per_page=2&page=2&after=train-1", [(2, False), (2, True)]),  # eval-2, train-2
+        ("evaluation=no&rollout_id=2..", [(2, False), (3, False)]),
+        ("per_page=2&page=4&after=" + quote(HOSTILE_NAME), []),
+    ):
+        data = get_json(client, "/?format=json&" + query)
+        assert data["stats"] == jsonable([rows[k] for k in keys]), query
 
 
 def test_archive_page_filters_sorts_and_pages(client: Any, viewer_pool: ArchiveManager) -> None:
@@ -425,6 +476,28 @@ def test_bad_pool_and_stats_parameters(client: Any, query: str) -> None:
     assert str(escape("'state'")) in get(client, "/?state=all", 400).text
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "after=x",
+        "after=1",
+        "after=1:maybe",
+        "after=abc:training",
+        "after=:training",
+        f"after={2**63}:evaluation",
+        "after=1:training" + "0" * 300,
+        "per_page=0",
+        "per_page=5000",
+        "per_page=x",
+    ],
+)
+def test_bad_stats_paging_parameters(client: Any, query: str) -> None:
+    name = query.split("=")[0]
+    assert str(escape(f"'{name}'")) in get(client, "/stats?" + query, 400).text
+    error = get_json(client, "/stats?format=json&" + query, 400)
+    assert f"'{name}'" in error["error"] and error["status"] == 400
+
+
 def test_released_and_reclaimed_archive_is_a_410_and_damage_a_500(
     own_viewer_pool: ArchiveManager, blob_files_of: Callable[[ArchiveManager], BlobFiles]
 ) -> None:
@@ -451,7 +524,15 @@ def test_no_route_changes_the_pool(
     before = snapshot_pool(viewer_pool)
     files_before = _file_hashes(viewer_pool.root)
     reads = BlobReads(viewer_pool, monkeypatch)
-    for url in ("/", "/stats", "/?format=json", "/stats?format=json"):
+    for url in (
+        "/",
+        "/stats",
+        "/?format=json",
+        "/stats?format=json",
+        "/stats?per_page=2&after=1:training",
+        "/stats?format=json&per_page=1&after=2:training&evaluation=yes",
+        "/?format=json&per_page=2&page=2&after=train-1",
+    ):
         get(client, url)
     for name in ("train-1", "eval-2", "old-0", HOSTILE_NAME):
         get(client, archive_url(name))
@@ -853,7 +934,7 @@ def test_huge_finite_rewards_draw_the_pages(
 
         monkeypatch.setattr("archive_manager.web.app.drift_charts", no_charts)
         assert get_json(client, "/?format=json")["total"] == 2
-        assert len(get_json(client, "/stats?format=json")) == 2
+        assert len(get_json(client, "/stats?format=json")["stats"]) == 2
 
 
 def test_charts_cope_with_the_largest_floats() -> None:

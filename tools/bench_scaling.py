@@ -27,8 +27,9 @@ At each size, medians of ``--repeat`` runs (lookups of 15 random keys):
   pool: no cache), ``info()``, ``open_archive`` + one key, ``query(..., limit=100)`` for each
   filter the CLI and the viewer offer, ``gc()`` with nothing to do, ``verify()``;
 * the viewer (Flask test client of a newly opened pool): the pool page's first request, a
-  deep pool page by keyset, the stats page, an archive page, a prompt-group page, a prompt's
-  history;
+  deep pool page by keyset, the pool page's JSON, the stats page (its charts draw every
+  rollout, its table one page of them), its JSON's first page and a deep one by keyset, an
+  archive page, a prompt-group page, a prompt's history;
 * the CLI (a subprocess each, start-up included, as a user runs it): every verb that reads
   (``ls``, ``ls --limit``, ``info``, ``stats``, ``query``, ``show``, ``keys``, ``groups``,
   ``prompts``, ``owners``, ``verify``, ``gc --dry-run``, ``db current``) and a ``retain`` /
@@ -40,7 +41,11 @@ each in total and per archive (a superlinear step shows as a growing per-archive
 catalog's bytes per sample, and the query plans of the filtered queries at the largest size.
 
 Run: ``python3 tools/bench_scaling.py [--sizes 100,1000,10000] [--backends sqlite,postgresql]
-[--quick] [--json FILE]``.
+[--quick] [--json FILE]``.  ``--keep`` keeps the pools; ``--pool POOL`` measures a kept SQLite
+pool again.  A PostgreSQL catalog lives on the tests' throwaway server unless ``--pg-data
+DIR`` is given: the cluster is then kept in DIR (made on first use, stopped cleanly at the
+end) with its pool in DIR/pool, and a later run with the same DIR grows or measures that
+pool (``--sizes 10000`` once it holds 10,000 archives: no refill after a change).
 """
 
 from __future__ import annotations
@@ -336,7 +341,10 @@ def measure_viewer(root: Path, url: str | None, archives: int, repeat: int) -> d
     deep = name_of(int(archives * 0.9))
     pages = {
         "pool page (deep, keyset)": f"/?after={deep}",
+        "pool page JSON": "/?format=json",
         "stats page": "/stats",
+        "stats page JSON": "/stats?format=json",
+        "stats JSON (deep, keyset)": f"/stats?format=json&after={int(archives * 0.9)}:training",
         "archive page": f"/archive/{name}",
         "group page": f"/archive/{name}/group?task_key={task_key(archives // 2, 3)}",
         "prompt page": f"/prompt?task_key={task_key(archives // 2, 3)}",
@@ -473,15 +481,26 @@ def report(rows: list[dict], backend: str) -> str:
 
 
 @contextmanager
-def _backend(name: str) -> Iterator[Callable[[], str | None]]:
+def _backend(name: str, pg_data: Path | None = None) -> Iterator[Callable[[], str | None]]:
     if name == "sqlite":
         yield lambda: None
         return
     sys.path.insert(0, str(REPO / "tests"))
     from pgserver import PgServer  # tests/pgserver.py: the throwaway server the tests use
 
-    with PgServer.start() as server:
-        yield server.create_database
+    if pg_data is None:
+        with PgServer.start() as server:
+            yield server.create_database
+        return
+    # A cluster kept in pg_data: its pool is measured again by later runs (--pg-data).
+    with PgServer.start_kept(pg_data) as kept:
+        yield lambda: kept.ensure_database("bench_scaling")
+
+
+def _archives_in(root: Path, url: str | None) -> int:
+    """How many archives the pool at ``root`` holds (made empty if there is none yet)."""
+    with _open(root, url) as pool:
+        return len(pool.find())
 
 
 def run(
@@ -492,13 +511,20 @@ def run(
     work: Path,
     verbs: list[str],
     plans: bool,
-    existing: Path | None = None,
+    root: Path | None = None,
+    grow: bool = True,
+    pg_data: Path | None = None,
 ) -> dict:
     rows = []
-    with _backend(backend) as new_url:
+    with _backend(backend, pg_data) as new_url:
         url = new_url()
-        root = existing or work / f"pool-{backend}"
-        filled = sizes[0] if existing else 0
+        root = root or work / f"pool-{backend}"
+        # A kept pool grows from what it holds (sizes below it are skipped), or with
+        # grow=False (--pool) is measured as it is.
+        filled = _archives_in(root, url)
+        sizes = [s for s in sizes if s >= filled] if grow else [filled]
+        if not sizes:
+            raise SystemExit(f"the pool at {root} holds {filled} archives, more than --sizes")
         for size in sizes:
             t0 = time.perf_counter()
             with _open(root, url) as pool:
@@ -549,12 +575,25 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the pools (printed) when done")
     ap.add_argument(
-        "--pool", type=Path, default=None, help="measure this SQLite pool a --keep run filled"
+        "--pool",
+        type=Path,
+        default=None,
+        help="measure this pool a --keep run filled (its catalog on --pg-data's server if given)",
+    )
+    ap.add_argument(
+        "--pg-data",
+        type=Path,
+        default=None,
+        help="keep the PostgreSQL cluster in this folder (made on first use) and its pool in "
+        "FOLDER/pool: a later run with the same folder measures (or grows) that pool",
     )
     args = ap.parse_args()
-    if args.pool is not None:
-        with _open(args.pool, None) as kept:
-            args.sizes, args.backends = str(len(kept.find())), "sqlite"
+    root, grow = args.pool, args.pool is None
+    if args.pg_data is not None:
+        args.backends = "postgresql"
+        root = root or args.pg_data.resolve() / "pool"
+    elif args.pool is not None:
+        args.backends = "sqlite"
     if args.quick:
         args.sizes, args.samples, args.repeat, args.cli = "6,10", 64, 1, "ls --limit 50,stats"
     try:
@@ -578,15 +617,25 @@ def main() -> int:
     try:
         for backend in backends:
             results[backend] = run(
-                backend, sizes, args.samples, args.repeat, work, verbs, not args.no_plans, args.pool
+                backend,
+                sizes,
+                args.samples,
+                args.repeat,
+                work,
+                verbs,
+                not args.no_plans,
+                root,
+                grow,
+                args.pg_data,
             )
     finally:
         if args.keep:
             print(f"pools kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+    measured = sorted({r["archives"] for b in backends for r in results[b]["rows"]})
     print(
-        f"pools of {', '.join(f'{s:,}' for s in sizes)} archives of {args.samples} samples "
+        f"pools of {', '.join(f'{s:,}' for s in measured)} archives of {args.samples} samples "
         f"({TEMPLATES} saved, the rest cloned through the catalog); medians of {args.repeat} "
         "runs (lookups: of 15 random keys); CLI verbs are one subprocess run each"
     )

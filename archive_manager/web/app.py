@@ -29,7 +29,14 @@ from ..errors import (
 )
 from ..manager import ArchiveManager
 from ..search import MAX_PATTERN, SEARCH_FIELDS
-from ..stats import RolloutRange, archive_summary, check_rollout_range
+from ..stats import (
+    RolloutKey,
+    RolloutRange,
+    archive_summary,
+    check_rollout_key,
+    check_rollout_range,
+    rollout_stats,
+)
 from ..tokenizer import TokenDecoder
 from .charts import Series, drift_charts, line_chart
 from .markdown import MAX_MARKDOWN, markdown_available, render_markdown
@@ -164,6 +171,26 @@ def _rollout_range() -> RolloutRange | None:
         _bad("rollout_id", str(exc))
 
 
+def _rollout_after() -> RolloutKey | None:
+    """The stats page's ``after``: the key of the previous page's last row, as
+    `_rollout_key_text` writes it (``12:training``, ``12:evaluation``, ``none:training``)."""
+    text = _text("after")
+    if text is None:
+        return None
+    rollout_text, sep, kind = text.rpartition(":")
+    if not sep or kind not in ("training", "evaluation"):
+        _bad("after", f"{text[:40]!r} is not ROLLOUT_ID:training or ROLLOUT_ID:evaluation")
+    try:
+        rollout_id = None if rollout_text == "none" else int(rollout_text)
+        return check_rollout_key((rollout_id, kind == "evaluation"))
+    except (ValueError, InvalidInputError):
+        _bad("after", f"{rollout_text[:40]!r} is not a rollout id (or none)")
+
+
+def _rollout_key_text(rollout_id: int | None, evaluation: bool) -> str:
+    return f"{'none' if rollout_id is None else rollout_id}:{'evaluation' if evaluation else 'training'}"
+
+
 def _wants_json() -> bool:
     return _choice("format", ("html", "json"), "html") == "json"
 
@@ -240,13 +267,21 @@ def pool_page() -> Any:
         limit=per_page,
         after=after,
     )
-    rows = pool.stats(rollout_ids, evaluation)
     summary = pool.info()
-    # The page's table holds the rollouts of the archives it lists, not every rollout of the
-    # pool (the stats page has them all): at 10,000 rollouts the whole table was most of the
-    # page's time (docs/architecture.md, "Summaries and paging").
+    # The statistics of the rollouts of the archives the page lists, not of every rollout of
+    # the pool (the stats page pages through them all): at 10,000 rollouts the whole table
+    # was most of the page's time, and the JSON held every rollout (docs/architecture.md,
+    # "Summaries and paging").  Only the page's charts need every rollout.
     listed = {(a.rollout_id, a.evaluation) for a in listing.archives}
-    page_rows = [r for r in rows if (r.rollout_id, r.evaluation) in listed]
+
+    def charts() -> dict[str, Any]:
+        rows = pool.stats(rollout_ids, evaluation)
+        return {
+            "charts": drift_charts(rows),
+            "stats": [r for r in rows if (r.rollout_id, r.evaluation) in listed],
+            "stats_rows": len(rows),
+        }
+
     return _respond(
         "pool.html",
         lambda: {
@@ -259,13 +294,14 @@ def pool_page() -> Any:
                 _archive_json(i, listing.owners.get(i.name, []), listing.chunks.get(i.name))
                 for i in listing.archives
             ],
-            "stats": [r.as_dict() for r in rows],
+            "stats": [
+                r.as_dict()
+                for r in rollout_stats(pool.context, rollout_ids, evaluation, keys=listed)
+            ],
         },
-        lambda: {"charts": drift_charts(rows)},
+        charts,
         summary=summary,
         listing=listing,
-        stats=page_rows,
-        stats_rows=len(rows),
         page=page,
         pages=_pages(listing.total, per_page),
         per_page=per_page,
@@ -278,14 +314,29 @@ def pool_page() -> Any:
 
 @viewer.get("/stats")
 def stats_page() -> Any:
-    """Training-drift statistics per rollout: a table and the charts."""
+    """Training-drift statistics per rollout: the charts of every rollout, and a table (or
+    the JSON) of one page of rows by keyset (``after``, ``per_page``)."""
+    pool = _pool()
     _wants_json()
-    rows = _pool().stats(_rollout_range(), _evaluation())
+    rollout_ids, evaluation = _rollout_range(), _evaluation()
+    per_page = _int("per_page", 100, 1, MAX_PER_PAGE)
+    after = _rollout_after()
+    # One row more than the page says whether a next page exists.
+    rows = pool.stats(rollout_ids, evaluation, limit=per_page + 1, after=after)
+    more, rows = len(rows) > per_page, rows[:per_page]
+    next_after = _rollout_key_text(rows[-1].rollout_id, rows[-1].evaluation) if more else None
     return _respond(
         "stats.html",
-        lambda: [r.as_dict() for r in rows],
-        lambda: {"charts": drift_charts(rows)},
+        lambda: {
+            "per_page": per_page,
+            "after": None if after is None else _rollout_key_text(*after),
+            "next_after": next_after,
+            "stats": [r.as_dict() for r in rows],
+        },
+        lambda: {"charts": drift_charts(pool.stats(rollout_ids, evaluation))},
         stats=rows,
+        first_url=_query_url(after=None) if after is not None else None,
+        next_url=_query_url(after=next_after) if next_after else None,
     )
 
 

@@ -7,6 +7,7 @@ The registry of the supported ones is `catalog.engine`'s; a dialect module
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
@@ -25,8 +26,22 @@ __all__ = [
     "WRITE_OPTION",
     "CatalogDialect",
     "CatalogUnreachableError",
+    "compact_json",
     "track_for_fork",
 ]
+
+
+def compact_json(value: Any) -> str:
+    """The text a JSON column stores: ``json.dumps`` without the blanks after ``,`` and ``:``.
+
+    NOTE: every engine's ``json_serializer``: each sample's metadata row holds a JSON
+    description of about 180 bytes, 19 of them blanks, a tenth of its row; compact, a sample
+    costs about 20 bytes less catalog on SQLite and 24 on PostgreSQL, whose rows are aligned
+    to 8 bytes (docs/architecture.md, "Summaries and paging").  Rows written before keep
+    their blanks; JSON reads them alike.
+    """
+    return json.dumps(value, separators=(",", ":"))
+
 
 WRITE_OPTION = "archive_manager_write"
 """Connection execution option: when true, the ``begin`` event emits ``BEGIN IMMEDIATE``

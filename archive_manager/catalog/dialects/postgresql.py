@@ -22,7 +22,6 @@ A reader's transactions are READ ONLY (docs/architecture.md, Shared pools).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any
@@ -36,7 +35,13 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from ...errors import ArchiveError, CatalogError, CatalogLockedError, ReadOnlyPoolError
 from ..models import metadata
 from ..urls import shown_url
-from .base import WRITE_OPTION, CatalogDialect, CatalogUnreachableError, track_for_fork
+from .base import (
+    WRITE_OPTION,
+    CatalogDialect,
+    CatalogUnreachableError,
+    compact_json,
+    track_for_fork,
+)
 
 __all__ = [
     "PG_WRITE_LOCK",
@@ -214,6 +219,7 @@ def _make_postgresql_engine(url: URL, timeout_ms: int, read_only: bool) -> Engin
         pool_size=5,
         max_overflow=20,
         connect_args=connect_args,
+        json_serializer=compact_json,
     )
     # NOTE: writers must stay at READ COMMITTED: at REPEATABLE READ the snapshot would be taken
     # by the statement that waits for the write lock, i.e. before the previous writer
@@ -275,7 +281,7 @@ def _copy_rows(
     import psycopg
 
     dialect = conn.dialect
-    serialize = getattr(dialect, "_json_serializer", None) or json.dumps
+    serialize = getattr(dialect, "_json_serializer", None) or compact_json
     json_columns = [i for i, name in enumerate(columns) if isinstance(table.c[name].type, JSON)]
     preparer = dialect.identifier_preparer
     sql = (

@@ -36,7 +36,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 from ..._sqlite_read import reader_uri, sqlite_read_mode
 from ...errors import ArchiveError, CatalogError, CatalogLockedError, ReadOnlyPoolError
 from ..urls import sqlite_path
-from .base import WRITE_OPTION, CatalogDialect, track_for_fork
+from .base import WRITE_OPTION, CatalogDialect, compact_json, track_for_fork
 
 __all__ = [
     "LockHolder",
@@ -315,6 +315,7 @@ def _make_sqlite_engine(url: URL, timeout_ms: int, read_only: bool) -> Engine:
         pool_size=5,
         max_overflow=64,
         connect_args={"timeout": timeout_ms / 1000.0},
+        json_serializer=compact_json,
     )
 
     @event.listens_for(engine, "connect")
@@ -504,7 +505,14 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
                 raise
             raise translated from exc
 
-    engine = create_engine(url, creator=connect, poolclass=QueuePool, pool_size=5, max_overflow=64)
+    engine = create_engine(
+        url,
+        creator=connect,
+        poolclass=QueuePool,
+        pool_size=5,
+        max_overflow=64,
+        json_serializer=compact_json,
+    )
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
