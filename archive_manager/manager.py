@@ -20,6 +20,7 @@ from sqlalchemy import exc as sa_exc
 from ._constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
 from ._context import PoolContext
 from ._humanize import duration_seconds
+from ._listing import listing_filter
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from ._readonly_store import ReadOnlyBlobStore
 from .archive import (
@@ -99,11 +100,9 @@ from .retention import (
     plan_release,
     plan_release_names,
 )
-from .samples import check_task_key
 from .stats import (
     RolloutStats,
     StatsCache,
-    check_rollout_range,
     narrow_rollout_bounds,
     rollout_stats,
 )
@@ -833,58 +832,35 @@ class ArchiveManager:
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
         """
+        f = listing_filter(rollout_id, evaluation, task_key, state, since, limit=limit, after=after)
         a, e = archives_table, entries_table
         query = select(a)
-        if isinstance(rollout_id, (range, tuple)):
-            low, high = check_rollout_range(rollout_id) or (None, None)
-            if low is not None:
-                query = query.where(a.c.rollout_id >= low)
-            if high is not None:
-                query = query.where(a.c.rollout_id <= high)
-        elif rollout_id is not None:
-            from .writer import check_rollout_id
-
-            query = query.where(a.c.rollout_id == check_rollout_id(rollout_id))
-        if evaluation is not None:
-            if not isinstance(evaluation, bool):
-                raise InvalidInputError("evaluation must be a bool or None")
-            query = query.where(a.c.evaluation == evaluation)
-        if task_key is not None:
-            key = check_task_key(task_key)
+        if f.rollout_low is not None:
+            query = query.where(a.c.rollout_id >= f.rollout_low)
+        if f.rollout_high is not None:
+            query = query.where(a.c.rollout_id <= f.rollout_high)
+        if f.evaluation is not None:
+            query = query.where(a.c.evaluation == f.evaluation)
+        if f.task_key is not None:
             # NOTE: an uncorrelated IN, read once from the (task_key, archive_id) index: as a
             # correlated EXISTS, SQLite probed each archive's entries by primary key once
             # they were a WITHOUT ROWID table (3 s at 10,000 archives; docs/architecture.md,
             # "Summaries and paging").
-            query = query.where(a.c.id.in_(select(e.c.archive_id).where(e.c.task_key == key)))
-        if since is not None:
-            if not isinstance(since, datetime):
-                raise InvalidInputError("since must be a datetime")
-            try:
-                cutoff = since.timestamp()
-            except (OverflowError, ValueError, OSError):
-                # A naive datetime.min or max is local time, which may fall outside the
-                # range datetime can hold once moved to UTC.
-                raise InvalidInputError(f"since {since} is out of range") from None
-            query = query.where(a.c.created_at >= cutoff)
-        if state is not None:
-            if state not in _STATES:
-                raise InvalidInputError(f"state must be one of {', '.join(_STATES)} or None")
-            query = query.where(a.c.state == state)
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63
-        ):
-            raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
-        if after is not None and not isinstance(after, str):
-            raise InvalidInputError("after must be an archive name (str) or None")
+            query = query.where(
+                a.c.id.in_(select(e.c.archive_id).where(e.c.task_key == f.task_key))
+            )
+        if f.created_since is not None:
+            query = query.where(a.c.created_at >= f.created_since)
+        if f.state is not None:
+            query = query.where(a.c.state == f.state)
         with self.catalog.read() as conn:
             start: tuple[int | None, str] | None = None
-            if after is not None:
-                check_archive_name(after)
-                row = archive_by_name(conn, after)
+            if f.after is not None:
+                row = archive_by_name(conn, f.after)
                 if row is None:
-                    raise not_found(conn, after)
+                    raise not_found(conn, f.after)
                 start = (row.rollout_id, row.name)
-            rows = archives_in_order(conn, query, after=start, limit=limit)
+            rows = archives_in_order(conn, query, after=start, limit=f.limit)
         return infos(rows)
 
     def payload_reclaimed(self, names: Sequence[str]) -> set[str]:

@@ -28,6 +28,7 @@ import os
 
 from sqlalchemy.engine import URL, Connection, Engine
 
+from .._constants import BUSY_TIMEOUT_ENV
 from .._mounts import NETWORK_FILESYSTEMS, filesystem_type, is_network_filesystem, read_mount_table
 from ..errors import CatalogError, UnsupportedFilesystemError
 from .dialects.base import WRITE_OPTION, CatalogDialect, CatalogUnreachableError
@@ -82,7 +83,6 @@ __all__ = [
     "sqlite_read_mode",
 ]
 
-BUSY_TIMEOUT_ENV = "ARCHIVE_MANAGER_BUSY_TIMEOUT_MS"
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
 
