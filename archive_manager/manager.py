@@ -33,8 +33,7 @@ from .archive import (
     release_archives,
 )
 from .blobs import AbstractBlobStore, BlobStore
-from .blobs.base import ObjectRoot
-from .blobs.s3 import is_s3_url
+from .blobs.base import ObjectRoot, is_s3_url
 from .catalog import (
     Catalog,
     archives_table,
@@ -80,41 +79,20 @@ from .journal import (
     stage_record,
     write_committed,
 )
-from .lens import (
-    Group,
-    PromptChange,
-    PromptRollout,
-    group_summaries,
-    prompt_changes,
-    prompt_history,
-)
-from .permissions import SharedReport, share_pool
-from .ptdump import read_pt_file, task_keys_from_field
-from .query import PoolSummary, SampleRow, pool_summary, query_samples
-from .retention import (
-    ForgetPlan,
-    OwnersReport,
-    ReleasePlan,
-    audit_owners,
-    plan_forget,
-    plan_release,
-    plan_release_names,
-)
-from .stats import (
-    RolloutStats,
-    StatsCache,
-    narrow_rollout_bounds,
-    rollout_stats,
-)
 
 # NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
-# numpy, zstandard) are imported by the methods that use them: opening a pool and reading
-# its catalog, which most CLI verbs only do, needs none of them (docs/architecture.md,
-# Start-up).
+# numpy, zstandard), and those of one verb (stats, the RL lens, retention plans, the pool
+# summary, .pt imports, group sharing), are imported by the methods that use them: opening
+# a pool and reading its catalog needs none of them (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
     from .gc import GcReport
+    from .lens import Group, PromptChange, PromptRollout
+    from .permissions import SharedReport
+    from .query import PoolSummary, SampleRow
     from .recovery import RebuildReport
+    from .retention import ForgetPlan, OwnersReport, ReleasePlan
     from .search import SearchResult
+    from .stats import RolloutStats, StatsCache
     from .verify import VerifyReport
     from .writer import ArchiveWriter
 
@@ -195,7 +173,7 @@ class ArchiveManager:
         if not isinstance(inline_limit, int) or inline_limit < 0:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
-        self._stats_cache = StatsCache()
+        self._stats_cache: StatsCache | None = None  # made by the first `stats`
         if store is None:
             if not isinstance(root, Path):
                 raise InvalidInputError(f"the pool at {root} is on an object store: pass its store")
@@ -693,6 +671,8 @@ class ArchiveManager:
             ReadOnlyPoolError: the pool is open read-only.
             OSError: a file could not be changed (this account neither owns it nor is root).
         """
+        from .permissions import share_pool
+
         self._refuse_if_read_only("sharing the pool with a group")
         if not isinstance(self._root, Path):
             raise InvalidInputError(
@@ -875,6 +855,8 @@ class ArchiveManager:
     def info(self) -> PoolSummary:
         """A summary of the pool: archives by state, blobs, bytes stored and referenced,
         dedup ratio, format version and catalog revision."""
+        from .query import pool_summary
+
         return pool_summary(self._context)
 
     def query(
@@ -902,6 +884,9 @@ class ArchiveManager:
         ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
         further; ``state`` is ``"published"`` by default, None for all.
         """
+        from .query import query_samples
+        from .stats import narrow_rollout_bounds
+
         min_rollout_id, max_rollout_id = narrow_rollout_bounds(
             rollout_ids, min_rollout_id, max_rollout_id
         )
@@ -933,6 +918,10 @@ class ArchiveManager:
         `archive_manager.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
         ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
         """
+        from .stats import StatsCache, rollout_stats
+
+        if self._stats_cache is None:
+            self._stats_cache = StatsCache()
         return rollout_stats(self._context, rollout_ids, evaluation, cache=self._stats_cache)
 
     # ------------------------------------------------------------------ the RL lens
@@ -945,6 +934,8 @@ class ArchiveManager:
         Raises:
             ArchiveNotFoundError: no such published or released archive.
         """
+        from .lens import group_summaries
+
         check_archive_name(name)
         return group_summaries(self.catalog, name)
 
@@ -958,6 +949,8 @@ class ArchiveManager:
     ) -> list[PromptRollout]:
         """How each rollout did on one prompt: group size, mean reward, pass rate (rewards
         above ``pass_threshold``), mean length, in rollout order.  From the catalog alone."""
+        from .lens import prompt_history
+
         return prompt_history(
             self.catalog,
             task_key,
@@ -977,6 +970,8 @@ class ArchiveManager:
     ) -> list[PromptChange]:
         """Prompts seen in both rollout ranges, ranked by the change of their mean reward
         (``direction``: ``"regressed"``, ``"improved"`` or None for either way)."""
+        from .lens import prompt_changes
+
         return prompt_changes(
             self.catalog, before, after, evaluation=evaluation, direction=direction, limit=limit
         )
@@ -1066,6 +1061,8 @@ class ArchiveManager:
     def release_plan(self, *, owner: str | None = None, name: str | None = None) -> ReleasePlan:
         """What releasing would free, changing nothing: give ``owner`` (as `release_owner`)
         or ``name`` (as `Archive.release`, the archive's own owner)."""
+        from .retention import plan_release
+
         if (owner is None) == (name is None):
             raise InvalidInputError("give exactly one of owner or name")
         if owner is not None:
@@ -1125,6 +1122,8 @@ class ArchiveManager:
             ArchiveNotFoundError: a name that is no published or released archive (with the
                 closest names as a hint); nothing was released.
         """
+        from .retention import plan_release_names
+
         if isinstance(names, str):
             raise InvalidInputError("names must be a list of archive names, not one str")
         ids: list[int] = []
@@ -1166,6 +1165,8 @@ class ArchiveManager:
         Raises:
             InvalidInputError: no rule given, or a rule or the scope is invalid.
         """
+        from .retention import plan_forget
+
         plan, ids = plan_forget(
             self._context,
             keep_last=keep_last,
@@ -1285,6 +1286,7 @@ class ArchiveManager:
             InvalidInputError: a sample lacks ``task_key_field``, or an argument is invalid.
             ArchiveExistsError: the name is taken (nothing is written).
         """
+        from .ptdump import read_pt_file, task_keys_from_field
         from .writer import check_rollout_id
 
         self._refuse_if_read_only("import_pt")
@@ -1405,6 +1407,8 @@ class ArchiveManager:
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;
         stale leases; unowned blobs awaiting GC; released archives whose payload remains."""
+        from .retention import audit_owners
+
         return audit_owners(self._context)
 
 
