@@ -1,19 +1,29 @@
 """How a process that must write nothing opens a SQLite catalog file (docs/architecture.md,
-Shared pools): which read mode (`sqlite_read_mode`) and the URI (`reader_uri`).
+Shared pools): which read mode (`sqlite_read_mode`), the URI (`reader_uri`), the connection
+(`connect_reader`) and its read transaction (`begin_read_snapshot`).
 
-Standard library only: the catalog's SQLite dialect reads through these, and so does the
-CLI's archive-name completion, which must not import SQLAlchemy (docs/architecture.md,
-Start-up).
+Standard library only: the catalog's SQLite dialect reads through these, and so do the
+CLI's archive-name completion and the SQLite listing (`_sqlite_listing`), which must not
+import SQLAlchemy (docs/architecture.md, Start-up).
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 from .errors import CatalogError
 
-__all__ = ["reader_uri", "sqlite_read_mode"]
+__all__ = [
+    "ReaderConnection",
+    "begin_read_snapshot",
+    "connect_reader",
+    "file_stamp",
+    "reader_uri",
+    "sqlite_read_mode",
+]
 
 # Bytes of a WAL file's header: a shorter -wal holds no commit (docs/architecture.md, Shared
 # pools).
@@ -76,3 +86,113 @@ def reader_uri(database: str | os.PathLike[str], mode: str) -> str:
     """
     query = "mode=ro&readonly_shm=1" if mode == "ro" else "immutable=1"
     return f"{Path(database).absolute().as_uri()}?{query}"
+
+
+_SQLITE_READONLY = 8
+_SQLITE_CANTOPEN = 14
+# Extended result codes of a read-only wal-index that could not be used at this moment.
+_SQLITE_READONLY_RECOVERY = _SQLITE_READONLY | (1 << 8)
+_SQLITE_READONLY_CANTINIT = _SQLITE_READONLY | (5 << 8)
+
+
+def begin_read_snapshot(raw: sqlite3.Connection, database: str, timeout_ms: int) -> None:
+    """Begin a read transaction on a reader's connection (`reader_uri`) and take its snapshot
+    now, before the caller reads anything.
+
+    NOTE: a reader whose ``-shm`` is read-only cannot fix the wal-index up itself: when it
+    starts a read while a live writer is rewriting the index header or restarting the log,
+    SQLite answers ``SQLITE_READONLY_RECOVERY`` or ``SQLITE_READONLY_CANTINIT`` where a
+    writable reader would have retried (measured: about 1 read in 30,000 beside a writer
+    committing without pause).  Taken here, at BEGIN, the snapshot is retried until the busy
+    timeout while nothing of the caller's block has run; once taken it holds to the end of
+    the transaction, whose later reads never meet this.
+
+    Raises:
+        CatalogError: the wal-index stayed unusable for the whole busy timeout.
+        sqlite3.Error: any other failure, for the caller to translate.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    delay = 0.001
+    while True:
+        raw.execute("BEGIN")
+        try:
+            # Reads the schema cookie: the read transaction, and its snapshot, start here.
+            raw.execute("PRAGMA schema_version").fetchone()
+            return
+        except sqlite3.OperationalError as exc:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code not in (_SQLITE_READONLY_RECOVERY, _SQLITE_READONLY_CANTINIT):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise CatalogError(
+                    f"the catalog {database} could not be read without writing to it: its "
+                    f"wal-index ({database}-shm) stayed unusable to a reader for the busy "
+                    f"timeout ({timeout_ms} ms); a process that may write the pool repairs it "
+                    f"by opening it ({exc})"
+                ) from exc
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+class ReaderConnection(sqlite3.Connection):
+    """A reader's sqlite3 connection, with how it was opened (see `sqlite_read_mode`)."""
+
+    read_mode: str = "ro"
+    database: str = ""
+    stamp: tuple[int, ...] | None = None
+
+
+def file_stamp(database: str) -> tuple[int, ...] | None:
+    """What changes when anything writes the file: inode, size, mtime, ctime."""
+    try:
+        st = os.stat(database)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_READER_OPEN_ATTEMPTS = 5
+
+
+def connect_reader(database: str, timeout_ms: int) -> ReaderConnection:
+    """A reader's connection to ``database`` (`sqlite_read_mode`, `reader_uri`) that has read
+    it once; BEGIN comes from the caller (``isolation_level`` None).
+
+    NOTE: the ``-wal`` and ``-shm`` a live process had open when the mode was chosen are
+    deleted when its last connection closes, and a read-only ``-shm`` is not created again:
+    the first read then fails (SQLITE_CANTOPEN, seen with two threads creating one pool),
+    and the mode is chosen anew (the main file now holds every commit).  Once it has read,
+    the connection keeps its lock on the file, so the last writer leaves both files alone.
+
+    Raises:
+        CatalogError: as `sqlite_read_mode`.
+        sqlite3.Error: the file cannot be opened or read, for the caller to translate.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        mode = sqlite_read_mode(database)
+        stamp = file_stamp(database)
+        raw = sqlite3.connect(
+            reader_uri(database, mode),
+            uri=True,
+            timeout=timeout_ms / 1000.0,
+            factory=ReaderConnection,
+            check_same_thread=False,
+            isolation_level=None,
+        )
+        assert isinstance(raw, ReaderConnection)
+        try:
+            raw.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.OperationalError as exc:
+            raw.close()
+            vanished = (
+                mode == "ro" and (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == _SQLITE_CANTOPEN
+            )
+            if not vanished or attempts == _READER_OPEN_ATTEMPTS:
+                raise
+            continue
+        raw.read_mode, raw.database, raw.stamp = mode, database, stamp
+        return raw

@@ -11,8 +11,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
 
@@ -21,6 +19,7 @@ from sqlalchemy.engine import Connection, Row
 
 from ._atomic import write_atomic_with
 from ._context import HasContext, PoolContext, context_of
+from ._listing import ArchiveInfo, utc_time
 from ._names import archive_owner, check_archive_name
 from ._torch import is_tensor, torch_module
 from .catalog import (
@@ -68,42 +67,6 @@ __all__ = [
 # Entries read per catalog query by `Archive.iter_samples`: 4,096 rows are ~200 KB in Python
 # and one short read transaction each.
 _PAGE = 4096
-
-
-def _when(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
-
-
-@dataclass(frozen=True)
-class ArchiveInfo:
-    """One row of `ArchiveManager.find`: what the catalog knows of an archive."""
-
-    name: str
-    rollout_id: int | None
-    evaluation: bool
-    state: str
-    samples: int
-    bytes: int
-    created_at: datetime
-    published_at: datetime | None
-    released_at: datetime | None = None
-    reference: str | None = None
-
-    @classmethod
-    def from_row(cls, row: Row[Any]) -> ArchiveInfo:
-        """Build from an ``archives`` row."""
-        return cls(
-            name=row.name,
-            rollout_id=row.rollout_id,
-            evaluation=bool(row.evaluation),
-            state=row.state,
-            samples=row.samples,
-            bytes=row.bytes,
-            created_at=_when(row.created_at),  # type: ignore[arg-type]
-            published_at=_when(row.published_at),
-            released_at=_when(row.released_at),
-            reference=row.reference_name,
-        )
 
 
 def _check_flag(value: object, what: str) -> None:
@@ -644,7 +607,7 @@ class Archive:
                 row = self.row(conn)
         if row.state != "released":
             raise IntegrityError(f"archive {self.name!r}: {detail}")
-        when = _when(row.released_at)
+        when = utc_time(row.released_at)
         shown = when.astimezone().isoformat(timespec="seconds") if when else "an unknown time"
         raise ArchiveReleasedError(
             f"archive {self.name!r} was released at {shown} and garbage collection "

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,16 @@ from typing import Any
 from sqlalchemy import exists, select
 
 from ._atomic import write_atomic
+from ._constants import UNINDEXED_BLOBS
+from ._pool_files import (
+    IDENTITY_FILE,
+    IDENTITY_FORMAT,
+    IDENTITY_VERSION,
+    SPARE_FILE,
+    PoolIdentity,
+    parse_identity,
+    read_identity_file,
+)
 from .blobs.base import ObjectRoot
 from .catalog import (
     Catalog,
@@ -59,43 +68,11 @@ __all__ = [
     "safe_url",
 ]
 
-IDENTITY_FILE = "archive-pool.json"
-# NOTE: a spare copy where operators do not tidy up (the blob listing reads only digest
-# names in fan-out folders): a deleted identity file must not let a stale catalog, which
-# indexes every blob it knew, bind the root again and lock out the catalog serving it.
-SPARE_FILE = ".archive-pool.json"
 #: The spare's name below an object-store root (docs/architecture.md, "Blobs on an object
 #: store"): where the filesystem keeps it, below ``blobs/``, which the blob listing skips.
 _SPARE_OBJECT = f"blobs/{SPARE_FILE}"
-_FORMAT = "archive_manager.pool"
-_VERSION = 1
-_MAX_FILE = 64 << 10  # an identity file is ~300 bytes; anything huge is not one
 # How many blob files an identity-less catalog must index before it may claim their root.
 _SAMPLE = 64
-
-UNINDEXED_BLOBS = "unindexed_blobs"
-"""``pool_info`` key set when a catalog took over a blob root that already held blobs (a lost
-or emptied catalog, ``recover=True``): GC refuses to run until `rebuild_catalog` has indexed
-them, or it would delete every one of them as an orphan."""
-
-
-@dataclass(frozen=True)
-class PoolIdentity:
-    """Who a pool is: its id, the id of the catalog serving it, and that catalog's URL
-    (without any password; for messages only)."""
-
-    pool_id: str
-    catalog_id: str
-    catalog: str = ""
-    bound_at: float = 0.0
-
-    def same_as(self, other: PoolIdentity | None) -> bool:
-        """One pool served by one catalog (URLs may differ: a database restored elsewhere)."""
-        return (
-            other is not None
-            and other.pool_id == self.pool_id
-            and other.catalog_id == self.catalog_id
-        )
 
 
 def safe_url(url: str) -> str:
@@ -120,70 +97,20 @@ def read_identity(root: Root) -> PoolIdentity | None:
             regular file).
     """
     if not isinstance(root, Path):
-        found = _parse_identity(root.read(IDENTITY_FILE), f"{root}/{IDENTITY_FILE}")
+        found = parse_identity(root.read(IDENTITY_FILE), f"{root}/{IDENTITY_FILE}")
         if found is None:
-            found = _parse_identity(root.read(_SPARE_OBJECT), f"{root}/{_SPARE_OBJECT}")
+            found = parse_identity(root.read(_SPARE_OBJECT), f"{root}/{_SPARE_OBJECT}")
         return found
-    found = _read_identity_file(root / IDENTITY_FILE)
+    found = read_identity_file(root / IDENTITY_FILE)
     if found is None and not (root / "blobs").is_symlink():
-        found = _read_identity_file(root / "blobs" / SPARE_FILE)
+        found = read_identity_file(root / "blobs" / SPARE_FILE)
     return found
-
-
-def _read_identity_file(path: Path) -> PoolIdentity | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise PoolIdentityError(f"cannot read the pool identity file {path}: {exc}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_FILE:
-            raise PoolIdentityError(f"{path} is not a pool identity file")
-        data = os.read(fd, _MAX_FILE)
-    finally:
-        os.close(fd)
-    return _parse_identity(data, path)
-
-
-def _parse_identity(data: bytes | None, path: Path | str) -> PoolIdentity | None:
-    """The identity an identity file's bytes hold (None: no file)."""
-    if data is None:
-        return None
-    if len(data) > _MAX_FILE:
-        raise PoolIdentityError(f"{path} is not a pool identity file")
-    try:
-        content = json.loads(data)
-        if content.get("format") != _FORMAT or type(content.get("version")) is not int:
-            raise ValueError("not an identity file")
-        if content["version"] > _VERSION:
-            raise PoolIdentityError(
-                f"{path} was written by a newer archive_manager (identity version "
-                f"{content['version']}); upgrade archive_manager"
-            )
-        pool_id, catalog_id = content["pool_id"], content["catalog_id"]
-        if not (isinstance(pool_id, str) and isinstance(catalog_id, str)):
-            raise ValueError("ids are not strings")
-        catalog = content.get("catalog", "")
-        bound_at = content.get("bound_at", 0.0)
-        return PoolIdentity(
-            pool_id,
-            catalog_id,
-            catalog if isinstance(catalog, str) else "",
-            float(bound_at) if isinstance(bound_at, (int, float)) else 0.0,
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PoolIdentityError(
-            f"the pool identity file {path} is damaged ({exc}); if this folder is the pool's "
-            f"blob root, move the file aside and open the pool again with its catalog"
-        ) from exc
 
 
 def _file_bytes(identity: PoolIdentity) -> bytes:
     content: dict[str, Any] = {
-        "format": _FORMAT,
-        "version": _VERSION,
+        "format": IDENTITY_FORMAT,
+        "version": IDENTITY_VERSION,
         "pool_id": identity.pool_id,
         "catalog_id": identity.catalog_id,
         "catalog": identity.catalog,

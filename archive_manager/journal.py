@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -46,9 +45,13 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
 from ._atomic import fsync_dir, write_atomic
+from ._constants import JOURNAL_CHECKPOINT, JOURNAL_POOL
 from ._digest import is_digest
 from ._failpoints import failpoint
 from ._names import archive_owner, check_archive_name, check_owner
+from ._pool_files import JOURNAL_DIR, Entry
+from ._pool_files import JOURNAL_NAME as _NAME
+from ._pool_files import parse_journal_name as _parse
 from .blobs.base import ObjectRoot
 from .catalog import (
     Catalog,
@@ -94,12 +97,7 @@ __all__ = [
     "write_committed",
 ]
 
-JOURNAL_DIR = "journal"
 DAMAGED_DIR = "damaged"
-JOURNAL_CHECKPOINT = "journal_checkpoint"
-"""``pool_info``: ``<seq>-<digest>`` of the newest checkpoint this catalog's state includes."""
-JOURNAL_POOL = "journal_pool"
-"""``pool_info``: the pool id the catalog's checkpoint was written under."""
 JOURNAL_UNRESOLVED = "journal_unresolved"
 """``pool_info``: JSON list of damaged journal files a rebuild could not apply; GC refuses
 until an operator accepts the rebuilt state (`ArchiveManager.rebuild_catalog(resolve=True)`)."""
@@ -109,13 +107,11 @@ CHECKPOINT_EVERY = 1000
 
 _FORMAT = "archive_manager.journal"
 _VERSION = 1
-_NAME = re.compile(r"^(\d{20})-([0-9a-f]{32})\.(rec|ckpt)$")
 _CKPT_MAGIC = b"AMJC\x01"
 # A record is a few hundred bytes; a release_owner of many archives a few hundred KB.  Files
 # past these bounds are not ours, and are not read into memory.
 _MAX_RECORD = 64 << 20
 _MAX_CHECKPOINT = 1 << 30  # compressed or not: 100,000 archives take ~30 MB
-_MAX_SEQ = 2**63 - 1  # a BIGINT: a number past it is no number of ours
 # Numbers are microseconds of the clock: one further ahead than this is not one of ours (a
 # crafted or damaged name), and must not drag the counter towards its end.
 _FUTURE_US = 86_400 * 1_000_000
@@ -124,14 +120,6 @@ _TEMP_MIN_AGE = 3600.0
 _log = logging.getLogger("archive_manager")
 
 OPS = ("publish", "retain", "release", "release_owner")
-
-
-def _parse(name: str) -> Entry | None:
-    """The journal file a name describes (None: not a journal file's name)."""
-    match = _NAME.match(name)
-    if match is None or int(match.group(1)) > _MAX_SEQ:
-        return None
-    return Entry(int(match.group(1)), match.group(2), match.group(3))
 
 
 def _digest(data: bytes) -> str:
@@ -147,19 +135,6 @@ class Staged:
     digest: str
     data: bytes
     kind: str  # "rec" | "ckpt"
-
-    @property
-    def name(self) -> str:
-        return f"{self.seq:020d}-{self.digest}.{self.kind}"
-
-
-@dataclass(frozen=True, order=True)
-class Entry:
-    """A journal file, as its name describes it."""
-
-    seq: int
-    digest: str
-    kind: str
 
     @property
     def name(self) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy import exc as sa_exc
 from ._constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
 from ._context import PoolContext
 from ._humanize import duration_seconds
+from ._listing import listing_filter
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
 from ._readonly_store import ReadOnlyBlobStore
 from .archive import (
@@ -32,8 +33,7 @@ from .archive import (
     release_archives,
 )
 from .blobs import AbstractBlobStore, BlobStore
-from .blobs.base import ObjectRoot
-from .blobs.s3 import is_s3_url
+from .blobs.base import ObjectRoot, is_s3_url
 from .catalog import (
     Catalog,
     archives_table,
@@ -79,43 +79,20 @@ from .journal import (
     stage_record,
     write_committed,
 )
-from .lens import (
-    Group,
-    PromptChange,
-    PromptRollout,
-    group_summaries,
-    prompt_changes,
-    prompt_history,
-)
-from .permissions import SharedReport, share_pool
-from .ptdump import read_pt_file, task_keys_from_field
-from .query import PoolSummary, SampleRow, pool_summary, query_samples
-from .retention import (
-    ForgetPlan,
-    OwnersReport,
-    ReleasePlan,
-    audit_owners,
-    plan_forget,
-    plan_release,
-    plan_release_names,
-)
-from .samples import check_task_key
-from .stats import (
-    RolloutStats,
-    StatsCache,
-    check_rollout_range,
-    narrow_rollout_bounds,
-    rollout_stats,
-)
 
 # NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
-# numpy, zstandard) are imported by the methods that use them: opening a pool and reading
-# its catalog, which most CLI verbs only do, needs none of them (docs/architecture.md,
-# Start-up).
+# numpy, zstandard), and those of one verb (stats, the RL lens, retention plans, the pool
+# summary, .pt imports, group sharing), are imported by the methods that use them: opening
+# a pool and reading its catalog needs none of them (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
     from .gc import GcReport
+    from .lens import Group, PromptChange, PromptRollout
+    from .permissions import SharedReport
+    from .query import PoolSummary, SampleRow
     from .recovery import RebuildReport
+    from .retention import ForgetPlan, OwnersReport, ReleasePlan
     from .search import SearchResult
+    from .stats import RolloutStats, StatsCache
     from .verify import VerifyReport
     from .writer import ArchiveWriter
 
@@ -196,7 +173,7 @@ class ArchiveManager:
         if not isinstance(inline_limit, int) or inline_limit < 0:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
-        self._stats_cache = StatsCache()
+        self._stats_cache: StatsCache | None = None  # made by the first `stats`
         if store is None:
             if not isinstance(root, Path):
                 raise InvalidInputError(f"the pool at {root} is on an object store: pass its store")
@@ -694,6 +671,8 @@ class ArchiveManager:
             ReadOnlyPoolError: the pool is open read-only.
             OSError: a file could not be changed (this account neither owns it nor is root).
         """
+        from .permissions import share_pool
+
         self._refuse_if_read_only("sharing the pool with a group")
         if not isinstance(self._root, Path):
             raise InvalidInputError(
@@ -833,58 +812,35 @@ class ArchiveManager:
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
         """
+        f = listing_filter(rollout_id, evaluation, task_key, state, since, limit=limit, after=after)
         a, e = archives_table, entries_table
         query = select(a)
-        if isinstance(rollout_id, (range, tuple)):
-            low, high = check_rollout_range(rollout_id) or (None, None)
-            if low is not None:
-                query = query.where(a.c.rollout_id >= low)
-            if high is not None:
-                query = query.where(a.c.rollout_id <= high)
-        elif rollout_id is not None:
-            from .writer import check_rollout_id
-
-            query = query.where(a.c.rollout_id == check_rollout_id(rollout_id))
-        if evaluation is not None:
-            if not isinstance(evaluation, bool):
-                raise InvalidInputError("evaluation must be a bool or None")
-            query = query.where(a.c.evaluation == evaluation)
-        if task_key is not None:
-            key = check_task_key(task_key)
+        if f.rollout_low is not None:
+            query = query.where(a.c.rollout_id >= f.rollout_low)
+        if f.rollout_high is not None:
+            query = query.where(a.c.rollout_id <= f.rollout_high)
+        if f.evaluation is not None:
+            query = query.where(a.c.evaluation == f.evaluation)
+        if f.task_key is not None:
             # NOTE: an uncorrelated IN, read once from the (task_key, archive_id) index: as a
             # correlated EXISTS, SQLite probed each archive's entries by primary key once
             # they were a WITHOUT ROWID table (3 s at 10,000 archives; docs/architecture.md,
             # "Summaries and paging").
-            query = query.where(a.c.id.in_(select(e.c.archive_id).where(e.c.task_key == key)))
-        if since is not None:
-            if not isinstance(since, datetime):
-                raise InvalidInputError("since must be a datetime")
-            try:
-                cutoff = since.timestamp()
-            except (OverflowError, ValueError, OSError):
-                # A naive datetime.min or max is local time, which may fall outside the
-                # range datetime can hold once moved to UTC.
-                raise InvalidInputError(f"since {since} is out of range") from None
-            query = query.where(a.c.created_at >= cutoff)
-        if state is not None:
-            if state not in _STATES:
-                raise InvalidInputError(f"state must be one of {', '.join(_STATES)} or None")
-            query = query.where(a.c.state == state)
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63
-        ):
-            raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
-        if after is not None and not isinstance(after, str):
-            raise InvalidInputError("after must be an archive name (str) or None")
+            query = query.where(
+                a.c.id.in_(select(e.c.archive_id).where(e.c.task_key == f.task_key))
+            )
+        if f.created_since is not None:
+            query = query.where(a.c.created_at >= f.created_since)
+        if f.state is not None:
+            query = query.where(a.c.state == f.state)
         with self.catalog.read() as conn:
             start: tuple[int | None, str] | None = None
-            if after is not None:
-                check_archive_name(after)
-                row = archive_by_name(conn, after)
+            if f.after is not None:
+                row = archive_by_name(conn, f.after)
                 if row is None:
-                    raise not_found(conn, after)
+                    raise not_found(conn, f.after)
                 start = (row.rollout_id, row.name)
-            rows = archives_in_order(conn, query, after=start, limit=limit)
+            rows = archives_in_order(conn, query, after=start, limit=f.limit)
         return infos(rows)
 
     def payload_reclaimed(self, names: Sequence[str]) -> set[str]:
@@ -899,6 +855,8 @@ class ArchiveManager:
     def info(self) -> PoolSummary:
         """A summary of the pool: archives by state, blobs, bytes stored and referenced,
         dedup ratio, format version and catalog revision."""
+        from .query import pool_summary
+
         return pool_summary(self._context)
 
     def query(
@@ -926,6 +884,9 @@ class ArchiveManager:
         ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
         further; ``state`` is ``"published"`` by default, None for all.
         """
+        from .query import query_samples
+        from .stats import narrow_rollout_bounds
+
         min_rollout_id, max_rollout_id = narrow_rollout_bounds(
             rollout_ids, min_rollout_id, max_rollout_id
         )
@@ -965,6 +926,10 @@ class ArchiveManager:
         last row of the previous page) starts after that row: keyset paging, reading only the
         page's archives (docs/architecture.md, "Summaries and paging").
         """
+        from .stats import StatsCache, rollout_stats
+
+        if self._stats_cache is None:
+            self._stats_cache = StatsCache()
         return rollout_stats(
             self._context,
             rollout_ids,
@@ -984,6 +949,8 @@ class ArchiveManager:
         Raises:
             ArchiveNotFoundError: no such published or released archive.
         """
+        from .lens import group_summaries
+
         check_archive_name(name)
         return group_summaries(self.catalog, name)
 
@@ -997,6 +964,8 @@ class ArchiveManager:
     ) -> list[PromptRollout]:
         """How each rollout did on one prompt: group size, mean reward, pass rate (rewards
         above ``pass_threshold``), mean length, in rollout order.  From the catalog alone."""
+        from .lens import prompt_history
+
         return prompt_history(
             self.catalog,
             task_key,
@@ -1016,6 +985,8 @@ class ArchiveManager:
     ) -> list[PromptChange]:
         """Prompts seen in both rollout ranges, ranked by the change of their mean reward
         (``direction``: ``"regressed"``, ``"improved"`` or None for either way)."""
+        from .lens import prompt_changes
+
         return prompt_changes(
             self.catalog, before, after, evaluation=evaluation, direction=direction, limit=limit
         )
@@ -1105,6 +1076,8 @@ class ArchiveManager:
     def release_plan(self, *, owner: str | None = None, name: str | None = None) -> ReleasePlan:
         """What releasing would free, changing nothing: give ``owner`` (as `release_owner`)
         or ``name`` (as `Archive.release`, the archive's own owner)."""
+        from .retention import plan_release
+
         if (owner is None) == (name is None):
             raise InvalidInputError("give exactly one of owner or name")
         if owner is not None:
@@ -1164,6 +1137,8 @@ class ArchiveManager:
             ArchiveNotFoundError: a name that is no published or released archive (with the
                 closest names as a hint); nothing was released.
         """
+        from .retention import plan_release_names
+
         if isinstance(names, str):
             raise InvalidInputError("names must be a list of archive names, not one str")
         ids: list[int] = []
@@ -1205,6 +1180,8 @@ class ArchiveManager:
         Raises:
             InvalidInputError: no rule given, or a rule or the scope is invalid.
         """
+        from .retention import plan_forget
+
         plan, ids = plan_forget(
             self._context,
             keep_last=keep_last,
@@ -1324,6 +1301,7 @@ class ArchiveManager:
             InvalidInputError: a sample lacks ``task_key_field``, or an argument is invalid.
             ArchiveExistsError: the name is taken (nothing is written).
         """
+        from .ptdump import read_pt_file, task_keys_from_field
         from .writer import check_rollout_id
 
         self._refuse_if_read_only("import_pt")
@@ -1444,6 +1422,8 @@ class ArchiveManager:
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;
         stale leases; unowned blobs awaiting GC; released archives whose payload remains."""
+        from .retention import audit_owners
+
         return audit_owners(self._context)
 
 

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
 from ._context import PoolContext
+from ._listing import RolloutRange, check_rollout_range
 from ._names import check_archive_name
 from .catalog import (
     archive_summaries_table,
@@ -76,9 +77,6 @@ COUNTED_STATES = ("published", "released")
 TRUNCATED = "truncated"
 """`Sample.Status.TRUNCATED`'s value: the status of a response cut at the length cap."""
 
-
-RolloutRange = tuple[int | None, int | None]
-"""An inclusive range of rollout ids; either end may be None (open)."""
 
 _Group = tuple[int | None, bool]
 
@@ -163,22 +161,6 @@ class RolloutStats:
         }
 
 
-def check_rollout_range(rollout_ids: object) -> RolloutRange | None:
-    """Normalize a rollout-id filter: None, an int, a ``range`` (step 1) or ``(low, high)``.
-
-    Raises:
-        InvalidInputError: anything else, a range with another step, low > high, or an end
-            outside the 64-bit rollout ids the catalog holds.
-    """
-    bounds = _check_rollout_range(rollout_ids)
-    for end in bounds or ():
-        if end is not None and not -(2**63) <= end < 2**63:
-            raise InvalidInputError(
-                f"rollout id {end} is out of range: rollout ids are 64-bit signed ints"
-            )
-    return bounds
-
-
 def check_rollout_key(key: object) -> RolloutKey:
     """Check a row's key of the statistics (the ``after`` of a page): ``(rollout_id,
     evaluation)``, the id a 64-bit int or None, the flag a bool.
@@ -219,32 +201,6 @@ def narrow_rollout_bounds(
     if last is not None:
         high = last if high is None else min(last, high)
     return low, high
-
-
-def _check_rollout_range(rollout_ids: object) -> RolloutRange | None:
-    if rollout_ids is None:
-        return None
-    if isinstance(rollout_ids, bool):
-        raise InvalidInputError("rollout_ids must be an int, a range or (low, high), not a bool")
-    if isinstance(rollout_ids, int):
-        return (rollout_ids, rollout_ids)
-    if isinstance(rollout_ids, range):
-        if rollout_ids.step != 1:
-            raise InvalidInputError("a range of rollout ids must have step 1")
-        if not rollout_ids:
-            raise InvalidInputError(f"{rollout_ids!r} holds no rollout id")
-        return (rollout_ids.start, rollout_ids.stop - 1)
-    if isinstance(rollout_ids, tuple) and len(rollout_ids) == 2:
-        low, high = rollout_ids
-        for end in (low, high):
-            if end is not None and (isinstance(end, bool) or not isinstance(end, int)):
-                raise InvalidInputError("the ends of a rollout id range must be ints or None")
-        if low is not None and high is not None and low > high:
-            raise InvalidInputError(f"rollout id range {low}..{high} is empty")
-        return (low, high)
-    raise InvalidInputError(
-        f"rollout_ids must be None, an int, a range or (low, high), not {type(rollout_ids).__name__}"
-    )
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection
 from . import codec
 from ._context import HasContext, PoolContext, context_of
 from ._failpoints import failpoint
+from ._listing import check_rollout_id
 from ._names import LEASE_PREFIX, archive_owner, check_new_archive_name
 from .archive import Archive, open_archive
 from .catalog import (
@@ -84,7 +85,6 @@ _RENEW_MAX_RETRY = 2.0
 # Renewal failures that pass: the server unreachable or restarting, the lock held past the
 # busy timeout.  Anything else (the lease found lapsed or taken over, a bug) is final.
 _RENEW_TRANSIENT = (CatalogUnreachableError, CatalogLockedError)
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -94,19 +94,6 @@ class _Blob:
     parts: Sequence[codec.Buffer]
     size: int
     kind: str
-
-
-def check_rollout_id(rollout_id: object) -> int | None:
-    """Rollout ids are ints that fit the catalog's 64-bit column (or None)."""
-    if rollout_id is None:
-        return None
-    if not isinstance(rollout_id, int) or isinstance(rollout_id, bool):
-        raise InvalidInputError(
-            f"rollout_id must be an int or None, not {type(rollout_id).__name__}"
-        )
-    if not _INT64_MIN <= rollout_id <= _INT64_MAX:
-        raise InvalidInputError("rollout_id does not fit in 64 bits")
-    return rollout_id
 
 
 class ArchiveWriter:

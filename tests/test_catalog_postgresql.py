@@ -20,7 +20,8 @@ from sqlalchemy import insert, select, text, update
 
 from archive_manager import ArchiveManager, RolloutArchive
 from archive_manager.catalog import Catalog, archives_table, pool_info_table
-from archive_manager.catalog.engine import PG_WRITE_LOCK, make_engine
+from archive_manager.catalog.dialects.postgresql import PG_WRITE_LOCK
+from archive_manager.catalog.engine import make_engine
 from archive_manager.catalog.migrate import CATALOG_URL_ENV
 from archive_manager.compat import POINTER_VERSION
 from archive_manager.errors import CatalogError, CatalogLockedError, ForeignCatalogError

@@ -242,17 +242,29 @@ def test_ls_since_is_find_since(
     assert names("--since", two_days_ago.isoformat()) == expected
     assert "no archives match" in ok(run("ls", "--since", "2999-01-01")).stdout
 
-    # The filter is the library's: the CLI passes --since to find() and keeps every row.
+    # The filter is the library's: the CLI passes --since to find() (or to the SQLite
+    # listing, which takes find's arguments) and keeps every row.
+    from archive_manager import _sqlite_listing
+
     seen: list[Any] = []
-    real_find = ArchiveManager.find
+    real_find, real_read = ArchiveManager.find, _sqlite_listing.read_listing
 
     def spy(self: ArchiveManager, **kwargs: Any) -> Any:
         seen.append(kwargs.get("since"))
         return real_find(self, **kwargs)
 
+    def spy_read(root: Path, url: str | None, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("since"))
+        found = real_read(root, url, **kwargs)
+        assert found is not None  # a plain SQLite pool: sqlite3 answers
+        return found
+
     monkeypatch.setattr(ArchiveManager, "find", spy)
+    monkeypatch.setattr(_sqlite_listing, "read_listing", spy_read)
     ok(run("ls", "--since", "1d"))
-    assert len(seen) == 1 and isinstance(seen[0], datetime) and seen[0].tzinfo is not None
+    monkeypatch.setattr(_sqlite_listing, "read_listing", lambda *args, **kwargs: None)
+    ok(run("ls", "--since", "1d"))
+    assert len(seen) == 2 and all(isinstance(s, datetime) and s.tzinfo is not None for s in seen)
 
 
 def test_show(run: Callable[..., Result]) -> None:

@@ -44,7 +44,7 @@ from sqlalchemy.engine import make_url
 
 from archive_manager import ArchiveManager
 from archive_manager.blobs import BlobStore
-from archive_manager.catalog.engine import PG_WRITE_LOCK
+from archive_manager.catalog.dialects.postgresql import PG_WRITE_LOCK
 from archive_manager.catalog.migrate import VERSION_TABLE
 from archive_manager.catalog.models import FORMAT_VERSION
 from archive_manager.cli import cli

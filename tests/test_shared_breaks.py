@@ -130,7 +130,7 @@ def test_a_reader_opens_again_when_the_last_writer_closed_meanwhile(
     the mode anew (the main file now holds every commit).  Known residue of that instant:
     SQLite's WAL open creates an empty -wal in a writable folder before -shm fails (0 bytes,
     no commit: every open, a reader's included, takes it for none); never a -shm."""
-    from archive_manager.catalog.dialects import sqlite as dialect
+    from archive_manager import _sqlite_read as dialect
 
     database = tmp_path / "c.db"
     with sqlite3.connect(database) as conn:

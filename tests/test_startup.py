@@ -231,9 +231,6 @@ def test_help_imports_neither_sqlalchemy_nor_numpy(root: Path, args: list[str]) 
 
 
 CATALOG_VERBS = [
-    ["ls"],
-    ["ls", "--json"],
-    ["ls", "--rollout-id", "1.."],
     ["show", "rollout-1"],
     ["keys", "rollout-1"],
     ["info"],
@@ -251,6 +248,31 @@ def test_catalog_verbs_import_no_codec(root: Path, args: list[str]) -> None:
     out, heavy = _run_heavy(["--root", str(root), *args])
     assert out
     assert heavy == {"sqlalchemy"}, f"archive-manager {' '.join(args)} imported {sorted(heavy)}"
+
+
+LISTINGS = [
+    ["ls"],
+    ["ls", "--json"],
+    ["ls", "--rollout-id", "1.."],
+    ["ls", "--state", "all", "--format", "csv"],
+    ["ls", "--limit", "2", "--after", "rollout-0"],
+    ["ls", "--task-key", "0", "--no-evaluation", "--since", "1d"],
+]
+
+
+@pytest.mark.parametrize("args", LISTINGS, ids=" ".join)
+def test_listing_a_sqlite_pool_imports_no_sqlalchemy(root: Path, args: list[str]) -> None:
+    # Read with sqlite3 (_sqlite_listing.py), as the open would find it: not even SQLAlchemy.
+    out, heavy = _run_heavy(["--root", str(root), *args])
+    assert out
+    assert not heavy, f"archive-manager {' '.join(args)} imported {sorted(heavy)}"
+
+
+def test_listing_falls_back_to_the_open_with_a_catalog_url_with_options(root: Path) -> None:
+    url = f"sqlite:///{root / 'catalog.db'}?timeout=5"
+    out, heavy = _run_heavy(["--root", str(root), "--catalog-url", url, "ls"])
+    assert "rollout-1" in out
+    assert heavy == {"sqlalchemy"}, heavy
 
 
 SAVE_AND_LOAD = """

@@ -227,3 +227,8 @@ class AbstractBlobStore(abc.ABC):
                 with contextlib.suppress(OSError):
                     removed += self.remove_incomplete(write)
         return removed
+
+
+def is_s3_url(root: object) -> bool:
+    """Whether ``root`` names a pool on an object store (``s3://bucket/prefix``)."""
+    return isinstance(root, str) and root.startswith("s3://")

@@ -58,7 +58,7 @@ from ._common import corrupt as _corrupt
 from ._common import missing as _missing
 from ._common import prepare as _prepare
 from ._common import verify as _verify
-from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem
+from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem, is_s3_url
 from .layout import BLOBS_DIR, blob_key, is_blob_name
 
 __all__ = [
@@ -119,11 +119,6 @@ _DENIED_CODES = frozenset(
 )
 # Claims of an exclusive write older than this (a claimer killed mid-claim) are ignored.
 _CLAIM_TTL = 60.0
-
-
-def is_s3_url(root: object) -> bool:
-    """Whether ``root`` names a pool on an object store (``s3://bucket/prefix``)."""
-    return isinstance(root, str) and root.startswith("s3://")
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

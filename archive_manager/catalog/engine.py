@@ -24,19 +24,17 @@ A transparent retry would have to re-run the caller's block, which may have done
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.engine import URL, Connection, Engine
 
+from .._constants import BUSY_TIMEOUT_ENV
 from .._mounts import NETWORK_FILESYSTEMS, filesystem_type, is_network_filesystem, read_mount_table
 from ..errors import CatalogError, UnsupportedFilesystemError
 from .dialects.base import WRITE_OPTION, CatalogDialect, CatalogUnreachableError
-from .dialects.postgresql import (
-    PG_WRITE_LOCK,
-    POSTGRES_EXTRA_HINT,
-    PostgreSQLDialect,
-    idle_in_transaction_timeout_ms,
-)
 from .dialects.sqlite import (
     LockHolder,
     SQLiteDialect,
@@ -52,8 +50,6 @@ __all__ = [
     "BUSY_TIMEOUT_ENV",
     "DEFAULT_BUSY_TIMEOUT_MS",
     "NETWORK_FILESYSTEMS",
-    "PG_WRITE_LOCK",
-    "POSTGRES_EXTRA_HINT",
     "WRITE_OPTION",
     "CatalogDialect",
     "CatalogUnreachableError",
@@ -66,7 +62,6 @@ __all__ = [
     "dialect_named",
     "dialect_of",
     "filesystem_type",
-    "idle_in_transaction_timeout_ms",
     "is_network_filesystem",
     "make_engine",
     "parse_lock_table",
@@ -82,7 +77,6 @@ __all__ = [
     "sqlite_read_mode",
 ]
 
-BUSY_TIMEOUT_ENV = "ARCHIVE_MANAGER_BUSY_TIMEOUT_MS"
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -131,7 +125,32 @@ def check_local_filesystem(folder: str | os.PathLike[str], mount_table: str | No
 
 # docs/architecture.md, "Safety rules": the catalog serialises writers.  A database is added
 # here with its dialect module, or not at all.
-_DIALECTS: dict[str, CatalogDialect] = {d.name: d for d in (SQLiteDialect(), PostgreSQLDialect())}
+# NOTE: each dialect's module is imported when a URL first names its database: a SQLite
+# pool never imports the PostgreSQL one (docs/architecture.md, Start-up).
+_DIALECT_CLASSES: dict[str, Callable[[], type[CatalogDialect]]] = {
+    "sqlite": lambda: SQLiteDialect,
+    "postgresql": lambda: (
+        importlib.import_module(".dialects.postgresql", __package__).PostgreSQLDialect
+    ),
+}
+_LOADED: dict[str, CatalogDialect] = {}
+
+
+def _dialect(name: str) -> CatalogDialect:
+    found = _LOADED.get(name)
+    if found is None:
+        found = _LOADED[name] = _DIALECT_CLASSES[name]()()
+    return found
+
+
+_POSTGRESQL_NAMES = ("PG_WRITE_LOCK", "POSTGRES_EXTRA_HINT", "idle_in_transaction_timeout_ms")
+
+
+def __getattr__(name: str) -> Any:
+    """The PostgreSQL dialect's names this module used to import eagerly, on first use."""
+    if name in _POSTGRESQL_NAMES:
+        return getattr(importlib.import_module(".dialects.postgresql", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dialect_named(name: str) -> CatalogDialect:
@@ -141,10 +160,9 @@ def dialect_named(name: str) -> CatalogDialect:
         CatalogError: no such dialect is supported (engines are made only for those that
             are, so a catalog's connection never gets here).
     """
-    found = _DIALECTS.get(name)
-    if found is None:
+    if name not in _DIALECT_CLASSES:
         raise CatalogError(f"archive_manager does not support {name!r} catalog databases")
-    return found
+    return _dialect(name)
 
 
 def dialect_of(url: str | URL) -> str:
@@ -157,8 +175,8 @@ def dialect_of(url: str | URL) -> str:
     """
     parsed = parse_url(url)
     name = parsed.get_backend_name()
-    if name not in _DIALECTS:
-        supported = ", ".join(f"{n} ({d.write_lock})" for n, d in sorted(_DIALECTS.items()))
+    if name not in _DIALECT_CLASSES:
+        supported = ", ".join(f"{n} ({_dialect(n).write_lock})" for n in sorted(_DIALECT_CLASSES))
         raise CatalogError(
             f"the catalog URL {shown_url(parsed)} names a {name!r} database, which archive_manager "
             f"does not support: saves and GC need a catalog that serialises writers, and only "
@@ -169,7 +187,7 @@ def dialect_of(url: str | URL) -> str:
 
 def dialect_for(url: str | URL) -> CatalogDialect:
     """The `CatalogDialect` of the database ``url`` names; `CatalogError` as `dialect_of`."""
-    return _DIALECTS[dialect_of(url)]
+    return _dialect(dialect_of(url))
 
 
 def make_engine(

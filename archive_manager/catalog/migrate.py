@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
-from .._constants import CATALOG_URL_ENV
+from .._constants import CATALOG_URL_ENV, HEAD_REVISION, VERSION_TABLE
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.base import WRITE_OPTION
 from .models import FORMAT_VERSION, metadata, pool_info_table
@@ -41,21 +41,6 @@ __all__ = [
     "script_location",
     "upgrade",
 ]
-
-VERSION_TABLE = "archive_manager_version"
-"""Alembic's version table; not ``alembic_version``, so a shared PostgreSQL database's own
-Alembic history cannot collide with the catalog's."""
-
-
-HEAD_REVISION = "0007"
-"""The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
-Alembic's own head).
-
-NOTE: every open compares the catalog's revision with the head.  Asking Alembic for it
-imports Alembic (with Mako and Pygments: about a fifth of the modules a CLI verb loaded) and
-parses every migration script; an up-to-date catalog, the common case, needs neither
-(docs/architecture.md, Layers, on start-up).  Alembic is imported only to migrate or to
-judge a revision other than this one."""
 
 _UPGRADE_HINT = "upgrade archive_manager (pip install -U archive_manager)"
 

@@ -25,6 +25,8 @@ from sqlalchemy import (
     Text,
 )
 
+from .._constants import CATALOG_FORMAT_VERSION
+
 __all__ = [
     "ARCHIVE_STATES",
     "BLOB_KINDS",
@@ -48,7 +50,7 @@ __all__ = [
     "sample_metadata_table",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = CATALOG_FORMAT_VERSION
 """The pool format this library writes; a pool with a greater one is refused."""
 
 BLOB_KINDS = ("chunk", "tensor", "manifest")

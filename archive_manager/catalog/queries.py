@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, and_, delete, exists, func, or_, select, update
 from sqlalchemy.engine import Connection, CursorResult, Row
 
+from .._constants import SAVE_SEQ
 from .._names import name_spellings
 from ..errors import LeaseExpiredError
 from .bulk import insert_rows
@@ -45,7 +46,6 @@ __all__ = [
     "stored_save_seq",
 ]
 
-SAVE_SEQ = "save_seq"
 
 T = TypeVar("T")
 

@@ -15,7 +15,16 @@ import click
 
 from ..samples import Sample
 from ._complete import complete_archive_name
-from ._context import CliError, is_reportable, json_option, listing_options, one_line, pass_pool
+from ._context import (
+    CliError,
+    PoolState,
+    is_reportable,
+    json_option,
+    listing_options,
+    one_line,
+    pass_pool,
+    pass_state,
+)
 from ._output import (
     echo,
     echo_fields,
@@ -94,9 +103,9 @@ def _info_row(info: ArchiveInfo, reclaimed: set[str]) -> list[object]:
     help="Start after this archive (the last of the previous page): pages of --limit.",
 )
 @listing_options
-@pass_pool
+@pass_state
 def ls(
-    pool: ArchiveManager,
+    pool_state: PoolState,
     rollout_id: tuple[int | None, int | None] | None,
     evaluation: bool | None,
     task_key: str | None,
@@ -108,7 +117,9 @@ def ls(
     fmt: str,
 ) -> None:
     """List archives, by rollout id (none last) then name; --limit and --after page."""
-    found = pool.find(
+    from .._sqlite_listing import read_listing
+
+    filters: dict[str, Any] = dict(
         # One id is the same filter, with find's own wording of an id out of range.
         rollout_id=rollout_id[0] if rollout_id and rollout_id[0] == rollout_id[1] else rollout_id,
         evaluation=evaluation,
@@ -118,7 +129,16 @@ def ls(
         limit=limit,
         after=after,
     )
-    reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
+    # NOTE: a SQLite catalog is read with sqlite3 when the pool is plainly as an open would
+    # leave it; anything else (and every error) goes through the open: SQLAlchemy alone
+    # cost ls more than the 0.3 s start-up target (docs/architecture.md, Start-up).
+    listing = read_listing(pool_state.root, pool_state.catalog_url, **filters)
+    if listing is not None:
+        found, reclaimed = listing.archives, listing.reclaimed
+    else:
+        pool = pool_state.open()
+        found = pool.find(**filters)
+        reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
     records = [
         {**asdict(i), "payload_reclaimed": i.name in reclaimed}
         if i.state == "released"

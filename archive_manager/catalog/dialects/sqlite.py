@@ -33,7 +33,14 @@ from sqlalchemy.engine.interfaces import ExceptionContext
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
-from ..._sqlite_read import reader_uri, sqlite_read_mode
+from ..._sqlite_read import (
+    ReaderConnection,
+    begin_read_snapshot,
+    connect_reader,
+    file_stamp,
+    reader_uri,
+    sqlite_read_mode,
+)
 from ...errors import ArchiveError, CatalogError, CatalogLockedError, ReadOnlyPoolError
 from ..urls import sqlite_path
 from .base import WRITE_OPTION, CatalogDialect, compact_json, track_for_fork
@@ -357,111 +364,6 @@ def _make_sqlite_engine(url: URL, timeout_ms: int, read_only: bool) -> Engine:
 
 # --- SQLite readers that write nothing -----------------------------------------------------
 
-# Extended result codes of a read-only wal-index that could not be used at this moment.
-_SQLITE_READONLY_RECOVERY = _SQLITE_READONLY | (1 << 8)
-_SQLITE_READONLY_CANTINIT = _SQLITE_READONLY | (5 << 8)
-
-
-def begin_read_snapshot(raw: sqlite3.Connection, database: str, timeout_ms: int) -> None:
-    """Begin a read transaction on a reader's connection (`reader_uri`) and take its snapshot
-    now, before the caller reads anything.
-
-    NOTE: a reader whose ``-shm`` is read-only cannot fix the wal-index up itself: when it
-    starts a read while a live writer is rewriting the index header or restarting the log,
-    SQLite answers ``SQLITE_READONLY_RECOVERY`` or ``SQLITE_READONLY_CANTINIT`` where a
-    writable reader would have retried (measured: about 1 read in 30,000 beside a writer
-    committing without pause).  Taken here, at BEGIN, the snapshot is retried until the busy
-    timeout while nothing of the caller's block has run; once taken it holds to the end of
-    the transaction, whose later reads never meet this.
-
-    Raises:
-        CatalogError: the wal-index stayed unusable for the whole busy timeout.
-        sqlite3.Error: any other failure, for the caller to translate.
-    """
-    deadline = time.monotonic() + timeout_ms / 1000
-    delay = 0.001
-    while True:
-        raw.execute("BEGIN")
-        try:
-            # Reads the schema cookie: the read transaction, and its snapshot, start here.
-            raw.execute("PRAGMA schema_version").fetchone()
-            return
-        except sqlite3.OperationalError as exc:
-            if raw.in_transaction:
-                raw.execute("ROLLBACK")
-            code = getattr(exc, "sqlite_errorcode", None)
-            if code not in (_SQLITE_READONLY_RECOVERY, _SQLITE_READONLY_CANTINIT):
-                raise
-            if time.monotonic() + delay > deadline:
-                raise CatalogError(
-                    f"the catalog {database} could not be read without writing to it: its "
-                    f"wal-index ({database}-shm) stayed unusable to a reader for the busy "
-                    f"timeout ({timeout_ms} ms); a process that may write the pool repairs it "
-                    f"by opening it ({exc})"
-                ) from exc
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
-class _ReaderConnection(sqlite3.Connection):
-    """A reader's sqlite3 connection, with how it was opened (see `sqlite_read_mode`)."""
-
-    read_mode: str = "ro"
-    database: str = ""
-    stamp: tuple[int, ...] | None = None
-
-
-def _stamp(database: str) -> tuple[int, ...] | None:
-    """What changes when anything writes the file: inode, size, mtime, ctime."""
-    try:
-        st = os.stat(database)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-_READER_OPEN_ATTEMPTS = 5
-
-
-def connect_reader(database: str, timeout_ms: int) -> _ReaderConnection:
-    """A reader's connection to ``database`` (`sqlite_read_mode`, `reader_uri`) that has read
-    it once; BEGIN comes from the caller (``isolation_level`` None).
-
-    NOTE: the ``-wal`` and ``-shm`` a live process had open when the mode was chosen are
-    deleted when its last connection closes, and a read-only ``-shm`` is not created again:
-    the first read then fails (SQLITE_CANTOPEN, seen with two threads creating one pool),
-    and the mode is chosen anew (the main file now holds every commit).  Once it has read,
-    the connection keeps its lock on the file, so the last writer leaves both files alone.
-
-    Raises:
-        CatalogError: as `sqlite_read_mode`.
-        sqlite3.Error: the file cannot be opened or read, for the caller to translate.
-    """
-    attempts = 0
-    while True:
-        attempts += 1
-        mode = sqlite_read_mode(database)
-        stamp = _stamp(database)
-        raw = sqlite3.connect(
-            reader_uri(database, mode),
-            uri=True,
-            timeout=timeout_ms / 1000.0,
-            factory=_ReaderConnection,
-            check_same_thread=False,
-            isolation_level=None,
-        )
-        assert isinstance(raw, _ReaderConnection)
-        try:
-            raw.execute("PRAGMA schema_version").fetchone()
-        except sqlite3.OperationalError as exc:
-            raw.close()
-            vanished = mode == "ro" and _error_code(exc) == _SQLITE_CANTOPEN
-            if not vanished or attempts == _READER_OPEN_ATTEMPTS:
-                raise
-            continue
-        raw.read_mode, raw.database, raw.stamp = mode, database, stamp
-        return raw
-
 
 def check_read_unchanged(conn: Connection) -> None:
     """At the end of a read transaction: refuse what an ``immutable`` connection read if the
@@ -479,9 +381,9 @@ def check_read_unchanged(conn: Connection) -> None:
         raw = conn.connection.dbapi_connection
     except Exception:  # an invalidated connection: nothing was read through it
         return
-    if not isinstance(raw, _ReaderConnection) or raw.read_mode != "immutable":
+    if not isinstance(raw, ReaderConnection) or raw.read_mode != "immutable":
         return
-    if _stamp(raw.database) == raw.stamp:
+    if file_stamp(raw.database) == raw.stamp:
         return
     conn.invalidate()
     raise CatalogError(
@@ -518,14 +420,14 @@ def _make_sqlite_reader(url: URL, path: Path, timeout_ms: int) -> Engine:
     def _on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
         # A pooled connection opened in the other mode, or an immutable one whose file changed
         # since (its page cache is stale), is replaced by a new one.
-        if not isinstance(dbapi_connection, _ReaderConnection):
+        if not isinstance(dbapi_connection, ReaderConnection):
             return
         try:
             mode = sqlite_read_mode(database)
         except CatalogError:
             raise DisconnectionError() from None  # the new connection reports it
         stale = dbapi_connection.read_mode == "immutable" and (
-            _stamp(database) != dbapi_connection.stamp
+            file_stamp(database) != dbapi_connection.stamp
         )
         if mode != dbapi_connection.read_mode or stale:
             raise DisconnectionError()
