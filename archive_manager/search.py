@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from ._constants import DEFAULT_SEARCH_TIMEOUT, MAX_SEARCH_LIMIT
-from ._digest import Buffer
 from .archive import Archive
 from .catalog import archives_table, chunks_table, entries_table, sample_metadata_table
 from .codec import ChunkReader
-from .codec.chunk import Needle
+from .codec.chunk import BytesNeedle
 from .errors import (
     IntegrityError,
     InvalidInputError,
@@ -194,7 +193,9 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
             raise _DeadlineReached
         limit = min(left, _PER_TEXT)
         try:
-            m = compiled.search(text, timeout=limit)
+            # concurrent: the GIL is let go while it matches (the text is an immutable str), so
+            # the other scan thread inflates and decodes meanwhile.
+            m = compiled.search(text, timeout=limit, concurrent=True)
         except (TimeoutError, MemoryError, RecursionError):
             # MemoryError: the regex module's end of a recursion without bound.
             if limit < _PER_TEXT:
@@ -222,30 +223,8 @@ def _timeout_message(pattern: str) -> str:
 _FOLDS_BEYOND_ASCII = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
 
 
-class _FoldedLiteral:
-    """An ASCII literal in any case: found in the bytes lower-cased (ASCII only); bytes that
-    hold a character `re.IGNORECASE` folds to one of its letters from beyond ASCII are
-    always kept (rare: ``K``, ``ſ``, ``İ``, ``ı``)."""
-
-    __slots__ = ("beyond", "needle")
-
-    def __init__(self, pattern: str) -> None:
-        self.needle = pattern.lower().encode()
-        self.beyond = [
-            c.encode()
-            for letter in set(self.needle.decode())
-            for c in _FOLDS_BEYOND_ASCII.get(letter, "")
-        ]
-
-    def search(self, data: Buffer, /) -> object | None:
-        raw = bytes(data)
-        if raw.lower().find(self.needle) >= 0 or any(c in raw for c in self.beyond):
-            return True
-        return None
-
-
-def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> Needle | None:
-    """A bytes pattern every record holding a match of ``pattern`` holds, or None.
+def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | None:
+    """The bytes every record holding a match of ``pattern`` holds, or None.
 
     NOTE: a literal's UTF-8 bytes appear in the inflated record of every sample whose text
     holds it: a long text is stored as its UTF-8 bytes, a short one inside the record's JSON
@@ -253,16 +232,24 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> Needle | None:
     and control characters; literals holding those get no prefilter.  Records without the bytes
     (most, for a rare pattern) are skipped before their tree is parsed: that parse cost as much
     as the inflation (docs/architecture.md, "Search").  A case-folded literal gets one when it
-    is ASCII (`_FoldedLiteral`).
+    is ASCII: looked for in the bytes ASCII lower-cased, and a record holding a character
+    `re.IGNORECASE` folds to one of its letters from beyond ASCII (rare: ``K``, ``ſ``, ``İ``,
+    ``ı``) is always kept.
     """
     if regex or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
         return None
     if ignore_case:
-        return _FoldedLiteral(pattern) if pattern.isascii() else None
+        if not pattern.isascii():
+            return None
+        needle = pattern.lower().encode()
+        beyond = {
+            c.encode()
+            for letter in set(pattern.lower())
+            for c in _FOLDS_BEYOND_ASCII.get(letter, "")
+        }
+        return BytesNeedle(needle, folded=True, also=tuple(sorted(beyond)))
     try:
-        # NOTE: `re` searches the inflated memoryview in place; ``bytes.find`` would need a
-        # copy of it, which cost more than it saved on whole (version 1) records.
-        return re.compile(re.escape(pattern.encode("utf-8")))
+        return BytesNeedle(pattern.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate: stored with surrogatepass
         return None
 
@@ -292,48 +279,43 @@ def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:
     return number, shown, offset, offset + min(end, right) - start
 
 
-@dataclass(frozen=True)
-class _Entry:
-    position: int
-    sample_key: str
-    task_key: str | None
-    reward: float | None
-    status: str | None
-    offset: int
+# A match found by a scan thread: the sample's position, the field and its line (see `_line`).
+_Found = tuple[int, str, tuple[int, str, int, int]]
 
 
 def _scan_chunk(
     archive: Archive,
     ordinal: int,
     digest: str,
-    entries: list[_Entry],
+    entries: list[tuple[int, int]],
     fields: tuple[str, ...],
     find: Finder,
-    require: Needle | None,
-) -> tuple[int, list[tuple[_Entry, str, tuple[int, str, int, int]]]]:
-    """Read one chunk (verified) and search the texts of its samples; return the bytes read
-    and, per matching sample, its first match."""
+    require: BytesNeedle | None,
+) -> tuple[int, list[_Found]]:
+    """Read one chunk (verified) and search the texts of its samples (``entries``: their
+    positions and offsets); return the bytes read and, per matching sample, its first match."""
     data = archive._read_blob(digest, f"chunk {ordinal}")
     reader = ChunkReader(data, digest=digest)
-    if reader.version > 1:
-        # Only the records' text parts (docs/architecture.md, "Chunk format"), in one zstd
-        # call that releases the GIL once.  NOTE: not for whole version 1 records: one
-        # buffer for a chunk's records cost 1.5x the CPU of inflating them one by one
-        # (fresh pages for every chunk; 1.2 against 0.8 s for 10 rollouts).
-        reader.inflate([entry.offset for entry in entries], texts_only=True)
-    found = []
+    found: list[_Found] = []
     # The samples of a prompt group share its prompt, and one chunk holds whole groups:
     # each distinct text is searched once.
     seen: dict[str, tuple[int, int] | None] = {}
-    for entry in entries:
+    # Of a version 2 chunk, only the text parts, inflated and searched for the prefilter's
+    # bytes in two calls that release the GIL (`ChunkReader.search_texts`): the other scan
+    # thread reads and inflates meanwhile.  NOTE: a version 1 chunk's records are still
+    # inflated one by one: one buffer for a chunk's whole records cost 1.5x the CPU (fresh
+    # pages for every chunk; 1.2 against 0.8 s for 10 rollouts).
+    texts = reader.search_texts([offset for _, offset in entries], fields, require)
+    while True:
         try:
-            values = reader.fields(entry.offset, fields, require=require)
+            got = next(texts, None)
         except (IndexError, IntegrityError) as exc:
             raise IntegrityError(
                 f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}"
             ) from exc
-        if values is None:
-            continue
+        if got is None:
+            break
+        k, values = got
         for name in fields:
             text = _text(values.get(name))
             if not text:
@@ -345,7 +327,7 @@ def _scan_chunk(
             else:
                 span = find(text)
             if span is not None:
-                found.append((entry, name, _line(text, *span)))
+                found.append((entries[k][0], name, _line(text, *span)))
                 break
     return len(data), found
 
@@ -365,37 +347,64 @@ def _archives(
         )
 
 
-def _layout(ctx: PoolContext, archive_id: int) -> tuple[dict[int, str], dict[int, list[_Entry]]]:
-    """The chunks of an archive and, per chunk, its entries with the catalog's facts."""
-    e, m, c = entries_table, sample_metadata_table, chunks_table
+def _layout(
+    ctx: PoolContext, archive_id: int
+) -> tuple[dict[int, str], dict[int, list[tuple[int, int]]]]:
+    """The chunks of an archive and, per chunk, its samples' positions and offsets.
+
+    NOTE: only what the scan needs; the keys, reward and status of a sample are read when it
+    matches (`_Facts`): reading them for every sample (a join with ``sample_metadata``, and
+    an object per sample) took 1.1 s of the GIL's time over 100 rollouts, a sixth of the
+    search.
+    """
+    e, c = entries_table, chunks_table
     with ctx.catalog.read() as conn:
         digests = dict(
             conn.execute(select(c.c.ordinal, c.c.digest).where(c.c.archive_id == archive_id)).all()
         )
         rows = conn.execute(
-            select(
-                e.c.position,
-                e.c.sample_key,
-                e.c.task_key,
-                e.c.chunk_ordinal,
-                e.c.offset,
-                m.c.reward,
-                m.c.status,
-            )
-            .join(
-                m,
-                (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
-                isouter=True,
-            )
+            select(e.c.chunk_ordinal, e.c.position, e.c.offset)
             .where(e.c.archive_id == archive_id)
             .order_by(e.c.position)
         ).all()
-    by_chunk: dict[int, list[_Entry]] = {}
-    for r in rows:
-        by_chunk.setdefault(r.chunk_ordinal, []).append(
-            _Entry(r.position, r.sample_key, r.task_key, r.reward, r.status, r.offset)
-        )
+    by_chunk: dict[int, list[tuple[int, int]]] = {}
+    for ordinal, position, offset in rows:
+        by_chunk.setdefault(ordinal, []).append((position, offset))
     return digests, by_chunk
+
+
+class _Facts:
+    """The catalog's facts (keys, reward, status) of an archive's samples that matched, read
+    for the positions of one chunk at a time."""
+
+    def __init__(self, ctx: PoolContext, row: Any) -> None:
+        self.ctx = ctx
+        self.row = row
+
+    def of(
+        self, positions: list[int]
+    ) -> dict[int, tuple[str, str | None, float | None, str | None]]:
+        e, m = entries_table, sample_metadata_table
+        with self.ctx.catalog.read() as conn:
+            rows = conn.execute(
+                select(e.c.position, e.c.sample_key, e.c.task_key, m.c.reward, m.c.status)
+                .join(
+                    m,
+                    (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
+                    isouter=True,
+                )
+                .where(
+                    e.c.archive_id == self.row.id,
+                    e.c.position.between(min(positions), max(positions)),
+                )
+            ).all()
+        facts = {r.position: (r.sample_key, r.task_key, r.reward, r.status) for r in rows}
+        missing = [p for p in positions if p not in facts]
+        if missing:
+            raise IntegrityError(
+                f"archive {self.row.name!r} has no catalog row for sample {missing[0]} any more"
+            )
+        return facts
 
 
 def search_pool(
@@ -451,20 +460,24 @@ def search_pool(
                 result.timed_out = True
                 return False
             result.bytes_read += read
-            for entry, name, (number, line, start, end) in found:
+            if not found:
+                return True
+            facts = _Facts(ctx, row).of([position for position, _, _ in found])
+            for position, name, (number, line, start, end) in found:
                 if len(result.matches) >= limit:
                     result.limited = True
                     return False
+                sample_key, task_key, reward, status = facts[position]
                 result.matches.append(
                     SearchMatch(
                         row.name,
                         row.rollout_id,
                         bool(row.evaluation),
-                        entry.position,
-                        entry.sample_key,
-                        entry.task_key,
-                        entry.reward,
-                        entry.status,
+                        position,
+                        sample_key,
+                        task_key,
+                        reward,
+                        status,
                         name,
                         number,
                         line,
@@ -504,7 +517,7 @@ def search_pool(
 
 def _chunks(
     ctx: PoolContext, rows: list[Any], result: SearchResult
-) -> Iterator[tuple[Any, int, str, list[_Entry]]]:
+) -> Iterator[tuple[Any, int, str, list[tuple[int, int]]]]:
     for row in rows:
         digests, by_chunk = _layout(ctx, row.id)
         result.archives += 1

@@ -292,3 +292,95 @@ def test_chunks_of_version_1_and_2_search_alike(
         assert pool.open_archive("old").load_samples() == samples
         assert pool.open_archive("new").load_samples() == samples
     shutil.rmtree(tmp_path / "pool")
+
+
+def _odd_samples() -> list[Any]:
+    """Texts of every shape a search meets: long (stored as UTF-8) and short (in the JSON
+    tree), chat prompts, escaped characters, non-ASCII and the letters ``re`` folds from
+    beyond ASCII, raw text parts (zstd does not pay), no text part, a dict with odd keys."""
+    out: list[Any] = []
+    for i, text in enumerate(
+        [
+            "the answer is 42",
+            "x" * 700 + " The ANSWER is \\boxed{7}",
+            "\u212aelvin said: answer",
+            'she said "answer" \\ ok\tdone',
+            "caf\u00e9 \u2615 na\u00efve answer \u017fo",
+            "ab",
+            "\u0130stanbul answers " * 40,
+        ]
+    ):
+        out.append({"prompt": f"q{i}", "response": text, "tokens": [i]})
+    out.append({"prompt": [{"role": "user", "content": "chat answer"}], "response": "ok"})
+    out.append({"tokens": [1, 2]})  # no text part
+    out.append({7: "answer", "prompt": "answer in a dict with an int key", "response": "r"})
+    out.append(Sample(prompt="p", response="sample answer " * 50, tokens=[3]))
+    return out
+
+
+def test_the_batched_scan_finds_what_the_record_by_record_scan_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ChunkReader.search_texts` (one zstd call, the C prefilter) against the path of one
+    record at a time (`ChunkReader.fields`) and the Python prefilter: the same matches for
+    every kind of pattern."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=8) as pool:
+        pool.save("a", _odd_samples() * 3, rollout_id=1)
+        digests = [c["digest"] for c in pool.open_archive("a").chunks()]
+        raw_parts = [
+            _entry(pool.store.get(d), i)[5] == 0
+            for d in digests
+            for i in range(len(ChunkReader(pool.store.get(d))))
+        ]
+        assert any(raw_parts) and not all(raw_parts)  # both kinds of text parts are searched
+        cases: list[dict[str, Any]] = [
+            {"pattern": "answer"},
+            {"pattern": "ANSWER", "ignore_case": True},
+            {"pattern": "kelvin", "ignore_case": True},
+            {"pattern": "STANBUL", "ignore_case": True},
+            {"pattern": "SO", "ignore_case": True},
+            {"pattern": '"answer" \\'},
+            {"pattern": "\u2615 na\u00efve"},
+            {"pattern": "caf\u00c9", "ignore_case": True},  # no prefilter: not ASCII
+            {"pattern": r"\\boxed\{\d+\}", "regex": True},
+            {"pattern": r"(?i)answer\b", "regex": True},
+            {"pattern": "chat", "fields": "prompt"},
+            {"pattern": "answer", "fields": "response"},
+        ]
+
+        def run() -> list[list[tuple[Any, ...]]]:
+            return [
+                [
+                    (m.position, m.field, m.line, m.start, m.end, m.sample_key)
+                    for m in pool.search(limit=10_000, **kwargs).matches
+                ]
+                for kwargs in cases
+            ]
+
+        batched = run()
+        assert all(batched[:5]) and all(batched[8:])
+        with monkeypatch.context() as m:
+            m.setattr(codec.chunk, "_texts_holding", codec.chunk._holding_py)
+            assert run() == batched
+        with monkeypatch.context() as m:
+            m.setattr(ChunkReader, "_text_batch", lambda *_: {})
+            assert run() == batched
+
+
+def test_a_damaged_chunk_is_never_searched(tmp_path: Path) -> None:
+    """A byte changed in a chunk's text part (which zstd would inflate to other text without
+    a word: its frames carry no checksum) fails the search with the blob named."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", _samples(4), rollout_id=1)
+        digest = pool.open_archive("a").chunks()[0]["digest"]
+        assert len(pool.search("answer is 42").matches) == 1
+        path = pool.store.path(digest)
+        data = bytearray(path.read_bytes())
+        offset, t_stored, *_ = _entry(bytes(data), 2)
+        data[offset + t_stored - 4] ^= 0x01  # in the frame's last block
+        path.chmod(0o644)
+        path.write_bytes(bytes(data))
+        with pytest.raises(IntegrityError, match=digest):
+            pool.search("answer is 42")
+        with pytest.raises(IntegrityError, match=digest):
+            pool.search("zebra", ignore_case=True)
