@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -223,6 +224,110 @@ def _timeout_message(pattern: str) -> str:
 _FOLDS_BEYOND_ASCII = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
 
 
+try:  # the parser of Python's `re` (3.11 renamed it)
+    from re import _parser as _re_parser  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _re_parser  # type: ignore[no-redef]
+
+_LITERAL = _re_parser.LITERAL
+_GROUPS = (_re_parser.SUBPATTERN, getattr(_re_parser, "ATOMIC_GROUP", None))
+_REPEATS = tuple(
+    op
+    for op in (
+        _re_parser.MAX_REPEAT,
+        _re_parser.MIN_REPEAT,
+        getattr(_re_parser, "POSSESSIVE_REPEAT", None),
+    )
+    if op is not None
+)
+#: Longest literal a regular expression's fixed repeats are spelled out to.
+_MAX_REGEX_LITERAL = 1_000
+# Regex syntax `re` would read as literal characters: fuzzy constraints (``{e<=1}``) are the
+# only braces that are not a repeat count.
+_BRACES = re.compile(r"\\.|\{(?!\d+(?:,\d*)?\}|,\d+\})", re.DOTALL)
+
+
+# What a record's tree escapes, and lone surrogates (stored with surrogatepass).
+_UNSTORED = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
+
+
+def _exact(node: tuple[Any, Any]) -> str | None:
+    """The one string ``node`` of a parsed `re` pattern matches, if it matches only one."""
+    op, av = node
+    if op is _LITERAL:
+        return chr(av)
+    if op is _re_parser.SUBPATTERN:
+        _, add_flags, del_flags, body = av
+        return None if add_flags or del_flags else _exact_seq(body)
+    if op in _GROUPS:
+        return _exact_seq(av)
+    if op in _REPEATS:
+        low, high, body = av
+        one = _exact_seq(body) if low == high and low <= _MAX_REGEX_LITERAL else None
+        return None if one is None or len(one) * low > _MAX_REGEX_LITERAL else one * low
+    return None
+
+
+def _exact_seq(nodes: Any) -> str | None:
+    parts = []
+    for node in nodes:
+        part = _exact(node)
+        if part is None:
+            return None
+        parts.append(part)
+    return "".join(parts)
+
+
+def _required(nodes: Any, out: list[str]) -> None:
+    """Add to ``out`` strings that every match of the sequence ``nodes`` holds: runs of
+    nodes that match one string, and those of the groups and repeats (at least once) that
+    every match goes through."""
+    run = ""
+    for node in nodes:
+        part = _exact(node)
+        if part is not None:
+            run += part
+            continue
+        out.append(run)
+        run = ""
+        op, av = node
+        if op is _re_parser.SUBPATTERN and not (av[1] or av[2]):
+            _required(av[3], out)
+        elif op in _GROUPS and op is not _re_parser.SUBPATTERN:
+            _required(av, out)
+        elif op in _REPEATS and av[0] >= 1:
+            _required(av[2], out)
+    out.append(run)
+
+
+def _regex_literal(pattern: str) -> str | None:
+    """A string every match of the regular expression ``pattern`` (case-sensitive) holds,
+    the longest found, or None.
+
+    NOTE: read with Python's `re` parser, as the `regex` module (which runs the pattern) reads
+    the same syntax: a pattern using syntax only `regex` has (``\\p{L}``, ``(?V1)``,
+    ``(*SKIP)``, ``[[:alpha:]]``, named lists) is refused by `re` or warned about, and gets
+    none; so does one with braces that are not a repeat count (`regex`'s fuzzy matching,
+    ``(?:abc){e<=1}``, which `re` reads as literal characters), or any case folding.
+    """
+    if any(m.group() == "{" for m in _BRACES.finditer(pattern)):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            parsed = _re_parser.parse(pattern)
+    except (re.error, Warning, ValueError, TypeError, OverflowError, RecursionError):
+        return None
+    if parsed.state.flags & (re.IGNORECASE | re.VERBOSE):
+        return None
+    found: list[str] = []
+    _required(parsed.data, found)
+    # A part of a required string is required: the longest run without what the record's
+    # tree escapes (see `_prefilter`) or UTF-8 cannot hold (a lone surrogate).
+    pieces = [p for text in found for p in _UNSTORED.split(text) if p]
+    return max(pieces, key=len, default=None)
+
+
 def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | None:
     """The bytes every record holding a match of ``pattern`` holds, or None.
 
@@ -236,7 +341,12 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | No
     `re.IGNORECASE` folds to one of its letters from beyond ASCII (rare: ``K``, ``ſ``, ``İ``,
     ``ı``) is always kept.
     """
-    if regex or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
+    if regex:
+        literal = None if ignore_case else _regex_literal(pattern)
+        if literal is None:
+            return None
+        pattern = literal
+    if any(c in '"\\' or ord(c) < 0x20 for c in pattern):
         return None
     if ignore_case:
         if not pattern.isascii():

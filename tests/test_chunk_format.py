@@ -384,3 +384,105 @@ def test_a_damaged_chunk_is_never_searched(tmp_path: Path) -> None:
             pool.search("answer is 42")
         with pytest.raises(IntegrityError, match=digest):
             pool.search("zebra", ignore_case=True)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "literal"),
+    [
+        (r"\bboxed( boxed){3}\b", "boxed boxed boxed boxed"),
+        (r"\\boxed\{\d+\}", "boxed{"),  # a backslash is escaped in the record: left out
+        (r"is 4[13]\b", "is 4"),
+        (r"(ab){2,3}cd", "ab"),
+        (r"a{2}bc", "aabc"),
+        (r"(?>abc)d", "abcd"),
+        (r"(foo|bar)baz", "baz"),
+        (r"ans(?i:wer)x", "ans"),
+        (r'say "hi" now', "say "),
+        (r"(?P<n>ab)(?P=n)cd", "ab"),
+        (r"(?i)answer", None),  # case folded
+        (r"(?x) a b c", None),
+        (r"foo|bar", None),
+        (r"(?:abc){e<=1}", None),  # regex's fuzzy matching: re would read literal braces
+        (r"x{,}yz", None),
+        (r"[[:alpha:]]x", None),  # a POSIX class: re warns (a nested set)
+        (r"\p{L}foo", None),
+        (r"(*SKIP)abc", None),
+        (r"(?V1)abc", None),
+        (r"\N{BULLET} item", None),
+    ],
+)
+def test_the_literal_every_match_of_a_regex_holds(pattern: str, literal: str | None) -> None:
+    assert search._regex_literal(pattern) == literal
+
+
+def _regexes() -> Any:
+    from hypothesis import strategies as st
+
+    atom = st.sampled_from(["a", "b", "ab", "ba", ".", "[ab]", "[^a]", r"\b", "x", "aa"])
+    return st.recursive(
+        atom,
+        lambda inner: st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
+            inner.map(lambda r: f"({r})"),
+            st.tuples(
+                inner, st.sampled_from(["*", "+", "?", "{2}", "{1,2}", "{0}", "+?", "++"])
+            ).map(lambda t: f"(?:{t[0]}){t[1]}"),
+            inner.map(lambda r: f"(?={r})"),
+        ),
+        max_leaves=6,
+    )
+
+
+def test_a_regex_match_always_holds_its_literal() -> None:
+    """What the regex prefilter relies on, tried on random patterns and texts: every match
+    (in the `regex` module, which runs the search) holds the literal read with `re`'s parser."""
+    import regex
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=500, deadline=None)
+    @given(pattern=_regexes(), texts=st.lists(st.text("abx \n", max_size=12), max_size=6))
+    def check(pattern: str, texts: list[str]) -> None:
+        literal = search._regex_literal(pattern)
+        compiled = regex.compile(pattern)
+        for text in texts:
+            if literal is not None and compiled.search(text) is not None:
+                assert literal in text, (pattern, text, literal)
+
+    check()
+
+
+def test_a_regex_search_finds_the_same_with_and_without_its_prefilter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=8) as pool:
+        pool.save("a", _odd_samples() * 2, rollout_id=1)
+        patterns = [
+            r"answer\b",
+            r"\\boxed\{\d+\}",
+            r'"answer" \\',
+            r"(?:answr){e<=1}",
+            r"(?i)KELVIN",
+            r"\N{HOT BEVERAGE} na",
+            r"\u212aelvin",
+            r"chat (answer)+",
+            r"(an)(s)wer \w+",
+            r"x{3}",
+            r"[[:alpha:]]nswer",
+            r"a(?=nswer)",
+        ]
+
+        def run() -> list[list[tuple[Any, ...]]]:
+            return [
+                [
+                    (m.position, m.field, m.line, m.start, m.end)
+                    for m in pool.search(p, regex=True, limit=10_000).matches
+                ]
+                for p in patterns
+            ]
+
+        with_prefilter = run()
+        assert sum(map(bool, with_prefilter)) >= 9
+        monkeypatch.setattr(search, "_regex_literal", lambda _: None)
+        assert run() == with_prefilter

@@ -65,7 +65,8 @@ def _peak_rss_mib() -> float:
 # Run by ``--baseline``: the same search with another tree's archive_manager (PYTHONPATH), in a
 # child process, so both are measured on the same pool at the same moment.
 _BASELINE_CHILD = """
-import json, statistics, sys, time
+import json, os, statistics, sys, time
+import archive_manager
 from archive_manager import ArchiveManager
 root, kwargs, repeat = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 if "rollout_ids" in kwargs:
@@ -78,22 +79,35 @@ with ArchiveManager.open(root, read_only=True) as pool:
         cpu.append(time.process_time() - before)
         times.append(result.seconds)
 print(json.dumps({"seconds": statistics.median(times), "cpu seconds": statistics.median(cpu),
-                  "matches": len(result.matches)}))
+                  "matches": len(result.matches),
+                  "package": os.path.dirname(archive_manager.__file__)}))
 """
 
 
 def bench_baseline(tree: Path, root: Path, kwargs: dict[str, Any], repeat: int) -> dict[str, Any]:
     """``pool.search(**kwargs)`` timed with the archive_manager of ``tree`` (the previous
     release's checkout), in a child process."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
     done = subprocess.run(
-        [sys.executable, "-c", _BASELINE_CHILD, str(root), json.dumps(kwargs), str(repeat)],
+        [
+            sys.executable,
+            "-c",
+            _BASELINE_CHILD,
+            str(root.resolve()),
+            json.dumps(kwargs),
+            str(repeat),
+        ],
         capture_output=True,
         text=True,
         env=env,
+        # (``-c`` puts the working directory first on sys.path: it must not be this tree)
+        cwd=tree,
         check=True,
     )
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(out["package"]).resolve() != (tree / "archive_manager").resolve():
+        raise RuntimeError(f"the baseline child imported {out['package']}, not {tree}")
+    return out
 
 
 def bench_scan(
