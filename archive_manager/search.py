@@ -249,6 +249,8 @@ _BRACES = re.compile(r"\\.|\{(?!\d+(?:,\d*)?\}|,\d+\})", re.DOTALL)
 
 # What a record's tree escapes, and lone surrogates (stored with surrogatepass).
 _UNSTORED = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
+# The same, and every character beyond ASCII: what a case-folded needle leaves out.
+_UNSTORED_OR_BEYOND_ASCII = re.compile(r'["\\\x00-\x1f\x80-\U0010ffff]')
 
 
 def _exact(node: tuple[Any, Any]) -> str | None:
@@ -334,34 +336,31 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | No
     NOTE: a literal's UTF-8 bytes appear in the inflated record of every sample whose text
     holds it: a long text is stored as its UTF-8 bytes, a short one inside the record's JSON
     tree, which writes every character as it is (``ensure_ascii=False``) except ``"``, ``\\``
-    and control characters; literals holding those get no prefilter.  Records without the bytes
-    (most, for a rare pattern) are skipped before their tree is parsed: that parse cost as much
-    as the inflation (docs/architecture.md, "Search").  A case-folded literal gets one when it
-    is ASCII: looked for in the bytes ASCII lower-cased, and a record holding a character
-    `re.IGNORECASE` folds to one of its letters from beyond ASCII (rare: ``K``, ``ſ``, ``İ``,
-    ``ı``) is always kept.
+    and control characters (`_UNSTORED`): of a literal holding those, its longest piece
+    without them is looked for.  Records without the bytes (most, for a rare pattern) are
+    skipped before their tree is parsed: that parse cost as much as the inflation
+    (docs/architecture.md, "Search").  A case-folded literal's longest ASCII piece is looked
+    for in the bytes ASCII lower-cased, and a record holding a character `re.IGNORECASE`
+    folds to one of its letters from beyond ASCII (rare: ``K``, ``ſ``, ``İ``, ``ı``) is
+    always kept.  A regular expression's is the longest string its matches hold
+    (`_regex_literal`).
     """
     if regex:
         literal = None if ignore_case else _regex_literal(pattern)
         if literal is None:
             return None
         pattern = literal
-    if any(c in '"\\' or ord(c) < 0x20 for c in pattern):
+    pieces = (_UNSTORED_OR_BEYOND_ASCII if ignore_case else _UNSTORED).split(pattern)
+    piece = max(pieces, key=len)
+    if not piece:
         return None
     if ignore_case:
-        if not pattern.isascii():
-            return None
-        needle = pattern.lower().encode()
+        needle = piece.lower().encode()
         beyond = {
-            c.encode()
-            for letter in set(pattern.lower())
-            for c in _FOLDS_BEYOND_ASCII.get(letter, "")
+            c.encode() for letter in set(piece.lower()) for c in _FOLDS_BEYOND_ASCII.get(letter, "")
         }
         return BytesNeedle(needle, folded=True, also=tuple(sorted(beyond)))
-    try:
-        return BytesNeedle(pattern.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate: stored with surrogatepass
-        return None
+    return BytesNeedle(piece.encode("utf-8"))
 
 
 def _text(value: object) -> str | None:

@@ -251,8 +251,11 @@ def test_a_case_folded_search_skips_records_without_the_letters(
         )
         found = pool.search("kelvin", ignore_case=True).matches
         assert [m.position for m in found] == [0, 1, 3] and len(parsed) == 3
-        assert pool.search("kélvin", ignore_case=True).matches == []  # no prefilter: all read
-        assert len(parsed) == 7
+        # not ASCII: its longest ASCII piece ("lvin") is looked for
+        assert pool.search("kélvin", ignore_case=True).matches == []
+        assert len(parsed) == 6
+        assert pool.search("é", ignore_case=True).matches == []  # no ASCII piece: all read
+        assert len(parsed) == 10
 
 
 def test_chunks_of_version_1_and_2_search_alike(
@@ -341,7 +344,10 @@ def test_the_batched_scan_finds_what_the_record_by_record_scan_finds(
             {"pattern": "SO", "ignore_case": True},
             {"pattern": '"answer" \\'},
             {"pattern": "\u2615 na\u00efve"},
-            {"pattern": "caf\u00c9", "ignore_case": True},  # no prefilter: not ASCII
+            {"pattern": "caf\u00c9", "ignore_case": True},  # its ASCII piece, "caf"
+            {"pattern": "\u00e9", "ignore_case": True},  # no prefilter: no ASCII piece
+            {"pattern": 'd "answer', "ignore_case": True},
+            {"pattern": "ok\tdone"},
             {"pattern": r"\\boxed\{\d+\}", "regex": True},
             {"pattern": r"(?i)answer\b", "regex": True},
             {"pattern": "chat", "fields": "prompt"},
@@ -358,12 +364,15 @@ def test_the_batched_scan_finds_what_the_record_by_record_scan_finds(
             ]
 
         batched = run()
-        assert all(batched[:5]) and all(batched[8:])
+        assert all(batched)
         with monkeypatch.context() as m:
             m.setattr(codec.chunk, "_texts_holding", codec.chunk._holding_py)
             assert run() == batched
         with monkeypatch.context() as m:
             m.setattr(ChunkReader, "_text_batch", lambda *_: {})
+            assert run() == batched
+        with monkeypatch.context() as m:  # no prefilter at all: every record decoded
+            m.setattr(search, "_prefilter", lambda *_: None)
             assert run() == batched
 
 
