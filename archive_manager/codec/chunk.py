@@ -576,8 +576,8 @@ class ChunkReader:
         self, offsets: Sequence[int], require: Needle | None
     ) -> dict[int, memoryview | None]:
         """Offset -> its record's inflated text part, or None when it lacks ``require``, for
-        the records of ``offsets`` whose text part is one plausible zstd frame (see
-        `search_texts`); the others are left out."""
+        the records of ``offsets`` whose text part is one plausible zstd frame or stored raw
+        (see `search_texts`); the others are left out."""
         n = self._count
         want = np.fromiter(
             (i for i in dict.fromkeys(offsets) if type(i) is int and 0 <= i < n), np.int64
@@ -587,23 +587,29 @@ class ChunkReader:
         index = np.frombuffer(self._mv, _INDEX2_ARRAY, n, _HEAD.size)[want]
         size = self._mv.nbytes
         offset, t_stored, r_stored = index["offset"], index["t_stored"], index["r_stored"]
-        t_raw = index["t_raw"]
+        t_raw, method = index["t_raw"], index["t_method"]
         # NOTE: each length is bounded by the blob before they are added, so no sum wraps;
         # the ratio bound is the one `_check_frame` applies (uint64 products of lengths past
         # the blob may wrap, but those entries are already refused by the first terms).
         with np.errstate(over="ignore"):
-            ok = (
-                (index["t_method"] == _ZSTD)
-                & (t_stored > 0)
-                & (t_raw > 0)
+            placed = (
+                (t_stored > 0)
                 & (offset >= _HEAD.size + n * _INDEX2.size)
                 & (offset <= size)
                 & (t_stored <= size)
                 & (r_stored <= size)
                 & (offset + t_stored + r_stored <= size)
+            )
+            packed = (
+                placed
+                & (method == _ZSTD)
+                & (t_raw > 0)
                 & (t_raw <= t_stored * np.uint64(_MAX_RATIO) + np.uint64(_RATIO_SLACK))
             )
-        keys, sizes = want[ok], t_raw[ok]
+        plain = placed & (method == _RAW) & (t_raw == t_stored)
+        keys: list[int] = []
+        parts: list[Any] = []
+        sizes = t_raw[packed]
         # The whole batch keeps the bound of one record (see `inflate`); the records past it
         # are left to `fields`, one at a time.
         budget = self._mv.nbytes * _MAX_RATIO + _RATIO_SLACK
@@ -613,31 +619,40 @@ class ChunkReader:
             if budget < 0:
                 break
             within += 1
-        if not within:
-            return {}
-        keys, sizes = keys[:within], sizes[:within]
-        segments = np.empty((within, 2), "<u8")
-        segments[:, 0] = offset[ok][:within]
-        segments[:, 1] = t_stored[ok][:within]
-        try:
-            # zstandard checks that each frame inflates to exactly its stated size, and
-            # allocates no more than those sizes (a frame's own content size is not trusted).
-            texts: Any = _decompressor().multi_decompress_to_buffer(
-                zstandard.BufferWithSegments(self._mv, segments.tobytes()),
-                decompressed_sizes=sizes.astype("<u8").tobytes(),
-            )
-        except (zstandard.ZstdError, ValueError, TypeError, MemoryError):
-            return {}  # each record then goes through `fields`, which names the one that fails
+        if within:
+            segments = np.empty((within, 2), "<u8")
+            segments[:, 0] = offset[packed][:within]
+            segments[:, 1] = t_stored[packed][:within]
+            try:
+                # zstandard checks that each frame inflates to exactly its stated size, and
+                # allocates no more than those sizes (a frame's own content size is not
+                # trusted).
+                texts: Any = _decompressor().multi_decompress_to_buffer(
+                    zstandard.BufferWithSegments(self._mv, segments.tobytes()),
+                    decompressed_sizes=sizes[:within].astype("<u8").tobytes(),
+                )
+            except (zstandard.ZstdError, ValueError, TypeError, MemoryError):
+                pass  # each record then goes through `fields`, which names the one that fails
+            else:
+                keys += want[packed][:within].tolist()
+                parts += list(texts)
+        if plain.any():  # raw text parts (zstd did not pay): searched where they are
+            keys += want[plain].tolist()
+            parts += [
+                self._mv[at : at + length]
+                for at, length in zip(offset[plain].tolist(), t_stored[plain].tolist(), strict=True)
+            ]
         if isinstance(require, BytesNeedle):
-            hits = require.holding(texts)
+            hits = require.holding(parts)
         elif require is not None:
-            hits = [j for j in range(within) if require.search(memoryview(texts[j])) is not None]
+            hits = [
+                j for j, part in enumerate(parts) if require.search(memoryview(part)) is not None
+            ]
         else:
-            hits = list(range(within))
-        out: dict[int, memoryview | None] = dict.fromkeys(keys.tolist())
-        key_list = keys.tolist()
+            hits = list(range(len(parts)))
+        out: dict[int, memoryview | None] = dict.fromkeys(keys)
         for j in hits:
-            out[key_list[j]] = memoryview(texts[j])
+            out[keys[j]] = memoryview(parts[j])
         return out
 
     def _decode(self, i: int, decode: Callable[[], Any]) -> Any:
