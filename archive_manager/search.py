@@ -462,7 +462,7 @@ def _layout(
     """The chunks of an archive and, per chunk, its samples' positions and offsets.
 
     NOTE: only what the scan needs; the keys, reward and status of a sample are read when it
-    matches (`_Facts`): reading them for every sample (a join with ``sample_metadata``, and
+    matches (`_facts`): reading them for every sample (a join with ``sample_metadata``, and
     an object per sample) took 1.1 s of the GIL's time over 100 rollouts, a sixth of the
     search.
     """
@@ -482,38 +482,27 @@ def _layout(
     return digests, by_chunk
 
 
-class _Facts:
-    """The catalog's facts (keys, reward, status) of an archive's samples that matched, read
-    for the positions of one chunk at a time."""
-
-    def __init__(self, ctx: PoolContext, row: Any) -> None:
-        self.ctx = ctx
-        self.row = row
-
-    def of(
-        self, positions: list[int]
-    ) -> dict[int, tuple[str, str | None, float | None, str | None]]:
-        e, m = entries_table, sample_metadata_table
-        with self.ctx.catalog.read() as conn:
-            rows = conn.execute(
-                select(e.c.position, e.c.sample_key, e.c.task_key, m.c.reward, m.c.status)
-                .join(
-                    m,
-                    (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
-                    isouter=True,
-                )
-                .where(
-                    e.c.archive_id == self.row.id,
-                    e.c.position.between(min(positions), max(positions)),
-                )
-            ).all()
-        facts = {r.position: (r.sample_key, r.task_key, r.reward, r.status) for r in rows}
-        missing = [p for p in positions if p not in facts]
-        if missing:
-            raise IntegrityError(
-                f"archive {self.row.name!r} has no catalog row for sample {missing[0]} any more"
+def _facts(
+    ctx: PoolContext, row: Any, positions: list[int]
+) -> dict[int, tuple[str, str | None, float | None, str | None]]:
+    """The catalog's facts (sample key, task key, reward, status) of the samples at
+    ``positions`` of one chunk of the archive ``row``: read for matches only."""
+    e, m = entries_table, sample_metadata_table
+    with ctx.catalog.read() as conn:
+        rows = conn.execute(
+            select(e.c.position, e.c.sample_key, e.c.task_key, m.c.reward, m.c.status)
+            .join(
+                m,
+                (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
+                isouter=True,
             )
-        return facts
+            .where(e.c.archive_id == row.id, e.c.position.between(min(positions), max(positions)))
+        ).all()
+    facts = {r.position: (r.sample_key, r.task_key, r.reward, r.status) for r in rows}
+    missing = [p for p in positions if p not in facts]
+    if missing:  # the archive went away during the search (a published one never changes)
+        raise IntegrityError(f"archive {row.name!r} has no catalog row for sample {missing[0]}")
+    return facts
 
 
 def search_pool(
@@ -571,7 +560,7 @@ def search_pool(
             result.bytes_read += read
             if not found:
                 return True
-            facts = _Facts(ctx, row).of([position for position, _, _ in found])
+            facts = _facts(ctx, row, [position for position, _, _ in found])
             for position, name, (number, line, start, end) in found:
                 if len(result.matches) >= limit:
                     result.limited = True
