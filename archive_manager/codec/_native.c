@@ -6,6 +6,9 @@
  * not a number here), the same lossless narrowing, the same byte planes.  Anything else
  * returns None and the Python path decides.  No Python code runs while the list is read
  * (only exact ints and floats are looked at), so the list cannot change under the loop.
+ *
+ * texts_holding(parts, needle, folded, also) is the search's prefilter (docs/architecture.md,
+ * "Search"): which of a chunk's text parts hold the needle's bytes, searched without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
