@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from ._constants import DEFAULT_SEARCH_TIMEOUT, MAX_SEARCH_LIMIT
-from ._digest import Buffer
 from .archive import Archive
 from .catalog import archives_table, chunks_table, entries_table, sample_metadata_table
 from .codec import ChunkReader
-from .codec.chunk import Needle
+from .codec.chunk import BytesNeedle
 from .errors import (
     IntegrityError,
     InvalidInputError,
@@ -194,7 +194,9 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
             raise _DeadlineReached
         limit = min(left, _PER_TEXT)
         try:
-            m = compiled.search(text, timeout=limit)
+            # concurrent: the GIL is let go while it matches (the text is an immutable str), so
+            # the other scan thread inflates and decodes meanwhile.
+            m = compiled.search(text, timeout=limit, concurrent=True)
         except (TimeoutError, MemoryError, RecursionError):
             # MemoryError: the regex module's end of a recursion without bound.
             if limit < _PER_TEXT:
@@ -222,49 +224,143 @@ def _timeout_message(pattern: str) -> str:
 _FOLDS_BEYOND_ASCII = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
 
 
-class _FoldedLiteral:
-    """An ASCII literal in any case: found in the bytes lower-cased (ASCII only); bytes that
-    hold a character `re.IGNORECASE` folds to one of its letters from beyond ASCII are
-    always kept (rare: ``K``, ``ſ``, ``İ``, ``ı``)."""
+try:  # the parser of Python's `re` (3.11 renamed it)
+    from re import _parser as _re_parser  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _re_parser  # type: ignore[no-redef]
 
-    __slots__ = ("beyond", "needle")
+_LITERAL = _re_parser.LITERAL
+_GROUPS = (_re_parser.SUBPATTERN, getattr(_re_parser, "ATOMIC_GROUP", None))
+_REPEATS = tuple(
+    op
+    for op in (
+        _re_parser.MAX_REPEAT,
+        _re_parser.MIN_REPEAT,
+        getattr(_re_parser, "POSSESSIVE_REPEAT", None),
+    )
+    if op is not None
+)
+#: Longest literal a regular expression's fixed repeats are spelled out to.
+_MAX_REGEX_LITERAL = 1_000
+# Regex syntax `re` would read as literal characters: fuzzy constraints (``{e<=1}``) are the
+# only braces that are not a repeat count.
+_BRACES = re.compile(r"\\.|\{(?!\d+(?:,\d*)?\}|,\d+\})", re.DOTALL)
 
-    def __init__(self, pattern: str) -> None:
-        self.needle = pattern.lower().encode()
-        self.beyond = [
-            c.encode()
-            for letter in set(self.needle.decode())
-            for c in _FOLDS_BEYOND_ASCII.get(letter, "")
-        ]
 
-    def search(self, data: Buffer, /) -> object | None:
-        raw = bytes(data)
-        if raw.lower().find(self.needle) >= 0 or any(c in raw for c in self.beyond):
-            return True
+# What a record's tree escapes, and lone surrogates (stored with surrogatepass).
+_UNSTORED = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
+# The same, and every character beyond ASCII: what a case-folded needle leaves out.
+_UNSTORED_OR_BEYOND_ASCII = re.compile(r'["\\\x00-\x1f\x80-\U0010ffff]')
+
+
+def _exact(node: tuple[Any, Any]) -> str | None:
+    """The one string ``node`` of a parsed `re` pattern matches, if it matches only one."""
+    op, av = node
+    if op is _LITERAL:
+        return chr(av)
+    if op is _re_parser.SUBPATTERN:
+        _, add_flags, del_flags, body = av
+        return None if add_flags or del_flags else _exact_seq(body)
+    if op in _GROUPS:
+        return _exact_seq(av)
+    if op in _REPEATS:
+        low, high, body = av
+        one = _exact_seq(body) if low == high and low <= _MAX_REGEX_LITERAL else None
+        return None if one is None or len(one) * low > _MAX_REGEX_LITERAL else one * low
+    return None
+
+
+def _exact_seq(nodes: Any) -> str | None:
+    parts = []
+    for node in nodes:
+        part = _exact(node)
+        if part is None:
+            return None
+        parts.append(part)
+    return "".join(parts)
+
+
+def _required(nodes: Any, out: list[str]) -> None:
+    """Add to ``out`` strings that every match of the sequence ``nodes`` holds: runs of
+    nodes that match one string, and those of the groups and repeats (at least once) that
+    every match goes through."""
+    run = ""
+    for node in nodes:
+        part = _exact(node)
+        if part is not None:
+            run += part
+            continue
+        out.append(run)
+        run = ""
+        op, av = node
+        if op is _re_parser.SUBPATTERN and not (av[1] or av[2]):
+            _required(av[3], out)
+        elif op in _GROUPS and op is not _re_parser.SUBPATTERN:
+            _required(av, out)
+        elif op in _REPEATS and av[0] >= 1:
+            _required(av[2], out)
+    out.append(run)
+
+
+def _regex_literal(pattern: str) -> str | None:
+    """A string every match of the regular expression ``pattern`` (case-sensitive) holds,
+    the longest found, or None.
+
+    NOTE: read with Python's `re` parser, as the `regex` module (which runs the pattern) reads
+    the same syntax: a pattern using syntax only `regex` has (``\\p{L}``, ``(?V1)``,
+    ``(*SKIP)``, ``[[:alpha:]]``, named lists) is refused by `re` or warned about, and gets
+    none; so does one with braces that are not a repeat count (`regex`'s fuzzy matching,
+    ``(?:abc){e<=1}``, which `re` reads as literal characters), or any case folding.
+    """
+    if any(m.group() == "{" for m in _BRACES.finditer(pattern)):
         return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            parsed = _re_parser.parse(pattern)
+    except (re.error, Warning, ValueError, TypeError, OverflowError, RecursionError):
+        return None
+    if parsed.state.flags & (re.IGNORECASE | re.VERBOSE):
+        return None
+    found: list[str] = []
+    _required(parsed.data, found)
+    # A part of a required string is required: the longest run without what the record's
+    # tree escapes (see `_prefilter`) or UTF-8 cannot hold (a lone surrogate).
+    pieces = [p for text in found for p in _UNSTORED.split(text) if p]
+    return max(pieces, key=len, default=None)
 
 
-def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> Needle | None:
-    """A bytes pattern every record holding a match of ``pattern`` holds, or None.
+def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | None:
+    """The bytes every record holding a match of ``pattern`` holds, or None.
 
     NOTE: a literal's UTF-8 bytes appear in the inflated record of every sample whose text
     holds it: a long text is stored as its UTF-8 bytes, a short one inside the record's JSON
     tree, which writes every character as it is (``ensure_ascii=False``) except ``"``, ``\\``
-    and control characters; literals holding those get no prefilter.  Records without the bytes
-    (most, for a rare pattern) are skipped before their tree is parsed: that parse cost as much
-    as the inflation (docs/architecture.md, "Search").  A case-folded literal gets one when it
-    is ASCII (`_FoldedLiteral`).
+    and control characters (`_UNSTORED`): of a literal holding those, its longest piece
+    without them is looked for.  Records without the bytes (most, for a rare pattern) are
+    skipped before their tree is parsed: that parse cost as much as the inflation
+    (docs/architecture.md, "Search").  A case-folded literal's longest ASCII piece is looked
+    for in the bytes ASCII lower-cased, and a record holding a character `re.IGNORECASE`
+    folds to one of its letters from beyond ASCII (rare: ``K``, ``ſ``, ``İ``, ``ı``) is
+    always kept.  A regular expression's is the longest string its matches hold
+    (`_regex_literal`).
     """
-    if regex or any(c in '"\\' or ord(c) < 0x20 for c in pattern):
+    if regex:
+        literal = None if ignore_case else _regex_literal(pattern)
+        if literal is None:
+            return None
+        pattern = literal
+    pieces = (_UNSTORED_OR_BEYOND_ASCII if ignore_case else _UNSTORED).split(pattern)
+    piece = max(pieces, key=len)
+    if not piece:
         return None
     if ignore_case:
-        return _FoldedLiteral(pattern) if pattern.isascii() else None
-    try:
-        # NOTE: `re` searches the inflated memoryview in place; ``bytes.find`` would need a
-        # copy of it, which cost more than it saved on whole (version 1) records.
-        return re.compile(re.escape(pattern.encode("utf-8")))
-    except UnicodeEncodeError:  # a lone surrogate: stored with surrogatepass
-        return None
+        needle = piece.lower().encode()
+        beyond = {
+            c.encode() for letter in set(piece.lower()) for c in _FOLDS_BEYOND_ASCII.get(letter, "")
+        }
+        return BytesNeedle(needle, folded=True, also=tuple(sorted(beyond)))
+    return BytesNeedle(piece.encode("utf-8"))
 
 
 def _text(value: object) -> str | None:
@@ -292,48 +388,43 @@ def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:
     return number, shown, offset, offset + min(end, right) - start
 
 
-@dataclass(frozen=True)
-class _Entry:
-    position: int
-    sample_key: str
-    task_key: str | None
-    reward: float | None
-    status: str | None
-    offset: int
+# A match found by a scan thread: the sample's position, the field and its line (see `_line`).
+_Found = tuple[int, str, tuple[int, str, int, int]]
 
 
 def _scan_chunk(
     archive: Archive,
     ordinal: int,
     digest: str,
-    entries: list[_Entry],
+    entries: list[tuple[int, int]],
     fields: tuple[str, ...],
     find: Finder,
-    require: Needle | None,
-) -> tuple[int, list[tuple[_Entry, str, tuple[int, str, int, int]]]]:
-    """Read one chunk (verified) and search the texts of its samples; return the bytes read
-    and, per matching sample, its first match."""
+    require: BytesNeedle | None,
+) -> tuple[int, list[_Found]]:
+    """Read one chunk (verified) and search the texts of its samples (``entries``: their
+    positions and offsets); return the bytes read and, per matching sample, its first match."""
     data = archive._read_blob(digest, f"chunk {ordinal}")
     reader = ChunkReader(data, digest=digest)
-    if reader.version > 1:
-        # Only the records' text parts (docs/architecture.md, "Chunk format"), in one zstd
-        # call that releases the GIL once.  NOTE: not for whole version 1 records: one
-        # buffer for a chunk's records cost 1.5x the CPU of inflating them one by one
-        # (fresh pages for every chunk; 1.2 against 0.8 s for 10 rollouts).
-        reader.inflate([entry.offset for entry in entries], texts_only=True)
-    found = []
+    found: list[_Found] = []
     # The samples of a prompt group share its prompt, and one chunk holds whole groups:
     # each distinct text is searched once.
     seen: dict[str, tuple[int, int] | None] = {}
-    for entry in entries:
+    # Of a version 2 chunk, only the text parts, inflated and searched for the prefilter's
+    # bytes in two calls that release the GIL (`ChunkReader.search_texts`): the other scan
+    # thread reads and inflates meanwhile.  NOTE: a version 1 chunk's records are still
+    # inflated one by one: one buffer for a chunk's whole records cost 1.5x the CPU (fresh
+    # pages for every chunk; 1.2 against 0.8 s for 10 rollouts).
+    texts = reader.search_texts([offset for _, offset in entries], fields, require)
+    while True:
         try:
-            values = reader.fields(entry.offset, fields, require=require)
+            got = next(texts, None)
         except (IndexError, IntegrityError) as exc:
             raise IntegrityError(
                 f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}"
             ) from exc
-        if values is None:
-            continue
+        if got is None:
+            break
+        k, values = got
         for name in fields:
             text = _text(values.get(name))
             if not text:
@@ -345,7 +436,7 @@ def _scan_chunk(
             else:
                 span = find(text)
             if span is not None:
-                found.append((entry, name, _line(text, *span)))
+                found.append((entries[k][0], name, _line(text, *span)))
                 break
     return len(data), found
 
@@ -365,37 +456,53 @@ def _archives(
         )
 
 
-def _layout(ctx: PoolContext, archive_id: int) -> tuple[dict[int, str], dict[int, list[_Entry]]]:
-    """The chunks of an archive and, per chunk, its entries with the catalog's facts."""
-    e, m, c = entries_table, sample_metadata_table, chunks_table
+def _layout(
+    ctx: PoolContext, archive_id: int
+) -> tuple[dict[int, str], dict[int, list[tuple[int, int]]]]:
+    """The chunks of an archive and, per chunk, its samples' positions and offsets.
+
+    NOTE: only what the scan needs; the keys, reward and status of a sample are read when it
+    matches (`_facts`): reading them for every sample (a join with ``sample_metadata``, and
+    an object per sample) took 1.1 s of the GIL's time over 100 rollouts, a sixth of the
+    search.
+    """
+    e, c = entries_table, chunks_table
     with ctx.catalog.read() as conn:
         digests = dict(
             conn.execute(select(c.c.ordinal, c.c.digest).where(c.c.archive_id == archive_id)).all()
         )
         rows = conn.execute(
-            select(
-                e.c.position,
-                e.c.sample_key,
-                e.c.task_key,
-                e.c.chunk_ordinal,
-                e.c.offset,
-                m.c.reward,
-                m.c.status,
-            )
+            select(e.c.chunk_ordinal, e.c.position, e.c.offset)
+            .where(e.c.archive_id == archive_id)
+            .order_by(e.c.position)
+        ).all()
+    by_chunk: dict[int, list[tuple[int, int]]] = {}
+    for ordinal, position, offset in rows:
+        by_chunk.setdefault(ordinal, []).append((position, offset))
+    return digests, by_chunk
+
+
+def _facts(
+    ctx: PoolContext, row: Any, positions: list[int]
+) -> dict[int, tuple[str, str | None, float | None, str | None]]:
+    """The catalog's facts (sample key, task key, reward, status) of the samples at
+    ``positions`` of one chunk of the archive ``row``: read for matches only."""
+    e, m = entries_table, sample_metadata_table
+    with ctx.catalog.read() as conn:
+        rows = conn.execute(
+            select(e.c.position, e.c.sample_key, e.c.task_key, m.c.reward, m.c.status)
             .join(
                 m,
                 (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
                 isouter=True,
             )
-            .where(e.c.archive_id == archive_id)
-            .order_by(e.c.position)
+            .where(e.c.archive_id == row.id, e.c.position.between(min(positions), max(positions)))
         ).all()
-    by_chunk: dict[int, list[_Entry]] = {}
-    for r in rows:
-        by_chunk.setdefault(r.chunk_ordinal, []).append(
-            _Entry(r.position, r.sample_key, r.task_key, r.reward, r.status, r.offset)
-        )
-    return digests, by_chunk
+    facts = {r.position: (r.sample_key, r.task_key, r.reward, r.status) for r in rows}
+    missing = [p for p in positions if p not in facts]
+    if missing:  # the archive went away during the search (a published one never changes)
+        raise IntegrityError(f"archive {row.name!r} has no catalog row for sample {missing[0]}")
+    return facts
 
 
 def search_pool(
@@ -451,20 +558,24 @@ def search_pool(
                 result.timed_out = True
                 return False
             result.bytes_read += read
-            for entry, name, (number, line, start, end) in found:
+            if not found:
+                return True
+            facts = _facts(ctx, row, [position for position, _, _ in found])
+            for position, name, (number, line, start, end) in found:
                 if len(result.matches) >= limit:
                     result.limited = True
                     return False
+                sample_key, task_key, reward, status = facts[position]
                 result.matches.append(
                     SearchMatch(
                         row.name,
                         row.rollout_id,
                         bool(row.evaluation),
-                        entry.position,
-                        entry.sample_key,
-                        entry.task_key,
-                        entry.reward,
-                        entry.status,
+                        position,
+                        sample_key,
+                        task_key,
+                        reward,
+                        status,
                         name,
                         number,
                         line,
@@ -504,7 +615,7 @@ def search_pool(
 
 def _chunks(
     ctx: PoolContext, rows: list[Any], result: SearchResult
-) -> Iterator[tuple[Any, int, str, list[_Entry]]]:
+) -> Iterator[tuple[Any, int, str, list[tuple[int, int]]]]:
     for row in rows:
         digests, by_chunk = _layout(ctx, row.id)
         result.archives += 1

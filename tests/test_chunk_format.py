@@ -251,8 +251,11 @@ def test_a_case_folded_search_skips_records_without_the_letters(
         )
         found = pool.search("kelvin", ignore_case=True).matches
         assert [m.position for m in found] == [0, 1, 3] and len(parsed) == 3
-        assert pool.search("kélvin", ignore_case=True).matches == []  # no prefilter: all read
-        assert len(parsed) == 7
+        # not ASCII: its longest ASCII piece ("lvin") is looked for
+        assert pool.search("kélvin", ignore_case=True).matches == []
+        assert len(parsed) == 6
+        assert pool.search("é", ignore_case=True).matches == []  # no ASCII piece: all read
+        assert len(parsed) == 10
 
 
 def test_chunks_of_version_1_and_2_search_alike(
@@ -292,3 +295,203 @@ def test_chunks_of_version_1_and_2_search_alike(
         assert pool.open_archive("old").load_samples() == samples
         assert pool.open_archive("new").load_samples() == samples
     shutil.rmtree(tmp_path / "pool")
+
+
+def _odd_samples() -> list[Any]:
+    """Texts of every shape a search meets: long (stored as UTF-8) and short (in the JSON
+    tree), chat prompts, escaped characters, non-ASCII and the letters ``re`` folds from
+    beyond ASCII, raw text parts (zstd does not pay), no text part, a dict with odd keys."""
+    out: list[Any] = []
+    for i, text in enumerate(
+        [
+            "the answer is 42",
+            "x" * 700 + " The ANSWER is \\boxed{7}",
+            "\u212aelvin said: answer",
+            'she said "answer" \\ ok\tdone',
+            "caf\u00e9 \u2615 na\u00efve answer \u017fo",
+            "ab",
+            "\u0130stanbul answers " * 40,
+        ]
+    ):
+        out.append({"prompt": f"q{i}", "response": text, "tokens": [i]})
+    out.append({"prompt": [{"role": "user", "content": "chat answer"}], "response": "ok"})
+    out.append({"tokens": [1, 2]})  # no text part
+    out.append({7: "answer", "prompt": "answer in a dict with an int key", "response": "r"})
+    out.append(Sample(prompt="p", response="sample answer " * 50, tokens=[3]))
+    return out
+
+
+def test_the_batched_scan_finds_what_the_record_by_record_scan_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ChunkReader.search_texts` (one zstd call, the C prefilter) against the path of one
+    record at a time (`ChunkReader.fields`) and the Python prefilter: the same matches for
+    every kind of pattern."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=8) as pool:
+        pool.save("a", _odd_samples() * 3, rollout_id=1)
+        digests = [c["digest"] for c in pool.open_archive("a").chunks()]
+        raw_parts = [
+            _entry(pool.store.get(d), i)[5] == 0
+            for d in digests
+            for i in range(len(ChunkReader(pool.store.get(d))))
+        ]
+        assert any(raw_parts) and not all(raw_parts)  # both kinds of text parts are searched
+        cases: list[dict[str, Any]] = [
+            {"pattern": "answer"},
+            {"pattern": "ANSWER", "ignore_case": True},
+            {"pattern": "kelvin", "ignore_case": True},
+            {"pattern": "STANBUL", "ignore_case": True},
+            {"pattern": "SO", "ignore_case": True},
+            {"pattern": '"answer" \\'},
+            {"pattern": "\u2615 na\u00efve"},
+            {"pattern": "caf\u00c9", "ignore_case": True},  # its ASCII piece, "caf"
+            {"pattern": "\u00e9", "ignore_case": True},  # no prefilter: no ASCII piece
+            {"pattern": 'd "answer', "ignore_case": True},
+            {"pattern": "ok\tdone"},
+            {"pattern": r"\\boxed\{\d+\}", "regex": True},
+            {"pattern": r"(?i)answer\b", "regex": True},
+            {"pattern": "chat", "fields": "prompt"},
+            {"pattern": "answer", "fields": "response"},
+        ]
+
+        def run() -> list[list[tuple[Any, ...]]]:
+            return [
+                [
+                    (m.position, m.field, m.line, m.start, m.end, m.sample_key)
+                    for m in pool.search(limit=10_000, **kwargs).matches
+                ]
+                for kwargs in cases
+            ]
+
+        batched = run()
+        assert all(batched)
+        with monkeypatch.context() as m:
+            m.setattr(codec.chunk, "_texts_holding", codec.chunk._holding_py)
+            assert run() == batched
+        with monkeypatch.context() as m:
+            m.setattr(ChunkReader, "_text_batch", lambda *_: {})
+            assert run() == batched
+        with monkeypatch.context() as m:  # no prefilter at all: every record decoded
+            m.setattr(search, "_prefilter", lambda *_: None)
+            assert run() == batched
+
+
+def test_a_damaged_chunk_is_never_searched(tmp_path: Path) -> None:
+    """A byte changed in a chunk's text part (which zstd would inflate to other text without
+    a word: its frames carry no checksum) fails the search with the blob named."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", _samples(4), rollout_id=1)
+        digest = pool.open_archive("a").chunks()[0]["digest"]
+        assert len(pool.search("answer is 42").matches) == 1
+        path = pool.store.path(digest)
+        data = bytearray(path.read_bytes())
+        offset, t_stored, *_ = _entry(bytes(data), 2)
+        data[offset + t_stored - 4] ^= 0x01  # in the frame's last block
+        path.chmod(0o644)
+        path.write_bytes(bytes(data))
+        with pytest.raises(IntegrityError, match=digest):
+            pool.search("answer is 42")
+        with pytest.raises(IntegrityError, match=digest):
+            pool.search("zebra", ignore_case=True)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "literal"),
+    [
+        (r"\bboxed( boxed){3}\b", "boxed boxed boxed boxed"),
+        (r"\\boxed\{\d+\}", "boxed{"),  # a backslash is escaped in the record: left out
+        (r"is 4[13]\b", "is 4"),
+        (r"(ab){2,3}cd", "ab"),
+        (r"a{2}bc", "aabc"),
+        (r"(?>abc)d", "abcd"),
+        (r"(foo|bar)baz", "baz"),
+        (r"ans(?i:wer)x", "ans"),
+        (r'say "hi" now', "say "),
+        (r"(?P<n>ab)(?P=n)cd", "ab"),
+        (r"(?i)answer", None),  # case folded
+        (r"(?x) a b c", None),
+        (r"foo|bar", None),
+        (r"(?:abc){e<=1}", None),  # regex's fuzzy matching: re would read literal braces
+        (r"x{,}yz", None),
+        (r"[[:alpha:]]x", None),  # a POSIX class: re warns (a nested set)
+        (r"\p{L}foo", None),
+        (r"(*SKIP)abc", None),
+        (r"(?V1)abc", None),
+        (r"\N{BULLET} item", None),
+    ],
+)
+def test_the_literal_every_match_of_a_regex_holds(pattern: str, literal: str | None) -> None:
+    assert search._regex_literal(pattern) == literal
+
+
+def _regexes() -> Any:
+    from hypothesis import strategies as st
+
+    atom = st.sampled_from(["a", "b", "ab", "ba", ".", "[ab]", "[^a]", r"\b", "x", "aa"])
+    return st.recursive(
+        atom,
+        lambda inner: st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
+            inner.map(lambda r: f"({r})"),
+            st.tuples(
+                inner, st.sampled_from(["*", "+", "?", "{2}", "{1,2}", "{0}", "+?", "++"])
+            ).map(lambda t: f"(?:{t[0]}){t[1]}"),
+            inner.map(lambda r: f"(?={r})"),
+        ),
+        max_leaves=6,
+    )
+
+
+def test_a_regex_match_always_holds_its_literal() -> None:
+    """What the regex prefilter relies on, tried on random patterns and texts: every match
+    (in the `regex` module, which runs the search) holds the literal read with `re`'s parser."""
+    import regex
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=500, deadline=None)
+    @given(pattern=_regexes(), texts=st.lists(st.text("abx \n", max_size=12), max_size=6))
+    def check(pattern: str, texts: list[str]) -> None:
+        literal = search._regex_literal(pattern)
+        compiled = regex.compile(pattern)
+        for text in texts:
+            if literal is not None and compiled.search(text) is not None:
+                assert literal in text, (pattern, text, literal)
+
+    check()
+
+
+def test_a_regex_search_finds_the_same_with_and_without_its_prefilter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=8) as pool:
+        pool.save("a", _odd_samples() * 2, rollout_id=1)
+        patterns = [
+            r"answer\b",
+            r"\\boxed\{\d+\}",
+            r'"answer" \\',
+            r"(?:answr){e<=1}",
+            r"(?i)KELVIN",
+            r"\N{HOT BEVERAGE} na",
+            r"\u212aelvin",
+            r"chat (answer)+",
+            r"(an)(s)wer \w+",
+            r"x{3}",
+            r"[[:alpha:]]nswer",
+            r"a(?=nswer)",
+        ]
+
+        def run() -> list[list[tuple[Any, ...]]]:
+            return [
+                [
+                    (m.position, m.field, m.line, m.start, m.end)
+                    for m in pool.search(p, regex=True, limit=10_000).matches
+                ]
+                for p in patterns
+            ]
+
+        with_prefilter = run()
+        assert sum(map(bool, with_prefilter)) >= 9
+        monkeypatch.setattr(search, "_regex_literal", lambda _: None)
+        assert run() == with_prefilter

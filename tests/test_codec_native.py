@@ -491,3 +491,54 @@ def test_a_failed_import_falls_back_with_one_warning() -> None:
     assert warned == "1"
     assert "refused by the test" in message  # the warning says why
     assert digest == _run(_SAVE_AND_REPORT.replace("BLOCK", "pass")).stdout.split()[2]
+
+
+# --------------------------------------------------------------- the search's prefilter
+
+_HOLDING = codec.chunk._texts_holding
+assert _HOLDING is not codec.chunk._holding_py  # the C function, when the extension is built
+
+_PIECES = [b"Kelvin", b"KELVIN", b"kelvin", b"\xe2\x84\xaa", b"\xc5\xbf", b"ab", b"AB", b"a", b"\n"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    parts=st.lists(
+        st.lists(st.sampled_from(_PIECES) | st.binary(max_size=6), max_size=12).map(b"".join),
+        max_size=8,
+    ),
+    needle=st.sampled_from([b"kelvin", b"ab", b"a", b"b\xe2", b"elvin\n", b""])
+    | st.binary(min_size=1, max_size=4),
+    folded=st.booleans(),
+    also=st.lists(st.sampled_from([b"\xe2\x84\xaa", b"\xc5\xbf", b"Z"]), max_size=2).map(tuple),
+)
+def test_the_prefilter_keeps_exactly_the_parts_the_python_rule_keeps(
+    parts: list[bytes], needle: bytes, folded: bool, also: tuple[bytes, ...]
+) -> None:
+    if folded:
+        needle = needle.lower()
+    want = codec.chunk._holding_py(parts, needle, folded, also)
+    assert _HOLDING(parts, needle, folded, also) == want
+    # any buffer: views, bytearrays, the segments zstandard inflates into
+    views = [memoryview(b"##" + p)[2:] for p in parts]
+    assert _HOLDING(views, needle, folded, also) == want
+    assert _HOLDING([bytearray(p) for p in parts], needle, folded, also) == want
+
+
+def test_the_prefilter_on_long_texts_and_bad_arguments() -> None:
+    rng = random.Random(7)
+    words = [b"answer", b"Boxed", b"BOXED", b"equation", b"solve", b"caf\xc3\xa9", b"x"]
+    parts = [b" ".join(rng.choice(words) for _ in range(rng.randrange(3000))) for _ in range(50)]
+    for needle in (b"boxed boxed", b"boxed", b"caf\xc3\xa9 x", b"solve answer solve", b"q"):
+        for folded in (False, True):
+            assert _HOLDING(parts, needle, folded, ()) == codec.chunk._holding_py(
+                parts, needle, folded, ()
+            )
+    with pytest.raises(TypeError):
+        _HOLDING(parts, "str needle", False, ())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _HOLDING(parts, b"x", False, ("str",))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _HOLDING([1], b"x", False, ())
+    with pytest.raises(TypeError):
+        _HOLDING(7, b"x", False, ())

@@ -204,6 +204,14 @@ def test_bench_search_quick_run(tmp_path: Path) -> None:
     assert "unicode61 fill" in done.stdout and "trigram" in done.stdout
     assert "chunk format version 2" in done.stdout and "CPU)" in done.stdout
     assert "target:" in done.stdout
+    # side by side with a baseline tree (this one: the same matches)
+    done = _run(
+        TOOLS / "bench_search.py", "--root", tmp_path / "pool", "--archives", "2",
+        "--samples", "16", "--index-archives", "0", "--cases", "literal, rare",
+        "--baseline", REPO, "--rollouts", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "baseline" in done.stdout and "same matches" in done.stdout and "x" in done.stdout
 
 
 def test_bench_native_quick_run_compares_both_paths() -> None:

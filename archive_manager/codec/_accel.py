@@ -1,8 +1,11 @@
-"""The native list conversion, when it is there (docs/architecture.md, "Native list conversion").
+"""The native list conversion and search prefilter, when they are there (docs/architecture.md,
+"Native list conversion" and "Search").
 
-`native_numbers`, `native_first_leaves` and `native_dict_items` are the functions of ``archive_manager.codec._native``
-(setup.py builds it) or None, and then the codec converts numeric lists and counts leaves
-against the expansion bound in Python: the bytes and the bound are the same.  The extension
+`native_numbers`, `native_first_leaves`, `native_dict_items` and `native_texts_holding` are the
+functions of
+``archive_manager.codec._native`` (setup.py builds it) or None, and then the codec converts
+numeric lists, counts leaves against the expansion bound and prefilters a search's text parts
+in Python: the bytes, the bound and the records kept are the same.  The extension
 is optional at install (no compiler, a failed build), so a missing one is not an error: it is
 warned once, here, at import.  ``ARCHIVE_MANAGER_NO_NATIVE=1`` forces the Python path without
 a warning (the tests compare the two paths with it).
@@ -17,12 +20,19 @@ from typing import Any
 
 from ..errors import NativeFallbackWarning
 
-__all__ = ["NO_NATIVE_ENV", "native_dict_items", "native_first_leaves", "native_numbers"]
+__all__ = [
+    "NO_NATIVE_ENV",
+    "native_dict_items",
+    "native_first_leaves",
+    "native_numbers",
+    "native_texts_holding",
+]
 
 NO_NATIVE_ENV = "ARCHIVE_MANAGER_NO_NATIVE"
 
 NumbersFn = Callable[[list[Any]], "tuple[str, bytes, bool] | None"]
 FirstLeavesFn = Callable[["list[Any] | tuple[Any, ...]", dict[int, int]], bool]
+TextsHoldingFn = Callable[[Any, bytes, bool, "tuple[bytes, ...]"], list[int]]
 DictItemsFn = Callable[
     [
         dict[Any, Any],
@@ -35,21 +45,24 @@ DictItemsFn = Callable[
 ]
 
 
-def _load() -> tuple[NumbersFn, FirstLeavesFn, DictItemsFn] | tuple[None, None, None]:
+def _load() -> (
+    tuple[NumbersFn, FirstLeavesFn, DictItemsFn, TextsHoldingFn] | tuple[None, None, None, None]
+):
     if os.environ.get(NO_NATIVE_ENV, "") not in ("", "0"):
-        return None, None, None
+        return None, None, None, None
     try:
-        from ._native import dict_items, first_leaves, numbers
+        from ._native import dict_items, first_leaves, numbers, texts_holding
     except ImportError as exc:
         warnings.warn(
             f"archive_manager's C extension is not available ({exc}): numeric lists are "
-            "converted in Python, which writes the same bytes more slowly; reinstall with a C "
+            "converted (and searches prefiltered) in Python, which writes the same bytes more "
+            "slowly; reinstall with a C "
             f"compiler to build it, or set {NO_NATIVE_ENV}=1 to silence this",
             NativeFallbackWarning,
             stacklevel=2,
         )
-        return None, None, None
-    return numbers, first_leaves, dict_items
+        return None, None, None, None
+    return numbers, first_leaves, dict_items, texts_holding
 
 
-native_numbers, native_first_leaves, native_dict_items = _load()
+native_numbers, native_first_leaves, native_dict_items, native_texts_holding = _load()

@@ -6,6 +6,9 @@
  * not a number here), the same lossless narrowing, the same byte planes.  Anything else
  * returns None and the Python path decides.  No Python code runs while the list is read
  * (only exact ints and floats are looked at), so the list cannot change under the loop.
+ *
+ * texts_holding(parts, needle, folded, also) is the search's prefilter (docs/architecture.md,
+ * "Search"): which of a chunk's text parts hold the needle's bytes, searched without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -445,6 +448,163 @@ fail:
     Py_XDECREF(out);
     Py_DECREF(minus_one);
     return NULL;
+
+/* The search's prefilter (docs/architecture.md, "Search"): which of a chunk's inflated text
+ * parts hold a needle's bytes, searched with the GIL released so that the other scan thread
+ * inflates or reads meanwhile.  Exactly the rule of archive_manager.codec.chunk._holding_py:
+ * a part is kept when it holds `needle` (compared after ASCII lower-casing of the part when
+ * `folded`: bytes.lower() changes A-Z only) or any of `also` byte for byte. */
+static unsigned char FOLD[256], SAME[256];
+
+/* Boyer-Moore-Horspool over bytes mapped through `map` (the needle is already mapped). */
+static int
+holds(const unsigned char *hay, size_t n, const unsigned char *needle, size_t m,
+      const unsigned char *map, const size_t *skip)
+{
+    if (m == 0) {
+        return 1;
+    }
+    if (n < m) {
+        return 0;
+    }
+    const unsigned char last = needle[m - 1];
+    size_t i = 0;
+    while (i <= n - m) {
+        unsigned char c = map[hay[i + m - 1]];
+        if (c == last) {
+            size_t j = 0;
+            while (j < m - 1 && map[hay[i + j]] == needle[j]) {
+                j++;
+            }
+            if (j == m - 1) {
+                return 1;
+            }
+        }
+        i += skip[c];
+    }
+    return 0;
+}
+
+static void
+skips(size_t *skip, const unsigned char *needle, size_t m)
+{
+    for (int c = 0; c < 256; c++) {
+        skip[c] = m ? m : 1;
+    }
+    for (size_t j = 0; j + 1 < m; j++) {
+        skip[needle[j]] = m - 1 - j;
+    }
+}
+
+static int
+holds_exact(const unsigned char *hay, size_t n, const unsigned char *needle, size_t m,
+            const size_t *skip)
+{
+#ifdef __GLIBC__
+    /* glibc's memmem is faster than the loop below on long haystacks */
+    (void)skip;
+    return m == 0 || (n >= m && memmem(hay, n, needle, m) != NULL);
+#else
+    return holds(hay, n, needle, m, SAME, skip);
+#endif
+}
+
+static PyObject *
+texts_holding(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4 || !PyBytes_CheckExact(args[1]) || !PyTuple_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "texts_holding(parts, needle: bytes, folded: bool, also: tuple)");
+        return NULL;
+    }
+    int folded = PyObject_IsTrue(args[2]);
+    if (folded < 0) {
+        return NULL;
+    }
+    PyObject *parts = PySequence_Fast(args[0], "parts must be a sequence of buffers");
+    if (parts == NULL) {
+        return NULL;
+    }
+    PyObject *also = args[3];
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(parts), n_also = PyTuple_GET_SIZE(also);
+    for (Py_ssize_t k = 0; k < n_also; k++) {
+        if (!PyBytes_CheckExact(PyTuple_GET_ITEM(also, k))) {
+            Py_DECREF(parts);
+            PyErr_SetString(PyExc_TypeError, "also must be a tuple of bytes");
+            return NULL;
+        }
+    }
+    Py_buffer *views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    char *hit = PyMem_Calloc((size_t)n + 1, 1);
+    size_t *skip = PyMem_Malloc(256 * sizeof(size_t) * (size_t)(1 + n_also));
+    PyObject *out = NULL;
+    Py_ssize_t got = 0;
+    if (views == NULL || hit == NULL || skip == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(parts);
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(items[got], &views[got], PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+    }
+    /* bytes are immutable and every part's buffer is held: nothing changes under the loop */
+    const unsigned char *needle = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    const size_t m = (size_t)PyBytes_GET_SIZE(args[1]);
+    const unsigned char **extra = (const unsigned char **)PyMem_Malloc(
+        sizeof(unsigned char *) * (size_t)(n_also + 1));
+    size_t *extra_len = PyMem_Malloc(sizeof(size_t) * (size_t)(n_also + 1));
+    if (extra == NULL || extra_len == NULL) {
+        PyMem_Free(extra);
+        PyMem_Free(extra_len);
+        PyErr_NoMemory();
+        goto done;
+    }
+    skips(skip, needle, m);
+    for (Py_ssize_t k = 0; k < n_also; k++) {
+        PyObject *b = PyTuple_GET_ITEM(also, k);
+        extra[k] = (const unsigned char *)PyBytes_AS_STRING(b);
+        extra_len[k] = (size_t)PyBytes_GET_SIZE(b);
+        skips(skip + 256 * (k + 1), extra[k], extra_len[k]);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *hay = views[i].buf;
+        size_t len = (size_t)views[i].len;
+        int found = folded ? holds(hay, len, needle, m, FOLD, skip)
+                           : holds_exact(hay, len, needle, m, skip);
+        for (Py_ssize_t k = 0; !found && k < n_also; k++) {
+            found = holds_exact(hay, len, extra[k], extra_len[k], skip + 256 * (k + 1));
+        }
+        hit[i] = (char)found;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(extra);
+    PyMem_Free(extra_len);
+    out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        if (!hit[i]) {
+            continue;
+        }
+        PyObject *index = PyLong_FromSsize_t(i);
+        if (index == NULL || PyList_Append(out, index) < 0) {
+            Py_XDECREF(index);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(index);
+    }
+done:
+    for (Py_ssize_t k = 0; k < got; k++) {
+        PyBuffer_Release(&views[k]);
+    }
+    PyMem_Free(views);
+    PyMem_Free(hit);
+    PyMem_Free(skip);
+    Py_DECREF(parts);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -459,16 +619,25 @@ static PyMethodDef methods[] = {
      "numbers(list) -> (dtype name, bytes, shuffled) | None\n\n"
      "A list of exact ints (within int64) or exact floats as the codec's narrowed,\n"
      "byte-shuffled array; None for any other list."},
+    {"texts_holding", (PyCFunction)(void (*)(void))texts_holding, METH_FASTCALL,
+     "texts_holding(parts, needle, folded, also) -> list of indices\n\n"
+     "The indices of the buffers in parts that hold needle (ASCII case folded when\n"
+     "folded; the needle already lower-case) or any bytes of the tuple also, searched\n"
+     "with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "archive_manager.codec._native",
-    "The codec's numeric-list conversion in C.", -1, methods,
+    "The codec's numeric-list conversion and the search's prefilter in C.", -1, methods,
 };
 
 PyMODINIT_FUNC
 PyInit__native(void)
 {
+    for (int c = 0; c < 256; c++) {
+        SAME[c] = (unsigned char)c;
+        FOLD[c] = (unsigned char)(('A' <= c && c <= 'Z') ? c - 'A' + 'a' : c);
+    }
     return PyModule_Create(&module);
 }

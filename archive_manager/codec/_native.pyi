@@ -15,3 +15,8 @@ def dict_items(
     where: list[object],
     /,
 ) -> dict[str, object] | None: ...
+
+# The indices of parts holding needle (ASCII case-folded when folded) or any of also.
+def texts_holding(
+    parts: object, needle: bytes, folded: bool, also: tuple[bytes, ...], /
+) -> list[int]: ...

@@ -27,13 +27,16 @@ import struct
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import xxhash
 import zstandard
 
 from .._digest import Buffer, digest_of
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
+from ._accel import native_texts_holding
 from .framing import (
     _HEAD,
     _MAX_RATIO,
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK_VERSIONS",
+    "BytesNeedle",
     "ChunkReader",
     "EncodedChunk",
     "GilHandOver",
@@ -78,6 +82,21 @@ _INDEX = struct.Struct("<QQQB7x")  # version 1: offset, stored length, raw lengt
 # version 2: offset, text stored, text raw, rest stored, rest raw, text method, rest method,
 # xxh3-64 of the record's stored bytes (text part, then rest)
 _INDEX2 = struct.Struct("<QQQQQBB6xQ")
+# the same entries, for reading a whole index at once (`ChunkReader.search_texts`)
+_INDEX2_ARRAY = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("t_stored", "<u8"),
+        ("t_raw", "<u8"),
+        ("r_stored", "<u8"),
+        ("r_raw", "<u8"),
+        ("t_method", "u1"),
+        ("r_method", "u1"),
+        ("pad", "V6"),
+        ("checksum", "<u8"),
+    ]
+)
+assert _INDEX2_ARRAY.itemsize == _INDEX2.size
 _RAW, _ZSTD = 0, 1
 #: The chunk format versions this library reads.
 CHUNK_VERSIONS = (1, 2)
@@ -88,6 +107,46 @@ class Needle(Protocol):
     anything with its ``search`` (None when absent)."""
 
     def search(self, data: Buffer, /) -> object | None: ...
+
+
+def _holding_py(
+    parts: Iterable[Buffer], needle: bytes, folded: bool, also: tuple[bytes, ...]
+) -> list[int]:
+    """The indices of ``parts`` holding ``needle`` (in the part ASCII lower-cased when
+    ``folded``: ``bytes.lower`` changes A-Z only) or any of ``also`` as they are: the rule of
+    the C prefilter (``_native.texts_holding``), which the tests hold to this one."""
+    out = []
+    for i, part in enumerate(parts):
+        raw = bytes(part)
+        if (raw.lower() if folded else raw).find(needle) >= 0 or any(a in raw for a in also):
+            out.append(i)
+    return out
+
+
+_texts_holding = native_texts_holding or _holding_py
+
+
+@dataclass(frozen=True)
+class BytesNeedle:
+    """Bytes a record must hold to be decoded by a search (docs/architecture.md, "Search"):
+    ``needle`` (searched ASCII case-folded when ``folded``, then given lower-case), or any
+    of ``also`` byte for byte.  A `Needle`; `ChunkReader.search_texts` searches a chunk's
+    text parts for it in one C call that releases the GIL."""
+
+    needle: bytes
+    folded: bool = False
+    also: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.folded and self.needle != self.needle.lower():
+            raise ValueError("a folded needle is given lower-case")
+
+    def search(self, data: Buffer, /) -> object | None:
+        return True if self.holding([data]) else None
+
+    def holding(self, parts: Sequence[Buffer]) -> list[int]:
+        """The indices of ``parts`` that hold the needle."""
+        return _texts_holding(parts, self.needle, self.folded, self.also)
 
 
 @dataclass
@@ -479,9 +538,122 @@ class ChunkReader:
             found = decode_fields(text, [n for n in names if n in TEXT_FIELDS])
             if rest is not None:
                 found.update(decode_fields(rest, others))
-            return {n: found[n] for n in names if n in found}  # in the order asked, as v1
+            return _ordered(found, names)  # in the order asked, as v1
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
+
+    def search_texts(
+        self, offsets: Sequence[int], names: Collection[str], require: Needle | None = None
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(k, fields)`` for each ``offsets[k]`` whose record holds ``require`` (every one
+        without it), in order: what `fields` gives of the text fields ``names`` (a part of
+        `TEXT_FIELDS`), of a whole chunk at once (a search's path).
+
+        Of a version 2 chunk the text parts of all records are inflated in one zstd call,
+        their index read as one array, and searched for a `BytesNeedle` in one C call, both
+        releasing the GIL: no Python object is made for a record without the needle.  A
+        record this batch does not take (a raw or missing text part, a version 1 chunk,
+        anything odd in its entry) goes through `fields`, which names it if it is damaged.
+        As `fields`, neither the records' checksums nor the rests are read: a search reads
+        whole chunks, checked against their digest.
+        """
+        names = list(names)
+        if any(n not in TEXT_FIELDS for n in names):
+            raise ValueError(f"search_texts reads only {TEXT_FIELDS}")
+        batch = self._text_batch(offsets, require) if self.version > 1 else {}
+        for k, i in enumerate(offsets):
+            if i not in batch:
+                values = self.fields(i, names, require=require)
+            else:
+                text = batch[i]
+                if text is None:
+                    continue
+                values = self._decode(i, partial(_decoded_texts, text, names))
+            if values is not None:
+                yield k, values
+
+    def _text_batch(
+        self, offsets: Sequence[int], require: Needle | None
+    ) -> dict[int, memoryview | None]:
+        """Offset -> its record's inflated text part, or None when it lacks ``require``, for
+        the records of ``offsets`` whose text part is one plausible zstd frame or stored raw
+        (see `search_texts`); the others are left out."""
+        n = self._count
+        want = np.fromiter(
+            (i for i in dict.fromkeys(offsets) if type(i) is int and 0 <= i < n), np.int64
+        )
+        if not want.size:
+            return {}
+        index = np.frombuffer(self._mv, _INDEX2_ARRAY, n, _HEAD.size)[want]
+        size = self._mv.nbytes
+        offset, t_stored, r_stored = index["offset"], index["t_stored"], index["r_stored"]
+        t_raw, method = index["t_raw"], index["t_method"]
+        # NOTE: each length is bounded by the blob before they are added, so no sum wraps;
+        # the ratio bound is the one `_check_frame` applies (uint64 products of lengths past
+        # the blob may wrap, but those entries are already refused by the first terms).
+        with np.errstate(over="ignore"):
+            placed = (
+                (t_stored > 0)
+                & (offset >= _HEAD.size + n * _INDEX2.size)
+                & (offset <= size)
+                & (t_stored <= size)
+                & (r_stored <= size)
+                & (offset + t_stored + r_stored <= size)
+            )
+            packed = (
+                placed
+                & (method == _ZSTD)
+                & (t_raw > 0)
+                & (t_raw <= t_stored * np.uint64(_MAX_RATIO) + np.uint64(_RATIO_SLACK))
+            )
+        plain = placed & (method == _RAW) & (t_raw == t_stored)
+        keys: list[int] = []
+        parts: list[Any] = []
+        sizes = t_raw[packed]
+        # The whole batch keeps the bound of one record (see `inflate`); the records past it
+        # are left to `fields`, one at a time.
+        budget = self._mv.nbytes * _MAX_RATIO + _RATIO_SLACK
+        within = 0
+        for raw_len in sizes.tolist():
+            budget -= raw_len
+            if budget < 0:
+                break
+            within += 1
+        if within:
+            segments = np.empty((within, 2), "<u8")
+            segments[:, 0] = offset[packed][:within]
+            segments[:, 1] = t_stored[packed][:within]
+            try:
+                # zstandard checks that each frame inflates to exactly its stated size, and
+                # allocates no more than those sizes (a frame's own content size is not
+                # trusted).
+                texts: Any = _decompressor().multi_decompress_to_buffer(
+                    zstandard.BufferWithSegments(self._mv, segments.tobytes()),
+                    decompressed_sizes=sizes[:within].astype("<u8").tobytes(),
+                )
+            except (zstandard.ZstdError, ValueError, TypeError, MemoryError):
+                pass  # each record then goes through `fields`, which names the one that fails
+            else:
+                keys += want[packed][:within].tolist()
+                parts += list(texts)
+        if plain.any():  # raw text parts (zstd did not pay): searched where they are
+            keys += want[plain].tolist()
+            parts += [
+                self._mv[at : at + length]
+                for at, length in zip(offset[plain].tolist(), t_stored[plain].tolist(), strict=True)
+            ]
+        if isinstance(require, BytesNeedle):
+            hits = require.holding(parts)
+        elif require is not None:
+            hits = [
+                j for j, part in enumerate(parts) if require.search(memoryview(part)) is not None
+            ]
+        else:
+            hits = list(range(len(parts)))
+        out: dict[int, memoryview | None] = dict.fromkeys(keys)
+        for j in hits:
+            out[keys[j]] = memoryview(parts[j])
+        return out
 
     def _decode(self, i: int, decode: Callable[[], Any]) -> Any:
         if not 0 <= i < self._count:
@@ -509,6 +681,14 @@ class ChunkReader:
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._count):
             yield self.sample(i)
+
+
+def _ordered(found: dict[str, Any], names: Collection[str]) -> dict[str, Any]:
+    return {n: found[n] for n in names if n in found}
+
+
+def _decoded_texts(text: memoryview, names: list[str]) -> dict[str, Any]:
+    return _ordered(decode_fields(text, names), names)
 
 
 def decode_chunk(
