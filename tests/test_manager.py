@@ -452,6 +452,50 @@ def test_failed_chunk_write_poisons_the_writer(
         pool.open_archive("w")
 
 
+def test_a_store_queued_behind_a_failed_one_claims_nothing(
+    pool, rollout, snapshot, monkeypatch
+) -> None:
+    """Two stores in flight: the first pair's upload fails while the second pair waits queued
+    behind it; the second claims no rows and writes nothing, and the save rolls back whole."""
+    from archive_manager import writer as writer_mod
+
+    before = snapshot(pool)
+    queued = threading.Event()
+    real_put_many = pool.store.put_many
+    calls = {"put_many": 0, "claims": 0}
+
+    def failing_first(items, **options):
+        calls["put_many"] += 1
+        if calls["put_many"] == 1:
+            assert queued.wait(30)  # the second pair is queued behind this one
+            raise OSError(28, "No space left on device")
+        return real_put_many(items, **options)
+
+    real_submit = writer_mod.ArchiveWriter._submit_batch
+    submitted = {"n": 0}
+
+    def submit(self):
+        real_submit(self)
+        submitted["n"] += 1
+        if submitted["n"] == 2:
+            queued.set()
+
+    real_claim = writer_mod.ArchiveWriter._claim_rows
+
+    def claim(self, conn, blobs, now):
+        calls["claims"] += 1
+        return real_claim(self, conn, blobs, now)
+
+    monkeypatch.setattr(pool.store, "put_many", failing_first)
+    monkeypatch.setattr(writer_mod.ArchiveWriter, "_submit_batch", submit)
+    monkeypatch.setattr(writer_mod.ArchiveWriter, "_claim_rows", claim)
+    with pytest.raises(OSError, match="No space"), pool.writer("w", rollout_id=0) as w:
+        for sample in rollout(256, seed=17):  # four chunks: two pairs
+            w.add(sample)
+    assert submitted["n"] == 2 and calls == {"put_many": 1, "claims": 1}
+    assert snapshot(pool) == before
+
+
 # --------------------------------------------------------------------------- leases
 
 
