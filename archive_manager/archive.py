@@ -67,6 +67,15 @@ __all__ = [
 # Entries read per catalog query by `Archive.iter_samples`: 4,096 rows are ~200 KB in Python
 # and one short read transaction each.
 _PAGE = 4096
+# A load of at most this many records of one version 2 chunk reads them by ranged reads (the
+# header and index, then one read per record, each checked against its checksum) from a
+# chunk blob of at least `_RANGED_MIN_SIZE` (a store of local files) or
+# `_RANGED_MIN_SIZE_REMOTE` bytes (an object store: each read is a request); more records or
+# a smaller chunk read the whole blob, verified against its digest (measured:
+# docs/architecture.md, "Reading").
+_RANGED_MAX_RECORDS = 4
+_RANGED_MIN_SIZE = 256 << 10
+_RANGED_MIN_SIZE_REMOTE = 8 << 20
 
 
 def _check_flag(value: object, what: str) -> None:
@@ -231,13 +240,13 @@ class Archive:
                     return []
                 raise self._no_match(sample_key, task_key)
             ordinals = sorted({o for o, _ in wanted})
-            digests = dict(
-                conn.execute(
-                    select(c.c.ordinal, c.c.digest).where(
-                        c.c.archive_id == self._id, c.c.ordinal.in_(ordinals)
-                    )
-                ).all()
-            )
+            rows = conn.execute(
+                select(c.c.ordinal, c.c.digest, c.c.size, c.c.samples).where(
+                    c.c.archive_id == self._id, c.c.ordinal.in_(ordinals)
+                )
+            ).all()
+        digests = {o: d for o, d, _, _ in rows}
+        shapes = {o: (size, n) for o, _, size, n in rows}
         by_chunk: dict[int, list[int]] = defaultdict(list)
         for ordinal, offset in wanted:
             by_chunk[ordinal].append(offset)
@@ -247,7 +256,9 @@ class Archive:
         # One GC pause over the whole load: pausing per chunk let each resume collect (and
         # traverse) everything decoded so far, quadratic in the archive's size.
         with _gc_paused():
-            self._decode_into(decoded, ordinals, digests, by_chunk, as_arrays, materialize)
+            self._decode_into(
+                decoded, ordinals, digests, by_chunk, as_arrays, materialize, shapes=shapes
+            )
         return [decoded[o, off] for o, off in wanted]
 
     def load_sample(
@@ -287,15 +298,17 @@ class Archive:
             if entry is None:
                 raise missing
             ordinal, offset = entry
-            digests = dict(
-                conn.execute(
-                    select(c.c.ordinal, c.c.digest).where(
-                        c.c.archive_id == self._id, c.c.ordinal == ordinal
-                    )
-                ).all()
-            )
+            rows = conn.execute(
+                select(c.c.ordinal, c.c.digest, c.c.size, c.c.samples).where(
+                    c.c.archive_id == self._id, c.c.ordinal == ordinal
+                )
+            ).all()
+        digests = {o: d for o, d, _, _ in rows}
+        shapes = {o: (size, n) for o, _, size, n in rows}
         decoded: dict[tuple[int, int], Any] = {}
-        self._decode_into(decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays, materialize)
+        self._decode_into(
+            decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays, materialize, shapes=shapes
+        )
         return decoded[ordinal, offset]
 
     # ------------------------------------------------------------ streaming and sequence
@@ -501,7 +514,12 @@ class Archive:
         by_chunk: dict[int, list[int]],
         as_arrays: bool,
         materialize: bool = False,
+        *,
+        shapes: dict[int, tuple[int, int]] | None = None,
     ) -> None:
+        """Decode the ``by_chunk`` offsets of chunks ``ordinals`` into ``decoded``.  With
+        ``shapes`` (ordinal: the chunk's size and record count, from the catalog), a chunk
+        of which few records are wanted may be read by ranged reads (`_fetch`)."""
         # NOTE: a reader thread reads, checks and decompresses chunk k+1 (file reads and zstd
         # release the GIL) while this thread decodes chunk k: on the 1024-sample benchmark,
         # from the page cache, load all went from 0.275 to 0.255 s; from a disk the reads
@@ -511,18 +529,20 @@ class Archive:
         if len(ordinals) > 1:
             reader = ThreadPoolExecutor(1, thread_name_prefix="archive-read")
             try:
-                ahead = reader.submit(self._fetch, ordinals[0], digests, by_chunk)
+                ahead = reader.submit(self._fetch, ordinals[0], digests, by_chunk, shapes)
             except RuntimeError:  # interpreter shutdown (an atexit hook) takes no new threads
                 reader.shutdown()
                 reader = None
         try:
             for k, ordinal in enumerate(ordinals):
                 if reader is None or ahead is None:
-                    chunk = self._fetch(ordinal, digests, by_chunk)
+                    chunk = self._fetch(ordinal, digests, by_chunk, shapes)
                 else:
                     chunk = ahead.result()
                     if k + 1 < len(ordinals):
-                        ahead = reader.submit(self._fetch, ordinals[k + 1], digests, by_chunk)
+                        ahead = reader.submit(
+                            self._fetch, ordinals[k + 1], digests, by_chunk, shapes
+                        )
                 self._decode_chunk(
                     decoded, ordinal, chunk, by_chunk[ordinal], as_arrays, materialize
                 )
@@ -531,17 +551,66 @@ class Archive:
                 reader.shutdown(wait=True, cancel_futures=True)
 
     def _fetch(
-        self, ordinal: int, digests: dict[int, str], by_chunk: dict[int, list[int]]
+        self,
+        ordinal: int,
+        digests: dict[int, str],
+        by_chunk: dict[int, list[int]],
+        shapes: dict[int, tuple[int, int]] | None = None,
     ) -> ChunkReader:
         from .codec import ChunkReader
 
         digest = digests.get(ordinal)
         if digest is None:
             raise IntegrityError(f"archive {self.name!r} has no row for chunk {ordinal}")
+        shape = shapes.get(ordinal) if shapes else None
+        ranged = None
+        if shape is not None and self._ranged_pays(shape[0], len(by_chunk[ordinal])):
+            ranged = self._read_records(ordinal, digest, shape, by_chunk[ordinal])
+        if ranged is not None:
+            ranged.inflate(by_chunk[ordinal])
+            return ranged
         reader = ChunkReader(
             self._read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=self._load_tensor
         )
         reader.inflate(by_chunk[ordinal])
+        return reader
+
+    def _ranged_pays(self, size: int, wanted: int) -> bool:
+        """Whether ``wanted`` records of a chunk blob of ``size`` bytes are read by ranged
+        reads rather than whole (docs/architecture.md, "Reading": measured)."""
+        local = self._pool.store.capabilities.local_paths
+        return wanted <= _RANGED_MAX_RECORDS and size >= (
+            _RANGED_MIN_SIZE if local else _RANGED_MIN_SIZE_REMOTE
+        )
+
+    def _read_records(
+        self, ordinal: int, digest: str, shape: tuple[int, int], offsets: list[int]
+    ) -> ChunkReader | None:
+        """Records ``offsets`` of a version 2 chunk by ranged reads, each checked against its
+        checksum when decoded (`codec.read_records`); None for a version 1 chunk."""
+        from .codec import read_records
+
+        store = self._pool.store
+        size, count = shape
+        what = f"chunk {ordinal}"
+        try:
+            reader = read_records(
+                lambda offset, length: store.read_range(digest, offset, length),
+                offsets,
+                digest=digest,
+                size=size,
+                count=count,
+                loader=self._load_tensor,
+            )
+        except BlobNotFoundError as exc:
+            self._raise_if_released(f"{what} (blob {digest}) is gone")
+            raise IntegrityError(
+                f"archive {self.name!r}, {what}: blob {digest} is missing"
+            ) from exc
+        except IntegrityError as exc:
+            raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
+        if reader is not None and self._read_hook is not None:
+            self._read_hook(digest)
         return reader
 
     def _decode_chunk(

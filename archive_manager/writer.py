@@ -76,7 +76,11 @@ __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 _log = logging.getLogger("archive_manager")
 
 _UNSET: Any = object()
-_STORES_IN_FLIGHT = 1  # stores (of a pair of chunks each) queued for the I/O thread
+# Stores (of a pair of chunks each) handed to the I/O thread and not yet finished.  Two, so
+# that the caller builds on while a pair uploads and the next pair is queued behind it: with
+# one, the caller waited for each store and the I/O thread then waited for the next pair, the
+# two alternating (docs/architecture.md, "Blobs on an object store", Benchmark).
+_STORES_IN_FLIGHT = 2
 _CHUNKS_PER_STORE = 2  # chunks claimed in one transaction
 # A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
 # back from a restart is noticed within seconds, and an outage costs a few dozen attempts.
@@ -102,7 +106,7 @@ class ArchiveWriter:
     Use it through `ArchiveManager.writer` as a context manager: a clean exit publishes, an
     exception rolls back (the lease is dropped and the blobs only this save wrote are
     removed).  Memory stays bounded: at most one chunk is being built, one compressed and
-    two stored together (``_STORES_IN_FLIGHT`` queued for the I/O thread) at any time.
+    two pairs being stored or queued for the I/O thread (``_STORES_IN_FLIGHT``) at any time.
     """
 
     def __init__(
@@ -145,6 +149,7 @@ class ArchiveWriter:
         self._state = "open"
         self._lock = threading.Lock()  # one catalog writer of this save at a time
         self._failure: BaseException | None = None
+        self._store_failure: BaseException | None = None  # set on the I/O thread
         self.archive: Archive | None = None  # set once published
         with pool.catalog.read() as conn:
             if archive_by_name(conn, self.name) is not None:
@@ -372,11 +377,14 @@ class ArchiveWriter:
         # GIL) while the packer compresses and hashes them and the I/O thread stores chunks i
         # and i+1 (zstd, xxhash, write and fsync release the GIL).  With one stage for pack
         # and store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
-        # bounded: at most four chunks past their samples (a pair stored, one packed, one
-        # packing).
+        # bounded: at most six chunks past their samples (`_STORES_IN_FLIGHT` pairs stored or
+        # queued, one packed, one packing).
         self._batch.append((ordinal, self._packer.submit(raw.pack)))
-        # At every chunk, not only when a pair is handed over: a failed store surfaces at the
-        # next chunk, and a pair stored overlaps the building of one chunk, as before.
+        # At every chunk, not only when a pair is handed over: a store that already failed
+        # surfaces at the next chunk (a producer that carries on must see it), and one still
+        # running surfaces at the latest when the pipeline is full and this thread waits.
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()
         while len(self._pending) >= _STORES_IN_FLIGHT:
             self._pending.popleft().result()
         if len(self._batch) >= _CHUNKS_PER_STORE:
@@ -405,7 +413,20 @@ class ArchiveWriter:
 
     def _store_chunks(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
         """On the I/O thread: store these chunks (once packed) in one catalog transaction and
-        one `put_many`; raise the error of the first whose packing failed."""
+        one `put_many`; raise the error of the first whose packing failed.  After a store
+        failed, those queued behind it claim nothing (the save is lost anyway: the caller
+        meets the first error, oldest first)."""
+        if self._store_failure is not None:
+            raise ArchiveError(
+                f"chunks of {self.name!r} not stored: an earlier store failed"
+            ) from self._store_failure
+        try:
+            self._store_packed(batch)
+        except BaseException as exc:
+            self._store_failure = exc
+            raise
+
+    def _store_packed(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
         encoded = [(ordinal, packed.result()) for ordinal, packed in batch]
         blobs: list[_Blob] = []
         for _, enc in encoded:

@@ -190,8 +190,9 @@ def test_writer_rolls_back_on_exception(pool, rollout, snapshot, blob_files_of, 
     with pytest.raises(RuntimeError, match="producer died"), pool.writer("w", rollout_id=1) as w:
         for sample in samples:
             w.add(sample)
-        # Two chunks may be in flight: adding sample 192 waited for chunk 0's write, so it is
-        # on disk and leased.
+        # Stores run in the background (two pairs may be in flight): wait for them, so the
+        # rollback has written blobs to remove.
+        w.wait_stored()
         assert len(files.files()) > len(before.blobs)
         assert len(lease_rows(pool)) == 1
         raise RuntimeError("producer died")
@@ -412,15 +413,17 @@ def test_unregistered_sample_class_is_refused(pool, snapshot) -> None:
     assert snapshot(pool) == before
 
 
-@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (384, 2)])
+@pytest.mark.parametrize(("n_samples", "failing_put"), [(200, 1), (320, 1), (448, 2)])
 def test_failed_chunk_write_poisons_the_writer(
     pool, rollout, snapshot, monkeypatch, n_samples, failing_put
 ) -> None:
     """A writer whose chunk failed to store must never publish an archive missing it.
 
-    With 384 samples (six chunks, stored in pairs) and the second pair failing, the chunks
-    built after it are lost when the failure surfaces (two stores may be in flight); a writer
-    that went on would publish entries without chunks.
+    Chunks of 64 are stored in pairs, two pairs in flight: with 320 samples and the first
+    pair failing, or 448 and the second, the writer waits for the failed store at chunk 4
+    (or 6) and the failure surfaces in `add` whatever the timing; with 200 it surfaces in
+    `add` if the store ended before chunk 2 was flushed, else at commit.  The chunks built
+    after it are lost; a writer that went on would publish entries without chunks.
     """
     before = snapshot(pool)
     samples = rollout(n_samples, seed=15)
@@ -441,12 +444,56 @@ def test_failed_chunk_write_poisons_the_writer(
             w.add(sample)
         except OSError as exc:
             failures.append(exc)
-    assert failures
+    assert failures or n_samples == 200
     with pytest.raises(OSError, match="No space"):
         w.commit()
     assert snapshot(pool) == before
     with pytest.raises(ArchiveNotFoundError):
         pool.open_archive("w")
+
+
+def test_a_store_queued_behind_a_failed_one_claims_nothing(
+    pool, rollout, snapshot, monkeypatch
+) -> None:
+    """Two stores in flight: the first pair's upload fails while the second pair waits queued
+    behind it; the second claims no rows and writes nothing, and the save rolls back whole."""
+    from archive_manager import writer as writer_mod
+
+    before = snapshot(pool)
+    queued = threading.Event()
+    real_put_many = pool.store.put_many
+    calls = {"put_many": 0, "claims": 0}
+
+    def failing_first(items, **options):
+        calls["put_many"] += 1
+        if calls["put_many"] == 1:
+            assert queued.wait(30)  # the second pair is queued behind this one
+            raise OSError(28, "No space left on device")
+        return real_put_many(items, **options)
+
+    real_submit = writer_mod.ArchiveWriter._submit_batch
+    submitted = {"n": 0}
+
+    def submit(self):
+        real_submit(self)
+        submitted["n"] += 1
+        if submitted["n"] == 2:
+            queued.set()
+
+    real_claim = writer_mod.ArchiveWriter._claim_rows
+
+    def claim(self, conn, blobs, now):
+        calls["claims"] += 1
+        return real_claim(self, conn, blobs, now)
+
+    monkeypatch.setattr(pool.store, "put_many", failing_first)
+    monkeypatch.setattr(writer_mod.ArchiveWriter, "_submit_batch", submit)
+    monkeypatch.setattr(writer_mod.ArchiveWriter, "_claim_rows", claim)
+    with pytest.raises(OSError, match="No space"), pool.writer("w", rollout_id=0) as w:
+        for sample in rollout(256, seed=17):  # four chunks: two pairs
+            w.add(sample)
+    assert submitted["n"] == 2 and calls == {"put_many": 1, "claims": 1}
+    assert snapshot(pool) == before
 
 
 # --------------------------------------------------------------------------- leases

@@ -24,12 +24,15 @@ from typing import Any
 
 import botocore.exceptions
 import pytest
+import test_ranged_load as ranged
 from s3server import ACCESS_KEY, SECRET_KEY, S3Server, S3ServerUnavailable
+from sqlalchemy import select
 
 from archive_manager import ArchiveManager
 from archive_manager._digest import digest_of
 from archive_manager.blobs import s3 as s3mod
 from archive_manager.blobs.s3 import S3BlobStore
+from archive_manager.catalog import blobs_table
 from archive_manager.errors import (
     BlobStoreError,
     IntegrityError,
@@ -377,6 +380,106 @@ def test_server_stopped_mid_save(s3_env: S3Server, bucket: str, tmp_path: Path) 
         assert len(pool.open_archive("before").load_samples()) == 8
         pool.save("after", samples, rollout_id=2)
         assert pool.verify(read_data=True).ok
+
+
+def test_server_stopped_with_several_uploads_in_flight(
+    s3_env: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """The server killed while the two chunks of a pair upload at once, with the next pair
+    queued behind them (two stores in flight): the save fails naming the bucket, nothing is
+    published, and once the server is back and the lease lapsed a GC leaves no object without
+    its row nor a row without its object, and a verify finishes clean."""
+    root = _root(bucket)
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    samples = _samples(64)
+    store = S3BlobStore.from_url(root, **_fast())
+    # A short lease: the rollback cannot delete from a dead server, so GC clears what the
+    # save left once its lease lapsed.
+    with ArchiveManager.open(
+        root, catalog_url=url, chunk_size=8, store=store, lease_ttl=2.0
+    ) as pool:
+        # The last chunk's samples: the first pairs of the next save share no blob with it.
+        pool.save("before", samples[-8:], rollout_id=0)
+        real = store.put
+        count = [0]
+        started = threading.Barrier(2, timeout=30)
+        killed: list[threading.Thread] = []
+
+        def kill_soon() -> None:
+            # Mid-request: both uploads have begun when the server goes.
+            killer = threading.Timer(0.005, s3_env.pause)
+            killed.append(killer)
+            killer.start()
+
+        lock = threading.Lock()
+
+        def put(data: Any, digest: str | None = None) -> str:
+            with lock:
+                count[0] += 1
+                n = count[0]
+            # The second pair's two chunks, uploading side by side: the last to start kills.
+            if n in (3, 4) and started.wait() == 0:
+                kill_soon()
+            return real(data, digest)
+
+        store.put = put  # type: ignore[method-assign]
+        try:
+            with pytest.raises(BlobStoreError) as info:
+                pool.save("during", samples, rollout_id=1)
+        finally:
+            for killer in killed:
+                killer.join()
+            s3_env.resume()
+            del store.put
+        assert count[0] >= 4
+        assert bucket in str(info.value)
+        assert [a.name for a in pool.find()] == ["before"]
+        time.sleep(2.1)
+        pool.gc(grace=0)
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems
+        assert store.incomplete_writes() == []
+        listed = {d for d, _, _ in store.iter_stat()}
+        with pool.catalog.read() as conn:
+            rows = {r.digest for r in conn.execute(select(blobs_table.c.digest))}
+        assert listed == rows  # no orphan left in the bucket, no row without its object
+        assert len(pool.open_archive("before").load_samples()) == 8
+        pool.save("after", samples, rollout_id=2)
+        assert pool.verify(read_data=True).ok
+
+
+def _rewrite_object(pool: ArchiveManager, digest: str, data: bytes) -> None:
+    store = pool.store
+    assert isinstance(store, S3BlobStore)
+    store._client.put_object(Bucket=store.bucket, Key=store._key(digest), Body=data)
+
+
+@pytest.fixture
+def ranged_pool(s3_env: S3Server, bucket: str) -> Iterator[ArchiveManager]:
+    with ArchiveManager.open(
+        _root(bucket), catalog_url=_sqlite_url(), chunk_size=ranged.CHUNK
+    ) as pool:
+        yield pool
+
+
+def test_ranged_load_same_samples(ranged_pool: ArchiveManager, monkeypatch) -> None:
+    ranged.check_same_samples(ranged_pool, monkeypatch)
+
+
+def test_ranged_load_damaged_record(ranged_pool: ArchiveManager, monkeypatch) -> None:
+    ranged.check_damaged_record(ranged_pool, _rewrite_object, monkeypatch)
+
+
+def test_ranged_load_damaged_index_entry(ranged_pool: ArchiveManager, monkeypatch) -> None:
+    ranged.check_damaged_index_entry(ranged_pool, _rewrite_object, monkeypatch)
+
+
+def test_ranged_load_truncated_blob(ranged_pool: ArchiveManager, monkeypatch) -> None:
+    ranged.check_truncated(ranged_pool, _rewrite_object, monkeypatch)
+
+
+def test_ranged_load_version_1_reads_whole(ranged_pool: ArchiveManager, monkeypatch) -> None:
+    ranged.check_version_1_reads_whole(ranged_pool, monkeypatch)
 
 
 _SAVER = """

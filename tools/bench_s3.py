@@ -15,7 +15,7 @@ save at least 70% of the raw upload rate; one-key load under 20 ms on loopback.
 
 Run::
 
-    PYTHONPATH=. python tools/bench_s3.py [--samples 1024] [--repeat 3]
+    PYTHONPATH=. python tools/bench_s3.py [--samples 1024] [--repeat 3] [--stores-in-flight 1]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from s3server import S3Server
 
-from archive_manager import ArchiveManager
+from archive_manager import ArchiveManager, writer
 from archive_manager.synthetic import make_rollout
 
 
@@ -87,7 +87,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--stores-in-flight",
+        type=int,
+        default=writer._STORES_IN_FLIGHT,
+        help="stores (pairs of chunks) a save keeps in flight (1: before the second was added)",
+    )
     args = parser.parse_args()
+    writer._STORES_IN_FLIGHT = args.stores_in_flight
     samples = make_rollout(args.samples, seed=1)
     results: dict[str, list[dict[str, Any]]] = {"s3": [], "local": [], "raw": []}
     with S3Server.start() as server, tempfile.TemporaryDirectory() as tmp:
@@ -111,7 +118,10 @@ def main() -> None:
     if args.json:
         print(json.dumps({"median": med, "save_vs_raw_upload": ratio}, indent=1))
         return
-    print(f"{args.samples} samples, median of {args.repeat} runs")
+    print(
+        f"{args.samples} samples, median of {args.repeat} runs, "
+        f"{args.stores_in_flight} store(s) in flight; load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'':12}{'s3':>10}{'local':>10}{'raw s3':>10}")
     print(
         f"{'save s':12}{med['s3']['save_s']:10.3f}{med['local']['save_s']:10.3f}"

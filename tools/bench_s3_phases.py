@@ -14,6 +14,7 @@ one thread with nothing else running, and the raw upload with 4 threads and one 
 Run::
 
     PYTHONPATH=. python tools/bench_s3_phases.py [--samples 1024] [--repeat 3] [--no-hand-over]
+        [--stores-in-flight 1]
 """
 
 from __future__ import annotations
@@ -105,7 +106,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-hand-over", action="store_true", help="GilHandOver a no-op")
+    parser.add_argument(
+        "--stores-in-flight",
+        type=int,
+        default=writer._STORES_IN_FLIGHT,
+        help="stores (pairs of chunks) a save keeps in flight (1: before the second was added)",
+    )
     args = parser.parse_args()
+    writer._STORES_IN_FLIGHT = args.stores_in_flight
     samples = make_rollout(args.samples, seed=1)
     # Before the timers go in (`encode_chunk` hands over too), warm (imports, zstd contexts).
     encode_alone = []
@@ -135,7 +143,8 @@ def main() -> None:
             for threads in raw:
                 raw[threads].append(_upload(server, bucket, blobs, threads))
     size = sum(len(b) for b in blobs) / 1e6
-    print(f"{args.samples} samples, {len(blobs)} blobs, {size:.1f} MB, median of {args.repeat}; "
+    print(f"{args.samples} samples, {len(blobs)} blobs, {size:.1f} MB, median of {args.repeat}, "
+          f"{args.stores_in_flight} store(s) in flight; "
           f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"{'seconds (wall; CPU: process for totals, thread for stages)':44}"
           f"{'s3':>8}{'cpu':>8}{'local':>8}{'cpu':>8}")  # fmt: skip

@@ -43,6 +43,7 @@ from .chunk import (
     build_chunk,
     decode_chunk,
     encode_chunk,
+    read_records,
 )
 from .framing import (
     _HEAD,
@@ -124,6 +125,7 @@ __all__ = [
     "encode_sample",
     "encode_tensor_blob",
     "materialize_tensor_refs",
+    "read_records",
 ]
 
 _SEAMS = (framing, tensors, tensor_ref, values, chunk)

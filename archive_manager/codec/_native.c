@@ -448,6 +448,7 @@ fail:
     Py_XDECREF(out);
     Py_DECREF(minus_one);
     return NULL;
+}
 
 /* The search's prefilter (docs/architecture.md, "Search"): which of a chunk's inflated text
  * parts hold a needle's bytes, searched with the GIL released so that the other scan thread

@@ -76,6 +76,7 @@ __all__ = [
     "build_chunk",
     "decode_chunk",
     "encode_chunk",
+    "read_records",
 ]
 
 _INDEX = struct.Struct("<QQQB7x")  # version 1: offset, stored length, raw length, method
@@ -366,6 +367,9 @@ class ChunkReader:
         if _HEAD.size + count * self._index.size > self._mv.nbytes:
             raise IntegrityError(f"chunk blob {digest} is truncated (index of {count} records)")
         self._count = count
+        # The blob's size: bounds every record (a reader of some records only, `read_records`,
+        # holds fewer bytes than the blob has).
+        self._size = self._mv.nbytes
         # (record, part) -> inflated bytes; part "t" is a text part, "r" the rest (version
         # 2) or the whole record (version 1)
         self._inflated: dict[tuple[int, str], memoryview] = {}
@@ -388,7 +392,7 @@ class ChunkReader:
         # NOTE: records are checked one by one against the ratio bound, but a forged index
         # can point many of them at one frame; the whole batch keeps the same bound as a
         # single record, and what is past it is left for `sample` to inflate one at a time.
-        budget = self._mv.nbytes * _MAX_RATIO + _RATIO_SLACK
+        budget = self._size * _MAX_RATIO + _RATIO_SLACK
         for i in sorted(set(offsets)):
             if not 0 <= i < self._count:
                 continue
@@ -689,6 +693,89 @@ def _ordered(found: dict[str, Any], names: Collection[str]) -> dict[str, Any]:
 
 def _decoded_texts(text: memoryview, names: list[str]) -> dict[str, Any]:
     return _ordered(decode_fields(text, names), names)
+
+
+class _SomeRecords(ChunkReader):
+    """A `ChunkReader` holding a version 2 chunk's header and index and only the records
+    `read_records` fetched; asking for any other record is an `IntegrityError`."""
+
+    def __init__(
+        self,
+        head: bytes,
+        size: int,
+        *,
+        digest: str,
+        loader: Callable[[str], torch.Tensor] | None,
+    ) -> None:
+        super().__init__(head, digest=digest, loader=loader)
+        self._size = size
+        self._records: dict[int, memoryview] = {}
+
+    def _slice(self, offset: int, stored: int) -> memoryview:
+        if offset + stored > self._size or offset < self._mv.nbytes:
+            raise IntegrityError("record runs past the end of the chunk")
+        held = self._records.get(offset)
+        if held is None or held.nbytes < stored:
+            raise IntegrityError("record was not read")
+        return held[:stored]
+
+
+def read_records(
+    read_range: Callable[[int, int], bytes],
+    offsets: Iterable[int],
+    *,
+    digest: str,
+    size: int,
+    count: int,
+    loader: Callable[[str], torch.Tensor] | None = None,
+) -> ChunkReader | None:
+    """A reader of records ``offsets`` of a version 2 chunk blob, fetched by ranged reads
+    (``read_range(offset, length)``, unverified bytes): the header and index, then each
+    record, which `ChunkReader.sample` checks against its xxh3-64 before decoding it.
+
+    ``size`` and ``count`` are the blob's size and record count as the catalog knows them:
+    the header must hold ``count`` records, each index entry asked for must point past the
+    index and within ``size`` bytes, and each record must come back whole.  None when the
+    chunk is not version 2 (version 1 has no record checksums): read it whole, verified.
+    A record's neighbours are never read, so damage elsewhere in the blob goes unnoticed
+    here (the whole-blob checks, `verify`, find it).
+
+    Raises:
+        IntegrityError: names the chunk (and the record) whose bytes fail those checks.
+    """
+    what = f"chunk blob {digest}"
+    index_end = _HEAD.size + count * _INDEX2.size
+    if count < 0 or index_end > size:
+        raise IntegrityError(f"{what}: the catalog's {count} records do not fit its {size} bytes")
+    head = read_range(0, index_end)
+    if len(head) < _HEAD.size:
+        raise IntegrityError(f"{what} is truncated (no header)")
+    magic, version, _flags, n = _HEAD.unpack_from(head, 0)
+    if magic != CHUNK_MAGIC:
+        raise IntegrityError(f"{what} is not a chunk blob (bad magic)")
+    if version != 2:
+        return None
+    if n != count:
+        raise IntegrityError(f"{what}: its header holds {n} records, the catalog {count}")
+    if len(head) < index_end:
+        raise IntegrityError(f"{what} is truncated (index of {count} records)")
+    reader = _SomeRecords(head, size, digest=digest, loader=loader)
+    for i in sorted(set(offsets)):
+        if not 0 <= i < n:
+            continue  # `sample` raises IndexError for it, as for a whole chunk
+        offset, t_stored, _, r_stored, _, _, _, _ = _INDEX2.unpack_from(
+            head, _HEAD.size + i * _INDEX2.size
+        )
+        stored = t_stored + r_stored
+        if offset < index_end or offset + stored > size:
+            raise IntegrityError(f"{what}, record {i}: its index entry points outside the chunk")
+        if offset in reader._records and reader._records[offset].nbytes >= stored:
+            continue
+        data = read_range(offset, stored)
+        if len(data) < stored:
+            raise IntegrityError(f"{what}, record {i} is truncated")
+        reader._records[offset] = memoryview(data)
+    return reader
 
 
 def decode_chunk(
