@@ -10,6 +10,7 @@ are validated and never become paths.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, NoReturn
@@ -89,12 +90,27 @@ class NotFound(ArchiveError, LookupError):
 # --------------------------------------------------------------------------- parameters
 
 
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
 def _bad(name: str, detail: str) -> NoReturn:
     raise InvalidInputError(f"bad query parameter {name!r}: {detail}")
 
 
+def _whole(text: str) -> int:
+    """``text`` as an int written in ASCII digits with an optional minus: `int` also takes
+    ``1_0``, ``+1`` and other scripts' digits, so a mangled link would start a page
+    somewhere else instead of failing."""
+    if _WHOLE.fullmatch(text) is None:
+        raise ValueError(text)
+    return int(text)
+
+
 def _raw(name: str) -> str | None:
-    value = request.args.get(name)
+    values = request.args.getlist(name)
+    if len(values) > 1:
+        _bad(name, "is given more than once")
+    value = values[0] if values else None
     if value is None or not value.strip():
         return None
     return value.strip()
@@ -105,7 +121,7 @@ def _int(name: str, default: int, low: int, high: int) -> int:
     if text is None:
         return default
     try:
-        value = int(text)
+        value = _whole(text)
     except ValueError:
         _bad(name, f"{text[:40]!r} is not a whole number")
     if not low <= value <= high:
@@ -157,8 +173,8 @@ def _rollout_range() -> RolloutRange | None:
         return None
     low_text, sep, high_text = text.partition("..")
     try:
-        low = int(low_text) if low_text.strip() else None
-        high = int(high_text) if high_text.strip() else None
+        low = _whole(low_text.strip()) if low_text.strip() else None
+        high = _whole(high_text.strip()) if high_text.strip() else None
     except ValueError:
         _bad("rollout_id", f"{text[:40]!r} is not a rollout id or a range A..B")
     if not sep:
@@ -181,7 +197,7 @@ def _rollout_after() -> RolloutKey | None:
     if not sep or kind not in ("training", "evaluation"):
         _bad("after", f"{text[:40]!r} is not ROLLOUT_ID:training or ROLLOUT_ID:evaluation")
     try:
-        rollout_id = None if rollout_text == "none" else int(rollout_text)
+        rollout_id = None if rollout_text == "none" else _whole(rollout_text)
         return check_rollout_key((rollout_id, kind == "evaluation"))
     except (ValueError, InvalidInputError):
         _bad("after", f"{rollout_text[:40]!r} is not a rollout id (or none)")
