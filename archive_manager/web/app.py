@@ -108,8 +108,9 @@ def _whole(text: str) -> int:
 
 def _raw(name: str) -> str | None:
     values = request.args.getlist(name)
-    if len(values) > 1:
-        _bad(name, "is given more than once")
+    if len(set(values)) > 1:
+        # the same value twice is harmless; two values would leave one of them unread
+        _bad(name, "is given more than once, with different values")
     value = values[0] if values else None
     if value is None or not value.strip():
         return None
