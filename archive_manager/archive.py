@@ -3,6 +3,7 @@ metadata from the catalog, export to slime's ``.pt`` format, release."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import operator
@@ -593,7 +594,7 @@ class Archive:
         store = self._pool.store
         size, count = shape
         what = f"chunk {ordinal}"
-        try:
+        with self._blob_errors(digest, what):
             reader = read_records(
                 lambda offset, length: store.read_range(digest, offset, length),
                 offsets,
@@ -602,13 +603,6 @@ class Archive:
                 count=count,
                 loader=self._load_tensor,
             )
-        except BlobNotFoundError as exc:
-            self._raise_if_released(f"{what} (blob {digest}) is gone")
-            raise IntegrityError(
-                f"archive {self.name!r}, {what}: blob {digest} is missing"
-            ) from exc
-        except IntegrityError as exc:
-            raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
         if reader is not None and self._read_hook is not None:
             self._read_hook(digest)
         return reader
@@ -635,9 +629,12 @@ class Archive:
             # Outside the try: a tensor blob's error names that blob, not the chunk.
             decoded[ordinal, offset] = materialize_tensor_refs(sample) if materialize else sample
 
-    def _read_blob(self, digest: str, what: str) -> bytes:
+    @contextlib.contextmanager
+    def _blob_errors(self, digest: str, what: str) -> Iterator[None]:
+        """A blob read's errors named for this archive: a missing blob of a released archive
+        says it was reclaimed (`raise_reclaimed`); otherwise, and for damage, `IntegrityError`."""
         try:
-            data = self._pool.store.get(digest)
+            yield
         except BlobNotFoundError as exc:
             self._raise_if_released(f"{what} (blob {digest}) is gone")
             raise IntegrityError(
@@ -645,6 +642,10 @@ class Archive:
             ) from exc
         except IntegrityError as exc:
             raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
+
+    def _read_blob(self, digest: str, what: str) -> bytes:
+        with self._blob_errors(digest, what):
+            data = self._pool.store.get(digest)
         if self._read_hook is not None:
             self._read_hook(digest)
         return data

@@ -133,26 +133,7 @@ class PgServer:
         # user must reach its data dir.
         base = Path(tempfile.mkdtemp(prefix="am-pg-"))
         try:
-            (base / "data").mkdir(mode=0o700)
-            (base / "socket").mkdir(mode=0o700)
-            if prefix:
-                for path in (base, base / "data", base / "socket"):
-                    shutil.chown(path, _SERVER_USER, _SERVER_USER)
-            _run(
-                [
-                    *prefix,
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(base / "data"),
-                    "-U",
-                    _SUPERUSER,
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ],
-                "initdb",
-            )
+            _initdb(bindir, prefix, base)
             last_error: Exception | None = None
             for _ in range(attempts):
                 server = cls(bindir, base, _free_port())
@@ -183,26 +164,7 @@ class PgServer:
         base = base.resolve()
         if not (base / "data" / "PG_VERSION").exists():
             base.mkdir(parents=True, exist_ok=True)
-            (base / "data").mkdir(mode=0o700, exist_ok=True)
-            (base / "socket").mkdir(mode=0o700, exist_ok=True)
-            if prefix:
-                for path in (base, base / "data", base / "socket"):
-                    shutil.chown(path, _SERVER_USER, _SERVER_USER)
-            _run(
-                [
-                    *prefix,
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(base / "data"),
-                    "-U",
-                    _SUPERUSER,
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ],
-                "initdb",
-            )
+            _initdb(bindir, prefix, base)
         server = cls(bindir, base, _free_port())
         server._max_connections, server._kept = max_connections, True
         server._pg_ctl_start(prefix, max_connections, durable=False)
@@ -349,6 +311,31 @@ class PgServer:
         """Drop a database, closing whatever connections are still open to it."""
         name = name_or_url.rsplit("/", 1)[-1].split("?", 1)[0]
         self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _initdb(bindir: Path, prefix: list[str], base: Path) -> None:
+    """A new cluster in ``base/data`` with its socket folder ``base/socket``, both owned by
+    the server's user when the tests run as root."""
+    (base / "data").mkdir(mode=0o700, exist_ok=True)
+    (base / "socket").mkdir(mode=0o700, exist_ok=True)
+    if prefix:
+        for path in (base, base / "data", base / "socket"):
+            shutil.chown(path, _SERVER_USER, _SERVER_USER)
+    _run(
+        [
+            *prefix,
+            str(bindir / "initdb"),
+            "-D",
+            str(base / "data"),
+            "-U",
+            _SUPERUSER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        ],
+        "initdb",
+    )
 
 
 def _run(command: list[str], what: str) -> None:
