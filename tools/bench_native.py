@@ -2,8 +2,8 @@
 """The codec's C extension against its pure-Python fallback, in one process.
 
 Encodes the same samples into chunks of 64 (`build_chunk`, as ``pool.save`` does; no
-compression, no I/O) with the extension and without it (``codec._native_numbers`` and
-``codec._native_first_leaves`` set to None, as ``ARCHIVE_MANAGER_NO_NATIVE=1`` does), the two
+compression, no I/O) with the extension and without it (``codec._native_numbers``,
+``codec._native_first_leaves`` and ``codec._native_dict_items`` set to None, as ``ARCHIVE_MANAGER_NO_NATIVE=1`` does), the two
 alternating within each round so that other processes' load spreads over both; prints median
 wall and CPU seconds and checks that both wrote the same chunk digests.
 
@@ -52,7 +52,7 @@ def encode_all(samples: list) -> list[str]:
 
 
 def measure(samples: list, repeat: int) -> dict[str, tuple[float, float]]:
-    native = (codec._native_numbers, codec._native_first_leaves)
+    native = (codec._native_numbers, codec._native_first_leaves, codec._native_dict_items)
     modes = ("native", "python")
     walls: dict[str, list[float]] = {m: [] for m in modes}
     cpus: dict[str, list[float]] = {m: [] for m in modes}
@@ -61,13 +61,17 @@ def measure(samples: list, repeat: int) -> dict[str, tuple[float, float]]:
         for _ in range(repeat):
             for mode in modes:
                 on = mode == "native"
-                codec._native_numbers, codec._native_first_leaves = native if on else (None, None)
+                (
+                    codec._native_numbers,
+                    codec._native_first_leaves,
+                    codec._native_dict_items,
+                ) = native if on else (None, None, None)
                 w, c = time.perf_counter(), time.process_time()
                 digests[mode] = encode_all(samples)
                 cpus[mode].append(time.process_time() - c)
                 walls[mode].append(time.perf_counter() - w)
     finally:
-        codec._native_numbers, codec._native_first_leaves = native
+        codec._native_numbers, codec._native_first_leaves, codec._native_dict_items = native
     if digests["native"] != digests["python"]:
         raise SystemExit("the chunk digests differ with and without the extension")
     return {m: (statistics.median(walls[m]), statistics.median(cpus[m])) for m in modes}
