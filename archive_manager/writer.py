@@ -226,7 +226,8 @@ class ArchiveWriter:
             # NOTE: written after the ownership commit, which gave it its save number (the
             # manifest module says why that number must come from the name's claim), and
             # before publication, so a published archive always has its manifest on disk.
-            self._pool.store.put_many([(manifest.parts, manifest.digest)])
+            # Its save number makes it new: the ownership commit has just claimed its row.
+            self._pool.store.put_new([(manifest.parts, manifest.digest)])
             failpoint("save.manifest.after_write")
             record = self._publish(archive_id, manifest.digest)
         except BaseException:
@@ -450,7 +451,9 @@ class ArchiveWriter:
                 self._unmarked = []
             hold_blobs(conn, self._lease, [b.digest for b in blobs])
             to_write = self._claim_rows(conn, blobs, now)
-        store.put_many([(blob.parts, blob.digest) for blob in to_write])
+        # Every blob claimed here is absent from the store, or being written by another save
+        # with the same bytes: none needs the store's look for a stored copy.
+        store.put_new([(blob.parts, blob.digest) for blob in to_write])
         with self._lock:
             self._unmarked.extend(b.digest for b in to_write)
         for blob in blobs:

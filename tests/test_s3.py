@@ -299,6 +299,36 @@ def test_replaced_object_is_detected(s3_env: S3Server, bucket: str) -> None:
             archive.load_samples()
 
 
+def test_a_save_uploads_its_new_blobs_without_a_head(s3_env: S3Server, bucket: str) -> None:
+    # The catalog already says which blobs are new (docs/architecture.md, "Blobs on an object
+    # store"): a HEAD before each PUT was a round trip per blob for nothing.
+    samples = _samples()
+    with ArchiveManager.open(_root(bucket), catalog_url=_sqlite_url(), chunk_size=16) as pool:
+        sent: list[tuple[str, str]] = []
+        events = pool.store._client.meta.events  # type: ignore[attr-defined]
+        for op in ("HeadObject", "PutObject"):
+            events.register(
+                f"before-parameter-build.s3.{op}",
+                lambda params, op=op, **_: sent.append((op, params["Key"])),
+            )
+        pool.save("a", samples, rollout_id=1)
+        blob_keys = {key for op, key in sent if op == "PutObject" and "/blobs/" in key}
+        assert len(blob_keys) >= 3
+        assert not [key for op, key in sent if op == "HeadObject" and key in blob_keys]
+        # An orphan of the same content (a crashed save's upload, no catalog row) is put
+        # again by the next save, whole.
+        first = sorted(blob_keys)[0].rsplit("/", 1)[1]
+        orphan = pool.store.get(first)
+        assert pool.open_archive("a").release()
+        pool.gc(grace=0)
+        assert not list(pool.store.iter_stat())
+        pool.store.put(orphan)
+        again = pool.save("b", samples, rollout_id=2)
+        assert [s.tokens for s in again.load_samples()] == [s.tokens for s in samples]
+        assert pool.store.get(first) == orphan
+        assert pool.verify(read_data=True).ok
+
+
 def test_one_sample_read_range_is_a_ranged_get(s3_env: S3Server, bucket: str) -> None:
     store = S3BlobStore(bucket, _prefix())
     data = os.urandom(3 << 20)
@@ -355,22 +385,23 @@ def test_server_stopped_mid_save(s3_env: S3Server, bucket: str, tmp_path: Path) 
     store = S3BlobStore.from_url(root, **_fast())
     with ArchiveManager.open(root, catalog_url=url, chunk_size=8, store=store) as pool:
         pool.save("before", samples[:8], rollout_id=0)
-        real = store.put
+        # `_put` is what `put` and `put_new` (a save's uploads) both run.
+        real = store._put
         count = [0]
 
-        def put(data: Any, digest: str | None = None) -> str:
+        def put(data: Any, digest: str | None = None, *, look: bool) -> str:
             count[0] += 1
             if count[0] == 3:
                 s3_env.pause()
-            return real(data, digest)
+            return real(data, digest, look=look)
 
-        store.put = put  # type: ignore[method-assign]
+        store._put = put  # type: ignore[method-assign]
         try:
             with pytest.raises(BlobStoreError) as info:
                 pool.save("during", samples, rollout_id=1)
         finally:
             s3_env.resume()
-            del store.put
+            del store._put
         assert bucket in str(info.value)
         names = [a.name for a in pool.find()]
         assert names == ["before"]
@@ -400,7 +431,7 @@ def test_server_stopped_with_several_uploads_in_flight(
     ) as pool:
         # The last chunk's samples: the first pairs of the next save share no blob with it.
         pool.save("before", samples[-8:], rollout_id=0)
-        real = store.put
+        real = store._put
         count = [0]
         started = threading.Barrier(2, timeout=30)
         killed: list[threading.Thread] = []
@@ -413,16 +444,16 @@ def test_server_stopped_with_several_uploads_in_flight(
 
         lock = threading.Lock()
 
-        def put(data: Any, digest: str | None = None) -> str:
+        def put(data: Any, digest: str | None = None, *, look: bool) -> str:
             with lock:
                 count[0] += 1
                 n = count[0]
             # The second pair's two chunks, uploading side by side: the last to start kills.
             if n in (3, 4) and started.wait() == 0:
                 kill_soon()
-            return real(data, digest)
+            return real(data, digest, look=look)
 
-        store.put = put  # type: ignore[method-assign]
+        store._put = put  # type: ignore[method-assign]
         try:
             with pytest.raises(BlobStoreError) as info:
                 pool.save("during", samples, rollout_id=1)
@@ -430,7 +461,7 @@ def test_server_stopped_with_several_uploads_in_flight(
             for killer in killed:
                 killer.join()
             s3_env.resume()
-            del store.put
+            del store._put
         assert count[0] >= 4
         assert bucket in str(info.value)
         assert [a.name for a in pool.find()] == ["before"]

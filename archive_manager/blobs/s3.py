@@ -514,9 +514,12 @@ class S3BlobStore(AbstractBlobStore):
 
         A stored digest is not uploaded again: its size is compared with the data's.
         """
+        return self._put(data, digest, look=True)
+
+    def _put(self, data: Buffer | Sequence[Buffer], digest: str | None, *, look: bool) -> str:
         views, digest = _prepare(data, digest)
         key = self._key(digest)
-        found = self._head(key, "look up a blob")
+        found = self._head(key, "look up a blob") if look else None
         if found is not None:
             _check_size(digest, int(found["ContentLength"]), views)
             return digest
@@ -599,10 +602,18 @@ class S3BlobStore(AbstractBlobStore):
         """`put` each item on up to ``workers`` threads (requests wait on the network);
         return their digests in order.  On a failure the first error is raised once every
         started put ended; blobs already uploaded stay (each a valid blob of its digest)."""
+        return self._put_all(items, workers, look=True)
+
+    def put_new(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
+        """`put_many` without the HEAD before each upload (see `AbstractBlobStore.put_new`):
+        a PUT of a digest-named key replaces the object whole, with the same bytes."""
+        return self._put_all(items, workers, look=False)
+
+    def _put_all(self, items: Sequence[PutItem], workers: int, *, look: bool) -> list[str]:
         if len(items) <= 1 or workers <= 1:
-            return [self.put(data, digest) for data, digest in items]
+            return [self._put(data, digest, look=look) for data, digest in items]
         with concurrent.futures.ThreadPoolExecutor(min(workers, len(items))) as pool:
-            futures = [pool.submit(self.put, data, digest) for data, digest in items]
+            futures = [pool.submit(self._put, data, digest, look=look) for data, digest in items]
             concurrent.futures.wait(futures)
         for future in futures:
             error = future.exception()

@@ -176,6 +176,32 @@ class BlobStoreContract:
             store.put_many([(good, None), (bad, digest_of(good))])
         assert not store.has(digest_of(bad))
 
+    def test_put_new_stores_each_item(self, store: Any) -> None:
+        items = [(os.urandom(1000 + i), None) for i in range(5)]
+        digests = store.put_new(items)
+        assert digests == [digest_of(data) for data, _ in items]
+        for (data, _), digest in zip(items, digests, strict=True):
+            assert store.get(digest) == data
+
+    def test_put_new_over_a_stored_blob_keeps_its_bytes(self, store: Any) -> None:
+        # An orphan of a crashed save is put again by the next save of the same content.
+        data = os.urandom(3000)
+        digest = store.put(data)
+        assert store.put_new([(data, digest), ([data[:1000], data[1000:]], digest)]) == [
+            digest,
+            digest,
+        ]
+        assert store.get(digest) == data
+        assert sorted(store.iter_digests()) == [digest]
+
+    def test_put_new_refuses_a_wrong_digest(self, store: Any) -> None:
+        good, bad = os.urandom(100), os.urandom(100)
+        with pytest.raises(IntegrityError):
+            store.put_new([(good, None), (bad, digest_of(good))])
+        assert not store.has(digest_of(bad))
+        if store.has(digest_of(good)):  # the other item may have been stored, and whole
+            assert store.get(digest_of(good)) == good
+
     def test_put_with_right_digest(self, store: Any) -> None:
         digest = digest_of(b"given")
         assert store.put([b"gi", b"ven"], digest=digest) == digest
