@@ -63,6 +63,7 @@ def test_bench_quick_run_measures_every_operation_of_every_tool(tmp_path: Path) 
     assert all(s > 0 for by in seconds.values() for s in by.values())
     if figures["straw_skipped"] is None:
         assert "straw" in seconds["save"] and "straw" in seconds["load_one"]
+        assert "seed" in seconds["save"] and "faster than straw seed" in done.stdout
         assert result["bytes"]["straw"] > 0
     else:
         assert "straw column skipped" in done.stdout
@@ -70,6 +71,35 @@ def test_bench_quick_run_measures_every_operation_of_every_tool(tmp_path: Path) 
     assert result["bytes"]["torch"] > 0
     assert "== realistic-256" in done.stdout and "faster than torch" in done.stdout
     assert not list(tmp_path.glob("bench-*")), "the work folder was left behind"
+
+
+def test_seed_save_writes_what_the_seed_wrote(tmp_path: Path) -> None:
+    """The seed baseline does the seed's work: its tagged tree of every value, one record per
+    64-sample chunk, a report holding every sample's metadata."""
+    pytest.importorskip("straw")
+    bench = _tool("bench")
+    from straw import SharedFilesystemStore
+    from straw.protocol import RecordSetRef
+
+    from archive_manager.synthetic import make_rollout
+
+    samples = make_rollout(70, seed=2)
+    bench.seed_save(samples, tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["format"] == "vime.straw-debug"
+    assert len(report["sample_metadata"]["samples"]) == 70
+    with SharedFilesystemStore(
+        tmp_path / "straw-data", "debug-rollout", codecs=bench.SEED_CODECS
+    ) as store:
+        [index] = list(store.read(RecordSetRef.from_dict(report["manifest"])))
+        chunks = json.loads(index.payload)["tree"]["chunks"]
+        assert len(chunks) == 2
+        first = list(store.read(RecordSetRef.from_dict(chunks[0])))[-1]
+    tree = json.loads(first.payload)["tree"]
+    assert tree[0] == "list" and len(tree[1]) == 64
+    fields = dict((k, v) for k, v in tree[1][0][1][1])
+    assert fields["tokens"] == ["list", samples[0].tokens]
+    assert fields["status"] == ["status", samples[0].status.value]
 
 
 def test_bench_rejects_an_unknown_workload(
@@ -169,7 +199,7 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     k = 1 if good else 3
     results = {
         "realistic-1024": _result(
-            {"archive_manager": 0.1 * k, "torch": 0.55, "straw": 0.35},
+            {"archive_manager": 0.1 * k, "torch": 0.85, "straw": 0.35, "seed": 4.5},
             load=0.15 * k,
             one=0.004 * k,
             am_bytes=50 * k,
@@ -179,8 +209,8 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     }
     memory = {"samples_nbytes": 100, "peak_above_baseline": {"am-save": 140 * k}}
     checks = bench.targets(results, memory)
-    assert len(checks) == 9
-    assert [ok for _, ok, _ in checks] == [good] * 9
+    assert len(checks) == 10
+    assert [ok for _, ok, _ in checks] == [good] * 10
 
 
 def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
