@@ -432,3 +432,25 @@ def _put_worker(root: str, size: int, barrier, results) -> None:
         results.put(("ok", BlobStore(root).put(data)))
     except BaseException as exc:
         results.put(("error", repr(exc)))
+
+
+def test_a_store_written_before_put_new_still_saves(tmp_path: Path) -> None:
+    """A store whose `put_many` predates ``workers`` (a save called it with the items only)
+    still takes a save: `put_new`'s default calls it the same way."""
+    from archive_manager import ArchiveManager
+    from archive_manager.synthetic import make_rollout
+
+    calls: list[int] = []
+
+    class OldStore(BlobStore):
+        def put_many(self, items):  # type: ignore[no-untyped-def, override]
+            calls.append(len(items))
+            return super().put_many(items)
+
+    samples = make_rollout(40, seed=5)
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root, store=OldStore(root), chunk_size=16) as pool:
+        archive = pool.save("a", samples, rollout_id=1)
+        assert [s.tokens for s in archive.load_samples()] == [s.tokens for s in samples]
+        assert pool.verify(read_data=True).ok
+    assert sum(calls) >= 4  # three chunks and the manifest went through it

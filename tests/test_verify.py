@@ -258,11 +258,11 @@ def test_save_in_flight_before_its_manifest_is_written_is_no_problem(
     damage (the dedup race's verify met exactly this)."""
     real_put_many = pool.store.put_many
 
-    def put_many(items: Any, **kwargs: Any) -> Any:
+    def put_many(items: Any) -> Any:
         items = list(items)
         if any(blob_kind(pool, digest) == "manifest" for _, digest in items):
             raise Killed
-        return real_put_many(items, **kwargs)
+        return real_put_many(items)
 
     def abort(self: ArchiveWriter) -> None:
         self.abandon()  # a dead process renews nothing and rolls nothing back

@@ -122,15 +122,19 @@ class AbstractBlobStore(abc.ABC):
         blobs of other items may have been stored (each is a valid blob of its digest).
         """
 
-    def put_new(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
+    def put_new(self, items: Sequence[PutItem], *, workers: int | None = None) -> list[str]:
         """`put_many` for blobs the caller's catalog holds no stored copy of (a save's new
         rows, docs/architecture.md "Save protocol", step 2).
 
         A store may write these without first looking for a stored copy: on an object store
         that look is a round trip per blob, paid by every save for nothing.  A copy that is
         there all the same (an orphan of a crashed save) is replaced by the same bytes, which
-        readers cannot tell apart; its size is not checked.  The default is `put_many`.
+        readers cannot tell apart; its size is not checked.  The default is `put_many`
+        (called as a save called it before this method existed, without ``workers`` unless
+        given, so a store written then keeps working).
         """
+        if workers is None:
+            return self.put_many(items)
         return self.put_many(items, workers=workers)
 
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
