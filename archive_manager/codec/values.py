@@ -390,7 +390,15 @@ class _Encoder:
                         if len(key) > 1:
                             self._again(key)
                     key = None
-                return {(key := k): self.encode(v) for k, v in value.items()}
+                out = {(key := k): self.encode(v) for k, v in value.items()}
+                # NOTE: keys checked before the loop can change under it (another thread, a
+                # tensor ref's loader swapping one key for another keeps the size, which the
+                # iterator does not notice when the removed key was still ahead): an int key
+                # would be written as a string, "$t" as a tag that makes the record
+                # unreadable.  Refused as the C loop (`dict_items`) refuses it (rev25's break).
+                if _TAG in out or not set(map(type, out)) <= _STR_ONLY:
+                    raise RuntimeError("dictionary keys changed during iteration")
+                return out
             return {
                 _TAG: "map",
                 "v": [[self._key(key := k), self.encode(v)] for k, v in value.items()],
