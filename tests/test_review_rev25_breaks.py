@@ -169,6 +169,74 @@ def test_break_deep_dicts_under_a_raised_recursion_limit_do_not_crash(
     assert expect in outs[0]
 
 
+_THREAD_DEEP = """
+import threading
+from archive_manager import codec
+threading.stack_size(256 * 1024)
+def run():
+    value = inner = {}
+    for _ in range(480):
+        inner["k"] = inner = {}
+    try:
+        codec.encode_sample({"f": value})
+    except codec.UnencodableError as exc:
+        print(exc)
+thread = threading.Thread(target=run)
+thread.start()
+thread.join()
+"""
+
+
+@needs_native
+def test_break_deep_dicts_in_a_small_stack_thread_do_not_crash() -> None:
+    """Claim 1 (break): in a thread of 256 KiB of stack (``threading.stack_size``; musl's
+    default is smaller), 480 nested dicts under the default recursion limit were a segfault
+    in dict_items where the Python loop refuses them cleanly."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(_accel.NO_NATIVE_ENV, None)
+    run = subprocess.run(
+        [sys.executable, "-c", _THREAD_DEEP],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert run.returncode == 0, (run.returncode, run.stderr[-500:])
+    assert "nested too deeply" in run.stdout
+
+
+def _max_depth() -> int:
+    """The most nested dicts a sample field stores under the recursion limit."""
+
+    def stores(depth: int) -> bool:
+        value = inner = {}
+        for _ in range(depth):
+            inner["k"] = inner = {}
+        try:
+            codec.encode_sample({"f": value})
+        except codec.UnencodableError as exc:
+            assert "nested too deeply" in str(exc)
+            return False
+        return True
+
+    lo, hi = 1, 3000
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if stores(mid) else (lo, mid - 1)
+    return lo
+
+
+@needs_native
+def test_break_both_loops_refuse_dicts_nested_too_deeply_at_the_same_depth() -> None:
+    """Claim 1 (break): the C loop took two frames of the recursion limit per level of dicts
+    and the Python loop three (its comprehension): the extension stored 331 to 496 nested
+    dicts that the fallback refuses (under the default limit)."""
+    native = _max_depth()
+    with python_only():
+        python = _max_depth()
+    assert native == python
+
+
 @needs_native
 def test_dicts_past_the_c_depth_are_the_python_loops_bytes_and_bounds() -> None:
     """Claim 1: past the C loop's depth a dict goes to the Python loop; the tree, arrays,

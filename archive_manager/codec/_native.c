@@ -355,21 +355,12 @@ call_at(PyObject *fn, PyObject *arg, PyObject *where, PyObject *name, PyObject *
     return out;
 }
 
-/* _Encoder._dict's loop over a dict of str keys, done as the Python path does it
- * (docs/architecture.md, "Native list conversion"):
- *   dict_items(value, leaves, encode, again, where) -> dict | None
- * None, with `leaves` as it was, when a key is not an exact str or the dict holds the tag
- * "$t" (the Python path writes a map).  Otherwise first the keys, when `again` is not None (a
- * dict below the top): each longer than one code point is counted as _again(key) counts it
- * (marked at its first appearance, again(key) otherwise); then the values, in order: a plain
- * leaf met for the first time is marked and kept as it is (what encode() would return), any
- * other value is encode(value).  where[0] holds the key being counted or encoded, for the
- * caller's error message. */
 /* dict_items calls back into Python (encode -> _dict -> dict_items) once per level of dicts:
  * each level holds C stack (this frame and the interpreter's), which the recursion limit does
  * not bound (3.11 counts Python frames; its Python-to-Python calls take no C stack).  Under
  * sys.setrecursionlimit(100_000), 12,000 nested dicts overflowed the 8 MiB stack (a
- * segfault) where the Python loop raised the clean "nested too deeply" (rev25's break).  Past
+ * segfault), and 400 under the default limit a thread's 256 KiB, where the Python loop
+ * stores them or refuses them cleanly (rev25's breaks).  Past
  * this many dict_items frames in progress, a dict is left to the Python loop: the same bytes,
  * no more C stack.  One count for all threads (it only changes under the GIL): threads
  * encoding at once reach the Python loop sooner, never a different result. */
@@ -394,6 +385,16 @@ key_changed(PyObject *k, Py_ssize_t *visited, Py_ssize_t size)
     return 0;
 }
 
+/* _Encoder._dict's loop over a dict of str keys, done as the Python path does it
+ * (docs/architecture.md, "Native list conversion"):
+ *   dict_items(value, leaves, encode, again, where) -> dict | None
+ * None, with `leaves` as it was, when a key is not an exact str or the dict holds the tag
+ * "$t" (the Python path writes a map).  Otherwise first the keys, when `again` is not None (a
+ * dict below the top): each longer than one code point is counted as _again(key) counts it
+ * (marked at its first appearance, again(key) otherwise); then the values, in order: a plain
+ * leaf met for the first time is marked and kept as it is (what encode() would return), any
+ * other value is encode(value).  where[0] holds the key being counted or encoded, for the
+ * caller's error message. */
 static PyObject *
 dict_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -407,9 +408,15 @@ dict_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (dict_depth >= MAX_DICT_DEPTH) {
         Py_RETURN_NONE; /* the Python loop, with `leaves` untouched */
     }
+    /* One level of the recursion limit for the Python loop's comprehension frame: the two
+     * loops then refuse a dict nested too deeply at the same depth. */
+    if (Py_EnterRecursiveCall(" while encoding a dict")) {
+        return NULL;
+    }
     dict_depth++;
     PyObject *out = dict_items_at(args);
     dict_depth--;
+    Py_LeaveRecursiveCall();
     return out;
 }
 
