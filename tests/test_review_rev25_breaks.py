@@ -332,6 +332,110 @@ def test_odd_keys_and_leaves_are_the_python_loops(value: dict) -> None:
     assert native == python
 
 
+class _Meddler:
+    """A value whose ``__class__`` (read by isinstance inside encode) mutates its dict."""
+
+    def __init__(self, target: dict, how: str) -> None:
+        self.target = target
+        self.how = how
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        if self.how == "grow":
+            self.target[f"new{len(self.target)}"] = 1
+        elif self.how == "swap" and "z" in self.target:
+            del self.target["z"]
+            self.target["$t"] = "injected"
+        elif self.how == "clear":
+            self.target.clear()
+        return _Meddler
+
+
+class _HashKey:
+    """A key whose ``__hash__`` and ``__eq__`` mutate the dict being encoded."""
+
+    def __init__(self, target: dict) -> None:
+        self.target = target
+
+    def __hash__(self) -> int:
+        self.target.pop("victim", None)
+        return hash("$t")
+
+    def __eq__(self, other: object) -> bool:
+        self.target["added"] = 1
+        return False
+
+    def __repr__(self) -> str:
+        return "_HashKey()"
+
+
+@needs_native
+@pytest.mark.parametrize("how", ["grow", "swap", "clear"])
+def test_user_code_mutating_the_dict_under_encode_is_the_python_loops(how: str) -> None:
+    """Claim 1: a value whose ``__class__`` property (run by encode's isinstance) grows,
+    swaps or clears the dict being encoded: the same refusal, with the same path, as the
+    Python loop; no crash."""
+
+    def make() -> Any:
+        d: dict[str, Any] = {"a": 1.5, "b": [1, 2], "z": "zz"}
+        d["m"] = _Meddler(d, how)
+        d["after"] = "text"
+        return {"outer": d}
+
+    native, python = _both(make)
+    assert native == python
+    assert native[0] in ("UnencodableError", "RuntimeError")
+
+
+@needs_native
+def test_a_key_whose_hash_mutates_the_dict_is_the_python_loops() -> None:
+    """Claim 1: a non-str key with a ``__hash__``/``__eq__`` that mutates the dict: the C
+    loop hands it to Python untouched, the outcome is the Python loop's."""
+
+    def make() -> Any:
+        d: dict[Any, Any] = {"victim": 1.25, "b": "bb"}
+        d[_HashKey(d)] = 2
+        return {"outer": d}
+
+    native, python = _both(make)
+    assert native == python
+
+
+@needs_native
+def test_cycles_shared_values_and_huge_dicts_are_the_python_loops() -> None:
+    """Claim 1: a dict holding itself (refused with its path), one list and one dict held in
+    many places ("first-met" marking, the repeat bound), and a dict of 50,000 keys sharing
+    their values: the same tree, arrays, marks and counts as the Python loop."""
+    shared_list = [1.5, "two words", 10**9]
+    shared_dict = {"k": shared_list, "long": "y" * 600}
+
+    def cyclic() -> Any:
+        d: dict[str, Any] = {"a": 1}
+        d["self"] = {"inner": d}
+        return d
+
+    def shared() -> Any:
+        return {f"k{i}": (shared_list if i % 2 else shared_dict) for i in range(200)}
+
+    def huge() -> Any:
+        text = "a value held fifty thousand times"
+        return {f"key-{i}": (text, 2.5, i * 10**8) for i in range(50_000)}
+
+    for make in (cyclic, shared, huge):
+        native, python = _both(make)
+        assert native == python, make.__name__
+    assert "reference cycle" in _outcome(cyclic)[1]
+
+    def counts(make: Callable[[], Any]) -> tuple[int, int, int]:
+        encoder = codec._Encoder(codec._Record(codec.DEFAULT_INLINE_LIMIT, {}))
+        encoder.encode(make())
+        return encoder.extra_bytes, encoder.repeated, len(encoder.leaves)
+
+    native_counts = counts(shared)
+    with python_only():
+        assert counts(shared) == native_counts
+
+
 @needs_native
 def test_encoding_while_another_thread_mutates_never_crashes_or_writes_odd_keys() -> None:
     """Claim 1 under threads: a dict encoded while another thread adds and removes keys
