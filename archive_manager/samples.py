@@ -537,12 +537,20 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
                 "descriptor reads in a field of its own)"
             )
         try:
-            value = getattr(obj, step.name)
+            # NOTE: not getattr: a class's own ``__getattribute__`` would be saved as what it
+            # makes of the field, which `_rebuild` puts back raw and the class then reads
+            # through it again (a field read as 40 loaded as 400: rev25's break).  Reading
+            # as `_rebuild` writes, the class's code is left out; ``__getattr__`` still
+            # answers for a field that has no value, as before.
+            value = object.__getattribute__(obj, step.name)
         except AttributeError:
-            # a field(init=False) without a default that __post_init__ never set
-            raise UnencodableError(
-                f"sample field {step.name!r} of {_qualified(cls)} has no value"
-            ) from None
+            try:
+                value = getattr(obj, step.name)
+            except AttributeError:
+                # a field(init=False) without a default that __post_init__ never set
+                raise UnencodableError(
+                    f"sample field {step.name!r} of {_qualified(cls)} has no value"
+                ) from None
         fields[step.name] = value
     # slots dataclasses have no __dict__: their fields are all there is
     if plan.instance_dict is not None:

@@ -703,6 +703,45 @@ def test_dataclass_variants_load_equal(index: int) -> None:
     assert sample_to_record(loaded) == sample_to_record(obj)
 
 
+def test_break_a_class_overriding_getattribute_loads_equal() -> None:
+    """Claim 3 (break, in the getattr loop the fast path leaves such classes to): the loop
+    saved what the class's ``__getattribute__`` made of a field (40), `_rebuild` put that
+    back raw and the class read it through the override again: 400, not 40."""
+    obj = WithGetattribute(4)
+    assert obj.p == 40
+    rec = codec.encode_sample(obj, texts=())
+    loaded = codec.decode_sample(memoryview(rec.record), None)
+    assert type(loaded) is WithGetattribute and loaded.p == 40 and loaded == obj
+    assert vars(loaded) == vars(obj) == {"p": 4}
+
+
+def test_getattr_still_answers_for_a_field_without_a_value() -> None:
+    """Claim 3: a field with no value in a class with ``__getattr__`` is saved as what
+    ``__getattr__`` gives, as before; without one it is refused, as before."""
+
+    @dataclasses.dataclass
+    class Answering:
+        p: int
+
+        def __getattr__(self, name: str) -> Any:
+            return f"missing {name}"
+
+    @dataclasses.dataclass
+    class Bare:
+        p: int
+
+    register_sample_class(Answering, "rev25.Answering")
+    register_sample_class(Bare, "rev25.Bare")
+    obj = Answering(3)
+    del obj.p
+    loaded = codec.decode_sample(memoryview(codec.encode_sample(obj, texts=()).record), None)
+    assert loaded.p == obj.p == "missing p"
+    bare = Bare(3)
+    del bare.p
+    with pytest.raises(codec.UnencodableError, match="has no value"):
+        codec.encode_sample(bare)
+
+
 def test_a_class_redefined_under_its_name_is_read_by_its_own_plan() -> None:
     """Claim 3: a dataclass redefined (a notebook cell run twice) with its fields reordered
     replaces its predecessor; each instance is read by its own class's plan."""
