@@ -438,9 +438,10 @@ def test_cycles_shared_values_and_huge_dicts_are_the_python_loops() -> None:
 
 @needs_native
 def test_encoding_while_another_thread_mutates_never_crashes_or_writes_odd_keys() -> None:
-    """Claim 1 under threads: a dict encoded while another thread adds and removes keys
-    (odd ones included) is written with str keys only, or refused with the iterator's
-    RuntimeError; never a crash."""
+    """Claim 1 under threads: two threads encode one dict while a third adds and removes
+    keys (``"$t"`` and an int among them): each record loads (a ``"$t"`` never written as a
+    tag), an int key never comes back as a string, or the save is refused with the dict
+    iterator's RuntimeError; never a crash."""
     d: dict[Any, Any] = {f"k{i}": [float(j) for j in range(4)] for i in range(60)}
     stop = threading.Event()
 
@@ -454,24 +455,38 @@ def test_encoding_while_another_thread_mutates_never_crashes_or_writes_odd_keys(
             d.pop(f"k{n % 60}", None)
             d[f"k{n % 60}"] = [2.5] * 4
 
-    thread = threading.Thread(target=mutate)
-    thread.start()
-    outcomes = set()
+    outcomes: list[str] = []
+    errors: list[BaseException] = []
+
+    def encode() -> None:
+        try:
+            for _ in range(150):
+                try:
+                    record = codec.encode_sample({"f": d}, texts=()).record
+                except RuntimeError as exc:
+                    assert "changed" in str(exc)
+                    outcomes.append("refused")
+                    continue
+                keys = codec.decode_record(memoryview(record), None)[1]["f"]
+                assert "7" not in keys
+                assert all(k in ("$t", 7) or k[0] in "kn" for k in keys)
+                outcomes.append("written")
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    mutator = threading.Thread(target=mutate)
+    encoders = [threading.Thread(target=encode) for _ in range(2)]
+    mutator.start()
     try:
-        for _ in range(300):
-            try:
-                record = codec.encode_sample({"f": d}, texts=()).record
-            except RuntimeError as exc:
-                assert "changed" in str(exc)
-                outcomes.add("refused")
-                continue
-            fields = codec.decode_record(memoryview(record), None)[1]
-            assert all(type(k) is str and k != "$t" for k in fields["f"])
-            outcomes.add("written")
+        for t in encoders:
+            t.start()
+        for t in encoders:
+            t.join()
     finally:
         stop.set()
-        thread.join()
-    assert outcomes
+        mutator.join()
+    assert errors == []
+    assert len(outcomes) == 300
 
 
 # --------------------------------------------------------------------------- claim 2: JSON
