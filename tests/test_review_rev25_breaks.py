@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import json
 import math
 import os
@@ -537,6 +538,49 @@ def test_the_cached_json_encoder_is_thread_safe() -> None:
     for t in threads:
         t.join()
     assert bad == []
+
+
+_REAL_MAKE = json.encoder.c_make_encoder
+
+
+def _raising_make(*args: Any) -> Any:
+    """Refuses the codec's arguments (no markers), serves json.dumps's."""
+    if args[0] is None:
+        raise TypeError("c_make_encoder() takes other arguments")
+    return _REAL_MAKE(*args)
+
+
+def _encoder_raising_make(*args: Any) -> Any:
+    if args[0] is not None:
+        return _REAL_MAKE(*args)
+
+    def call(tree: Any, level: int) -> Any:
+        raise TypeError("an encoder called with other arguments")
+
+    return call
+
+
+def _wrong_make(*args: Any) -> Any:
+    if args[0] is not None:
+        return _REAL_MAKE(*args)
+    return lambda tree, level: ["{}"]
+
+
+@pytest.mark.parametrize("make", [_raising_make, _encoder_raising_make, _wrong_make])
+def test_a_json_c_encoder_that_is_not_the_expected_one_falls_back(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim 2 (break, of the fallback): the probe falls back when the text differs, but a
+    ``c_make_encoder`` of another signature (a private function) raised at the package's
+    import instead of falling back to ``json.dumps``."""
+    with monkeypatch.context() as m:  # json.dumps itself back to the real one afterwards
+        m.setattr(json.encoder, "c_make_encoder", make)
+        encode = codec.values._json_encoder()
+    assert isinstance(encode, functools.partial)
+    tree = {"a": [1.5, "\ud800", math.nan]}
+    assert encode(tree) == json.dumps(
+        tree, ensure_ascii=False, separators=(",", ":"), allow_nan=True
+    )
 
 
 # --------------------------------------------------------------------------- claim 3: dataclasses

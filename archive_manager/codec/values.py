@@ -862,18 +862,22 @@ def _json_encoder() -> Callable[[Any], str]:
     """
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is not None:
-        encoder = make(
-            None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True
-        )
 
         def encode(tree: Any) -> str:
             return "".join(encoder(tree, 0))
 
         probe = {"a": [1, 2.5, float("nan"), None, True, "\u00e9\ud800"], "b": {"c": -0.0}}
-        if encode(probe) == json.dumps(
-            probe, ensure_ascii=False, separators=(",", ":"), allow_nan=True
-        ):
-            return encode
+        # NOTE: c_make_encoder is private: a Python whose signature differs (its make or its
+        # call raising) falls back as one whose text differs, instead of failing the import
+        # of the package (rev25).
+        with contextlib.suppress(TypeError, ValueError):
+            encoder = make(
+                None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True
+            )
+            if encode(probe) == json.dumps(
+                probe, ensure_ascii=False, separators=(",", ":"), allow_nan=True
+            ):
+                return encode
     return functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
 
 
