@@ -498,6 +498,9 @@ def _shadowed(cls: type, key: str) -> UnencodableError:
     )
 
 
+_STR_ONLY = frozenset({str})
+
+
 def _dataclass_state(obj: Any) -> dict[str, Any]:
     """A registered dataclass instance's declared fields, then its other attributes
     (undeclared ``_queue_*`` ones dropped): what `_rebuild` sets back."""
@@ -509,8 +512,14 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
         # field in ``__dict__``, in declaration order, as ``__init__`` puts them; getattr of
         # a plain attribute is then exactly that entry, and the copy keeps what the loop
         # below would write, in the same order.
+        # NOTE: only an exact dict with exact str field keys (rev25's breaks): ``obj.__dict__``
+        # may be replaced by a dict subclass, whose overridden ``__iter__`` and
+        # ``__getitem__`` dict() reads while getattr reads the entries (fields saved as the
+        # subclass made them up), and a str-subclass key equal to a field's name is found by
+        # getattr but written as a key the encoder refuses (or its ``__eq__`` run here).
         state = plan.instance_dict(obj)
-        if tuple(itertools.islice(state, len(names))) == names:
+        first = tuple(itertools.islice(state, len(names))) if type(state) is dict else None
+        if first is not None and set(map(type, first)) <= _STR_ONLY and first == names:
             fields = dict(state)
             if len(fields) > len(names):
                 for key in itertools.islice(state, len(names), None):
@@ -528,12 +537,20 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
                 "descriptor reads in a field of its own)"
             )
         try:
-            value = getattr(obj, step.name)
+            # NOTE: not getattr: a class's own ``__getattribute__`` would be saved as what it
+            # makes of the field, which `_rebuild` puts back raw and the class then reads
+            # through it again (a field read as 40 loaded as 400: rev25's break).  Reading
+            # as `_rebuild` writes, the class's code is left out; ``__getattr__`` still
+            # answers for a field that has no value, as before.
+            value = object.__getattribute__(obj, step.name)
         except AttributeError:
-            # a field(init=False) without a default that __post_init__ never set
-            raise UnencodableError(
-                f"sample field {step.name!r} of {_qualified(cls)} has no value"
-            ) from None
+            try:
+                value = getattr(obj, step.name)
+            except AttributeError:
+                # a field(init=False) without a default that __post_init__ never set
+                raise UnencodableError(
+                    f"sample field {step.name!r} of {_qualified(cls)} has no value"
+                ) from None
         fields[step.name] = value
     # slots dataclasses have no __dict__: their fields are all there is
     if plan.instance_dict is not None:

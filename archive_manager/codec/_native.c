@@ -355,6 +355,36 @@ call_at(PyObject *fn, PyObject *arg, PyObject *where, PyObject *name, PyObject *
     return out;
 }
 
+/* dict_items calls back into Python (encode -> _dict -> dict_items) once per level of dicts:
+ * each level holds C stack (this frame and the interpreter's), which the recursion limit does
+ * not bound (3.11 counts Python frames; its Python-to-Python calls take no C stack).  Under
+ * sys.setrecursionlimit(100_000), 12,000 nested dicts overflowed the 8 MiB stack (a
+ * segfault), and 400 under the default limit a thread's 256 KiB, where the Python loop
+ * stores them or refuses them cleanly (rev25's breaks).  Past
+ * this many dict_items frames in progress, a dict is left to the Python loop: the same bytes,
+ * no more C stack.  One count for all threads (it only changes under the GIL): threads
+ * encoding at once reach the Python loop sooner, never a different result. */
+#define MAX_DICT_DEPTH 100
+static int dict_depth = 0;
+
+static PyObject *dict_items_at(PyObject *const *args);
+
+/* A key the loop meets that the first pass did not vet (the dict changed under a callback:
+ * another thread, a tensor ref's loader): as the Python loop's iterator, a key beyond the
+ * dict's size fails; a key that is not an exact str or is the tag "$t" fails too, as it
+ * would be written into the tree as something else (an int key as a string, "$t" as a tag
+ * that makes the record unreadable). */
+static int
+key_changed(PyObject *k, Py_ssize_t *visited, Py_ssize_t size)
+{
+    if (++*visited > size || !PyUnicode_CheckExact(k) ||
+        (PyUnicode_GET_LENGTH(k) == 2 && PyUnicode_CompareWithASCIIString(k, "$t") == 0)) {
+        PyErr_SetString(PyExc_RuntimeError, "dictionary keys changed during iteration");
+        return 1;
+    }
+    return 0;
+}
+
 /* _Encoder._dict's loop over a dict of str keys, done as the Python path does it
  * (docs/architecture.md, "Native list conversion"):
  *   dict_items(value, leaves, encode, again, where) -> dict | None
@@ -375,6 +405,24 @@ dict_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "dict_items(dict, leaves dict, encode, again or None, [where])");
         return NULL;
     }
+    if (dict_depth >= MAX_DICT_DEPTH) {
+        Py_RETURN_NONE; /* the Python loop, with `leaves` untouched */
+    }
+    /* One level of the recursion limit for the Python loop's comprehension frame: the two
+     * loops then refuse a dict nested too deeply at the same depth. */
+    if (Py_EnterRecursiveCall(" while encoding a dict")) {
+        return NULL;
+    }
+    dict_depth++;
+    PyObject *out = dict_items_at(args);
+    dict_depth--;
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+static PyObject *
+dict_items_at(PyObject *const *args)
+{
     PyObject *value = args[0], *leaves = args[1], *encode = args[2], *again = args[3];
     PyObject *where = args[4];
     Py_ssize_t size = PyDict_GET_SIZE(value);
@@ -393,9 +441,13 @@ dict_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *out = NULL;
+    Py_ssize_t visited = 0;
     if (again != Py_None) {
         pos = 0;
         while (PyDict_Next(value, &pos, &k, &v)) {
+            if (key_changed(k, &visited, size)) {
+                goto fail;
+            }
             if (PyUnicode_GET_LENGTH(k) <= 1) {
                 continue;
             }
@@ -419,7 +471,11 @@ dict_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     }
     pos = 0;
+    visited = 0;
     while (PyDict_Next(value, &pos, &k, &v)) {
+        if (key_changed(k, &visited, size)) {
+            goto fail;
+        }
         Py_INCREF(k);
         Py_INCREF(v);
         PyObject *item = NULL;

@@ -390,7 +390,15 @@ class _Encoder:
                         if len(key) > 1:
                             self._again(key)
                     key = None
-                return {(key := k): self.encode(v) for k, v in value.items()}
+                out = {(key := k): self.encode(v) for k, v in value.items()}
+                # NOTE: keys checked before the loop can change under it (another thread, a
+                # tensor ref's loader swapping one key for another keeps the size, which the
+                # iterator does not notice when the removed key was still ahead): an int key
+                # would be written as a string, "$t" as a tag that makes the record
+                # unreadable.  Refused as the C loop (`dict_items`) refuses it (rev25's break).
+                if _TAG in out or not set(map(type, out)) <= _STR_ONLY:
+                    raise RuntimeError("dictionary keys changed during iteration")
+                return out
             return {
                 _TAG: "map",
                 "v": [[self._key(key := k), self.encode(v)] for k, v in value.items()],
@@ -854,18 +862,22 @@ def _json_encoder() -> Callable[[Any], str]:
     """
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is not None:
-        encoder = make(
-            None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True
-        )
 
         def encode(tree: Any) -> str:
             return "".join(encoder(tree, 0))
 
         probe = {"a": [1, 2.5, float("nan"), None, True, "\u00e9\ud800"], "b": {"c": -0.0}}
-        if encode(probe) == json.dumps(
-            probe, ensure_ascii=False, separators=(",", ":"), allow_nan=True
-        ):
-            return encode
+        # NOTE: c_make_encoder is private: a Python whose signature differs (its make or its
+        # call raising) falls back as one whose text differs, instead of failing the import
+        # of the package (rev25).
+        with contextlib.suppress(TypeError, ValueError):
+            encoder = make(
+                None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True
+            )
+            if encode(probe) == json.dumps(
+                probe, ensure_ascii=False, separators=(",", ":"), allow_nan=True
+            ):
+                return encode
     return functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
 
 
