@@ -337,6 +337,10 @@ def stats_page() -> Any:
     _wants_json()
     rollout_ids, evaluation = _rollout_range(), _evaluation()
     per_page = _int("per_page", 100, 1, MAX_PER_PAGE)
+    if _raw("page") is not None:
+        # The other pages' offset means nothing here (rows page by key): ignored, a stale
+        # ?page=2 link silently showed the first page as if it were the second.
+        _bad("page", "the stats page pages by after= (the link of its next page), not page=")
     after = _rollout_after()
     # One row more than the page says whether a next page exists.
     rows = pool.stats(rollout_ids, evaluation, limit=per_page + 1, after=after)
