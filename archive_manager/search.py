@@ -37,6 +37,7 @@ from .errors import (
     InvalidInputError,
     MissingDependencyError,
     SearchTimeoutError,
+    UnsupportedFormatError,
 )
 from .stats import archive_filters, check_rollout_range
 
@@ -404,7 +405,6 @@ def _scan_chunk(
     """Read one chunk (verified) and search the texts of its samples (``entries``: their
     positions and offsets); return the bytes read and, per matching sample, its first match."""
     data = archive._read_blob(digest, f"chunk {ordinal}")
-    reader = ChunkReader(data, digest=digest)
     found: list[_Found] = []
     # The samples of a prompt group share its prompt, and one chunk holds whole groups:
     # each distinct text is searched once.
@@ -414,14 +414,23 @@ def _scan_chunk(
     # thread reads and inflates meanwhile.  NOTE: a version 1 chunk's records are still
     # inflated one by one: one buffer for a chunk's whole records cost 1.5x the CPU (fresh
     # pages for every chunk; 1.2 against 0.8 s for 10 rollouts).
-    texts = reader.search_texts([offset for _, offset in entries], fields, require)
+    texts: Iterator[tuple[int, dict[str, Any]]] | None = None
     while True:
         try:
+            # NOTE: the reader is made in here too: a header it refuses (truncated, another
+            # format version) and a record in an unknown compression (UnsupportedFormatError,
+            # not an IntegrityError) named only the blob, not the archive (rev19's breaks).
+            if texts is None:
+                reader = ChunkReader(data, digest=digest)
+                texts = reader.search_texts([offset for _, offset in entries], fields, require)
             got = next(texts, None)
-        except (IndexError, IntegrityError) as exc:
-            raise IntegrityError(
-                f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}"
-            ) from exc
+        except (IndexError, IntegrityError, UnsupportedFormatError) as exc:
+            kind = (
+                UnsupportedFormatError
+                if isinstance(exc, UnsupportedFormatError)
+                else IntegrityError
+            )
+            raise kind(f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}") from exc
         if got is None:
             break
         k, values = got
