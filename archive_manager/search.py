@@ -187,7 +187,7 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         ) from None
     if empty is not None:
         # Matches everywhere (``.*``, ``a?``): every sample would match, with nothing found.
-        raise InvalidInputError("the regular expression matches the empty string")
+        raise InvalidInputError(_EMPTY_MATCH)
 
     def find_regex(text: str) -> tuple[int, int] | None:
         left = deadline - time.monotonic()
@@ -203,9 +203,17 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
             if limit < _PER_TEXT:
                 raise _DeadlineReached from None  # the search's own time ran out meanwhile
             raise SearchTimeoutError(_timeout_message(pattern)) from None
+        if m is not None and m.start() == m.end():
+            # NOTE: the check against the empty text misses what matches only an empty
+            # string inside a text (``\b``, ``(?=a)``): every sample "matched", with nothing
+            # found (rev19's break); refused as the empty text's match is.
+            raise InvalidInputError(_EMPTY_MATCH)
         return None if m is None else m.span()
 
     return find_regex
+
+
+_EMPTY_MATCH = "the regular expression matches the empty string"
 
 
 class _DeadlineReached(Exception):
@@ -381,6 +389,8 @@ def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:
     begin = text.rfind("\n", 0, start) + 1
     stop = text.find("\n", end)
     stop = len(text) if stop < 0 else stop
+    if stop > end and text[stop - 1] == "\r" and text.startswith("\n", stop):
+        stop -= 1  # a CRLF line ends before its \r (it was shown as part of the line)
     number = text.count("\n", 0, start) + 1
     left = max(begin, start - LINE_CONTEXT)
     right = min(stop, max(end, start + 1) + LINE_CONTEXT)

@@ -520,6 +520,9 @@ def prompt_page() -> Any:
     if key is None:
         _bad("task_key", "give the prompt's task key")
     history = pool.prompt_history(key, _rollout_range(), evaluation=_evaluation())
+    if not history:
+        # An unknown task key is a 404, as on the group page (it was an empty 200 page).
+        raise NotFound(f"no rollout (of those asked for) saw a prompt with task key {key!r}")
     firsts = {
         name: positions[0]
         for name, positions in task_positions(
@@ -558,6 +561,9 @@ def prompt_page() -> Any:
 
 
 def _search_text() -> str | None:
+    if len(set(request.args.getlist("q"))) > 1:
+        # as `_raw` (which would strip the pattern): ?q=a&q=b searched for "a" alone
+        _bad("q", "is given more than once, with different values")
     text = request.args.get("q")
     if text is None or not text.strip():
         return None
