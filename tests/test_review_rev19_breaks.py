@@ -756,3 +756,36 @@ def test_the_search_uses_the_prefilter(tricky: tuple[ArchiveManager, list]) -> N
         assert needle == BytesNeedle(b"kelvin", folded=True, also=beyond)
     finally:
         mp.undo()
+
+
+# --------------------------------------------------------------------------- prompts CLI
+
+
+# Claim: bad input to `prompts` is a clear one-line error.  Fixed: --regressed --improved
+# together took the last one silently, and --limit 0 printed "no prompt with rewards in
+# both ranges" whatever the ranges held.
+def test_prompts_refuses_contradictory_options(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        for rid in (1, 2):
+            pool.save(
+                f"r{rid}",
+                [
+                    {"response": "r", "reward": float(rid * (i % 2)), "task_key": f"k{i}"}
+                    for i in range(4)
+                ],
+                rollout_id=rid,
+            )
+    runner = CliRunner()
+    base = ["--root", str(root), "prompts", "--from", "1", "--to", "2"]
+    done = runner.invoke(cli, [*base, "--regressed", "--improved"])
+    assert done.exit_code == 2 and "not both" in done.output
+    done = runner.invoke(cli, [*base, "--limit", "0"])
+    assert done.exit_code == 2 and "--limit" in done.output
+    improved = runner.invoke(cli, [*base, "--improved", "--json"])
+    assert improved.exit_code == 0, improved.output
+    assert [c["task_key"] for c in json.loads(improved.output)] == ["k1", "k3"]
+    regressed = runner.invoke(cli, [*base, "--regressed", "--json"])
+    assert regressed.exit_code == 0 and json.loads(regressed.output) == []
+    done = runner.invoke(cli, [*base, "--limit", str(10**30), "--json"])
+    assert done.exit_code == 0 and len(json.loads(done.output)) == 4
