@@ -373,14 +373,31 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | No
 
 
 def _text(value: object) -> str | None:
-    """The searchable text of a field: a string, or the contents of chat messages."""
+    """The searchable text of a field: a string, or the contents of chat messages (a
+    message's content a string, or a list of content parts whose ``text`` is one)."""
     if isinstance(value, str):
         return value
     if isinstance(value, (list, tuple)):
-        parts = [m.get("content") for m in value if isinstance(m, dict) and "content" in m]
-        texts = [p for p in parts if isinstance(p, str)]
+        texts = [
+            text
+            for m in value
+            if isinstance(m, dict) and "content" in m
+            for text in _content(m["content"])
+        ]
         return "\n".join(texts) if texts else None
     return None
+
+
+def _content(content: object) -> list[str]:
+    # NOTE: the OpenAI form of a message, content parts ([{"type": "text", "text": ...}]),
+    # was skipped without a word while the viewer shows it (rev19's break).
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, (list, tuple)):
+        return [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+    return []
 
 
 def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:

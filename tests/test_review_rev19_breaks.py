@@ -479,6 +479,28 @@ def test_a_truncated_or_missing_chunk_names_the_archive(tmp_path: Path) -> None:
             pool.search("answer")
 
 
+# Claim: a search reads the contents of chat messages.  Fixed: a message whose content is a
+# list of content parts (the OpenAI form, [{"type": "text", "text": ...}], which the viewer
+# shows) was never searched.
+def test_chat_content_parts_are_searched(tmp_path: Path) -> None:
+    prompt = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "what is in the picture?"},
+                                     {"type": "image_url", "image_url": {"url": "x"}}]},
+    ]  # fmt: skip
+    response = [{"role": "assistant", "content": [{"type": "text", "text": "a zebra"}]}]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", [{"prompt": prompt, "response": response, "tokens": [1]}], rollout_id=1)
+        (found,) = pool.search("the picture").matches
+        assert (found.field, found.line_number, found.line) == (
+            "prompt",
+            2,
+            "what is in the picture?",
+        )
+        assert [m.field for m in pool.search("ZEBRA", ignore_case=True).matches] == ["response"]
+        assert pool.search("image_url").matches == []  # the parts' other keys are no text
+
+
 # --------------------------------------------------------------------------- lines, limits
 
 
