@@ -860,3 +860,33 @@ def test_stats_zero_variance_matches_the_groups(rows: list[tuple[int, Any, Any]]
             assert stat.groups == len(groups)
             assert stat.zero_variance_groups == sum(g.zero_variance for g in flagged)
             assert not any(g.zero_variance for g in flagged if g.task_key is None)
+
+
+# Claim: every page shows model output as it is stored, lone surrogates included (stored and
+# loaded with surrogatepass).  Fixed: UTF-8 cannot encode one, and every HTML page showing
+# such a text (sample, Markdown, group, compare, search) was a 500; it shows as an escape.
+def test_pages_show_a_lone_surrogate(tmp_path: Path) -> None:
+    pytest.importorskip("flask")
+    from archive_manager.web import create_app
+
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        samples = [
+            {"prompt": "p\udc80q", "response": f"x\ud800y {i}", "task_key": "k", "reward": 1.0}
+            for i in range(2)
+        ]
+        pool.save("a", samples, rollout_id=1)
+        app = create_app(pool).test_client()
+        for url in (
+            "/archive/a/sample/0",
+            "/archive/a/sample/0?view=markdown",
+            "/archive/a/group?task_key=k",
+            "/archive/a/group?task_key=k&view=markdown",
+            "/compare?a=a&a_position=0&b=a&b_position=1",
+            "/search?q=x.y&regex=1",
+            "/search?q=x",
+        ):
+            page = app.get(url)
+            assert page.status_code == 200, (url, page.text[:300])
+            assert b"\\ud800" in page.data, url
+        data = app.get("/archive/a/sample/0?format=json").get_data(as_text=True)
+        assert json.loads(data)["fields"]["response"] == "x\ud800y 0"

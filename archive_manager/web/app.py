@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any, NoReturn
 
 from flask import Blueprint, Flask, current_app, jsonify, render_template, request, url_for
+from flask.wrappers import Response
 from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
@@ -794,10 +795,23 @@ def _num(value: Any, fmt: str = ".3g", missing: str = "–") -> str:
     return format(value, fmt)
 
 
+class _Response(Response):
+    """A page whose text holds a lone surrogate (legal in model output, stored and loaded as
+    it is) shows it as an escape (``\\ud800``, as the CLI does) instead of failing: UTF-8
+    cannot encode it, and every HTML page showing such a text was a 500 (rev19's break).
+    JSON escapes it already."""
+
+    def set_data(self, value: bytes | str) -> None:
+        if isinstance(value, str):
+            value = value.encode("utf-8", "backslashreplace")
+        super().set_data(value)
+
+
 def create_app(pool: ArchiveManager, *, tokenizer: TokenDecoder | None = None) -> Flask:
     """A Flask app that shows ``pool`` read-only (the caller keeps the pool open); with
     ``tokenizer`` (`load_tokenizer`), sample pages show response tokens as text pieces."""
     app = Flask(__name__)
+    app.response_class = _Response
     app.extensions[_POOL_KEY] = pool
     app.extensions[_TOKENIZER_KEY] = tokenizer
     app.json.sort_keys = False  # type: ignore[attr-defined]
