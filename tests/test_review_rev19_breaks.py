@@ -373,6 +373,30 @@ def test_a_runaway_regex_is_a_clear_error(
         assert len(done.output.strip().splitlines()) == 1, done.output
 
 
+# Claim: a regular expression that would run away is bounded with a clear error.  Fixed:
+# the `regex` module unrolls counted repeats when it compiles, which no timeout bounds:
+# ``(?:x{65535}){65535}`` took gigabytes and never finished (one viewer request could take
+# the server down), ``(?:a{1000}){1000}`` 0.7 s and 280 MB.
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"(?:x{65535}){65535}",
+        r"(?:(?:a{1000}){1000}){1000}",
+        r"(?:a{1000,}){1000}",
+        r"(?:\p{L}{1000}){1000}",  # syntax `re` does not read: counted from the text
+        r"(?:ab|cd){100000}",
+    ],
+)
+def test_a_regex_that_unrolls_without_bound_is_refused(tmp_path: Path, pattern: str) -> None:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", [{"response": "x" * 10}], rollout_id=1)
+        with pytest.raises(InvalidInputError, match="repeats too much"):
+            pool.search(pattern, regex=True)
+        # ordinary counted repeats still run
+        for fine in (r"x{10}", r"\d{4}-\d{2}-\d{2}|x{3}", r"(?:x{5}){2}", r"[\s\S]{65535}"):
+            pool.search(fine, regex=True)
+
+
 # --------------------------------------------------------------------------- damaged chunks
 
 
