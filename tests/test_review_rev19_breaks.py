@@ -914,3 +914,27 @@ def test_pages_show_a_lone_surrogate(tmp_path: Path) -> None:
             assert b"\\ud800" in page.data, url
         data = app.get("/archive/a/sample/0?format=json").get_data(as_text=True)
         assert json.loads(data)["fields"]["response"] == "x\ud800y 0"
+
+
+# Claim (issue 19, "Groups"): the group page is "linked from the archive page (a group column
+# or a groups tab, sortable by reward std)".  The archive page links each sample's task key to
+# its group, but nothing on it lists or orders the groups by their reward spread, which is
+# what finds the groups that teach GRPO nothing (or the most).
+@pytest.mark.xfail(
+    strict=True,
+    reason="the archive page has no groups listing sortable by reward std (only a task-key "
+    "link per sample; sort= takes sample columns alone)",
+)
+def test_the_archive_page_orders_groups_by_reward_std(
+    client: tuple[Any, ArchiveManager],
+) -> None:
+    app, pool = client
+    page = app.get("/archive/r1")
+    assert page.status_code == 200
+    stds = {g.task_key: g.reward_std for g in pool.groups("r1")}
+    assert all(key is not None for key in stds)
+    # every group is linked with its reward std shown, and some control orders them by it
+    for key, std in stds.items():
+        assert f"task_key={key}" in page.text
+        assert std is None or f"{std:.3f}" in page.text, key
+    assert re.search(r"sort=[a-z_]*std", page.text), "no way to order groups by reward std"
