@@ -567,6 +567,10 @@ def test_limits_ranges_and_filters(tricky: tuple[ArchiveManager, list]) -> None:
     assert len(one.matches) == 1 and one.limited
     assert pool.search("hello", fields="response").matches == []
     assert pool.search("hello\nworld", fields="prompt").matches  # chat messages, one per line
+    # a match never spans the prompt's end and the response's start
+    for pattern in ("worldchat", "world\nchat", "hello\nworld\nchat"):
+        assert pool.search(pattern).matches == [], pattern
+    assert pool.search(r"world\s*chat", regex=True).matches == []
     for limit in (0, -1, 10**30, 10_001, True, 1.5):
         with pytest.raises(InvalidInputError, match="limit"):
             pool.search("e", limit=limit)  # type: ignore[arg-type]
