@@ -848,7 +848,7 @@ def test_prompts_refuses_contradictory_options(tmp_path: Path) -> None:
 # shows (groups of an archive with at least two numeric rewards).  Fixed: the samples without
 # a task key (one pseudo-group, task_key None) were flagged as a zero-variance group, so
 # `groups` counted one more than `stats`.
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @example([(0, None, 1.0), (0, None, 1.0), (0, "A", 0.0), (0, "A", 1.0)])
 @given(
     st.lists(
