@@ -627,6 +627,7 @@ ROUTES = [
     "/archive/r1",
     "/archive/r1/sample/0",
     "/archive/r1/group?task_key=k0",
+    "/archive/r1/groups",
     "/prompt?task_key=k0",
     "/search?q=alert",
     "/compare?a=r1&a_position=0&b=r2&b_position=1",
@@ -921,24 +922,31 @@ def test_pages_show_a_lone_surrogate(tmp_path: Path) -> None:
 
 
 # Claim (issue 19, "Groups"): the group page is "linked from the archive page (a group column
-# or a groups tab, sortable by reward std)".  The archive page links each sample's task key to
-# its group, but nothing on it lists or orders the groups by their reward spread, which is
-# what finds the groups that teach GRPO nothing (or the most).
-@pytest.mark.xfail(
-    strict=True,
-    reason="the archive page has no groups listing sortable by reward std (only a task-key "
-    "link per sample; sort= takes sample columns alone)",
-)
+# or a groups tab, sortable by reward std)".  Fixed: the archive page linked each sample's task
+# key to its group, but nothing listed or ordered the groups by their reward spread (what finds
+# the groups that teach GRPO nothing, or the most); /archive/<name>/groups does, linked from it.
 def test_the_archive_page_orders_groups_by_reward_std(
     client: tuple[Any, ArchiveManager],
 ) -> None:
     app, pool = client
     page = app.get("/archive/r1")
-    assert page.status_code == 200
-    stds = {g.task_key: g.reward_std for g in pool.groups("r1")}
-    assert all(key is not None for key in stds)
-    # every group is linked with its reward std shown, and some control orders them by it
-    for key, std in stds.items():
-        assert f"task_key={key}" in page.text
-        assert std is None or f"{std:.3f}" in page.text, key
-    assert re.search(r"sort=[a-z_]*std", page.text), "no way to order groups by reward std"
+    assert page.status_code == 200 and 'id="groups-link" href="/archive/r1/groups"' in page.text
+    before = snapshot_pool(pool)
+    groups = {g.task_key: g for g in pool.groups("r1")}
+    listing = app.get("/archive/r1/groups")
+    assert listing.status_code == 200
+    for key, group in groups.items():
+        assert f"/archive/r1/group?task_key={key}" in listing.text
+        assert group.reward_std is None or f"{group.reward_std:.3f}" in listing.text
+    assert "sort=reward_std" in listing.text and "sort=reward_mean" in listing.text
+    data = app.get("/archive/r1/groups?format=json").json
+    stds = [g["reward_std"] for g in data["groups"]]
+    assert data["total"] == len(groups) and data["sort"] == "reward_std"
+    assert stds == sorted(stds, key=lambda v: (v is None, -(v or 0)))
+    assert "members" not in data["groups"][0]
+    by_key = app.get("/archive/r1/groups?format=json&sort=task_key&per_page=2&page=2").json
+    assert [g["task_key"] for g in by_key["groups"]] == sorted(groups)[2:4]
+    for query, status in (("sort=reward", 400), ("page=0", 400), ("sort=size&sort=std", 400)):
+        assert app.get("/archive/r1/groups?" + query).status_code == status, query
+    assert app.get("/archive/nope/groups").status_code == 404
+    assert snapshot_pool(pool) == before

@@ -511,6 +511,49 @@ def group_page(name: str) -> Any:
     )
 
 
+#: The orders of the groups page: the first is the default (the spread GRPO learns from).
+_GROUP_SORTS = ("reward_std", "reward_mean", "size", "task_key")
+
+
+def _group_order(group: Any, sort: str) -> tuple[Any, ...]:
+    if sort == "task_key":
+        return (group.task_key is None, group.task_key or "")
+    value = getattr(group, sort)
+    return (value is None, -(value or 0), group.task_key is None, group.task_key or "")
+
+
+@viewer.get("/archive/<name>/groups")
+def groups_page(name: str) -> Any:
+    """The prompt groups of an archive, with their reward spread, sorted by reward std (or
+    mean, size, task key), each linking to its group page; from the catalog alone."""
+    pool = _pool()
+    _wants_json()
+    sort = _choice("sort", _GROUP_SORTS, _GROUP_SORTS[0])
+    page, per_page = _page()
+    arc = pool.open_archive(name)
+    ordered = sorted(pool.groups(name), key=lambda g: _group_order(g, sort))
+    shown = ordered[(page - 1) * per_page : page * per_page]
+    return _respond(
+        "groups.html",
+        lambda: {
+            "archive": arc.name,
+            "sort": sort,
+            "total": len(ordered),
+            "page": page,
+            "per_page": per_page,
+            "groups": [{k: v for k, v in g.as_dict().items() if k != "members"} for g in shown],
+        },
+        arc=arc,
+        groups=shown,
+        sort=sort,
+        sorts=_GROUP_SORTS,
+        zero_variance=sum(g.zero_variance for g in ordered),
+        total=len(ordered),
+        page=page,
+        pages=_pages(len(ordered), per_page),
+    )
+
+
 @viewer.get("/prompt")
 def prompt_page() -> Any:
     """One prompt across training: per rollout its group size, mean reward, pass rate and
