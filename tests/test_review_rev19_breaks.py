@@ -950,3 +950,27 @@ def test_the_archive_page_orders_groups_by_reward_std(
         assert app.get("/archive/r1/groups?" + query).status_code == status, query
     assert app.get("/archive/nope/groups").status_code == 404
     assert snapshot_pool(pool) == before
+
+
+# Claim: with --tokenizer, the response tokens show as their text pieces.  Fixed: an id was
+# taken as known only below the number of tokens, so a vocabulary with holes (ids past that
+# count, which the tokenizer names) showed those tokens as unknown.
+def test_token_ids_past_the_vocabulary_count_are_decoded(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    from archive_manager.tokenizer import load_tokenizer
+
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hello": 7}, "unk_token": "[UNK]"},
+    }
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    decoder = load_tokenizer(path)
+    assert decoder.pieces([7, 0, 3, -1, 2**40, 7]) == ["hello", "[UNK]", None, None, None, "hello"]
