@@ -74,8 +74,14 @@ class Group:
 
     @property
     def zero_variance(self) -> bool:
-        """Every reward equal (at least two): the group teaches a GRPO step nothing."""
-        return self.rewarded >= 2 and self.reward_min == self.reward_max
+        """Every reward equal (at least two): the group teaches a GRPO step nothing.
+
+        NOTE: never for the samples without a task key (``task_key`` None), which share no
+        prompt: flagged, they made ``groups`` count one zero-variance group more than
+        ``stats``, which leaves them out (rev19's break)."""
+        return (
+            self.task_key is not None and self.rewarded >= 2 and self.reward_min == self.reward_max
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -137,7 +143,8 @@ def _group(task_key: str | None, rows: list[Any]) -> Group:
 
 def group_summaries(catalog: Catalog, name: str) -> list[Group]:
     """Every group of archive ``name`` (published or released), in order of first appearance;
-    samples without a task key form one group with ``task_key`` None.
+    samples without a task key form one group with ``task_key`` None (never flagged as of zero
+    variance: they share no prompt).
 
     Raises:
         ArchiveNotFoundError: no such archive.

@@ -1009,10 +1009,14 @@ class ArchiveManager:
         regular expression bounded by ``timeout`` seconds; at most ``limit`` (up to 10,000)
         matches in archive and position order, each with its keys, reward and the matched
         line.  Reads only the text fields of each record (docs/architecture.md, "Search").
+        A search that reaches ``timeout`` is no error: it returns what it found, with
+        `SearchResult.timed_out` set.
 
         Raises:
-            InvalidInputError: bad pattern, field, range or limit.
-            SearchTimeoutError: the search ran past ``timeout`` (a runaway pattern).
+            InvalidInputError: bad pattern (empty, too long, not compiling, matching the
+                empty string, repeating too much), field, range or limit.
+            SearchTimeoutError: a regular expression ran for more than 2 s on one text
+                (backtracking without end).
         """
         from .search import search_pool
 

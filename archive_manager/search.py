@@ -37,6 +37,7 @@ from .errors import (
     InvalidInputError,
     MissingDependencyError,
     SearchTimeoutError,
+    UnsupportedFormatError,
 )
 from .stats import archive_filters, check_rollout_range
 
@@ -171,6 +172,11 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         raise MissingDependencyError(
             "regular expressions need the regex module: pip install 'archive_manager[lens]'"
         ) from exc
+    if _expansion(pattern) > _MAX_EXPANSION:
+        raise InvalidInputError(
+            f"the regular expression {pattern[:60]!r} repeats too much: its counted repeats "
+            f"(x{{n}}, nested) spell out more than {_MAX_EXPANSION:,} items; simplify it"
+        )
     try:
         compiled = regex_module.compile(pattern, regex_module.IGNORECASE if ignore_case else 0)
     except (regex_module.error, ValueError, OverflowError, RecursionError) as exc:
@@ -186,7 +192,7 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         ) from None
     if empty is not None:
         # Matches everywhere (``.*``, ``a?``): every sample would match, with nothing found.
-        raise InvalidInputError("the regular expression matches the empty string")
+        raise InvalidInputError(_EMPTY_MATCH)
 
     def find_regex(text: str) -> tuple[int, int] | None:
         left = deadline - time.monotonic()
@@ -202,9 +208,17 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
             if limit < _PER_TEXT:
                 raise _DeadlineReached from None  # the search's own time ran out meanwhile
             raise SearchTimeoutError(_timeout_message(pattern)) from None
+        if m is not None and m.start() == m.end():
+            # NOTE: the check against the empty text misses what matches only an empty
+            # string inside a text (``\b``, ``(?=a)``): every sample "matched", with nothing
+            # found (rev19's break); refused as the empty text's match is.
+            raise InvalidInputError(_EMPTY_MATCH)
         return None if m is None else m.span()
 
     return find_regex
+
+
+_EMPTY_MATCH = "the regular expression matches the empty string"
 
 
 class _DeadlineReached(Exception):
@@ -245,6 +259,59 @@ _MAX_REGEX_LITERAL = 1_000
 # Regex syntax `re` would read as literal characters: fuzzy constraints (``{e<=1}``) are the
 # only braces that are not a repeat count.
 _BRACES = re.compile(r"\\.|\{(?!\d+(?:,\d*)?\}|,\d+\})", re.DOTALL)
+
+
+#: Most items a regular expression's counted repeats may spell out.  NOTE: the `regex` module
+#: unrolls counted repeats when it compiles, which no timeout bounds: ``(?:a{1000}){1000}``
+#: took 0.7 s and 280 MB, ``(?:x{65535}){65535}`` gigabytes without end, in one viewer
+#: request (rev19's break); 200,000 compile in about 0.15 s.
+_MAX_EXPANSION = 200_000
+# Counted repeats as text, for a pattern `re` cannot parse (syntax only `regex` reads).
+_COUNTS = re.compile(r"\\.|\{(\d*)(?:,(\d*))?\}", re.DOTALL)
+
+
+def _expansion(pattern: str) -> int:
+    """How many items the counted repeats of ``pattern`` spell out (at least; past
+    `_MAX_EXPANSION` the count stops)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = _re_parser.parse(pattern)
+    except (re.error, ValueError, TypeError, OverflowError, RecursionError):
+        # Syntax only `regex` reads: every count taken as nested in every other.
+        total = 1
+        for m in _COUNTS.finditer(pattern):
+            if m.group(0).startswith("\\") or not (m.group(1) or m.group(2)):
+                continue
+            total *= max(int(m.group(1) or 0), int(m.group(2) or 0), 1)
+            if total > _MAX_EXPANSION:
+                break
+        return total
+    return _spelled(parsed.data)
+
+
+def _spelled(nodes: Any) -> int:
+    total = 0
+    for op, av in nodes:
+        if op in _REPEATS:
+            low, high, body = av
+            count = low if high is _re_parser.MAXREPEAT else max(low, high)
+            total += max(count, 1) * _spelled(body)
+        elif op is _re_parser.SUBPATTERN:
+            total += _spelled(av[3])
+        elif op in _GROUPS:
+            total += _spelled(av)
+        elif op is _re_parser.BRANCH:
+            total += sum(_spelled(branch) for branch in av[1])
+        elif op in (_re_parser.ASSERT, _re_parser.ASSERT_NOT):
+            total += _spelled(av[1])
+        elif op is _re_parser.GROUPREF_EXISTS:
+            total += sum(_spelled(branch) for branch in av[1:] if branch is not None)
+        else:
+            total += 1
+        if total > _MAX_EXPANSION:
+            break
+    return total
 
 
 # What a record's tree escapes, and lone surrogates (stored with surrogatepass).
@@ -364,14 +431,31 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | No
 
 
 def _text(value: object) -> str | None:
-    """The searchable text of a field: a string, or the contents of chat messages."""
+    """The searchable text of a field: a string, or the contents of chat messages (a
+    message's content a string, or a list of content parts whose ``text`` is one)."""
     if isinstance(value, str):
         return value
     if isinstance(value, (list, tuple)):
-        parts = [m.get("content") for m in value if isinstance(m, dict) and "content" in m]
-        texts = [p for p in parts if isinstance(p, str)]
+        texts = [
+            text
+            for m in value
+            if isinstance(m, dict) and "content" in m
+            for text in _content(m["content"])
+        ]
         return "\n".join(texts) if texts else None
     return None
+
+
+def _content(content: object) -> list[str]:
+    # NOTE: the OpenAI form of a message, content parts ([{"type": "text", "text": ...}]),
+    # was skipped without a word while the viewer shows it (rev19's break).
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, (list, tuple)):
+        return [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+    return []
 
 
 def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:
@@ -380,6 +464,8 @@ def _line(text: str, start: int, end: int) -> tuple[int, str, int, int]:
     begin = text.rfind("\n", 0, start) + 1
     stop = text.find("\n", end)
     stop = len(text) if stop < 0 else stop
+    if stop > end and text[stop - 1] == "\r" and text.startswith("\n", stop):
+        stop -= 1  # a CRLF line ends before its \r (it was shown as part of the line)
     number = text.count("\n", 0, start) + 1
     left = max(begin, start - LINE_CONTEXT)
     right = min(stop, max(end, start + 1) + LINE_CONTEXT)
@@ -404,7 +490,6 @@ def _scan_chunk(
     """Read one chunk (verified) and search the texts of its samples (``entries``: their
     positions and offsets); return the bytes read and, per matching sample, its first match."""
     data = archive._read_blob(digest, f"chunk {ordinal}")
-    reader = ChunkReader(data, digest=digest)
     found: list[_Found] = []
     # The samples of a prompt group share its prompt, and one chunk holds whole groups:
     # each distinct text is searched once.
@@ -414,14 +499,23 @@ def _scan_chunk(
     # thread reads and inflates meanwhile.  NOTE: a version 1 chunk's records are still
     # inflated one by one: one buffer for a chunk's whole records cost 1.5x the CPU (fresh
     # pages for every chunk; 1.2 against 0.8 s for 10 rollouts).
-    texts = reader.search_texts([offset for _, offset in entries], fields, require)
+    texts: Iterator[tuple[int, dict[str, Any]]] | None = None
     while True:
         try:
+            # NOTE: the reader is made in here too: a header it refuses (truncated, another
+            # format version) and a record in an unknown compression (UnsupportedFormatError,
+            # not an IntegrityError) named only the blob, not the archive (rev19's breaks).
+            if texts is None:
+                reader = ChunkReader(data, digest=digest)
+                texts = reader.search_texts([offset for _, offset in entries], fields, require)
             got = next(texts, None)
-        except (IndexError, IntegrityError) as exc:
-            raise IntegrityError(
-                f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}"
-            ) from exc
+        except (IndexError, IntegrityError, UnsupportedFormatError) as exc:
+            kind = (
+                UnsupportedFormatError
+                if isinstance(exc, UnsupportedFormatError)
+                else IntegrityError
+            )
+            raise kind(f"archive {archive.name!r}, chunk {ordinal} (blob {digest}): {exc}") from exc
         if got is None:
             break
         k, values = got

@@ -37,13 +37,15 @@ class TokenDecoder:
         over several tokens shows as U+FFFD in each of them; the response text above the
         tokens is the whole truth, the pieces say where the token boundaries are.
         """
-        known = [i for i in ids if 0 <= i < self.vocab_size]
+        # NOTE: an id is known when the tokenizer names it, not when it is below the number of
+        # tokens: a vocabulary with holes (ids past that count) showed its tokens as unknown
+        # (rev19's break).  `tokenizers` ids are u32.
+        knows = [0 <= i < 1 << 32 and self._tokenizer.id_to_token(i) is not None for i in ids]
+        known = [[i] for i, k in zip(ids, knows, strict=True) if k]
         decoded = iter(
-            self._tokenizer.decode_batch([[i] for i in known], skip_special_tokens=False)
-            if known
-            else []
+            self._tokenizer.decode_batch(known, skip_special_tokens=False) if known else []
         )
-        return [next(decoded) if 0 <= i < self.vocab_size else None for i in ids]
+        return [next(decoded) if k else None for k in knows]
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> TokenDecoder:

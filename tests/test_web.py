@@ -394,6 +394,7 @@ def test_hostile_text_is_shown_as_text(client: Any, viewer_pool: ArchiveManager)
         # Markdown rendered on the server (raw HTML off), the group, compare and search pages.
         archive_url(HOSTILE_NAME, "sample", "0") + "?view=markdown",
         archive_url(HOSTILE_NAME, "group") + "?view=markdown&task_key=" + quote(HOSTILE_TASK),
+        archive_url(HOSTILE_NAME, "groups"),
         "/prompt?task_key=" + quote(HOSTILE_TASK),
         "/compare?view=markdown&a_position=0&b_position=1&a="
         + quote(HOSTILE_NAME)
@@ -554,6 +555,8 @@ def test_no_route_changes_the_pool(
     for url in (
         archive_url("train-1", "group") + "?task_key=" + quote(task),
         archive_url("train-1", "group") + "?view=markdown&format=json&task_key=" + quote(task),
+        archive_url("train-1", "groups"),
+        archive_url("train-1", "groups") + "?format=json&sort=task_key",
         "/prompt?task_key=" + quote(task),
         "/prompt?format=json&task_key=" + quote(task),
         "/search",

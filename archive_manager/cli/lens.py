@@ -96,16 +96,15 @@ def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: b
     "--from", "before", type=ROLLOUT_RANGE, help="Rollout id or range A..B to compare from."
 )
 @click.option("--to", "after", type=ROLLOUT_RANGE, help="Rollout id or range A..B to compare to.")
-@click.option(
-    "--regressed", "direction", flag_value="regressed", help="Only prompts that got worse."
-)
-@click.option(
-    "--improved", "direction", flag_value="improved", help="Only prompts that got better."
-)
+# NOTE: two flags, not one destination with two flag values: given both, that took the last
+# one silently (rev19's break); both are now a usage error.
+@click.option("--regressed", is_flag=True, help="Only prompts that got worse.")
+@click.option("--improved", is_flag=True, help="Only prompts that got better.")
 @click.option("--rollout-id", type=ROLLOUT_RANGE, help="With --task-key: only these rollouts.")
 @click.option("--evaluation/--no-evaluation", default=None, help="Evaluation rollouts or not.")
 @click.option("--pass-threshold", type=float, default=0.0, show_default=True)
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True)
+# min 1: --limit 0 printed "no prompt with rewards in both ranges", which is not what it meant
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @json_option
 @pass_pool
 def prompts(
@@ -113,7 +112,8 @@ def prompts(
     task_key: str | None,
     before: tuple[int | None, int | None] | None,
     after: tuple[int | None, int | None] | None,
-    direction: str | None,
+    regressed: bool,
+    improved: bool,
     rollout_id: tuple[int | None, int | None] | None,
     evaluation: bool | None,
     pass_threshold: float,
@@ -122,6 +122,9 @@ def prompts(
 ) -> None:
     """Prompts across training: one prompt's history (--task-key K), or the prompts whose mean
     reward changed most between two rollout ranges (--from A..B --to C..D)."""
+    if regressed and improved:
+        raise click.UsageError("give --regressed or --improved, not both")
+    direction = "regressed" if regressed else "improved" if improved else None
     if task_key is not None:
         if before is not None or after is not None or direction is not None:
             raise click.UsageError("--task-key shows one prompt's history: no --from/--to")

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any, NoReturn
 
 from flask import Blueprint, Flask, current_app, jsonify, render_template, request, url_for
+from flask.wrappers import Response
 from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
@@ -337,6 +338,10 @@ def stats_page() -> Any:
     _wants_json()
     rollout_ids, evaluation = _rollout_range(), _evaluation()
     per_page = _int("per_page", 100, 1, MAX_PER_PAGE)
+    if _raw("page") is not None:
+        # The other pages' offset means nothing here (rows page by key): ignored, a stale
+        # ?page=2 link silently showed the first page as if it were the second.
+        _bad("page", "the stats page pages by after= (the link of its next page), not page=")
     after = _rollout_after()
     # One row more than the page says whether a next page exists.
     rows = pool.stats(rollout_ids, evaluation, limit=per_page + 1, after=after)
@@ -506,6 +511,49 @@ def group_page(name: str) -> Any:
     )
 
 
+#: The orders of the groups page: the first is the default (the spread GRPO learns from).
+_GROUP_SORTS = ("reward_std", "reward_mean", "size", "task_key")
+
+
+def _group_order(group: Any, sort: str) -> tuple[Any, ...]:
+    if sort == "task_key":
+        return (group.task_key is None, group.task_key or "")
+    value = getattr(group, sort)
+    return (value is None, -(value or 0), group.task_key is None, group.task_key or "")
+
+
+@viewer.get("/archive/<name>/groups")
+def groups_page(name: str) -> Any:
+    """The prompt groups of an archive, with their reward spread, sorted by reward std (or
+    mean, size, task key), each linking to its group page; from the catalog alone."""
+    pool = _pool()
+    _wants_json()
+    sort = _choice("sort", _GROUP_SORTS, _GROUP_SORTS[0])
+    page, per_page = _page()
+    arc = pool.open_archive(name)
+    ordered = sorted(pool.groups(name), key=lambda g: _group_order(g, sort))
+    shown = ordered[(page - 1) * per_page : page * per_page]
+    return _respond(
+        "groups.html",
+        lambda: {
+            "archive": arc.name,
+            "sort": sort,
+            "total": len(ordered),
+            "page": page,
+            "per_page": per_page,
+            "groups": [{k: v for k, v in g.as_dict().items() if k != "members"} for g in shown],
+        },
+        arc=arc,
+        groups=shown,
+        sort=sort,
+        sorts=_GROUP_SORTS,
+        zero_variance=sum(g.zero_variance for g in ordered),
+        total=len(ordered),
+        page=page,
+        pages=_pages(len(ordered), per_page),
+    )
+
+
 @viewer.get("/prompt")
 def prompt_page() -> Any:
     """One prompt across training: per rollout its group size, mean reward, pass rate and
@@ -516,6 +564,9 @@ def prompt_page() -> Any:
     if key is None:
         _bad("task_key", "give the prompt's task key")
     history = pool.prompt_history(key, _rollout_range(), evaluation=_evaluation())
+    if not history:
+        # An unknown task key is a 404, as on the group page (it was an empty 200 page).
+        raise NotFound(f"no rollout (of those asked for) saw a prompt with task key {key!r}")
     firsts = {
         name: positions[0]
         for name, positions in task_positions(
@@ -554,6 +605,9 @@ def prompt_page() -> Any:
 
 
 def _search_text() -> str | None:
+    if len(set(request.args.getlist("q"))) > 1:
+        # as `_raw` (which would strip the pattern): ?q=a&q=b searched for "a" alone
+        _bad("q", "is given more than once, with different values")
     text = request.args.get("q")
     if text is None or not text.strip():
         return None
@@ -784,10 +838,23 @@ def _num(value: Any, fmt: str = ".3g", missing: str = "–") -> str:
     return format(value, fmt)
 
 
+class _Response(Response):
+    """A page whose text holds a lone surrogate (legal in model output, stored and loaded as
+    it is) shows it as an escape (``\\ud800``, as the CLI does) instead of failing: UTF-8
+    cannot encode it, and every HTML page showing such a text was a 500 (rev19's break).
+    JSON escapes it already."""
+
+    def set_data(self, value: bytes | str) -> None:
+        if isinstance(value, str):
+            value = value.encode("utf-8", "backslashreplace")
+        super().set_data(value)
+
+
 def create_app(pool: ArchiveManager, *, tokenizer: TokenDecoder | None = None) -> Flask:
     """A Flask app that shows ``pool`` read-only (the caller keeps the pool open); with
     ``tokenizer`` (`load_tokenizer`), sample pages show response tokens as text pieces."""
     app = Flask(__name__)
+    app.response_class = _Response
     app.extensions[_POOL_KEY] = pool
     app.extensions[_TOKENIZER_KEY] = tokenizer
     app.json.sort_keys = False  # type: ignore[attr-defined]
