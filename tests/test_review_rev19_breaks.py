@@ -974,3 +974,35 @@ def test_token_ids_past_the_vocabulary_count_are_decoded(tmp_path: Path) -> None
     path.write_text(json.dumps(spec))
     decoder = load_tokenizer(path)
     assert decoder.pieces([7, 0, 3, -1, 2**40, 7]) == ["hello", "[UNK]", None, None, None, "hello"]
+
+
+def test_markdown_rendering_is_bounded_per_text_and_per_page(tmp_path: Path) -> None:
+    """Rendering Markdown is CPU-bound (an 800 KB table took 14 s), and a group page shows up
+    to 256 responses: one text past `MAX_MARKDOWN` and a page's text past
+    `MAX_MARKDOWN_PAGE` are shown as plain text, so one hostile rollout cannot hold a worker."""
+    pytest.importorskip("flask")
+    pytest.importorskip("markdown_it")
+    from archive_manager.web import create_app
+    from archive_manager.web.markdown import MAX_MARKDOWN, MAX_MARKDOWN_PAGE
+
+    unit = "**bold** "
+    fits = unit * (MAX_MARKDOWN // len(unit))
+    samples = [
+        {"prompt": "q", "response": fits, "tokens": [1], "reward": float(i), "task_key": "k"}
+        for i in range(12)
+    ]
+    samples.append({"prompt": "q", "response": fits + unit, "tokens": [1], "task_key": "big"})
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        client = create_app(pool).test_client()
+        page = client.get("/archive/r/group?task_key=k&view=markdown")
+        assert page.status_code == 200
+        html = page.get_data(as_text=True)
+        per_response = len(fits) // len(unit)
+        assert html.count("<strong>bold</strong>") % per_response == 0
+        rendered = html.count("<strong>bold</strong>") // per_response
+        assert 0 < rendered == MAX_MARKDOWN_PAGE // len(fits) < 12
+        one = client.get("/archive/r/sample/12?view=markdown").get_data(as_text=True)
+        assert "<strong>bold</strong>" not in one and "**bold**" in one
+        small = client.get("/archive/r/sample/0?view=markdown").get_data(as_text=True)
+        assert "<strong>bold</strong>" in small  # each request has its own budget

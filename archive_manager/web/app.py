@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any, NoReturn
 
 from flask import Blueprint, Flask, current_app, jsonify, render_template, request, url_for
+from flask import g as per_request
 from flask.wrappers import Response
 from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
@@ -41,7 +42,7 @@ from ..stats import (
 )
 from ..tokenizer import TokenDecoder
 from .charts import Series, drift_charts, line_chart
-from .markdown import MAX_MARKDOWN, markdown_available, render_markdown
+from .markdown import MAX_MARKDOWN, MAX_MARKDOWN_PAGE, markdown_available, render_markdown
 from .present import DEFAULT_TOKENS_SHOWN, jsonable, pretty_json, resolve_tensor, sample_view
 from .present import tensor_summary as summarize_tensor
 from .queries import (
@@ -238,9 +239,14 @@ def _markdown() -> bool:
 
 
 def _rendered(text: str | None, markdown: bool) -> Any:
-    """``text`` as Markdown HTML when asked for and not too long, else None (shown as text)."""
+    """``text`` as Markdown HTML when asked for and not too long, and while the request's
+    budget (`MAX_MARKDOWN_PAGE`) lasts; else None (shown as text)."""
     if not markdown or text is None or len(text) > MAX_MARKDOWN:
         return None
+    spent = per_request.get("markdown_spent", 0) + len(text)
+    if spent > MAX_MARKDOWN_PAGE:
+        return None
+    per_request.markdown_spent = spent
     return render_markdown(text)
 
 

@@ -19,8 +19,13 @@ from ..errors import MissingDependencyError
 
 __all__ = ["markdown_available", "render_markdown"]
 
-#: Longest text rendered as Markdown; a longer one is shown as plain text.
-MAX_MARKDOWN = 1 << 20
+#: Longest text rendered as Markdown; a longer one is shown as plain text.  Rendering is
+#: CPU-bound and can be slow on hostile input (a 64 KiB table: about 0.2 s on this project's
+#: benchmark machine, an 800 KB one 14 s), so both one text and one page are bounded.
+MAX_MARKDOWN = 64 << 10
+#: Most text one page renders as Markdown (a group page shows up to 256 responses); past it
+#: the page's further responses are shown as plain text.
+MAX_MARKDOWN_PAGE = 512 << 10
 
 
 @lru_cache(maxsize=1)
