@@ -7,6 +7,7 @@ the crashed-writer seams. Fixtures stay in conftest.py; tests import these direc
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import enum
 import math
@@ -14,6 +15,7 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -433,3 +435,17 @@ def die_before_publish(
         m.setattr(ArchiveWriter, "abort", abort)
         with pytest.raises(Killed):
             pool.save(name, samples, rollout_id=0)
+
+
+@contextlib.contextmanager
+def python_only() -> Iterator[None]:
+    """The codec's Python paths alone, as without the C extension (the reference the native
+    functions are held to)."""
+    from archive_manager import codec
+
+    saved = (codec._native_numbers, codec._native_first_leaves, codec._native_dict_items)
+    codec._native_numbers = codec._native_first_leaves = codec._native_dict_items = None
+    try:
+        yield
+    finally:
+        codec._native_numbers, codec._native_first_leaves, codec._native_dict_items = saved

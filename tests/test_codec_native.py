@@ -7,7 +7,6 @@ list, and None for every list they leave to JSON; and the fallback must work wit
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 import os
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import python_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,17 +45,6 @@ NATIVE = codec._native_numbers
 FIRST_LEAVES = codec._native_first_leaves
 DICT_ITEMS = codec._native_dict_items
 assert NATIVE is not None and FIRST_LEAVES is not None and DICT_ITEMS is not None
-
-
-@contextlib.contextmanager
-def python_only() -> Iterator[None]:
-    """The Python paths alone, as without the extension."""
-    codec._native_numbers = codec._native_first_leaves = codec._native_dict_items = None
-    try:
-        yield
-    finally:
-        codec._native_numbers, codec._native_first_leaves = NATIVE, FIRST_LEAVES
-        codec._native_dict_items = DICT_ITEMS
 
 
 class Colour(enum.IntEnum):

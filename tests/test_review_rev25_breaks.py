@@ -9,7 +9,6 @@ the interpreter) on the code it was written against, for the reason its docstrin
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import functools
@@ -27,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from helpers import python_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,16 +48,6 @@ NATIVE = (codec._native_numbers, codec._native_first_leaves, codec._native_dict_
 needs_native = pytest.mark.skipif(
     NATIVE[2] is None, reason=f"the C extension is not built or {_accel.NO_NATIVE_ENV} is set"
 )
-
-
-@contextlib.contextmanager
-def python_only() -> Iterator[None]:
-    """The Python paths alone, as without the extension."""
-    codec._native_numbers = codec._native_first_leaves = codec._native_dict_items = None
-    try:
-        yield
-    finally:
-        codec._native_numbers, codec._native_first_leaves, codec._native_dict_items = NATIVE
 
 
 def _outcome(make: Callable[[], Any]) -> tuple[str, Any]:
