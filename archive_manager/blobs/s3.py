@@ -604,10 +604,10 @@ class S3BlobStore(AbstractBlobStore):
         started put ended; blobs already uploaded stay (each a valid blob of its digest)."""
         return self._put_all(items, workers, look=True)
 
-    def put_new(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
+    def put_new(self, items: Sequence[PutItem], *, workers: int | None = None) -> list[str]:
         """`put_many` without the HEAD before each upload (see `AbstractBlobStore.put_new`):
         a PUT of a digest-named key replaces the object whole, with the same bytes."""
-        return self._put_all(items, workers, look=False)
+        return self._put_all(items, 4 if workers is None else workers, look=False)
 
     def _put_all(self, items: Sequence[PutItem], workers: int, *, look: bool) -> list[str]:
         if len(items) <= 1 or workers <= 1:
