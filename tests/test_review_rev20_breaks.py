@@ -7,6 +7,10 @@ behind the pool's back, wrappers and third-party stores written before `put_new`
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,9 @@ from archive_manager.blobs import BlobStore
 from archive_manager.blobs.base import PutItem
 from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.errors import ReadOnlyPoolError
+from archive_manager.synthetic import make_rollout
 from archive_manager.testing import FaultyBlobStore
+from archive_manager.testing.blob_store import flip_bit
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -126,3 +132,178 @@ def test_fault_injection_still_sees_a_saves_puts(tmp_path: Path) -> None:
         pool.gc(grace=0)
         assert _tokens(archive.load_samples()) == _tokens(samples)
         assert pool.verify(read_data=True).ok
+
+
+# --------------------------------------------------------------------------- objects behind the pool
+
+
+def _sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'catalog.db'}"
+
+
+def _replace(store: S3BlobStore, digest: str, body: bytes) -> None:
+    store._client.put_object(Bucket=store.bucket, Key=store._key(digest), Body=body)
+
+
+@pytest.mark.parametrize("how", ["same size", "shorter", "longer"])
+def test_a_rowless_object_with_other_bytes_is_healed_by_the_next_save(
+    s3_env: S3Server, bucket: str, tmp_path: Path, how: str
+) -> None:
+    # An orphan (no row) whose bytes are not its digest's: put_new replaces it whole.  Before
+    # put_new the HEAD compared sizes only: the same size kept the damage under a published
+    # archive, another size failed the save.
+    samples = _samples(16)
+    with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
+        store = pool.store
+        assert isinstance(store, S3BlobStore)
+        pool.save("a", samples, rollout_id=0)
+        chunk = pool.open_archive("a").chunks()[0]["digest"]
+        good = store.get(chunk)
+        assert pool.open_archive("a").release()
+        pool.gc(grace=0)
+        bad = {
+            "same size": flip_bit(good, len(good) // 2),
+            "shorter": good[:-7],
+            "longer": good + b"tail",
+        }[how]
+        _replace(store, chunk, bad)
+        again = pool.save("b", samples, rollout_id=1)
+        assert store.get(chunk) == good
+        assert _tokens(again.load_samples()) == _tokens(samples)
+        assert pool.verify(read_data=True).ok
+
+
+def test_a_live_object_replaced_behind_the_pool_is_not_healed_by_a_save(
+    s3_env: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    # A live row's object replaced with other bytes of the same size: a save of that content
+    # finds the row live and the key there, puts nothing, and publishes over the damage.
+    # Telling needs a read of every shared blob per save; verify(read_data=True) reports it.
+    samples = _samples(16)
+    with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
+        store = pool.store
+        assert isinstance(store, S3BlobStore)
+        pool.save("a", samples, rollout_id=0)
+        chunk = pool.open_archive("a").chunks()[0]["digest"]
+        good = store.get(chunk)
+        _replace(store, chunk, flip_bit(good, len(good) // 2))
+        pool.save("b", samples, rollout_id=1)
+        report = pool.verify(read_data=True)
+        assert not report.ok and any(chunk in str(p) for p in report.problems)
+        assert store.get(chunk) != good
+
+
+# --------------------------------------------------------------------------- crashes and races
+
+_KILLED_SAVER = """
+import os, signal, sys
+from archive_manager import ArchiveManager
+from archive_manager.synthetic import make_rollout
+root, url, name, nth = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+puts = []
+def after_put(params, **_):
+    if "/blobs/" in params["Key"]:
+        puts.append(params["Key"])
+        if len(puts) == nth:  # uploads of other threads are in flight
+            os.kill(os.getpid(), signal.SIGKILL)
+with ArchiveManager.open(root, catalog_url=url, chunk_size=4) as pool:
+    pool.store._client.meta.events.register("before-parameter-build.s3.PutObject", after_put)
+    pool.save(name, make_rollout(24, response_min=32, response_max=96, seed=7), rollout_id=1)
+"""
+
+
+@pytest.mark.parametrize("nth", [2, 5])
+def test_kill_9_mid_upload_then_the_same_content_again(
+    s3_env: S3Server, bucket: str, tmp_path: Path, nth: int
+) -> None:
+    """SIGKILL a saver between blob PUTs (others in flight on its threads), save the same
+    content again (its rows are 'writing' under a dead lease, some objects there, some not),
+    GC, verify: every byte read back is its digest's."""
+    root, url = _root(bucket), _sqlite(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVER, root, url, "victim", str(nth)],
+        env=_env(s3_env),
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    samples = make_rollout(24, response_min=32, response_max=96, seed=7)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=4) as pool:
+        # Before the dead lease expires: the rows are 'writing', put again over what is there.
+        early = pool.save("early", samples, rollout_id=2)
+        assert _tokens(early.load_samples()) == _tokens(samples)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=4, lease_ttl=0.001) as pool:
+        time.sleep(0.01)
+        pool.gc(grace=0)  # the dead lease's rows and objects go
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=4) as pool:
+        late = pool.save("late", samples, rollout_id=3)
+        pool.gc(grace=0)
+        assert sorted(a.name for a in pool.find()) == ["early", "late"]
+        for archive in (early, late):
+            loaded = pool.open_archive(archive.name).load_samples()
+            assert _tokens(loaded) == _tokens(samples)
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems
+
+
+_RACER = """
+import sys, time
+from archive_manager import ArchiveManager
+from archive_manager.errors import ArchiveError
+from archive_manager.synthetic import make_rollout
+root, url, role, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+samples = make_rollout(12, response_min=32, response_max=64, seed=11)
+with ArchiveManager.open(root, catalog_url=url, chunk_size=4, lease_ttl=30) as pool:
+    if role == "gc":
+        end = time.monotonic() + rounds
+        while time.monotonic() < end:
+            try:
+                pool.gc(grace=0)
+            except ArchiveError as exc:  # a busy catalog: try again
+                print("gc:", type(exc).__name__, exc, file=sys.stderr)
+    else:
+        for i in range(rounds):
+            name = f"{role}-{i}"
+            pool.save(name, samples, rollout_id=i)
+            if i % 2 == 0:  # releases make the shared blobs orphans GC deletes
+                pool.open_archive(name).release()
+            print(name, flush=True)
+"""
+
+
+def test_two_savers_of_identical_content_and_gc_in_a_loop(
+    s3_env: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """Two processes save the same content over and over (every other archive released, so
+    its blobs become GC's) while a third runs gc(grace=0) in a loop: every published archive
+    kept loads and verifies."""
+    root, url = _root(bucket), _sqlite(tmp_path)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=4):
+        pass  # bind the catalog before the racers
+    env = _env(s3_env)
+
+    def start(role: str, rounds: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _RACER, root, url, role, str(rounds)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    savers = [start("p", 6), start("q", 6)]
+    collector = start("gc", 12)
+    outs = [p.communicate(timeout=180) for p in savers]
+    collector.communicate(timeout=180)
+    for proc, (_, err) in zip(savers, outs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    assert collector.returncode == 0
+    samples = make_rollout(12, response_min=32, response_max=64, seed=11)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=4) as pool:
+        pool.gc(grace=0)
+        names = sorted(a.name for a in pool.find())
+        assert names == [f"{r}-{i}" for r in "pq" for i in (1, 3, 5)]
+        for name in names:
+            assert _tokens(pool.open_archive(name).load_samples()) == _tokens(samples)
+        report = pool.verify(read_data=True)
+        assert report.ok, report.problems
