@@ -173,12 +173,19 @@ def test_a_rowless_object_with_other_bytes_is_healed_by_the_next_save(
         assert pool.verify(read_data=True).ok
 
 
-def test_a_live_object_replaced_behind_the_pool_is_not_healed_by_a_save(
-    s3_env: S3Server, bucket: str, tmp_path: Path
+@pytest.mark.xfail(
+    strict=True,
+    reason="a live row whose object was replaced behind the pool is not put again by a save "
+    "of its content (the row is live, the key is there: has() is True), so the new archive "
+    "is published over the damage; same-size damage shows only on a read of every shared "
+    "blob, other sizes would need the existence probe to compare sizes (the filesystem "
+    "store's has() opens rather than stats, for NFS caches): a design call for the owners; "
+    "verify(read_data=True) reports it (pre-existing, not put_new's)",
+)
+@pytest.mark.parametrize("how", ["same size", "shorter"])
+def test_a_live_object_replaced_behind_the_pool_is_healed_by_a_save(
+    s3_env: S3Server, bucket: str, tmp_path: Path, how: str
 ) -> None:
-    # A live row's object replaced with other bytes of the same size: a save of that content
-    # finds the row live and the key there, puts nothing, and publishes over the damage.
-    # Telling needs a read of every shared blob per save; verify(read_data=True) reports it.
     samples = _samples(16)
     with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
         store = pool.store
@@ -186,11 +193,11 @@ def test_a_live_object_replaced_behind_the_pool_is_not_healed_by_a_save(
         pool.save("a", samples, rollout_id=0)
         chunk = pool.open_archive("a").chunks()[0]["digest"]
         good = store.get(chunk)
-        _replace(store, chunk, flip_bit(good, len(good) // 2))
-        pool.save("b", samples, rollout_id=1)
-        report = pool.verify(read_data=True)
-        assert not report.ok and any(chunk in str(p) for p in report.problems)
-        assert store.get(chunk) != good
+        bad = flip_bit(good, len(good) // 2) if how == "same size" else good[:-7]
+        _replace(store, chunk, bad)
+        again = pool.save("b", samples, rollout_id=1)
+        assert _tokens(again.load_samples()) == _tokens(samples)
+        assert pool.verify(read_data=True).ok
 
 
 # --------------------------------------------------------------------------- crashes and races
