@@ -21,6 +21,7 @@ from s3server import S3Server
 from test_s3 import _prefix, _samples
 
 from archive_manager import ArchiveManager
+from archive_manager._digest import digest_of
 from archive_manager.blobs import BlobStore
 from archive_manager.blobs.base import PutItem
 from archive_manager.blobs.s3 import S3BlobStore
@@ -65,9 +66,23 @@ class _LegacyStore(BlobStore):
         return super().put_many(items)
 
 
-def test_a_store_whose_put_many_takes_no_workers_still_saves(tmp_path: Path) -> None:
-    # Break: put_new's default called put_many(items, workers=4): TypeError in every save.
-    store = _LegacyStore(tmp_path)
+class _LegacyStoreWithWorkers(BlobStore):
+    """The same, with put_many's full signature: a save's puts all reach it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.seen: list[str] = []
+
+    def put_many(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
+        self.seen.extend(d for _, d in items if d is not None)
+        return super().put_many(items, workers=workers)
+
+
+@pytest.mark.parametrize("kind", [_LegacyStore, _LegacyStoreWithWorkers])
+def test_a_store_written_before_put_new_still_saves(tmp_path: Path, kind: type) -> None:
+    # Break: put_new's default called put_many(items, workers=4): TypeError in every save
+    # with a put_many(items) store.
+    store = kind(tmp_path)
     samples = _samples(16)
     with ArchiveManager.open(tmp_path, store=store, chunk_size=8) as pool:
         archive = pool.save("a", samples, rollout_id=0)
@@ -132,6 +147,26 @@ def test_fault_injection_still_sees_a_saves_puts(tmp_path: Path) -> None:
         pool.gc(grace=0)
         assert _tokens(archive.load_samples()) == _tokens(samples)
         assert pool.verify(read_data=True).ok
+
+
+class _CountingS3(S3BlobStore):
+    """A subclass of the S3 store that meters its puts by overriding `put`."""
+
+    puts = 0
+
+    def put(self, data: Any, digest: str | None = None) -> str:
+        type(self).puts += 1
+        return super().put(data, digest)
+
+
+def test_an_s3_subclass_overriding_put_still_sees_put_many(s3_env: S3Server, bucket: str) -> None:
+    # Break: put_many went through the private _put instead of self.put, so a subclass's put
+    # (metering, logging) no longer saw put_many's items, as it did before put_new.
+    store = _CountingS3(bucket, _prefix())
+    _CountingS3.puts = 0
+    items = [(os.urandom(700 + i), None) for i in range(3)]
+    assert store.put_many(items, workers=2) == [digest_of(d) for d, _ in items]
+    assert _CountingS3.puts == 3
 
 
 # --------------------------------------------------------------------------- objects behind the pool
