@@ -129,11 +129,13 @@ class AbstractBlobStore(abc.ABC):
         A store may write these without first looking for a stored copy: on an object store
         that look is a round trip per blob, paid by every save for nothing.  A copy that is
         there all the same (an orphan of a crashed save) is replaced by the same bytes, which
-        readers cannot tell apart; its size is not checked.  The default is `put_many`
-        (called as a save called it before this method existed, without ``workers`` unless
-        given, so a store written then keeps working).
+        readers cannot tell apart; its size is not checked.  The default is `put_many`.
+
+        ``workers`` None is the store's own default.
         """
         if workers is None:
+            # NOTE: a store written before put_new may define put_many(items) alone (the
+            # writer called it so): passing workers would fail every save with a TypeError.
             return self.put_many(items)
         return self.put_many(items, workers=workers)
 

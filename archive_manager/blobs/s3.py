@@ -610,10 +610,13 @@ class S3BlobStore(AbstractBlobStore):
         return self._put_all(items, 4 if workers is None else workers, look=False)
 
     def _put_all(self, items: Sequence[PutItem], workers: int, *, look: bool) -> list[str]:
+        # put_many goes through `put` as it did before put_new: a subclass's put (metering,
+        # logging) sees each item.
+        put = self.put if look else functools.partial(self._put, look=False)
         if len(items) <= 1 or workers <= 1:
-            return [self._put(data, digest, look=look) for data, digest in items]
+            return [put(data, digest) for data, digest in items]
         with concurrent.futures.ThreadPoolExecutor(min(workers, len(items))) as pool:
-            futures = [pool.submit(self._put, data, digest, look=look) for data, digest in items]
+            futures = [pool.submit(put, data, digest) for data, digest in items]
             concurrent.futures.wait(futures)
         for future in futures:
             error = future.exception()

@@ -195,6 +195,18 @@ class FaultyBlobStore(AbstractBlobStore):
                 raise fault.error()
         return self.inner.put_many(items, workers=workers)
 
+    def put_new(self, items: Sequence[PutItem], *, workers: int | None = None) -> list[str]:
+        """`put_many`'s faults, then ``inner``'s `put_new`: a wrapped store takes the path
+        a save takes without the wrapper (on S3, no HEAD before each upload)."""
+        for i, (data, digest) in enumerate(items):
+            head = _head(data) if self.faults else b""
+            fault = self._due("put", digest, head)
+            if fault is not None and fault.exc is not None:
+                if i:
+                    self.inner.put_new(items[:i], workers=workers)
+                raise fault.error()
+        return self.inner.put_new(items, workers=workers)
+
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """See `AbstractBlobStore.put`."""
         return self.put_many([(data, digest)])[0]
