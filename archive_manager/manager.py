@@ -455,6 +455,11 @@ class ArchiveManager:
                 catalog_url, busy_timeout_ms=busy_timeout_ms, read_only=read_only
             )
         try:
+            if catalog.read_only:
+                # The second gate, as ReadOnlyBlobStore is for a folder: pool.store and
+                # pool.root refuse writes too (a copy: a store passed in stays writable).
+                blobs = blobs.read_only(catalog.read_only_reason or "read-only")
+                root = blobs.pool_root()
             list_blobs = lambda n: list(itertools.islice(blobs.iter_digests(), n))  # noqa: E731
             if catalog.read_only:
                 if recover:

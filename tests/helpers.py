@@ -449,3 +449,16 @@ def python_only() -> Iterator[None]:
         yield
     finally:
         codec._native_numbers, codec._native_first_leaves, codec._native_dict_items = saved
+
+
+def python_array(value: list) -> tuple[str, bytes, bool] | None:
+    """What `_Encoder._array` stores for ``value`` (dtype, bytes, shuffled) through the Python
+    paths only: the reference the native ``numbers`` is held to."""
+    from archive_manager import codec
+
+    record = codec._Record(codec.DEFAULT_INLINE_LIMIT, {})
+    with python_only():
+        node = codec._Encoder(record)._array(value)
+    if node is None:
+        return None
+    return node["d"], b"".join(map(bytes, record.arrays)), node["s"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import python_only
+from helpers import python_array, python_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,21 +65,11 @@ def no_native() -> Iterator[None]:
         yield
 
 
-def _python(value: list) -> tuple[str, bytes, bool] | None:
-    """What `_Encoder._array` stores for ``value`` through the Python paths only."""
-    record = codec._Record(codec.DEFAULT_INLINE_LIMIT, {})
-    with python_only():
-        node = codec._Encoder(record)._array(value)
-    if node is None:
-        return None
-    return node["d"], b"".join(map(bytes, record.arrays)), node["s"]
-
-
 def _assert_same(value: list) -> None:
     # `_array` sees only lists of _MIN_ARRAY_LEN or more (shorter ones are JSON, and the
     # Python paths are not defined for an empty list): shorter ones are held by the records.
     assert len(value) >= codec.values._MIN_ARRAY_LEN
-    assert NATIVE(value) == _python(value)
+    assert NATIVE(value) == python_array(value)
 
 
 def _double(bits: int) -> float:

@@ -101,13 +101,7 @@ def test_a_read_only_store_refuses_put_new(tmp_path: Path) -> None:
     assert after == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a pool on S3 opened read-only keeps a plain S3BlobStore: the only gate is "
-    "Catalog.write, so a write path reaching the store first (put_new, put, put_many) "
-    "uploads; the filesystem pool's ReadOnlyBlobStore is a second gate S3 lacks "
-    "(pre-existing, not put_new's; needs a read-only mode in S3BlobStore)",
-)
+# Fixed: S3BlobStore.read_only, the second gate a read-only open now puts on pool.store.
 def test_a_read_only_s3_pool_refuses_put_new(s3_env: S3Server, bucket: str, tmp_path: Path) -> None:
     root, url = _root(bucket), _sqlite(tmp_path)
     with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:

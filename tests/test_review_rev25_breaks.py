@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from helpers import python_only
+from helpers import python_array, python_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -820,15 +820,6 @@ def test_a_class_redefined_under_its_name_is_read_by_its_own_plan() -> None:
 # --------------------------------------------------------------------------- claim 4: numbers
 
 
-def _python_numbers(value: list) -> Any:
-    record = codec._Record(codec.DEFAULT_INLINE_LIMIT, {})
-    with python_only():
-        node = codec._Encoder(record)._array(value)
-    if node is None:
-        return None
-    return node["d"], b"".join(map(bytes, record.arrays)), node["s"]
-
-
 _NUMBER_ELEMS = st.sampled_from(
     [
         True,
@@ -873,7 +864,7 @@ def test_numbers_are_the_python_paths_with_odd_elements_anywhere(
         value = list(value)
         value[min(at, len(value) - 1)] = odd
     assert NATIVE[0] is not None
-    assert NATIVE[0](value) == _python_numbers(value)
+    assert NATIVE[0](value) == python_array(value)
 
 
 @needs_native

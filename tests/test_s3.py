@@ -31,6 +31,7 @@ from sqlalchemy import select
 from archive_manager import ArchiveManager
 from archive_manager._digest import digest_of
 from archive_manager.blobs import s3 as s3mod
+from archive_manager.blobs.base import IncompleteWrite
 from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.catalog import blobs_table
 from archive_manager.errors import (
@@ -192,6 +193,24 @@ def test_a_read_only_open_reads_and_writes_nothing(s3_env: S3Server, bucket: str
         ):
             with pytest.raises(ReadOnlyPoolError):
                 write()
+        # The second gate: code that reaches the store or the root directly writes nothing
+        # either (the catalog's gate alone let pool.store.put_new upload; review rev20).
+        chunk = archive.chunks()[0]["digest"]
+        upload = IncompleteWrite(f"blobs/{chunk[:2]}/{chunk[2:4]}/{chunk}#no-such-upload", 0.0)
+        for what, write in (
+            ("write a blob", lambda: pool.store.put(b"x" * 100)),
+            ("write blobs", lambda: pool.store.put_many([(b"y" * 100, None)])),
+            ("write blobs", lambda: pool.store.put_new([(b"z" * 100, None)])),
+            ("delete a blob", lambda: pool.store.delete(chunk)),
+            ("delete blobs", lambda: pool.store.delete_many([chunk])),
+            ("sweep incomplete writes", lambda: pool.store.sweep_incomplete(time.time())),
+            ("remove an incomplete write", lambda: pool.store.remove_incomplete(upload)),
+            ("write a pool object", lambda: pool.root.write("journal/x.rec", b"{}")),
+            ("delete a pool object", lambda: pool.root.delete("archive-pool.json")),
+        ):
+            with pytest.raises(ReadOnlyPoolError, match=f"refusing to {what}; nothing"):
+                write()
+        assert pool.store.has(chunk)
     after = {
         item["Key"]: item["ETag"]
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -559,6 +578,27 @@ def test_crash_matrix_subset(s3_env: S3Server, bucket: str, tmp_path: Path, poin
         assert [s.tokens for s in loaded] == [s.tokens for s in samples]
         if "victim" in names:
             assert len(pool.open_archive("victim").load_samples()) == 32
+
+
+def test_a_store_passed_to_a_read_only_open_stays_writable(s3_env: S3Server, bucket: str) -> None:
+    # The read-only open gates a copy: the caller's configured store is theirs, and may serve
+    # a writable pool next.
+    root, url = _root(bucket), _sqlite_url()
+    store = S3BlobStore.from_url(root)
+    with ArchiveManager.open(root, catalog_url=url, store=store) as pool:
+        pool.save("a", _samples(4), rollout_id=0)
+    with ArchiveManager.open(root, catalog_url=url, store=store, read_only=True) as pool:
+        assert pool.store is not store
+        with pytest.raises(ReadOnlyPoolError):
+            pool.store.put(b"x" * 100)
+        assert len(pool.open_archive("a").load_samples()) == 4
+    digest = store.put(b"x" * 100)
+    assert store.get(digest) == b"x" * 100
+    assert store.delete(digest)
+    with ArchiveManager.open(root, catalog_url=url, store=store) as pool:
+        assert pool.store is store
+        pool.save("b", _samples(4), rollout_id=1)
+        assert pool.verify(read_data=True).ok
 
 
 # --------------------------------------------------------------------------- helpers

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import hashlib
 import logging
@@ -51,6 +52,7 @@ from ..errors import (
     BlobStoreError,
     InvalidInputError,
     InvalidNameError,
+    ReadOnlyPoolError,
     TransientBlobStoreError,
 )
 from ._common import check_size as _check_size
@@ -337,6 +339,7 @@ class S3BlobStore(AbstractBlobStore):
             max_backoff=max_backoff,
         )
         self._client = self._make_client()
+        self._read_only: str | None = None
         if check_bucket:
             self._call("check the bucket", None, lambda c: c.head_bucket(Bucket=self.bucket))
 
@@ -407,6 +410,27 @@ class S3BlobStore(AbstractBlobStore):
     def pool_root(self) -> S3Root:
         """The pool's root on the bucket (identity and journal objects)."""
         return S3Root(self)
+
+    def read_only(self, reason: str) -> S3BlobStore:
+        """This store for a pool opened read-only: the same client and settings, and every
+        write (a put, a delete, an abort, a pool object written or deleted) refused with
+        `ReadOnlyPoolError` before any request; ``reason`` says why, in the error.
+
+        NOTE: the second gate after `Catalog.write`, as `ReadOnlyBlobStore` is for a folder
+        (docs/architecture.md, "Shared pools"): code that reaches ``pool.store`` or
+        ``pool.root`` directly writes nothing.  A copy, so that a store the caller passed in
+        stays writable for the caller's other pools.
+        """
+        view = copy.copy(self)
+        view._read_only = reason
+        return view
+
+    def _writable(self, what: str) -> None:
+        if self._read_only is not None:
+            raise ReadOnlyPoolError(
+                f"the pool at {self.url} is read-only here ({self._read_only}): refusing to "
+                f"{what}; nothing was changed"
+            )
 
     # ------------------------------------------------------------------ requests
 
@@ -517,6 +541,7 @@ class S3BlobStore(AbstractBlobStore):
         return self._put(data, digest, look=True)
 
     def _put(self, data: Buffer | Sequence[Buffer], digest: str | None, *, look: bool) -> str:
+        self._writable("write a blob")
         views, digest = _prepare(data, digest)
         key = self._key(digest)
         found = self._head(key, "look up a blob") if look else None
@@ -610,6 +635,7 @@ class S3BlobStore(AbstractBlobStore):
         return self._put_all(items, 4 if workers is None else workers, look=False)
 
     def _put_all(self, items: Sequence[PutItem], workers: int, *, look: bool) -> list[str]:
+        self._writable("write blobs")
         # put_many goes through `put` as it did before put_new: a subclass's put (metering,
         # logging) sees each item.
         put = self.put if look else functools.partial(self._put, look=False)
@@ -707,6 +733,7 @@ class S3BlobStore(AbstractBlobStore):
     def delete(self, digest: str) -> bool:
         """Delete ``digest``'s object; False if it was not there (S3 does not say, so a HEAD
         asks first)."""
+        self._writable("delete a blob")
         key = self._key(digest)
         if self._head(key, "look up a blob") is None:
             return False
@@ -724,6 +751,7 @@ class S3BlobStore(AbstractBlobStore):
         store").
         """
         keys = list(dict.fromkeys(self._key(d) for d in digests))
+        self._writable("delete blobs")
         if not keys:
             return 0
 
@@ -791,10 +819,18 @@ class S3BlobStore(AbstractBlobStore):
             if not key_marker:
                 return found
 
+    def sweep_incomplete(self, older_than: float) -> int:
+        """`AbstractBlobStore.sweep_incomplete`; refused before the listing on a read-only
+        store (`read_only`)."""
+        self._writable("sweep incomplete writes")
+        return super().sweep_incomplete(older_than)
+
     def remove_incomplete(self, write: IncompleteWrite) -> bool:
         """Abort the multipart upload ``write`` names; False if it is gone or is not one of
         this store's (a name that does not parse, a key outside ``<prefix>/blobs/``)."""
         import botocore.exceptions as bx
+
+        self._writable("remove an incomplete write")
 
         name, _, upload_id = write.name.rpartition("#")
         parts = name.split("/")
@@ -826,6 +862,7 @@ class S3BlobStore(AbstractBlobStore):
         return self._get(self._named_key(name), "read a pool object")
 
     def _write_named(self, name: str, data: bytes, *, exclusive: bool) -> bool:
+        self._writable("write a pool object")
         key = self._named_key(name)
         if exclusive:
             return self._create_exclusive(name, key, data)
@@ -906,6 +943,7 @@ class S3BlobStore(AbstractBlobStore):
                 return found
 
     def _delete_named(self, name: str) -> bool:
+        self._writable("delete a pool object")
         key = self._named_key(name)
         if self._head(key, "look up a pool object") is None:
             return False
