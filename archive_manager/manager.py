@@ -22,7 +22,7 @@ from ._context import PoolContext
 from ._humanize import duration_seconds
 from ._listing import listing_filter
 from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
-from ._readonly_store import ReadOnlyBlobStore
+from ._readonly_store import ReadOnlyBlobStore, read_only_store
 from .archive import (
     Archive,
     ArchiveInfo,
@@ -519,9 +519,14 @@ class ArchiveManager:
             url, busy_timeout_ms=busy_timeout_ms, read_only=True, read_only_reason=reason
         )
         try:
-            # A store given by the caller reads as it is (the catalog's gate refuses every
-            # write); the filesystem store refuses writes itself too.
-            blobs = ReadOnlyBlobStore(path, reason) if store is None else store
+            # The second gate, as on S3: the filesystem store refuses writes itself, and a
+            # store given by the caller is seen through a view that refuses them (the
+            # caller's store stays writable); pool.store writes nothing either way.
+            blobs = (
+                ReadOnlyBlobStore(path, reason)
+                if store is None
+                else read_only_store(store, path, reason)
+            )
             identity = check_pool_read_only(
                 catalog,
                 path,

@@ -449,9 +449,10 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_a_read_only_filesystem_pool_writes_nothing_through_its_store(
     tmp_path: Path, given: bool
 ) -> None:
-    # Break (store passed in): the filesystem reader used a caller's store as it was, so
-    # pool.store deleted a published archive's chunk and swept a live writer's temp file,
-    # though the open was read_only=True (S3 gates a passed-in store since c37c811).
+    # Break (store passed in), fixed: the filesystem reader used a caller's store as it was,
+    # so pool.store deleted a published archive's chunk and swept a live writer's temp file,
+    # though the open was read_only=True (S3 gates a passed-in store since c37c811).  Now
+    # seen through ReadOnlyStoreView.
     from archive_manager.blobs import BlobStore
 
     with ArchiveManager.open(tmp_path, chunk_size=4) as pool:
@@ -473,7 +474,11 @@ def test_a_read_only_filesystem_pool_writes_nothing_through_its_store(
         ):
             with pytest.raises(ReadOnlyPoolError, match="nothing was changed"):
                 write()
-        # Reads answer as before.
+        # The folder store's own removal is refused, or not offered through the view.
+        with pytest.raises((ReadOnlyPoolError, AttributeError)):
+            pool.store.remove_temp(tmp_path / "tmp" / f"{chunk}.1.live.tmp")  # type: ignore[attr-defined]
+        # Reads answer as before, the folder store's reading extras included.
+        assert pool.store.path(chunk).is_file()  # type: ignore[attr-defined]
         assert pool.store.has(chunk) and pool.store.get(chunk)
         assert pool.store.capabilities.local_paths
         assert len(pool.open_archive("a").load_samples()) == 8
