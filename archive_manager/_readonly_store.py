@@ -31,6 +31,11 @@ class ReadOnlyBlobStore(BlobStore):
         super().__init__(root, read_retry=read_retry)
         self.reason = reason
 
+    @property
+    def read_only_reason(self) -> str:
+        """Why this store refuses writes."""
+        return self.reason
+
     def _refuse(self, what: str) -> NoReturn:
         raise ReadOnlyPoolError(
             f"the pool at {self.root} is read-only here ({self.reason}): refusing to {what}; "
@@ -88,6 +93,11 @@ class ReadOnlyStoreView(AbstractBlobStore):
 
     def __repr__(self) -> str:
         return f"ReadOnlyStoreView({self._store!r})"
+
+    @property
+    def read_only_reason(self) -> str:
+        """Why this store refuses writes."""
+        return self.reason
 
     def __getattr__(self, name: str) -> Any:
         if name in ReadOnlyStoreView._EXTRAS:

@@ -250,7 +250,8 @@ class ArchiveManager:
                 names both sides and what to do.
             CatalogError: the catalog cannot be opened, or its URL names a database other
                 than SQLite and PostgreSQL.
-            InvalidInputError: ``store`` is not an `AbstractBlobStore`.
+            InvalidInputError: ``store`` is not an `AbstractBlobStore`, or is a read-only
+                pool's store (it refuses writes) and ``read_only`` is not True.
         """
         if read_only not in (None, True, False):
             raise InvalidInputError("read_only must be True, False or None (detect)")
@@ -261,6 +262,14 @@ class ArchiveManager:
             raise InvalidInputError(
                 "store must be an archive_manager.blobs.AbstractBlobStore, not "
                 f"{type(store).__name__}"
+            )
+        refusing = getattr(store, "read_only_reason", None) if store is not None else None
+        if refusing is not None and read_only is not True:
+            # A reader's store (pool.store of a read-only pool) under a writable catalog would
+            # let every save and gc begin in the catalog, then fail at the blobs.
+            raise InvalidInputError(
+                f"the store passed in refuses writes ({refusing}): open the pool with "
+                "read_only=True, or pass a writable store"
             )
         if is_s3_url(root):
             return cls._open_object_store(

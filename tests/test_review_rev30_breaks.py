@@ -24,7 +24,7 @@ from test_s3 import _prefix, _samples
 
 from archive_manager import ArchiveManager
 from archive_manager.blobs.s3 import S3BlobStore
-from archive_manager.errors import ArchiveError, ReadOnlyPoolError
+from archive_manager.errors import ArchiveError, InvalidInputError, ReadOnlyPoolError
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -429,6 +429,11 @@ def test_the_read_only_copy_and_the_original_share_nothing_mutable(
     }
     with pytest.raises(AttributeError):
         view._config.attempts = 1  # type: ignore[misc]
+    # The gate comes first: before names are checked or an iterator is consumed.
+    names = iter(["../../etc", digest])
+    with pytest.raises(ReadOnlyPoolError):
+        view.delete_many(names)
+    assert list(names) == ["../../etc", digest]
     # A shallow copy of the view (copy.copy, as a caller might) stays read-only.
     with pytest.raises(ReadOnlyPoolError):
         copy.copy(view).put(b"x" * 64)
@@ -487,3 +492,39 @@ def test_a_read_only_filesystem_pool_writes_nothing_through_its_store(
     if store is not None:
         digest = store.put(b"mine" * 16)  # the caller's store stays writable
         assert store.delete(digest)
+
+
+# --------------------------------------------------------------------------- a reader's store reused
+
+
+def test_a_readers_s3_store_reused_for_a_writable_open_is_refused_at_the_open(
+    s3_env: S3Server, bucket: str, s3_pool: _Pool
+) -> None:
+    # Break, fixed: a busy engineer keeps reader.store and opens a writer with it; the open
+    # succeeded as a writable pool (read_only False) whose saves began in the catalog, then
+    # failed at the store with "the pool ... is read-only here ... nothing was changed".
+    with ArchiveManager.open(s3_pool.root, s3_pool.url, read_only=True) as reader:
+        kept = reader.store
+    before = _snapshot(s3_env, bucket, s3_pool)
+    for read_only in (None, False):
+        with pytest.raises(InvalidInputError, match=r"refuses writes .*read_only=True"):
+            ArchiveManager.open(s3_pool.root, s3_pool.url, store=kept, read_only=read_only)
+    assert _snapshot(s3_env, bucket, s3_pool) == before
+    # As a reader's store it serves again.
+    with ArchiveManager.open(s3_pool.root, s3_pool.url, store=kept, read_only=True) as again:
+        assert again.read_only and len(again.open_archive("a").load_samples()) == 8
+    assert _snapshot(s3_env, bucket, s3_pool) == before
+
+
+def test_a_readers_folder_store_reused_for_a_writable_open_is_refused(tmp_path: Path) -> None:
+    from archive_manager.blobs import BlobStore
+
+    with ArchiveManager.open(tmp_path, chunk_size=4) as pool:
+        pool.save("a", _samples(8), rollout_id=0)
+    for given in (None, BlobStore(tmp_path)):
+        with ArchiveManager.open(tmp_path, read_only=True, store=given) as reader:
+            kept = reader.store
+        before = _files(tmp_path)
+        with pytest.raises(InvalidInputError, match="refuses writes"):
+            ArchiveManager.open(tmp_path, store=kept)
+        assert _files(tmp_path) == before

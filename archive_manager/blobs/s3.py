@@ -425,6 +425,11 @@ class S3BlobStore(AbstractBlobStore):
         view._read_only = reason
         return view
 
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why this store refuses writes (a copy made by `read_only`), or None."""
+        return self._read_only
+
     def _writable(self, what: str) -> None:
         if self._read_only is not None:
             raise ReadOnlyPoolError(
@@ -750,8 +755,8 @@ class S3BlobStore(AbstractBlobStore):
         'deleting' and finishes them next time; docs/architecture.md, "Blobs on an object
         store").
         """
-        keys = list(dict.fromkeys(self._key(d) for d in digests))
         self._writable("delete blobs")
+        keys = list(dict.fromkeys(self._key(d) for d in digests))
         if not keys:
             return 0
 
