@@ -22,14 +22,14 @@ from .errors import ReadOnlyPoolError
 __all__ = ["ReadOnlyBlobStore", "ReadOnlyStoreView"]
 
 
-class ReadOnlyBlobStore(BlobStore):
-    """A `BlobStore` that only reads; ``reason`` says why (for the error)."""
+class _RefusesWrites:
+    """Every write of the blob-store interface refused with `ReadOnlyPoolError` before it
+    reaches a file or a request: the one gate both read-only stores below share."""
 
-    def __init__(
-        self, root: str | os.PathLike[str], reason: str, *, read_retry: float | None = None
-    ) -> None:
-        super().__init__(root, read_retry=read_retry)
-        self.reason = reason
+    reason: str
+
+    def _where(self) -> object:
+        raise NotImplementedError
 
     @property
     def read_only_reason(self) -> str:
@@ -38,78 +38,7 @@ class ReadOnlyBlobStore(BlobStore):
 
     def _refuse(self, what: str) -> NoReturn:
         raise ReadOnlyPoolError(
-            f"the pool at {self.root} is read-only here ({self.reason}): refusing to {what}; "
-            "nothing was changed"
-        )
-
-    def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("write a blob")
-
-    def put_many(
-        self, items: Sequence[tuple[Buffer | Sequence[Buffer], str | None]], *, workers: int = 4
-    ) -> list[str]:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("write blobs")
-
-    def delete(self, digest: str) -> bool:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("delete a blob")
-
-    def remove_temp(self, path: str | os.PathLike[str]) -> bool:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("remove a temp file")
-
-    def delete_many(self, digests: Iterable[str]) -> int:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("delete blobs")
-
-    def remove_incomplete(self, write: IncompleteWrite) -> bool:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("remove an incomplete write")
-
-    def sweep_incomplete(self, older_than: float) -> int:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("sweep incomplete writes")
-
-
-class ReadOnlyStoreView(AbstractBlobStore):
-    """A store the caller passed to a read-only open, as that pool sees it: reads go to the
-    store, every write of the interface (put, put_many, put_new, delete, delete_many, removal
-    and sweep of incomplete writes) is refused with `ReadOnlyPoolError` before it is reached.
-
-    NOTE: a view, not the store: the caller's store stays writable for their other pools.
-    Of the store's own extras only reading ones pass through (`root`, `path`, `temp_files`,
-    `read_retry`, as `BlobStore` has them); any other, which may write, is not there.
-    """
-
-    _EXTRAS = frozenset({"root", "path", "temp_files", "read_retry"})
-
-    def __init__(self, store: AbstractBlobStore, where: object, reason: str) -> None:
-        self._store = store
-        self._where = where
-        self.reason = reason
-        self.capabilities = store.capabilities
-
-    def __repr__(self) -> str:
-        return f"ReadOnlyStoreView({self._store!r})"
-
-    @property
-    def read_only_reason(self) -> str:
-        """Why this store refuses writes."""
-        return self.reason
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ReadOnlyStoreView._EXTRAS:
-            return getattr(self._store, name)
-        raise AttributeError(
-            f"{type(self).__name__} has no attribute {name!r} (a read-only pool's store "
-            "offers reads only)"
-        )
-
-    def _refuse(self, what: str) -> NoReturn:
-        raise ReadOnlyPoolError(
-            f"the pool at {self._where} is read-only here ({self.reason}): refusing to "
+            f"the pool at {self._where()} is read-only here ({self.reason}): refusing to "
             f"{what}; nothing was changed"
         )
 
@@ -140,6 +69,56 @@ class ReadOnlyStoreView(AbstractBlobStore):
     def sweep_incomplete(self, older_than: float) -> int:
         """Refused: `ReadOnlyPoolError`."""
         self._refuse("sweep incomplete writes")
+
+
+class ReadOnlyBlobStore(_RefusesWrites, BlobStore):
+    """A `BlobStore` that only reads; ``reason`` says why (for the error)."""
+
+    def __init__(
+        self, root: str | os.PathLike[str], reason: str, *, read_retry: float | None = None
+    ) -> None:
+        super().__init__(root, read_retry=read_retry)
+        self.reason = reason
+
+    def _where(self) -> object:
+        return self.root
+
+    def remove_temp(self, path: str | os.PathLike[str]) -> bool:
+        """Refused: `ReadOnlyPoolError`."""
+        self._refuse("remove a temp file")
+
+
+class ReadOnlyStoreView(_RefusesWrites, AbstractBlobStore):
+    """A store the caller passed to a read-only open, as that pool sees it: reads go to the
+    store, every write of the interface (put, put_many, put_new, delete, delete_many, removal
+    and sweep of incomplete writes) is refused with `ReadOnlyPoolError` before it is reached.
+
+    NOTE: a view, not the store: the caller's store stays writable for their other pools.
+    Of the store's own extras only reading ones pass through (`root`, `path`, `temp_files`,
+    `read_retry`, as `BlobStore` has them); any other, which may write, is not there.
+    """
+
+    _EXTRAS = frozenset({"root", "path", "temp_files", "read_retry"})
+
+    def __init__(self, store: AbstractBlobStore, where: object, reason: str) -> None:
+        self._store = store
+        self._place = where
+        self.reason = reason
+        self.capabilities = store.capabilities
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyStoreView({self._store!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ReadOnlyStoreView._EXTRAS:
+            return getattr(self._store, name)
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute {name!r} (a read-only pool's store "
+            "offers reads only)"
+        )
+
+    def _where(self) -> object:
+        return self._place
 
     def get(self, digest: str) -> bytes:
         """The store's `get`."""
