@@ -194,6 +194,15 @@ def _replace(store: S3BlobStore, digest: str, body: bytes) -> None:
     store._client.put_object(Bucket=store.bucket, Key=store._key(digest), Body=body)
 
 
+def _saved_chunk(pool: ArchiveManager, samples: list[Any]) -> tuple[S3BlobStore, str, bytes]:
+    """Save ``samples`` as archive "a"; its store, its first chunk's digest and bytes."""
+    store = pool.store
+    assert isinstance(store, S3BlobStore)
+    pool.save("a", samples, rollout_id=0)
+    chunk = pool.open_archive("a").chunks()[0]["digest"]
+    return store, chunk, store.get(chunk)
+
+
 @pytest.mark.parametrize("how", ["same size", "shorter", "longer"])
 def test_a_rowless_object_with_other_bytes_is_healed_by_the_next_save(
     s3_env: S3Server, bucket: str, tmp_path: Path, how: str
@@ -203,11 +212,7 @@ def test_a_rowless_object_with_other_bytes_is_healed_by_the_next_save(
     # archive, another size failed the save.
     samples = _samples(16)
     with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
-        store = pool.store
-        assert isinstance(store, S3BlobStore)
-        pool.save("a", samples, rollout_id=0)
-        chunk = pool.open_archive("a").chunks()[0]["digest"]
-        good = store.get(chunk)
+        store, chunk, good = _saved_chunk(pool, samples)
         assert pool.open_archive("a").release()
         pool.gc(grace=0)
         bad = {
@@ -237,11 +242,7 @@ def test_a_live_object_replaced_behind_the_pool_is_healed_by_a_save(
 ) -> None:
     samples = _samples(16)
     with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
-        store = pool.store
-        assert isinstance(store, S3BlobStore)
-        pool.save("a", samples, rollout_id=0)
-        chunk = pool.open_archive("a").chunks()[0]["digest"]
-        good = store.get(chunk)
+        store, chunk, good = _saved_chunk(pool, samples)
         bad = flip_bit(good, len(good) // 2) if how == "same size" else good[:-7]
         _replace(store, chunk, bad)
         again = pool.save("b", samples, rollout_id=1)
