@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 from ._digest import Buffer
 from .blobs import BlobStore
+from .blobs._common import read_only_refusal
 from .blobs.base import AbstractBlobStore, BlobStat, IncompleteWrite, PutItem
-from .errors import ReadOnlyPoolError
 
 __all__ = ["ReadOnlyBlobStore", "ReadOnlyStoreView"]
 
@@ -37,10 +37,7 @@ class _RefusesWrites:
         return self.reason
 
     def _refuse(self, what: str) -> NoReturn:
-        raise ReadOnlyPoolError(
-            f"the pool at {self._where()} is read-only here ({self.reason}): refusing to "
-            f"{what}; nothing was changed"
-        )
+        raise read_only_refusal(self._where(), self.reason, what)
 
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """Refused: `ReadOnlyPoolError`."""

@@ -464,11 +464,7 @@ class ArchiveManager:
                 catalog_url, busy_timeout_ms=busy_timeout_ms, read_only=read_only
             )
         try:
-            if catalog.read_only:
-                # The second gate, as ReadOnlyBlobStore is for a folder: pool.store and
-                # pool.root refuse writes too (a copy: a store passed in stays writable).
-                blobs = blobs.read_only(catalog.read_only_reason or "read-only")
-                root = blobs.pool_root()
+            # reads `blobs` when called: the read-only copy below, if one is made
             list_blobs = lambda n: list(itertools.islice(blobs.iter_digests(), n))  # noqa: E731
             if catalog.read_only:
                 if recover:
@@ -476,6 +472,10 @@ class ArchiveManager:
                         f"recover writes the pool, whose catalog is read-only here "
                         f"({catalog.read_only_reason})"
                     )
+                # The second gate, as ReadOnlyBlobStore is for a folder: pool.store and
+                # pool.root refuse writes too (a copy: a store passed in stays writable).
+                blobs = blobs.read_only(catalog.read_only_reason or "read-only")
+                root = blobs.pool_root()
                 identity = check_pool_read_only(
                     catalog, root, url=catalog_url, list_blobs=list_blobs
                 )

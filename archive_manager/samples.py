@@ -498,9 +498,6 @@ def _shadowed(cls: type, key: str) -> UnencodableError:
     )
 
 
-_STR_ONLY = frozenset({str})
-
-
 def _dataclass_state(obj: Any) -> dict[str, Any]:
     """A registered dataclass instance's declared fields, then its other attributes
     (undeclared ``_queue_*`` ones dropped): what `_rebuild` sets back."""
@@ -519,7 +516,7 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
         # getattr but written as a key the encoder refuses (or its ``__eq__`` run here).
         state = plan.instance_dict(obj)
         first = tuple(itertools.islice(state, len(names))) if type(state) is dict else None
-        if first is not None and set(map(type, first)) <= _STR_ONLY and first == names:
+        if first is not None and all(type(k) is str for k in first) and first == names:
             fields = dict(state)
             if len(fields) > len(names):
                 for key in itertools.islice(state, len(names), None):

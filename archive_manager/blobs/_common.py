@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import xxhash
 
 from .._digest import Buffer, check_digest, digest_of
-from ..errors import BlobCorruptError, BlobNotFoundError, IntegrityError
+from ..errors import BlobCorruptError, BlobNotFoundError, IntegrityError, ReadOnlyPoolError
 
 __all__ = ["check_size", "corrupt", "missing", "prepare", "verify", "views_of"]
 
@@ -64,3 +64,11 @@ def corrupt(digest: str, size: int, actual: str) -> BlobCorruptError:
 def missing(digest: str) -> BlobNotFoundError:
     """The error for a blob the store does not hold."""
     return BlobNotFoundError(f"blob {digest} is missing")
+
+
+def read_only_refusal(where: object, reason: str, what: str) -> ReadOnlyPoolError:
+    """The error of a read-only pool's store refusing ``what`` (one wording for the folder
+    store, a store passed in and the S3 copy; docs/architecture.md, "Shared pools")."""
+    return ReadOnlyPoolError(
+        f"the pool at {where} is read-only here ({reason}): refusing to {what}; nothing was changed"
+    )

@@ -52,13 +52,13 @@ from ..errors import (
     BlobStoreError,
     InvalidInputError,
     InvalidNameError,
-    ReadOnlyPoolError,
     TransientBlobStoreError,
 )
 from ._common import check_size as _check_size
 from ._common import corrupt as _corrupt
 from ._common import missing as _missing
 from ._common import prepare as _prepare
+from ._common import read_only_refusal as _read_only_refusal
 from ._common import verify as _verify
 from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem, is_s3_url
 from .layout import BLOBS_DIR, blob_key, is_blob_name
@@ -432,10 +432,7 @@ class S3BlobStore(AbstractBlobStore):
 
     def _writable(self, what: str) -> None:
         if self._read_only is not None:
-            raise ReadOnlyPoolError(
-                f"the pool at {self.url} is read-only here ({self._read_only}): refusing to "
-                f"{what}; nothing was changed"
-            )
+            raise _read_only_refusal(self.url, self._read_only, what)
 
     # ------------------------------------------------------------------ requests
 

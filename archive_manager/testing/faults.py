@@ -33,6 +33,7 @@ damaged on its medium, unverified ones return the damaged bytes.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -186,26 +187,24 @@ class FaultyBlobStore(AbstractBlobStore):
 
     def put_many(self, items: Sequence[PutItem], *, workers: int = 4) -> list[str]:
         """`put` each item; a fault fails its item after the items before it were put."""
-        for i, (data, digest) in enumerate(items):
-            head = _head(data) if self.faults else b""
-            fault = self._due("put", digest, head)
-            if fault is not None and fault.exc is not None:
-                if i:
-                    self.inner.put_many(items[:i], workers=workers)
-                raise fault.error()
-        return self.inner.put_many(items, workers=workers)
+        return self._put_faulted(items, functools.partial(self.inner.put_many, workers=workers))
 
     def put_new(self, items: Sequence[PutItem], *, workers: int | None = None) -> list[str]:
         """`put_many`'s faults, then ``inner``'s `put_new`: a wrapped store takes the path
         a save takes without the wrapper (on S3, no HEAD before each upload)."""
+        return self._put_faulted(items, functools.partial(self.inner.put_new, workers=workers))
+
+    def _put_faulted(
+        self, items: Sequence[PutItem], put: Callable[[Sequence[PutItem]], list[str]]
+    ) -> list[str]:
         for i, (data, digest) in enumerate(items):
             head = _head(data) if self.faults else b""
             fault = self._due("put", digest, head)
             if fault is not None and fault.exc is not None:
                 if i:
-                    self.inner.put_new(items[:i], workers=workers)
+                    put(items[:i])
                 raise fault.error()
-        return self.inner.put_new(items, workers=workers)
+        return put(items)
 
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """See `AbstractBlobStore.put`."""

@@ -108,12 +108,18 @@ def _whole(text: str) -> int:
     return int(text)
 
 
-def _raw(name: str) -> str | None:
+def _single(name: str) -> str | None:
+    """The parameter ``name`` as given (unstripped); a 400 if it is given with different
+    values."""
     values = request.args.getlist(name)
     if len(set(values)) > 1:
         # the same value twice is harmless; two values would leave one of them unread
         _bad(name, "is given more than once, with different values")
-    value = values[0] if values else None
+    return values[0] if values else None
+
+
+def _raw(name: str) -> str | None:
+    value = _single(name)
     if value is None or not value.strip():
         return None
     return value.strip()
@@ -611,10 +617,8 @@ def prompt_page() -> Any:
 
 
 def _search_text() -> str | None:
-    if len(set(request.args.getlist("q"))) > 1:
-        # as `_raw` (which would strip the pattern): ?q=a&q=b searched for "a" alone
-        _bad("q", "is given more than once, with different values")
-    text = request.args.get("q")
+    # not `_raw`, which would strip the pattern; ?q=a&q=b searched for "a" alone before
+    text = _single("q")
     if text is None or not text.strip():
         return None
     if len(text) > MAX_PATTERN or any(ord(c) < 0x20 and c != "\t" for c in text):
