@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any
 # completion imports this package, and the modules behind these names pull in SQLAlchemy,
 # numpy and zstandard, which `--help` never needs (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
-    from .archive import Archive, ArchiveInfo
     from .codec import TensorRef, materialize_tensor_refs
     from .compat import RolloutArchive
     from .manager import ArchiveManager
     from .metadata import describe_sample, validate_sample_metadata
+    from .pool.archive import Archive, ArchiveInfo
+    from .pool.writer import ArchiveWriter
     from .samples import Sample, register_sample_class
-    from .writer import ArchiveWriter
 
 __version__ = "0.1.0"
 
 #: Each public name and the module (below this package) that defines it.
 _LAZY: dict[str, str] = {
-    "Archive": "archive",
-    "ArchiveInfo": "archive",
+    "Archive": "pool.archive",
+    "ArchiveInfo": "pool.archive",
     "ArchiveManager": "manager",
-    "ArchiveWriter": "writer",
+    "ArchiveWriter": "pool.writer",
     "RolloutArchive": "compat",
     "Sample": "samples",
     "TensorRef": "codec",
@@ -62,8 +62,8 @@ if not TYPE_CHECKING:
     def __getattr__(name: str) -> Any:
         """Import a public name's module on first access, then keep the name here.
 
-        A submodule (``archive_manager.gc``) is imported too, as it was reachable when this
-        package imported its modules eagerly.
+        A submodule (``archive_manager.errors``) is imported too, as ``import archive_manager``
+        made every submodule reachable when this package imported its modules eagerly.
         """
         module = _LAZY.get(name)
         if module is None:

@@ -29,11 +29,10 @@ from typing import Any
 
 import xxhash
 
-from ._atomic import write_atomic
-from ._digest import check_digest
-from ._failpoints import failpoint
-from ._names import MAX_NAME_BYTES, invisible_character
-from .archive import Archive
+from ._util.atomic import write_atomic
+from ._util.digest import check_digest
+from ._util.failpoints import failpoint
+from ._util.names import MAX_NAME_BYTES, invisible_character
 from .catalog.engine import catalog_identity, parse_url, public_url, shown_url, sqlite_path
 from .catalog.migrate import CATALOG_URL_ENV
 from .catalog.probe import probe_sqlite_catalog
@@ -49,6 +48,7 @@ from .errors import (
 )
 from .manager import ArchiveManager, default_catalog_url
 from .metadata import validate_sample_metadata
+from .pool.archive import Archive
 
 __all__ = [
     "POINTER_FORMAT",

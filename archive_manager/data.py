@@ -28,8 +28,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .archive import Archive
-from .arrow import (
+from .codec import StoredNumbers, materialize_tensor_refs
+from .errors import InvalidInputError
+from .interop.export import selected_archives
+from .manager import ArchiveManager
+from .pool.archive import Archive
+from .pool.arrow import (
     ArchiveSource,
     ChunkPlan,
     Row,
@@ -38,10 +42,6 @@ from .arrow import (
     decode_chunk_rows,
     fetch_chunk,
 )
-from .codec import StoredNumbers, materialize_tensor_refs
-from .errors import InvalidInputError
-from .export import selected_archives
-from .manager import ArchiveManager
 
 __all__ = ["RolloutDataset", "RolloutIterableDataset", "pad_collate"]
 

@@ -17,23 +17,18 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select
 from sqlalchemy import exc as sa_exc
 
-from ._constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
-from ._context import PoolContext
-from ._humanize import duration_seconds
-from ._listing import listing_filter
-from ._names import archive_owner, check_archive_name, check_new_owner, check_owner, name_spellings
-from ._readonly_store import ReadOnlyBlobStore, read_only_store
-from .archive import (
-    Archive,
-    ArchiveInfo,
-    infos,
-    not_found,
-    open_archive,
-    reclaimed_names,
-    release_archives,
+from ._util.constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
+from ._util.humanize import duration_seconds
+from ._util.names import (
+    archive_owner,
+    check_archive_name,
+    check_new_owner,
+    check_owner,
+    name_spellings,
 )
 from .blobs import AbstractBlobStore, BlobStore
 from .blobs.base import ObjectRoot, is_s3_url
+from .blobs.readonly import ReadOnlyBlobStore, read_only_store
 from .catalog import (
     Catalog,
     archives_table,
@@ -60,7 +55,17 @@ from .errors import (
     PoolNotFoundError,
     ReadOnlyPoolError,
 )
-from .identity import (
+from .pool.archive import (
+    Archive,
+    ArchiveInfo,
+    infos,
+    not_found,
+    open_archive,
+    reclaimed_names,
+    release_archives,
+)
+from .pool.context import PoolContext
+from .pool.identity import (
     IDENTITY_FILE,
     PoolIdentity,
     bind_pool,
@@ -68,7 +73,7 @@ from .identity import (
     read_identity,
     safe_url,
 )
-from .journal import (
+from .pool.journal import (
     JOURNAL_DIR,
     Journal,
     adopt,
@@ -79,22 +84,23 @@ from .journal import (
     stage_record,
     write_committed,
 )
+from .pool.listing import listing_filter
 
 # NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
 # numpy, zstandard), and those of one verb (stats, the RL lens, retention plans, the pool
 # summary, .pt imports, group sharing), are imported by the methods that use them: opening
 # a pool and reading its catalog needs none of them (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
-    from .gc import GcReport
-    from .lens import Group, PromptChange, PromptRollout
-    from .permissions import SharedReport
-    from .query import PoolSummary, SampleRow
-    from .recovery import RebuildReport
-    from .retention import ForgetPlan, OwnersReport, ReleasePlan
-    from .search import SearchResult
-    from .stats import RolloutStats, StatsCache
-    from .verify import VerifyReport
-    from .writer import ArchiveWriter
+    from ._util.permissions import SharedReport
+    from .lens.groups import Group, PromptChange, PromptRollout
+    from .lens.query import PoolSummary, SampleRow
+    from .lens.search import SearchResult
+    from .lens.stats import RolloutStats, StatsCache
+    from .pool.gc import GcReport
+    from .pool.recovery import RebuildReport
+    from .pool.retention import ForgetPlan, OwnersReport, ReleasePlan
+    from .pool.verify import VerifyReport
+    from .pool.writer import ArchiveWriter
 
 __all__ = ["ArchiveManager", "CatalogStatus", "default_catalog_url"]
 
@@ -690,7 +696,7 @@ class ArchiveManager:
             ReadOnlyPoolError: the pool is open read-only.
             OSError: a file could not be changed (this account neither owns it nor is root).
         """
-        from .permissions import share_pool
+        from ._util.permissions import share_pool
 
         self._refuse_if_read_only("sharing the pool with a group")
         if not isinstance(self._root, Path):
@@ -742,7 +748,7 @@ class ArchiveManager:
                 unreachable even to roll back, the save's lease expires and GC clears
                 what it wrote.
         """
-        from .writer import ArchiveWriter, save_samples
+        from .pool.writer import ArchiveWriter, save_samples
 
         if reference is not None:
             if samples is not None:
@@ -789,7 +795,7 @@ class ArchiveManager:
         Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
         at the end of the block).
         """
-        from .writer import ArchiveWriter
+        from .pool.writer import ArchiveWriter
 
         return ArchiveWriter(
             self._context, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
@@ -874,7 +880,7 @@ class ArchiveManager:
     def info(self) -> PoolSummary:
         """A summary of the pool: archives by state, blobs, bytes stored and referenced,
         dedup ratio, format version and catalog revision."""
-        from .query import pool_summary
+        from .lens.query import pool_summary
 
         return pool_summary(self._context)
 
@@ -903,8 +909,8 @@ class ArchiveManager:
         ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
         further; ``state`` is ``"published"`` by default, None for all.
         """
-        from .query import query_samples
-        from .stats import narrow_rollout_bounds
+        from .lens.query import query_samples
+        from .lens.stats import narrow_rollout_bounds
 
         min_rollout_id, max_rollout_id = narrow_rollout_bounds(
             rollout_ids, min_rollout_id, max_rollout_id
@@ -937,7 +943,7 @@ class ArchiveManager:
 
         Per row: samples, mean / p50 / p90 reward, mean and p90 response length, share
         truncated and share by status, bytes; published and released archives count (see
-        `archive_manager.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
+        `archive_manager.lens.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
         ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
 
         Rows come by rollout id (rollouts without one last), training before evaluation.
@@ -945,7 +951,7 @@ class ArchiveManager:
         last row of the previous page) starts after that row: keyset paging, reading only the
         page's archives (docs/architecture.md, "Summaries and paging").
         """
-        from .stats import StatsCache, rollout_stats
+        from .lens.stats import StatsCache, rollout_stats
 
         if self._stats_cache is None:
             self._stats_cache = StatsCache()
@@ -968,7 +974,7 @@ class ArchiveManager:
         Raises:
             ArchiveNotFoundError: no such published or released archive.
         """
-        from .lens import group_summaries
+        from .lens.groups import group_summaries
 
         check_archive_name(name)
         return group_summaries(self.catalog, name)
@@ -983,7 +989,7 @@ class ArchiveManager:
     ) -> list[PromptRollout]:
         """How each rollout did on one prompt: group size, mean reward, pass rate (rewards
         above ``pass_threshold``), mean length, in rollout order.  From the catalog alone."""
-        from .lens import prompt_history
+        from .lens.groups import prompt_history
 
         return prompt_history(
             self.catalog,
@@ -1004,7 +1010,7 @@ class ArchiveManager:
     ) -> list[PromptChange]:
         """Prompts seen in both rollout ranges, ranked by the change of their mean reward
         (``direction``: ``"regressed"``, ``"improved"`` or None for either way)."""
-        from .lens import prompt_changes
+        from .lens.groups import prompt_changes
 
         return prompt_changes(
             self.catalog, before, after, evaluation=evaluation, direction=direction, limit=limit
@@ -1037,7 +1043,7 @@ class ArchiveManager:
             SearchTimeoutError: a regular expression ran for more than 2 s on one text
                 (backtracking without end).
         """
-        from .search import search_pool
+        from .lens.search import search_pool
 
         return search_pool(
             self.context,
@@ -1057,7 +1063,7 @@ class ArchiveManager:
     def retain(self, owner: str, name: str) -> bool:
         """Make ``owner`` (e.g. ``checkpoint:step-1200``) retain archive ``name``'s blobs.
 
-        The owner is stored in Unicode NFC, as archive names are (see `archive_manager._names`).
+        The owner is stored in Unicode NFC, as archive names are (see `archive_manager._util.names`).
 
         Returns:
             True if the owner was added, False if it already retained the archive.
@@ -1099,7 +1105,7 @@ class ArchiveManager:
     def release_plan(self, *, owner: str | None = None, name: str | None = None) -> ReleasePlan:
         """What releasing would free, changing nothing: give ``owner`` (as `release_owner`)
         or ``name`` (as `Archive.release`, the archive's own owner)."""
-        from .retention import plan_release
+        from .pool.retention import plan_release
 
         if (owner is None) == (name is None):
             raise InvalidInputError("give exactly one of owner or name")
@@ -1160,7 +1166,7 @@ class ArchiveManager:
             ArchiveNotFoundError: a name that is no published or released archive (with the
                 closest names as a hint); nothing was released.
         """
-        from .retention import plan_release_names
+        from .pool.retention import plan_release_names
 
         if isinstance(names, str):
             raise InvalidInputError("names must be a list of archive names, not one str")
@@ -1194,7 +1200,7 @@ class ArchiveManager:
         published archives in scope (``rollout_ids``, ``evaluation``), keep the ``keep_last``
         newest, those created within ``keep_within`` (a duration: ``"2d"``, a `timedelta`,
         seconds) of the newest, and every ``keep_every``-th rollout id; release the rest in
-        one transaction (see `archive_manager.retention.plan_forget` for the rules).
+        one transaction (see `archive_manager.pool.retention.plan_forget` for the rules).
 
         An archive another owner still retains is released too, and the plan says so
         (`ForgetItem.other_owners`): its payload stays until that owner lets go.
@@ -1203,7 +1209,7 @@ class ArchiveManager:
         Raises:
             InvalidInputError: no rule given, or a rule or the scope is invalid.
         """
-        from .retention import plan_forget
+        from .pool.retention import plan_forget
 
         plan, ids = plan_forget(
             self._context,
@@ -1243,7 +1249,7 @@ class ArchiveManager:
                 from the catalog (one restored from a backup), until `rebuild_catalog` ran;
                 also when the pool's identity at the blob root changed since it was opened.
         """
-        from .gc import collect
+        from .pool.gc import collect
 
         seconds = _grace_seconds(grace)
         if not dry_run:
@@ -1262,7 +1268,7 @@ class ArchiveManager:
         ``subset`` limits rehashing to ``"n/t"`` (the n-th of t stable parts) or ``"P%"``.
         ``progress(done, total)`` counts the bytes rehashed.  Never changes anything.
         """
-        from .verify import verify_pool
+        from .pool.verify import verify_pool
 
         return verify_pool(self._context, read_data=read_data, subset=subset, progress=progress)
 
@@ -1288,7 +1294,7 @@ class ArchiveManager:
         rebuild with ``resolve=True`` accepts the rebuilt owners.
         ``progress(done, total)`` is called per archive name.
         """
-        from .recovery import rebuild_catalog
+        from .pool.recovery import rebuild_catalog
 
         self._refuse_if_read_only("rebuild_catalog")
         return rebuild_catalog(self._context, progress=progress, resolve=resolve)
@@ -1324,8 +1330,8 @@ class ArchiveManager:
             InvalidInputError: a sample lacks ``task_key_field``, or an argument is invalid.
             ArchiveExistsError: the name is taken (nothing is written).
         """
-        from .ptdump import read_pt_file, task_keys_from_field
-        from .writer import check_rollout_id
+        from .interop.ptdump import read_pt_file, task_keys_from_field
+        from .pool.writer import check_rollout_id
 
         self._refuse_if_read_only("import_pt")
         if evaluation is not None and type(evaluation) is not bool:
@@ -1369,8 +1375,8 @@ class ArchiveManager:
         """The samples a query selects across archives as a `pyarrow.RecordBatchReader`, a
         chunk at a time (memory stays bounded); filters as `query`, columns as
         `Archive.to_arrow`; ``schema``: None (the first batch's), ``"scan"`` (a first pass
-        finds one every batch fits) or a schema (see `archive_manager.export.arrow_reader`)."""
-        from .export import arrow_reader
+        finds one every batch fits) or a schema (see `archive_manager.interop.export.arrow_reader`)."""
+        from .interop.export import arrow_reader
 
         return arrow_reader(self._context, columns=columns, schema=schema, names=names, **filters)
 
@@ -1384,9 +1390,9 @@ class ArchiveManager:
         progress: Callable[[int, int], None] | None = None,
     ) -> Path:
         """Write archive ``name`` as Parquet, JSONL or slime's ``.pt`` (``format``, else the
-        suffix of ``path``), through a temp file (see `archive_manager.export`).
+        suffix of ``path``), through a temp file (see `archive_manager.interop.export`).
         ``progress(done, total)`` counts the stored bytes read."""
-        from .export import export_archive
+        from .interop.export import export_archive
 
         return export_archive(
             self.open_archive(name), path, format=format, overwrite=overwrite, progress=progress
@@ -1405,7 +1411,7 @@ class ArchiveManager:
         """Export each published archive of an inclusive rollout id range (and evaluation
         flag) to ``folder/<name>.<format>``; ``progress(done, total)`` counts the stored
         bytes read."""
-        from .export import export_many
+        from .interop.export import export_many
 
         return export_many(
             self._context,
@@ -1429,7 +1435,7 @@ class ArchiveManager:
     ) -> Archive:
         """Import a Parquet or JSONL file (an export of this library, or another framework's
         rows with ``mapping`` from sample fields to columns) as a new archive."""
-        from .export import import_table
+        from .interop.export import import_table
 
         self._refuse_if_read_only("import")
         return import_table(
@@ -1445,7 +1451,7 @@ class ArchiveManager:
     def owners(self) -> OwnersReport:
         """The retention audit: per owner its archives, blobs, bytes exclusive and shared;
         stale leases; unowned blobs awaiting GC; released archives whose payload remains."""
-        from .retention import audit_owners
+        from .pool.retention import audit_owners
 
         return audit_owners(self._context)
 

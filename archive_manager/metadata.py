@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from ._torch import is_tensor, tensor_class, torch_module
+from ._util.lazy_torch import is_tensor, tensor_class, torch_module
 from .codec import TensorRef
 from .errors import MetadataError, UnencodableError
 from .samples import is_queue_key

@@ -44,11 +44,11 @@ import time
 from typing import Any
 
 from archive_manager import ArchiveManager
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import LocalBlobStore
 from archive_manager.catalog import archives_table, blobs_table, leases_table
 from archive_manager.errors import ArchiveError, ArchiveNotFoundError, UnsupportedFilesystemError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 ROLLOUT = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
 OPTIONS: dict[str, Any] = {"chunk_size": 4, "inline_limit": 256}

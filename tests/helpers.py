@@ -40,9 +40,9 @@ from archive_manager.catalog import (
     retention_table,
     sample_metadata_table,
 )
-from archive_manager.identity import SPARE_FILE
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool.identity import SPARE_FILE
 from archive_manager.samples import sample_to_fields
-from archive_manager.synthetic import make_rollout
 
 BACKENDS = ["sqlite", "postgresql"]
 REQUIRE_PG_ENV = "ARCHIVE_MANAGER_REQUIRE_PG"

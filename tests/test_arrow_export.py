@@ -23,7 +23,6 @@ from click.testing import CliRunner
 from helpers import assert_same_samples, small_rollout, snapshot_pool
 
 from archive_manager import ArchiveManager, Sample
-from archive_manager.arrow import SchemaDrift
 from archive_manager.cli import cli
 from archive_manager.errors import (
     ArchiveExistsError,
@@ -31,6 +30,7 @@ from archive_manager.errors import (
     UnencodableError,
     UnsupportedFormatError,
 )
+from archive_manager.pool.arrow import SchemaDrift
 
 REPO = Path(__file__).resolve().parent.parent
 

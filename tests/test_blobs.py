@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore
 from archive_manager.blobs import local as blobs
 from archive_manager.errors import IntegrityError, InvalidNameError
@@ -438,7 +438,7 @@ def test_a_store_written_before_put_new_still_saves(tmp_path: Path) -> None:
     """A store whose `put_many` predates ``workers`` (a save called it with the items only)
     still takes a save: `put_new`'s default calls it the same way."""
     from archive_manager import ArchiveManager
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     calls: list[int] = []
 

@@ -21,7 +21,7 @@ import torch
 import xxhash
 
 import archive_manager.codec as codec
-from archive_manager import ArchiveManager, Sample, search
+from archive_manager import ArchiveManager, Sample
 from archive_manager.codec import (
     _HEAD,
     _INDEX2,
@@ -34,6 +34,7 @@ from archive_manager.codec import (
     encode_tensor_blob,
 )
 from archive_manager.errors import IntegrityError, UnsupportedFormatError
+from archive_manager.lens import search
 
 DATA = Path(__file__).parent / "data"
 

@@ -26,8 +26,8 @@ from archive_manager.catalog import head_revision
 from archive_manager.cli import cli
 from archive_manager.cli._output import human_size, progress_reporter
 from archive_manager.cli._params import ROLLOUT_RANGE, parse_duration
-from archive_manager.identity import SPARE_FILE
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool.identity import SPARE_FILE
 
 SHAPE = {"prompt_len": 8, "response_min": 4, "response_max": 16}
 N = 12  # samples per archive: small, several task groups (group_size 8 -> 2 groups)
@@ -244,7 +244,7 @@ def test_ls_since_is_find_since(
 
     # The filter is the library's: the CLI passes --since to find() (or to the SQLite
     # listing, which takes find's arguments) and keeps every row.
-    from archive_manager import _sqlite_listing
+    from archive_manager.pool import sqlite_listing as _sqlite_listing
 
     seen: list[Any] = []
     real_find, real_read = ArchiveManager.find, _sqlite_listing.read_listing

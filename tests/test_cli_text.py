@@ -25,7 +25,7 @@ from helpers import tiny_rollout
 from test_names import older_version
 
 from archive_manager import ArchiveManager
-from archive_manager._names import INVISIBLE_CATEGORIES
+from archive_manager._util.names import INVISIBLE_CATEGORIES
 from archive_manager.cli import cli
 from archive_manager.cli._output import echo_json, terminal_safe
 from archive_manager.cli._params import parse_duration

@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from archive_manager._digest import digest_of, is_digest
+from archive_manager._util.digest import digest_of, is_digest
 from archive_manager.codec import (
     DEFAULT_INLINE_LIMIT,
     ChunkReader,
@@ -44,8 +44,8 @@ from archive_manager.errors import (
     UnencodableError,
     UnsupportedFormatError,
 )
+from archive_manager.interop.synthetic import make_rollout
 from archive_manager.samples import Sample, register_sample_class
-from archive_manager.synthetic import make_rollout
 
 pytestmark = [
     pytest.mark.timeout(120),

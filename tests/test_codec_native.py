@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from archive_manager import codec
 from archive_manager.codec import _accel, build_chunk, encode_sample
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 # .ci/run builds the extension and sets this: there a missing build fails instead of skipping.
@@ -432,7 +432,7 @@ with warnings.catch_warnings(record=True) as caught:
     import archive_manager
     from archive_manager import codec
     from archive_manager.errors import NativeFallbackWarning
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
     import importlib
     importlib.import_module("archive_manager.codec.values")
     digest = codec.build_chunk(make_rollout(16, seed=1)).pack().digest

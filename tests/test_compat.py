@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from archive_manager import ArchiveManager, RolloutArchive, Sample, describe_sample
-from archive_manager._names import check_archive_name
+from archive_manager._util.names import check_archive_name
 from archive_manager.blobs import BlobStore
 from archive_manager.cli import cli
 from archive_manager.compat import POINTER_FORMAT, POINTER_VERSION, archive_name_for

@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 PROCESSES = {"sqlite": 4, "postgresql": 8}
 ARCHIVES_PER_PROCESS = 3

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from helpers import tiny_rollout
 
-from archive_manager import ArchiveManager, _failpoints
+from archive_manager import ArchiveManager
+from archive_manager._util import failpoints as _failpoints
 from archive_manager.errors import ArchiveNotFoundError, InvalidInputError
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
@@ -42,7 +43,7 @@ def _points_in_code() -> set[str]:
     """Every point the package marks: ``failpoint("x")`` and ``catalog.write("step")``."""
     found: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "_failpoints.py":
+        if path.name == "failpoints.py" and path.parent.name == "_util":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call) or not node.args:
@@ -99,7 +100,7 @@ def test_the_environment_variable_kills_a_real_process(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         from archive_manager import ArchiveManager
-        from archive_manager.synthetic import make_rollout
+        from archive_manager.interop.synthetic import make_rollout
         with ArchiveManager.open({str(root)!r}) as pool:
             pool.save("a", make_rollout(4, prompt_len=8, response_min=4, response_max=8),
                       rollout_id=1)
@@ -140,7 +141,7 @@ def test_the_checker_catches_gc_reclaiming_owned_blobs(
     """Sabotage: a GC that counts no owner at all. The matrix must report the loss."""
     from sqlalchemy import false
 
-    from archive_manager import gc
+    from archive_manager.pool import gc
 
     monkeypatch.setattr(gc, "_retained", lambda now: false())
     monkeypatch.setattr(gc, "_check_invariant", lambda conn, digests: None)
@@ -159,7 +160,7 @@ def test_the_checker_catches_a_visible_archive_without_owner(tmp_path: Path) -> 
     from sqlalchemy import delete, update
 
     from archive_manager.catalog import archives_table, retention_table
-    from archive_manager.writer import ArchiveWriter
+    from archive_manager.pool.writer import ArchiveWriter
 
     commit_ownership = ArchiveWriter._commit_ownership
 

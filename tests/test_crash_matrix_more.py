@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _matrix import LOST, assert_all_hold, crash_matrix
 
-from archive_manager import _failpoints
+from archive_manager._util import failpoints as _failpoints
 
 
 @pytest.fixture(autouse=True)

@@ -380,7 +380,7 @@ def test_cli_verbose_logs_and_info(root: Path) -> None:
 def test_times_carry_their_zone(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import datetime, timezone
 
-    from archive_manager._humanize import local_time
+    from archive_manager._util.humanize import local_time
 
     when = datetime(2026, 12, 2, 9, 5, tzinfo=timezone.utc)
     monkeypatch.setenv("TZ", "UTC")

@@ -27,8 +27,7 @@ from helpers import (
 from sqlalchemy import delete, select, update
 
 from archive_manager import ArchiveManager
-from archive_manager import gc as gc_module
-from archive_manager._digest import is_digest
+from archive_manager._util.digest import is_digest
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -46,6 +45,7 @@ from archive_manager.errors import (
     InvalidInputError,
     LeaseExpiredError,
 )
+from archive_manager.pool import gc as gc_module
 
 LEASE_TTL = 60.0
 HOUR = 3600.0

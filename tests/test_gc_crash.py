@@ -15,9 +15,9 @@ from helpers import canon, owned_blobs, tiny_rollout
 from sqlalchemy import func, select
 
 from archive_manager import ArchiveManager
-from archive_manager import gc as gc_module
 from archive_manager.catalog import blobs_table, leases_table
 from archive_manager.errors import ArchiveReleasedError
+from archive_manager.pool import gc as gc_module
 
 ROUNDS = 8
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 _CHILD = r"""
 import sys, time
 from archive_manager import ArchiveManager
-from archive_manager import gc as gc_module
+from archive_manager.pool import gc as gc_module
 
 pool = ArchiveManager.open(sys.argv[1], chunk_size=4, inline_limit=64)
 real_delete = pool.store.delete

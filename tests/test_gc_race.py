@@ -23,12 +23,12 @@ from helpers import canon, owned_blobs, tiny_rollout
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager
-from archive_manager import gc as gc_module
 from archive_manager.catalog import (
     blobs_table,
     leases_table,
 )
 from archive_manager.errors import ArchiveReleasedError
+from archive_manager.pool import gc as gc_module
 
 SAVERS = 3
 CHUNK_SIZE = 4

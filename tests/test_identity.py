@@ -18,7 +18,7 @@ from helpers import Backend, assert_loads, open_on, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.errors import GcAbortedError, PoolIdentityError, PoolNotFoundError
-from archive_manager.identity import IDENTITY_FILE, SPARE_FILE, read_identity
+from archive_manager.pool.identity import IDENTITY_FILE, SPARE_FILE, read_identity
 
 DATA = Path(__file__).parent / "data"
 

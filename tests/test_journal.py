@@ -20,10 +20,11 @@ from helpers import Backend, FakeClock, assert_loads, open_on, snapshot_pool, ti
 from sqlalchemy import select
 from test_recovery import CatalogBackup, lose_catalog
 
-from archive_manager import ArchiveManager, journal
+from archive_manager import ArchiveManager
 from archive_manager.catalog import archives_table, journal_table, retention_table
 from archive_manager.errors import ArchiveReleasedError, GcAbortedError, PoolLayoutError
-from archive_manager.journal import JOURNAL_DIR, Journal
+from archive_manager.pool import journal
+from archive_manager.pool.journal import JOURNAL_DIR, Journal
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from test_recovery import CatalogBackup, lose_catalog
 
 from archive_manager import ArchiveManager
 from archive_manager.catalog import archives_table
-from archive_manager.journal import JOURNAL_DIR
+from archive_manager.pool.journal import JOURNAL_DIR
 
 
 def owners_of(pool: ArchiveManager, name: str) -> list[str]:
@@ -201,8 +201,9 @@ def test_two_gcs_checkpointing_at_once_leave_the_journal_empty(
     second gap makes GC B checkpoint, and B dies before writing its file; A resumes."""
     import threading
 
-    from archive_manager import _failpoints, journal
-    from archive_manager._failpoints import FailpointError, configure
+    from archive_manager._util import failpoints as _failpoints
+    from archive_manager._util.failpoints import FailpointError, configure
+    from archive_manager.pool import journal
 
     # (Rewritten after the fix: a gap no longer makes GC checkpoint, it is written again from
     # the catalog; so every GC here checkpoints because records piled up.)
@@ -261,8 +262,8 @@ def test_a_retain_in_flight_during_the_rebuild_resurrects_a_release(
     ``(seq, digest)`` of its records, so it cannot tell which archive a gap concerns."""
     import threading
 
-    from archive_manager import _failpoints
-    from archive_manager._failpoints import configure
+    from archive_manager._util import failpoints as _failpoints
+    from archive_manager._util.failpoints import configure
 
     root = tmp_path / "pool"
     backup = CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")
@@ -298,7 +299,7 @@ def test_a_damaged_checkpoint_has_no_older_one_to_fall_back_to(
     is rebuilt with every hold dropped and every release resurrected: all the operator can
     do is `--resolve`, which accepts exactly that.  The journal is the pool's only copy of
     these decisions, and it has no redundancy."""
-    from archive_manager import journal
+    from archive_manager.pool import journal
 
     monkeypatch.setattr(journal, "CHECKPOINT_EVERY", 1)
     root = tmp_path / "pool"
@@ -548,8 +549,8 @@ def test_a_save_that_returned_is_rolled_back_when_its_record_failed_and_a_backup
     holds the archive *pending* and the journal holds no file it lacks, so nothing looks
     behind: GC is not refused, rolls the published archive back as a dead save and reclaims
     its blobs."""
-    from archive_manager import journal as journal_mod
-    from archive_manager.writer import ArchiveWriter
+    from archive_manager.pool import journal as journal_mod
+    from archive_manager.pool.writer import ArchiveWriter
 
     root, clock = tmp_path / "pool", FakeClock()
     backup = CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")

@@ -151,33 +151,62 @@ def test_every_module_is_in_the_table(ranks: dict[str, int]) -> None:
     assert sorted(units - ranks.keys()) == []
 
 
-def test_the_table_puts_the_context_below_what_takes_it(ranks: dict[str, int]) -> None:
-    # The point of the context (docs/architecture.md, Layers): the protocols take it, and
-    # the facade that builds it sits above them all.
-    for unit in ("gc", "verify", "writer", "archive", "recovery", "retention", "query", "stats"):
-        assert ranks["journal"] < ranks["_context"] < ranks[unit] < ranks["manager"]
+def test_the_components_stack_as_the_architecture_says(ranks: dict[str, int]) -> None:
+    # The facade builds the PoolContext and sits above every component that takes it; the
+    # lens and the interop read through the pool's protocols, never the other way round
+    # (docs/architecture.md, Layers).
+    assert ranks["pool"] < ranks["lens"] < ranks["interop"] < ranks["manager"]
+    for ground in ("blobs", "catalog", "codec", "samples", "_util", "errors"):
+        assert ranks[ground] < ranks["pool"]
+
+
+#: The modules that stand at the top of the package rather than in a component folder: the
+#: public paths users import (and the entry points); everything else lives in a folder.
+TOP_LEVEL_MODULES = {
+    "__init__",
+    "__main__",
+    "compat",
+    "data",
+    "errors",
+    "manager",
+    "metadata",
+    "samples",
+}
+
+
+def test_folders_are_components() -> None:
+    """A new module goes into the component it belongs to (docs/architecture.md, Layers),
+    not flat beside the public modules."""
+    flat = {p.stem for p in PACKAGE.glob("*.py")}
+    assert sorted(flat - TOP_LEVEL_MODULES) == []
 
 
 def test_a_typing_only_upward_import_fails(tmp_path: Path, ranks: dict[str, int]) -> None:
     """The checker itself: an upward import hidden under TYPE_CHECKING, or inside a function,
     is found; downward ones pass."""
     package = tmp_path / "archive_manager"
-    package.mkdir()
-    for name in ("__init__", "manager", "verify", "writer", "errors"):
+    (package / "pool").mkdir(parents=True)
+    (package / "lens").mkdir()
+    for name in ("__init__", "manager", "errors"):
         (package / f"{name}.py").write_text("")
-    (package / "gc.py").write_text(
+    for name in ("__init__", "writer"):
+        (package / "pool" / f"{name}.py").write_text("")
+    (package / "lens" / "__init__.py").write_text("")
+    (package / "lens" / "stats.py").write_text("")
+    (package / "pool" / "gc.py").write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from .manager import ArchiveManager\n"
+        "    from ..manager import ArchiveManager\n"
         "def f() -> None:\n"
-        "    from archive_manager import verify\n"
-        "    from . import writer, errors\n"
+        "    from archive_manager.lens import stats\n"
+        "    from . import writer\n"
+        "    from .. import errors\n"
     )
     assert upward_imports(package_imports(package), ranks) == [
-        f"archive_manager/gc.py:3: gc (rank {ranks['gc']}) imports manager "
+        f"archive_manager/pool/gc.py:3: pool (rank {ranks['pool']}) imports manager "
         f"(rank {ranks['manager']}), which is not below it",
-        f"archive_manager/gc.py:5: gc (rank {ranks['gc']}) imports verify "
-        f"(rank {ranks['verify']}), which is not below it",
+        f"archive_manager/pool/gc.py:5: pool (rank {ranks['pool']}) imports lens "
+        f"(rank {ranks['lens']}), which is not below it",
     ]
 
 

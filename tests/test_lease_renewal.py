@@ -2,7 +2,7 @@
 (server unreachable, lock held past the busy timeout) are retried until the lease would
 really lapse; a lease found lapsed or taken over is final and never retried.
 
-Faults are injected into the heartbeat's renewal (``archive_manager.writer.renew_lease``), on
+Faults are injected into the heartbeat's renewal (``archive_manager.pool.writer.renew_lease``), on
 both catalogs, with a fake clock, so that no test waits for a lease in real time. A real
 catalog server stopped and started in the middle of a save is tests/test_catalog_outage.py.
 """
@@ -19,9 +19,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from archive_manager import ArchiveManager
-from archive_manager import writer as writer_module
 from archive_manager.catalog import CatalogUnreachableError, leases_table
 from archive_manager.errors import ArchiveNotFoundError, CatalogLockedError, LeaseExpiredError
+from archive_manager.pool import writer as writer_module
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The RL lens from the catalog (`archive_manager.lens`): prompt groups with GRPO advantages,
+"""The RL lens from the catalog (`archive_manager.lens.groups`): prompt groups with GRPO advantages,
 a prompt's history across rollouts, and prompts ranked by how their reward changed."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from helpers import Backend, open_on
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
 from archive_manager.errors import ArchiveNotFoundError, InvalidInputError
-from archive_manager.lens import ADVANTAGE_EPS
+from archive_manager.lens.groups import ADVANTAGE_EPS
 
 
 def rollout(rid: int, seed: int, prompts: int = 5, n: int = 4) -> list[dict[str, Any]]:

@@ -73,7 +73,7 @@ def test_realistic_samples_keep_every_other_field() -> None:
 
 
 def codec_module_rollout() -> list:
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     return make_rollout(6, seed=4, prompt_len=20, response_min=5, response_max=40)
 
@@ -354,7 +354,7 @@ def test_a_load_in_an_atexit_hook_reads_every_chunk(tmp_path) -> None:
     script = f"""
 import atexit
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 pool = ArchiveManager.open({str(tmp_path / "pool")!r}, chunk_size=2)
 samples = make_rollout(7, seed=1, prompt_len=10, response_min=5, response_max=20)

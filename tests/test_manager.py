@@ -457,7 +457,7 @@ def test_a_store_queued_behind_a_failed_one_claims_nothing(
 ) -> None:
     """Two stores in flight: the first pair's upload fails while the second pair waits queued
     behind it; the second claims no rows and writes nothing, and the save rolls back whole."""
-    from archive_manager import writer as writer_mod
+    from archive_manager.pool import writer as writer_mod
 
     before = snapshot(pool)
     queued = threading.Event()

@@ -1,4 +1,4 @@
-"""Archive names and owners (`archive_manager._names`): new ones may hold no invisible or
+"""Archive names and owners (`archive_manager._util.names`): new ones may hold no invisible or
 terminal-active character and are stored in Unicode NFC, so the composed and decomposed
 spellings of ``café`` name one archive (and one owner); what an older version stored
 (decomposed, or holding a character refused now) stays reachable by its exact string."""
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 import archive_manager.manager as manager_module
-import archive_manager.writer as writer_module
+import archive_manager.pool.writer as writer_module
 from archive_manager import ArchiveManager, RolloutArchive
-from archive_manager._names import (
+from archive_manager._util.names import (
     check_archive_name,
     check_new_archive_name,
     check_new_owner,

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import event, text
 
-import archive_manager.query as query_module
+import archive_manager.lens.query as query_module
 from archive_manager import ArchiveManager, Sample
 from archive_manager.cli import cli
 from archive_manager.errors import ArchiveNotFoundError, InvalidInputError

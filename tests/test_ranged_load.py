@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from archive_manager import ArchiveManager, codec
-from archive_manager import archive as archive_mod
 from archive_manager.errors import IntegrityError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool import archive as archive_mod
 from archive_manager.testing.blob_store import flip_bit
 
 _HEAD = struct.Struct("<8sHHI")  # magic, version, flags, n

@@ -24,7 +24,7 @@ import pytest
 from helpers import assert_loads, tiny_rollout
 
 from archive_manager import ArchiveManager
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import LocalBlobStore
 from archive_manager.blobs import local as local_module
 from archive_manager.blobs.local import (

@@ -20,14 +20,15 @@ from click.testing import CliRunner
 from helpers import Backend, open_on, snapshot_pool
 
 import archive_manager
-from archive_manager import ArchiveManager, search
+from archive_manager import ArchiveManager
 from archive_manager.cli import cli
 from archive_manager.errors import (
     InvalidInputError,
     MissingDependencyError,
     SearchTimeoutError,
 )
-from archive_manager.tokenizer import TokenDecoder, load_tokenizer
+from archive_manager.lens import search
+from archive_manager.lens.tokenizer import TokenDecoder, load_tokenizer
 
 LONG = "intro line\n" + "filler words here. " * 40 + "\nthe answer is \\boxed{42}\nbye"
 HOSTILE = "<script>alert('x')</script> **bold** [link](javascript:alert(1)) ![i](http://e/x.png)"

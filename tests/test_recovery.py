@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from archive_manager import ArchiveManager, ArchiveWriter
 from archive_manager.catalog import blobs_table
 from archive_manager.errors import ArchiveExistsError, GcAbortedError
-from archive_manager.manifest import Manifest
+from archive_manager.pool.manifest import Manifest
 
 
 def blob_files(root: Path) -> set[str]:

@@ -48,7 +48,7 @@ def _chunk_files(pool: ArchiveManager, name: str) -> set[str]:
 
 
 def _manifest_of(pool: ArchiveManager, name: str):  # type: ignore[no-untyped-def]
-    from archive_manager.manifest import Manifest
+    from archive_manager.pool.manifest import Manifest
 
     arc = pool.open_archive(name)
     return Manifest.decode(pool.store.get(arc.manifest_digest), arc.manifest_digest)

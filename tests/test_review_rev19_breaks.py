@@ -22,8 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import archive_manager
-from archive_manager import ArchiveManager, search
-from archive_manager.archive import Archive
+from archive_manager import ArchiveManager
 from archive_manager.cli import cli
 from archive_manager.codec import chunk as chunk_module
 from archive_manager.codec._accel import native_texts_holding
@@ -34,7 +33,9 @@ from archive_manager.errors import (
     SearchTimeoutError,
     UnsupportedFormatError,
 )
-from archive_manager.search import _regex_literal, _text
+from archive_manager.lens import search
+from archive_manager.lens.search import _regex_literal, _text
+from archive_manager.pool.archive import Archive
 
 regex_module = pytest.importorskip("regex")
 
@@ -749,7 +750,7 @@ def test_markdown_never_lets_model_output_become_markup(
 # or a huge file is a clear error: InvalidInputError, and one line from serve and sample.
 def test_bad_tokenizer_paths(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
-    from archive_manager.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
+    from archive_manager.lens.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
 
     folder = tmp_path / "folder"
     folder.mkdir()
@@ -957,7 +958,7 @@ def test_the_archive_page_orders_groups_by_reward_std(
 # count, which the tokenizer names) showed those tokens as unknown.
 def test_token_ids_past_the_vocabulary_count_are_decoded(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
-    from archive_manager.tokenizer import load_tokenizer
+    from archive_manager.lens.tokenizer import load_tokenizer
 
     spec = {
         "version": "1.0",

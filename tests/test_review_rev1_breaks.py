@@ -22,12 +22,13 @@ import numpy as np
 import pytest
 from helpers import blob_files
 
-from archive_manager import ArchiveManager, arrow
+from archive_manager import ArchiveManager
 from archive_manager.blobs import local as local_module
 from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore, resolve_read_retry
 from archive_manager.codec import values
 from archive_manager.codec.values import encode_sample
 from archive_manager.errors import InvalidInputError, UnencodableError, UnsupportedFormatError
+from archive_manager.pool import arrow
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,12 +21,12 @@ from s3server import S3Server
 from test_s3 import _prefix, _samples
 
 from archive_manager import ArchiveManager
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import BlobStore
 from archive_manager.blobs.base import PutItem
 from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.errors import ReadOnlyPoolError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 from archive_manager.testing import FaultyBlobStore
 from archive_manager.testing.blob_store import flip_bit
 
@@ -255,7 +255,7 @@ def test_a_live_object_replaced_behind_the_pool_is_healed_by_a_save(
 _KILLED_SAVER = """
 import os, signal, sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 root, url, name, nth = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 puts = []
 def after_put(params, **_):
@@ -307,7 +307,7 @@ _RACER = """
 import sys, time
 from archive_manager import ArchiveManager
 from archive_manager.errors import ArchiveError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 root, url, role, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 samples = make_rollout(12, response_min=32, response_max=64, seed=11)
 with ArchiveManager.open(root, catalog_url=url, chunk_size=4, lease_ttl=30) as pool:

@@ -29,7 +29,7 @@ from s3server import ACCESS_KEY, SECRET_KEY, S3Server, S3ServerUnavailable
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import s3 as s3mod
 from archive_manager.blobs.base import IncompleteWrite
 from archive_manager.blobs.s3 import S3BlobStore
@@ -43,7 +43,7 @@ from archive_manager.errors import (
     ReadOnlyPoolError,
     TransientBlobStoreError,
 )
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 from archive_manager.testing.blob_store import BlobStoreContract, flip_bit
 
 REQUIRE_S3_ENV = "ARCHIVE_MANAGER_REQUIRE_S3"
@@ -535,7 +535,7 @@ def test_ranged_load_version_1_reads_whole(ranged_pool: ArchiveManager, monkeypa
 _SAVER = """
 import os, sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 root, url, name = sys.argv[1:4]
 with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
     pool.save(name, make_rollout(32, response_min=32, response_max=96, seed=5), rollout_id=9)

@@ -31,7 +31,7 @@ MAX_RUN = 0.5
 
 def rollout_for(i: int) -> list:
     """The samples of archive ``a<i>``: three distinct rollouts, so saves share blobs."""
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     kind = i % 3
     return make_rollout(

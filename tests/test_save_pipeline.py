@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from archive_manager import ArchiveManager, _failpoints
-from archive_manager import writer as writer_module
+from archive_manager import ArchiveManager
+from archive_manager._util import failpoints as _failpoints
 from archive_manager.catalog import lease_blobs_table
 from archive_manager.errors import UnencodableError
+from archive_manager.pool import writer as writer_module
 
 CHUNK = 2
 

@@ -18,12 +18,12 @@ from helpers import TINY_ROLLOUT
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
 from archive_manager.errors import CatalogError, PoolNotFoundError, ReadOnlyPoolError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 _CRASHING_WRITER = """
 import os, sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 kw = dict(prompt_len=8, response_min=4, response_max=12, group_size=2)
 pool = ArchiveManager.open(sys.argv[1])
 pool.save("first", make_rollout(6, seed=1, **kw), rollout_id=1)
@@ -130,7 +130,7 @@ def test_a_reader_opens_again_when_the_last_writer_closed_meanwhile(
     the mode anew (the main file now holds every commit).  Known residue of that instant:
     SQLite's WAL open creates an empty -wal in a writable folder before -shm fails (0 bytes,
     no commit: every open, a reader's included, takes it for none); never a -shm."""
-    from archive_manager import _sqlite_read as dialect
+    from archive_manager._util import sqlite_read as dialect
 
     database = tmp_path / "c.db"
     with sqlite3.connect(database) as conn:
@@ -317,7 +317,7 @@ def test_init_on_a_pool_whose_writer_died_and_lost_its_shm(tmp_path: Path) -> No
 _WRITER_WITH_A_READER = """
 import os, subprocess, sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 kw = dict(prompt_len=8, response_min=4, response_max=12, group_size=2)
 root = sys.argv[1]
 writer = ArchiveManager.open(root)

@@ -43,6 +43,7 @@ from helpers import TINY_ROLLOUT, Backend, open_on, snapshot_pool
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, RolloutArchive
+from archive_manager._util.permissions import FOLDER_BITS, shared_problems
 from archive_manager.catalog import archives_table
 from archive_manager.cli import cli
 from archive_manager.errors import (
@@ -51,8 +52,7 @@ from archive_manager.errors import (
     PoolNotFoundError,
     ReadOnlyPoolError,
 )
-from archive_manager.permissions import FOLDER_BITS, shared_problems
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 READER = Path(__file__).with_name("_read_only_reader.py")
 
@@ -436,7 +436,7 @@ def test_a_reader_on_a_read_only_mount_follows_a_live_writer(
 _KILLED_WRITER = """
 import os, sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 pool = ArchiveManager.open(sys.argv[1])
 pool.save("third", make_rollout(6, seed=3, prompt_len=8, response_min=4, response_max=12,
                                 group_size=2), rollout_id=3)
@@ -639,7 +639,7 @@ def test_shared_group_bad_input_is_one_line(tmp_path: Path) -> None:
 _MEMBER = """
 import json, sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 root, action, name, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 tiny = dict(prompt_len=8, response_min=4, response_max=12, group_size=2)
 with ArchiveManager.open(root, create=False) as pool:

@@ -28,7 +28,7 @@ from helpers import FakeClock, assert_loads, tiny_rollout, wall_clock
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, materialize_tensor_refs
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import BlobStore
 from archive_manager.blobs import local as blobs
 from archive_manager.catalog import archive_blobs_table, archives_table, chunks_table

@@ -22,11 +22,12 @@ from _sharing import child_env, read_only_mount_command, require_mount_namespace
 from click.testing import CliRunner, Result
 from helpers import small_rollout
 
-from archive_manager import ArchiveManager, _sqlite_listing
-from archive_manager._constants import UNINDEXED_BLOBS, VERSION_TABLE
-from archive_manager._sqlite_listing import read_listing
+from archive_manager import ArchiveManager
+from archive_manager._util.constants import UNINDEXED_BLOBS, VERSION_TABLE
 from archive_manager.cli import cli
 from archive_manager.errors import ArchiveError
+from archive_manager.pool import sqlite_listing as _sqlite_listing
+from archive_manager.pool.sqlite_listing import read_listing
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 KILLED_SAVE = """
 import sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 pool = ArchiveManager.open(sys.argv[1])
 pool.save(sys.argv[2], make_rollout(2, seed=1, prompt_len=4, response_min=2, response_max=4),
           rollout_id=int(sys.argv[3]))
@@ -369,7 +370,7 @@ def test_a_dead_writers_log_is_read_without_writing(plain: Path) -> None:
 LIVE_WRITER = """
 import sys
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 with ArchiveManager.open(sys.argv[1]) as pool:
     for i in range(int(sys.argv[2])):
         pool.save(f"w-{i:03d}", make_rollout(2, seed=i, prompt_len=4, response_min=2,
@@ -400,7 +401,7 @@ def test_beside_a_live_writer_every_listing_is_one_committed_state(plain: Path) 
 
 READ_ON_MOUNT = """
 import json, sys
-from archive_manager._sqlite_listing import read_listing
+from archive_manager.pool.sqlite_listing import read_listing
 found = read_listing(sys.argv[1], None, state=None)
 print(json.dumps(None if found is None else [i.name for i in found.archives]))
 """

@@ -64,9 +64,9 @@ from archive_manager.errors import (
     GcAbortedError,
     PoolIdentityError,
 )
-from archive_manager.identity import IDENTITY_FILE
-from archive_manager.manifest import Manifest
-from archive_manager.verify import VerifyReport
+from archive_manager.pool.identity import IDENTITY_FILE
+from archive_manager.pool.manifest import Manifest
+from archive_manager.pool.verify import VerifyReport
 
 LEASE_TTL = 30.0
 # Examples per backend, so that each run stays near a minute on a loaded 2-core machine: a

@@ -20,7 +20,7 @@ from archive_manager import ArchiveManager
 from archive_manager.cli import cli
 from archive_manager.cli._plot import plot_stats
 from archive_manager.errors import InvalidInputError, MissingDependencyError
-from archive_manager.stats import (
+from archive_manager.lens.stats import (
     RolloutStats,
     SampleSummary,
     archive_summary,

@@ -41,7 +41,8 @@ TESTS = Path(__file__).resolve().parent
 _STOPPING_CHILD = """
 import os, signal, sys, threading
 sys.path.insert(0, sys.argv[6])
-from archive_manager import ArchiveManager, _failpoints
+from archive_manager import ArchiveManager
+from archive_manager._util import failpoints as _failpoints
 from helpers import tiny_rollout
 
 root, url, job, point, seed = sys.argv[1], sys.argv[2] or None, sys.argv[3], sys.argv[4], sys.argv[5]

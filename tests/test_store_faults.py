@@ -13,7 +13,7 @@ import pytest
 from helpers import FakeClock, assert_loads, snapshot_pool, table_rows, tiny_rollout
 
 from archive_manager import ArchiveManager
-from archive_manager._digest import digest_of
+from archive_manager._util.digest import digest_of
 from archive_manager.blobs import BlobStore, MemoryBlobStore
 from archive_manager.codec import MANIFEST_MAGIC
 from archive_manager.errors import (

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import archive_manager.archive as archive_module
 import archive_manager.codec as codec_module
+import archive_manager.pool.archive as archive_module
 from archive_manager import ArchiveManager
 from archive_manager.codec import ChunkReader
 from archive_manager.errors import IntegrityError, InvalidInputError

@@ -23,7 +23,7 @@ from archive_manager.catalog import (
     head_revision,
 )
 from archive_manager.catalog.dialects.base import compact_json
-from archive_manager.stats import (
+from archive_manager.lens.stats import (
     COUNTED_STATES,
     RolloutStats,
     archive_filters,
@@ -32,7 +32,7 @@ from archive_manager.stats import (
     sample_rows,
     summarize_samples,
 )
-from archive_manager.summary import (
+from archive_manager.pool.summary import (
     SKETCH_POINTS,
     merge_quantile,
     nearest_rank,

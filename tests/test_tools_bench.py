@@ -81,7 +81,7 @@ def test_seed_save_writes_what_the_seed_wrote(tmp_path: Path) -> None:
     from straw import SharedFilesystemStore
     from straw.protocol import RecordSetRef
 
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     samples = make_rollout(70, seed=2)
     bench.seed_save(samples, tmp_path / "r.json")

@@ -32,8 +32,8 @@ from archive_manager.catalog import (
     leases_table,
 )
 from archive_manager.errors import InvalidInputError
-from archive_manager.verify import Finding, VerifyReport, parse_subset
-from archive_manager.writer import ArchiveWriter
+from archive_manager.pool.verify import Finding, VerifyReport, parse_subset
+from archive_manager.pool.writer import ArchiveWriter
 
 LEASE_TTL = 60.0
 

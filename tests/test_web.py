@@ -34,7 +34,7 @@ import archive_manager
 from archive_manager import ArchiveManager, Sample, TensorRef
 from archive_manager.cli import cli
 from archive_manager.errors import InvalidInputError
-from archive_manager.stats import RolloutStats
+from archive_manager.lens.stats import RolloutStats
 
 flask = pytest.importorskip("flask", reason="the web extra is not installed")
 

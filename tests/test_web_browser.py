@@ -22,7 +22,7 @@ import pytest
 from test_web import HOSTILE_RESPONSE, running_server
 
 from archive_manager import ArchiveManager, Sample
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

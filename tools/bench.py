@@ -67,8 +67,8 @@ import numpy as np
 import torch
 
 from archive_manager import ArchiveManager, Sample, TensorRef
+from archive_manager.interop.synthetic import make_rollout
 from archive_manager.metadata import describe_sample
-from archive_manager.synthetic import make_rollout
 
 CHUNK = 64
 REPO = Path(__file__).resolve().parent.parent

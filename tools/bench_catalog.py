@@ -29,7 +29,7 @@ import torch
 from archive_manager import ArchiveManager
 from archive_manager.blobs import BlobStore
 from archive_manager.codec import RawChunk, build_chunk
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 
 def _timed(fn, repeat: int) -> tuple[float, object]:

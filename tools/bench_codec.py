@@ -34,7 +34,7 @@ import torch
 
 from archive_manager.blobs import BlobStore
 from archive_manager.codec import RawChunk, build_chunk, decode_chunk, decode_tensor_blob
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 CHUNK = 64
 

@@ -110,7 +110,7 @@ def main() -> None:
         _child(args.child, args.root, args.out, args.repeat)
         return
     from archive_manager import ArchiveManager
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     work = Path(tempfile.mkdtemp(prefix="bench-export-", dir=args.dir))
     try:

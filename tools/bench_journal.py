@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from archive_manager import ArchiveManager
-from archive_manager import journal as journal_module
+from archive_manager.pool import journal as journal_module
 
 
 class Meter:

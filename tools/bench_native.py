@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from archive_manager import codec
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 CHUNK = 64
 

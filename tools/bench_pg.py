@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pgserver import PgServer  # test support, shared with tests/conftest.py
 
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 TARGET = 0.70
 

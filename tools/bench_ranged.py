@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from s3server import S3Server
 
 from archive_manager import ArchiveManager
-from archive_manager import archive as archive_mod
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool import archive as archive_mod
 
 
 def _one_key_ms(pool: ArchiveManager, ranged: bool, loads: int) -> float:

@@ -104,7 +104,7 @@ def main() -> None:
         _child(args.child, args.work, args.workers, args.batch)
         return
     from archive_manager import ArchiveManager
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     work = Path(tempfile.mkdtemp(prefix="bench-replay-", dir=args.dir))
     try:

@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from s3server import S3Server
 
-from archive_manager import ArchiveManager, writer
-from archive_manager.synthetic import make_rollout
+from archive_manager import ArchiveManager
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool import writer
 
 _SERVER_PID: int | None = None
 

@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from s3server import S3Server
 
-from archive_manager import ArchiveManager, codec, writer
-from archive_manager.synthetic import make_rollout
+from archive_manager import ArchiveManager, codec
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool import writer
 
 _SPENT: dict[str, float] = collections.defaultdict(float)
 _CPU: dict[str, float] = collections.defaultdict(float)

@@ -80,10 +80,10 @@ from archive_manager.catalog import (
 )
 from archive_manager.catalog.queries import inserted_id, next_save_seq
 from archive_manager.codec import digest_of
-from archive_manager.journal import pool_id_of, publish_op, stage_record, write_committed
-from archive_manager.manifest import Manifest
-from archive_manager.summary import read_summaries, store_summaries
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool.journal import pool_id_of, publish_op, stage_record, write_committed
+from archive_manager.pool.manifest import Manifest
+from archive_manager.pool.summary import read_summaries, store_summaries
 
 GROUP = 8
 TEMPLATES = 4

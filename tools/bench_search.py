@@ -2,7 +2,7 @@
 """Search benchmark (issue 19, item 4): ``pool.search`` over 100 realistic rollouts of 1024
 samples (102,400 samples), against the other design, a full-text index in the catalog.
 
-The pool: ``--archives`` distinct rollouts from `archive_manager.synthetic` (the "large"
+The pool: ``--archives`` distinct rollouts from `archive_manager.interop.synthetic` (the "large"
 shape of docs/architecture.md "Workload": 512-token prompts, 1400-4200-token responses of
 about 4 characters a token, token ids, loss masks and log-probs), one seed each, so no chunk
 is shared and a scan reads every byte.  Routed-expert tensors are left out: at real sizes
@@ -40,7 +40,7 @@ from typing import Any
 
 from archive_manager import ArchiveManager
 from archive_manager.codec import ChunkReader
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 TARGET_S = 3.0
 

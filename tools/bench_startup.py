@@ -52,7 +52,7 @@ ENTRY = "from archive_manager.cli import main; main()"
 def make_pool(root: Path, archives: int) -> None:
     """A pool of ``archives`` small archives (four samples, no tensors) at ``root``."""
     from archive_manager import ArchiveManager
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     shape = {"prompt_len": 8, "response_min": 4, "response_max": 12, "group_size": 2}
     with ArchiveManager.open(root) as pool:

@@ -2,7 +2,7 @@
 """Memory and time of scanning one archive: `Archive.iter_samples` against `load_samples`
 (docs/architecture.md, "Reading").
 
-Saves a realistic rollout (``archive_manager.synthetic``, routed-expert tensors off), then, each
+Saves a realistic rollout (``archive_manager.interop.synthetic``, routed-expert tensors off), then, each
 in a fresh process so that peaks do not mix, scans it three ways summing every sample's
 response length: ``load_samples()`` (the whole list), ``iter_samples()`` and
 ``iter_samples(as_arrays=True)``.  Prints the seconds and the peak resident memory each scan
@@ -63,7 +63,7 @@ print(json.dumps({"seconds": seconds, "added_kib": peak - before, "total": total
 def make_pool(root: Path, samples: int) -> dict[str, Any]:
     """Save the rollout; return its shape (samples, chunks)."""
     from archive_manager import ArchiveManager
-    from archive_manager.synthetic import make_rollout
+    from archive_manager.interop.synthetic import make_rollout
 
     with ArchiveManager.open(root) as pool:
         arc = pool.save("rollout", make_rollout(samples, seed=0), rollout_id=0)

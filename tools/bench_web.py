@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from archive_manager import ArchiveManager
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 from archive_manager.web import create_app
 
 TARGETS_MS = {

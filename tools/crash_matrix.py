@@ -58,8 +58,9 @@ from typing import Any
 
 import torch
 
-from archive_manager import ArchiveManager, _failpoints
-from archive_manager._names import archive_owner
+from archive_manager import ArchiveManager
+from archive_manager._util import failpoints as _failpoints
+from archive_manager._util.names import archive_owner
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -70,7 +71,7 @@ from archive_manager.catalog import (
 from archive_manager.codec import TensorRef
 from archive_manager.compat import RolloutArchive
 from archive_manager.errors import ArchiveNotFoundError, PoolIdentityError, UnencodableError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 CHILD_TIMEOUT = 120.0
 LEASE_TTL = 60.0

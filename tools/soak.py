@@ -64,7 +64,7 @@ import torch
 
 from archive_manager import ArchiveManager, TensorRef
 from archive_manager.errors import ArchiveReleasedError
-from archive_manager.synthetic import make_rollout
+from archive_manager.interop.synthetic import make_rollout
 
 #: Small samples (a few dozen tokens) in chunks of 8, with routed-expert tensors above the
 #: inline limit, so every archive has several chunks, tensor blobs and a manifest.

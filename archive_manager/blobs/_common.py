@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from .._digest import Buffer, check_digest, digest_of
+from .._util.digest import Buffer, check_digest, digest_of
 from ..errors import BlobCorruptError, BlobNotFoundError, IntegrityError, ReadOnlyPoolError
 
 __all__ = ["check_size", "corrupt", "missing", "prepare", "verify", "views_of"]

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from .._digest import Buffer
+from .._util.digest import Buffer
 
 __all__ = [
     "AbstractBlobStore",

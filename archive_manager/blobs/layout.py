@@ -9,7 +9,7 @@ tool that names a blob's location goes through here.
 
 from __future__ import annotations
 
-from .._digest import check_digest, is_digest
+from .._util.digest import check_digest, is_digest
 
 __all__ = ["BLOBS_DIR", "FANOUT_NAMES", "TEMP_DIR", "blob_key", "fanout", "is_blob_name"]
 

@@ -52,10 +52,11 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from .._atomic import fsync_dir
-from .._digest import Buffer, check_digest
-from .._failpoints import failpoint
-from .._mounts import filesystem_type, is_network_filesystem, read_mount_table
+from .._util.atomic import fsync_dir
+from .._util.digest import Buffer, check_digest
+from .._util.failpoints import failpoint
+from .._util.mounts import filesystem_type, is_network_filesystem, read_mount_table
+from .._util.permissions import share_like_parent
 from ..errors import (
     BlobCorruptError,
     BlobNotFoundError,
@@ -65,7 +66,6 @@ from ..errors import (
     InvalidNameError,
     PoolLayoutError,
 )
-from ..permissions import share_like_parent
 from ._common import check_size as _check_size
 from ._common import corrupt as _corrupt
 from ._common import missing as _missing

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .._digest import Buffer, check_digest
+from .._util.digest import Buffer, check_digest
 from ._common import check_size, missing, prepare
 from ._common import verify as _verify
 from .base import AbstractBlobStore, BlobStat, Capabilities, PutItem

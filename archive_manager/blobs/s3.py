@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import xxhash
 
-from .._digest import Buffer
+from .._util.digest import Buffer
 from ..errors import (
     BlobStoreError,
     InvalidInputError,

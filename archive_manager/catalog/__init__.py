@@ -26,7 +26,7 @@ from types import TracebackType
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 
-from .._failpoints import failpoint
+from .._util.failpoints import failpoint
 from ..errors import CatalogError, ReadOnlyPoolError
 from .bulk import insert_rows
 from .engine import (

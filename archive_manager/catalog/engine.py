@@ -31,8 +31,13 @@ from typing import Any
 
 from sqlalchemy.engine import URL, Connection, Engine
 
-from .._constants import BUSY_TIMEOUT_ENV
-from .._mounts import NETWORK_FILESYSTEMS, filesystem_type, is_network_filesystem, read_mount_table
+from .._util.constants import BUSY_TIMEOUT_ENV
+from .._util.mounts import (
+    NETWORK_FILESYSTEMS,
+    filesystem_type,
+    is_network_filesystem,
+    read_mount_table,
+)
 from ..errors import CatalogError, UnsupportedFilesystemError
 from .dialects.base import WRITE_OPTION, CatalogDialect, CatalogUnreachableError
 from .dialects.sqlite import (

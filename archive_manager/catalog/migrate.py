@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
-from .._constants import CATALOG_URL_ENV, HEAD_REVISION, VERSION_TABLE
+from .._util.constants import CATALOG_URL_ENV, HEAD_REVISION, VERSION_TABLE
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.base import WRITE_OPTION
 from .models import FORMAT_VERSION, metadata, pool_info_table

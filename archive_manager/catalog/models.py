@@ -25,7 +25,7 @@ from sqlalchemy import (
     Text,
 )
 
-from .._constants import CATALOG_FORMAT_VERSION
+from .._util.constants import CATALOG_FORMAT_VERSION
 
 __all__ = [
     "ARCHIVE_STATES",

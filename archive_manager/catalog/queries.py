@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, and_, delete, exists, func, or_, select, update
 from sqlalchemy.engine import Connection, CursorResult, Row
 
-from .._constants import SAVE_SEQ
-from .._names import name_spellings
+from .._util.constants import SAVE_SEQ
+from .._util.names import name_spellings
 from ..errors import LeaseExpiredError
 from .bulk import insert_rows
 from .models import (

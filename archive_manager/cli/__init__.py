@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from .. import __version__
-from .._constants import CATALOG_URL_ENV
+from .._util.constants import CATALOG_URL_ENV
 from ._context import CliError, PoolState, is_reportable, make_message_safe, one_line
 from ._params import PoolRoot
 from .archives import import_pt, keys, ls, query, show

@@ -22,8 +22,8 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
-from .._constants import CATALOG_FILE
-from .._sqlite_read import reader_uri, sqlite_read_mode
+from .._util.constants import CATALOG_FILE
+from .._util.sqlite_read import reader_uri, sqlite_read_mode
 from ..errors import ArchiveError
 
 __all__ = ["complete_archive_name"]

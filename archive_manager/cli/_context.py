@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .._constants import default_catalog_url
+from .._util.constants import default_catalog_url
 from ..errors import ArchiveError, PoolNotFoundError
 from ._output import terminal_safe
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import click
 
-from .._humanize import human_duration, human_size, local_time
-from .._names import is_invisible
+from .._util.humanize import human_duration, human_size, local_time
+from .._util.names import is_invisible
 
 __all__ = [
     "echo",

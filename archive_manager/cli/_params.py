@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .._humanize import looks_like_duration, parse_duration
+from .._util.humanize import looks_like_duration, parse_duration
 from ..errors import InvalidInputError
 
 __all__ = ["DURATION", "ROLLOUT_RANGE", "SINCE", "check_subset", "parse_duration"]
@@ -95,7 +95,7 @@ class RolloutRange(click.ParamType):
 def check_subset(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Validate ``--subset`` with the library's own parser, as a usage error."""
     if value is not None:
-        from ..verify import parse_subset
+        from ..pool.verify import parse_subset
 
         try:
             parse_subset(value)

@@ -1,5 +1,5 @@
 """Drift figures for ``archive-manager stats --plot``: presentation, so it lives with the CLI
-(docs/architecture.md, "Layers"); the numbers come from `archive_manager.stats`."""
+(docs/architecture.md, "Layers"); the numbers come from `archive_manager.lens.stats`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..errors import InvalidInputError, MissingDependencyError
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
-    from ..stats import RolloutStats
+    from ..lens.stats import RolloutStats
 
 __all__ = ["check_plot_path", "plot_stats"]
 

@@ -41,8 +41,8 @@ from ._params import ROLLOUT_RANGE, SINCE
 # loading the CLI (``--help``, a TAB completion) must not import SQLAlchemy or numpy
 # (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
-    from ..archive import ArchiveInfo
     from ..manager import ArchiveManager
+    from ..pool.archive import ArchiveInfo
 
 __all__ = ["import_pt", "keys", "ls", "query", "show"]
 
@@ -117,7 +117,7 @@ def ls(
     fmt: str,
 ) -> None:
     """List archives, by rollout id (none last) then name; --limit and --after page."""
-    from .._sqlite_listing import read_listing
+    from ..pool.sqlite_listing import read_listing
 
     filters: dict[str, Any] = dict(
         # One id is the same filter, with find's own wording of an id out of range.
@@ -203,7 +203,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     info = arc.info()
     chunks = arc.chunks()
     owners = arc.owners()
-    from ..stats import archive_summary
+    from ..lens.stats import archive_summary
 
     # The web viewer's archive page shows the same summary (one computation, from the catalog).
     summary = archive_summary(pool.context, arc.name).overview()

@@ -141,7 +141,7 @@ def demo(state: PoolState, samples: int) -> None:
 
 
 def _save_rollouts(pool: ArchiveManager, samples: int) -> None:
-    from ..synthetic import make_rollout
+    from ..interop.synthetic import make_rollout
 
     rows: list[list[object]] = []
     total = 0.0

@@ -31,8 +31,8 @@ from ._params import DURATION, check_subset
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
-    from ..gc import GcReport
     from ..manager import ArchiveManager
+    from ..pool.gc import GcReport
 
 __all__ = ["gc", "rebind", "rebuild_catalog", "verify"]
 

@@ -15,7 +15,7 @@ from ._params import DURATION, ROLLOUT_RANGE
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
-    from ..retention import ForgetPlan, ReleasePlan
+    from ..pool.retention import ForgetPlan, ReleasePlan
 
 __all__ = ["echo_plan", "forget", "owners", "release", "release_owner", "retain"]
 

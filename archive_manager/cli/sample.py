@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .._torch import is_tensor
+from .._util.lazy_torch import is_tensor
 from ..errors import InvalidInputError
+from ..lens.tokenizer import TokenDecoder, load_tokenizer
 from ..samples import sample_to_fields
-from ..tokenizer import TokenDecoder, load_tokenizer
 from ._complete import complete_archive_name
 from ._context import json_option, pass_pool
 from ._output import echo, echo_fields, echo_json, terminal_safe

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .._constants import MAX_SEARCH_LIMIT
+from .._util.constants import MAX_SEARCH_LIMIT
 from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE

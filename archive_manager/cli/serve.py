@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..tokenizer import load_tokenizer
+from ..lens.tokenizer import load_tokenizer
 from ._context import CliError, PoolState, pass_state
 
 __all__ = ["serve"]

@@ -15,8 +15,8 @@ from ._plot import check_plot_path, plot_stats
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
+    from ..lens.stats import RolloutStats
     from ..manager import ArchiveManager
-    from ..stats import RolloutStats
 
 __all__ = ["stats"]
 

@@ -9,7 +9,7 @@ One module per seam (docs/architecture.md, Layers):
 * `values`: the value encoder and decoder (one sample <-> one record);
 * `chunk`: the chunk format (records, index, compression) and its random-access reader.
 
-torch is imported only where a tensor is encoded or decoded (`archive_manager._torch`): a
+torch is imported only where a tensor is encoded or decoded (`archive_manager._util.lazy_torch`): a
 rollout without tensors is saved and loaded without it.
 
 Every name other modules and tests used from the single ``codec.py`` is still importable
@@ -25,7 +25,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .._digest import Buffer, digest_of
+from .._util.digest import Buffer, digest_of
 from ..errors import ArchiveError, IntegrityError, UnencodableError, UnsupportedFormatError
 from . import chunk, framing, tensor_ref, tensors, values
 from .chunk import (

@@ -34,7 +34,7 @@ import numpy as np
 import xxhash
 import zstandard
 
-from .._digest import Buffer, digest_of
+from .._util.digest import Buffer, digest_of
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
 from ._accel import native_texts_holding
 from .framing import (

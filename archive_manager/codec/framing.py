@@ -16,7 +16,7 @@ from typing import Any
 
 import zstandard
 
-from .._digest import Buffer
+from .._util.digest import Buffer
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
 
 __all__ = [

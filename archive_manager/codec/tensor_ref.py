@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from operator import countOf
 from typing import TYPE_CHECKING, Any
 
-from .._torch import torch_module
+from .._util.lazy_torch import torch_module
 from ..errors import ArchiveError, IntegrityError
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._digest import Buffer, digest_of
-from .._torch import torch_module
+from .._util.digest import Buffer, digest_of
+from .._util.lazy_torch import torch_module
 from ..errors import ArchiveError, IntegrityError, UnencodableError
 from .framing import BLOB_VERSION, TENSOR_MAGIC, _check_magic, _integrity
 

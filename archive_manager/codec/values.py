@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._constants import DEFAULT_INLINE_LIMIT
-from .._digest import Buffer, check_digest
-from .._torch import is_tensor, tensor_class
+from .._util.constants import DEFAULT_INLINE_LIMIT
+from .._util.digest import Buffer, check_digest
+from .._util.lazy_torch import is_tensor, tensor_class
 from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
 from ..samples import fields_to_sample, sample_to_record
 from ._accel import native_dict_items, native_first_leaves, native_numbers

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .._digest import digest_of
+from .._util.digest import digest_of
 from ..blobs import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite
 from ..errors import (
     BlobCorruptError,

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._digest import Buffer, check_digest
+from .._util.digest import Buffer, check_digest
 from ..blobs import AbstractBlobStore, BlobStat, IncompleteWrite, PutItem
 from ..blobs._common import verify as _verify
 from ..blobs._common import views_of

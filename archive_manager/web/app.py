@@ -21,7 +21,7 @@ from flask.wrappers import Response
 from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
-from .._humanize import human_size, local_time
+from .._util.humanize import human_size, local_time
 from ..errors import (
     ArchiveError,
     ArchiveNotFoundError,
@@ -30,9 +30,8 @@ from ..errors import (
     InvalidInputError,
     InvalidNameError,
 )
-from ..manager import ArchiveManager
-from ..search import MAX_PATTERN, SEARCH_FIELDS
-from ..stats import (
+from ..lens.search import MAX_PATTERN, SEARCH_FIELDS
+from ..lens.stats import (
     RolloutKey,
     RolloutRange,
     archive_summary,
@@ -40,7 +39,8 @@ from ..stats import (
     check_rollout_range,
     rollout_stats,
 )
-from ..tokenizer import TokenDecoder
+from ..lens.tokenizer import TokenDecoder
+from ..manager import ArchiveManager
 from .charts import Series, drift_charts, line_chart
 from .markdown import MAX_MARKDOWN, MAX_MARKDOWN_PAGE, markdown_available, render_markdown
 from .present import DEFAULT_TOKENS_SHOWN, jsonable, pretty_json, resolve_tensor, sample_view

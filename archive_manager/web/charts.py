@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..stats import RolloutStats
+from ..lens.stats import RolloutStats
 
 __all__ = [
     "Band",

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_tensor, torch_module
+from .._util.lazy_torch import is_tensor, torch_module
 from ..codec import TensorRef
 from ..errors import InvalidInputError
+from ..lens.tokenizer import TokenDecoder
 from ..metadata import describe_sample
 from ..samples import sample_to_fields
-from ..tokenizer import TokenDecoder
 from .charts import Chart, logprob_chart
 
 __all__ = [

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.sql import ColumnElement
 
-from .._names import check_archive_name
-from ..archive import ArchiveInfo
+from .._util.names import check_archive_name
 from ..catalog import (
     archives_table,
     chunks_table,
@@ -22,7 +21,8 @@ from ..catalog import (
 )
 from ..catalog.queries import archive_by_name, archives_in_order
 from ..errors import ArchiveNotFoundError
-from ..stats import COUNTED_STATES, RolloutRange, archive_filters
+from ..lens.stats import COUNTED_STATES, RolloutRange, archive_filters
+from ..pool.archive import ArchiveInfo
 
 if TYPE_CHECKING:
     from ..manager import ArchiveManager

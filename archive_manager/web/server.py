@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from werkzeug.serving import make_server
 
+from ..lens.tokenizer import TokenDecoder
 from ..manager import ArchiveManager
-from ..tokenizer import TokenDecoder
 from .app import create_app
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "is_loopback", "serve", "startup_line"]

@@ -47,7 +47,7 @@ def upgrade() -> None:
         batch_op.drop_column("reward_sketch")
         batch_op.drop_column("length_sketch")
     if not op.get_context().as_sql:
-        from archive_manager.summary import fill_missing_summaries
+        from archive_manager.pool.summary import fill_missing_summaries
 
         fill_missing_summaries(op.get_bind())
 

@@ -33,7 +33,7 @@ from sqlalchemy.engine.interfaces import ExceptionContext
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
-from ..._sqlite_read import (
+from ..._util.sqlite_read import (
     ReaderConnection,
     begin_read_snapshot,
     connect_reader,

@@ -1,0 +1,60 @@
+"""`PoolContext`: what the protocols below `manager.py` need of an open pool.
+
+The facade (`ArchiveManager`) builds one when a pool is opened and hands it down; GC, verify,
+the writer, the read side, recovery and the catalog-only questions take it instead of the
+facade, so no module below `manager.py` imports it (docs/architecture.md, Layers).  The
+attribute names are the facade's own, so ``pool.store`` reads the same either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..blobs import AbstractBlobStore
+from ..blobs.base import ObjectRoot
+from ..catalog import Catalog
+from .identity import PoolIdentity
+from .journal import Journal
+
+__all__ = ["HasContext", "PoolContext", "context_of"]
+
+
+@dataclass(frozen=True, eq=False)
+class PoolContext:
+    """One open pool's parts and settings.
+
+    Frozen, but it holds the pool's live objects, not copies: a change made to ``store`` or
+    ``catalog`` (a test replacing a store method, a closed catalog) is seen by every holder.
+    Compared by identity, as the pool it belongs to is (two opens are two pools).
+    """
+
+    root: Path | ObjectRoot  # a folder, or a pool on an object store (blobs/s3.py)
+    catalog: Catalog
+    store: AbstractBlobStore
+    journal: Journal
+    clock: Callable[[], float]
+    lease_ttl: float
+    chunk_size: int
+    inline_limit: int
+    identity: PoolIdentity | None = None
+
+    @property
+    def catalog_url(self) -> str:
+        """The catalog's SQLAlchemy URL."""
+        return self.catalog.url
+
+
+class HasContext(Protocol):
+    """An open pool as its users hold it (`ArchiveManager`): public constructors such as
+    `ArchiveWriter(pool, ...)` keep taking it, and read its context."""
+
+    @property
+    def context(self) -> PoolContext: ...
+
+
+def context_of(pool: PoolContext | HasContext) -> PoolContext:
+    """The context of ``pool``, given either the context itself or the pool that holds it."""
+    return pool if isinstance(pool, PoolContext) else pool.context

@@ -1,0 +1,112 @@
+"""What is retained: the one rule GC deletes by and verify, the owners audit and release plans
+report by (docs/architecture.md, "GC protocol").
+
+A blob is retained while
+
+* an archive that retains needs it (its ``archive_blobs`` rows): one that has an owner and is
+  not a dead pending save (pending, its save's lease gone or expired: GC rolls it back before
+  it deletes, so it holds nothing), or
+* a live lease holds it (a save in flight, before its ownership commit).
+
+Everything here is SQL, evaluated by the catalog inside the caller's transaction, so GC's
+plan and the reports read the rule from one place and cannot drift apart (a release plan
+that forgot the dead-pending rule once under-reported what a release frees).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from sqlalchemy import and_, exists, literal, not_, or_, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._util.names import ARCHIVE_OWNER_PREFIX
+from ..catalog import (
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    lease_blobs_table,
+    leases_table,
+    retention_table,
+)
+
+__all__ = [
+    "dead_pending",
+    "dead_pending_ids",
+    "live_lease",
+    "retained",
+    "retained_digests",
+]
+
+
+def live_lease(now: float) -> ColumnElement[bool]:
+    """SQL on ``leases``: the lease has not expired at ``now``."""
+    return leases_table.c.expires_at > now
+
+
+def dead_pending(now: float) -> ColumnElement[bool]:
+    """SQL on ``archives``: a pending save whose lease is gone or expired at ``now``."""
+    a, lt = archives_table, leases_table
+    return and_(
+        a.c.state == "pending",
+        not_(exists().where(lt.c.owner == a.c.lease_owner, live_lease(now))),
+    )
+
+
+def retained(
+    now: float,
+    *,
+    releasing: tuple[str, str | None] | None = None,
+    releasing_ids: Collection[int] = (),
+) -> ColumnElement[bool]:
+    """SQL on ``blobs``: the current row's blob is retained at ``now``.
+
+    ``releasing=(owner, name)`` asks what would stay retained once ``owner`` let go of archive
+    ``name`` (of every archive it holds, for a name of None): its retention rows are left out.
+    ``releasing_ids`` asks the same of the archives of those ids releasing their own owners
+    (``archive:<name>``), as `ArchiveManager.forget` would.
+    """
+    ab, r, a, lb, lt = (
+        archive_blobs_table,
+        retention_table,
+        archives_table,
+        lease_blobs_table,
+        leases_table,
+    )
+    holds = [ab.c.digest == blobs_table.c.digest, not_(dead_pending(now))]
+    if releasing is not None:
+        owner, name = releasing
+        dropped = r.c.owner == owner if name is None else and_(r.c.owner == owner, a.c.name == name)
+        holds.append(not_(dropped))
+    if releasing_ids:
+        own = literal(ARCHIVE_OWNER_PREFIX) + a.c.name
+        holds.append(not_(and_(a.c.id.in_(list(releasing_ids)), r.c.owner == own)))
+    by_archive = (
+        select(ab.c.digest)
+        .join(r, r.c.archive_id == ab.c.archive_id)
+        .join(a, a.c.id == ab.c.archive_id)
+        .where(*holds)
+        .exists()
+    )
+    by_lease = (
+        select(lb.c.digest)
+        .join(lt, lt.c.owner == lb.c.lease)
+        .where(lb.c.digest == blobs_table.c.digest, live_lease(now))
+        .exists()
+    )
+    return or_(by_archive, by_lease)
+
+
+def retained_digests(conn: Connection, now: float) -> set[str]:
+    """Every blob row retained at ``now`` (by `retained`)."""
+    return set(conn.execute(select(blobs_table.c.digest).where(retained(now))).scalars())
+
+
+def dead_pending_ids(conn: Connection, now: float, ids: Iterable[int] | None = None) -> set[int]:
+    """The archives (of ``ids``, or all) that are dead pending saves at ``now``."""
+    a = archives_table
+    query = select(a.c.id).where(dead_pending(now))
+    if ids is not None:
+        query = query.where(a.c.id.in_(list(ids)))
+    return set(conn.execute(query).scalars())

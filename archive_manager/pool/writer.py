@@ -1,0 +1,842 @@
+"""The save protocol (docs/architecture.md, "Save protocol"): lease, blobs, ownership, manifest,
+publish.
+
+Every step that makes something durable is ordered so that a process killed anywhere leaves
+either a published archive whose every blob is owned and present, or nothing visible (an
+expired lease, unowned blobs and maybe a pending row, all of which GC clears).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+
+from .. import codec
+from .._util.failpoints import failpoint
+from .._util.names import LEASE_PREFIX, archive_owner, check_new_archive_name
+from ..catalog import (
+    STATUS_LENGTH,
+    CatalogUnreachableError,
+    archive_blobs_table,
+    archives_table,
+    blobs_table,
+    chunks_table,
+    entries_table,
+    insert_rows,
+    lease_blobs_table,
+    pin_write_lock,
+    retention_table,
+    sample_metadata_table,
+)
+from ..catalog.queries import (
+    archive_by_name,
+    blob_rows,
+    check_lease,
+    drop_lease,
+    hold_blobs,
+    insert_lease,
+    inserted_id,
+    mark_live,
+    next_save_seq,
+    renew_lease,
+)
+from ..codec import EncodedChunk
+from ..errors import (
+    ArchiveError,
+    ArchiveExistsError,
+    CatalogLockedError,
+    IntegrityError,
+    InvalidInputError,
+    LeaseExpiredError,
+)
+from ..metadata import describe_sample
+from ..samples import check_key_text, check_task_key, sample_key, task_key_of
+from .archive import Archive, open_archive
+from .context import HasContext, PoolContext, context_of
+from .journal import Staged, pool_id_of, publish_op, stage_record, write_committed
+from .listing import check_rollout_id
+from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
+from .summary import store_summaries, summarize_archive
+
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
+
+_log = logging.getLogger("archive_manager")
+
+_UNSET: Any = object()
+# Stores (of a pair of chunks each) handed to the I/O thread and not yet finished.  Two, so
+# that the caller builds on while a pair uploads and the next pair is queued behind it: with
+# one, the caller waited for each store and the I/O thread then waited for the next pair, the
+# two alternating (docs/architecture.md, "Blobs on an object store", Benchmark).
+_STORES_IN_FLIGHT = 2
+_CHUNKS_PER_STORE = 2  # chunks claimed in one transaction
+# A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
+# back from a restart is noticed within seconds, and an outage costs a few dozen attempts.
+_RENEW_FIRST_RETRY = 0.1
+_RENEW_MAX_RETRY = 2.0
+# Renewal failures that pass: the server unreachable or restarting, the lock held past the
+# busy timeout.  Anything else (the lease found lapsed or taken over, a bug) is final.
+_RENEW_TRANSIENT = (CatalogUnreachableError, CatalogLockedError)
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _Blob:
+    digest: str
+    parts: Sequence[codec.Buffer]
+    size: int
+    kind: str
+
+
+class ArchiveWriter:
+    """Streams samples into a new archive with bounded memory; publishes on `commit`.
+
+    Use it through `ArchiveManager.writer` as a context manager: a clean exit publishes, an
+    exception rolls back (the lease is dropped and the blobs only this save wrote are
+    removed).  Memory stays bounded: at most one chunk is being built, one compressed and
+    two pairs being stored or queued for the I/O thread (``_STORES_IN_FLIGHT``) at any time.
+    """
+
+    def __init__(
+        self,
+        pool: PoolContext | HasContext,
+        name: str,
+        *,
+        rollout_id: int | None,
+        evaluation: bool = False,
+        attrs: dict[str, Any] | None = None,
+        reference: Archive | None = None,
+    ) -> None:
+        pool = context_of(pool)
+        self._pool = pool
+        self.name = check_new_archive_name(name)
+        self.rollout_id = check_rollout_id(rollout_id)
+        if not isinstance(evaluation, bool):
+            raise InvalidInputError("evaluation must be a bool")
+        self.evaluation = evaluation
+        self.attrs = _check_attrs(attrs)
+        self._reference = reference
+        self._lease = f"{LEASE_PREFIX}{uuid.uuid4().hex}"
+        self._entries: list[tuple[int, str, str | None, int, int]] = []
+        self._metadata: list[dict[str, Any]] = []
+        # The samples of the chunk being filled, encoded at add() (see `add`).
+        self._buffer = codec.RawChunk([], {})
+        self._hand_over = codec.GilHandOver()
+        # `save_samples` holds its samples until the save returns: it may skip the copy.
+        self._copy = True
+        self._chunks: dict[int, tuple[str, int, int]] = {}
+        self._blob_kinds: dict[str, str] = {}
+        self._blob_sizes: dict[str, int] = {}
+        self._created: set[str] = set()  # digests whose row this save inserted
+        self._unmarked: list[str] = []  # written, not yet flipped to live
+        self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
+        self._next_ordinal = 0
+        self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
+        # Chunks packing or packed that wait for the next one to be stored with (see `_flush`).
+        self._batch: list[tuple[int, Future[EncodedChunk]]] = []
+        self._state = "open"
+        self._lock = threading.Lock()  # one catalog writer of this save at a time
+        self._failure: BaseException | None = None
+        self._store_failure: BaseException | None = None  # set on the I/O thread
+        self.archive: Archive | None = None  # set once published
+        with pool.catalog.read() as conn:
+            if archive_by_name(conn, self.name) is not None:
+                raise ArchiveExistsError(f"archive {self.name!r} already exists")
+        now = pool.clock()
+        with pool.catalog.write("save.lease") as conn:
+            insert_lease(conn, self._lease, now=now, ttl=pool.lease_ttl, archive_name=self.name)
+        self._expires_at = now + pool.lease_ttl  # as last renewed; only the heartbeat moves it
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
+        self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(
+            target=self._keep_alive,
+            args=(weakref.ref(self), self._stop, max(pool.lease_ttl / 3, 0.05)),
+            name="archive-lease",
+            daemon=True,
+        )
+        self._heartbeat.start()
+
+    # ---------------------------------------------------------------- public
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, sample: Any, task_key: Any = _UNSET) -> None:
+        """Append one sample.  ``task_key`` overrides the key read from the sample.
+
+        The sample is encoded now: what it holds at this call is what is stored, and the
+        caller may reuse or change it afterwards.
+
+        Raises:
+            UnencodableError: the sample holds a value that cannot be stored; nothing of it
+                was added and the writer stays usable.
+            InvalidInputError: its task key or sample key cannot be a catalog key (idem).
+        """
+        self._check_open()
+        if self._reference is not None:
+            raise InvalidInputError("a reference archive takes no samples")
+        key = task_key_of(sample) if task_key is _UNSET else task_key
+        key = check_task_key(key)
+        position = len(self._entries)
+        skey = check_key_text(sample_key(sample, position), "sample key")
+        # NOTE: encoded before it is described, so the description only ever sees values the
+        # codec accepted; nothing is appended until both succeeded.
+        encoded = codec.encode_sample(sample, inline_limit=self._pool.inline_limit, copy=self._copy)
+        description = describe_sample(sample)
+        self._entries.append((position, skey, key, self._next_ordinal, len(self._buffer.records)))
+        self._metadata.append(description)
+        self._buffer.add(encoded)
+        self._hand_over()
+        if len(self._buffer.records) >= self._pool.chunk_size:
+            try:
+                self._flush()
+            except BaseException as exc:
+                # NOTE: a failed flush loses a chunk (or leaves its samples unencodable):
+                # the writer must refuse to go on, or a caller that catches the error and
+                # keeps adding would commit an archive with a hole in it.
+                self._failure = exc
+                raise
+
+    def commit(self) -> Archive:
+        """Write the rest, the manifest, commit ownership, publish; return the archive."""
+        try:
+            # Inside the try: a writer whose lease lapsed (or whose flush failed) must still
+            # roll back, not leave its lease and blobs behind.
+            self._check_open()
+            if self._reference is not None:
+                self._adopt_reference(self._reference)
+            elif self._buffer.records:
+                self._flush()
+            self._wait()
+            self._pool.journal.ready()
+            archive_id, manifest = self._commit_ownership()
+            # NOTE: written after the ownership commit, which gave it its save number (the
+            # manifest module says why that number must come from the name's claim), and
+            # before publication, so a published archive always has its manifest on disk.
+            # Its save number makes it new: the ownership commit has just claimed its row.
+            self._pool.store.put_new([(manifest.parts, manifest.digest)])
+            failpoint("save.manifest.after_write")
+            record = self._publish(archive_id, manifest.digest)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        try:
+            # After the commit, before returning: docs/architecture.md, "Retention journal".
+            write_committed(self._pool.journal, record)
+        finally:
+            self._shutdown()
+        self.archive = open_archive(self._pool, self.name)
+        return self.archive
+
+    def abort(self) -> None:
+        """Roll back: drop the lease and remove the blobs only this save created."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        self._stop.set()
+        try:
+            for pending in self._pending:
+                pending.exception()
+        finally:
+            self._shutdown()
+        self._rollback()
+
+    @property
+    def lease(self) -> str:
+        """The owner name of this save's lease (``lease:<hex>``), as ``owners``, ``verify``
+        and GC reports name it."""
+        return self._lease
+
+    @property
+    def renewing(self) -> bool:
+        """Whether the lease is still being renewed (False after commit, abort, `abandon`,
+        a lapsed lease, or once the writer was dropped)."""
+        return self._heartbeat.is_alive()
+
+    def wait_stored(self) -> None:
+        """Block until every chunk filled so far is stored and held by the lease (chunks are
+        stored in the background while samples are added).
+
+        Raises:
+            Exception: the error a background store failed with, if one did.
+        """
+        self._wait()
+
+    def join_renewal(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the lease renewal to end (it ends by itself when
+        the lease lapsed or a renewal was refused); True if it has ended."""
+        self._heartbeat.join(timeout)
+        return not self._heartbeat.is_alive()
+
+    def stop_renewing(self) -> None:
+        """Stop renewing the lease, as a paused (SIGSTOP) process does: the lease lapses after
+        its TTL, GC then reclaims what it held, and a later commit fails with
+        `LeaseExpiredError`.  For tests and drills of the save protocol."""
+        self._stop.set()
+        self._heartbeat.join()
+
+    def abandon(self) -> None:
+        """Stop as a killed process would: no renewal, no further stores, no rollback.  What
+        the save left (its lease, its blobs, a pending archive) is what a crash leaves, and GC
+        clears it once the lease lapsed (docs/architecture.md, "Save protocol").  For tests
+        and drills; `abort` is the way to give a save up."""
+        self.stop_renewing()
+        self._shutdown()
+        self._state = "abandoned"
+
+    def __enter__(self) -> ArchiveWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state == "open":
+            self.commit()
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ArchiveError(f"the writer of {self.name!r} is {self._state}")
+        if self._failure is not None:
+            raise self._failure
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        self._io.shutdown(wait=True)
+        self._packer.shutdown(wait=True)
+
+    @staticmethod
+    def _keep_alive(
+        ref: weakref.ref[ArchiveWriter], stop: threading.Event, interval: float
+    ) -> None:
+        # NOTE: renewal runs on its own thread so that a slow but live producer keeps its
+        # lease; a paused (SIGSTOP) or dead process stops renewing and is fenced out.  It holds
+        # the writer only weakly: a writer dropped without commit or abort stops renewing, so
+        # its lease expires and GC reclaims what it held.
+        # A renewal that fails for a passing reason is retried with backoff for as long as the
+        # lease stands, so a catalog outage shorter than the lease costs no save.  Retrying
+        # cannot revive a lease: renew_lease extends it only if it is still live at the time
+        # read under the write lock, and GC drops only lapsed ones; either answer is final.
+        while not stop.wait(interval):
+            delay = _RENEW_FIRST_RETRY
+            while True:
+                writer = ref()
+                if writer is None:
+                    return
+                try:
+                    with writer._lock, writer._pool.catalog.write() as conn:
+                        writer._expires_at = renew_lease(
+                            conn,
+                            writer._lease,
+                            now=writer._pool.clock(),
+                            ttl=writer._pool.lease_ttl,
+                        )
+                    break
+                except _RENEW_TRANSIENT as exc:
+                    _log.info(
+                        "renewal of %s failed (%s); retrying", writer._lease, type(exc).__name__
+                    )
+                    if writer._pool.clock() >= writer._expires_at:
+                        lapsed = LeaseExpiredError(
+                            f"{writer._lease} of the save of {writer.name!r} lapsed while its "
+                            f"renewal kept failing ({exc}); nothing was published (a writer "
+                            "must not publish over blobs that GC may have reclaimed)"
+                        )
+                        lapsed.__cause__ = exc
+                        writer._failure = lapsed
+                        return
+                except BaseException as exc:  # surfaced by the next add/commit
+                    writer._failure = exc
+                    return
+                del writer
+                if stop.wait(delay):
+                    return
+                delay = min(delay * 2, _RENEW_MAX_RETRY)
+            del writer
+
+    def _flush(self) -> None:
+        raw = self._buffer
+        ordinal = self._next_ordinal
+        self._next_ordinal += 1
+        self._buffer = codec.RawChunk([], {})
+        # NOTE: a pipeline of three stages: this thread builds chunks i+2 and i+3 (needs the
+        # GIL) while the packer compresses and hashes them and the I/O thread stores chunks i
+        # and i+1 (zstd, xxhash, write and fsync release the GIL).  With one stage for pack
+        # and store, each chunk's fsyncs and catalog commit stalled the builder.  Memory stays
+        # bounded: at most six chunks past their samples (`_STORES_IN_FLIGHT` pairs stored or
+        # queued, one packed, one packing).
+        self._batch.append((ordinal, self._packer.submit(raw.pack)))
+        # At every chunk, not only when a pair is handed over: a store that already failed
+        # surfaces at the next chunk (a producer that carries on must see it), and one still
+        # running surfaces at the latest when the pipeline is full and this thread waits.
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()
+        while len(self._pending) >= _STORES_IN_FLIGHT:
+            self._pending.popleft().result()
+        if len(self._batch) >= _CHUNKS_PER_STORE:
+            self._submit_batch()
+
+    def _submit_batch(self) -> None:
+        """Hand the chunks of `_batch` to the I/O thread, to be stored in one transaction.
+
+        NOTE: one transaction per chunk cost a commit and ~2.5 ms of the GIL each, taken
+        from the encoder; pairs halve that (docs/architecture.md, "Save protocol", step 2).
+        The pairs are made here, on the caller's thread (chunks 0+1, 2+3, ...; a chunk stored
+        alone only when `_wait` drains: commit, `wait_stored`), so the failpoints are reached
+        the same number of times in every run, as the crash matrix needs.  The I/O thread
+        never waits for a chunk still to come: it did once, and the interpreter, which joins
+        that thread at exit, hung for good in a process that left its writer open after an
+        odd number of chunks (tests/test_review_rev3_breaks.py).
+        """
+        batch, self._batch = self._batch, []
+        self._pending.append(self._io.submit(self._store_chunks, batch))
+
+    def _wait(self) -> None:
+        if self._batch:
+            self._submit_batch()
+        while self._pending:
+            self._pending.popleft().result()
+
+    def _store_chunks(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
+        """On the I/O thread: store these chunks (once packed) in one catalog transaction and
+        one `put_many`; raise the error of the first whose packing failed.  After a store
+        failed, those queued behind it claim nothing (the save is lost anyway: the caller
+        meets the first error, oldest first)."""
+        if self._store_failure is not None:
+            raise ArchiveError(
+                f"chunks of {self.name!r} not stored: an earlier store failed"
+            ) from self._store_failure
+        try:
+            self._store_packed(batch)
+        except BaseException as exc:
+            self._store_failure = exc
+            raise
+
+    def _store_packed(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
+        encoded = [(ordinal, packed.result()) for ordinal, packed in batch]
+        blobs: list[_Blob] = []
+        for _, enc in encoded:
+            blobs.extend(
+                _Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()
+            )
+            blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
+        self._store(blobs)
+        for ordinal, enc in encoded:
+            self._chunks[ordinal] = (enc.digest, enc.samples, len(enc.data))
+
+    def _store(self, blobs: list[_Blob]) -> None:
+        """Step 2: retain under the lease, then write what is not already live."""
+        store = self._pool.store
+        to_write: list[_Blob] = []
+        with self._lock, self._pool.catalog.write("save.blobs") as conn:
+            now = self._pool.clock()
+            check_lease(conn, self._lease, now=now)
+            if self._unmarked:
+                mark_live(conn, self._unmarked)
+                self._unmarked = []
+            hold_blobs(conn, self._lease, [b.digest for b in blobs])
+            to_write = self._claim_rows(conn, blobs, now)
+        # Every blob claimed here is absent from the store, or being written by another save
+        # with the same bytes: none needs the store's look for a stored copy.
+        store.put_new([(blob.parts, blob.digest) for blob in to_write])
+        with self._lock:
+            self._unmarked.extend(b.digest for b in to_write)
+        for blob in blobs:
+            self._blob_kinds[blob.digest] = blob.kind
+            self._blob_sizes[blob.digest] = blob.size
+
+    def _claim_rows(self, conn: Connection, blobs: list[_Blob], now: float) -> list[_Blob]:
+        """Inside a write transaction: insert or take back the rows of ``blobs``; return the
+        blobs whose files must be written (absent, being written, or taken back from GC)."""
+        store = self._pool.store
+        to_write: list[_Blob] = []
+        new: list[_Blob] = []
+        rows = blob_rows(conn, [b.digest for b in blobs])
+        for blob in _unique(blobs):
+            row = rows.get(blob.digest)
+            if row is None:
+                new.append(blob)
+                to_write.append(blob)
+            elif row.size != blob.size:
+                raise IntegrityError(
+                    f"blob {blob.digest} is recorded with {row.size} bytes but encodes to "
+                    f"{blob.size}: digest collision or a damaged catalog"
+                )
+            elif row.state == "deleting":
+                # A GC marked it and died (or has not reached it): GC unlinks only rows
+                # still 'deleting' and only under the catalog's write lock, which this
+                # transaction holds, so taking the row back here cannot race it.
+                pin_write_lock(conn)
+                store.delete(blob.digest)
+                conn.execute(
+                    update(blobs_table)
+                    .where(blobs_table.c.digest == blob.digest)
+                    .values(state="writing", created_at=now)
+                )
+                to_write.append(blob)
+            elif row.state == "writing" or not store.has(blob.digest):
+                # Another save may be writing it, or a file went missing: putting the same
+                # bytes again is idempotent and heals the pool.
+                to_write.append(blob)
+        if new:
+            # One executemany for the new rows (a chunk of R3 samples brings dozens of tensors).
+            insert_rows(
+                conn,
+                blobs_table,
+                ("digest", "size", "kind", "state", "created_at"),
+                [(b.digest, b.size, b.kind, "writing", now) for b in new],
+            )
+            self._created.update(b.digest for b in new)
+        return to_write
+
+    def _adopt_reference(self, source: Archive) -> None:
+        """Share another archive's chunks and tensor blobs: hold them, copy its rows."""
+        with self._pool.catalog.read() as conn:
+            src = source.row(conn)
+            chunks = conn.execute(
+                select(
+                    chunks_table.c.ordinal,
+                    chunks_table.c.digest,
+                    chunks_table.c.samples,
+                    chunks_table.c.size,
+                )
+                .where(chunks_table.c.archive_id == src.id)
+                .order_by(chunks_table.c.ordinal)
+            ).all()
+            entries = conn.execute(
+                select(
+                    entries_table.c.position,
+                    entries_table.c.sample_key,
+                    entries_table.c.task_key,
+                    entries_table.c.chunk_ordinal,
+                    entries_table.c.offset,
+                )
+                .where(entries_table.c.archive_id == src.id)
+                .order_by(entries_table.c.position)
+            ).all()
+            metadata = (
+                conn.execute(
+                    select(sample_metadata_table.c.description)
+                    .where(sample_metadata_table.c.archive_id == src.id)
+                    .order_by(sample_metadata_table.c.position)
+                )
+                .scalars()
+                .all()
+            )
+            blobs = conn.execute(
+                select(archive_blobs_table.c.digest, archive_blobs_table.c.kind, blobs_table.c.size)
+                .join(
+                    blobs_table, blobs_table.c.digest == archive_blobs_table.c.digest, isouter=True
+                )
+                .where(
+                    archive_blobs_table.c.archive_id == src.id,
+                    archive_blobs_table.c.kind != "manifest",
+                )
+            ).all()
+        digests = [b.digest for b in blobs]
+        with self._lock, self._pool.catalog.write("save.blobs") as conn:
+            check_lease(conn, self._lease, now=self._pool.clock())
+            hold_blobs(conn, self._lease, digests)
+            rows = blob_rows(conn, digests)
+            # The file too: a catalog restored from a backup keeps 'live' rows of blobs that
+            # GC deleted after the backup.
+            gone = [
+                d
+                for d in digests
+                if d not in rows or rows[d].state != "live" or not self._pool.store.has(d)
+            ]
+        if gone:
+            source.raise_reclaimed(f"{len(gone)} of its blobs are gone (first: {gone[0]})")
+        for ordinal, digest, samples, size in chunks:
+            self._chunks[ordinal] = (digest, samples, size)
+        self._next_ordinal = len(chunks)
+        self._entries = [tuple(e) for e in entries]  # type: ignore[misc]
+        self._metadata = list(metadata)
+        for b in blobs:
+            self._blob_kinds[b.digest] = b.kind
+            self._blob_sizes[b.digest] = b.size or 0
+
+    def _manifest(self, *, save_seq: int, created_at: float) -> _Blob:
+        chunks = [self._chunks[i] for i in range(len(self._chunks))]
+        data = Manifest(
+            name=self.name,
+            rollout_id=self.rollout_id,
+            evaluation=self.evaluation,
+            attrs=self.attrs,
+            reference=self._reference.name if self._reference is not None else None,
+            created_at=created_at,
+            chunks=chunks,
+            tensors=sorted(d for d, k in self._blob_kinds.items() if k == "tensor"),
+            entries=[(sk, tk, o, off) for _, sk, tk, o, off in self._entries],
+            metadata=self._metadata,
+            save_seq=save_seq,
+        ).encode()
+        return _Blob(codec.digest_of(data), [data], len(data), "manifest")
+
+    def _commit_ownership(self) -> tuple[int, _Blob]:
+        """Step 4: claim the name with a save number, then, in the same commit, the archive
+        (pending), its manifest's row, chunks, entries, metadata and ownership."""
+        now = self._pool.clock()
+        with self._lock, self._pool.catalog.write("save.ownership") as conn:
+            check_lease(conn, self._lease, now=now)
+            mark_live(conn, self._unmarked)
+            self._unmarked = []
+            self._owned_at = now
+            if archive_by_name(conn, self.name) is not None:
+                raise ArchiveExistsError(f"archive {self.name!r} already exists")
+            manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
+            self._claim_rows(conn, [manifest], now)
+            self._blob_kinds[manifest.digest] = "manifest"
+            self._blob_sizes[manifest.digest] = manifest.size
+            total = sum(self._blob_sizes.values())
+            try:
+                archive_id = inserted_id(
+                    conn.execute(
+                        archives_table.insert().values(
+                            name=self.name,
+                            rollout_id=self.rollout_id,
+                            evaluation=self.evaluation,
+                            state="pending",
+                            manifest_digest=manifest.digest,
+                            samples=len(self._entries),
+                            bytes=total,
+                            created_at=now,
+                            attrs=self.attrs,
+                            reference_name=self._reference.name if self._reference else None,
+                            lease_owner=self._lease,
+                        )
+                    )
+                )
+            except sa_exc.IntegrityError as exc:
+                raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
+            insert_contents(conn, archive_id, self._chunks, self._entries, self._metadata)
+            insert_rows(
+                conn,
+                archive_blobs_table,
+                ("archive_id", "digest", "kind"),
+                [(archive_id, d, k) for d, k in sorted(self._blob_kinds.items())],
+            )
+            conn.execute(
+                retention_table.insert().values(
+                    owner=archive_owner(self.name), archive_id=archive_id, created_at=now
+                )
+            )
+            # Ownership has passed to the archive's owner; the lease row itself stays until
+            # publication so that GC can tell a live pending save from a dead one.
+            conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == self._lease))
+        return int(archive_id), manifest
+
+    def _publish(self, archive_id: int, manifest_digest: str) -> Staged:
+        """Step 5: mark the manifest durable, make the archive visible, end the lease; stage
+        the publication's journal record (written once this commits)."""
+        with self._lock, self._pool.catalog.write("save.publish") as conn:
+            mark_live(conn, [manifest_digest])
+            now = self._pool.clock()
+            published = conn.execute(
+                update(archives_table)
+                .where(archives_table.c.id == archive_id, archives_table.c.state == "pending")
+                .values(state="published", published_at=now, lease_owner=None)
+            ).rowcount
+            if published != 1:
+                raise LeaseExpiredError(
+                    f"archive {self.name!r} was rolled back by gc before it could be "
+                    "published (its lease expired)"
+                )
+            drop_lease(conn, self._lease)
+            op = publish_op(self.name, manifest_digest, at=now, owned_at=self._owned_at)
+            return stage_record(conn, pool_id_of(conn), [op], now)
+
+    def _rollback(self) -> None:
+        """Drop the lease; delete the blobs this save created that nothing else holds."""
+        store = self._pool.store
+        try:
+            with self._pool.catalog.write("save.rollback") as conn:
+                pending = conn.execute(
+                    select(archives_table.c.id).where(
+                        archives_table.c.lease_owner == self._lease,
+                        archives_table.c.state == "pending",
+                    )
+                ).scalar_one_or_none()
+                if pending is not None:
+                    conn.execute(delete(archives_table).where(archives_table.c.id == pending))
+                drop_lease(conn, self._lease)
+                orphans = [d for d in sorted(self._created) if not _held(conn, d)]
+                if orphans:
+                    pin_write_lock(conn)
+                for digest in orphans:
+                    # Deleted under the write lock, as GC does, so no save can adopt it now.
+                    store.delete(digest)
+                    failpoint("save.rollback.after_unlink")
+                if orphans:
+                    conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(orphans)))
+        except ArchiveError:
+            # The catalog is unreachable: the lease expires and GC clears what is left.
+            # (BlobStore.put removes its own temp file on failure, so none is left here.)
+            pass
+
+
+def _held(conn: Connection, digest: str) -> bool:
+    return bool(
+        conn.execute(
+            select(
+                or_(
+                    exists().where(lease_blobs_table.c.digest == digest),
+                    exists().where(archive_blobs_table.c.digest == digest),
+                )
+            )
+        ).scalar()
+    )
+
+
+def insert_contents(
+    conn: Connection,
+    archive_id: int,
+    chunks: dict[int, tuple[str, int, int]],
+    entries: list[tuple[int, str, str | None, int, int]],
+    metadata: list[dict[str, Any]],
+) -> None:
+    insert_rows(
+        conn,
+        chunks_table,
+        ("archive_id", "ordinal", "digest", "samples", "size"),
+        [(archive_id, o, d, n, s) for o, (d, n, s) in sorted(chunks.items())],
+    )
+    insert_rows(
+        conn,
+        entries_table,
+        ("archive_id", "position", "sample_key", "task_key", "chunk_ordinal", "offset"),
+        [(archive_id, *e) for e in entries],
+    )
+    indexed = [(_indexed_status(d), _indexed_reward(d), _indexed_length(d)) for d in metadata]
+    insert_rows(
+        conn,
+        sample_metadata_table,
+        ("archive_id", "position", "status", "reward", "response_length", "description"),
+        [
+            (archive_id, i, *row, d)
+            for i, (row, d) in enumerate(zip(indexed, metadata, strict=True))
+        ],
+    )
+    # The archive's summary, from the very values just indexed: a save, a reference save and
+    # a catalog rebuild all come through here (docs/architecture.md, "Summaries and paging").
+    task_keys = {position: task_key for position, _, task_key, _, _ in entries}
+    store_summaries(
+        conn,
+        [
+            (
+                archive_id,
+                summarize_archive((*row, task_keys.get(i)) for i, row in enumerate(indexed)),
+            )
+        ],
+    )
+
+
+def _indexed_status(description: dict[str, Any]) -> str | None:
+    # PostgreSQL enforces the column's length (SQLite did not): a longer status is left out of
+    # the index, and kept in the description.
+    status = description.get("status")
+    if isinstance(status, str) and len(status) <= STATUS_LENGTH and "\x00" not in status:
+        return status
+    return None
+
+
+def _indexed_reward(description: dict[str, Any]) -> float | None:
+    # A reward the float column cannot hold (an int past 1e308) is left out of the index, and
+    # kept in the description: binding it raised OverflowError in the middle of a save.
+    reward = description.get("reward")
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+        return None
+    try:
+        value = float(reward)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _indexed_length(description: dict[str, Any]) -> int | None:
+    # The column is a 32-bit INTEGER on PostgreSQL: a length past it stays in the description.
+    length = description.get("response_length")
+    if type(length) is int and _INT32_MIN <= length <= _INT32_MAX:
+        return length
+    return None
+
+
+def _unique(blobs: list[_Blob]) -> list[_Blob]:
+    seen: dict[str, _Blob] = {}
+    for blob in blobs:
+        seen.setdefault(blob.digest, blob)
+    return list(seen.values())
+
+
+def _check_attrs(attrs: object) -> dict[str, Any] | None:
+    if attrs is None:
+        return None
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
+        raise InvalidInputError("attrs must be a dict with str keys")
+    try:
+        json.dumps(attrs, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"attrs must be JSON-serializable: {exc}") from exc
+    return attrs
+
+
+def save_samples(
+    pool: PoolContext,
+    name: str,
+    samples: Sequence[Any],
+    *,
+    rollout_id: int | None,
+    evaluation: bool,
+    task_keys: Sequence[Any] | None,
+    attrs: dict[str, Any] | None,
+) -> Archive:
+    """`ArchiveManager.save`: validate everything checkable up front, then stream."""
+    if isinstance(samples, (str, bytes, dict)) or not hasattr(samples, "__len__"):
+        raise InvalidInputError("samples must be a sequence (a list) of samples")
+    if task_keys is not None:
+        if isinstance(task_keys, (str, bytes, dict)) or not hasattr(task_keys, "__len__"):
+            raise InvalidInputError("task_keys must be a sequence (a list) of keys, one per sample")
+        if len(task_keys) != len(samples):
+            raise InvalidInputError(
+                f"task_keys has {len(task_keys)} keys for {len(samples)} samples; "
+                "give one key (or None) per sample"
+            )
+        keys = [check_task_key(k) for k in task_keys]
+    # NOTE: no garbage collection during the save: a full collection walks the caller's whole
+    # heap (a training process's; here the samples' millions of numbers) and the save's own
+    # allocations (records, entries, catalog rows) trigger one every few saves.  Measured on
+    # the 1024-sample rollout: a full collection cost 0.2-0.45 s of a 1.7-3.7 s save.  What a
+    # save builds holds no cycles; the codec pauses the GC the same way (`_gc_paused`).
+    with codec._gc_paused():
+        writer = ArchiveWriter(
+            pool, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
+        )
+        # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored
+        # before it does: the tensor blobs may reference the samples' memory instead of a
+        # copy (a memcpy of every big tensor would cost pool.save, the headline number).
+        writer._copy = False
+        try:
+            for i, sample in enumerate(samples):
+                if task_keys is None:
+                    writer.add(sample)
+                else:
+                    writer.add(sample, task_key=keys[i])
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.commit()
