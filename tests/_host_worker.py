@@ -1,4 +1,4 @@
-"""Run by tests/test_two_hosts.py on one "host" (a mount namespace of tests/jfshosts.py) of a
+"""Run by tests/pool/test_two_hosts.py on one "host" (a mount namespace of tests/jfshosts.py) of a
 pool on JuiceFS with a PostgreSQL catalog.  Prints JSON objects, one a line, the result last.
 No tensors, so no torch: each of these processes costs the suite a second, not three.
 

@@ -1,4 +1,4 @@
-"""Run by tests/test_shared_pools.py inside a private mount namespace where the pool is a
+"""Run by tests/pool/test_shared_pools.py inside a private mount namespace where the pool is a
 read-only bind mount: every read verb and API call, then every write, which must fail with
 `ReadOnlyPoolError` (the CLI: one line, exit 1).  Prints one JSON object: what was read and
 what each write said.

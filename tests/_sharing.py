@@ -1,4 +1,4 @@
-"""Helpers of tests/test_shared_pools.py: what the machine allows (a private mount namespace,
+"""Helpers of tests/pool/test_shared_pools.py: what the machine allows (a private mount namespace,
 throwaway users), a byte-for-byte picture of a pool's folder, and running Python as another
 account.
 

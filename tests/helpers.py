@@ -14,6 +14,7 @@ import math
 import os
 import stat
 import struct
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,10 @@ from pgserver import (  # tests/pgserver.py: pytest puts tests/ on sys.path
 )
 from sqlalchemy import inspect, select, text
 
+import archive_manager.manager as manager_module
+import archive_manager.pool.writer as writer_module
 from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
+from archive_manager._util.names import check_archive_name, check_owner
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -462,3 +466,27 @@ def python_array(value: list) -> tuple[str, bytes, bool] | None:
     if node is None:
         return None
     return node["d"], b"".join(map(bytes, record.arrays)), node["s"]
+
+
+def _exact_archive_by_name(conn: Any, name: str) -> Any:
+    return conn.execute(select(archives_table).where(archives_table.c.name == name)).one_or_none()
+
+
+@contextlib.contextmanager
+def older_version(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Within the block, the pool takes names and owners as versions before this rule did
+    (any spelling, invisible characters allowed, exact lookups): how such names come to be
+    stored."""
+    with monkeypatch.context() as patch:
+        patch.setattr(writer_module, "check_new_archive_name", check_archive_name)
+        patch.setattr(writer_module, "archive_by_name", _exact_archive_by_name)
+        patch.setattr(manager_module, "check_new_owner", check_owner)
+        patch.setattr(manager_module, "name_spellings", lambda text: [text])
+        yield
+
+
+def extract_legacy(tmp_path: Path) -> Path:
+    """A pool written by the previous release (no identity), moved to ``tmp_path``."""
+    with tarfile.open(Path(__file__).resolve().parent / "data" / "legacy-pool-r2.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "legacy-pool"

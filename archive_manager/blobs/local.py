@@ -88,7 +88,7 @@ _log = logging.getLogger("archive_manager")
 #: Seconds a read of a missing or mismatching blob keeps trying on a networked or FUSE root.
 #: JuiceFS keeps attributes and entries 1 s by default and NFS its file attributes 3-60 s
 #: (``acregmin``/``acregmax``); 5 s covers JuiceFS's caches with room for a loaded client
-#: (a blob another host had just rewritten read after 1.1 s, tests/test_two_hosts.py), and
+#: (a blob another host had just rewritten read after 1.1 s, tests/pool/test_two_hosts.py), and
 #: keeps a truly missing or corrupt blob's error seconds away, not a minute.  NFS's cached negative lookups
 #: may last longer (``acdirmax``, 60 s): mount with ``lookupcache=positive`` or raise this.
 DEFAULT_SHARED_READ_RETRY = 5.0

@@ -234,7 +234,7 @@ def _timeout_message(pattern: str) -> str:
 
 
 # The characters beyond ASCII that `re.IGNORECASE` matches to an ASCII one (found by trying
-# every code point; tests/test_lens.py checks the table still holds).
+# every code point; tests/lens/test_lens.py checks the table still holds).
 _FOLDS_BEYOND_ASCII = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
 
 

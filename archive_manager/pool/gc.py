@@ -53,7 +53,7 @@ from .journal import audit, maintain
 from .reachability import dead_pending
 
 # The plan's reachability test, by this name: the crash matrix's sabotage test replaces it
-# to prove that a GC which counts no owner is caught (tests/test_crash_matrix.py).
+# to prove that a GC which counts no owner is caught (tests/crash/test_crash_matrix.py).
 from .reachability import retained as _retained
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ unchanged: every check below passes, or it returns None and the caller takes
   an ``immutable`` read is dropped if the file changed meanwhile.
 
 The statements are `ArchiveManager.find`'s (`catalog.queries.archives_in_order`,
-`archive.reclaimed_names`) written for ``sqlite3``; ``tests/test_sqlite_listing.py`` holds
+`archive.reclaimed_names`) written for ``sqlite3``; ``tests/pool/test_sqlite_listing.py`` holds
 the two paths to the same answers over random pools.
 """
 

@@ -382,7 +382,7 @@ class PostgreSQLDialect(CatalogDialect):
                 # in pipeline mode, after which the server left a writer stopped at its next
                 # step (SIGSTOP, Ctrl-Z) "idle in transaction" without ending it at the
                 # idle_in_transaction_session_timeout this transaction set, so the stopped
-                # writer held the write lock for good (tests/test_stopped_writer.py, 2 runs
+                # writer held the write lock for good (tests/pool/test_stopped_writer.py, 2 runs
                 # in 4 before).
                 conn.execute(
                     insert(table).values([dict(zip(columns, row, strict=True)) for row in first])
