@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner, Result
+from helpers import tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.catalog import head_revision
@@ -713,3 +714,21 @@ def test_no_verb_shows_a_catalog_password(tmp_path: Path, pg_server) -> None:
     assert "cannot reach" in failed(run(tmp_path / "x", unreachable, "info"))
     failed(run(tmp_path / "x", unreachable, "db", "current"))
     assert not [o for o in outputs if secret in o], outputs
+
+
+def _escaped_pool(tmp_path: Path) -> ArchiveManager:
+    pool = ArchiveManager.open(tmp_path / "pool", create=True)
+    samples = tiny_rollout(2, seed=1, r3_layers=0)
+    samples[0].response = "plain text"
+    samples[1].task_key = "\x1b[31mred"  # type: ignore[attr-defined]
+    pool.save("r1", samples, rollout_id=1)
+    return pool
+
+
+def test_csv_listing_keeps_escape_sequences_exactly(tmp_path: Path) -> None:
+    """--format csv claims exact output, but click.echo stripped ANSI sequences from it when
+    stdout is not a terminal: a task key '\\x1b[31mred' was exported as 'red'."""
+    _escaped_pool(tmp_path).close()
+    result = CliRunner().invoke(cli, ["--root", str(tmp_path / "pool"), "query", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert "\x1b[31mred" in result.output

@@ -12,8 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
+from helpers import tiny_rollout
 
-from archive_manager import Sample, TensorRef
+from archive_manager import ArchiveManager, Sample, TensorRef
+from archive_manager.cli import cli
 from archive_manager.errors import (
     ArchiveExistsError,
     InvalidInputError,
@@ -336,3 +339,27 @@ def test_export_is_slime_format_loadable_with_weights_only(
     # slime dump's dicts become Samples, as slime's from_dict makes them).
     (imported,) = pool.import_pt(tmp_path / "dicts.pt", name="dicts-back").load_samples()
     assert type(imported) is dict and imported["tokens"] == [1, 2]
+
+
+def _saved_pool(tmp_path: Path) -> ArchiveManager:
+    pool = ArchiveManager.open(tmp_path / "pool", create=True)
+    samples = tiny_rollout(2, seed=1, r3_layers=0)
+    samples[0].response = "plain text"
+    samples[1].task_key = "\x1b[31mred"  # type: ignore[attr-defined]
+    pool.save("r1", samples, rollout_id=1)
+    return pool
+
+
+def test_import_pt_takes_an_existing_file_whose_name_looks_like_a_glob(tmp_path: Path) -> None:
+    """A dump named 'rollout[1].pt' was taken for a glob (its [1] a character class) that
+    matches nothing: the file could not be imported by its own path."""
+    pytest.importorskip("torch")
+    with _saved_pool(tmp_path) as pool:
+        dump = tmp_path / "rollout[1].pt"
+        pool.open_archive("r1").export_pt(dump)
+    target = tmp_path / "other"
+    ArchiveManager.open(target, create=True).close()
+    result = CliRunner().invoke(cli, ["--root", str(target), "import-pt", str(dump)])
+    assert result.exit_code == 0, result.output
+    with ArchiveManager.open(target) as other:
+        assert len(other.find()) == 1

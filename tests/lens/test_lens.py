@@ -208,3 +208,33 @@ def test_stats_carry_group_figures(tmp_path: Path, backend: Backend) -> None:
     done = CliRunner().invoke(cli, ["--root", str(tmp_path / "pool"), "stats"])
     if backend.name == "sqlite":
         assert done.exit_code == 0 and "FLAT" in done.output and "GROUP STD" in done.output
+
+
+# Claim: bad input to `prompts` is a clear one-line error.  Fixed: --regressed --improved
+# together took the last one silently, and --limit 0 printed "no prompt with rewards in
+# both ranges" whatever the ranges held.
+def test_prompts_refuses_contradictory_options(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        for rid in (1, 2):
+            pool.save(
+                f"r{rid}",
+                [
+                    {"response": "r", "reward": float(rid * (i % 2)), "task_key": f"k{i}"}
+                    for i in range(4)
+                ],
+                rollout_id=rid,
+            )
+    runner = CliRunner()
+    base = ["--root", str(root), "prompts", "--from", "1", "--to", "2"]
+    done = runner.invoke(cli, [*base, "--regressed", "--improved"])
+    assert done.exit_code == 2 and "not both" in done.output
+    done = runner.invoke(cli, [*base, "--limit", "0"])
+    assert done.exit_code == 2 and "--limit" in done.output
+    improved = runner.invoke(cli, [*base, "--improved", "--json"])
+    assert improved.exit_code == 0, improved.output
+    assert [c["task_key"] for c in json.loads(improved.output)] == ["k1", "k3"]
+    regressed = runner.invoke(cli, [*base, "--regressed", "--json"])
+    assert regressed.exit_code == 0 and json.loads(regressed.output) == []
+    done = runner.invoke(cli, [*base, "--limit", str(10**30), "--json"])
+    assert done.exit_code == 0 and len(json.loads(done.output)) == 4

@@ -1,7 +1,8 @@
-"""Reviewer's breaks of issue 19's claims (the RL lens: groups, prompt histories, tokens as
-text, search, Markdown): each test states the claim it holds the code to.  A break fixed on
-this branch is a normal test (its comment says what was wrong); one not fixed is a strict
-xfail."""
+"""Search (`pool.search`, ``archive-manager grep``, the viewer's /search): what it finds
+against a brute-force scan (case folding, escaping, line handling, chat contents), the C and
+Python prefilters, regular expressions (runaway, unbounded, empty-matching ones refused),
+damaged chunks named by archive, limits, ranges and filters.  Each test states the claim it
+holds the code to; a comment says what was wrong where a fix closed a break."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import snapshot_pool
-from hypothesis import HealthCheck, example, given, settings
+from helpers import tiny_rollout
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import archive_manager
@@ -84,7 +85,7 @@ def _tricky_samples() -> list[Any]:
 
 @pytest.fixture(scope="module")
 def tricky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ArchiveManager, list]]:
-    root = tmp_path_factory.mktemp("rev19") / "pool"
+    root = tmp_path_factory.mktemp("search") / "pool"
     samples = _tricky_samples()
     with ArchiveManager.open(root, chunk_size=4) as pool:
         pool.save("a", samples, rollout_id=1)
@@ -583,24 +584,18 @@ def test_limits_ranges_and_filters(tricky: tuple[ArchiveManager, list]) -> None:
         assert done.exit_code != 0 and "Traceback" not in done.output, (args, done.output)
 
 
-# --------------------------------------------------------------------------- viewer
+# --------------------------------------------------------------------------- empty matches
 
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[tuple[Any, ArchiveManager]]:
+    """The viewer's test client on a pool of two archives of eight samples each."""
     pytest.importorskip("flask")
     from archive_manager.web import create_app
 
     pool = ArchiveManager.open(tmp_path / "pool")
     samples = [
-        {
-            "prompt": f"q{i // 2}",
-            "response": HOSTILE_MARKDOWN[i % len(HOSTILE_MARKDOWN)],
-            "tokens": [1, 2, 3],
-            "reward": float(i % 2),
-            "task_key": f"k{i // 2}",
-            "status": "completed",
-        }
+        {"prompt": f"q{i // 2}", "response": f"<b>alert</b> {i}", "task_key": f"k{i // 2}"}
         for i in range(8)
     ]
     pool.save("r1", samples, rollout_id=1)
@@ -609,93 +604,6 @@ def client(tmp_path: Path) -> Iterator[tuple[Any, ArchiveManager]]:
         yield create_app(pool).test_client(), pool
     finally:
         pool.close()
-
-
-HOSTILE_MARKDOWN = [
-    "<script>alert(1)</script> and <img src=x onerror=alert(2)>",
-    "[click](javascript:alert(3)) [b](JaVaScRiPt:alert(4)) [c](&#106;avascript:alert(5))",
-    "![img](https://evil.example/x.png) ![x](x onerror=alert(6))",
-    "<javascript:alert(7)> <https://ok.example> <a href='javascript:alert(8)'>x</a>",
-    "[r][ref]\n\n[ref]: javascript:alert(9)",
-    "[d](data:text/html;base64,PHNjcmlwdD5hbGVydCgxMCk8L3NjcmlwdD4=) [v](vbscript:msgbox)",
-    '<div onmouseover="alert(11)">x</div>\n\n<iframe src=x></iframe>',
-    "`<script>` **bold** | a | b |\n|---|---|\n| <b>c</b> | d |",
-]
-
-ROUTES = [
-    "/",
-    "/stats",
-    "/archive/r1",
-    "/archive/r1/sample/0",
-    "/archive/r1/group?task_key=k0",
-    "/archive/r1/groups",
-    "/prompt?task_key=k0",
-    "/search?q=alert",
-    "/compare?a=r1&a_position=0&b=r2&b_position=1",
-]
-
-HOSTILE_QUERIES = [
-    "page=0",
-    "page=99999999999999999999",
-    "per_page=0",
-    "rollout_id=5..1",
-    "rollout_id=..",
-    "rollout_id=99999999999999999999999",
-    "task_key=%00",
-    "task_key=%ff%fe",
-    "task_key=%ED%A0%80",
-    "task_key=" + "x" * 5000,
-    "q=%ED%A0%80",
-    "q=a&q=b",
-    "task_key=k0&task_key=k1",
-    "view=markdown&view=text",
-    "view=markdown",
-    "format=xml",
-    "limit=-5",
-    "limit=1e3",
-    "regex=1&q=(%3FR)",
-    "regex=1&q=(",
-    "regex=1&q=%5Cb",
-    "case=ignore&q=%C3%9F",
-    "min_reward=nan",
-    "a=r1&a_position=-1",
-    "a=..%2F..%2Fetc&a_position=0&b=r1",
-    "evaluation=maybe",
-    "after=x",
-    "tokens=all",
-    "sort=reward&order=x",
-]
-
-
-# Claim: hostile query strings get 400 or 404 pages on every route, never a 500.
-def test_hostile_query_strings_are_400_or_404(client: tuple[Any, ArchiveManager]) -> None:
-    app, pool = client
-    before = snapshot_pool(pool)
-    for route in ROUTES:
-        for query in HOSTILE_QUERIES:
-            url = route + ("&" if "?" in route else "?") + query
-            for extra in ("", "&format=json"):
-                response = app.get(url + extra)
-                assert response.status_code in (200, 400, 404), (url + extra, response.text[:300])
-    assert snapshot_pool(pool) == before  # every route left catalog and blobs as they were
-
-
-# Claim: a parameter given twice with different values is a 400 (rev's rule), and an unknown
-# task key is a 404 page.  Fixed: /search read the first ``q`` and ignored the other, and
-# /prompt answered an unknown task key with an empty 200 page.
-def test_search_and_prompt_refuse_what_they_cannot_answer(
-    client: tuple[Any, ArchiveManager],
-) -> None:
-    app, _ = client
-    twice = app.get("/search?format=json&q=alert&q=zzz")
-    assert twice.status_code == 400 and "'q'" in twice.json["error"]
-    assert app.get("/search?format=json&q=alert&q=alert").status_code == 200
-    assert app.get("/prompt?task_key=nope").status_code == 404
-    unknown = app.get("/prompt?format=json&task_key=nope")
-    assert unknown.status_code == 404 and "nope" in unknown.json["error"]
-    assert app.get("/prompt?format=json&task_key=k0&rollout_id=7").status_code == 404
-    assert app.get("/prompt?format=json&task_key=k0").status_code == 200
-    assert app.get("/archive/r1/group?task_key=nope").status_code == 404
 
 
 # Claim: a regular expression whose match is empty finds nothing: refused as one matching the
@@ -710,81 +618,6 @@ def test_a_regex_matching_only_empty_strings_is_refused(
         pool.search(pattern, regex=True)
     page = app.get("/search", query_string={"q": pattern, "regex": "1", "format": "json"})
     assert page.status_code == 400 and "empty string" in page.json["error"]
-
-
-# A tag model output could have smuggled in: a script-capable element, an event handler, or
-# a URL scheme that runs code.
-_ACTIVE_TAG = re.compile(r"<(script|iframe|img|object|embed|svg)\b", re.IGNORECASE)
-_ACTIVE_ATTRIBUTE = re.compile(
-    r"\son\w+\s*=|(href|src)\s*=\s*[\"']?\s*(javascript|vbscript|data):", re.IGNORECASE
-)
-
-
-# Claim: Markdown is rendered with raw HTML, images and script URLs off: model output never
-# becomes markup (raw tags, javascript:/vbscript:/data: links, entity-hidden schemes,
-# reference links, autolinks, image onerror), on the sample, group and compare pages.
-def test_markdown_never_lets_model_output_become_markup(
-    client: tuple[Any, ArchiveManager],
-) -> None:
-    app, _ = client
-    pages = [f"/archive/r1/sample/{i}?view=markdown" for i in range(len(HOSTILE_MARKDOWN))]
-    pages += [f"/archive/r1/group?task_key=k{i}&view=markdown" for i in range(4)]
-    pages += [f"/compare?a=r1&a_position={i}&b=r2&b_position={i}&view=markdown" for i in range(8)]
-    rendered = 0
-    for url in pages:
-        page = app.get(url)
-        assert page.status_code == 200, url
-        body = page.text.split("<body", 1)[1]
-        for tag in re.findall(r"<[^>]*>", body):
-            assert "alert(" not in tag and "msgbox" not in tag, (url, tag)
-            assert _ACTIVE_TAG.match(tag) is None or "src=" not in tag.lower(), (url, tag)
-            assert _ACTIVE_ATTRIBUTE.search(tag) is None, (url, tag)
-        rendered += "<strong>bold</strong>" in body
-    assert rendered  # the Markdown was rendered, not only escaped
-
-
-# --------------------------------------------------------------------------- tokenizer
-
-
-# Claim: a tokenizer path that is missing, a folder without tokenizer.json, a garbage file
-# or a huge file is a clear error: InvalidInputError, and one line from serve and sample.
-def test_bad_tokenizer_paths(tmp_path: Path) -> None:
-    pytest.importorskip("tokenizers")
-    from archive_manager.lens.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
-
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    (folder / "tokenizer_config.json").write_text("{}")
-    nested = tmp_path / "nested"
-    (nested / "tokenizer.json").mkdir(parents=True)  # a folder named tokenizer.json
-    garbage = tmp_path / "garbage.json"
-    garbage.write_bytes(b"\x00\xff" * 100)
-    huge = tmp_path / "huge.json"
-    with huge.open("wb") as f:
-        f.truncate(MAX_TOKENIZER_BYTES + 1)  # sparse: no disk used
-    cases = [
-        (tmp_path / "missing", "does not exist"),
-        (folder, "no tokenizer.json"),
-        (nested, "no tokenizer.json"),
-        (garbage, "not a tokenizer"),
-        (huge, "too large"),
-    ]
-    for path, message in cases:
-        with pytest.raises(InvalidInputError, match=message):
-            load_tokenizer(path)
-    root = tmp_path / "pool"
-    with ArchiveManager.open(root) as pool:
-        pool.save("a", [{"response": "r", "tokens": [1, 2]}], rollout_id=1)
-    runner = CliRunner()
-    for path, message in cases:
-        for args in (
-            ["serve", "--tokenizer", str(path), "--port", "1"],
-            ["sample", "a", "--position", "0", "--tokenizer", str(path)],
-        ):
-            done = runner.invoke(cli, ["--root", str(root), *args])
-            assert done.exit_code != 0 and message in done.output, (args, done.output)
-            assert "Traceback" not in done.output
-            assert len(done.output.strip().splitlines()) == 1, done.output
 
 
 # Claim: the Python and C prefilters are the same object the search uses (no test above
@@ -810,200 +643,32 @@ def test_the_search_uses_the_prefilter(tricky: tuple[ArchiveManager, list]) -> N
         mp.undo()
 
 
-# --------------------------------------------------------------------------- prompts CLI
+#: A pattern that recurses into itself without consuming anything: the regex module ran it
+#: on the empty string with no time limit and ended in MemoryError after ~2 s and ~100 MB.
+_SELF_RECURSION = "(?R)"
 
 
-# Claim: bad input to `prompts` is a clear one-line error.  Fixed: --regressed --improved
-# together took the last one silently, and --limit 0 printed "no prompt with rewards in
-# both ranges" whatever the ranges held.
-def test_prompts_refuses_contradictory_options(tmp_path: Path) -> None:
-    root = tmp_path / "pool"
-    with ArchiveManager.open(root) as pool:
-        for rid in (1, 2):
-            pool.save(
-                f"r{rid}",
-                [
-                    {"response": "r", "reward": float(rid * (i % 2)), "task_key": f"k{i}"}
-                    for i in range(4)
-                ],
-                rollout_id=rid,
-            )
-    runner = CliRunner()
-    base = ["--root", str(root), "prompts", "--from", "1", "--to", "2"]
-    done = runner.invoke(cli, [*base, "--regressed", "--improved"])
-    assert done.exit_code == 2 and "not both" in done.output
-    done = runner.invoke(cli, [*base, "--limit", "0"])
-    assert done.exit_code == 2 and "--limit" in done.output
-    improved = runner.invoke(cli, [*base, "--improved", "--json"])
-    assert improved.exit_code == 0, improved.output
-    assert [c["task_key"] for c in json.loads(improved.output)] == ["k1", "k3"]
-    regressed = runner.invoke(cli, [*base, "--regressed", "--json"])
-    assert regressed.exit_code == 0 and json.loads(regressed.output) == []
-    done = runner.invoke(cli, [*base, "--limit", str(10**30), "--json"])
-    assert done.exit_code == 0 and len(json.loads(done.output)) == 4
+def _rendered_pool(tmp_path: Path) -> ArchiveManager:
+    pool = ArchiveManager.open(tmp_path / "pool", create=True)
+    samples = tiny_rollout(2, seed=1, r3_layers=0)
+    samples[0].response = "plain text"
+    samples[1].task_key = "\x1b[31mred"  # type: ignore[attr-defined]
+    pool.save("r1", samples, rollout_id=1)
+    return pool
 
 
-# --------------------------------------------------------------------------- groups and stats
+def test_search_refuses_a_self_recursive_regex_with_a_clear_error(tmp_path: Path) -> None:
+    """pool.search('(?R)', regex=True) raised a bare MemoryError (CLI: a traceback)."""
+    with _rendered_pool(tmp_path) as pool, pytest.raises(InvalidInputError):
+        pool.search(_SELF_RECURSION, regex=True)
 
 
-# Claim: stats' per-rollout zero-variance figures come from the same groups `pool.groups`
-# shows (groups of an archive with at least two numeric rewards).  Fixed: the samples without
-# a task key (one pseudo-group, task_key None) were flagged as a zero-variance group, so
-# `groups` counted one more than `stats`.
-@settings(max_examples=6, deadline=None)
-@example([(0, None, 1.0), (0, None, 1.0), (0, "A", 0.0), (0, "A", 1.0)])
-@given(
-    st.lists(
-        st.tuples(
-            st.integers(0, 2),  # archive
-            st.sampled_from(["A", "B", "C", None]),
-            st.sampled_from([0.0, 1.0, 0.5, None]),
-        ),
-        min_size=1,
-        max_size=40,
-    )
-)
-def test_stats_zero_variance_matches_the_groups(rows: list[tuple[int, Any, Any]]) -> None:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp, ArchiveManager.open(Path(tmp) / "pool") as pool:
-        names = []
-        for a in sorted({r[0] for r in rows}):
-            samples = [
-                {"response": "r", "reward": reward, "task_key": key}
-                for archive, key, reward in rows
-                if archive == a
-            ]
-            pool.save(f"a{a}", samples, rollout_id=a // 2)
-            names.append((f"a{a}", a // 2))
-        for stat in pool.stats():
-            groups = [
-                g
-                for name, rid in names
-                if rid == stat.rollout_id
-                for g in pool.groups(name)
-                if g.rewarded >= 2 and g.task_key is not None
-            ]
-            flagged = [
-                g for name, rid in names if rid == stat.rollout_id for g in pool.groups(name)
-            ]
-            assert stat.groups == len(groups)
-            assert stat.zero_variance_groups == sum(g.zero_variance for g in flagged)
-            assert not any(g.zero_variance for g in flagged if g.task_key is None)
-
-
-# Claim: every page shows model output as it is stored, lone surrogates included (stored and
-# loaded with surrogatepass).  Fixed: UTF-8 cannot encode one, and every HTML page showing
-# such a text (sample, Markdown, group, compare, search) was a 500; it shows as an escape.
-def test_pages_show_a_lone_surrogate(tmp_path: Path) -> None:
+def test_viewer_search_with_a_self_recursive_regex_is_a_400(tmp_path: Path) -> None:
+    """/search?q=(?R)&regex=1 was a 500 (MemoryError) instead of a 400."""
     pytest.importorskip("flask")
     from archive_manager.web import create_app
 
-    with ArchiveManager.open(tmp_path / "pool") as pool:
-        samples = [
-            {"prompt": "p\udc80q", "response": f"x\ud800y {i}", "task_key": "k", "reward": 1.0}
-            for i in range(2)
-        ]
-        pool.save("a", samples, rollout_id=1)
-        app = create_app(pool).test_client()
-        for url in (
-            "/archive/a/sample/0",
-            "/archive/a/sample/0?view=markdown",
-            "/archive/a/group?task_key=k",
-            "/archive/a/group?task_key=k&view=markdown",
-            "/compare?a=a&a_position=0&b=a&b_position=1",
-            "/search?q=x.y&regex=1",
-            "/search?q=x",
-        ):
-            page = app.get(url)
-            assert page.status_code == 200, (url, page.text[:300])
-            assert b"\\ud800" in page.data, url
-        data = app.get("/archive/a/sample/0?format=json").get_data(as_text=True)
-        assert json.loads(data)["fields"]["response"] == "x\ud800y 0"
-
-
-# Claim (issue 19, "Groups"): the group page is "linked from the archive page (a group column
-# or a groups tab, sortable by reward std)".  Fixed: the archive page linked each sample's task
-# key to its group, but nothing listed or ordered the groups by their reward spread (what finds
-# the groups that teach GRPO nothing, or the most); /archive/<name>/groups does, linked from it.
-def test_the_archive_page_orders_groups_by_reward_std(
-    client: tuple[Any, ArchiveManager],
-) -> None:
-    app, pool = client
-    page = app.get("/archive/r1")
-    assert page.status_code == 200 and 'id="groups-link" href="/archive/r1/groups"' in page.text
-    before = snapshot_pool(pool)
-    groups = {g.task_key: g for g in pool.groups("r1")}
-    listing = app.get("/archive/r1/groups")
-    assert listing.status_code == 200
-    for key, group in groups.items():
-        assert f"/archive/r1/group?task_key={key}" in listing.text
-        assert group.reward_std is None or f"{group.reward_std:.3f}" in listing.text
-    assert "sort=reward_std" in listing.text and "sort=reward_mean" in listing.text
-    data = app.get("/archive/r1/groups?format=json").json
-    stds = [g["reward_std"] for g in data["groups"]]
-    assert data["total"] == len(groups) and data["sort"] == "reward_std"
-    assert stds == sorted(stds, key=lambda v: (v is None, -(v or 0)))
-    assert "members" not in data["groups"][0]
-    by_key = app.get("/archive/r1/groups?format=json&sort=task_key&per_page=2&page=2").json
-    assert [g["task_key"] for g in by_key["groups"]] == sorted(groups)[2:4]
-    for query, status in (("sort=reward", 400), ("page=0", 400), ("sort=size&sort=std", 400)):
-        assert app.get("/archive/r1/groups?" + query).status_code == status, query
-    assert app.get("/archive/nope/groups").status_code == 404
-    assert snapshot_pool(pool) == before
-
-
-# Claim: with --tokenizer, the response tokens show as their text pieces.  Fixed: an id was
-# taken as known only below the number of tokens, so a vocabulary with holes (ids past that
-# count, which the tokenizer names) showed those tokens as unknown.
-def test_token_ids_past_the_vocabulary_count_are_decoded(tmp_path: Path) -> None:
-    pytest.importorskip("tokenizers")
-    from archive_manager.lens.tokenizer import load_tokenizer
-
-    spec = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hello": 7}, "unk_token": "[UNK]"},
-    }
-    path = tmp_path / "tokenizer.json"
-    path.write_text(json.dumps(spec))
-    decoder = load_tokenizer(path)
-    assert decoder.pieces([7, 0, 3, -1, 2**40, 7]) == ["hello", "[UNK]", None, None, None, "hello"]
-
-
-def test_markdown_rendering_is_bounded_per_text_and_per_page(tmp_path: Path) -> None:
-    """Rendering Markdown is CPU-bound (an 800 KB table took 14 s), and a group page shows up
-    to 256 responses: one text past `MAX_MARKDOWN` and a page's text past
-    `MAX_MARKDOWN_PAGE` are shown as plain text, so one hostile rollout cannot hold a worker."""
-    pytest.importorskip("flask")
-    pytest.importorskip("markdown_it")
-    from archive_manager.web import create_app
-    from archive_manager.web.markdown import MAX_MARKDOWN, MAX_MARKDOWN_PAGE
-
-    unit = "**bold** "
-    fits = unit * (MAX_MARKDOWN // len(unit))
-    samples = [
-        {"prompt": "q", "response": fits, "tokens": [1], "reward": float(i), "task_key": "k"}
-        for i in range(12)
-    ]
-    samples.append({"prompt": "q", "response": fits + unit, "tokens": [1], "task_key": "big"})
-    with ArchiveManager.open(tmp_path / "pool") as pool:
-        pool.save("r", samples, rollout_id=1)
+    with _rendered_pool(tmp_path) as pool:
         client = create_app(pool).test_client()
-        page = client.get("/archive/r/group?task_key=k&view=markdown")
-        assert page.status_code == 200
-        html = page.get_data(as_text=True)
-        per_response = len(fits) // len(unit)
-        assert html.count("<strong>bold</strong>") % per_response == 0
-        rendered = html.count("<strong>bold</strong>") // per_response
-        assert 0 < rendered == MAX_MARKDOWN_PAGE // len(fits) < 12
-        one = client.get("/archive/r/sample/12?view=markdown").get_data(as_text=True)
-        assert "<strong>bold</strong>" not in one and "**bold**" in one
-        small = client.get("/archive/r/sample/0?view=markdown").get_data(as_text=True)
-        assert "<strong>bold</strong>" in small  # each request has its own budget
+        response = client.get("/search", query_string={"q": _SELF_RECURSION, "regex": "1"})
+        assert response.status_code == 400

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from helpers import die_before_publish, tiny_rollout
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
@@ -373,3 +375,49 @@ def test_rewards_near_the_float_limit_give_a_finite_mean(pool: ArchiveManager) -
     assert row.reward_mean is not None and math.isfinite(row.reward_mean)
     assert row.reward_mean == pytest.approx(1.7e308 / 6 * 4 - 1.0e308 / 3)  # 4 + 2 samples
     json.dumps(row.as_dict(), allow_nan=False)
+
+
+# Claim: stats' per-rollout zero-variance figures come from the same groups `pool.groups`
+# shows (groups of an archive with at least two numeric rewards).  Fixed: the samples without
+# a task key (one pseudo-group, task_key None) were flagged as a zero-variance group, so
+# `groups` counted one more than `stats`.
+@settings(max_examples=6, deadline=None)
+@example([(0, None, 1.0), (0, None, 1.0), (0, "A", 0.0), (0, "A", 1.0)])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # archive
+            st.sampled_from(["A", "B", "C", None]),
+            st.sampled_from([0.0, 1.0, 0.5, None]),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_stats_zero_variance_matches_the_groups(rows: list[tuple[int, Any, Any]]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, ArchiveManager.open(Path(tmp) / "pool") as pool:
+        names = []
+        for a in sorted({r[0] for r in rows}):
+            samples = [
+                {"response": "r", "reward": reward, "task_key": key}
+                for archive, key, reward in rows
+                if archive == a
+            ]
+            pool.save(f"a{a}", samples, rollout_id=a // 2)
+            names.append((f"a{a}", a // 2))
+        for stat in pool.stats():
+            groups = [
+                g
+                for name, rid in names
+                if rid == stat.rollout_id
+                for g in pool.groups(name)
+                if g.rewarded >= 2 and g.task_key is not None
+            ]
+            flagged = [
+                g for name, rid in names if rid == stat.rollout_id for g in pool.groups(name)
+            ]
+            assert stat.groups == len(groups)
+            assert stat.zero_variance_groups == sum(g.zero_variance for g in flagged)
+            assert not any(g.zero_variance for g in flagged if g.task_key is None)

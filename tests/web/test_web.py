@@ -27,7 +27,7 @@ from urllib.parse import quote
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import BACKENDS, Backend, BlobFiles, canon, snapshot_pool, tiny_rollout
+from helpers import BACKENDS, Backend, BlobFiles, canon, small_rollout, snapshot_pool, tiny_rollout
 from markupsafe import escape
 
 import archive_manager
@@ -883,7 +883,7 @@ def test_sample_page_renders_every_field_kind(tmp_path: Path) -> None:
         assert "no response token ids" in empty
 
 
-# --------------------------------------------------------------------------- review fixes
+# --------------------------------------------------------------------------- hostile requests
 
 #: Query keys that are `url_for`'s own arguments or the views' path arguments.
 FOREIGN_QUERY = "name=x&endpoint=x&_anchor=x&_external=1&_scheme=javascript&position=7&field=y"
@@ -1022,3 +1022,296 @@ def test_no_page_shows_the_catalog_password(tmp_path: Path, pg_server: Any) -> N
                 assert not [p for p in pages if secret in p]  # ... without its password
     finally:
         pg_server.drop_database(url)
+
+
+# --------------------------------------------------------------------------- hostile output
+
+
+@pytest.fixture
+def hostile_client(tmp_path: Path) -> Iterator[tuple[Any, ArchiveManager]]:
+    pytest.importorskip("flask")
+    from archive_manager.web import create_app
+
+    pool = ArchiveManager.open(tmp_path / "pool")
+    samples = [
+        {
+            "prompt": f"q{i // 2}",
+            "response": HOSTILE_MARKDOWN[i % len(HOSTILE_MARKDOWN)],
+            "tokens": [1, 2, 3],
+            "reward": float(i % 2),
+            "task_key": f"k{i // 2}",
+            "status": "completed",
+        }
+        for i in range(8)
+    ]
+    pool.save("r1", samples, rollout_id=1)
+    pool.save("r2", samples, rollout_id=2)
+    try:
+        yield create_app(pool).test_client(), pool
+    finally:
+        pool.close()
+
+
+HOSTILE_MARKDOWN = [
+    "<script>alert(1)</script> and <img src=x onerror=alert(2)>",
+    "[click](javascript:alert(3)) [b](JaVaScRiPt:alert(4)) [c](&#106;avascript:alert(5))",
+    "![img](https://evil.example/x.png) ![x](x onerror=alert(6))",
+    "<javascript:alert(7)> <https://ok.example> <a href='javascript:alert(8)'>x</a>",
+    "[r][ref]\n\n[ref]: javascript:alert(9)",
+    "[d](data:text/html;base64,PHNjcmlwdD5hbGVydCgxMCk8L3NjcmlwdD4=) [v](vbscript:msgbox)",
+    '<div onmouseover="alert(11)">x</div>\n\n<iframe src=x></iframe>',
+    "`<script>` **bold** | a | b |\n|---|---|\n| <b>c</b> | d |",
+]
+
+
+ROUTES = [
+    "/",
+    "/stats",
+    "/archive/r1",
+    "/archive/r1/sample/0",
+    "/archive/r1/group?task_key=k0",
+    "/archive/r1/groups",
+    "/prompt?task_key=k0",
+    "/search?q=alert",
+    "/compare?a=r1&a_position=0&b=r2&b_position=1",
+]
+
+
+HOSTILE_QUERIES = [
+    "page=0",
+    "page=99999999999999999999",
+    "per_page=0",
+    "rollout_id=5..1",
+    "rollout_id=..",
+    "rollout_id=99999999999999999999999",
+    "task_key=%00",
+    "task_key=%ff%fe",
+    "task_key=%ED%A0%80",
+    "task_key=" + "x" * 5000,
+    "q=%ED%A0%80",
+    "q=a&q=b",
+    "task_key=k0&task_key=k1",
+    "view=markdown&view=text",
+    "view=markdown",
+    "format=xml",
+    "limit=-5",
+    "limit=1e3",
+    "regex=1&q=(%3FR)",
+    "regex=1&q=(",
+    "regex=1&q=%5Cb",
+    "case=ignore&q=%C3%9F",
+    "min_reward=nan",
+    "a=r1&a_position=-1",
+    "a=..%2F..%2Fetc&a_position=0&b=r1",
+    "evaluation=maybe",
+    "after=x",
+    "tokens=all",
+    "sort=reward&order=x",
+]
+
+
+# Claim: hostile query strings get 400 or 404 pages on every route, never a 500.
+def test_hostile_query_strings_are_400_or_404(hostile_client: tuple[Any, ArchiveManager]) -> None:
+    app, pool = hostile_client
+    before = snapshot_pool(pool)
+    for route in ROUTES:
+        for query in HOSTILE_QUERIES:
+            url = route + ("&" if "?" in route else "?") + query
+            for extra in ("", "&format=json"):
+                response = app.get(url + extra)
+                assert response.status_code in (200, 400, 404), (url + extra, response.text[:300])
+    assert snapshot_pool(pool) == before  # every route left catalog and blobs as they were
+
+
+# Claim: a parameter given twice with different values is a 400 (the viewer's one-value-per-parameter rule), and an unknown
+# task key is a 404 page.  Fixed: /search read the first ``q`` and ignored the other, and
+# /prompt answered an unknown task key with an empty 200 page.
+def test_search_and_prompt_refuse_what_they_cannot_answer(
+    hostile_client: tuple[Any, ArchiveManager],
+) -> None:
+    app, _ = hostile_client
+    twice = app.get("/search?format=json&q=alert&q=zzz")
+    assert twice.status_code == 400 and "'q'" in twice.json["error"]
+    assert app.get("/search?format=json&q=alert&q=alert").status_code == 200
+    assert app.get("/prompt?task_key=nope").status_code == 404
+    unknown = app.get("/prompt?format=json&task_key=nope")
+    assert unknown.status_code == 404 and "nope" in unknown.json["error"]
+    assert app.get("/prompt?format=json&task_key=k0&rollout_id=7").status_code == 404
+    assert app.get("/prompt?format=json&task_key=k0").status_code == 200
+    assert app.get("/archive/r1/group?task_key=nope").status_code == 404
+
+
+# A tag model output could have smuggled in: a script-capable element, an event handler, or
+# a URL scheme that runs code.
+_ACTIVE_TAG = re.compile(r"<(script|iframe|img|object|embed|svg)\b", re.IGNORECASE)
+
+
+_ACTIVE_ATTRIBUTE = re.compile(
+    r"\son\w+\s*=|(href|src)\s*=\s*[\"']?\s*(javascript|vbscript|data):", re.IGNORECASE
+)
+
+
+# Claim: Markdown is rendered with raw HTML, images and script URLs off: model output never
+# becomes markup (raw tags, javascript:/vbscript:/data: links, entity-hidden schemes,
+# reference links, autolinks, image onerror), on the sample, group and compare pages.
+def test_markdown_never_lets_model_output_become_markup(
+    hostile_client: tuple[Any, ArchiveManager],
+) -> None:
+    app, _ = hostile_client
+    pages = [f"/archive/r1/sample/{i}?view=markdown" for i in range(len(HOSTILE_MARKDOWN))]
+    pages += [f"/archive/r1/group?task_key=k{i}&view=markdown" for i in range(4)]
+    pages += [f"/compare?a=r1&a_position={i}&b=r2&b_position={i}&view=markdown" for i in range(8)]
+    rendered = 0
+    for url in pages:
+        page = app.get(url)
+        assert page.status_code == 200, url
+        body = page.text.split("<body", 1)[1]
+        for tag in re.findall(r"<[^>]*>", body):
+            assert "alert(" not in tag and "msgbox" not in tag, (url, tag)
+            assert _ACTIVE_TAG.match(tag) is None or "src=" not in tag.lower(), (url, tag)
+            assert _ACTIVE_ATTRIBUTE.search(tag) is None, (url, tag)
+        rendered += "<strong>bold</strong>" in body
+    assert rendered  # the Markdown was rendered, not only escaped
+
+
+# Claim: every page shows model output as it is stored, lone surrogates included (stored and
+# loaded with surrogatepass).  Fixed: UTF-8 cannot encode one, and every HTML page showing
+# such a text (sample, Markdown, group, compare, search) was a 500; it shows as an escape.
+def test_pages_show_a_lone_surrogate(tmp_path: Path) -> None:
+    pytest.importorskip("flask")
+    from archive_manager.web import create_app
+
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        samples = [
+            {"prompt": "p\udc80q", "response": f"x\ud800y {i}", "task_key": "k", "reward": 1.0}
+            for i in range(2)
+        ]
+        pool.save("a", samples, rollout_id=1)
+        app = create_app(pool).test_client()
+        for url in (
+            "/archive/a/sample/0",
+            "/archive/a/sample/0?view=markdown",
+            "/archive/a/group?task_key=k",
+            "/archive/a/group?task_key=k&view=markdown",
+            "/compare?a=a&a_position=0&b=a&b_position=1",
+            "/search?q=x.y&regex=1",
+            "/search?q=x",
+        ):
+            page = app.get(url)
+            assert page.status_code == 200, (url, page.text[:300])
+            assert b"\\ud800" in page.data, url
+        data = app.get("/archive/a/sample/0?format=json").get_data(as_text=True)
+        assert json.loads(data)["fields"]["response"] == "x\ud800y 0"
+
+
+# Claim (issue 19, "Groups"): the group page is "linked from the archive page (a group column
+# or a groups tab, sortable by reward std)".  Fixed: the archive page linked each sample's task
+# key to its group, but nothing listed or ordered the groups by their reward spread (what finds
+# the groups that teach GRPO nothing, or the most); /archive/<name>/groups does, linked from it.
+def test_the_archive_page_orders_groups_by_reward_std(
+    hostile_client: tuple[Any, ArchiveManager],
+) -> None:
+    app, pool = hostile_client
+    page = app.get("/archive/r1")
+    assert page.status_code == 200 and 'id="groups-link" href="/archive/r1/groups"' in page.text
+    before = snapshot_pool(pool)
+    groups = {g.task_key: g for g in pool.groups("r1")}
+    listing = app.get("/archive/r1/groups")
+    assert listing.status_code == 200
+    for key, group in groups.items():
+        assert f"/archive/r1/group?task_key={key}" in listing.text
+        assert group.reward_std is None or f"{group.reward_std:.3f}" in listing.text
+    assert "sort=reward_std" in listing.text and "sort=reward_mean" in listing.text
+    data = app.get("/archive/r1/groups?format=json").json
+    stds = [g["reward_std"] for g in data["groups"]]
+    assert data["total"] == len(groups) and data["sort"] == "reward_std"
+    assert stds == sorted(stds, key=lambda v: (v is None, -(v or 0)))
+    assert "members" not in data["groups"][0]
+    by_key = app.get("/archive/r1/groups?format=json&sort=task_key&per_page=2&page=2").json
+    assert [g["task_key"] for g in by_key["groups"]] == sorted(groups)[2:4]
+    for query, status in (("sort=reward", 400), ("page=0", 400), ("sort=size&sort=std", 400)):
+        assert app.get("/archive/r1/groups?" + query).status_code == status, query
+    assert app.get("/archive/nope/groups").status_code == 404
+    assert snapshot_pool(pool) == before
+
+
+def test_markdown_rendering_is_bounded_per_text_and_per_page(tmp_path: Path) -> None:
+    """Rendering Markdown is CPU-bound (an 800 KB table took 14 s), and a group page shows up
+    to 256 responses: one text past `MAX_MARKDOWN` and a page's text past
+    `MAX_MARKDOWN_PAGE` are shown as plain text, so one hostile rollout cannot hold a worker."""
+    pytest.importorskip("flask")
+    pytest.importorskip("markdown_it")
+    from archive_manager.web import create_app
+    from archive_manager.web.markdown import MAX_MARKDOWN, MAX_MARKDOWN_PAGE
+
+    unit = "**bold** "
+    fits = unit * (MAX_MARKDOWN // len(unit))
+    samples = [
+        {"prompt": "q", "response": fits, "tokens": [1], "reward": float(i), "task_key": "k"}
+        for i in range(12)
+    ]
+    samples.append({"prompt": "q", "response": fits + unit, "tokens": [1], "task_key": "big"})
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        hostile_client = create_app(pool).test_client()
+        page = hostile_client.get("/archive/r/group?task_key=k&view=markdown")
+        assert page.status_code == 200
+        html = page.get_data(as_text=True)
+        per_response = len(fits) // len(unit)
+        assert html.count("<strong>bold</strong>") % per_response == 0
+        rendered = html.count("<strong>bold</strong>") // per_response
+        assert 0 < rendered == MAX_MARKDOWN_PAGE // len(fits) < 12
+        one = hostile_client.get("/archive/r/sample/12?view=markdown").get_data(as_text=True)
+        assert "<strong>bold</strong>" not in one and "**bold**" in one
+        small = hostile_client.get("/archive/r/sample/0?view=markdown").get_data(as_text=True)
+        assert "<strong>bold</strong>" in small  # each request has its own budget
+
+
+@pytest.fixture
+def stats_pool(tmp_path: Path) -> Iterator[ArchiveManager]:
+    root = tmp_path / "stats_pool"
+    with ArchiveManager.open(root) as made:
+        for i, (rollout_id, evaluation) in enumerate([(1, False), (1, True), (10, False)]):
+            made.save(
+                f"r-{i}", small_rollout(2, seed=i), rollout_id=rollout_id, evaluation=evaluation
+            )
+    opened = ArchiveManager.open(root)
+    yield opened
+    opened.close()
+
+
+# Fixed: the viewer reads numbers as ASCII digits with an optional minus (`web.app._whole`).
+@pytest.mark.parametrize(
+    "query",
+    [
+        "after=1_0:training",  # silently the key (10, training): a page starts elsewhere
+        "after=%D9%A1:training",  # U+0661 ARABIC-INDIC DIGIT ONE, read as 1
+        "per_page=1_0",
+        "rollout_id=1_0",
+    ],
+)
+def test_stats_numbers_in_python_literal_spellings_are_not_400(
+    stats_pool: ArchiveManager, query: str
+) -> None:
+    response = create_app(stats_pool).test_client().get(f"/stats?{query}")
+    assert response.status_code == 400
+
+
+# Fixed: a parameter given twice is a 400 (`web.app._raw`); ``page`` (an offset on the other
+# pages, meaningless on /stats, which pages by ``after``) is a 400 naming ``after=``.
+@pytest.mark.parametrize(
+    "query",
+    [
+        "after=1:training&after=zzz",
+        "after=1:training&after=10:training",
+        "page=abc",
+        "page=2",
+    ],
+)
+def test_stats_drops_parameters_it_does_not_use_without_400(
+    stats_pool: ArchiveManager, query: str
+) -> None:
+    response = create_app(stats_pool).test_client().get(f"/stats?{query}")
+    assert response.status_code == 400
+    if query.startswith("page="):
+        assert b"after=" in response.data
