@@ -14,6 +14,7 @@ import copy
 import itertools
 import json
 import os
+import threading
 import time
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -817,3 +818,47 @@ def test_malformed_catalog_urls_are_catalog_errors(tmp_path: Path, url: str) -> 
         ArchiveManager.exists(tmp_path / "pool", catalog_url=url)
     line = _one_line_error(_cli(tmp_path / "pool", "--catalog-url", url, "info"))
     assert "catalog URL" in line
+
+
+def test_no_fragment_of_an_unencoded_password_reaches_an_error_message(tmp_path: Path) -> None:
+    """An operator pastes a password holding '@' without percent-encoding it
+    (`postgresql+psycopg://trainer:hunter2@xyzzy@127.0.0.1:1/rl`).  SQLAlchemy takes the
+    password to end at the first '@' and the rest (`xyzzy`) for part of the host, so the
+    message ("cannot reach the catalog server of ...:***@xyzzy@127.0.0.1:1/rl: failed to
+    resolve host 'xyzzy@127.0.0.1'") prints the password's tail twice; so does the CLI.  No
+    part of a password may be shown: a URL whose host holds '@' should be treated like an
+    unparsable one (not echoed)."""
+    url = "postgresql+psycopg://trainer:hunter2@xyzzy@127.0.0.1:1/rl"
+    with pytest.raises(ArchiveError) as caught:
+        ArchiveManager.open(tmp_path / "pool", catalog_url=url).close()
+    assert "xyzzy" not in str(caught.value)
+
+
+def test_a_huge_lease_ttl_is_a_library_error(tmp_path: Path) -> None:
+    """`lease_ttl=10**400` (a config value in microseconds read as seconds, say) raises a raw
+    `OverflowError: int too large to convert to float` from `ArchiveManager.open`; a library
+    error (InvalidInputError, as `gc(grace=...)` gives) is expected."""
+    with pytest.raises(InvalidInputError):
+        ArchiveManager.open(tmp_path / "pool", lease_ttl=10**400).close()
+
+
+@pytest.mark.parametrize(
+    "ttl", [float("inf"), 1e300, timedelta.max], ids=["inf", "1e300", "timedelta.max"]
+)
+def test_an_unbounded_lease_ttl_is_refused_or_works_without_a_traceback(
+    tmp_path: Path, ttl: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lease_ttl=timedelta.max` (or inf, 1e300) is accepted by `open`, but every save's
+    heartbeat thread then dies at once with `OverflowError: timestamp out of range for
+    platform time_t` (`Event.wait(ttl / n)`), a raw traceback on stderr of every training
+    job.  Expected: refused on open with InvalidInputError (a lease that never expires also
+    means a crashed writer leaks forever), or saves that work without a thread dying."""
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    try:
+        pool = ArchiveManager.open(tmp_path / "pool", lease_ttl=ttl)  # type: ignore[arg-type]
+    except InvalidInputError:
+        return
+    with pool:
+        pool.save("a", tiny_rollout(n=1), rollout_id=1)
+    assert died == []

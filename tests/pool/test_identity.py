@@ -345,3 +345,40 @@ def test_a_filesystem_without_hard_links_still_gets_an_identity(
         assert pool.identity is not None and pool.identity.same_as(read_identity(pool.root))
     with pytest.raises(PoolIdentityError):
         ArchiveManager.open(tmp_path / "pool", catalog_url=f"sqlite:///{tmp_path / 'x.db'}")
+
+
+def test_rebind_of_a_path_with_no_pool_creates_nothing(tmp_path: Path) -> None:
+    """`archive-manager --root COPY rebind` on a path that is not (yet) a copy — the operator
+    ran it before the `cp -a` finished creating the folder, or mistyped it — is refused, and
+    must leave nothing behind.  It leaves a new `catalog.db` that then passes for a pool."""
+    root = tmp_path / "not-a-copy"
+    with pytest.raises(PoolIdentityError):
+        ArchiveManager.open(root, rebind=True)
+    assert not root.exists()
+    assert not ArchiveManager.exists(root)
+
+
+def test_a_stale_catalog_stays_refused_after_the_identity_file_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """After `rebuild-catalog` took the root over with a new catalog, the old catalog (found
+    again: `catalog.db.bak` moved back, an old PostgreSQL database) must stay refused.  It is
+    refused only while `archive-pool.json` exists: an operator who deletes that file (it looks
+    like clutter, or a restore of `blobs/` alone) lets the stale catalog bind the root again,
+    rewriting the identity file with its own ids — and the catalog that serves the pool now is
+    refused."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+    stale = tmp_path / "old-catalog.db"
+    (root / "catalog.db").rename(stale)
+    for extra in root.glob("catalog.db-*"):
+        extra.unlink()
+    with ArchiveManager.open(root, recover=True) as pool:  # the takeover
+        assert pool.rebuild_catalog().archives == ["a"]
+        pool.retain("checkpoint:after-takeover", "a")
+    (root / "archive-pool.json").unlink()
+    with pytest.raises(PoolIdentityError):
+        ArchiveManager.open(root, catalog_url=f"sqlite:///{stale}").close()
+    with ArchiveManager.open(root) as pool:  # the catalog that serves the pool still does
+        assert_loads(pool, "a", tiny_rollout(seed=1))

@@ -262,3 +262,22 @@ def test_pointer_files_in_folders_of_any_spelling(tmp_path: Path) -> None:
     for i, path in enumerate(paths):
         with RolloutArchive(path) as arc:
             assert arc.archive.rollout_id == i
+
+
+@pytest.mark.parametrize(
+    "char",
+    ["\u034f", "\ufe0f", "\U000e0100", "\u3164", "\u115f", "\u2800"],
+    ids=["CGJ", "VS16", "VS17", "hangul-filler", "choseong-filler", "braille-blank"],
+)
+def test_names_refuse_invisible_default_ignorable_characters(tmp_path: Path, char: str) -> None:
+    """A hostile user saves `ckpt-1200` + an invisible character beside the real
+    `ckpt-1200`: two archives that look identical in `ls`, the viewer and the terminal, and
+    `release` of the one seen may hit the other.  Names refuse zero-width characters, but
+    only by category (Cc, Cf, Cs, Zl, Zp): the combining grapheme joiner and variation
+    selectors (Mn, zero width, Default_Ignorable_Code_Point) and the Hangul fillers / Braille
+    blank (letters and symbols that render as nothing) pass.  Expected: InvalidNameError, as
+    for U+200B."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("ckpt-1200", tiny_rollout(n=1), rollout_id=1)
+        with pytest.raises(InvalidNameError):
+            pool.save("ckpt-1200" + char, tiny_rollout(n=1, seed=2), rollout_id=1)

@@ -4,6 +4,7 @@ catalog already records."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import threading
@@ -24,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from archive_manager import ArchiveManager, ArchiveWriter
 from archive_manager.catalog import blobs_table
-from archive_manager.errors import ArchiveExistsError, GcAbortedError
+from archive_manager.errors import ArchiveError, ArchiveExistsError, GcAbortedError
 from archive_manager.pool.manifest import Manifest
 
 
@@ -314,3 +315,82 @@ def test_rebuild_gc_and_saves_together_lose_nothing(tmp_path: Path, backend: Bac
         assert report.ok, report.problems
         with pytest.raises(ArchiveExistsError):
             pool.save(next(iter(saved)), tiny_rollout(), rollout_id=0)
+
+
+def _backup_sqlite(root: Path, where: Path) -> None:
+    src, dst = sqlite3.connect(root / "catalog.db"), sqlite3.connect(where)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
+def _restore_sqlite(root: Path, where: Path) -> None:
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    src, dst = sqlite3.connect(where), sqlite3.connect(root / "catalog.db")
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
+def _chunk_files(pool: ArchiveManager, name: str) -> set[str]:
+    return {d for d, _, _ in _manifest_of(pool, name).chunks}
+
+
+def _manifest_of(pool: ArchiveManager, name: str):  # type: ignore[no-untyped-def]
+    from archive_manager.pool.manifest import Manifest
+
+    arc = pool.open_archive(name)
+    return Manifest.decode(pool.store.get(arc.manifest_digest), arc.manifest_digest)
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["missing-dir", "empty-dir"])
+def test_rebuild_catalog_on_a_mistyped_path_creates_nothing(tmp_path: Path, exists: bool) -> None:
+    """A tired operator runs `archive-manager --root /data/poool rebuild-catalog --yes` (a
+    typo, or an empty folder).  It is refused ("nothing to recover") — and a refused open must
+    change nothing on disk.  Instead the folder and an empty, migrated `catalog.db` are left
+    behind, after which `ArchiveManager.exists()` says a pool is there and
+    `open(create=False)` (meant so that "a mistyped path never makes an empty pool")
+    happily opens it."""
+    root = tmp_path / "poool"
+    if exists:
+        root.mkdir()
+    with pytest.raises(ArchiveError, match="nothing to recover"):
+        ArchiveManager.open(root, recover=True)
+    assert not ArchiveManager.exists(root)
+    assert (sorted(p.name for p in root.iterdir()) if root.exists() else None) == (
+        [] if exists else None
+    )
+
+
+def test_a_name_saved_again_after_a_restore_does_not_lose_the_published_archive(
+    tmp_path: Path,
+) -> None:
+    """The restore drill with a busy training job: the catalog is restored from last night's
+    backup and, before anyone runs `rebuild-catalog`, the job saves its next rollout under a
+    name the catalog no longer knows (`rollout_7`, saved after the backup and published).  The
+    save is accepted; the rebuild then skips the published `rollout_7` ("the catalog already
+    has an archive") and indexes its blobs as unowned, so the next GC deletes a published
+    archive for good.  "Afterwards nothing is lost" should hold: either the save is refused
+    while the catalog is behind its blobs (a manifest of that name has no row), or the
+    published archive's blobs stay retained after the rebuild."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("rollout_6", tiny_rollout(seed=6), rollout_id=6)
+    _backup_sqlite(root, tmp_path / "catalog.bak")
+    with ArchiveManager.open(root) as pool:
+        pool.save("rollout_7", tiny_rollout(seed=7), rollout_id=7)
+        first_chunks = _chunk_files(pool, "rollout_7")
+    _restore_sqlite(root, tmp_path / "catalog.bak")
+    with ArchiveManager.open(root) as pool:
+        # Refusing this save while the catalog is behind its blobs would be fine too.
+        with contextlib.suppress(ArchiveError):
+            pool.save("rollout_7", tiny_rollout(seed=70), rollout_id=7)
+        pool.rebuild_catalog()
+        pool.gc(grace=0)
+        gone = [d for d in first_chunks if not pool.store.has(d)]
+        assert gone == [], f"GC deleted {len(gone)} chunks of the published rollout_7"
