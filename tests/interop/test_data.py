@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_rollout
+from helpers import small_rollout, tiny_rollout
 from torch.utils.data import DataLoader
 
 from archive_manager import ArchiveManager
@@ -144,3 +144,43 @@ def test_ranks_yield_equal_counts_padded_or_cut_and_a_pickled_copy_keeps_its_epo
     assert data.epoch == 7  # a copy made outside a worker start shares nothing
     with pytest.raises(InvalidInputError, match="epoch"):
         data.set_epoch("1")  # type: ignore[arg-type]
+
+
+def test_iterable_dataset_gives_every_rank_the_same_number_of_samples(
+    tmp_path: Path,
+) -> None:
+    """Chunks are dealt whole to ranks, so rank 0 got 6 samples and rank 1 got 4: under DDP
+    the rank with fewer batches leaves the others waiting in an all-reduce (a hang);
+    torch's DistributedSampler pads or drops to equal counts for this reason."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=4) as pool:
+        pool.save("a", tiny_rollout(10), rollout_id=1)
+    counts = [
+        len(
+            list(
+                RolloutIterableDataset(tmp_path / "pool", fields=["position"], rank=r, world_size=2)
+            )
+        )
+        for r in (0, 1)
+    ]
+    assert counts[0] == counts[1], counts
+
+
+def test_set_epoch_reshuffles_with_persistent_workers(tmp_path: Path) -> None:
+    """set_epoch changes the shuffle only in the main process's copy: with
+    DataLoader(persistent_workers=True) every epoch reads the chunks in epoch 0's order."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
+        pool.save("a", tiny_rollout(16), rollout_id=1)
+    data = RolloutIterableDataset(tmp_path / "pool", fields=["position"], shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True)
+    orders = []
+    for epoch in range(2):
+        data.set_epoch(epoch)
+        orders.append([int(item["position"]) for item in loader])
+    expected = []
+    for epoch in range(2):
+        data.set_epoch(epoch)
+        expected.append(
+            [int(item["position"]) for item in DataLoader(data, batch_size=None, num_workers=2)]
+        )
+    assert expected[0] != expected[1]  # the seeds do give different orders
+    assert orders == expected
