@@ -356,3 +356,24 @@ def test_listing_an_up_to_date_pool_does_not_import_alembic(root: Path) -> None:
     done = _python("-c", script, "--root", root, "ls")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-2:] == ["False", "False"], done.stdout
+
+
+def test_python_m_archive_manager_runs_the_cli() -> None:
+    # Break: `python -m archive_manager` failed ("No module named archive_manager.__main__");
+    # only `python -m archive_manager.cli` worked.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVE_MANAGER_")}
+    env["PYTHONPATH"] = str(WORKTREE)
+    script = (
+        "import runpy, sys\n"
+        "sys.argv = ['archive_manager', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('archive_manager', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    heavy = [m for m in ('torch', 'sqlalchemy', 'numpy') if m in sys.modules]\n"
+        "    print('heavy=' + ','.join(heavy), 'code=' + str(exit.code))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "Usage: archive-manager" in done.stdout, done.stderr
+    assert done.stdout.splitlines()[-1] == "heavy= code=0"

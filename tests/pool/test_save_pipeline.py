@@ -5,6 +5,9 @@ collection during `pool.save`."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +150,43 @@ def test_pool_save_runs_without_garbage_collection(
         with pool.writer("c", rollout_id=1) as writer:
             writer.add(samples[0])
         assert seen == [("add", True), ("_commit_ownership", True)]
+
+
+WORKTREE = Path(__file__).resolve().parents[2]
+
+
+# A process whose writer is left open (neither committed nor aborted: user code failed, or
+# the writer is simply dropped) with an odd number of chunks flushed.
+_LEFT_OPEN = """
+import sys
+from archive_manager import ArchiveManager
+pool = ArchiveManager.open(sys.argv[1], chunk_size=2)
+writer = pool.writer("a", rollout_id=1)
+for i in range(int(sys.argv[2])):
+    writer.add({"index": i, "tokens": [1, 2]})
+if sys.argv[3] == "drop":
+    del writer
+elif sys.argv[3] == "raise":
+    raise SystemExit("the training step failed")
+"""
+
+
+def _run_left_open(root: Path, samples: int, how: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVE_MANAGER_")}
+    env["PYTHONPATH"] = str(WORKTREE)
+    return subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, str(root / "pool"), str(samples), how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_process_leaving_a_writer_open_after_one_chunk_exits(tmp_path: Path) -> None:
+    # Break: the store of chunk 0 waits for chunk 1 to pair with, on a non-daemon I/O thread
+    # that the interpreter joins at exit: a process that left its writer open after an odd
+    # number of chunks hung forever at exit (before chunks were claimed in pairs, such a process exited).
+    for samples, how in [(2, "keep"), (2, "drop"), (6, "raise")]:
+        done = _run_left_open(tmp_path / f"{samples}-{how}", samples, how)
+        assert done.returncode == (1 if how == "raise" else 0), done.stderr
