@@ -17,15 +17,17 @@ and is still read: that URL is reduced to the same identification at once and ne
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import json
 import os
 import shlex
 import stat
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -44,18 +46,28 @@ from .errors import (
     InvalidInputError,
     MetadataError,
     PoolNotFoundError,
+    ReadOnlyPoolError,
     UnsupportedFormatError,
 )
 from .manager import ArchiveManager, default_catalog_url
-from .metadata import validate_sample_metadata
 from .pool.archive import Archive
+from .samples import QUEUE_PREFIX, is_queue_key
+
+if TYPE_CHECKING:
+    from .interop.straw import StrawArchive
 
 __all__ = [
+    "CAPTURE_FIELDS",
+    "KEPT_QUEUE_PREFIX",
+    "LIVE_QUEUE_FIELDS",
     "POINTER_FORMAT",
     "POINTER_VERSION",
     "READABLE_POINTER_VERSIONS",
+    "SEED_FORMATS",
     "RolloutArchive",
+    "SeedTensor",
     "archive_name_for",
+    "validate_seed_metadata",
 ]
 
 POINTER_FORMAT = "archive_manager.pointer"
@@ -66,6 +78,42 @@ _REQUIRED = ("format", "version", "pool_root", "archive", "manifest_digest")
 #: A pointer holds a few hundred bytes of metadata per sample: 64 MiB is far beyond any
 #: rollout, and a bigger file is not a pointer (nor read whole into memory to find out).
 MAX_POINTER_BYTES = 64 << 20
+
+#: The index formats of the seed (vime's ``RolloutArchive``, and slime's earlier copy), which
+#: `RolloutArchive` opens read-only through straw-queue (`archive_manager.interop.straw`).
+SEED_FORMATS = ("vime.straw-debug", "slime.straw-debug")
+#: The live queue state the seed strips from every sample it loads (and so does the facade).
+LIVE_QUEUE_FIELDS = (
+    "_queue_lease",
+    "_queue_receipt",
+    "_queue_source_positions",
+    "_queue_generation_start",
+    "_queue_resume_origin",
+)
+#: The pool drops every undeclared ``_queue_*`` attribute at save; the seed keeps all but
+#: `LIVE_QUEUE_FIELDS`.  The facade saves those others as ``_kept_queue_<rest>`` and loads
+#: them back under their own names (a pool reader that is not the facade sees the stored name).
+KEPT_QUEUE_PREFIX = "_kept_queue_"
+#: The seed's sampler and router captures: always lazy (``.load()``) when loaded.
+CAPTURE_FIELDS = (
+    "rollout_routed_experts",
+    "rollout_topk_token_ids",
+    "rollout_topk_log_probs",
+    "rollout_top_p_token_ids",
+    "rollout_top_p_token_offsets",
+    "rollout_top_p_log_probs",
+)
+#: The keys of the seed's per-sample metadata (vime ``describe_sample``).
+_SEED_METADATA_KEYS = (
+    "index",
+    "group_index",
+    "status",
+    "tokens",
+    "response_length",
+    "loss_mask",
+    "rollout_log_probs",
+    "tensors",
+)
 
 
 def archive_name_for(path: str | os.PathLike[str], generation: int = 1) -> str:
@@ -268,7 +316,8 @@ def _recorded_catalog(path: Path, pointer: dict[str, Any]) -> str | None:
         ) from None
 
 
-def _read_pointer(path: Path) -> dict[str, Any]:
+def _read_document(path: Path) -> dict[str, Any]:
+    """The JSON object at ``path`` (a pointer file, a seed index or a sidecar), read safely."""
     try:
         text = _read_text(path)
     except FileNotFoundError:
@@ -276,11 +325,20 @@ def _read_pointer(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UnsupportedFormatError(f"cannot read pointer file {path}: {exc}") from exc
     try:
-        pointer = json.loads(text)
+        document = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise UnsupportedFormatError(f"{path} is not a pointer file (not JSON: {exc})") from exc
-    if not isinstance(pointer, dict):
+    if not isinstance(document, dict):
         raise UnsupportedFormatError(f"{path} is not a pointer file (not a JSON object)")
+    return document
+
+
+def _is_seed_index(document: Mapping[str, Any]) -> bool:
+    return document.get("format") in SEED_FORMATS
+
+
+def _read_pointer(path: Path, document: dict[str, Any] | None = None) -> dict[str, Any]:
+    pointer = _read_document(path) if document is None else document
     if pointer.get("format") != POINTER_FORMAT:
         raise UnsupportedFormatError(
             f"{path} is not an {POINTER_FORMAT} file (format {pointer.get('format')!r})"
@@ -310,6 +368,203 @@ def _read_pointer(path: Path) -> dict[str, Any]:
     ):
         raise UnsupportedFormatError(f"pointer file {path} has malformed metadata")
     return pointer
+
+
+class SeedTensor:
+    """A capture field loaded through the facade: lazy, like the seed's ``straw`` TensorRef.
+
+    ``load()`` gives the ``torch.Tensor`` (a stored tensor blob is read then, once); ``shape``
+    (a tuple), ``dtype`` (its name, ``"int32"``), ``kind`` (the field's name), ``len()`` and
+    contiguous row slices (``ref[a:b]``) need no read of a blob.  Like the seed's, it is not
+    tensor-like: no ``==`` or attribute forwarding.
+    """
+
+    __slots__ = ("_value", "kind")
+
+    def __init__(self, value: Any, kind: str) -> None:
+        self._value = value
+        self.kind = kind
+
+    def load(self, *, pin_memory: bool = False, reader: Any = None) -> Any:
+        """The tensor (``reader`` is the seed's, accepted and unused)."""
+        from ._util.lazy_torch import torch_module
+
+        torch = torch_module()
+        value = self._value
+        materialize = getattr(value, "materialize", None)
+        if callable(materialize):
+            tensor = materialize()
+        elif torch.is_tensor(value):
+            tensor = value
+        elif isinstance(value, list) and value and all(torch.is_tensor(v) for v in value):
+            tensor = torch.cat(value, dim=0) if len(value) > 1 else value[0]
+        else:
+            import numpy as np
+
+            tensor = torch.as_tensor(np.asarray(value))
+        return tensor.pin_memory() if pin_memory else tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = getattr(self._value, "shape", None)
+        if shape is None:
+            return tuple(self.load().shape)
+        return tuple(int(d) for d in shape)
+
+    @property
+    def dtype(self) -> str:
+        dtype = getattr(self._value, "dtype", None)
+        if dtype is None:
+            dtype = self.load().dtype
+        return str(dtype).removeprefix("torch.")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> Any:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("a SeedTensor reads contiguous row slices only (ref[a:b])")
+        return self.load()[key]
+
+    def __repr__(self) -> str:
+        return f"SeedTensor(kind={self.kind!r}, shape={list(self.shape)}, dtype={self.dtype!r})"
+
+
+def _declared(sample: Any) -> frozenset[str]:
+    if dataclasses.is_dataclass(sample) and not isinstance(sample, type):
+        return frozenset(f.name for f in dataclasses.fields(sample))
+    return frozenset()
+
+
+def _for_pool(sample: Any) -> Any:
+    """``sample`` as the facade hands it to the pool: its ``_queue_*`` attributes other than
+    `LIVE_QUEUE_FIELDS` renamed to ``_kept_queue_*`` (on a shallow copy; the caller's sample
+    is untouched), so they survive the pool's drop of live queue state."""
+    if isinstance(sample, Mapping):
+        state: Any = sample
+    else:
+        state = getattr(sample, "__dict__", None)
+        if state is None:
+            return sample
+    declared = _declared(sample)
+    kept = [
+        k for k in state if is_queue_key(k) and k not in LIVE_QUEUE_FIELDS and k not in declared
+    ]
+    if not kept:
+        return sample
+    if isinstance(sample, Mapping):
+        out: Any = dict(sample)
+        target = out
+    else:
+        out = copy.copy(sample)
+        target = out.__dict__
+    for key in kept:
+        target[KEPT_QUEUE_PREFIX + key[len(QUEUE_PREFIX) :]] = target.pop(key)
+    return out
+
+
+def _from_pool(sample: Any, lazy: bool) -> Any:
+    """A loaded sample as the seed returns it: ``_kept_queue_*`` back to ``_queue_*`` and,
+    when ``lazy``, the capture fields as `SeedTensor`."""
+    state = sample if isinstance(sample, dict) else getattr(sample, "__dict__", None)
+    if state is None:
+        return sample
+    for key in [k for k in state if isinstance(k, str) and k.startswith(KEPT_QUEUE_PREFIX)]:
+        state[QUEUE_PREFIX + key[len(KEPT_QUEUE_PREFIX) :]] = state.pop(key)
+    if lazy:
+        for name in CAPTURE_FIELDS:
+            value = state.get(name)
+            if value is not None and not isinstance(value, SeedTensor):
+                state[name] = SeedTensor(value, name)
+    return sample
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+
+
+def seed_task_key(sample: Any) -> Any:
+    """The seed's task key: the ``task_id`` of ``_queue_receipt`` if truthy, else of
+    ``_queue_lease`` if truthy, else None (no ``task_key`` attribute hook)."""
+    context = _get(sample, "_queue_receipt") or _get(sample, "_queue_lease")
+    if not context:
+        return None
+    # NOTE: the seed subscripts (a dict); an object with a ``task_id`` attribute is taken too.
+    return _get(context, "task_id")
+
+
+def _seed_description(description: Mapping[str, Any]) -> dict[str, Any]:
+    """One sample's metadata with exactly the seed's keys and capture tensors."""
+    out = {key: description.get(key) for key in _SEED_METADATA_KEYS}
+    tensors = description.get("tensors") or {}
+    out["tensors"] = {k: v for k, v in tensors.items() if k in CAPTURE_FIELDS}
+    return out
+
+
+_INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def validate_seed_metadata(samples: Sequence[Mapping[str, Any]], args: Any) -> None:
+    """The seed's ``validate_sample_metadata``: its rules and messages, first violation only.
+
+    Raises:
+        MetadataError: (a ValueError) the first sample that does not fit ``args``.
+    """
+    for sample in samples:
+        count = sample["response_length"]
+        if not 0 <= count <= sample["tokens"]:
+            raise MetadataError("Response length exceeds the token count")
+        for name in ("loss_mask", "rollout_log_probs"):
+            if sample[name] is not None and sample[name] != count:
+                raise MetadataError(f"{name} length does not match the response length")
+        tensors = sample["tensors"]
+        routes = tensors.get("rollout_routed_experts")
+        if getattr(args, "use_rollout_routing_replay", False) and routes is not None:
+            expected = [max(0, sample["tokens"] - 1), int(args.num_layers), args.moe_router_topk]
+            if routes["shape"] != expected or routes["dtype"] not in _INT_DTYPES:
+                raise MetadataError("Routed-experts shape/dtype does not match tokens and model")
+        if not getattr(args, "use_score_centering", False):
+            continue
+        top_p = getattr(args, "rollout_top_p", 1.0) < 1
+        prefix = "rollout_top_p" if top_p else "rollout_topk"
+        ids, logps = tensors.get(prefix + "_token_ids"), tensors.get(prefix + "_log_probs")
+        if ids is None or logps is None:
+            raise MetadataError("Missing sampler capture metadata")
+        if (
+            ids["shape"] != logps["shape"]
+            or ids["dtype"] not in _INT_DTYPES
+            or logps["dtype"] not in _FLOAT_DTYPES
+        ):
+            raise MetadataError("Sampler ids/logprobs shape/dtype mismatch")
+        if top_p:
+            offsets = tensors.get(prefix + "_token_offsets")
+            if (
+                len(ids["shape"]) != 1
+                or offsets is None
+                or offsets["shape"] != [count + 1]
+                or offsets["dtype"] not in _INT_DTYPES
+            ):
+                raise MetadataError("Sampler top-p offsets/shape mismatch")
+        elif ids["shape"] != [count, args.score_centering_top_k]:
+            raise MetadataError("Sampler top-k shape mismatch")
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(path.suffix + ".metadata.json")
+
+
+def _sidecar_metadata(path: Path, manifest_digest: Any) -> Any:
+    """The seed's legacy sidecar ``<index>.metadata.json``, bound to the archive by digest.
+
+    Raises:
+        FileNotFoundError: no sidecar (its ``filename`` is the sidecar's path).
+        MetadataError: it belongs to another archive.
+    """
+    document = _read_document(_sidecar(path))
+    if document["manifest_digest"] != manifest_digest:
+        raise MetadataError("Metadata sidecar belongs to a different archive")
+    return document["sample_metadata"]
 
 
 class RolloutArchive:
@@ -348,9 +603,24 @@ class RolloutArchive:
                 other than the configured one, or a file that is no catalog (nothing was
                 opened).
             MetadataError: the catalog's archive is not the one the pointer was written for.
+            MissingDependencyError: a seed index, and straw-queue is not installed.
+
+        A seed index (``"format": "vime.straw-debug"`` or ``"slime.straw-debug"``, version 1)
+        opens read-only through straw-queue (`archive_manager.interop.straw`): ``root``
+        replaces the pool root it records, as the seed's ``root=`` does; `release` refuses.
         """
         self.path = Path(path)
-        self.pointer = _read_pointer(self.path)
+        document = _read_document(self.path)
+        self._straw: StrawArchive | None = None
+        if _is_seed_index(document):
+            from .interop.straw import StrawArchive
+
+            self.index = self.pointer = document
+            self._straw = StrawArchive(self.path, root=root, index=document)
+            return
+        self.pointer = _read_pointer(self.path, document)
+        #: The pointer file as a dict (the seed's ``index``): ``index["rollout_id"]``, ...
+        self.index = self.pointer
         pool_root, url = _configured(args, root, catalog_url)
         self.pool = _open_pool(self.path, self.pointer, pool_root, url, read_only)
         try:
@@ -375,13 +645,18 @@ class RolloutArchive:
         evaluation: bool = False,
         args: Any = None,
         reference: RolloutArchive | str | os.PathLike[str] | None = None,
-    ) -> RolloutArchive:
+    ) -> None:
         """Save ``samples`` into a pool and write a pointer file at ``path``.
 
         The pool is ``args.archive_root`` (or ``args.archive_catalog_url``) when given, else
         ``<path's folder>/archive-pool``, so archives saved in one folder share a pool and
         dedup.  ``reference`` (a `RolloutArchive` or its pointer path) shares its chunks.
-        The pointer file records the catalog without its password.
+        The pointer file records the catalog without its password.  Like the seed's, it
+        returns None and leaves nothing open: open the archive with ``RolloutArchive(path)``.
+
+        As the seed does, each sample's task key is the ``task_id`` of its ``_queue_receipt``
+        (else its ``_queue_lease``), and its ``_queue_*`` attributes other than
+        `LIVE_QUEUE_FIELDS` are kept (stored as ``_kept_queue_*``, loaded back by the facade).
 
         A path may be saved again once its pointer file is gone and its archive released:
         the new archive takes the next generation of the path's name (`archive_name_for`).
@@ -394,7 +669,10 @@ class RolloutArchive:
         """
         target = Path(path).expanduser().absolute()
         if os.path.lexists(target):
-            raise FileExistsError(f"pointer file {target} already exists")
+            raise FileExistsError(
+                f"Rollout archives are immutable; choose a new path: {target} "
+                "(pointer file already exists)"
+            )
         target.parent.mkdir(parents=True, exist_ok=True)
         pool_root, url = _pool_location(target, args)
         with ArchiveManager.open(pool_root, url) as pool:
@@ -416,7 +694,15 @@ class RolloutArchive:
                     name, None, rollout_id=rollout_id, evaluation=evaluation, reference=ref
                 )
             else:
-                arc = pool.save(name, samples, rollout_id=rollout_id, evaluation=evaluation)
+                if samples is None:
+                    raise InvalidInputError("samples is None and no reference was given")
+                arc = pool.save(
+                    name,
+                    [_for_pool(s) for s in samples],
+                    rollout_id=rollout_id,
+                    evaluation=evaluation,
+                    task_keys=[seed_task_key(s) for s in samples],
+                )
             pointer: dict[str, Any] = {
                 "format": POINTER_FORMAT,
                 "version": POINTER_VERSION,
@@ -442,93 +728,180 @@ class RolloutArchive:
             except BaseException:
                 arc.release()  # no pointer names it: nothing could ever read or release it
                 raise
-        return cls(target, root=pool_root, catalog_url=url)
 
     @staticmethod
     def check_metadata(path: str | os.PathLike[str], args: Any) -> list[dict[str, Any]]:
-        """Check an archive's samples against a training run's settings, reading only the
-        pointer file (or, for a pointer without metadata, the catalog, found as
-        `RolloutArchive` finds it with ``args.archive_root`` and ``args.archive_catalog_url``)
-        — never a blob.
+        """Check an archive's samples against a training run's settings as the seed does,
+        reading only JSON: the pointer file or seed index, and for one without metadata the
+        seed's legacy sidecar ``<path>.metadata.json`` — never a blob.
 
         Returns:
-            The sample metadata (one `describe_sample` dict per sample).
+            The seed's per-sample metadata: a list of dicts with exactly its keys
+            (``index, group_index, status, tokens, response_length, loss_mask,
+            rollout_log_probs, tensors``; ``tensors`` holds the capture fields only).
 
         Raises:
-            MetadataError: a sample does not fit ``args`` (every violation is listed).
+            UnsupportedFormatError: (a ValueError) neither a pointer file nor a seed index,
+                or an unsupported sample metadata version.
+            FileNotFoundError: a seed index without metadata and no sidecar (a pointer file
+                without either: the catalog answers, found as `RolloutArchive` finds it).
+            MetadataError: (a ValueError) the sidecar belongs to another archive, or the
+                first sample that does not fit ``args`` (the seed's rules and messages).
         """
-        pointer = _read_pointer(Path(path))
-        metadata = pointer.get("metadata")
-        if metadata is None:
-            with RolloutArchive(path, args=args) as arc:
-                metadata = arc.archive.sample_metadata()
-        validate_sample_metadata(metadata, args)
+        path = Path(path)
+        document = _read_document(path)
+        wrapped: Any
+        if _is_seed_index(document):
+            if document.get("version") != 1:
+                raise UnsupportedFormatError(f"Unsupported rollout archive: {path}")
+            wrapped = document.get("sample_metadata")
+            if wrapped is None:
+                wrapped = _sidecar_metadata(path, document["manifest"]["digest"])
+        else:
+            pointer = _read_pointer(path, document)
+            listed = pointer.get("metadata")
+            if listed is None and _sidecar(path).exists():
+                wrapped = _sidecar_metadata(path, pointer["manifest_digest"])
+            elif listed is None:
+                # A pointer (never the seed's index) names its pool: the catalog answers.
+                with RolloutArchive(path, args=args) as arc:
+                    wrapped = {"version": 1, "samples": arc.archive.sample_metadata()}
+            else:
+                wrapped = {"version": 1, "samples": listed}
+        if not isinstance(wrapped, dict) or wrapped.get("version") != 1:
+            raise UnsupportedFormatError("Unsupported sample metadata version")
+        samples = wrapped.get("samples")
+        if not isinstance(samples, list) or not all(isinstance(m, dict) for m in samples):
+            raise UnsupportedFormatError(f"{path} has malformed sample metadata")
+        metadata = [_seed_description(m) for m in samples]
+        validate_seed_metadata(metadata, args)
         return metadata
 
     # ------------------------------------------------------------------ reading
 
     @property
     def name(self) -> str:
-        """The archive's name in its pool."""
+        """The archive's name in its pool (a seed index: its path)."""
+        if self._straw is not None:
+            return str(self.path)
         return self.archive.name
 
     @property
-    def rollout_id(self) -> int | None:
+    def rollout_id(self) -> Any:
         """The rollout id it was saved with."""
+        if self._straw is not None:
+            return self.index.get("rollout_id")
         return self.archive.rollout_id
 
     @property
     def evaluation(self) -> bool:
         """Whether it holds evaluation samples."""
+        if self._straw is not None:
+            return bool(self.index.get("evaluation", False))
         return self.archive.evaluation
 
     def __len__(self) -> int:
+        if self._straw is not None:
+            return len(self._straw)
         return len(self.archive)
 
-    def keys(self) -> list[tuple[str, str | None]]:
-        """``(sample_key, task_key)`` per sample, in order."""
+    def keys(self) -> list[tuple[str, Any]]:
+        """``(sample_key, task_key)`` per sample, in archive order, duplicates included."""
+        if self._straw is not None:
+            return self._straw.keys()
         return self.archive.keys()
 
     def load_samples(
         self,
-        sample_key: str | None = None,
-        task_key: str | None = None,
         *,
+        sample_key: str | None = None,
+        task_key: Any = None,
         as_arrays: bool = False,
         materialize: bool = False,
     ) -> list[Any]:
-        """All samples, or those matching every key given (see `Archive.load_samples`)."""
-        return self.archive.load_samples(
-            sample_key=sample_key, task_key=task_key, as_arrays=as_arrays, materialize=materialize
-        )
+        """All samples, or those matching every key given, in archive order (a list).
+
+        As the seed's: the keys are keyword-only; no match raises
+        ``KeyError((sample_key, task_key))``; the live queue fields are absent and other
+        ``_queue_*`` attributes are back; the capture fields are lazy (`SeedTensor`, or
+        straw's ``TensorRef`` for a seed index) with ``.load()``, unless ``materialize``.
+        ``as_arrays`` is `Archive.load_samples`'s.
+        """
+        if self._straw is not None:
+            found = self._straw.load_samples(
+                sample_key=sample_key, task_key=task_key, lazy=not materialize
+            )
+            if not found and (sample_key is not None or task_key is not None):
+                raise KeyError((sample_key, task_key))
+            return found
+        try:
+            samples = self.archive.load_samples(
+                sample_key=sample_key,
+                task_key=task_key,
+                as_arrays=as_arrays,
+                materialize=materialize,
+            )
+        except KeyError as exc:
+            raise KeyError((sample_key, task_key)) from exc
+        return [_from_pool(s, not materialize) for s in samples]
 
     def iter_samples(
         self,
         *,
         sample_key: str | None = None,
-        task_key: str | None = None,
+        task_key: Any = None,
         as_arrays: bool = False,
         materialize: bool = False,
     ) -> Iterator[Any]:
-        """The samples streamed in bounded memory (see `Archive.iter_samples`)."""
-        return self.archive.iter_samples(
-            sample_key=sample_key, task_key=task_key, as_arrays=as_arrays, materialize=materialize
+        """The samples streamed in bounded memory (see `Archive.iter_samples`), as
+        `load_samples` returns them."""
+        if self._straw is not None:
+            return iter(
+                self.load_samples(sample_key=sample_key, task_key=task_key, materialize=materialize)
+            )
+        lazy = not materialize
+        return (
+            _from_pool(s, lazy)
+            for s in self.archive.iter_samples(
+                sample_key=sample_key,
+                task_key=task_key,
+                as_arrays=as_arrays,
+                materialize=materialize,
+            )
         )
 
     def sample_metadata(self) -> list[dict[str, Any]]:
-        """Per-sample metadata from the catalog."""
+        """Per-sample metadata (from the catalog; a seed index: from the index)."""
+        if self._straw is not None:
+            return self._straw.sample_metadata()
         return self.archive.sample_metadata()
 
     def export_pt(self, path: str | os.PathLike[str]) -> Path:
         """Write slime's ``torch.save`` dump format (see `Archive.export_pt`)."""
+        if self._straw is not None:
+            raise ReadOnlyPoolError(
+                f"{self.path} is a seed (straw) archive: import it first "
+                "(archive-manager import-straw), then export the imported archive"
+            )
         return self.archive.export_pt(path)
 
-    def release(self) -> bool:
-        """Let GC reclaim the archive (its pointer file stays; rows stay for inspection)."""
-        return self.archive.release()
+    def release(self) -> None:
+        """Let GC reclaim the archive (its pointer file stays; rows stay for inspection).
+
+        Returns None and is idempotent, like the seed's.
+
+        Raises:
+            ReadOnlyPoolError: a seed index (opened read-only) or a read-only pool.
+        """
+        if self._straw is not None:
+            raise ReadOnlyPoolError(f"{self.path} is a seed (straw) archive, opened read-only")
+        self.archive.release()
 
     def close(self) -> None:
         """Close the pool's connections; idempotent."""
+        if self._straw is not None:
+            self._straw.close()
+            return
         self.pool.close()
 
     def __enter__(self) -> RolloutArchive:
@@ -538,4 +911,6 @@ class RolloutArchive:
         self.close()
 
     def __repr__(self) -> str:
+        if self._straw is not None:
+            return f"RolloutArchive({str(self.path)!r}, format={self.index.get('format')!r})"
         return f"RolloutArchive({str(self.path)!r}, archive={self.archive.name!r})"

@@ -1362,6 +1362,27 @@ class ArchiveManager:
             attrs=facts.attrs if facts is not None else None,
         )
 
+    def import_straw(
+        self,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Archive:
+        """Import a seed (vime/slime straw) archive index as a new archive, verified sample
+        by sample against its source (`archive_manager.interop.straw.import_straw_archive`).
+
+        Raises:
+            UnsupportedFormatError: not a seed index (the pool is left as it was).
+            IntegrityError: its straw pool is damaged, or the copy did not verify.
+            MissingDependencyError: straw-queue is missing (``archive_manager[straw]``).
+            ArchiveExistsError: the name is taken.
+        """
+        from .interop.straw import import_straw_archive
+
+        self._refuse_if_read_only("import_straw")
+        return import_straw_archive(self._context, path, name, progress=progress)  # type: ignore[no-any-return]
+
     # ------------------------------------------------------------------ getting data out
 
     def arrow_reader(

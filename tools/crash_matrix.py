@@ -285,7 +285,7 @@ def _prepare_pointer(world: World) -> None:
 def _run_pointer(world: World) -> None:
     assert world.pointer is not None
     args = SimpleNamespace(archive_root=str(world.root), archive_catalog_url=world.url)
-    RolloutArchive.save(world.pointer, _inflight_samples(), rollout_id=9, args=args).close()
+    RolloutArchive.save(world.pointer, _inflight_samples(), rollout_id=9, args=args)
 
 
 def _prepare_retain(world: World) -> None:

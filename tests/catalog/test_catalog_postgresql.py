@@ -261,7 +261,7 @@ def test_facade_on_a_server_catalog_writes_and_shows_no_password(
     path = tmp_path / "run" / "rollout_0.json"
     old = os.umask(0o022)
     try:
-        RolloutArchive.save(path, samples, rollout_id=0, args=args).close()
+        RolloutArchive.save(path, samples, rollout_id=0, args=args)
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644  # readable by the team: nothing secret in it
@@ -309,16 +309,16 @@ def test_facade_on_a_server_catalog_writes_and_shows_no_password(
     v1_path.unlink()  # the only file here that ever held the password: the test wrote it
 
     # A reference save opens its source with the saver's catalog.
-    ref = RolloutArchive.save(
+    RolloutArchive.save(
         tmp_path / "run" / "replay_0.json", None, rollout_id=0, args=args, reference=path
     )
-    with ref:
+    with RolloutArchive(tmp_path / "run" / "replay_0.json", args=args) as ref:
         assert ref.load_samples() == samples
     # Saving the path again after release: a new generation, same rules.
     with RolloutArchive(path, args=args) as arc:
         arc.release()
     path.unlink()
-    RolloutArchive.save(path, samples[:1], rollout_id=0, args=args).close()
+    RolloutArchive.save(path, samples[:1], rollout_id=0, args=args)
     with RolloutArchive(path, args=args) as arc:
         assert arc.load_samples() == samples[:1] and arc.name.endswith("%~2")
     assert SECRET not in _files_text(tmp_path)

@@ -46,6 +46,31 @@ from archive_manager.errors import (
 R3_ARGS = SimpleNamespace(use_rollout_routing_replay=True, num_layers=2, moe_router_topk=8)
 
 
+def save_open(path: Path, samples: Any, **kwargs: Any) -> RolloutArchive:
+    """Save as the seed does (``save`` returns None), then open what was saved."""
+    assert RolloutArchive.save(path, samples, **kwargs) is None
+    return RolloutArchive(path, args=kwargs.get("args"))
+
+
+def seed_view(metadata: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pool's sample metadata with the seed's keys only (what check_metadata returns)."""
+    keys = ("index", "group_index", "status", "tokens", "response_length", "loss_mask")
+    return [
+        {k: m[k] for k in keys}
+        | {"rollout_log_probs": m["rollout_log_probs"]}
+        | {"tensors": {k: v for k, v in m["tensors"].items() if k.startswith("rollout_")}}
+        for m in metadata
+    ]
+
+
+def with_receipts(samples: list[Any]) -> list[Any]:
+    """``samples`` with their ``task_key`` as a queue receipt: the seed (and so the facade)
+    takes a task key from ``_queue_receipt``/``_queue_lease`` only, never ``task_key``."""
+    for sample in samples:
+        sample._queue_receipt = {"task_id": sample.task_key}
+    return samples
+
+
 def read_pointer(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -74,11 +99,9 @@ def test_training_loop_saves_resumes_checks_and_collects(
     args = SimpleNamespace(use_rollout_routing_replay=False, num_layers=2, moe_router_topk=8)
     saved: dict[int, list] = {}
     for i in range(6):  # the training loop: one pointer file per rollout
-        samples = rollout(16, seed=i, rollout_id=i)
+        samples = with_receipts(rollout(16, seed=i, rollout_id=i))
         saved[i] = samples
-        with RolloutArchive.save(
-            run / f"rollout_{i}.json", samples, rollout_id=i, args=args
-        ) as arc:
+        with save_open(run / f"rollout_{i}.json", samples, rollout_id=i, args=args) as arc:
             assert (arc.rollout_id, arc.evaluation, len(arc)) == (i, False, 16)
             assert arc.name == archive_name_for(run / f"rollout_{i}.json")
 
@@ -116,9 +139,9 @@ def test_training_loop_saves_resumes_checks_and_collects(
             same_samples(one, [saved[i][3]])
             with pytest.raises(KeyError, match="group-7"):
                 arc.load_samples(task_key=f"rollout-{i}/group-7")
-            assert arc.sample_metadata() == metadata
-    with pytest.raises(MetadataError, match="position 15: rollout_routed_experts"):
-        RolloutArchive.check_metadata(run / "rollout_5.json", R3_ARGS)
+            assert seed_view(arc.sample_metadata()) == metadata
+    # As the seed: samples without routes pass a routing-replay check.
+    assert len(RolloutArchive.check_metadata(run / "rollout_5.json", R3_ARGS)) == 16
 
     # Release what the run no longer needs, collect, and keep training on the rest.
     for i in range(4):
@@ -150,8 +173,8 @@ def test_training_loop_saves_resumes_checks_and_collects(
 def test_one_folder_one_pool_with_dedup(tmp_path: Path, rollout, blob_files_of) -> None:
     samples = rollout(20, seed=4, rollout_id=1)
     with (
-        RolloutArchive.save(tmp_path / "a.json", samples, rollout_id=1) as a,
-        RolloutArchive.save(tmp_path / "b.json", samples, rollout_id=1) as b,
+        save_open(tmp_path / "a.json", samples, rollout_id=1) as a,
+        save_open(tmp_path / "b.json", samples, rollout_id=1) as b,
     ):
         assert a.pool.root == b.pool.root == (tmp_path / "archive-pool").resolve()
         files = blob_files_of(b.pool)
@@ -159,13 +182,13 @@ def test_one_folder_one_pool_with_dedup(tmp_path: Path, rollout, blob_files_of) 
         # Only the second archive's manifest is new.
         assert len(files.files()) == len(set(files.digests(a.name))) + 1
     # Parent folders are made; a nested folder gets a pool of its own.
-    with RolloutArchive.save(tmp_path / "x" / "y" / "c.json", samples[:2], rollout_id=1) as c:
+    with save_open(tmp_path / "x" / "y" / "c.json", samples[:2], rollout_id=1) as c:
         assert c.pool.root == (tmp_path / "x" / "y" / "archive-pool").resolve()
 
 
 def test_pool_found_through_root_after_a_move(tmp_path: Path, rollout, same_samples) -> None:
     samples = rollout(5, seed=2)
-    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0).close()
+    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0)
     (tmp_path / "run" / "archive-pool").rename(tmp_path / "moved")
     with pytest.raises(PoolNotFoundError):
         RolloutArchive(tmp_path / "run" / "r.json")
@@ -175,7 +198,7 @@ def test_pool_found_through_root_after_a_move(tmp_path: Path, rollout, same_samp
 
 def test_facade_export_writes_slime_dump(tmp_path: Path, rollout, same_samples) -> None:
     samples = rollout(6, seed=3, rollout_id=7, r3_layers=2)
-    with RolloutArchive.save(tmp_path / "r.json", samples, rollout_id=7) as arc:
+    with save_open(tmp_path / "r.json", samples, rollout_id=7) as arc:
         out = arc.export_pt(tmp_path / "dumps" / "r.pt")
         assert "r.json" in repr(arc)
     dump = torch.load(out, weights_only=True)
@@ -190,8 +213,8 @@ def test_facade_export_writes_slime_dump(tmp_path: Path, rollout, same_samples) 
 def test_check_metadata_against_run_settings(tmp_path: Path, rollout) -> None:
     plain = rollout(4, seed=1)
     routed = rollout(4, seed=2, r3_layers=2)
-    RolloutArchive.save(tmp_path / "plain.json", plain, rollout_id=0).close()
-    RolloutArchive.save(tmp_path / "routed.json", routed, rollout_id=0).close()
+    RolloutArchive.save(tmp_path / "plain.json", plain, rollout_id=0)
+    RolloutArchive.save(tmp_path / "routed.json", routed, rollout_id=0)
 
     for args in (None, SimpleNamespace(), SimpleNamespace(use_rollout_routing_replay=False)):
         assert len(RolloutArchive.check_metadata(tmp_path / "plain.json", args)) == 4
@@ -201,14 +224,10 @@ def test_check_metadata_against_run_settings(tmp_path: Path, rollout) -> None:
         "dtype": "int32",
     }
 
-    with pytest.raises(MetadataError) as missing:
-        RolloutArchive.check_metadata(tmp_path / "plain.json", R3_ARGS)
-    assert len(missing.value.problems) == 4  # every sample listed, not only the first
-    for position in range(4):
-        assert f"position {position}: rollout_routed_experts: missing" in str(missing.value)
-
+    # As the seed: absent routes pass; present ones must fit (the first misfit raises).
+    assert len(RolloutArchive.check_metadata(tmp_path / "plain.json", R3_ARGS)) == 4
     wider = SimpleNamespace(use_rollout_routing_replay=True, num_layers=2, moe_router_topk=4)
-    with pytest.raises(MetadataError, match=r"position 3: rollout_routed_experts: wrong shape"):
+    with pytest.raises(MetadataError, match="Routed-experts shape/dtype does not match"):
         RolloutArchive.check_metadata(tmp_path / "routed.json", wider)
 
 
@@ -216,8 +235,8 @@ def test_check_metadata_never_reads_a_blob(
     tmp_path: Path, rollout, blob_files_of, monkeypatch
 ) -> None:
     plain, routed = rollout(3, seed=1), rollout(3, seed=2, r3_layers=2)
-    RolloutArchive.save(tmp_path / "plain.json", plain, rollout_id=0).close()
-    with RolloutArchive.save(tmp_path / "routed.json", routed, rollout_id=0) as arc:
+    RolloutArchive.save(tmp_path / "plain.json", plain, rollout_id=0)
+    with save_open(tmp_path / "routed.json", routed, rollout_id=0) as arc:
         assert blob_files_of(arc.pool).delete_all() > 0
         with pytest.raises(IntegrityError):  # the payload really is gone
             arc.load_samples()
@@ -233,14 +252,14 @@ def test_check_metadata_never_reads_a_blob(
     monkeypatch.setattr(BlobStore, "open", no_blob_reads)
     assert len(RolloutArchive.check_metadata(tmp_path / "routed.json", R3_ARGS)) == 3
     assert len(RolloutArchive.check_metadata(tmp_path / "old.json", None)) == 3
-    with pytest.raises(MetadataError, match="position 2: rollout_routed_experts: missing"):
-        RolloutArchive.check_metadata(tmp_path / "old.json", R3_ARGS)
+    wider = SimpleNamespace(use_rollout_routing_replay=True, num_layers=2, moe_router_topk=4)
+    with pytest.raises(MetadataError, match="Routed-experts shape/dtype"):
+        RolloutArchive.check_metadata(tmp_path / "routed.json", wider)
 
     # A pointer with metadata needs nothing but itself: not even the pool.
     (tmp_path / "archive-pool").rename(tmp_path / "gone")
     assert len(RolloutArchive.check_metadata(tmp_path / "routed.json", R3_ARGS)) == 3
-    with pytest.raises(MetadataError, match="position 0"):
-        RolloutArchive.check_metadata(tmp_path / "plain.json", R3_ARGS)
+    assert len(RolloutArchive.check_metadata(tmp_path / "plain.json", R3_ARGS)) == 3
     with pytest.raises(PoolNotFoundError):  # without metadata the catalog is needed
         RolloutArchive.check_metadata(tmp_path / "old.json", None)
 
@@ -271,7 +290,7 @@ def test_task_keys_from_live_queue_context(tmp_path: Path, same_samples) -> None
         make(3, _queue_lease={"task_id": "task-d"}, _queue_position=11),
         make(4),
     ]
-    with RolloutArchive.save(tmp_path / "r.json", samples, rollout_id=0) as arc:
+    with save_open(tmp_path / "r.json", samples, rollout_id=0) as arc:
         assert arc.keys() == [
             ("sample:0", "task-a"),
             ("sample:1", "7"),
@@ -285,8 +304,11 @@ def test_task_keys_from_live_queue_context(tmp_path: Path, same_samples) -> None
         loaded = arc.load_samples()
         same_samples(loaded, samples)
         for sample in loaded:
+            # As the seed: its five live queue fields are gone, other _queue_* ones stay.
             names = sample if isinstance(sample, dict) else vars(sample)
-            assert not [k for k in names if k.startswith("_queue_")], names
+            queue = [k for k in names if k.startswith("_queue_")]
+            assert queue == (["_queue_position"] if names is vars(loaded[3]) else []), names
+        assert loaded[3]._queue_position == 11
         (got,) = arc.load_samples(task_key="7")
         assert got.index == 1 and not hasattr(got, "_queue_lease")
         assert arc.load_samples(task_key="task-c") == [{"index": 2, "tokens": [4]}]
@@ -296,13 +318,11 @@ def test_task_keys_from_live_queue_context(tmp_path: Path, same_samples) -> None
 
 
 def test_reference_saves_share_chunks(tmp_path: Path, rollout, same_samples, blob_files_of) -> None:
-    samples = rollout(10, seed=5, rollout_id=3)
+    samples = with_receipts(rollout(10, seed=5, rollout_id=3))
     run = tmp_path / "run"
-    base = RolloutArchive.save(run / "rollout_3.json", samples, rollout_id=3)
-    by_object = RolloutArchive.save(
-        run / "eval_3.json", None, rollout_id=3, evaluation=True, reference=base
-    )
-    by_path = RolloutArchive.save(
+    base = save_open(run / "rollout_3.json", samples, rollout_id=3)
+    by_object = save_open(run / "eval_3.json", None, rollout_id=3, evaluation=True, reference=base)
+    by_path = save_open(
         run / "replay_3.json", None, rollout_id=3, reference=str(run / "rollout_3.json")
     )
     try:
@@ -311,7 +331,9 @@ def test_reference_saves_share_chunks(tmp_path: Path, rollout, same_samples, blo
         assert files.chunks(by_path.name) == files.chunks(base.name)
         assert read_pointer(run / "eval_3.json")["evaluation"] is True
         assert by_object.evaluation is True and by_path.evaluation is False
-        assert RolloutArchive.check_metadata(run / "eval_3.json", None) == base.sample_metadata()
+        assert RolloutArchive.check_metadata(run / "eval_3.json", None) == seed_view(
+            base.sample_metadata()
+        )
         # The referencing archives keep the chunks alive after the original is released.
         base.release()
         base.pool.gc(grace=0)
@@ -323,7 +345,7 @@ def test_reference_saves_share_chunks(tmp_path: Path, rollout, same_samples, blo
 
 
 def test_reference_must_share_the_pool(tmp_path: Path, rollout) -> None:
-    RolloutArchive.save(tmp_path / "a" / "r.json", rollout(3), rollout_id=0).close()
+    RolloutArchive.save(tmp_path / "a" / "r.json", rollout(3), rollout_id=0)
     elsewhere = SimpleNamespace(archive_root=str(tmp_path / "other-pool"))
     with pytest.raises(InvalidInputError, match="same pool"):
         RolloutArchive.save(
@@ -345,8 +367,8 @@ def test_same_file_name_in_two_runs_shares_one_pool_without_collision(
     shared = tmp_path / "shared-pool"
     args = SimpleNamespace(archive_root=str(shared))
     first, second = rollout(6, seed=10, rollout_id=3), rollout(6, seed=11, rollout_id=3)
-    a = RolloutArchive.save(tmp_path / "run-a" / "rollout_3.json", first, rollout_id=3, args=args)
-    b = RolloutArchive.save(tmp_path / "run-b" / "rollout_3.json", second, rollout_id=3, args=args)
+    a = save_open(tmp_path / "run-a" / "rollout_3.json", first, rollout_id=3, args=args)
+    b = save_open(tmp_path / "run-b" / "rollout_3.json", second, rollout_id=3, args=args)
     try:
         assert a.name != b.name
         assert a.pool.root == b.pool.root == shared.resolve()
@@ -369,7 +391,7 @@ def test_catalog_url_is_recorded_when_not_the_default(
     (tmp_path / "elsewhere").mkdir()
     args = SimpleNamespace(archive_root=str(tmp_path / "blobs-here"), archive_catalog_url=url)
     samples = rollout(4, seed=6)
-    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0, args=args).close()
+    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0, args=args)
     pointer = read_pointer(tmp_path / "run" / "r.json")
     assert pointer["catalog"] == url and "catalog_url" not in pointer
     assert pointer["pool_root"] == str((tmp_path / "blobs-here").resolve())
@@ -385,7 +407,7 @@ def test_catalog_url_is_recorded_when_not_the_default(
 @pytest.fixture
 def saved_pointer(tmp_path: Path, rollout) -> dict[str, Any]:
     """A valid pointer's content (its archive saved in ``tmp_path / "archive-pool"``)."""
-    RolloutArchive.save(tmp_path / "good.json", rollout(3, seed=8), rollout_id=0).close()
+    RolloutArchive.save(tmp_path / "good.json", rollout(3, seed=8), rollout_id=0)
     return read_pointer(tmp_path / "good.json")
 
 
@@ -498,8 +520,8 @@ def test_missing_pointer_file(tmp_path: Path) -> None:
 def test_digest_mismatch_from_another_pool(tmp_path: Path, rollout) -> None:
     """Two pools hold an archive of the same name; a pointer is aimed at the wrong one."""
     one, two = tmp_path / "one" / "r.json", tmp_path / "two" / "r.json"
-    RolloutArchive.save(one, rollout(3, seed=1), rollout_id=0).close()
-    RolloutArchive.save(two, rollout(3, seed=2), rollout_id=0).close()
+    RolloutArchive.save(one, rollout(3, seed=1), rollout_id=0)
+    RolloutArchive.save(two, rollout(3, seed=2), rollout_id=0)
     crossed = read_pointer(one)
     crossed["archive"] = read_pointer(two)["archive"]
     crossed["pool_root"] = read_pointer(two)["pool_root"]
@@ -524,7 +546,7 @@ def test_save_refuses_an_existing_path_and_saves_nothing(tmp_path: Path, rollout
         RolloutArchive.save(run / "dangling.json", rollout(3), rollout_id=0)
     assert not (run / "nowhere").exists()
 
-    RolloutArchive.save(run / "r.json", rollout(3), rollout_id=0).close()
+    RolloutArchive.save(run / "r.json", rollout(3), rollout_id=0)
     before = read_pointer(run / "r.json")
     with ArchiveManager.open(run / "archive-pool", create=False) as pool:
         state = snapshot(pool)
@@ -575,7 +597,7 @@ def test_failed_pointer_write_releases_the_new_archive(
 def test_pointer_file_is_readable_like_any_file_the_run_writes(tmp_path: Path, rollout) -> None:
     old = os.umask(0o022)
     try:
-        RolloutArchive.save(tmp_path / "r.json", rollout(2), rollout_id=0).close()
+        RolloutArchive.save(tmp_path / "r.json", rollout(2), rollout_id=0)
     finally:
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
@@ -589,7 +611,7 @@ def race_to_save(path: Path, candidates: list[list]) -> list[Any]:
     def save(k: int) -> None:
         barrier.wait()
         try:
-            RolloutArchive.save(path, candidates[k], rollout_id=0).close()
+            RolloutArchive.save(path, candidates[k], rollout_id=0)
             outcome[k] = "won"
         except Exception as exc:
             outcome[k] = exc
@@ -682,7 +704,7 @@ def test_long_pointer_names_save_and_load(tmp_path: Path, rollout, same_samples)
     # NOTE: a shared pool: SQLite cannot open a catalog whose path passes 512 bytes, so the
     # default pool beside this pointer would fail (CatalogError).
     args = SimpleNamespace(archive_root=str(tmp_path / "pool"))
-    with RolloutArchive.save(path, samples, rollout_id=0, args=args) as arc:
+    with save_open(path, samples, rollout_id=0, args=args) as arc:
         assert len(arc.name.encode("utf-8")) <= 255
     with RolloutArchive(path) as arc:
         same_samples(arc.load_samples(), samples)
@@ -837,7 +859,7 @@ def test_pointer_naming_a_foreign_sqlite_file_leaves_it_byte_identical(
 
 def test_caller_configuration_wins_over_the_pointer(tmp_path: Path, rollout, same_samples) -> None:
     samples = rollout(4, seed=3)
-    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0).close()
+    RolloutArchive.save(tmp_path / "run" / "r.json", samples, rollout_id=0)
     pool = tmp_path / "run" / "archive-pool"
     moved = tmp_path / "moved"
     pool.rename(moved)
@@ -866,8 +888,8 @@ def test_version_1_pointers_still_open(tmp_path: Path, rollout, same_samples) ->
     (tmp_path / "elsewhere").mkdir()
     url = f"sqlite:///{tmp_path / 'elsewhere' / 'catalog.db'}"
     args = SimpleNamespace(archive_root=str(tmp_path / "blobs"), archive_catalog_url=url)
-    RolloutArchive.save(tmp_path / "a.json", samples, rollout_id=0).close()
-    RolloutArchive.save(tmp_path / "b.json", samples, rollout_id=0, args=args).close()
+    RolloutArchive.save(tmp_path / "a.json", samples, rollout_id=0)
+    RolloutArchive.save(tmp_path / "b.json", samples, rollout_id=0, args=args)
     a, b = read_pointer(tmp_path / "a.json"), read_pointer(tmp_path / "b.json")
     assert a["version"] == b["version"] == POINTER_VERSION == 2
     old_a = write_pointer(tmp_path / "old-a.json", {**a, "version": 1})
@@ -900,16 +922,16 @@ def test_a_path_is_saved_again_after_its_archive_was_released(
     rounds = [rollout(4, seed=40 + k, rollout_id=3) for k in range(3)]
     names = []
     for k, samples in enumerate(rounds):
-        with RolloutArchive.save(path, samples, rollout_id=3) as arc:
+        with save_open(path, samples, rollout_id=3) as arc:
             names.append(arc.name)
             assert arc.name == archive_name_for(path, k + 1)
         assert read_pointer(path)["archive"] == names[-1]  # the pointer names the real one
         # Opening the pointer loads the newest archive, never a released one.
         with RolloutArchive(path) as arc:
             same_samples(arc.load_samples(), samples)
-        assert RolloutArchive.check_metadata(path, None) == [
-            as_json(describe_sample(s)) for s in samples
-        ]
+        assert RolloutArchive.check_metadata(path, None) == seed_view(
+            [as_json(describe_sample(s)) for s in samples]
+        )
         if k < len(rounds) - 1:
             _forget_pointer(path, release=True, collect=k == 0)  # collected, or not yet
     assert len(set(names)) == 3 and names[0] == archive_name_for(path)
@@ -924,7 +946,7 @@ def test_saving_over_a_deleted_pointer_of_a_published_archive_says_how(
     tmp_path: Path, rollout, same_samples, snapshot
 ) -> None:
     path = tmp_path / "run" / "rollout_3.json"
-    RolloutArchive.save(path, rollout(4, seed=1), rollout_id=3).close()
+    RolloutArchive.save(path, rollout(4, seed=1), rollout_id=3)
     path.unlink()  # deleted without releasing: the archive is still published
     root = tmp_path / "run" / "archive-pool"
     with ArchiveManager.open(root, create=False) as pool:
@@ -941,7 +963,7 @@ def test_saving_over_a_deleted_pointer_of_a_published_archive_says_how(
     result = CliRunner().invoke(cli, [*argv[1:], "--yes"])
     assert result.exit_code == 0, result.output
     again = rollout(4, seed=2)
-    with RolloutArchive.save(path, again, rollout_id=3) as arc:
+    with save_open(path, again, rollout_id=3) as arc:
         assert arc.name == archive_name_for(path, 2)
         same_samples(arc.load_samples(), again)
 
