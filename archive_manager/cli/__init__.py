@@ -30,6 +30,7 @@ from .sample import sample
 from .search import grep
 from .serve import serve
 from .stats import stats
+from .straw import import_straw
 from .transfer import export, import_file
 
 __all__ = ["READ_ONLY_ENV", "ROOT_ENV", "cli", "main"]
@@ -139,6 +140,7 @@ for _command in (
     export,
     import_file,
     import_pt,
+    import_straw,
     release,
     forget,
     retain,
