@@ -1,8 +1,9 @@
-"""Review rev30: attempts to break the read-only gate of pools on S3
-(`S3BlobStore.read_only`, docs/architecture.md "Shared pools") with a real S3 server
-(`tests/s3server.py`): every public path of a read-only pool, in process and through the CLI,
-with the bucket's keys, ETags and multipart uploads and the catalog's bytes compared before
-and after; copies and the caller's store; the refusal's wording.
+"""The read-only gate of stores (`S3BlobStore.read_only`, the folder store's;
+docs/architecture.md "Shared pools"), against a real S3 server (`tests/s3server.py`): every
+public path of a read-only pool, in process and through the CLI, writes nothing (the bucket's
+keys, ETags and multipart uploads and the catalog's bytes compared before and after);
+`put_new` is refused; the read-only copy shares nothing mutable with the caller's store, which
+a writable open then refuses; one wording for the refusal.
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ def _run_child(server: S3Server, pool: _Pool, out: Path, *, flag: str, mount: bo
         command = read_only_mount_command(folder, folder, command)
     done = subprocess.run(
         command,
-        env=child_env(**server.env(), PYTHONPYCACHEPREFIX="/tmp/pyc-rev30-child"),
+        env=child_env(**server.env(), PYTHONPYCACHEPREFIX="/tmp/pyc-read-only-child"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -528,3 +529,35 @@ def test_a_readers_folder_store_reused_for_a_writable_open_is_refused(tmp_path: 
         with pytest.raises(InvalidInputError, match="refuses writes"):
             ArchiveManager.open(tmp_path, store=kept)
         assert _files(tmp_path) == before
+
+
+def _root(bucket: str) -> str:
+    return f"s3://{bucket}/{_prefix()}"
+
+
+def test_a_read_only_store_refuses_put_new(tmp_path: Path) -> None:
+    with ArchiveManager.open(tmp_path, chunk_size=8) as pool:
+        pool.save("a", _samples(8), rollout_id=0)
+    before = sorted(p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    with ArchiveManager.open(tmp_path, read_only=True) as pool, pytest.raises(ReadOnlyPoolError):
+        pool.store.put_new([(b"x" * 100, None)])
+    after = sorted(p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    assert after == before
+
+
+# Fixed: S3BlobStore.read_only, the second gate a read-only open now puts on pool.store.
+def test_a_read_only_s3_pool_refuses_put_new(s3_env: S3Server, bucket: str, tmp_path: Path) -> None:
+    root, url = _root(bucket), _sqlite(tmp_path)
+    with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
+        pool.save("a", _samples(8), rollout_id=0)
+        before = sorted(pool.store.iter_digests())
+    with ArchiveManager.open(root, catalog_url=url, read_only=True) as pool:
+        try:
+            with pytest.raises(ReadOnlyPoolError):
+                pool.store.put_new([(b"x" * 100, None)])
+        finally:
+            assert sorted(pool.store.iter_digests()) == before
+
+
+def _sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'catalog.db'}"

@@ -1,7 +1,7 @@
-"""Review rev20: attempts to break `put_new` (a save's uploads without the existence probe,
-docs/architecture.md "Blobs on an object store") with real engines: an S3 server
-(`tests/s3server.py`), processes killed with SIGKILL, GC racing saves, objects replaced
-behind the pool's back, wrappers and third-party stores written before `put_new`.
+"""A save's uploads through `put_new` (without the existence probe, docs/architecture.md
+"Blobs on an object store"), with real engines: an S3 server (`tests/s3server.py`), processes
+killed with SIGKILL, GC racing saves, objects replaced behind the pool's back, wrappers and
+third-party stores written before `put_new`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from archive_manager._util.digest import digest_of
 from archive_manager.blobs import BlobStore
 from archive_manager.blobs.base import PutItem
 from archive_manager.blobs.s3 import S3BlobStore
-from archive_manager.errors import ReadOnlyPoolError
 from archive_manager.interop.synthetic import make_rollout
 from archive_manager.testing import FaultyBlobStore
 from archive_manager.testing.blob_store import flip_bit
@@ -89,30 +88,6 @@ def test_a_store_written_before_put_new_still_saves(tmp_path: Path, kind: type) 
         assert _tokens(archive.load_samples()) == _tokens(samples)
         assert archive.manifest_digest in store.seen
         assert pool.verify(read_data=True).ok
-
-
-def test_a_read_only_store_refuses_put_new(tmp_path: Path) -> None:
-    with ArchiveManager.open(tmp_path, chunk_size=8) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
-    before = sorted(p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file())
-    with ArchiveManager.open(tmp_path, read_only=True) as pool, pytest.raises(ReadOnlyPoolError):
-        pool.store.put_new([(b"x" * 100, None)])
-    after = sorted(p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file())
-    assert after == before
-
-
-# Fixed: S3BlobStore.read_only, the second gate a read-only open now puts on pool.store.
-def test_a_read_only_s3_pool_refuses_put_new(s3_env: S3Server, bucket: str, tmp_path: Path) -> None:
-    root, url = _root(bucket), _sqlite(tmp_path)
-    with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
-        before = sorted(pool.store.iter_digests())
-    with ArchiveManager.open(root, catalog_url=url, read_only=True) as pool:
-        try:
-            with pytest.raises(ReadOnlyPoolError):
-                pool.store.put_new([(b"x" * 100, None)])
-        finally:
-            assert sorted(pool.store.iter_digests()) == before
 
 
 # --------------------------------------------------------------------------- wrappers on S3
