@@ -167,3 +167,8 @@ class NativeFallbackWarning(RuntimeWarning):
     Warned once, at import; the bytes written are the same, only slower (docs/architecture.md,
     "Native list conversion").
     """
+
+
+class UnregisteredClassWarning(UserWarning):
+    """A load met values of a class the loading process has not registered: they come back as
+    plain dicts (enum members as their values); `register_sample_class` brings the class back."""

@@ -21,20 +21,31 @@ import struct
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
-from .errors import InvalidInputError, InvalidNameError, UnencodableError, UnsupportedFormatError
+from .errors import (
+    InvalidInputError,
+    InvalidNameError,
+    UnencodableError,
+    UnregisteredClassWarning,
+    UnsupportedFormatError,
+)
 
 __all__ = [
+    "FRAMEWORK_SAMPLE_CLASSES",
     "QUEUE_PREFIX",
     "SAMPLE_CLASS_NAME",
     "Sample",
     "check_key_text",
     "check_task_key",
+    "enum_to_record",
     "fields_to_sample",
     "is_queue_key",
+    "record_to_enum",
+    "record_to_value",
     "register_sample_class",
     "registered_class",
     "registered_name",
@@ -42,6 +53,7 @@ __all__ = [
     "sample_to_fields",
     "sample_to_record",
     "task_key_of",
+    "value_to_record",
 ]
 
 #: Attributes and keys with this prefix are a rollout queue's live control state: never stored.
@@ -292,11 +304,20 @@ def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
     same name is a no-op; a class redefined under the same module and qualname (a reload,
     a notebook cell run twice) replaces its predecessor.
 
+    Registering a class registers the dataclasses and enums its fields declare (``status:
+    Status``, ``spec_info: SpecInfo``, ``calls: list[ToolCall]``), and theirs, each under its
+    module and qualified name, so that their instances and members are stored anywhere inside
+    a sample and load back as themselves.  ``cls`` may be an `enum.Enum` too, to store its
+    members inside fields that do not declare it (``metadata["status"]``).
+
     Raises:
-        UnencodableError: ``cls`` is not a dataclass type.
+        UnencodableError: ``cls`` is neither a dataclass type nor an enum of the standard
+            metaclass.
         InvalidNameError: ``name`` is empty, or taken by another class, or ``cls`` is
             already registered under another name.
     """
+    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+        return _register_enum(cls, name)  # type: ignore[return-value]
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise UnencodableError(f"only dataclass types can be registered as samples, got {cls!r}")
     if type(cls) not in _PLAIN_METACLASSES:
@@ -338,11 +359,16 @@ def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
         raise InvalidNameError(
             f"{_qualified(cls)} is already registered as {old_name!r}, cannot add {name!r}"
         )
+    if name in _ENUMS:
+        raise InvalidNameError(
+            f"name {name!r} is already registered for {_qualified(_ENUMS[name])}"
+        )
     if taken_by is not None:
         del _NAMES[taken_by]
     _CLASSES[name] = cls
     _NAMES[cls] = name
     _ENUM_FIELDS.pop(cls, None)
+    _register_declared(cls)
     return cls
 
 
@@ -458,12 +484,15 @@ def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | 
         return None, _strip_queue(dict(obj)), None
     cls = type(obj)
     name = _NAMES.get(cls)
+    if name is None and dataclasses.is_dataclass(cls):
+        name = _adopt_framework_class(cls)
     if name is None:
         hint = (
-            "register it with archive_manager.samples.register_sample_class()"
+            f"call archive_manager.register_sample_class({cls.__qualname__}) first (it also "
+            "registers the dataclasses and enums its fields declare)"
             if dataclasses.is_dataclass(cls)
             else "use archive_manager.Sample, a dict, or a dataclass registered with "
-            "archive_manager.samples.register_sample_class()"
+            "archive_manager.register_sample_class()"
         )
         raise UnencodableError(f"cannot store a sample of type {_qualified(cls)}: {hint}")
     fields = _dataclass_state(obj)
@@ -737,8 +766,10 @@ def fields_to_sample(
     Raises:
         UnsupportedFormatError: a registered class no longer accepts the stored fields.
     """
-    cls = _CLASSES.get(name) if name is not None else None
+    cls = _registered_or_adopted(name)[0] if name is not None else None
     if cls is None:
+        if name is not None:
+            _say_missing(name)
         return _strip_queue(dict(fields))
     try:
         data = _strip_queue(dict(fields), _rebuild_plan(cls).declared)
@@ -1027,6 +1058,273 @@ def _resolve_node(node: ast.expr, scopes: list[dict[str, Any]]) -> Any:
         if origin is typing.Union:
             return [_resolve_node(a, scopes) for a in args]
     return _UNRESOLVED
+
+
+# --------------------------------------------------------------------------- values inside fields
+
+#: The frameworks' own sample classes (module and qualified name): saved without a call to
+#: `register_sample_class`, and rebuilt on load when the loading process has imported their
+#: module; a load never imports one (docs/architecture.md, "Samples and values").
+FRAMEWORK_SAMPLE_CLASSES = frozenset({"slime.utils.types.Sample", "vime.utils.types.Sample"})
+
+_ENUMS: dict[str, type[enum.Enum]] = {}
+_ENUM_NAMES: dict[type, str] = {}
+
+
+def _register_enum(enum_type: type[enum.Enum], name: str | None) -> type[enum.Enum]:
+    if type(enum_type) is not enum.EnumType:
+        # EnumType.__call__, __getattr__, __instancecheck__...: a metaclass's code
+        raise UnencodableError(
+            f"{_qualified(enum_type)} has the custom metaclass {type(enum_type).__qualname__}, "
+            "whose code loading would run; it cannot be registered"
+        )
+    if name is None:
+        name = _qualified(enum_type)
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(f"enum name must be a non-empty string, got {name!r}")
+    taken_by = _ENUMS.get(name)
+    if taken_by is enum_type:
+        return enum_type
+    if (taken_by is not None and not _same_definition(taken_by, enum_type)) or name in _CLASSES:
+        raise InvalidNameError(
+            f"name {name!r} is already registered for {_qualified(taken_by or _CLASSES[name])}"
+        )
+    old_name = _ENUM_NAMES.get(enum_type)
+    if old_name is not None and old_name != name:
+        raise InvalidNameError(
+            f"{_qualified(enum_type)} is already registered as {old_name!r}, cannot add {name!r}"
+        )
+    if taken_by is not None:
+        del _ENUM_NAMES[taken_by]
+    _ENUMS[name] = enum_type
+    _ENUM_NAMES[enum_type] = name
+    return enum_type
+
+
+def _declared_types(cls: type) -> list[type]:
+    """The dataclass and enum types the fields of ``cls`` declare (in their annotations, at
+    any depth: ``list[X]``, ``X | None``, ``dict[str, X]``) or default to, without running
+    code: string annotations are parsed, their names looked up (see `_resolve_annotation`)."""
+    found: list[type] = []
+
+    def add(candidate: Any) -> None:
+        if (
+            isinstance(candidate, type)
+            and candidate is not cls
+            and candidate not in found
+            and (dataclasses.is_dataclass(candidate) or issubclass(candidate, enum.Enum))
+        ):
+            found.append(candidate)
+
+    def walk_hint(hint: Any, depth: int = 0) -> None:
+        if depth > 8:
+            return
+        if isinstance(hint, type):
+            add(hint)
+        for arg in typing.get_args(hint):
+            walk_hint(arg, depth + 1)
+
+    for f in dataclasses.fields(cls):
+        hint = f.type
+        if isinstance(hint, str):
+            for candidate in _annotation_names(cls, f.name, hint):
+                add(candidate)
+        else:
+            walk_hint(hint)
+        if isinstance(f.default, enum.Enum) or (
+            dataclasses.is_dataclass(f.default) and not isinstance(f.default, type)
+        ):
+            add(type(f.default))
+        if isinstance(f.default_factory, type):
+            add(f.default_factory)
+    return found
+
+
+def _annotation_names(cls: type, name: str, text: str) -> list[Any]:
+    """Every name and dotted name in the string annotation ``text``, resolved as
+    `_resolve_annotation` resolves them (names that resolve to nothing are left out)."""
+    owner: type = cls
+    for klass in cls.__mro__:
+        if name in vars(klass).get("__annotations__", {}):
+            owner = klass
+            break
+    module = sys.modules.get(owner.__module__)
+    scopes = [dict(vars(owner))]
+    if type(module) is types.ModuleType:
+        scopes.append(module.__dict__)
+    scopes.append(vars(builtins))
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            found = _resolve_node(node, scopes)
+            if found is not _UNRESOLVED:
+                out.append(found)
+    return out
+
+
+def _register_declared(cls: type) -> None:
+    """Register what the fields of the just-registered ``cls`` declare (and their own
+    fields', recursively), each under its module and qualified name; a type that cannot be
+    registered is left out (a save meeting one of its values refuses it, naming it)."""
+    for declared in _declared_types(cls):
+        if declared in _NAMES or declared in _ENUM_NAMES:
+            continue
+        try:
+            if issubclass(declared, enum.Enum):
+                _register_enum(declared, None)
+            else:
+                register_sample_class(declared)  # registers what it declares in turn
+        except (UnencodableError, InvalidNameError):
+            continue
+
+
+def _framework_class(qualified: str) -> type | None:
+    """The framework sample class ``qualified`` names (or the one whose nested class it
+    names), when its module is already imported: found by dictionary lookups in the module's
+    namespace, never an import or a module's ``__getattr__``."""
+    for known in FRAMEWORK_SAMPLE_CLASSES:
+        if qualified != known and not qualified.startswith(known + "."):
+            continue
+        module_name, _, class_name = known.rpartition(".")
+        module = sys.modules.get(module_name)
+        if type(module) is not types.ModuleType:
+            return None
+        found = module.__dict__.get(class_name)
+        if (
+            isinstance(found, type)
+            and dataclasses.is_dataclass(found)
+            and _qualified(found) == known
+        ):
+            return found
+    return None
+
+
+def _adopt_framework_class(cls: type) -> str | None:
+    """Register ``cls`` if it is a framework's sample class or declared by one (see
+    `FRAMEWORK_SAMPLE_CLASSES`); its registered name, or None."""
+    outer = _framework_class(_qualified(cls))
+    if outer is None:
+        return None
+    if outer not in _NAMES:
+        register_sample_class(outer)
+    return _NAMES.get(cls) or _ENUM_NAMES.get(cls)
+
+
+def _registered_or_adopted(name: str) -> tuple[type | None, type[enum.Enum] | None]:
+    cls = _CLASSES.get(name)
+    enum_type = _ENUMS.get(name)
+    if cls is None and enum_type is None:
+        outer = _framework_class(name)
+        if outer is not None:
+            if outer not in _NAMES:
+                register_sample_class(outer)
+            cls, enum_type = _CLASSES.get(name), _ENUMS.get(name)
+    return cls, enum_type
+
+
+def _refuse_unregistered(cls: type, what: str) -> UnencodableError:
+    return UnencodableError(
+        f"cannot store a {_qualified(cls)} {what}: call "
+        f"archive_manager.register_sample_class({cls.__qualname__}) first (registering a "
+        "sample class also registers the dataclasses and enums its fields declare)"
+    )
+
+
+def value_to_record(value: Any) -> tuple[str, dict[str, Any]]:
+    """A registered dataclass instance found inside a sample's field: ``(registered name,
+    its fields and extra attributes)`` for the codec to store (undeclared ``_queue_*``
+    attributes dropped, enum members left to the codec).
+
+    Raises:
+        UnencodableError: its class is not registered (nor a framework's; the message names
+            the call that fixes it), or it would not load as saved (see `sample_to_record`).
+    """
+    cls = type(value)
+    name = _NAMES.get(cls) or _adopt_framework_class(cls)
+    if name is None or name not in _CLASSES:
+        raise _refuse_unregistered(cls, "inside a sample")
+    return name, _dataclass_state(value)
+
+
+def enum_to_record(member: enum.Enum) -> tuple[str, Any]:
+    """An enum member found inside a sample's field: ``(registered name of its enum, its
+    value)``; the value loads back as this very member.
+
+    Raises:
+        UnencodableError: its enum is not registered (the message names the call that fixes
+            it), or the value would not load as this member without running the enum's code.
+    """
+    enum_type = type(member)
+    name = _ENUM_NAMES.get(enum_type) or _adopt_framework_class(enum_type)
+    if name is None or name not in _ENUMS:
+        raise _refuse_unregistered(enum_type, "member inside a sample")
+    value = object.__getattribute__(member, "_value_")
+    refusal = _enum_refusal(enum_type, value)
+    if refusal is not None or _enum_member(enum_type, value) is not member:
+        raise UnencodableError(
+            f"{member!r:.80} would not load as itself"
+            + (f": {refusal}" if refusal else f" (its value {value!r:.80} finds another member)")
+        )
+    return name, value
+
+
+#: Class names met on load that the loading process has not registered: each is said once.
+_MISSING_SAID: set[str] = set()
+
+
+def _say_missing(name: str) -> None:
+    if name in _MISSING_SAID:
+        return
+    _MISSING_SAID.add(name)
+    warnings.warn(
+        f"the archive holds {name!r} values, a class this process has not registered: they "
+        f"load as plain dicts (or enum values); register the class with "
+        "archive_manager.register_sample_class() before loading to get it back",
+        UnregisteredClassWarning,
+        stacklevel=2,
+    )
+
+
+def record_to_value(name: str, fields: dict[str, Any]) -> Any:
+    """What `value_to_record` stored: an instance of the class registered as ``name`` (a
+    framework class found among the loaded modules counts), else the fields as a dict (and
+    an `UnregisteredClassWarning`, once per name).
+
+    Raises:
+        UnsupportedFormatError: the registered class no longer accepts the stored fields.
+    """
+    cls, _ = _registered_or_adopted(name)
+    if cls is None:
+        _say_missing(name)
+        return _strip_queue(fields)
+    try:
+        return _rebuild(cls, _strip_queue(fields, _rebuild_plan(cls).declared))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise UnsupportedFormatError(
+            f"cannot rebuild a {name!r} value from its stored fields: {exc}"
+        ) from exc
+
+
+def record_to_enum(name: str, value: Any) -> Any:
+    """What `enum_to_record` stored: the member of the enum registered as ``name`` (a
+    framework's found among the loaded modules counts), else the stored value (and an
+    `UnregisteredClassWarning`, once per name).
+
+    Raises:
+        UnsupportedFormatError: the registered enum has no member of that value any more.
+    """
+    _, enum_type = _registered_or_adopted(name)
+    if enum_type is None:
+        _say_missing(name)
+        return value
+    member = _enum_member(enum_type, value)
+    if member is None:
+        raise UnsupportedFormatError(f"enum {name!r} has no member of value {value!r:.80}")
+    return member
 
 
 # after the functions registering uses

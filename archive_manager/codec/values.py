@@ -11,12 +11,15 @@ why: docs/architecture.md, "Samples and values".
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 import functools
 import gc
 import json
 import marshal
 import math
 import struct
+import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -29,7 +32,14 @@ from .._util.constants import DEFAULT_INLINE_LIMIT
 from .._util.digest import Buffer, check_digest
 from .._util.lazy_torch import is_tensor, tensor_class
 from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
-from ..samples import fields_to_sample, sample_to_record
+from ..samples import (
+    enum_to_record,
+    fields_to_sample,
+    record_to_enum,
+    record_to_value,
+    sample_to_record,
+    value_to_record,
+)
 from ._accel import native_dict_items, native_first_leaves, native_numbers
 from .tensor_ref import TensorRef
 from .tensors import (
@@ -243,11 +253,64 @@ class _Encoder:
         ):
             self._again(value)
             return {_TAG: "npscalar", "d": value.dtype.name, "v": self._ndarray_tree(value)}
+        if t is bytes or t is bytearray:
+            return self._bytes(value)
+        if t.__module__.startswith("PIL.") and _pil_image_class(value) is not None:
+            return self._image(value)
+        if isinstance(value, enum.Enum):
+            name, raw = enum_to_record(value)
+            return {_TAG: "enum", "c": name, "v": self.encode(raw)}
+        if dataclasses.is_dataclass(t):
+            return self._object(value)
         raise UnencodableError(
             f"cannot store a value of type {t.__module__}.{t.__qualname__}: samples may hold "
-            "None, bool, int, float, str, lists/tuples/dicts of those, torch tensors and numpy "
-            "arrays (register dataclass sample types with register_sample_class)"
+            "None, bool, int, float, str, bytes, lists/tuples/dicts of those, torch tensors, "
+            "numpy arrays, and dataclasses and enums registered with "
+            "archive_manager.register_sample_class()"
         )
+
+    def _bytes(self, value: bytes | bytearray) -> dict[str, Any]:
+        """Bytes in the array section; written again where the sample holds them again."""
+        key = id(value)
+        size = self.leaves.get(key)
+        if size is not None and size >= 0:
+            self._extra(size)
+        self.leaves[key] = len(value)
+        # a bytearray is copied: the caller may change it before the chunk is written
+        data = value if type(value) is bytes else bytes(value)
+        offset, nbytes = self.record.add(data)
+        return {_TAG: "bytes" if type(value) is bytes else "bytearray", "o": offset, "n": nbytes}
+
+    def _image(self, value: Any) -> dict[str, Any]:
+        """A PIL image (slime's ``multimodal_inputs["images"]``): its mode, size, palette,
+        info and pixel bytes, which rebuild an equal image without an image codec."""
+        image: Any = value  # PIL is not a dependency: its types are not known here
+        if not _exact_class(image, _pil_image_class(image)):
+            raise UnencodableError(
+                f"cannot store a {type(image).__module__}.{type(image).__qualname__} (a PIL "
+                "image read from a file): it would load as a plain PIL.Image.Image; store "
+                "image.copy() (or image.convert(mode)), which is one"
+            )
+        node = self._bytes(image.tobytes())
+        node[_TAG] = "image"
+        node["m"] = image.mode
+        node["sz"] = list(image.size)
+        palette = image.getpalette() if image.mode in ("P", "PA") else None
+        if palette is not None:
+            node["p"] = palette
+        if image.info:
+            node["i"] = self._dict(dict(image.info))
+        return node
+
+    def _object(self, value: Any) -> dict[str, Any]:
+        """A registered dataclass inside a field: its registered name and its fields (the
+        class rebuilds it on load, as a sample's own class does)."""
+        name, fields = value_to_record(value)
+        self._enter(value)
+        try:
+            return {_TAG: "obj", "c": name, "f": self._dict(fields)}
+        finally:
+            self.active.discard(id(value))
 
     def _enter(self, value: Any) -> None:
         key = id(value)
@@ -583,6 +646,42 @@ class _Encoder:
             self._from_memory(memory, value.nbytes, footprint)
         alias = self._alias(view, value) if known is None else known[0]
         return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value), "a": alias}
+
+
+def _pil_image_class(value: Any) -> type | None:
+    """PIL's image class when PIL is loaded and ``value`` is one of its images, else None.
+    PIL is never imported to answer: a value cannot be an image unless it was."""
+    module = sys.modules.get("PIL.Image")
+    image = getattr(module, "Image", None) if module is not None else None
+    return image if isinstance(image, type) and isinstance(value, image) else None
+
+
+def _exact_class(value: object, cls: type | None) -> bool:
+    return cls is not None and type(value) is cls
+
+
+def _decode_image(node: dict, data: memoryview, decode: Callable[[Any], Any]) -> Any:
+    try:
+        from PIL import Image  # a fixed library, never a name the payload gives
+    except ImportError:
+        raise UnsupportedFormatError(
+            "the sample holds a PIL image: install Pillow to load it"
+        ) from None
+    size = node["sz"]
+    if type(node["m"]) is not str or type(size) is not list or len(size) != 2:
+        raise IntegrityError("a stored image is malformed")
+    try:
+        image = Image.frombytes(node["m"], (int(size[0]), int(size[1])), bytes(data))
+        if "p" in node:
+            image.putpalette(node["p"])
+    except (ValueError, TypeError) as exc:
+        raise IntegrityError(f"a stored image is malformed: {exc}") from None
+    if "i" in node:
+        info = decode(node["i"])
+        if type(info) is not dict:
+            raise IntegrityError("a stored image's info is malformed")
+        image.info.update(info)
+    return image
 
 
 def _leaf_bytes(value: Any) -> int:
@@ -1239,6 +1338,21 @@ class _Decoder:
             return self._shared(node, lambda: self._ndarray(node["d"], node).copy())
         if tag == "npscalar":
             return self._ndarray(node["d"], node["v"])[()]
+        if tag == "bytes":
+            return bytes(self._slice(node))
+        if tag == "bytearray":
+            return bytearray(self._slice(node))
+        if tag == "image":
+            return _decode_image(node, self._slice(node), self.decode)
+        if tag == "enum":
+            if type(node.get("c")) is not str:
+                raise IntegrityError("an enum value names a malformed class")
+            return record_to_enum(node["c"], self.decode(node["v"]))
+        if tag == "obj":
+            fields = self.decode(node["f"])
+            if type(node.get("c")) is not str or type(fields) is not dict:
+                raise IntegrityError("a stored object is malformed")
+            return record_to_value(node["c"], fields)
         if tag == "int":
             if type(node["v"]) is not str:
                 raise IntegrityError("malformed big int")

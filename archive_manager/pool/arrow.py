@@ -11,6 +11,9 @@ flattened, with a ``<field>.shape`` column beside; nested and mixed fields becom
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import enum
 import json
 import math
 import struct
@@ -43,7 +46,15 @@ from ..errors import (
     UnencodableError,
     UnsupportedFormatError,
 )
-from ..samples import Sample, fields_to_sample, task_key_of
+from ..samples import (
+    Sample,
+    enum_to_record,
+    fields_to_sample,
+    record_to_enum,
+    record_to_value,
+    task_key_of,
+    value_to_record,
+)
 from .context import PoolContext
 
 if TYPE_CHECKING:
@@ -530,6 +541,14 @@ def _to_json(value: Any, repeats: _Repeats) -> Any:
         return {_TAG: "ndarray", "d": value.dtype.str, "sh": list(value.shape), "v": flat}
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
         return {_TAG: "npscalar", "d": value.dtype.str, "v": _to_json(value.item(), repeats)}
+    if t is bytes or t is bytearray:
+        return {_TAG: t.__name__, "v": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, enum.Enum):
+        name, raw = enum_to_record(value)
+        return {_TAG: "enum", "c": name, "v": _to_json(raw, repeats)}
+    if dataclasses.is_dataclass(t):
+        name, fields = value_to_record(value)
+        return {_TAG: "obj", "c": name, "f": _to_json(fields, repeats)}
     raise UnencodableError(f"a {t.__name__} has no JSON form")
 
 
@@ -563,6 +582,13 @@ def from_json_value(value: Any) -> Any:
             return np.array(flat, dtype=np.dtype(value["d"])).reshape(value["sh"])
         if tag == "npscalar":
             return np.dtype(value["d"]).type(from_json_value(value["v"]))
+        if tag in ("bytes", "bytearray"):
+            data = base64.b64decode(value["v"], validate=True)
+            return data if tag == "bytes" else bytearray(data)
+        if tag == "enum" and type(value["c"]) is str:
+            return record_to_enum(value["c"], from_json_value(value["v"]))
+        if tag == "obj" and type(value["c"]) is str and type(value["f"]) is dict:
+            return record_to_value(value["c"], from_json_value(value["f"]))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise UnsupportedFormatError(f"a malformed {tag!r:.20} value: {exc}") from None
     raise UnsupportedFormatError(f"an unknown tagged value {tag!r:.40}")
