@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_loads, tiny_rollout
+from helpers import assert_loads, blob_files, tiny_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager._util.digest import digest_of
@@ -282,3 +282,48 @@ def test_the_variable_sets_the_bound_of_an_opened_pool(
         assert isinstance(pool.store, LocalBlobStore) and pool.store.read_retry == 3.0
         flaky(monkeypatch, {str(p) for p in (root / "blobs").rglob("*") if p.is_file()}, 1, missing)
         assert_loads(pool, "run", samples)
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_retry_variable_is_refused_at_open_not_at_the_first_damaged_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim 2 ("then raises the same error as before"; verify not misled): the variable
+    was parsed at the first read that needed a retry, so with a typo in it
+    (``ARCHIVE_MANAGER_BLOB_READ_RETRY=5s``) the pool opened and loaded normally until a
+    blob was missing or corrupt; then `verify(read_data=True)` stopped with
+    InvalidInputError instead of reporting the corrupt blob, and a load raised it instead
+    of IntegrityError.  Now the store refuses the value when it is made (the pool's open)."""
+    monkeypatch.delenv(READ_RETRY_ENV, raising=False)
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", [{"x": "y" * 100}], rollout_id=1)
+    for name in blob_files(root):
+        path = root / "blobs" / name
+        os.chmod(path, 0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\xff\xff")
+    monkeypatch.setenv(READ_RETRY_ENV, "5s")
+    with pytest.raises(InvalidInputError, match=READ_RETRY_ENV):
+        LocalBlobStore(root)
+    with pytest.raises(InvalidInputError, match=READ_RETRY_ENV):
+        ArchiveManager.open(root).close()
+    monkeypatch.setenv(READ_RETRY_ENV, "0")
+    with ArchiveManager.open(root) as pool:
+        report = pool.verify(read_data=True)
+    assert any("corrupt" in str(p) for p in report.problems), report.problems
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fstype", ["wekafs", "panfs", "pvfs2"])
+def test_gpu_cluster_filesystems_get_the_shared_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fstype: str
+) -> None:
+    """Claim 2 (5 s on a network root): WekaFS, PanFS and OrangeFS (common on GPU clusters,
+    where several hosts share the pool) were taken for local disks: no retry at all there,
+    and a SQLite catalog on them was not refused."""
+    monkeypatch.delenv(READ_RETRY_ENV, raising=False)
+    real = os.path.realpath(tmp_path)
+    table = f"36 1 0:30 / {real} rw,relatime shared:1 - {fstype} src rw\n"
+    monkeypatch.setattr(local_module, "read_mount_table", lambda: table)
+    assert resolve_read_retry(tmp_path / "pool") == local_module.DEFAULT_SHARED_READ_RETRY
