@@ -82,7 +82,7 @@ def reader_uri(database: str | os.PathLike[str], mode: str) -> str:
     opens ``-shm`` read-only (SQLite 3.22 and later, https://www.sqlite.org/wal.html#readonly):
     beside a live writer SQLite reads the writer's wal-index under its locks, and with none it
     builds the index of the ``-wal`` in heap memory; the pool's files stay byte-identical
-    (tests/pool/test_shared_pools_hostile.py reads a crashed writer's pool so).
+    (tests/pool/test_shared_pools.py reads a crashed writer's pool so).
     """
     query = "mode=ro&readonly_shm=1" if mode == "ro" else "immutable=1"
     return f"{Path(database).absolute().as_uri()}?{query}"

@@ -97,7 +97,7 @@ def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: b
 )
 @click.option("--to", "after", type=ROLLOUT_RANGE, help="Rollout id or range A..B to compare to.")
 # NOTE: two flags, not one destination with two flag values: given both, that took the last
-# one silently (rev19's break); both are now a usage error.
+# one silently (tests/lens/test_lens.py); both are now a usage error.
 @click.option("--regressed", is_flag=True, help="Only prompts that got worse.")
 @click.option("--improved", is_flag=True, help="Only prompts that got better.")
 @click.option("--rollout-id", type=ROLLOUT_RANGE, help="With --task-key: only these rollouts.")

@@ -78,7 +78,7 @@ class Group:
 
         NOTE: never for the samples without a task key (``task_key`` None), which share no
         prompt: flagged, they made ``groups`` count one zero-variance group more than
-        ``stats``, which leaves them out (rev19's break)."""
+        ``stats``, which leaves them out (tests/lens/test_stats.py)."""
         return (
             self.task_key is not None and self.rewarded >= 2 and self.reward_min == self.reward_max
         )

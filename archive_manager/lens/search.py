@@ -211,7 +211,7 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         if m is not None and m.start() == m.end():
             # NOTE: the check against the empty text misses what matches only an empty
             # string inside a text (``\b``, ``(?=a)``): every sample "matched", with nothing
-            # found (rev19's break); refused as the empty text's match is.
+            # found (tests/lens/test_search.py); refused as the empty text's match is.
             raise InvalidInputError(_EMPTY_MATCH)
         return None if m is None else m.span()
 
@@ -264,7 +264,7 @@ _BRACES = re.compile(r"\\.|\{(?!\d+(?:,\d*)?\}|,\d+\})", re.DOTALL)
 #: Most items a regular expression's counted repeats may spell out.  NOTE: the `regex` module
 #: unrolls counted repeats when it compiles, which no timeout bounds: ``(?:a{1000}){1000}``
 #: took 0.7 s and 280 MB, ``(?:x{65535}){65535}`` gigabytes without end, in one viewer
-#: request (rev19's break); 200,000 compile in about 0.15 s.
+#: request (tests/lens/test_search.py); 200,000 compile in about 0.15 s.
 _MAX_EXPANSION = 200_000
 # Counted repeats as text, for a pattern `re` cannot parse (syntax only `regex` reads).
 _COUNTS = re.compile(r"\\.|\{(\d*)(?:,(\d*))?\}", re.DOTALL)
@@ -448,7 +448,7 @@ def _text(value: object) -> str | None:
 
 def _content(content: object) -> list[str]:
     # NOTE: the OpenAI form of a message, content parts ([{"type": "text", "text": ...}]),
-    # was skipped without a word while the viewer shows it (rev19's break).
+    # was skipped without a word while the viewer shows it (tests/lens/test_search.py).
     if isinstance(content, str):
         return [content]
     if isinstance(content, (list, tuple)):
@@ -504,7 +504,7 @@ def _scan_chunk(
         try:
             # NOTE: the reader is made in here too: a header it refuses (truncated, another
             # format version) and a record in an unknown compression (UnsupportedFormatError,
-            # not an IntegrityError) named only the blob, not the archive (rev19's breaks).
+            # not an IntegrityError) named only the blob, not the archive (tests/lens/test_search.py).
             if texts is None:
                 reader = ChunkReader(data, digest=digest)
                 texts = reader.search_texts([offset for _, offset in entries], fields, require)

@@ -39,7 +39,7 @@ class TokenDecoder:
         """
         # NOTE: an id is known when the tokenizer names it, not when it is below the number of
         # tokens: a vocabulary with holes (ids past that count) showed its tokens as unknown
-        # (rev19's break).  `tokenizers` ids are u32.
+        # (tests/lens/test_tokenizer.py).  `tokenizers` ids are u32.
         knows = [0 <= i < 1 << 32 and self._tokenizer.id_to_token(i) is not None for i in ids]
         known = [[i] for i, k in zip(ids, knows, strict=True) if k]
         decoded = iter(

@@ -401,7 +401,7 @@ class ArchiveWriter:
         the same number of times in every run, as the crash matrix needs.  The I/O thread
         never waits for a chunk still to come: it did once, and the interpreter, which joins
         that thread at exit, hung for good in a process that left its writer open after an
-        odd number of chunks (tests/codec/test_chunk_format_v2.py).
+        odd number of chunks (tests/pool/test_save_pipeline.py).
         """
         batch, self._batch = self._batch, []
         self._pending.append(self._io.submit(self._store_chunks, batch))

@@ -851,7 +851,7 @@ def _num(value: Any, fmt: str = ".3g", missing: str = "–") -> str:
 class _Response(Response):
     """A page whose text holds a lone surrogate (legal in model output, stored and loaded as
     it is) shows it as an escape (``\\ud800``, as the CLI does) instead of failing: UTF-8
-    cannot encode it, and every HTML page showing such a text was a 500 (rev19's break).
+    cannot encode it, and every HTML page showing such a text was a 500 (tests/web/test_web.py).
     JSON escapes it already."""
 
     def set_data(self, value: bytes | str) -> None:
