@@ -7,7 +7,7 @@ The seed's writer for tests (a port of vime @ 8c1c944b; mirrors):
   vime/data/transport.py  DiskPayloadRef                      (chunk reference in the index)
   vime/data/archive.py    RolloutArchive.save / __init__ / load_samples / check_metadata
   vime/data/sample_metadata.py describe_sample / validate_sample_metadata
-  vime/utils/types.py     Sample (a field-for-field stand-in; vime itself is not installable)
+  vime/utils/types.py     Sample: tests/frameworks/vime (vime itself is not installable)
 
 Needs only PyPI straw-queue==0.1.6 (+ its numpy/torch).  Not the seed's code: the parts that
 need vime (args-driven R3/top-p validation in SampleCodec._prepare_sample, DynamicFilterOutput,
@@ -61,95 +61,12 @@ LIVE_QUEUE_FIELDS = (
 
 
 # ----------------------------------------------------------------------------- Sample stand-in
-@dataclass
-class Sample:
-    """Field-for-field stand-in for vime.utils.types.Sample @ 8c1c944b (same order/defaults)."""
-
-    group_index: int | None = None
-    index: int | None = None
-    rollout_id: int | None = None
-    prompt: Any = ""
-    tokens: list = field(default_factory=list)
-    multimodal_inputs: dict | None = None
-    multimodal_train_inputs: dict | None = None
-    multimodal_train_input_id: str | None = None
-    apply_chat_template_kwargs: dict = field(default_factory=dict)
-    response: str = ""
-    response_length: int = 0
-    label: str | None = None
-    reward: Any = None
-    loss_mask: list | None = None
-    weight_versions: list = field(default_factory=list)
-    rollout_log_probs: list | None = None
-    rollout_topk_token_ids: Any = None
-    rollout_topk_log_probs: Any = None
-    rollout_top_p_token_ids: Any = None
-    rollout_top_p_token_offsets: Any = None
-    rollout_top_p_log_probs: Any = None
-    rollout_routed_experts: Any = None
-    remove_sample: bool = False
-    teacher_log_probs: list | None = None
-
-    class Status(Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    status: Status = Status.PENDING
-    metadata: dict = field(default_factory=dict)
-    generate_function_path: str | None = None
-    custom_rm_path: str | None = None
-    train_metadata: dict | None = None
-    session_id: str | None = None
-    non_generation_time: float = 0.0
-
-    @dataclass
-    class SpecInfo:
-        spec_accept_token_num: int = 0
-        spec_draft_token_num: int = 0
-        spec_verify_ct: int = 0
-        completion_token_num: int = 0
-
-        def to_dict(self):
-            return dict(vars(self))
-
-    spec_info: SpecInfo = field(default_factory=SpecInfo)
-
-    @dataclass
-    class PrefixCacheInfo:
-        cached_tokens: int = 0
-        total_prompt_tokens: int = 0
-
-        def to_dict(self):
-            return dict(vars(self))
-
-    prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
-
-    def to_dict(self):
-        value = self.__dict__.copy()
-        value["status"] = self.status.value
-        value["spec_info"] = self.spec_info.to_dict()
-        value["prefix_cache_info"] = self.prefix_cache_info.to_dict()
-        return value
-
-    def materialize_rollout_routed_experts(self, *, replace=True):
-        routes = self.rollout_routed_experts
-        if routes is None:
-            return None
-        if isinstance(routes, QueueTensorRef):
-            tensor = routes.load()
-        elif torch.is_tensor(routes):
-            tensor = routes.reshape(*routes.shape)
-        elif isinstance(routes, list) and all(torch.is_tensor(i) for i in routes):
-            tensor = torch.cat(routes, dim=0) if len(routes) > 1 else routes[0]
-        else:
-            tensor = torch.as_tensor(routes, dtype=torch.int32)
-        tensor = tensor.detach().cpu().contiguous()
-        if replace:
-            self.rollout_routed_experts = tensor
-        return tensor
+# vime's Sample: the project's one field-for-field stand-in (tests/frameworks/vime/utils/types.py),
+# under vime's module path, so that what the seed writes is what a vime rollout hands it.
+_FRAMEWORKS = str(Path(__file__).resolve().parent / "frameworks")
+if _FRAMEWORKS not in sys.path:
+    sys.path.insert(0, _FRAMEWORKS)
+from vime.utils.types import Sample  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ behaviour); this module never publishes, retains or releases anything there.
 from __future__ import annotations
 
 import base64
+import dataclasses
+import enum
 import json
 import os
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError, MissingDependencyError, UnsupportedFormatError
-from ..samples import QUEUE_PREFIX, fields_to_sample
+from ..samples import QUEUE_PREFIX, fields_to_sample, record_to_enum, record_to_value
 
 __all__ = [
     "CAPTURE_FIELDS",
@@ -287,9 +289,14 @@ class _Decoder:
                 raise IntegrityError("a seed sample is not a mapping")
             return self.sample(fields)
         if tag == "status":
-            return node[1]
+            # the framework's Status member where this process has its Sample, else its value
+            return record_to_enum(f"{self.archive.sample_class}.Status", node[1])
         if tag in ("spec-info", "prefix-cache-info"):
-            return self.visit(node[1])
+            fields = self.visit(node[1])
+            if not isinstance(fields, dict):
+                raise IntegrityError(f"a seed {tag} value is not a mapping")
+            helper = "SpecInfo" if tag == "spec-info" else "PrefixCacheInfo"
+            return record_to_value(f"{self.archive.sample_class}.{helper}", fields)
         if tag == "float":
             if node[1] not in ("inf", "-inf", "nan"):
                 raise IntegrityError(f"invalid special float {node[1]!r:.40}")
@@ -364,8 +371,9 @@ def import_straw_archive(
     Samples (rebuilt as the registered class or as dicts), sample and task keys in order
     with duplicates, rollout id, evaluation, metadata and tensors (loaded: the pool stores
     its own copy) are kept; ``_queue_*`` names other than the live five as ``_kept_queue_*``.
-    Every sample read back from the pool is compared with the source; a difference releases
-    the new archive and raises.  ``progress(done, total)`` is called per chunk.
+    Every sample is read back from the store and compared with the source before the archive
+    is published; a difference rolls the save back and raises (keys are compared once it is
+    published: a difference there releases it).  ``progress(done, total)`` is called per chunk.
 
     Raises:
         UnsupportedFormatError: not a seed index (a foreign or damaged file).
@@ -407,14 +415,25 @@ def import_straw_archive(
                 sample = _finish(loaded[chunk][entry["offset"]], keep_queue=True)
                 writer.add(sample, task_key=entry["task_key"])
                 sources.append(sample)
+            # NOTE: verified before the writer's clean exit publishes: what the store holds is
+            # read back and compared with the source, and a difference raises inside the
+            # block, which rolls the save back (nothing of it is ever visible).
+            problem = None
+            count = 0
+            for i, got in enumerate(writer.stored_samples()):
+                count += 1
+                if i >= len(sources) or not _same(got, sources[i]):
+                    problem = f"sample {i} ({entries[i]['sample_key']}) differs from its source"
+                    break
+            if problem is None and count != len(sources):
+                problem = f"{count} samples stored for {len(sources)} in the index"
+            if problem is not None:
+                raise IntegrityError(
+                    f"import of {path} did not verify: {problem}; nothing was published"
+                )
         archive = writer.archive
         assert archive is not None  # published by the clean exit of the block
         problem = _compare(archive.keys(), [(e["sample_key"], e["task_key"]) for e in entries])
-        if problem is None:
-            for i, got in enumerate(archive.iter_samples(materialize=True)):
-                if not _same(got, sources[i]):
-                    problem = f"sample {i} ({entries[i]['sample_key']}) differs from its source"
-                    break
         if problem is not None:
             release_archives(context, [archive._id])
             raise IntegrityError(f"import of {path} did not verify: {problem}; released")
@@ -453,7 +472,10 @@ def _same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
-    state_a, state_b = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
-    if state_a is not None and state_b is not None and type(a) is type(b):
-        return _same(dict(state_a), dict(state_b))
-    return bool(a == b)
+    if a is b:
+        return True
+    if isinstance(a, enum.Enum) or isinstance(b, enum.Enum):
+        return False  # members are compared by identity (above)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and _same(dict(vars(a)), dict(vars(b)))
+    return type(a) is type(b) and bool(a == b)

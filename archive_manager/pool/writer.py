@@ -15,7 +15,7 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -266,6 +266,31 @@ class ArchiveWriter:
         """Whether the lease is still being renewed (False after commit, abort, `abandon`,
         a lapsed lease, or once the writer was dropped)."""
         return self._heartbeat.is_alive()
+
+    def stored_samples(self) -> Iterator[Any]:
+        """The samples added so far, read back from the store before anything is published:
+        every chunk this save wrote is read whole (checked against its digest) and decoded,
+        tensors materialized, in archive order.  An import compares them with its source and
+        raises to roll the save back (`interop.straw`); the archive is then never visible.
+        """
+        from ..codec import ChunkReader, decode_tensor_blob
+
+        self._check_open()
+        if self._buffer.records:
+            self._flush()
+        self._wait()
+        store = self._pool.store
+
+        def load(digest: str) -> Any:
+            return decode_tensor_blob(store.open(digest), digest)
+
+        for ordinal in sorted(self._chunks):
+            digest = self._chunks[ordinal][0]
+            reader = ChunkReader(store.get(digest), digest=digest, loader=load)
+            offsets = range(len(reader))
+            reader.inflate(offsets)
+            for i in offsets:
+                yield codec.materialize_tensor_refs(reader.sample(i))
 
     def wait_stored(self) -> None:
         """Block until every chunk filled so far is stored and held by the lease (chunks are

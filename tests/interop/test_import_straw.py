@@ -65,10 +65,13 @@ def test_facade_opens_a_seed_index_read_only(seed_index: Path) -> None:
         assert keys.count(("sample:128", None)) == 2 and len(arc) == 130
         assert arc.index["rollout_id"] == 7
         (s,) = arc.load_samples(sample_key="sample:0")
+        # vime's own class, with its nested Status and helpers, where this process has it
+        assert type(s) is _seed.Sample and s.status is _seed.Sample.Status.COMPLETED
+        assert type(s.spec_info) is _seed.Sample.SpecInfo
         assert torch.equal(
-            s["rollout_routed_experts"].load(), torch.arange(12, dtype=torch.int32).reshape(2, 3, 2)
+            s.rollout_routed_experts.load(), torch.arange(12, dtype=torch.int32).reshape(2, 3, 2)
         )
-        assert "_queue_lease" not in s and s["_queue_branch"] == "b1"
+        assert not hasattr(s, "_queue_lease") and s._queue_branch == "b1"
         with pytest.raises(KeyError) as missing:
             arc.load_samples(sample_key="sample:404")
         assert missing.value.args == (("sample:404", None),)
@@ -81,11 +84,12 @@ def test_import_straw_is_lossless_and_verified(seed_index: Path, tmp_path: Path)
             assert arc.keys() == src.keys()
         assert arc.rollout_id == 7 and len(arc) == 130
         first = arc.load_samples(sample_key="sample:0", materialize=True)[0]
+        assert type(first) is _seed.Sample and first.status is _seed.Sample.Status.COMPLETED
         assert torch.equal(
-            first["rollout_routed_experts"], torch.arange(12, dtype=torch.int32).reshape(2, 3, 2)
+            first.rollout_routed_experts, torch.arange(12, dtype=torch.int32).reshape(2, 3, 2)
         )
-        assert first["_kept_queue_branch"] == "b1" and first["metadata"]["blob"] == b"\x00\x01"
-        assert [s["tokens"] for s in arc.load_samples(sample_key="sample:128")] == [
+        assert first._kept_queue_branch == "b1" and first.metadata["blob"] == b"\x00\x01"
+        assert [s.tokens for s in arc.load_samples(sample_key="sample:128")] == [
             [128, 129, 130],
             [129, 130, 131],
         ]
@@ -109,3 +113,55 @@ def test_foreign_and_damaged_indexes_leave_the_pool_as_it_was(
         with pytest.raises((IntegrityError, UnsupportedFormatError)):
             pool.import_straw(seed_index)
         assert pool.find() == []
+
+
+def test_a_vime_rollout_comes_in_as_vime_samples(tmp_path: Path) -> None:
+    """Every field of vime's Sample (nested Status, SpecInfo, PrefixCacheInfo, numpy top-k,
+    torch top-p and routed-expert tensors, chunked routes, extra attributes) survives the
+    seed's archive and the import, as vime's own classes."""
+    import sys
+
+    from helpers import assert_same
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frameworks"))
+    from rollouts import make_vime_rollout
+
+    rows = make_vime_rollout(10, seed=5)
+    for s in rows:
+        s.multimodal_inputs = None  # the seed's own codec stores PIL images as PNG (left out here)
+    path = tmp_path / "seed" / "rollout_3.straw.json"
+    path.parent.mkdir()
+    _seed.seed_save(path, rows, rollout_id=3)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        back = pool.import_straw(path).load_samples(materialize=True)
+    assert [type(s) for s in back] == [_seed.Sample] * len(rows)
+    for got, want in zip(back, rows, strict=True):
+        assert got.status is want.status and got.spec_info == want.spec_info
+        assert got.prefix_cache_info == want.prefix_cache_info
+        routes = want.materialize_rollout_routed_experts(replace=False)
+        assert torch.equal(got.rollout_routed_experts, routes)
+        for name in ("tokens", "loss_mask", "rollout_log_probs", "metadata", "reward"):
+            assert_same(getattr(got, name), getattr(want, name), name)
+
+
+def test_an_import_that_does_not_verify_publishes_nothing(
+    seed_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-back comparison runs before the writer publishes: a difference rolls the
+    save back, so neither the archive nor a blob of it is left."""
+    from helpers import snapshot_pool
+
+    from archive_manager.interop import straw
+
+    real = straw._same
+
+    def same(a: object, b: object) -> bool:  # sample 77 read back differs from its source
+        return not (type(a) is _seed.Sample and a.index == 77) and real(a, b)
+
+    monkeypatch.setattr(straw, "_same", same)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        before = snapshot_pool(pool)
+        with pytest.raises(IntegrityError, match=r"sample 77 .*nothing was published"):
+            pool.import_straw(seed_index)
+        assert pool.find(state=None) == []
+        assert snapshot_pool(pool).blobs == before.blobs

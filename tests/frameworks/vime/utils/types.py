@@ -265,3 +265,22 @@ class Sample:
         if isinstance(value, list) and not value:
             return 0
         return int(torch.as_tensor(value).shape[0])
+
+    def materialize_rollout_routed_experts(self, *, replace: bool = True) -> Any:
+        """Upstream's: the routed experts as one contiguous CPU tensor (chunks concatenated,
+        a lazy ref loaded), kept in the field unless ``replace`` is False."""
+        routes = self.rollout_routed_experts
+        if routes is None:
+            return None
+        if torch.is_tensor(routes):
+            tensor = routes
+        elif hasattr(routes, "load"):
+            tensor = routes.load()
+        elif isinstance(routes, list) and routes and all(torch.is_tensor(r) for r in routes):
+            tensor = torch.cat(routes, dim=0) if len(routes) > 1 else routes[0]
+        else:
+            tensor = torch.as_tensor(routes, dtype=torch.int32)
+        tensor = tensor.detach().cpu().contiguous()
+        if replace:
+            self.rollout_routed_experts = tensor
+        return tensor
