@@ -538,7 +538,7 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
         # field in ``__dict__``, in declaration order, as ``__init__`` puts them; getattr of
         # a plain attribute is then exactly that entry, and the copy keeps what the loop
         # below would write, in the same order.
-        # NOTE: only an exact dict with exact str field keys (rev25's breaks): ``obj.__dict__``
+        # NOTE: only an exact dict with exact str field keys (tests/codec/test_codec_fast.py): ``obj.__dict__``
         # may be replaced by a dict subclass, whose overridden ``__iter__`` and
         # ``__getitem__`` dict() reads while getattr reads the entries (fields saved as the
         # subclass made them up), and a str-subclass key equal to a field's name is found by
@@ -565,7 +565,7 @@ def _dataclass_state(obj: Any) -> dict[str, Any]:
         try:
             # NOTE: not getattr: a class's own ``__getattribute__`` would be saved as what it
             # makes of the field, which `_rebuild` puts back raw and the class then reads
-            # through it again (a field read as 40 loaded as 400: rev25's break).  Reading
+            # through it again (a field read as 40 loaded as 400: tests/codec/test_no_code_on_load.py).  Reading
             # as `_rebuild` writes, the class's code is left out; ``__getattr__`` still
             # answers for a field that has no value, as before.
             value = object.__getattribute__(obj, step.name)

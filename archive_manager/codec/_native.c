@@ -360,7 +360,7 @@ call_at(PyObject *fn, PyObject *arg, PyObject *where, PyObject *name, PyObject *
  * not bound (3.11 counts Python frames; its Python-to-Python calls take no C stack).  Under
  * sys.setrecursionlimit(100_000), 12,000 nested dicts overflowed the 8 MiB stack (a
  * segfault), and 400 under the default limit a thread's 256 KiB, where the Python loop
- * stores them or refuses them cleanly (rev25's breaks).  Past
+ * stores them or refuses them cleanly (tests/codec/test_codec_fast.py).  Past
  * this many dict_items frames in progress, a dict is left to the Python loop: the same bytes,
  * no more C stack.  One count for all threads (it only changes under the GIL): threads
  * encoding at once reach the Python loop sooner, never a different result. */

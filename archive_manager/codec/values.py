@@ -384,7 +384,7 @@ class _Encoder:
         NOTE: the view's elements, not the range its lender claims: an
         ``__array_interface__`` or DLPack exporter can claim any strides, and a 2-element
         view leaping from one buffer to another terabytes away spanned (and so vouched for)
-        the whole gap, after which any number of views were written free (rev1's break).
+        the whole gap, after which any number of views were written free (tests/codec/test_expansion_bound.py).
         A view with too many scattered rows to list (None) vouches for nothing: its bytes
         count as written again, which errs towards refusing.
         """
@@ -458,7 +458,7 @@ class _Encoder:
                 # tensor ref's loader swapping one key for another keeps the size, which the
                 # iterator does not notice when the removed key was still ahead): an int key
                 # would be written as a string, "$t" as a tag that makes the record
-                # unreadable.  Refused as the C loop (`dict_items`) refuses it (rev25's break).
+                # unreadable.  Refused as the C loop (`dict_items`) refuses it (tests/codec/test_codec_fast.py).
                 if _TAG in out or not set(map(type, out)) <= _STR_ONLY:
                     raise RuntimeError("dictionary keys changed during iteration")
                 return out
@@ -968,7 +968,7 @@ def _json_encoder() -> Callable[[Any], str]:
         probe = {"a": [1, 2.5, float("nan"), None, True, "\u00e9\ud800"], "b": {"c": -0.0}}
         # NOTE: c_make_encoder is private: a Python whose signature differs (its make or its
         # call raising) falls back as one whose text differs, instead of failing the import
-        # of the package (rev25).
+        # of the package (tests/codec/test_codec_fast.py).
         with contextlib.suppress(TypeError, ValueError):
             encoder = make(
                 None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True

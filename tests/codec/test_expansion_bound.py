@@ -493,7 +493,10 @@ def test_a_strided_view_does_not_vouch_for_the_gap_it_spans(
     # serves it from the heap once its mmap threshold has grown)
     region = np.frombuffer(mmap.mmap(-1, 1 << 20), np.uint8)
     far = np.zeros(16, np.uint8)
-    assert abs(region.ctypes.data - far.ctypes.data) > 1 << 30
+    if abs(region.ctypes.data - far.ctypes.data) <= 1 << 30:
+        # the case needs two buffers far apart; a process whose map landed near its heap
+        # (it happened once in a full run) cannot build it
+        pytest.skip("the anonymous map landed within 1 GiB of the heap array")
     a, b = region.ctypes.data, far.ctypes.data
     lo, hi = min(a, b), max(a, b)
     views = [np.asarray(_Exporter(a, (region.size,), None)) for _ in range(40)]
