@@ -130,3 +130,36 @@ def blob_files_of() -> Callable[[ArchiveManager], BlobFiles]:
 def snapshot() -> Callable[[ArchiveManager], PoolSnapshot]:
     """`snapshot_pool`: compare two snapshots with ``==`` to prove nothing changed."""
     return snapshot_pool
+
+
+# --------------------------------------------------------------------------- the fast loop
+
+#: Test files that drive real engines or kill processes: minutes on 2 cores, with the reason.
+_SLOW_FILES = {
+    "crash": "kills processes mid-operation (the crash matrix, killed saves, GCs, exports, soak)",
+    "test_s3.py": "a real S3 gateway (juicefs)",
+    "test_s3_uploads.py": "a real S3 gateway (juicefs)",
+    "test_read_only_stores.py": "a real S3 gateway (juicefs) beside the folder store",
+    "test_two_hosts.py": "two hosts on a JuiceFS volume through FUSE",
+    "test_shared_pools.py": "throwaway accounts and mount namespaces",
+    "test_web_browser.py": "a headless Chromium",
+    "test_catalog_postgresql.py": "PostgreSQL only",
+    "test_catalog_outage.py": "catalog servers stopped and restarted",
+    "test_startup.py": "fresh interpreters, timed",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `slow` what the fast loop (``pytest -m "not slow"``, tests/README.md) leaves to
+    the full run: the PostgreSQL twin of every test that also runs on SQLite, and the files
+    of `_SLOW_FILES`.  The README's command still runs everything."""
+    for item in items:
+        path = item.path
+        if path.name in _SLOW_FILES or path.parent.name in _SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(
+            isinstance(v, str) and v == "postgresql" for v in callspec.params.values()
+        ):
+            item.add_marker(pytest.mark.slow)

@@ -1027,7 +1027,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument(
-        "--markdown", action="store_true", help="one Markdown line per failpoint (README)"
+        "--markdown",
+        action="store_true",
+        help="one Markdown line per failpoint (docs/guarantees.md)",
     )
     parser.add_argument("--workdir", type=Path, help="where the pools go (default: a temp dir)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print failures' details")

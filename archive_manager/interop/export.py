@@ -247,7 +247,7 @@ def _write_parquet(
         rows = 0
         # NOTE: Parquet encodes and compresses without the GIL: batch k is written on this
         # thread while batch k+1 is decoded and built (at most two batches held).  Measured
-        # on the 1024-sample rollout: 0.97 s -> see README, "Getting data out".
+        # on the 1024-sample rollout: 0.97 s -> see docs/usage.md, "Getting data out".
         io = ThreadPoolExecutor(1, thread_name_prefix="parquet-write")
         pending: Future[None] | None = None
         try:

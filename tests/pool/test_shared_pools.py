@@ -7,7 +7,7 @@ group-shared writers.
 * On a real read-only bind mount (a private mount namespace), every read verb and API call
   runs in a subprocess and the pool's folder is byte-for-byte the same afterwards; with a
   writer active on the writable side, the reader sees its new commits.
-* PostgreSQL: the README's GRANTs for a reader and a writer role, on a real server.
+* PostgreSQL: the GRANTs of docs/shared-pools.md for a reader and a writer role, on a real server.
 * Two throwaway accounts of one group both save into, release from and collect one pool set up
   by ``archive-manager init --shared-group``; ``verify`` names what would lock one out.
 """
@@ -489,10 +489,10 @@ def test_a_reader_on_a_read_only_mount_reads_what_a_killed_writer_committed(
 
 
 def _readme_grants() -> str:
-    text = (WORKTREE / "README.md").read_text()
+    text = (WORKTREE / "docs" / "shared-pools.md").read_text()
     blocks = re.findall(r"```sql\n(.*?)```", text, flags=re.S)
     grants = [b for b in blocks if "rollouts_reader" in b and "rollouts_writer" in b]
-    assert len(grants) == 1, "the README's GRANTs for a reader and a writer role"
+    assert len(grants) == 1, "the GRANTs of docs/shared-pools.md for a reader and a writer role"
     return grants[0]
 
 

@@ -132,7 +132,7 @@ def _translate_postgresql_error(
         return ReadOnlyPoolError(
             f"the catalog {where} refused this role a write ({reason}); nothing was "
             "committed: a role that may only read opens the pool read-only, a writer role "
-            "needs the GRANTs of the README's 'Shared pools: readers and writers', and a "
+            "needs the GRANTs of the docs' 'Shared pools: readers and writers', and a "
             "catalog upgrade needs the catalog's owner ('archive-manager db upgrade' as it)"
         )
     if state == _PG_LOCK_NOT_AVAILABLE:
