@@ -2,8 +2,10 @@
 (docs/architecture.md, "Getting data out").
 
 `RolloutDataset` is map-style (item ``i`` reads only its chunk, with a small chunk cache);
-`RolloutIterableDataset` streams chunk by chunk, sharded across DataLoader workers and
-distributed ranks, with an optional seeded shuffle of chunk order.  Both hold only names and
+`RolloutIterableDataset` streams chunk by chunk, split across distributed ranks as
+`DistributedSampler` splits (equal counts) and across DataLoader workers by whole batches (so
+every rank yields ``len(loader)`` batches), with seeded shuffles of chunk order and of samples
+through a buffer.  Both hold only names and
 the catalog's index when pickled; each process opens the pool itself, read-only, on first
 use.  An item is a dict keyed like an Arrow export's columns (``archive``, ``position``,
 ``sample_key``, ``task_key``, ``rollout_id``, ``evaluation``, then the sample's fields, a
@@ -19,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -123,6 +126,19 @@ class _PoolReader:
         rows = decode_chunk_rows(source, part, fetch_chunk(source, part))
         return [self.item(source, row) for row in rows]
 
+    def read_rows(self, k: int, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """Chunk ``k``'s entries at ``rows`` (indices into its entries, ascending): the blob
+        is read and checked whole, only those records inflated and decoded."""
+        name, (ordinal, digest, entries) = self.units[k]
+        if len(rows) == len(entries):
+            return self.read_unit(k)
+        source = self.source(name)
+        part: ChunkPlan = (ordinal, digest, [entries[j] for j in rows])
+        return [
+            self.item(source, row)
+            for row in decode_chunk_rows(source, part, fetch_chunk(source, part))
+        ]
+
     def item(self, source: ArchiveSource, row: Row) -> dict[str, Any]:
         out: dict[str, Any] = {
             "archive": source.name,
@@ -215,18 +231,35 @@ class RolloutDataset(Dataset):  # type: ignore[type-arg]
 
 
 class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
-    """Streamed: the samples ``query`` selects, a chunk at a time.
+    """Streamed: the samples ``query`` selects, a chunk at a time, sharded so that DDP can
+    trust it (docs/recipes.md, "Replaying under DDP").
 
-    Chunks are dealt round-robin to the ranks, and a rank's chunks round-robin to its
-    DataLoader workers; ``rank`` and ``world_size`` default to torch.distributed's when it is
-    initialised, else 0 and 1. Every rank yields the same number of samples, as
-    `torch.utils.data.DistributedSampler` does, because a rank with fewer batches would leave
-    the others waiting in their next all-reduce: the ranks dealt fewer samples are padded with
-    samples from the start of the epoch's order (``drop_last=False``), or every rank stops at
-    the smallest count (``drop_last=True``). With ``shuffle``, chunk order (not the order
-    inside a chunk) is shuffled with ``seed + epoch`` (`set_epoch`), the same on every rank,
-    so the shards stay disjoint; the epoch is shared with the DataLoader's workers, so
-    ``persistent_workers=True`` reshuffles too.
+    The epoch's order is the selection's chunks in order (``shuffle``: in an order shuffled
+    with ``seed + epoch``, the order inside a chunk kept), then, with ``shuffle_buffer=K``, a
+    sample-level shuffle through a buffer of ``K`` samples (as ``datasets``'
+    ``IterableDataset.shuffle(buffer_size=K)``: the first ``K`` samples fill the buffer, each
+    next one replaces a sample drawn at random, which is yielded), seeded by ``seed`` and the
+    epoch (`set_epoch`). The order is computed from the catalog's index alone, the same on
+    every rank and worker.
+
+    The ranks then split it as `torch.utils.data.DistributedSampler` does: every rank yields
+    ``ceil(N / world_size)`` samples, the order padded by repeating it from its start
+    (``drop_last=False``), or ``floor(N / world_size)``, the tail dropped (``drop_last=True``);
+    rank ``r`` takes the ``r``-th contiguous block (fewer chunks read per rank than a stride).
+    ``rank`` and ``world_size`` default to torch.distributed's when it is initialised, else 0
+    and 1.
+
+    DataLoader workers each collate their own batches, so a rank's batch count would depend
+    on how its samples fell to the workers. Give ``batch_size`` (the DataLoader's): the rank's
+    samples are cut into batches of that size and the batches dealt round-robin to the
+    workers, so worker ``w`` yields batches ``w, w + W, ...`` and the in-order DataLoader
+    yields them in the rank's order, whatever ``num_workers`` is: every rank yields
+    ``len(loader)`` batches (``ceil`` or, with the DataLoader's ``drop_last``, ``floor`` of
+    ``len(dataset) / batch_size``). Without ``batch_size`` samples are dealt one at a time:
+    the ranks still yield equal counts, but with several workers and a DataLoader
+    ``batch_size`` above 1, ``len(loader)`` may undercount the batches (a warning says so).
+
+    A worker reads each chunk it needs once, inflating only the records it yields.
     """
 
     def __init__(
@@ -237,25 +270,39 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         fields: Sequence[str] | None = None,
         as_tensors: bool = True,
         shuffle: bool = False,
+        shuffle_buffer: int = 0,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
+        batch_size: int | None = None,
         **query: Any,
     ) -> None:
         if rank is None and world_size is None and _distributed():
             rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         rank = 0 if rank is None else rank
         world_size = 1 if world_size is None else world_size
-        for value, what in ((rank, "rank"), (world_size, "world_size"), (seed, "seed")):
+        for value, what in (
+            (rank, "rank"),
+            (world_size, "world_size"),
+            (seed, "seed"),
+            (shuffle_buffer, "shuffle_buffer"),
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidInputError(f"{what} must be an int")
         if not 0 <= rank < world_size:
             raise InvalidInputError(f"rank {rank} is not in [0, world_size={world_size})")
+        if shuffle_buffer < 0:
+            raise InvalidInputError("shuffle_buffer must be >= 0")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise InvalidInputError("batch_size must be an int >= 1 (the DataLoader's) or None")
         if type(drop_last) is not bool:
             raise InvalidInputError("drop_last must be True or False")
         self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, query)
         self.shuffle = bool(shuffle)
+        self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         # NOTE: shared memory, not an int: DataLoader workers (persistent ones above all) hold
         # their own copy of the dataset, and must see the epoch the main process sets.
@@ -263,13 +310,17 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         self.rank = rank
         self.world_size = world_size
         self.drop_last = drop_last
+        self.batch_size = batch_size
+        sizes = [len(part[2]) for _, part in self._reader.units]
+        #: where each chunk's samples start in the selection's flat numbering
+        self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
     @property
     def epoch(self) -> int:
         return int(self._epoch.value)
 
     def set_epoch(self, epoch: int) -> None:
-        """Shuffle chunks differently in this epoch (call it on every rank alike)."""
+        """Shuffle differently in this epoch (call it on every rank alike)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise InvalidInputError("epoch must be an int")
         self._epoch.value = epoch
@@ -289,57 +340,100 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         if value is not None:
             self._epoch = multiprocessing.Value("q", value, lock=False)
 
-    def _order(self) -> list[int]:
+    @property
+    def total(self) -> int:
+        """Samples the query selected (all ranks together, before padding or cut)."""
+        return int(self._starts[-1])
+
+    def _chunk_order(self) -> list[int]:
         order = list(range(len(self._reader.units)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
         return order
 
-    def shard(self, worker: int = 0, workers: int = 1) -> list[int]:
-        """The chunks (indices into the selection's) dealt to this rank's worker, in order
-        (before the padding or cut that evens the ranks' counts)."""
-        return self._order()[self.rank :: self.world_size][worker::workers]
+    def _epoch_order(self) -> np.ndarray:
+        """Every selected sample once (flat numbers), in this epoch's order."""
+        starts = self._starts
+        order = self._chunk_order()
+        flat = (
+            np.concatenate([np.arange(starts[k], starts[k + 1]) for k in order])
+            if order
+            else np.zeros(0, dtype=np.int64)
+        )
+        size = self.shuffle_buffer
+        if size > 1 and len(flat) > 1:
+            bits = random.Random(f"shuffle_buffer/{self.seed}/{self.epoch}").getrandbits(64)
+            rng = np.random.default_rng(bits)
+            items = flat.tolist()
+            buffer, out = items[:size], []
+            draws = rng.integers(0, len(buffer), size=max(len(items) - size, 0)).tolist()
+            for i, x in zip(draws, items[size:], strict=True):
+                out.append(buffer[i])
+                buffer[i] = x
+            rng.shuffle(buffer)
+            flat = np.asarray(out + buffer, dtype=np.int64)
+        return flat
 
-    def _sizes(self) -> list[int]:
-        return [len(part[2]) for _, part in self._reader.units]
+    def __len__(self) -> int:
+        """Samples this rank yields in an epoch (the same on every rank): ``N / world_size``
+        rounded up (``drop_last=False``) or down."""
+        n, world = self.total, self.world_size
+        return n // world if self.drop_last else -(-n // world)
 
-    def _per_rank(self) -> int:
-        """The samples every rank yields this epoch."""
-        sizes, order = self._sizes(), self._order()
-        counts = [
-            sum(sizes[k] for k in order[r :: self.world_size]) for r in range(self.world_size)
-        ]
-        return min(counts) if self.drop_last else max(counts)
+    def _rank_order(self) -> np.ndarray:
+        """This rank's samples (flat numbers) in order: its block of the epoch's order,
+        padded or cut as `DistributedSampler` pads or cuts."""
+        flat, per = self._epoch_order(), len(self)
+        want = per * self.world_size
+        if want > len(flat) and len(flat):
+            flat = np.resize(flat, want)  # repeats the order from its start
+        return flat[self.rank * per : (self.rank + 1) * per]
 
-    def _plan(self) -> list[tuple[int, int]]:
-        """``(chunk, samples read from its start)`` of this rank, in order: its own chunks,
-        cut or padded to `_per_rank` samples."""
-        sizes, order = self._sizes(), self._order()
-        want = self._per_rank()
-        plan: list[tuple[int, int]] = []
-        for k in order[self.rank :: self.world_size]:
-            if want <= 0:
-                break
-            plan.append((k, min(sizes[k], want)))
-            want -= plan[-1][1]
-        # Padding repeats the epoch's order from its start, as DistributedSampler does.
-        while want > 0 and order:
-            for k in order:
-                if want <= 0:
-                    break
-                plan.append((k, min(sizes[k], want)))
-                want -= plan[-1][1]
-        return plan
+    def shard(self, worker: int = 0, workers: int = 1) -> list[tuple[int, int]]:
+        """The samples this rank's ``worker`` (of ``workers``) yields this epoch, in order,
+        as ``(chunk, entry)``: indices into the selection's chunks and into a chunk's
+        entries."""
+        mine = self._rank_order()
+        step = self.batch_size or 1
+        if workers > 1:
+            batch = np.arange(len(mine)) // step
+            mine = mine[batch % workers == worker]
+        chunks = np.searchsorted(self._starts, mine, side="right") - 1
+        return list(zip(chunks.tolist(), (mine - self._starts[chunks]).tolist(), strict=True))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for k, count in self._plan()[worker::workers]:
-            yield from self._reader.read_unit(k)[:count]
-
-    def __len__(self) -> int:
-        """Samples this rank yields in an epoch (the same on every rank)."""
-        return self._per_rank()
+        if workers > 1 and self.batch_size is None and worker == 0:
+            warnings.warn(
+                "RolloutIterableDataset without batch_size deals samples to the DataLoader's "
+                f"{workers} workers one at a time: len(loader) may undercount the batches; "
+                "pass the DataLoader's batch_size to the dataset too",
+                stacklevel=2,
+            )
+        plan = self.shard(worker, workers)
+        # Each chunk is read once, inflating the records this worker yields from it; they
+        # are held until yielded (a sample the padding repeats is yielded again as a copy).
+        left: dict[tuple[int, int], int] = {}
+        by_chunk: dict[int, list[int]] = {}
+        for key in plan:
+            if key not in left:
+                by_chunk.setdefault(key[0], []).append(key[1])
+            left[key] = left.get(key, 0) + 1
+        held: dict[tuple[int, int], dict[str, Any]] = {}
+        for key in plan:
+            item = held.get(key)
+            if item is None:
+                rows = sorted(by_chunk.pop(key[0]))
+                for row, got in zip(rows, self._reader.read_rows(key[0], rows), strict=True):
+                    held[(key[0], row)] = got
+                item = held[key]
+            left[key] -= 1
+            if left[key]:
+                yield dict(item)
+            else:
+                del held[key]
+                yield item
 
 
 def _spawning() -> bool:

@@ -58,26 +58,43 @@ def test_map_style_reads_items_by_chunk_and_pickles_without_a_connection(root: P
     data.close()
 
 
-def test_iterable_shards_chunks_across_ranks_and_workers_and_shuffles_by_seed(root: Path) -> None:
+def test_iterable_splits_samples_across_ranks_and_workers_and_shuffles_by_seed(
+    root: Path,
+) -> None:
     everything = [
         (d["archive"], d["position"]) for d in RolloutIterableDataset(root, fields=FIELDS)
     ]
     assert len(everything) == 30 and len(set(everything)) == 30
-    shards = [RolloutIterableDataset(root, fields=FIELDS, rank=r, world_size=2) for r in (0, 1)]
-    parts = [set(s.shard(w, 2)) for s in shards for w in (0, 1)]
-    assert sorted(k for p in parts for k in p) == list(range(9))  # 9 chunks, each read once
+    shards = [
+        RolloutIterableDataset(root, fields=FIELDS, rank=r, world_size=2, batch_size=4)
+        for r in (0, 1)
+    ]
+    parts = [s.shard(w, 2) for s in shards for w in (0, 1)]
+    in_order = RolloutIterableDataset(root, fields=FIELDS).shard()
+    assert len(in_order) == 30 and sorted(k for p in parts for k in p) == sorted(in_order)
+    assert shards[0].shard() + shards[1].shard() == in_order  # contiguous blocks by rank
+    # rank 0's 15 samples are batches 0, 2 (worker 0) and 1, 3 (worker 1) of 4
+    assert parts[0] == shards[0].shard()[0:4] + shards[0].shard()[8:12]
+    assert parts[1] == shards[0].shard()[4:8] + shards[0].shard()[12:15]
     one = RolloutIterableDataset(root, fields=FIELDS, shuffle=True, seed=5)
     again = RolloutIterableDataset(root, fields=FIELDS, shuffle=True, seed=5)
-    assert one.shard() == again.shard() != list(range(9))
+    assert one.shard() == again.shard() != in_order
     one.set_epoch(1)
-    assert one.shard() != again.shard() and sorted(one.shard()) == list(range(9))
+    assert one.shard() != again.shard() and sorted(one.shard()) == sorted(in_order)
     with pytest.raises(InvalidInputError, match="rank"):
         RolloutIterableDataset(root, rank=2, world_size=2)
+    with pytest.raises(InvalidInputError, match="batch_size"):
+        RolloutIterableDataset(root, batch_size=0)
+    with pytest.raises(InvalidInputError, match="shuffle_buffer"):
+        RolloutIterableDataset(root, shuffle_buffer=-1)
 
 
 def test_dataloader_with_two_workers(root: Path) -> None:
-    data = RolloutIterableDataset(root, fields=FIELDS, evaluation=False, shuffle=True, seed=1)
+    data = RolloutIterableDataset(
+        root, fields=FIELDS, evaluation=False, shuffle=True, seed=1, batch_size=4
+    )
     loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=pad_collate)
+    assert len(loader) == 5
     seen = []
     for batch in loader:
         assert batch["tokens"].shape == batch["attention_mask"].shape
