@@ -1,0 +1,234 @@
+"""Replay that DDP can trust (issue 35): `RolloutIterableDataset` under a real
+``torch.distributed`` gloo process group of two ranks, each a process iterating a DataLoader
+over the same pool with an ``all_reduce`` per batch.
+
+Pins the hang: with one step of 100 samples, 2 ranks, 2 workers and batch size 16, samples
+were evened per rank then dealt to workers that each ended in a partial batch, so rank 0
+yielded 4 batches and rank 1 yielded 5, and the extra all-reduce waited for the timeout.
+Now every rank yields ``len(loader)`` batches for every worker count, batch size,
+``drop_last`` and chunk layout. Also pins the sample-level shuffle (``shuffle_buffer``):
+batches mix steps and prompt groups, reproducibly per (seed, epoch).
+
+The ranks run this file as a script (``python test_ddp_replay.py RANK WORLD SPEC``); a rank
+that waits in an all-reduce the other never makes fails on the group's timeout, and the test
+on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WORLD = 2
+#: the process group's timeout: an all-reduce that no other rank makes fails after it
+GROUP_TIMEOUT_S = 20
+#: the whole run of both ranks (a hang fails the test instead of the suite's timeout)
+RUN_TIMEOUT_S = 150
+
+
+def _rank_main(rank: int, world: int, spec_path: str) -> None:
+    """One rank: every case's DataLoader, an all-reduce per batch checking that both ranks
+    are in the same case, the counts and samples written for the test to judge."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from archive_manager.data import RolloutIterableDataset
+
+    spec = json.loads(Path(spec_path).read_text())
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{spec['init_file']}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+    )
+    results = []
+    for case_id, case in enumerate(spec["cases"]):
+        data = RolloutIterableDataset(
+            case["pool"],
+            fields=["archive", "position", "task_key"],
+            as_tensors=False,
+            batch_size=case["batch"],
+            drop_last=case["drop_last"],
+            shuffle=case.get("shuffle", False),
+            shuffle_buffer=case.get("buffer", 0),
+            seed=7,
+        )
+        assert (data.rank, data.world_size) == (rank, world)  # taken from torch.distributed
+        loader = DataLoader(
+            data,
+            batch_size=case["batch"],
+            num_workers=case["workers"],
+            drop_last=case["drop_last"],
+            collate_fn=list,
+        )
+        count, seen = 0, []
+        for batch in loader:
+            probe = torch.tensor([1.0, float(case_id)])
+            dist.all_reduce(probe)
+            if probe.tolist() != [world, world * case_id]:
+                raise SystemExit(f"rank {rank}, case {case}: the ranks' batches do not pair up")
+            count += 1
+            seen.append([[s["archive"], s["position"], s["task_key"]] for s in batch])
+        results.append({"count": count, "len": len(loader), "batches": seen})
+    dist.barrier()
+    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def _run_ranks(tmp_path: Path, cases: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps({"init_file": str(tmp_path / "group"), "out": str(tmp_path), "cases": cases})
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(WORLD), str(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
+    outputs = []
+    try:
+        for proc in ranks:
+            outputs.append(proc.communicate(timeout=RUN_TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the ranks did not finish in {RUN_TIMEOUT_S} s (a hang)")
+    finally:
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r, proc in enumerate(ranks):
+        assert proc.returncode == 0, f"rank {r} failed:\n{outputs[r][-4000:]}"
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def _pool(root: Path, sizes: list[int], chunk_size: int, group_size: int = 2) -> str:
+    from helpers import tiny_rollout
+
+    from archive_manager import ArchiveManager
+
+    with ArchiveManager.open(root, chunk_size=chunk_size) as pool:
+        for i, n in enumerate(sizes):
+            samples = tiny_rollout(n, seed=i, rollout_id=i, group_size=group_size, r3_layers=0)
+            pool.save(f"step{i}", samples, rollout_id=i)
+    return str(root)
+
+
+#: the matrix: num_workers 0/1/2, batch sizes 1/16/7, drop_last (the dataset's and the
+#: DataLoader's) both ways, over one step of 100 samples in chunks of 7 (the chunk size
+#: divides neither N nor the batches) and over one sample (fewer than the ranks)
+MATRIX = [
+    {"pool": pool, "n": n, "workers": w, "batch": b, "drop_last": d}
+    for pool, n in (("step", 100), ("one", 1))
+    for w in (0, 1, 2)
+    for b in (1, 16, 7)
+    for d in (False, True)
+]
+#: three steps of 64 samples in prompt groups of 8, chunks of 16, batches of 16: chunks
+#: shuffled only, then through a buffer of 96 samples with 0 and 2 workers
+SHUFFLED = [
+    {"pool": "groups", "batch": 16, "drop_last": False, "shuffle": True, **extra}
+    for extra in (
+        {"workers": 0, "buffer": 0},
+        {"workers": 0, "buffer": 96},
+        {"workers": 2, "buffer": 96},
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    """Every case of MATRIX then SHUFFLED, run once by two ranks (one process group)."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    pools = {
+        "step": _pool(tmp / "step", [100], 7),
+        "one": _pool(tmp / "one", [1], 4),
+        "groups": _pool(tmp / "groups", [64, 64, 64], 16, group_size=8),
+    }
+    cases = [{**case, "pool": pools[case["pool"]]} for case in MATRIX + SHUFFLED]
+    (tmp / "run").mkdir()
+    return _run_ranks(tmp / "run", cases)
+
+
+def test_every_rank_yields_len_loader_batches_under_ddp(
+    ranks: list[list[dict[str, Any]]],
+) -> None:
+    """Every case of MATRIX completes (no rank waits in an all-reduce), every rank's batch
+    count is len(loader), as DistributedSampler's split gives it; with drop_last=False every
+    sample is seen, with drop_last=True none twice."""
+    for k, case in enumerate(MATRIX):
+        got = [ranks[r][k] for r in range(WORLD)]
+        what = {key: case[key] for key in ("n", "workers", "batch", "drop_last")}
+        counts = [g["count"] for g in got]
+        assert counts == [g["len"] for g in got] == [got[0]["len"]] * WORLD, (what, counts)
+        n, batch = case["n"], case["batch"]
+        per = n // WORLD if case["drop_last"] else -(-n // WORLD)
+        assert got[0]["len"] == (per // batch if case["drop_last"] else -(-per // batch)), what
+        samples = [tuple(s[:2]) for g in got for b in g["batches"] for s in b]
+        if not case["drop_last"]:
+            assert len(set(samples)) == n, what  # every sample at least once
+        else:
+            assert len(set(samples)) == len(samples), what  # none twice
+
+
+def test_shuffle_buffer_mixes_steps_and_groups_under_ddp(
+    ranks: list[list[dict[str, Any]]],
+) -> None:
+    """Chunk shuffling alone gives batches of consecutive samples of one step (two prompt
+    groups of 8 per batch of 16); the buffer mixes steps and groups in every batch, the same
+    whatever the worker count, and the ranks' samples are disjoint."""
+    plain, mixed, mixed_workers = (
+        [ranks[r][len(MATRIX) + i] for r in range(WORLD)] for i in range(3)
+    )
+    chunks_only = [b for got in plain for b in got["batches"]]
+    assert all(len({s[0] for s in b}) == 1 for b in chunks_only)  # one step per batch
+    assert all(len({s[2] for s in b}) == 2 for b in chunks_only)  # two groups per batch
+    batches = [b for got in mixed for b in got["batches"]]
+    assert sum(len({s[0] for s in b}) > 1 for b in batches) >= len(batches) * 3 // 4
+    assert all(len({s[2] for s in b}) > 2 for b in batches)
+    seen = [tuple(s[:2]) for b in batches for s in b]
+    assert len(seen) == len(set(seen)) == 192  # disjoint across ranks, every sample once
+    for r in range(WORLD):  # the workers change nothing of the order
+        assert mixed[r]["batches"] == mixed_workers[r]["batches"]
+        assert mixed[r]["count"] == mixed_workers[r]["count"] == mixed[r]["len"] == 6
+
+
+def test_shuffle_buffer_is_a_function_of_seed_and_epoch(tmp_path: Path) -> None:
+    from archive_manager.data import RolloutIterableDataset
+
+    pool = _pool(tmp_path / "steps", [40, 40], 8)
+
+    def order(seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[tuple[int, int]]:
+        data = RolloutIterableDataset(
+            pool, shuffle=True, shuffle_buffer=24, seed=seed, rank=rank, world_size=world
+        )
+        data.set_epoch(epoch)
+        return data.shard()
+
+    assert order(1, 0) == order(1, 0) != order(1, 1)
+    assert order(1, 0) != order(2, 0) and sorted(order(1, 1)) == sorted(order(2, 0))
+    # what the ranks partition is the one order: their blocks, in turn, are rank 0's
+    assert order(1, 3, 0, 2) + order(1, 3, 1, 2) == order(1, 3)
+    # the buffer moves samples across chunk borders (the chunk shuffle keeps them in place)
+    plain = RolloutIterableDataset(pool, shuffle=True, seed=1).shard()
+    assert [k for k, _ in plain] != [k for k, _ in order(1, 0)]
+    assert sum(a[0] != b[0] for a, b in zip(order(1, 0), order(1, 0)[1:], strict=False)) > 20
+
+
+if __name__ == "__main__":
+    _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
