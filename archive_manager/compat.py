@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import itertools
 import json
 import os
@@ -567,6 +568,38 @@ def _sidecar_metadata(path: Path, manifest_digest: Any) -> Any:
     return document["sample_metadata"]
 
 
+#: The fields the seed's ``Sample.to_dict()`` converts for a dump: the status to its value,
+#: the two helpers to dicts of their fields.
+_SEED_DUMP_HELPERS = ("spec_info", "prefix_cache_info")
+
+
+def _seed_dump_dict(sample: Any) -> dict[str, Any]:
+    """A sample loaded from a seed index as the seed's ``Sample.to_dict()`` gives it."""
+    if isinstance(sample, Mapping):
+        return dict(sample)
+    out = dict(vars(sample))
+    status = out.get("status")
+    if isinstance(status, enum.Enum):
+        out["status"] = status.value
+    for name in _SEED_DUMP_HELPERS:
+        value = out.get(name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out[name] = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return out
+
+
+def _export_seed_pt(straw: StrawArchive, rollout_id: Any, target: Path) -> Path:
+    """The seed's ``export_pt`` of a seed index (see `RolloutArchive.export_pt`)."""
+    from ._util.atomic import write_atomic_with
+    from ._util.lazy_torch import torch_module
+
+    samples = [_seed_dump_dict(s) for s in straw.load_samples(lazy=False)]
+    dump = {"rollout_id": rollout_id, "samples": samples}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
+    return target
+
+
 class RolloutArchive:
     """An archive reached through its pointer file, with the seed's calls.
 
@@ -877,12 +910,15 @@ class RolloutArchive:
         return self.archive.sample_metadata()
 
     def export_pt(self, path: str | os.PathLike[str]) -> Path:
-        """Write slime's ``torch.save`` dump format (see `Archive.export_pt`)."""
+        """Write slime's ``torch.save`` dump format (see `Archive.export_pt`).
+
+        A seed index is exported as the seed exports it: ``{"rollout_id", "samples"}``, each
+        sample as its ``to_dict()`` gives it (``status`` as its value, ``spec_info`` and
+        ``prefix_cache_info`` as dicts of their fields), tensors loaded, numpy kept (so
+        loading it needs ``weights_only=False``, as the seed's dump does); written atomically.
+        """
         if self._straw is not None:
-            raise ReadOnlyPoolError(
-                f"{self.path} is a seed (straw) archive: import it first "
-                "(archive-manager import-straw), then export the imported archive"
-            )
+            return _export_seed_pt(self._straw, self.index.get("rollout_id"), Path(path))
         return self.archive.export_pt(path)
 
     def release(self) -> None:
