@@ -9,12 +9,15 @@ Workload (docs/architecture.md "Workload", seeded): ``--rollouts`` (8) realistic
 Measured in one run, each side in its own fresh process, one epoch through
 ``DataLoader(num_workers=2, batch_size=16, collate_fn=pad_collate)`` yielding ``tokens``,
 ``loss_mask``, ``rollout_log_probs`` and ``reward``:
-  * archive_manager: ``RolloutIterableDataset(root, fields=[...])``: chunks dealt to the
-    workers, read a chunk at a time;
+  * archive_manager: ``RolloutIterableDataset(root, fields=[...], batch_size=16)``: whole
+    batches dealt to the workers round-robin, each worker reading a chunk once and inflating
+    only its records (``--shuffle-buffer K``: chunk order shuffled, then samples through a
+    buffer of K);
   * .pt dumps: an IterableDataset dealing the files to the workers; each file is
     ``torch.load`` ed (``weights_only=True``) and its samples' lists made tensors.
 Samples per second over the epoch (worker start-up included), and the peak RSS of the
-largest worker (``RUSAGE_CHILDREN`` once the workers exited).
+largest worker (``RUSAGE_CHILDREN`` once the workers exited). ``--no-pt`` measures our side
+only.
 """
 
 from __future__ import annotations
@@ -59,13 +62,19 @@ def _pt_dataset(files: list[Path]) -> Any:
     return PtDumps()
 
 
-def _child(side: str, work: Path, workers: int, batch: int) -> None:
+def _child(side: str, work: Path, workers: int, batch: int, buffer: int) -> None:
     from torch.utils.data import DataLoader
 
     from archive_manager.data import RolloutIterableDataset, pad_collate
 
     if side == "archive_manager":
-        dataset: Any = RolloutIterableDataset(work / "pool", fields=FIELDS)
+        dataset: Any = RolloutIterableDataset(
+            work / "pool",
+            fields=FIELDS,
+            batch_size=batch,
+            shuffle=buffer > 0,
+            shuffle_buffer=buffer,
+        )
     else:
         dataset = _pt_dataset(sorted((work / "dumps").glob("*.pt")))
     t0 = time.perf_counter()
@@ -95,13 +104,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256, help="samples per rollout")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument(
+        "--shuffle-buffer", type=int, default=0, help="samples in the shuffle buffer (0: none)"
+    )
+    parser.add_argument("--no-pt", action="store_true", help="skip the .pt dumps' side")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp one)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     parser.add_argument("--child", choices=["archive_manager", "pt"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.work, args.workers, args.batch)
+        _child(args.child, args.work, args.workers, args.batch, args.shuffle_buffer)
         return
     from archive_manager import ArchiveManager
     from archive_manager.interop.synthetic import make_rollout
@@ -114,32 +127,39 @@ def main() -> None:
                 arc = pool.save(
                     f"rollout-{i}", make_rollout(args.samples, seed=i, rollout_id=i), rollout_id=i
                 )
-                arc.export_pt(work / "dumps" / f"rollout_{i}.pt")
+                if not args.no_pt:
+                    arc.export_pt(work / "dumps" / f"rollout_{i}.pt")
         results = {}
-        for side in ("archive_manager", "pt"):
+        for side in ("archive_manager",) if args.no_pt else ("archive_manager", "pt"):
             done = subprocess.run(
                 [sys.executable, __file__, "--child", side, "--work", str(work),
-                 "--workers", str(args.workers), "--batch", str(args.batch)],
+                 "--workers", str(args.workers), "--batch", str(args.batch),
+                 "--shuffle-buffer", str(args.shuffle_buffer)],
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             if done.returncode != 0:
                 sys.exit(f"{side} failed:\n{done.stderr}")
             results[side] = json.loads(done.stdout.strip().splitlines()[-1])
-        ours, pt = results["archive_manager"], results["pt"]
+        ours = results["archive_manager"]
+        pt = results.get("pt", ours)
         total = args.rollouts * args.samples
         assert ours["samples"] == pt["samples"] == total and ours["tokens"] == pt["tokens"]
         rate = {k: r["samples"] / r["seconds"] for k, r in results.items()}
         print(
             f"== replay of {args.rollouts} x {args.samples} realistic samples, "
-            f"DataLoader(num_workers={args.workers}, batch_size={args.batch})"
+            f"DataLoader(num_workers={args.workers}, batch_size={args.batch}), "
+            f"shuffle buffer {args.shuffle_buffer}"
         )
         for label, key in (("archive_manager", "archive_manager"), (".pt dumps", "pt")):
+            if key not in results:
+                continue
             r = results[key]
             print(
                 f"{label:16s} {rate[key]:8.0f} samples/s ({r['seconds']:.2f} s)   "
                 f"largest worker peak {r['worker_peak_mib']:7.1f} MiB"
             )
-        print(f"speed-up {rate['archive_manager'] / rate['pt']:.1f}x")
+        if "pt" in rate:
+            print(f"speed-up {rate['archive_manager'] / rate['pt']:.1f}x")
         if args.json:
             args.json.write_text(json.dumps({"results": results, "samples_per_s": rate}, indent=2))
     finally:
