@@ -25,17 +25,14 @@ import json
 import os
 import shlex
 import stat
-import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import xxhash
-
 from ._util.atomic import write_atomic
 from ._util.digest import check_digest
 from ._util.failpoints import failpoint
-from ._util.names import MAX_NAME_BYTES, invisible_character
+from ._util.names import archive_name_for
 from .catalog.engine import catalog_identity, parse_url, public_url, shown_url, sqlite_path
 from .catalog.migrate import CATALOG_URL_ENV
 from .catalog.probe import probe_sqlite_catalog
@@ -115,47 +112,6 @@ _SEED_METADATA_KEYS = (
     "rollout_log_probs",
     "tensors",
 )
-
-
-def archive_name_for(path: str | os.PathLike[str], generation: int = 1) -> str:
-    """The archive name of a pointer path: its absolute path, made safe for a name.
-
-    Two runs that both save ``rollout_3.json`` in different folders of one shared pool get
-    different names.  ``%``, ``/``, ``\\``, whitespace, control and other invisible
-    characters and ``..`` are percent-encoded, and so is every non-ASCII character of a path
-    that is not in Unicode NFC (new names are stored in NFC: a path spelt otherwise would
-    not keep its own name); a name that would pass 255 bytes keeps its tail and gains a
-    digest of the whole path.  A ``generation`` past 1 (a path saved again after its first
-    archive was released) adds ``%~<generation>``, which no path's encoding contains: ``%``
-    is always encoded as ``%25``.
-    """
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
-        raise InvalidInputError("generation must be an int >= 1")
-    text = os.path.abspath(Path(path).expanduser())
-    not_nfc = not unicodedata.is_normalized("NFC", text)
-    out = []
-    for ch in text:
-        if (
-            ch in "%/\\"
-            or ch.isspace()
-            or invisible_character(ch) is not None
-            or (not_nfc and not ch.isascii())
-        ):
-            # NOTE: the UTF-8 bytes, each as %XX: ``%{ord(ch):X}`` made U+2000 and " 00"
-            # both "%2000".  Surrogates (undecodable bytes in a file name) are no valid name
-            # text, so they are encoded too.
-            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
-        else:
-            out.append(ch)
-    name = "".join(out)
-    while ".." in name:
-        name = name.replace("..", ".%2E")
-    suffix = "" if generation == 1 else f"%~{generation}"
-    if len((name + suffix).encode("utf-8")) > MAX_NAME_BYTES:
-        tag = "~" + xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass")) + suffix
-        tail = name.encode("utf-8")[-(MAX_NAME_BYTES - len(tag)) :].decode("utf-8", "ignore")
-        return tail + tag
-    return name + suffix
 
 
 def _configured(
@@ -317,20 +273,21 @@ def _recorded_catalog(path: Path, pointer: dict[str, Any]) -> str | None:
         ) from None
 
 
-def _read_document(path: Path) -> dict[str, Any]:
-    """The JSON object at ``path`` (a pointer file, a seed index or a sidecar), read safely."""
+def _read_document(path: Path, what: str = "pointer file") -> dict[str, Any]:
+    """The JSON object at ``path`` (a pointer file, a seed index or, with ``what``, a
+    sidecar), read safely; errors name ``what`` the file was read as."""
     try:
         text = _read_text(path)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError) as exc:
-        raise UnsupportedFormatError(f"cannot read pointer file {path}: {exc}") from exc
+        raise UnsupportedFormatError(f"cannot read {what} {path}: {exc}") from exc
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise UnsupportedFormatError(f"{path} is not a pointer file (not JSON: {exc})") from exc
+        raise UnsupportedFormatError(f"{path} is not a {what} (not JSON: {exc})") from exc
     if not isinstance(document, dict):
-        raise UnsupportedFormatError(f"{path} is not a pointer file (not a JSON object)")
+        raise UnsupportedFormatError(f"{path} is not a {what} (not a JSON object)")
     return document
 
 
@@ -562,7 +519,7 @@ def _sidecar_metadata(path: Path, manifest_digest: Any) -> Any:
         FileNotFoundError: no sidecar (its ``filename`` is the sidecar's path).
         MetadataError: it belongs to another archive.
     """
-    document = _read_document(_sidecar(path))
+    document = _read_document(_sidecar(path), "metadata sidecar")
     if document["manifest_digest"] != manifest_digest:
         raise MetadataError("Metadata sidecar belongs to a different archive")
     return document["sample_metadata"]
@@ -650,6 +607,11 @@ class RolloutArchive:
 
             self.index = self.pointer = document
             self._straw = StrawArchive(self.path, root=root, index=document)
+            # what the seed's callers read of an open seed archive (vime's rollout manager
+            # reads manifest.manifest.segment.run_id and contents["chunks"]): straw's own
+            self.manifest = self._straw.manifest
+            self.contents = self._straw.contents
+            self.store = self._straw.store
             return
         self.pointer = _read_pointer(self.path, document)
         #: The pointer file as a dict (the seed's ``index``): ``index["rollout_id"]``, ...

@@ -14,15 +14,20 @@ character now refused) stays openable and releasable by its exact stored string;
 
 from __future__ import annotations
 
+import os
 import unicodedata
+from pathlib import Path
 
-from ..errors import InvalidNameError
+import xxhash
+
+from ..errors import InvalidInputError, InvalidNameError
 
 __all__ = [
     "ARCHIVE_OWNER_PREFIX",
     "INVISIBLE_CATEGORIES",
     "LEASE_PREFIX",
     "MAX_NAME_BYTES",
+    "archive_name_for",
     "archive_owner",
     "check_archive_name",
     "check_new_archive_name",
@@ -196,3 +201,44 @@ def check_new_owner(owner: object) -> str:
 def archive_owner(name: str) -> str:
     """The owner string by which an archive retains its own blobs."""
     return ARCHIVE_OWNER_PREFIX + name
+
+
+def archive_name_for(path: str | os.PathLike[str], generation: int = 1) -> str:
+    """The archive name of a pointer path: its absolute path, made safe for a name.
+
+    Two runs that both save ``rollout_3.json`` in different folders of one shared pool get
+    different names.  ``%``, ``/``, ``\\``, whitespace, control and other invisible
+    characters and ``..`` are percent-encoded, and so is every non-ASCII character of a path
+    that is not in Unicode NFC (new names are stored in NFC: a path spelt otherwise would
+    not keep its own name); a name that would pass 255 bytes keeps its tail and gains a
+    digest of the whole path.  A ``generation`` past 1 (a path saved again after its first
+    archive was released) adds ``%~<generation>``, which no path's encoding contains: ``%``
+    is always encoded as ``%25``.
+    """
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
+        raise InvalidInputError("generation must be an int >= 1")
+    text = os.path.abspath(Path(path).expanduser())
+    not_nfc = not unicodedata.is_normalized("NFC", text)
+    out = []
+    for ch in text:
+        if (
+            ch in "%/\\"
+            or ch.isspace()
+            or invisible_character(ch) is not None
+            or (not_nfc and not ch.isascii())
+        ):
+            # NOTE: the UTF-8 bytes, each as %XX: ``%{ord(ch):X}`` made U+2000 and " 00"
+            # both "%2000".  Surrogates (undecodable bytes in a file name) are no valid name
+            # text, so they are encoded too.
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
+        else:
+            out.append(ch)
+    name = "".join(out)
+    while ".." in name:
+        name = name.replace("..", ".%2E")
+    suffix = "" if generation == 1 else f"%~{generation}"
+    if len((name + suffix).encode("utf-8")) > MAX_NAME_BYTES:
+        tag = "~" + xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass")) + suffix
+        tail = name.encode("utf-8")[-(MAX_NAME_BYTES - len(tag)) :].decode("utf-8", "ignore")
+        return tail + tag
+    return name + suffix

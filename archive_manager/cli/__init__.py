@@ -183,4 +183,12 @@ def _set_up_logging(verbose: int, quiet: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script's entry point."""
+    import warnings
+
+    from ..errors import UnregisteredClassWarning
+
+    # NOTE: an operator's CLI shows samples as data: a class the CLI's process never
+    # registers (slime's Sample, a user's dataclass) is shown as its fields, which is what
+    # the verbs print anyway; the library's notice would be three stack lines per class.
+    warnings.filterwarnings("ignore", category=UnregisteredClassWarning)
     cli.main(args=argv, prog_name="archive-manager")

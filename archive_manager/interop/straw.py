@@ -99,6 +99,26 @@ def read_index(path: Path) -> dict[str, Any]:
     return document
 
 
+def _check_entries(path: Path, contents: dict[str, Any]) -> None:
+    """Every entry of a seed index record names a chunk and an offset inside it and a sample
+    key, as the seed's save writes them; anything else is a damaged index, refused before a
+    sample is read (a negative or bool offset would pick another sample)."""
+    chunks = contents.get("chunks")
+    entries = contents.get("entries")
+    if not isinstance(chunks, list) or not isinstance(entries, list):
+        raise IntegrityError(f"{path}: its index record's chunks or entries are not lists")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise IntegrityError(f"{path}: entry {i} is not a mapping")
+        chunk, offset = entry.get("chunk"), entry.get("offset")
+        if type(chunk) is not int or not 0 <= chunk < len(chunks):
+            raise IntegrityError(f"{path}: entry {i} names chunk {chunk!r:.40}")
+        if type(offset) is not int or offset < 0:
+            raise IntegrityError(f"{path}: entry {i} has offset {offset!r:.40}")
+        if type(entry.get("sample_key")) is not str:
+            raise IntegrityError(f"{path}: entry {i} has no sample key")
+
+
 class StrawArchive:
     """One seed archive, open read-only: `keys`, `load_samples` (the seed's rules)."""
 
@@ -140,6 +160,7 @@ class StrawArchive:
                 raise UnsupportedFormatError(
                     f"{self.path} is a reference (raw) seed archive, which needs vime to read"
                 )
+            _check_entries(self.path, contents)
             self.contents: dict[str, Any] = contents
         except BaseException:
             self.store.close()
@@ -197,7 +218,13 @@ class StrawArchive:
                 raise IntegrityError(f"{self.path}: an entry names chunk {chunk!r}")
             if chunk not in loaded:
                 loaded[chunk] = self.load_chunk(chunk, lazy=lazy)
-            yield _finish(loaded[chunk][entry["offset"]], keep_queue)
+            rows = loaded[chunk]
+            if entry["offset"] >= len(rows):
+                raise IntegrityError(
+                    f"{self.path}: an entry names offset {entry['offset']} of chunk {chunk}, "
+                    f"which holds {len(rows)} samples"
+                )
+            yield _finish(rows[entry["offset"]], keep_queue)
 
     def close(self) -> None:
         self.store.close()
@@ -380,24 +407,33 @@ def import_straw_archive(
         IntegrityError: the straw pool is damaged, or the import did not match the source.
         MissingDependencyError: straw-queue is not installed.
     """
+    from .._util.names import archive_name_for
     from ..pool.archive import open_archive, release_archives
     from ..pool.listing import check_rollout_id
     from ..pool.writer import ArchiveWriter
+    from ..samples import sample_key
 
     source = StrawArchive(path)
     try:
         entries = source.contents["entries"]
         rollout_id = source.index.get("rollout_id")
-        if isinstance(rollout_id, bool) or not isinstance(rollout_id, int):
-            rollout_id = None
+        if rollout_id is not None and (type(rollout_id) is not int):
+            raise UnsupportedFormatError(
+                f"{path}: rollout_id {rollout_id!r:.40} is not an int (the seed writes one)"
+            )
         rollout_id = check_rollout_id(rollout_id)
+        evaluation = source.index.get("evaluation", False)
+        if type(evaluation) is not bool:
+            raise UnsupportedFormatError(f"{path}: evaluation {evaluation!r:.40} is not a bool")
         if name is None:
-            name = Path(path).name.removesuffix(".json")
+            # as the facade names a pointer's archive: runs that both wrote rollout_7 in
+            # their own folders do not collide
+            name = archive_name_for(Path(path))
         writer = ArchiveWriter(
             context,
             name,
             rollout_id=rollout_id,
-            evaluation=bool(source.index.get("evaluation", False)),
+            evaluation=evaluation,
         )
         total = source.chunk_count()
         sources: list[Any] = []
@@ -412,7 +448,19 @@ def import_straw_archive(
                     loaded[chunk] = source.load_chunk(chunk, lazy=False)
                     if progress is not None:
                         progress(chunk + 1, total)
-                sample = _finish(loaded[chunk][entry["offset"]], keep_queue=True)
+                rows = loaded[chunk]
+                if entry["offset"] >= len(rows):
+                    raise IntegrityError(
+                        f"{path}: entry {i} names offset {entry['offset']} of a chunk of {len(rows)}"
+                    )
+                sample = _finish(rows[entry["offset"]], keep_queue=True)
+                if sample_key(sample, i) != entry["sample_key"]:
+                    # checked before the add, inside the writer's block: a mismatch rolls
+                    # the save back, where after publication it could only be released
+                    raise IntegrityError(
+                        f"{path}: entry {i} says {entry['sample_key']!r:.60} but its sample "
+                        f"is {sample_key(sample, i)!r:.60}"
+                    )
                 writer.add(sample, task_key=entry["task_key"])
                 sources.append(sample)
             # NOTE: verified before the writer's clean exit publishes: what the store holds is

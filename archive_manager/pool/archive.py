@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import enum
 import operator
 import os
 from collections import defaultdict
@@ -39,7 +40,14 @@ from ..errors import (
     InvalidInputError,
     UnencodableError,
 )
-from ..samples import Sample, check_key_text, check_task_key, sample_to_record
+from ..samples import (
+    Sample,
+    check_key_text,
+    check_task_key,
+    enum_to_record,
+    sample_to_record,
+    value_to_record,
+)
 from .context import HasContext, PoolContext, context_of
 from .journal import pool_id_of, release_op, stage_record, write_committed
 from .listing import ArchiveInfo, utc_time
@@ -712,6 +720,16 @@ class Archive:
                 cls, fields, converted = sample_to_record(materialize_tensor_refs(sample))
                 if isinstance(sample, Sample):
                     _check_slime_readable(fields, converted or [])
+                elif cls is not None:
+                    # another registered class (slime's or vime's own Sample): its fields
+                    # holding a dataclass or an enum member go into the dump as plain values,
+                    # as the frameworks' to_dict() writes them, and the facts name them so
+                    # that import_pt rebuilds them (`samples.fields_to_sample`)
+                    converted = [
+                        k
+                        for k, v in fields.items()
+                        if isinstance(v, enum.Enum) or dataclasses.is_dataclass(type(v))
+                    ] or None
                 samples.append(_torch_native(fields))
             except UnencodableError as exc:
                 raise _at(
@@ -927,6 +945,11 @@ def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | Non
         if tensor is None:
             tensor = tensors[id(value)] = torch_module().from_numpy(value.copy())
         return tensor
+    if isinstance(value, enum.Enum):
+        # the member's value: a dump loads with weights_only=True, which refuses classes
+        return _torch_native(enum_to_record(value)[1], top=top, tensors=tensors)
+    if dataclasses.is_dataclass(kind):
+        return _torch_native(value_to_record(value)[1], top=top, tensors=tensors)
     if isinstance(value, np.generic):
         if value.dtype.kind == "c":
             # NOTE: item() gives a Python complex, which torch.load reads but the codec (and

@@ -543,6 +543,8 @@ def _to_json(value: Any, repeats: _Repeats) -> Any:
         return {_TAG: "npscalar", "d": value.dtype.str, "v": _to_json(value.item(), repeats)}
     if t is bytes or t is bytearray:
         return {_TAG: t.__name__, "v": base64.b64encode(value).decode("ascii")}
+    if t.__module__.startswith("PIL.") and codec_values._pil_image_class(value) is not None:
+        return _image_json(value, repeats)
     if isinstance(value, enum.Enum):
         name, raw = enum_to_record(value)
         return {_TAG: "enum", "c": name, "v": _to_json(raw, repeats)}
@@ -550,6 +552,21 @@ def _to_json(value: Any, repeats: _Repeats) -> Any:
         name, fields = value_to_record(value)
         return {_TAG: "obj", "c": name, "f": _to_json(fields, repeats)}
     raise UnencodableError(f"a {t.__name__} has no JSON form")
+
+
+def _image_json(image: Any, repeats: _Repeats) -> dict[str, Any]:
+    """A PIL image as the pool stores it (`codec.values`): mode, size, palette, info, pixels."""
+    node: dict[str, Any] = {
+        _TAG: "image",
+        "m": image.mode,
+        "sz": list(image.size),
+        "v": base64.b64encode(image.tobytes()).decode("ascii"),
+    }
+    if image.mode in ("P", "PA") and image.getpalette() is not None:
+        node["p"] = image.getpalette()
+    if image.info:
+        node["i"] = _to_json(dict(image.info), repeats)
+    return node
 
 
 def from_json_value(value: Any) -> Any:
@@ -585,6 +602,13 @@ def from_json_value(value: Any) -> Any:
         if tag in ("bytes", "bytearray"):
             data = base64.b64decode(value["v"], validate=True)
             return data if tag == "bytes" else bytearray(data)
+        if tag == "image":
+            pixels = memoryview(base64.b64decode(value["v"], validate=True))
+            node = {k: v for k, v in value.items() if k not in ("v", "i")}
+            image = codec_values._decode_image(node, pixels, from_json_value)
+            if "i" in value:
+                image.info.update(from_json_value(value["i"]))
+            return image
         if tag == "enum" and type(value["c"]) is str:
             return record_to_enum(value["c"], from_json_value(value["v"]))
         if tag == "obj" and type(value["c"]) is str and type(value["f"]) is dict:

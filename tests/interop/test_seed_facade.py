@@ -405,17 +405,7 @@ def test_release_returns_none_twice_and_keeps_an_export_readable(tmp_path: Path)
 @pytest.mark.parametrize(
     "writer",
     [
-        pytest.param(
-            "facade",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AttributeError,
-                reason="the pool's export_pt keeps vime's SpecInfo/PrefixCacheInfo as objects "
-                "(sample_to_record converts helpers for archive_manager.Sample only), so "
-                "vime's Sample.from_dict cannot read the dump (and weights_only=True refuses "
-                "it); fix in samples.py/pool/archive.py",
-            ),
-        ),
+        "facade",
         "seed",
     ],
 )
