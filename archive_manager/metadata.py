@@ -76,8 +76,10 @@ def describe_sample(sample: Any) -> dict[str, Any]:
           "response_length": int | None,
           "loss_mask": int | None,           # lengths; None when absent
           "rollout_log_probs": int | None,
-          "reward": int | float | None,      # None unless a finite real number (not bool)
-                                             # within a float's range
+          "reward": int | float | None,      # a finite real number within a float's
+                                             # range: an int, a float, a bool (0/1), a
+                                             # numpy scalar or 0-d array, a 0-d tensor
+                                             # (its value); else None (NaN, inf, a dict)
           "tensors": {field: {"shape": [int, ...] | None, "dtype": str | None}},
           "lengths": {field: int},           # list-valued REPLAY_FIELDS
         }
@@ -276,18 +278,44 @@ def _status(value: Any) -> str | None:
 
 
 def _reward(value: Any) -> int | float | None:
-    # bool is an int subclass but never a reward; NaN/inf are not valid JSON for a
-    # strict SQL JSON column (PostgreSQL rejects them), so they are recorded as None.
+    # NaN/inf are not valid JSON for a strict SQL JSON column (PostgreSQL rejects them), so
+    # they are recorded as None.
     if type(value) is float:
         return value if math.isfinite(value) else None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
+    if not isinstance(value, numbers.Real):
+        value = _one_number(value)
+        if value is None:
+            return None
+    if isinstance(value, bool):
+        return int(value)  # a pass/fail reward: 0 or 1, as GRPO averages it
     if isinstance(value, numbers.Integral):
         # An int past a float's range would fail the save (an OverflowError binding the
         # index column, or a ValueError writing 4,300+ digits as JSON): not a usable reward.
         return int(value) if abs(int(value)) <= _MAX_FLOAT_INT else None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def _one_number(value: Any) -> numbers.Real | None:
+    """The Python number a 0-d torch tensor, a numpy bool or a 0-d numpy array holds, else
+    None: rewards as frameworks return them (`torch.tensor(1.0)`, ``np.bool_``).
+
+    NOTE: numpy's other scalars are `numbers.Real` already.  A lazy `TensorRef` is never
+    loaded (None), nor is any tensor with more than one element read.  Neither module is
+    imported here: a value cannot be one of their objects unless it was imported.
+    """
+    if is_tensor(value):
+        if value.ndim != 0 or value.is_nested or value.is_complex() or value.is_meta:
+            return None
+        number = value.item()
+    else:
+        numpy = sys.modules.get("numpy")
+        if numpy is None or not isinstance(value, (numpy.generic, numpy.ndarray)):
+            return None
+        if value.ndim != 0 or value.dtype.kind not in "biuf":
+            return None
+        number = value.item()
+    return number if isinstance(number, numbers.Real) else None
 
 
 # --------------------------------------------------------------------------- validate

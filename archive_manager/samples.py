@@ -1377,21 +1377,33 @@ def check_key_text(key: str, what: str) -> str:
 
 
 def check_task_key(task_key: object) -> str | None:
-    """A task key is a str or None; ints are accepted and kept as their decimal string.
+    """A task key is text or None; the catalog stores it as text.
+
+    Accepted: a str, and a str subclass (``numpy.str_``) as its plain text; an int or another
+    integer (``numpy.int64``, any `numbers.Integral` but bool) as its decimal text, so
+    ``42``, ``np.int64(42)`` and ``"42"`` are one task key.
 
     Raises:
-        InvalidInputError: another type, or a str `check_key_text` refuses.
+        InvalidInputError: another type (a bool, a float, bytes), or text `check_key_text`
+            refuses.
     """
+    import numbers  # stdlib, imported already by the metadata a save describes
+
     if task_key is None:
         return None
-    if isinstance(task_key, int) and not isinstance(task_key, bool):
+    if isinstance(task_key, str):
+        task_key = str.__str__(task_key)  # a str subclass as plain text: drivers bind types
+    # NOTE: numpy's bool is no `numbers.Integral`; Python's is, and is refused.
+    elif isinstance(task_key, numbers.Integral) and not isinstance(task_key, bool):
         # Checked like any key: a 300-digit int made a key PostgreSQL's column refused.
         try:
-            task_key = str(task_key)
+            task_key = str(int(task_key))
         except ValueError:  # over 4,300 digits
             raise InvalidInputError("a task key int is too large to be a key") from None
-    elif not isinstance(task_key, str):
-        raise InvalidInputError(f"a task key must be a str or None, not {type(task_key).__name__}")
+    else:
+        raise InvalidInputError(
+            f"a task key must be a str, an int or None, not {type(task_key).__name__}"
+        )
     return check_key_text(task_key, "task key")
 
 
@@ -1399,8 +1411,10 @@ def task_key_of(obj: Any) -> str | None:
     """The id of the rollout task that produced ``obj``, or None.
 
     Its ``task_key`` attribute or key if set; else the ``task_id`` of its
-    ``_queue_receipt`` or ``_queue_lease`` (a mapping or an object).  Non-str ids are
-    converted with ``str()``.  Pass the original sample: stored fields have no ``_queue_*``.
+    ``_queue_receipt`` or ``_queue_lease`` (a mapping or an object).  A str subclass
+    (``numpy.str_``) is its plain text; other non-str ids are converted with ``str()``
+    (an int or ``numpy.int64`` to its decimal text, as `check_task_key` does).  Pass the
+    original sample: stored fields have no ``_queue_*``.
     """
     candidates = [_get(obj, "task_key")]
     for attr in ("_queue_receipt", "_queue_lease"):
@@ -1410,7 +1424,7 @@ def task_key_of(obj: Any) -> str | None:
     for key in candidates:
         if key is not None:
             try:
-                return key if isinstance(key, str) else str(key)
+                return str.__str__(key) if isinstance(key, str) else str(key)
             except ValueError:  # an int of over 4,300 digits has no str
                 raise InvalidInputError("a task id is too large to be a task key") from None
     return None

@@ -3,7 +3,9 @@ one archive, a prompt's history across rollouts, and the prompts whose reward ch
 between two rollout ranges.
 
 A *group* is the samples of one archive that share a task key (the N completions of one
-prompt). Advantages are computed as GRPO does: ``reward - mean`` and
+prompt); a sample without a task key is grouped by its ``group_index`` (slime marks a prompt's
+completions so and saves no task key), and one with neither is in the archive's one ungrouped
+group. Advantages are computed as GRPO does: ``reward - mean`` and
 ``(reward - mean) / (std + eps)``, with the sample standard deviation (``n - 1``, as
 ``torch.std``) and ``eps = 1e-6``. A sample whose reward is not a number (None, a dict) has no
 advantage and is left out of the group's reward figures. No payload blob is read.
@@ -59,7 +61,11 @@ class GroupMember:
 
 @dataclass
 class Group:
-    """The samples of one archive that share a task key."""
+    """The samples of one archive that share a task key, or, without one, a ``group_index``.
+
+    ``task_key`` is the key (then ``group_index`` is None); a group by ``group_index`` has
+    ``task_key`` None; the ungrouped samples (neither) have both None.
+    """
 
     task_key: str | None
     size: int
@@ -71,21 +77,22 @@ class Group:
     length_mean: float | None
     statuses: dict[str, int]
     members: list[GroupMember] = field(default_factory=list)
+    group_index: int | None = None
 
     @property
     def zero_variance(self) -> bool:
         """Every reward equal (at least two): the group teaches a GRPO step nothing.
 
-        NOTE: never for the samples without a task key (``task_key`` None), which share no
-        prompt: flagged, they made ``groups`` count one zero-variance group more than
+        NOTE: never for the ungrouped samples (no task key, no ``group_index``), which share
+        no prompt: flagged, they made ``groups`` count one zero-variance group more than
         ``stats``, which leaves them out (tests/lens/test_stats.py)."""
-        return (
-            self.task_key is not None and self.rewarded >= 2 and self.reward_min == self.reward_max
-        )
+        grouped = self.task_key is not None or self.group_index is not None
+        return grouped and self.rewarded >= 2 and self.reward_min == self.reward_max
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "task_key": self.task_key,
+            "group_index": self.group_index,
             "size": self.size,
             "rewarded": self.rewarded,
             "reward_mean": self.reward_mean,
@@ -106,7 +113,7 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _group(task_key: str | None, rows: list[Any]) -> Group:
+def _group(task_key: str | None, group_index: int | None, rows: list[Any]) -> Group:
     rewards = [r for r in (_finite(row.reward) for row in rows) if r is not None]
     mean, std = mean_std(rewards)
     lengths = [row.response_length for row in rows if row.response_length is not None]
@@ -120,6 +127,7 @@ def _group(task_key: str | None, rows: list[Any]) -> Group:
         reward_max=max(rewards) if rewards else None,
         length_mean=math.fsum(lengths) / len(lengths) if lengths else None,
         statuses=dict(Counter(row.status for row in rows if row.status is not None)),
+        group_index=group_index,
     )
     for row in rows:
         reward = _finite(row.reward)
@@ -142,9 +150,12 @@ def _group(task_key: str | None, rows: list[Any]) -> Group:
 
 
 def group_summaries(catalog: Catalog, name: str) -> list[Group]:
-    """Every group of archive ``name`` (published or released), in order of first appearance;
-    samples without a task key form one group with ``task_key`` None (never flagged as of zero
-    variance: they share no prompt).
+    """Every group of archive ``name`` (published or released), in order of first appearance.
+
+    The rule: a sample with a task key is in that key's group; one without is in the group
+    of its ``group_index`` (as `describe_sample` recorded it); one with neither is in one
+    ungrouped group, ``task_key`` and ``group_index`` None (never flagged as of zero
+    variance: its samples share no prompt).
 
     Raises:
         ArchiveNotFoundError: no such archive.
@@ -162,6 +173,7 @@ def group_summaries(catalog: Catalog, name: str) -> list[Group]:
                 m.c.reward,
                 m.c.response_length,
                 m.c.status,
+                m.c.description,
             )
             .join(
                 m,
@@ -171,10 +183,23 @@ def group_summaries(catalog: Catalog, name: str) -> list[Group]:
             .where(e.c.archive_id == row.id)
             .order_by(e.c.position)
         ).all()
-    groups: dict[str | None, list[Any]] = {}
+    # A task key (str) and a group index (int) never collide as dict keys.
+    groups: dict[str | int | None, list[Any]] = {}
     for r in rows:
-        groups.setdefault(r.task_key, []).append(r)
-    return [_group(key, members) for key, members in groups.items()]
+        key = r.task_key if r.task_key is not None else _group_index(r.description)
+        groups.setdefault(key, []).append(r)
+    return [
+        _group(key, None, members) if not isinstance(key, int) else _group(None, key, members)
+        for key, members in groups.items()
+    ]
+
+
+def _group_index(description: Any) -> int | None:
+    """The ``group_index`` `describe_sample` recorded: an int within 64 bits, or None."""
+    if not isinstance(description, dict):
+        return None
+    index = description.get("group_index")
+    return index if type(index) is int else None
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,8 @@ def test_tensor_valued_lengths() -> None:
         (0, 0),
         (-3, -3),
         (np.float32(0.25), 0.25),
-        (True, None),
+        (True, 1),
+        (False, 0),
         (None, None),
         ({"acc": 1.0}, None),
         (float("nan"), None),
@@ -250,6 +251,43 @@ def test_tensor_valued_lengths() -> None:
 )
 def test_reward_only_when_a_real_number(reward: Any, expected: Any) -> None:
     assert describe_sample({"reward": reward})["reward"] == expected
+
+
+@pytest.mark.parametrize(
+    ("reward", "expected"),
+    [
+        (torch.tensor(0.5), 0.5),
+        (torch.tensor(0.25, dtype=torch.bfloat16), 0.25),
+        (torch.tensor(3), 3),
+        (torch.tensor(True), 1),
+        (torch.tensor(False), 0),
+        (torch.tensor(float("nan")), None),
+        (torch.tensor(float("inf")), None),
+        (torch.tensor([1.0]), None),  # not 0-d: not one number
+        (torch.tensor(1 + 2j), None),
+        (np.float32(0.5), 0.5),
+        (np.float64(-1.5), -1.5),
+        (np.int64(3), 3),
+        (np.uint8(7), 7),
+        (np.bool_(True), 1),
+        (np.bool_(False), 0),
+        (np.float32("nan"), None),
+        (np.float64("inf"), None),
+        (np.array(0.75), 0.75),  # a 0-d array, as numpy reductions return some
+        (np.array([0.75]), None),
+        (np.complex64(1), None),
+        (np.str_("1.0"), None),
+    ],
+)
+def test_reward_of_frameworks_number_types(reward: Any, expected: Any) -> None:
+    """A 0-d tensor, a numpy scalar and a bool are the reward frameworks hand over: recorded
+    as a plain number (a bool as 0/1), so the catalog's stats, queries and groups count them.
+    They were recorded as None, and the lens silently skipped those samples."""
+    got = describe_sample({"reward": reward})["reward"]
+    assert got == expected
+    assert type(got) in (int, float, type(None))
+    if expected is not None:
+        assert type(got) is type(expected)
 
 
 def test_queue_fields_are_not_described() -> None:

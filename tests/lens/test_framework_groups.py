@@ -1,0 +1,200 @@
+"""Groups and rewards as the frameworks hand them over (`archive_manager.lens.groups`):
+slime marks a prompt's completions with ``group_index`` and saves no task key; rewards come
+as 0-d tensors, numpy scalars or bools; task ids come as ints and numpy ints."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import Backend, open_on
+
+from archive_manager import ArchiveManager, Sample
+from archive_manager.errors import InvalidInputError
+from archive_manager.lens.groups import ADVANTAGE_EPS
+from archive_manager.samples import check_task_key, task_key_of
+
+
+def slime_rollout(seed: int, prompts: int = 4, n: int = 4) -> list[Sample]:
+    """A slime-shaped rollout: ``group_index`` per prompt, no task key."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(prompts):
+        for k in range(n):
+            reward: float | None = float(rng.choice([0, 1, 0.5, 0.25]))
+            if g == 0:
+                reward = 1.0  # every completion right: a group that teaches nothing
+            if g == 1 and k == 0:
+                reward = None
+            out.append(
+                Sample(
+                    group_index=g,
+                    index=g * n + k,
+                    tokens=[1, 2, 3],
+                    response_length=rng.randint(1, 40),
+                    reward=reward,
+                )
+            )
+    return out
+
+
+def test_groups_by_group_index_match_grpo(tmp_path: Path, backend: Backend) -> None:
+    """Samples without a task key are grouped by ``group_index``; each group's mean, std and
+    advantages are what GRPO computes (torch: std with n - 1). Saved without task keys, the
+    rollout was one group of every sample."""
+    samples = slime_rollout(seed=7)
+    with open_on(backend, tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        groups = pool.groups("r")
+    assert [(g.task_key, g.group_index) for g in groups] == [(None, g) for g in range(4)]
+    for g in groups:
+        members = [s for s in samples if s.group_index == g.group_index]
+        rewards = [s.reward for s in members if s.reward is not None]
+        t = torch.tensor(rewards, dtype=torch.float64)
+        assert g.size == len(members) and g.rewarded == len(rewards)
+        assert g.reward_mean == pytest.approx(t.mean().item())
+        assert g.reward_std == pytest.approx(t.std().item())
+        expected = ((t - t.mean()) / (t.std() + ADVANTAGE_EPS)).tolist()
+        got = [m.normalized_advantage for m in g.members if m.reward is not None]
+        assert got == pytest.approx(expected)
+        assert [m.sample_key for m in g.members] == [f"sample:{s.index}" for s in members]
+        assert g.as_dict()["group_index"] == g.group_index
+        assert g.zero_variance is (len(set(rewards)) == 1)
+    assert groups[0].zero_variance
+
+
+def test_task_key_first_then_group_index_then_ungrouped(tmp_path: Path) -> None:
+    """The rule: a sample's task key groups it; without one its ``group_index``; without
+    either it is in the one ungrouped group (never flagged as of zero variance)."""
+    samples = [
+        {"task_key": "q", "group_index": 0, "reward": 1.0},
+        {"group_index": 0, "reward": 0.0},
+        {"task_key": "q", "group_index": 1, "reward": 0.0},
+        {"group_index": 0, "reward": 1.0},
+        {"reward": 1.0},
+        {"reward": 1.0},
+        {"group_index": 1, "reward": 0.5},
+    ]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        groups = pool.groups("r")
+    got = [(g.task_key, g.group_index, [m.position for m in g.members]) for g in groups]
+    assert got == [("q", None, [0, 2]), (None, 0, [1, 3]), (None, None, [4, 5]), (None, 1, [6])]
+    ungrouped = groups[2]
+    assert ungrouped.rewarded == 2 and not ungrouped.zero_variance
+
+
+# Rewards as the frameworks return them, and the number the catalog should record.
+FRAMEWORK_REWARDS: list[tuple[Any, float]] = [
+    (torch.tensor(0.5), 0.5),
+    (torch.tensor(1.0, dtype=torch.bfloat16), 1.0),
+    (torch.tensor(2), 2.0),
+    (torch.tensor(True), 1.0),
+    (np.float32(0.25), 0.25),
+    (np.int64(3), 3.0),
+    (np.bool_(True), 1.0),
+    (np.bool_(False), 0.0),
+    (True, 1.0),
+    (False, 0.0),
+    (1, 1.0),
+    (0.75, 0.75),
+]
+
+
+def test_framework_rewards_count_in_stats_query_and_groups(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """A 0-d tensor, a numpy scalar or a bool reward is stored, and the catalog records it as
+    a number: `stats`, `query(min_reward=)` and `groups` count it. It was recorded as none,
+    and all three silently skipped the sample."""
+    samples = [
+        Sample(group_index=0, index=i, response_length=1, reward=reward)
+        for i, (reward, _) in enumerate(FRAMEWORK_REWARDS)
+    ]
+    want = [number for _, number in FRAMEWORK_REWARDS]
+    with open_on(backend, tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        (stat,) = pool.stats()
+        assert stat.rewarded == len(want)
+        assert stat.reward_mean == pytest.approx(sum(want) / len(want))
+        found = pool.query(min_reward=0.5)
+        assert sorted(r.position for r in found) == [i for i, v in enumerate(want) if v >= 0.5]
+        assert [r.reward for r in pool.query(min_reward=-1.0)] == want
+        (group,) = pool.groups("r")
+        assert group.rewarded == len(want)
+        assert [m.reward for m in group.members] == want
+        back = pool.open_archive("r").load_samples()
+    # the stored values are the framework's own: a tensor stays a tensor, a bool a bool
+    for sample, (reward, _) in zip(back, FRAMEWORK_REWARDS, strict=True):
+        assert type(sample.reward) is type(reward)
+
+
+def test_nan_rewards_stay_unrecorded(tmp_path: Path) -> None:
+    """NaN, as a float, a 0-d tensor or a numpy scalar, is no number the catalog records
+    (PostgreSQL's JSON refuses it): the sample is stored and left out of the reward figures."""
+    samples = [
+        {"reward": float("nan"), "group_index": 0},
+        {"reward": torch.tensor(float("nan")), "group_index": 0},
+        {"reward": np.float32("nan"), "group_index": 0},
+        {"reward": 1.0, "group_index": 0},
+    ]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        (stat,) = pool.stats()
+        (group,) = pool.groups("r")
+    assert stat.rewarded == 1 and group.rewarded == 1 and group.size == 4
+
+
+def test_dict_rewards_stay_stored_and_unrecorded(tmp_path: Path) -> None:
+    """A dict of named rewards is stored as it is and recorded as no number (a later item
+    picks one of its keys)."""
+    samples = [{"reward": {"acc": 1.0, "len": torch.tensor(0.5)}, "group_index": 0}]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        (group,) = pool.groups("r")
+        (back,) = pool.open_archive("r").load_samples()
+    assert group.rewarded == 0 and group.size == 1
+    assert back["reward"]["acc"] == 1.0 and torch.equal(back["reward"]["len"], torch.tensor(0.5))
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        (7, "7"),
+        (-3, "-3"),
+        (np.int64(42), "42"),
+        (np.int32(5), "5"),
+        (np.uint64(2**64 - 1), str(2**64 - 1)),
+        ("q", "q"),
+        (np.str_("prompt-1"), "prompt-1"),
+    ],
+)
+def test_int_and_numpy_task_keys(tmp_path: Path, key: Any, text: str) -> None:
+    """An int or numpy int task key is kept as its decimal text (the catalog's task keys are
+    text); a str subclass (numpy.str_) as its text, a plain str. np.int64 was refused."""
+    got = check_task_key(key)
+    assert got == text and type(got) is str
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", [{"reward": 1.0}, {"reward": 0.0}], rollout_id=1, task_keys=[key, key])
+        (group,) = pool.groups("r")
+        assert group.task_key == text and group.size == 2
+        assert len(pool.query(task_key=text)) == 2
+        assert [h.rollout_id for h in pool.prompt_history(text)] == [1]
+
+
+def test_task_key_of_gives_plain_text() -> None:
+    for key, text in [(np.int64(9), "9"), (np.str_("a"), "a"), (11, "11")]:
+        got = task_key_of({"task_key": key})
+        assert got == text and type(got) is str
+
+
+@pytest.mark.parametrize("key", [True, np.bool_(False), 1.5, np.float32(2.0), b"q", [1]])
+def test_other_task_keys_are_refused(key: Any) -> None:
+    """A bool is no task id (True would become key "True" or "1"); floats and bytes are
+    refused as before."""
+    with pytest.raises(InvalidInputError):
+        check_task_key(key)
