@@ -619,3 +619,26 @@ def check_metadata(path, args, *, formats=(FORMAT,)):
         raise ValueError("Unsupported sample metadata version")
     validate_sample_metadata(metadata["samples"], args)
     return metadata["samples"]
+
+
+def rewrite_contents(src_index, dst_index, mutate):
+    """A copy of the seed index ``src_index`` at ``dst_index`` whose index record (its
+    ``entries`` and ``chunks``) was changed by ``mutate(contents)`` and published again into
+    the same straw pool, as the seed's save publishes it: damage inside the record."""
+    archive = SeedArchive(src_index)
+    try:
+        contents = {
+            "chunks": list(archive.contents["chunks"]),
+            "entries": [dict(e) for e in archive.contents["entries"]],
+        }
+        contents = mutate(contents) or contents
+        manifest = archive.codec.publish(contents, submission_id=f"debug-index:{uuid.uuid4().hex}")
+        owner = f"debug:{Path(dst_index).resolve()}:{digest(asdict(manifest))}"
+        archive.store.retain(owner, [manifest])
+        archive.store.release_publications([manifest])
+        index = dict(archive.index)
+        index["manifest"] = asdict(manifest)
+        index["storage_owner"] = owner
+        write_report(Path(dst_index), index)
+    finally:
+        archive.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,3 +166,68 @@ def test_an_import_that_does_not_verify_publishes_nothing(
             pool.import_straw(seed_index)
         assert pool.find(state=None) == []
         assert snapshot_pool(pool).blobs == before.blobs
+
+
+def _rewrite_index_record(src: Path, dst: Path, mutate: Any) -> None:
+    """A copy of the seed index ``src`` at ``dst`` whose index record (entries, chunks) was
+    changed by ``mutate``: written back through the seed's own record store, as damage to
+    the record (not to the JSON file) would look."""
+    _seed.rewrite_contents(src, dst, mutate)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"offset": 99},
+        {"offset": "0"},
+        {"offset": -1},  # Python's indexing would pick the chunk's last sample
+        {"offset": True},
+        {"sample_key": "sample:999"},
+        {"chunk": 7},
+    ],
+    ids=["offset-past-end", "offset-str", "offset-negative", "offset-bool", "key", "chunk"],
+)
+def test_a_damaged_entry_is_refused_and_the_pool_is_left_as_it_was(
+    seed_index: Path, tmp_path: Path, damage: dict
+) -> None:
+    from helpers import snapshot_pool
+
+    damaged = tmp_path / "seed" / "damaged.straw.json"
+    _rewrite_index_record(seed_index, damaged, lambda c: c["entries"][0].update(damage))
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        before = snapshot_pool(pool)
+        with pytest.raises(IntegrityError):
+            pool.import_straw(damaged)
+        assert snapshot_pool(pool) == before
+        assert pool.find(state=None) == []
+    if "sample_key" not in damage:  # the seed itself reads such an entry (it never checks)
+        with pytest.raises(IntegrityError), RolloutArchive(damaged) as arc:
+            arc.load_samples()
+
+
+@pytest.mark.parametrize(
+    "facts", [{"rollout_id": "7"}, {"rollout_id": 7.0}, {"evaluation": "false"}]
+)
+def test_index_facts_of_the_wrong_type_are_refused_not_coerced(
+    seed_index: Path, tmp_path: Path, facts: dict
+) -> None:
+    index = json.loads(seed_index.read_text())
+    index.update(facts)
+    odd = seed_index.with_name("odd.straw.json")
+    odd.write_text(json.dumps(index))
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        with pytest.raises(UnsupportedFormatError, match=r"rollout_id|evaluation"):
+            pool.import_straw(odd)
+        assert pool.find(state=None) == []
+
+
+def test_indexes_of_one_file_name_in_two_runs_import_side_by_side(tmp_path: Path) -> None:
+    paths = []
+    for run in ("run1", "run2"):
+        path = tmp_path / run / "rollout_7.straw.json"
+        path.parent.mkdir()
+        _seed.seed_save(path, _samples()[:3], rollout_id=7)
+        paths.append(path)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        names = [pool.import_straw(p).name for p in paths]
+    assert len(set(names)) == 2 and all("run" in n for n in names)

@@ -243,3 +243,21 @@ def test_an_int_past_the_decimal_digit_limit_exports_and_imports(
     for bad in ('{"$t": "int", "v": 5}', '{"$t": "int", "v": "0xzz"}'):
         with pytest.raises(UnsupportedFormatError, match="malformed 'int'"):
             arrow.from_json_value(json.loads(bad))
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "jsonl"])
+def test_images_leave_and_come_back_in_tables(tmp_path: Path, suffix: str) -> None:
+    """slime's multimodal samples hold PIL images (``multimodal_inputs["images"]``): a table
+    export carries mode, size, palette, info and pixels, and its import gives them back."""
+    from PIL import Image
+
+    rgb = Image.new("RGB", (2, 2), (1, 2, 3))
+    palette = Image.new("P", (2, 1))
+    palette.putpalette([i % 256 for i in range(768)])
+    sample = {"multimodal_inputs": {"images": [rgb, palette], "videos": None}, "reward": 1.0}
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("vlm", [sample], rollout_id=1)
+        assert pool.open_archive("vlm").to_arrow().num_rows == 1
+        out = pool.export("vlm", tmp_path / f"vlm.{suffix}")
+        back = pool.import_table(out, name=f"back-{suffix}").load_samples()[0]
+    assert back["multimodal_inputs"]["images"] == [rgb, palette]
