@@ -778,6 +778,8 @@ def fields_to_sample(
                 data = _sample_values(data, _sample_owned(cls))  # type: ignore[arg-type]
             else:
                 data = _converted_sample_values(data, converted)
+        elif converted:
+            data = _declared_values(cls, data, converted)
         return _build_dataclass(cls, data)
     except (TypeError, ValueError, AttributeError) as exc:
         raise UnsupportedFormatError(
@@ -799,6 +801,37 @@ def _converted_sample_values(data: dict[str, Any], converted: Sequence[str]) -> 
         else:
             raise ValueError(f"field {key!r:.80} is not one a Sample record converts")
     return data
+
+
+def _declared_values(cls: type, data: dict[str, Any], converted: Sequence[str]) -> dict[str, Any]:
+    """``data`` with each ``converted`` field that holds a dict rebuilt as the one registered
+    dataclass its annotation (or default factory) declares: what `Archive.export_pt` wrote as
+    plain values for a registered class other than `Sample` (enum fields are turned back by
+    `_build_dataclass`)."""
+    declared = _declared_dataclasses(cls)
+    for key in converted:
+        target = declared.get(key)
+        if target is not None and type(data.get(key)) is dict and target in _NAMES:
+            data[key] = _rebuild(
+                target, _strip_queue(dict(data[key]), _rebuild_plan(target).declared)
+            )
+    return data
+
+
+def _declared_dataclasses(cls: type) -> dict[str, type]:
+    """Each field of ``cls`` whose annotation names exactly one dataclass (or whose default
+    factory is one), and that class; annotations are parsed, never evaluated."""
+    found: dict[str, type] = {}
+    for f in dataclasses.fields(cls):
+        hint: Any = f.type
+        names = _annotation_names(cls, f.name, hint) if isinstance(hint, str) else [hint]
+        classes = [c for c in names if isinstance(c, type) and dataclasses.is_dataclass(c)]
+        if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory):
+            classes.append(f.default_factory)
+        unique = set(classes)
+        if len(unique) == 1:
+            found[f.name] = unique.pop()
+    return found
 
 
 def _helper_state(value: Any) -> dict[str, Any]:

@@ -363,3 +363,30 @@ def test_import_pt_takes_an_existing_file_whose_name_looks_like_a_glob(tmp_path:
     assert result.exit_code == 0, result.output
     with ArchiveManager.open(target) as other:
         assert len(other.find()) == 1
+
+
+def test_a_framework_sample_goes_out_as_a_pt_dump_and_comes_back(tmp_path: Path) -> None:
+    """slime's own Sample (nested Status, SpecInfo, PrefixCacheInfo): the dump holds them as
+    slime's to_dict() writes them (weights_only=True reads it, slime's from_dict too), and
+    import_pt gives back slime's classes from the dump's facts."""
+    import sys
+
+    frameworks = str(Path(__file__).resolve().parents[1] / "frameworks")
+    if frameworks not in sys.path:
+        sys.path.insert(0, frameworks)
+    from helpers import assert_same_samples
+    from rollouts import make_slime_rollout
+    from slime.utils.types import Sample as SlimeSample
+
+    rows = make_slime_rollout(4, seed=2)
+    for s in rows:
+        s.multimodal_inputs = None  # PIL images are no torch.save value (the dump is weights_only)
+    path = tmp_path / "rollout_3.pt"
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("s", rows, rollout_id=3).export_pt(path)
+        dump = torch.load(path, weights_only=True)
+        assert dump["samples"][0]["status"] == rows[0].status.value
+        assert SlimeSample.from_dict(dump["samples"][0]).spec_info == rows[0].spec_info
+        back = pool.import_pt(path, name="back").load_samples()
+    assert_same_samples(back, rows)
+    assert all(type(s.spec_info) is SlimeSample.SpecInfo for s in back)
