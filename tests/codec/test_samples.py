@@ -478,7 +478,7 @@ def _state_by_the_loop(obj: Any) -> dict[str, Any]:
     import dataclasses as dc
 
     # object.__getattribute__: the loop reads as `_rebuild` writes, past the class's own
-    # __getattribute__ (rev25: what it made of a field loaded through it again)
+    # __getattribute__ (the encoder fast paths: what it made of a field loaded through it again)
     fields = {f.name: object.__getattribute__(obj, f.name) for f in dc.fields(obj)}
     for key, value in vars(obj).items():
         fields.setdefault(key, value)

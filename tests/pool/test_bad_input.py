@@ -297,7 +297,7 @@ def test_forged_manifest_is_skipped_and_the_rebuild_goes_on(
 def pointer(tmp_path: Path) -> dict[str, Any]:
     """A real pointer file's content (the archive is in ``tmp_path / "archive-pool"``)."""
     path = tmp_path / "saved.json"
-    RolloutArchive.save(path, tiny_rollout(3), rollout_id=1).close()
+    RolloutArchive.save(path, tiny_rollout(3), rollout_id=1)
     return json.loads(path.read_text())
 
 

@@ -154,7 +154,7 @@ def test_load_samples_as_arrays_on_a_pool(open_pool, rollout) -> None:
 def test_facade_passes_as_arrays_through(tmp_path, rollout) -> None:
     samples = rollout(5, seed=22)
     path = tmp_path / "rollout_0.json"
-    RolloutArchive.save(path, samples, rollout_id=0).close()
+    RolloutArchive.save(path, samples, rollout_id=0)
     with RolloutArchive(path) as arc:
         loaded = arc.load_samples(as_arrays=True)
     assert_array_of(loaded[2].loss_mask, samples[2].loss_mask)

@@ -255,7 +255,8 @@ def test_pointer_files_in_folders_of_any_spelling(tmp_path: Path) -> None:
     ]
     names = []
     for i, path in enumerate(paths):
-        with RolloutArchive.save(path, tiny_rollout(2, seed=i), rollout_id=i, args=args) as arc:
+        assert RolloutArchive.save(path, tiny_rollout(2, seed=i), rollout_id=i, args=args) is None
+        with RolloutArchive(path) as arc:
             names.append(arc.name)
             assert arc.name == archive_name_for(path)
     assert len(set(names)) == len(paths)

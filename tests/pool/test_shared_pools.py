@@ -239,7 +239,7 @@ def test_a_wal_without_its_shm_file_is_refused_clearly(tmp_path: Path) -> None:
 
 def test_the_facade_reads_a_pool_it_may_not_write(tmp_path: Path) -> None:
     pointer = tmp_path / "run" / "rollout_1.json"
-    RolloutArchive.save(pointer, rollout(1), rollout_id=1).close()
+    RolloutArchive.save(pointer, rollout(1), rollout_id=1)
     with RolloutArchive(pointer, read_only=True) as arc:
         assert arc.pool.read_only and len(arc.load_samples()) == 6
         with pytest.raises(ReadOnlyPoolError):
@@ -355,7 +355,7 @@ def test_every_read_on_a_read_only_mount_writes_nothing(
     with open_on(backend, root) as pool:
         fill(pool)
     pointer = tmp_path / "run" / "rollout_7.json"
-    RolloutArchive.save(pointer, rollout(7), rollout_id=7, args=_Args(root, url)).close()
+    RolloutArchive.save(pointer, rollout(7), rollout_id=7, args=_Args(root, url))
     # The pointer records the writable path; the reader reaches the pool by the mount.
     data = json.loads(pointer.read_text())
     data["pool_root"] = str(mount_point / "pool")
