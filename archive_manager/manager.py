@@ -1331,7 +1331,7 @@ class ArchiveManager:
             ArchiveExistsError: the name is taken (nothing is written).
         """
         from .interop.ptdump import read_pt_file, task_keys_from_field
-        from .pool.writer import check_rollout_id
+        from .pool.listing import check_rollout_id
 
         self._refuse_if_read_only("import_pt")
         if evaluation is not None and type(evaluation) is not bool:
@@ -1356,7 +1356,7 @@ class ArchiveManager:
         return self.save(
             name,
             dump.samples,
-            rollout_id=rollout_id,  # type: ignore[arg-type]  # _FROM_FILE was replaced
+            rollout_id=rollout_id,  # _FROM_FILE was replaced
             evaluation=evaluation,
             task_keys=task_keys,
             attrs=facts.attrs if facts is not None else None,

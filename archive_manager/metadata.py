@@ -145,7 +145,7 @@ def describe_sample(sample: Any) -> dict[str, Any]:
 def _fields_of(sample: Any) -> Mapping[Any, Any]:
     if isinstance(sample, Mapping):
         return sample
-    attrs = getattr(sample, "__dict__", None)
+    attrs: Mapping[Any, Any] | None = getattr(sample, "__dict__", None)
     if attrs is not None:
         return attrs
     # slots dataclass: no __dict__, the declared fields are all there is

@@ -430,8 +430,8 @@ def _sample_owned(cls: type) -> frozenset[str]:
     return frozenset(k for k in _SAMPLE_OWNED if mine.get(k) is _dataclass_fields(Sample)[k])
 
 
-def _dataclass_fields(cls: type) -> dict[str, dataclasses.Field]:
-    fields: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(cls)}
+def _dataclass_fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    fields: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(cls)}
     return fields
 
 

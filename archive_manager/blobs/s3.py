@@ -498,7 +498,10 @@ class S3BlobStore(AbstractBlobStore):
         import botocore.exceptions as bx
 
         try:
-            return self._call(what, key, lambda c: c.head_object(Bucket=self.bucket, Key=key))
+            head: dict[str, Any] = self._call(
+                what, key, lambda c: c.head_object(Bucket=self.bucket, Key=key)
+            )
+            return head
         except BlobStoreError as exc:
             if isinstance(exc.__context__, bx.ClientError):
                 code, _, _ = _classify(exc.__context__)
@@ -518,7 +521,8 @@ class S3BlobStore(AbstractBlobStore):
             body = c.get_object(**kwargs)["Body"]
             try:
                 # Read inside the retried call: a connection dropped mid-body is transient.
-                return body.read()
+                data: bytes = body.read()
+                return data
             finally:
                 body.close()
 
@@ -719,7 +723,8 @@ class S3BlobStore(AbstractBlobStore):
                 kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._blobs}
                 if token is not None:
                     kwargs["ContinuationToken"] = token
-                return c.list_objects_v2(**kwargs)
+                page: dict[str, Any] = c.list_objects_v2(**kwargs)
+                return page
 
             page = self._call("list the blobs", self._blobs, op)
             for item in page.get("Contents", ()) or ():
@@ -935,7 +940,8 @@ class S3BlobStore(AbstractBlobStore):
                 kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base, "Delimiter": "/"}
                 if token is not None:
                     kwargs["ContinuationToken"] = token
-                return c.list_objects_v2(**kwargs)
+                page: dict[str, Any] = c.list_objects_v2(**kwargs)
+                return page
 
             page = self._call("list pool objects", base, op)
             for item in page.get("Contents", ()) or ():

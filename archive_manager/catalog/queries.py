@@ -97,7 +97,7 @@ def renew_lease(conn: Connection, owner: str, *, now: float, ttl: float) -> floa
 
 def check_lease(conn: Connection, owner: str, *, now: float) -> float:
     """Return the lease's expiry if it is still live, else raise `LeaseExpiredError`."""
-    expires = conn.execute(
+    expires: float | None = conn.execute(
         select(leases_table.c.expires_at).where(leases_table.c.owner == owner)
     ).scalar_one_or_none()
     if expires is None or expires <= now:

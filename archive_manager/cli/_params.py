@@ -5,17 +5,24 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._util.humanize import looks_like_duration, parse_duration
 from ..errors import InvalidInputError
 
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[Any]
+else:
+    # NOTE: click is generic from 8.4 on; 8.1 to 8.3 (which the project supports) cannot
+    # subscript it at runtime.
+    _ParamType = click.ParamType
+
 __all__ = ["DURATION", "ROLLOUT_RANGE", "SINCE", "check_subset", "parse_duration"]
 
 
-class Duration(click.ParamType):
+class Duration(_ParamType):
     """A duration option: ``--grace 1h``."""
 
     name = "duration"
@@ -30,7 +37,7 @@ class Duration(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class Since(click.ParamType):
+class Since(_ParamType):
     """A point in time: a duration ago (``2h``, ``3d``) or a date/time (local unless it
     carries an offset), as an aware datetime."""
 
@@ -65,7 +72,7 @@ class Since(click.ParamType):
             self.fail(f"{text!r} is out of range once in local time", param, ctx)
 
 
-class RolloutRange(click.ParamType):
+class RolloutRange(_ParamType):
     """A rollout id (``5``) or an inclusive range (``3..7``, ``3..``, ``..7``)."""
 
     name = "id|A..B"
@@ -109,7 +116,7 @@ SINCE = Since()
 ROLLOUT_RANGE = RolloutRange()
 
 
-class PoolRoot(click.ParamType):
+class PoolRoot(_ParamType):
     """``--root``: a folder (a `Path`), or ``s3://bucket/prefix`` kept as it is (a pool on an
     object store, docs/architecture.md, "Blobs on an object store"); a Path would fold its
     ``//``."""

@@ -86,11 +86,8 @@ from .values import (
     TEXT_FIELDS,
     EncodedSample,
     StoredNumbers,
-    _at,
     _Decoder,
     _Encoder,
-    _gc_paused,
-    _key_text,
     _marshalled_numbers,
     _native_dict_items,
     _native_first_leaves,
@@ -101,6 +98,9 @@ from .values import (
     decode_record,
     decode_sample,
     encode_sample,
+    error_at,
+    gc_paused,
+    key_text,
 )
 
 __all__ = [

@@ -55,11 +55,11 @@ from .values import (
     DEFAULT_INLINE_LIMIT,
     TEXT_FIELDS,
     EncodedSample,
-    _gc_paused,
     decode_fields,
     decode_record,
     decode_sample,
     encode_sample,
+    gc_paused,
 )
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def build_chunk(
     texts = TEXT_FIELDS if version >= 2 else ()
     raw = RawChunk([], {})
     hand_over = GilHandOver()
-    with _gc_paused():
+    with gc_paused():
         for sample in samples:
             raw.add(encode_sample(sample, inline_limit=inline_limit, texts=texts))
             hand_over()
@@ -375,7 +375,8 @@ class ChunkReader:
         self._inflated: dict[tuple[int, str], memoryview] = {}
 
     def __len__(self) -> int:
-        return self._count
+        count: int = self._count
+        return count
 
     def inflate(self, offsets: Iterable[int], *, texts_only: bool = False) -> None:
         """Decompress these records (only their text parts with ``texts_only``) ahead of
@@ -782,5 +783,5 @@ def decode_chunk(
     data: Buffer, *, digest: str = "?", loader: Callable[[str], torch.Tensor] | None = None
 ) -> list[Any]:
     """Every sample of a chunk blob, in order."""
-    with _gc_paused():
+    with gc_paused():
         return list(ChunkReader(data, digest=digest, loader=loader))

@@ -94,7 +94,8 @@ class TensorRef:
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
-        return self.shape[0]
+        length: int = self.shape[0]
+        return length
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names TensorRef does not define: behave like the tensor.
@@ -119,7 +120,7 @@ class TensorRef:
 
     @classmethod
     def __torch_function__(
-        cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict | None = None
+        cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         return func(*_materialized(tuple(args)), **_materialized(kwargs or {}))
 
@@ -148,7 +149,8 @@ class TensorRef:
         # NOTE: pickled as the tensor it stands for, never as a reference: the loader holds
         # the pool (an engine, connections), and a torch.save file must be self-contained
         # and load with weights_only=True.  The blob is read here, in the sending process.
-        return self.materialize().__reduce_ex__(protocol)
+        tensor: Any = self.materialize()
+        return tensor.__reduce_ex__(protocol)
 
     def __repr__(self) -> str:
         return f"TensorRef({self.digest}, dtype={self.dtype}, shape={list(self.shape)})"
@@ -195,7 +197,7 @@ def _register_collate() -> None:
     default_collate_fn_map.setdefault(TensorRef, _collate_refs)
 
 
-def _collate_refs(batch: Sequence[Any], *, collate_fn_map: dict | None = None) -> Any:
+def _collate_refs(batch: Sequence[Any], *, collate_fn_map: dict[Any, Any] | None = None) -> Any:
     """`default_collate` of a batch whose first item is a ref: its tensors, stacked."""
     from torch.utils.data._utils.collate import collate_tensor_fn
 

@@ -25,6 +25,7 @@ from .framing import BLOB_VERSION, TENSOR_MAGIC, _check_magic, _integrity
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor  # what a function whose local `torch` is torch_module() names
 
 __all__ = ["TensorBlob", "decode_tensor_blob", "encode_tensor_blob"]
 
@@ -144,10 +145,12 @@ def _tensor_from(
     if nbytes > mv.nbytes or (exact and nbytes != mv.nbytes):
         raise IntegrityError(f"tensor of {nbytes} bytes does not fit {mv.nbytes} stored bytes")
     if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
+        empty: Tensor = torch.empty(shape, dtype=dtype)
+        return empty
     # bytearray: the tensor must own writable memory, not alias a read-only chunk or mmap.
     flat = torch.frombuffer(bytearray(mv[:nbytes]), dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
+    tensor: Tensor = flat.view(dtype).reshape(shape)
+    return tensor
 
 
 def _check_shape(shape: Any) -> tuple[int, ...]:

@@ -410,7 +410,7 @@ class _Encoder:
                 "elements one by one); store the base and broadcast it after loading"
             )
 
-    def _items(self, values: list | tuple) -> list[Any]:
+    def _items(self, values: list[Any] | tuple[Any, ...]) -> list[Any]:
         self._enter(values)
         index = -1
         try:
@@ -423,11 +423,11 @@ class _Encoder:
             # held many times can fail at a later place only (the repeat bounds).
             return [self.encode(v) for v in values if (index := index + 1) >= 0]
         except UnencodableError as exc:
-            raise _at(exc, f"[{index}]") from None
+            raise error_at(exc, f"[{index}]") from None
         finally:
             self.active.discard(id(values))
 
-    def _dict(self, value: dict, *, top: bool = False) -> Any:
+    def _dict(self, value: dict[Any, Any], *, top: bool = False) -> Any:
         self._enter(value)
         key: Any = None
         try:
@@ -467,13 +467,13 @@ class _Encoder:
                 "v": [[self._key(key := k), self.encode(v)] for k, v in value.items()],
             }
         except UnencodableError as exc:
-            raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
+            raise error_at(exc, key_text(key) if top else f"[{key_text(key)}]") from None
         except RecursionError:
             if not top:
                 raise
             # converted here, at the top, where the stack has room again
             deep = UnencodableError("the value is nested too deeply to be stored")
-            raise _at(deep, _key_text(key)) from None
+            raise error_at(deep, key_text(key)) from None
         finally:
             self.active.discard(id(value))
 
@@ -492,7 +492,7 @@ class _Encoder:
             raise UnencodableError("a tensor cannot be stored as a mapping key")
         return self.encode(key)
 
-    def _list(self, value: list) -> Any:
+    def _list(self, value: list[Any]) -> Any:
         if len(value) >= _MIN_ARRAY_LEN:
             node = self._array(value)
             if node is not None:
@@ -505,7 +505,7 @@ class _Encoder:
                 return node
         return self._items(value)
 
-    def _array(self, value: list) -> dict[str, Any] | None:
+    def _array(self, value: list[Any]) -> dict[str, Any] | None:
         """A numeric list as one binary array, or None when it is not one."""
         # The C conversion (docs/architecture.md, "Native list conversion") writes what the
         # Python paths below write; a list it does not take is theirs to decide.
@@ -660,7 +660,7 @@ def _exact_class(value: object, cls: type | None) -> bool:
     return cls is not None and type(value) is cls
 
 
-def _decode_image(node: dict, data: memoryview, decode: Callable[[Any], Any]) -> Any:
+def _decode_image(node: dict[str, Any], data: memoryview, decode: Callable[[Any], Any]) -> Any:
     try:
         from PIL import Image  # a fixed library, never a name the payload gives
     except ImportError:
@@ -695,7 +695,8 @@ def _leaf_bytes(value: Any) -> int:
         return len(_dumps(value))
     if t is float:
         return 40 if value != value else len(repr(value))  # a tagged NaN at most
-    return _NODE_BYTES + value.nbytes  # a numpy scalar: its node and bytes
+    size: int = _NODE_BYTES + value.nbytes  # a numpy scalar: its node and bytes
+    return size
 
 
 def _numpy_buffer(arr: np.ndarray) -> tuple[Any, int, tuple[str, int, int] | None]:
@@ -874,7 +875,7 @@ _INT_CODES = b"i"
 _FLOAT_CODES = b"g"
 
 
-def _marshalled_numbers(value: list) -> tuple[str, bytes, bool] | None:
+def _marshalled_numbers(value: list[Any]) -> tuple[str, bytes, bool] | None:
     """A list of exact ints (int32 range) or exact floats as a narrowed, shuffled array.
 
     Returns ``(dtype name, bytes, shuffled)`` laid out exactly as `_Record.add_shuffled` lays
@@ -934,7 +935,7 @@ def _narrow_ints_dtype(ints: np.ndarray) -> np.dtype:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic GC while bulk-building containers.
 
     NOTE: decoding a chunk creates thousands of lists and dicts, which triggers full
@@ -1007,7 +1008,7 @@ class EncodedSample:
     text: bytes = b""
 
 
-def _key_text(key: Any) -> str:
+def key_text(key: Any) -> str:
     try:
         text = repr(key)
     except ValueError:  # an int of over 4,300 digits (alone or in a tuple) has no repr
@@ -1015,7 +1016,7 @@ def _key_text(key: Any) -> str:
     return text if len(text) <= 80 else text[:79] + "…"
 
 
-def _at(exc: UnencodableError, step: str) -> UnencodableError:
+def error_at(exc: UnencodableError, step: str) -> UnencodableError:
     """``exc`` with ``step`` (a field, a key, an index) prefixed to the path it names."""
     reason = exc.__dict__.setdefault("reason", str(exc))
     path = exc.__dict__["path"] = step + exc.__dict__.get("path", "")
@@ -1050,7 +1051,7 @@ def encode_sample(
     if moved and (_TAG in fields or set(map(type, fields)) != _STR_ONLY):
         moved = []
     text = b""
-    # see _gc_paused; inline, as this runs for every sample
+    # see gc_paused; inline, as this runs for every sample
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -1078,7 +1079,7 @@ def encode_sample(
             # (docs/architecture.md, "Samples and values").
             tree["s"] = converted
     except UnencodableError as exc:
-        raise _at(exc, "sample field ") from None
+        raise error_at(exc, "sample field ") from None
     finally:
         if was_enabled:
             gc.enable()
@@ -1106,7 +1107,7 @@ def decode_sample(
     ``KeyError``... errors of malformed parts): the chunk reader names the record and turns
     them into `IntegrityError`.
     """
-    with _gc_paused():
+    with gc_paused():
         return fields_to_sample(*decode_record(rec, loader, as_arrays=as_arrays, text=text))
 
 
@@ -1142,7 +1143,7 @@ def decode_record(
         type(converted) is list and all(type(k) is str for k in converted)
     ):
         raise IntegrityError("record lists its converted fields malformed")
-    with _gc_paused():
+    with gc_paused():
         decoder = _Decoder(arrays, loader, as_arrays=as_arrays or stored, stored=stored)
         texts = None
         if text is not None:
@@ -1217,7 +1218,7 @@ class _Decoder:
         # it (older releases) load a separate object per node
         self.aliases: dict[int, tuple[Any, Any, Any, Any]] = {}
 
-    def _shared(self, node: dict, build: Callable[[], Any]) -> Any:
+    def _shared(self, node: dict[str, Any], build: Callable[[], Any]) -> Any:
         """The object a tensor or array node decodes to: one per alias index."""
         alias = node.get("a")
         if alias is None:
@@ -1234,7 +1235,7 @@ class _Decoder:
         self.aliases[alias] = (node[_TAG], node["d"], shape, value)
         return value
 
-    def _slice(self, node: dict) -> memoryview:
+    def _slice(self, node: dict[str, Any]) -> memoryview:
         offset, nbytes = node["o"], node["n"]
         if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
             raise IntegrityError("malformed array descriptor")
@@ -1364,7 +1365,7 @@ class _Decoder:
             return value
         raise UnsupportedFormatError(f"unknown value tag {tag!r:.40} (written by a newer library?)")
 
-    def _ndarray(self, dtype_name: str, node: dict) -> np.ndarray:
+    def _ndarray(self, dtype_name: str, node: dict[str, Any]) -> np.ndarray:
         dtype = _NUMPY_DTYPES[dtype_name]
         shape = _check_shape(node["sh"])
         mv = self._slice(node)
@@ -1380,7 +1381,7 @@ _ARRAY_LIST_DTYPES = frozenset(
 )
 
 
-def _number_array(values: list) -> np.ndarray | None:
+def _number_array(values: list[Any]) -> np.ndarray | None:
     """``np.array(values)`` for a list of exact ints (within int64) or exact floats, else None."""
     kind = type(values[0])
     if kind not in (int, float) or countOf(map(type, values), kind) != len(values):

@@ -159,7 +159,7 @@ def _malformed(source: Path, what: str) -> UnsupportedFormatError:
     return UnsupportedFormatError(f"{source}: the {FACTS_KEY!r} block is malformed: {what}")
 
 
-def _str_list(block: Mapping[str, Any], key: str, n: int, source: Path, *, none: bool) -> list:
+def _str_list(block: Mapping[str, Any], key: str, n: int, source: Path, *, none: bool) -> list[Any]:
     values = block.get(key)
     if not isinstance(values, list) or len(values) != n:
         raise _malformed(source, f"{key!r} must be a list of {n} items, one per sample")

@@ -3,6 +3,8 @@ benchmarks.  Nothing is downloaded; the same seed always gives the same rollout.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .._util.lazy_torch import torch_module
@@ -113,7 +115,7 @@ def make_rollout(
     r3_layers: int | None = None,
     r3_topk: int = 8,
     as_dict: bool = False,
-) -> list[Sample] | list[dict]:
+) -> list[Sample] | list[dict[str, Any]]:
     """Generate one rollout of ``n_samples`` samples in groups of ``group_size``.
 
     The samples of a group share their prompt tokens; response lengths are uniform in
@@ -124,7 +126,7 @@ def make_rollout(
     naming its prompt group.
     """
     rng = np.random.default_rng(seed)
-    samples: list = []
+    samples: list[Any] = []
     prompt: list[int] = []
     prompt_text = ""
     for i in range(n_samples):

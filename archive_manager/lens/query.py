@@ -360,7 +360,4 @@ def query_samples(
             # NULL rollout ids last on both backends, as every listing.
             order = (a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name, e.c.position)
             rows = list(conn.execute(query.order_by(*order)).all())
-        return [
-            SampleRow(row[1], row[2], bool(row[3]), *row[4:])  # type: ignore[call-arg]
-            for row in rows
-        ]
+        return [SampleRow(row[1], row[2], bool(row[3]), *row[4:]) for row in rows]

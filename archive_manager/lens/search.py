@@ -241,7 +241,7 @@ _FOLDS_BEYOND_ASCII = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
 try:  # the parser of Python's `re` (3.11 renamed it)
     from re import _parser as _re_parser  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _re_parser  # type: ignore[no-redef]
+    import sre_parse as _re_parser
 
 _LITERAL = _re_parser.LITERAL
 _GROUPS = (_re_parser.SUBPATTERN, getattr(_re_parser, "ATOMIC_GROUP", None))

@@ -260,11 +260,11 @@ class Archive:
         for ordinal, offset in wanted:
             by_chunk[ordinal].append(offset)
         decoded: dict[tuple[int, int], Any] = {}
-        from ..codec import _gc_paused
+        from ..codec.values import gc_paused
 
         # One GC pause over the whole load: pausing per chunk let each resume collect (and
         # traverse) everything decoded so far, quadratic in the archive's size.
-        with _gc_paused():
+        with gc_paused():
             self._decode_into(
                 decoded, ordinals, digests, by_chunk, as_arrays, materialize, shapes=shapes
             )
@@ -453,7 +453,7 @@ class Archive:
         as_arrays: bool,
         materialize: bool,
     ) -> Iterator[Any]:
-        from ..codec import _gc_paused
+        from ..codec.values import gc_paused
 
         runs = self._chunk_runs(page, sample_key, task_key)
         run = next(runs, None)
@@ -471,7 +471,7 @@ class Archive:
                 run = next(runs, None)
                 ahead = None if run is None else reader.submit(self._fetch_run, run)
                 decoded: dict[tuple[int, int], Any] = {}
-                with _gc_paused():
+                with gc_paused():
                     self._decode_chunk(decoded, ordinal, chunk, offsets, as_arrays, materialize)
                 del chunk
                 for offset in offsets:
@@ -508,10 +508,10 @@ class Archive:
         for position in sorted(at):
             ordinal, offset = at[position]
             by_chunk[ordinal].append(offset)
-        from ..codec import _gc_paused
+        from ..codec.values import gc_paused
 
         decoded: dict[tuple[int, int], Any] = {}
-        with _gc_paused():
+        with gc_paused():
             self._decode_into(decoded, ordinals, digests, by_chunk, False, False)
         return [decoded[at[p]] for p in positions]
 
@@ -708,7 +708,8 @@ class Archive:
                 is not its helper with only its counters; the message names the sample and
                 field, and no file is written; so is an attrs int of that size.
         """
-        from ..codec import _at, materialize_tensor_refs
+        from ..codec import materialize_tensor_refs
+        from ..codec.values import error_at
         from .facts import FACTS_KEY, facts_block
 
         target = Path(path)
@@ -732,7 +733,7 @@ class Archive:
                     ] or None
                 samples.append(_torch_native(fields))
             except UnencodableError as exc:
-                raise _at(
+                raise error_at(
                     exc, f"cannot export sample {position} of {self.name!r}: field "
                 ) from None
             classes.append(cls)
@@ -740,7 +741,7 @@ class Archive:
         try:
             attrs = _torch_native(self.attrs)
         except UnencodableError as exc:
-            raise _at(exc, f"cannot export {self.name!r}: attrs ") from None
+            raise error_at(exc, f"cannot export {self.name!r}: attrs ") from None
         target.parent.mkdir(parents=True, exist_ok=True)
         # The facts ride along under a key of their own: docs/architecture.md, "Exports and
         # imports".  slime reads only rollout_id and samples.
@@ -933,9 +934,9 @@ def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | Non
                     v, top=False, tensors=tensors
                 )
         except UnencodableError as exc:
-            from ..codec import _at, _key_text
+            from ..codec.values import error_at, key_text
 
-            raise _at(exc, _key_text(key) if top else f"[{_key_text(key)}]") from None
+            raise error_at(exc, key_text(key) if top else f"[{key_text(key)}]") from None
         return out
     import numpy as np  # only an export reaches here (docs/architecture.md, Start-up)
 
@@ -973,10 +974,10 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
     """Refuse a `Sample` that slime's ``from_dict`` (what `import_pt` reads a dump with)
     would not give back: it reads a None status as pending and a helper from its counters
     only (docs/architecture.md, "Samples and values")."""
-    from ..codec import _at
+    from ..codec.values import error_at
 
     if fields.get("status", ...) is None:
-        raise _at(
+        raise error_at(
             UnencodableError("a None status imports back as 'pending' (slime's from_dict)"),
             "'status'",
         )
@@ -984,7 +985,7 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
         if key not in fields:
             continue
         if key not in converted:
-            raise _at(
+            raise error_at(
                 UnencodableError(
                     f"a {type(fields[key]).__name__} imports back as a Sample helper "
                     "(slime's from_dict reads only a helper's counters)"
@@ -993,7 +994,7 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
             )
         extra = sorted(map(repr, set(fields[key]) - counters))
         if extra:
-            raise _at(
+            raise error_at(
                 UnencodableError(
                     f"extra attributes {', '.join(extra)[:80]} of the helper would not import "
                     "back (slime's from_dict reads only its counters)"
@@ -1002,19 +1003,19 @@ def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> N
             )
 
 
-def _native_items(values: list | tuple, tensors: dict[int, Any]) -> list[Any]:
+def _native_items(values: list[Any] | tuple[Any, ...], tensors: dict[int, Any]) -> list[Any]:
     out: list[Any] = []
     try:
         for v in values:
             out.append(_torch_native(v, top=False, tensors=tensors))
     except UnencodableError as exc:
-        from ..codec import _at
+        from ..codec.values import error_at
 
-        raise _at(exc, f"[{len(out)}]") from None
+        raise error_at(exc, f"[{len(out)}]") from None
     return out
 
 
-def _check_ints(values: list, kinds: set[type]) -> None:
+def _check_ints(values: list[Any], kinds: set[type]) -> None:
     if kinds == {int} and min(values) >= _PT_INT_MIN and max(values) <= _PT_INT_MAX:
         return
     for i, v in enumerate(values):
@@ -1022,9 +1023,9 @@ def _check_ints(values: list, kinds: set[type]) -> None:
             try:
                 _pt_int(v)
             except UnencodableError as exc:
-                from ..codec import _at
+                from ..codec.values import error_at
 
-                raise _at(exc, f"[{i}]") from None
+                raise error_at(exc, f"[{i}]") from None
 
 
 def open_archive(pool: PoolContext, name: str) -> Archive:

@@ -28,16 +28,10 @@ from sqlalchemy import select
 
 from .._util.lazy_torch import is_tensor, torch_module
 from ..catalog import chunks_table, entries_table
-from ..codec import (
-    ChunkReader,
-    StoredNumbers,
-    TensorRef,
-    _gc_paused,
-    torch_dtype_names,
-    torch_dtypes,
-)
+from ..codec import ChunkReader, StoredNumbers, TensorRef
 from ..codec import values as codec_values
-from ..codec.values import _narrow_ints_dtype
+from ..codec.tensors import torch_dtype_names, torch_dtypes
+from ..codec.values import _narrow_ints_dtype, gc_paused
 from ..errors import (
     ArchiveError,
     IntegrityError,
@@ -198,7 +192,7 @@ def decode_chunk_rows(source: ArchiveSource, part: ChunkPlan, reader: ChunkReade
     """The records of one fetched chunk, decoded (numeric lists as `StoredNumbers`)."""
     ordinal = part[0]
     rows = []
-    with _gc_paused():
+    with gc_paused():
         for position, skey, tkey, offset in part[2]:
             try:
                 cls, fields, converted = reader.record(offset)
@@ -849,9 +843,10 @@ def _valid(column: Any) -> list[bool]:
 
 def _is_number_list(t: Any) -> bool:
     pa = pyarrow_module()
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
+    number_list: bool = (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
         pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
     )
+    return number_list
 
 
 def _read_number_lists(column: Any) -> list[Any]:

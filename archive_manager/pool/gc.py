@@ -45,7 +45,7 @@ from ..catalog import (
     retention_table,
 )
 from ..catalog.queries import batches
-from ..codec import MAGIC_SIZE, blob_kind
+from ..codec.framing import MAGIC_SIZE, blob_kind
 from ..errors import ArchiveError, GcAbortedError, PoolIdentityError
 from .context import PoolContext
 from .identity import UNINDEXED_BLOBS, check_identity

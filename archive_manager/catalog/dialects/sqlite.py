@@ -244,7 +244,8 @@ def _set_wal(cursor: Any, timeout_ms: int) -> tuple[Any, ...] | None:
     delay = 0.002
     while True:
         try:
-            return cursor.execute("PRAGMA journal_mode = WAL").fetchone()
+            row: tuple[Any, ...] | None = cursor.execute("PRAGMA journal_mode = WAL").fetchone()
+            return row
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
