@@ -12,8 +12,8 @@ One module per seam (docs/architecture.md, Layers):
 torch is imported only where a tensor is encoded or decoded (`archive_manager._util.lazy_torch`): a
 rollout without tensors is saved and loaded without it.
 
-Every name other modules and tests used from the single ``codec.py`` is still importable
-from here, private helpers included.
+Other components import the public names below; the private helpers re-exported here are
+for the codec's own tests, which patch them on this module (see `_Codec`).
 """
 
 # ruff: noqa: F401
