@@ -489,14 +489,16 @@ def test_a_strided_view_does_not_vouch_for_the_gap_it_spans(
     makes a storage of 4.6e13 bytes that torch cannot resize, counted as held whole."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(values, "_MAX_EXTRA_BYTES", 1 << 20)
-    # an anonymous map lies far from the small heap array (a 1 MiB np.zeros may not: glibc
-    # serves it from the heap once its mmap threshold has grown)
+    # Two live buffers more than 1 GiB apart, wherever the kernel places maps: the 1 MiB
+    # region outside a 2 GiB read-only map (private, never written: one zero page is read),
+    # and 16 bytes at whichever end of that map lies farther from it.  (A heap array next to
+    # a map was sometimes within 1 GiB of it: the case could not be built.)
+    big = np.frombuffer(
+        mmap.mmap(-1, (2 << 30) + 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ), np.uint8
+    )
     region = np.frombuffer(mmap.mmap(-1, 1 << 20), np.uint8)
-    far = np.zeros(16, np.uint8)
-    if abs(region.ctypes.data - far.ctypes.data) <= 1 << 30:
-        # the case needs two buffers far apart; a process whose map landed near its heap
-        # (it happened once in a full run) cannot build it
-        pytest.skip("the anonymous map landed within 1 GiB of the heap array")
+    far = max((big[:16], big[-16:]), key=lambda end: abs(end.ctypes.data - region.ctypes.data))
+    assert abs(region.ctypes.data - far.ctypes.data) > 1 << 30
     a, b = region.ctypes.data, far.ctypes.data
     lo, hi = min(a, b), max(a, b)
     views = [np.asarray(_Exporter(a, (region.size,), None)) for _ in range(40)]
