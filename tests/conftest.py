@@ -146,6 +146,14 @@ _SLOW_FILES = {
     "test_catalog_postgresql.py": "PostgreSQL only",
     "test_catalog_outage.py": "catalog servers stopped and restarted",
     "test_startup.py": "fresh interpreters, timed",
+    "test_gc_race.py": "savers and GCs racing in processes",
+    "test_state_machine.py": "a Hypothesis state machine over a pool",
+    "test_concurrency.py": "concurrent processes",
+    "test_stopped_writer.py": "processes stopped with SIGSTOP past timeouts",
+    "test_lease_renewal.py": "leases lapsing in real time",
+    "test_ddp_replay.py": "torch.distributed gloo ranks as processes",
+    "test_export_progress.py": "progress bars drawn on a pseudo-terminal",
+    "test_tools_bench.py": "the benchmarks' smoke runs",
 }
 
 
