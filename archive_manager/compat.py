@@ -47,6 +47,7 @@ from .errors import (
     ReadOnlyPoolError,
     UnsupportedFormatError,
 )
+from .interop.straw import CAPTURE_FIELDS, KEPT_QUEUE_PREFIX, LIVE_QUEUE_FIELDS, SEED_FORMATS
 from .manager import ArchiveManager, default_catalog_url
 from .pool.archive import Archive
 from .samples import QUEUE_PREFIX, is_queue_key
@@ -77,30 +78,6 @@ _REQUIRED = ("format", "version", "pool_root", "archive", "manifest_digest")
 #: rollout, and a bigger file is not a pointer (nor read whole into memory to find out).
 MAX_POINTER_BYTES = 64 << 20
 
-#: The index formats of the seed (vime's ``RolloutArchive``, and slime's earlier copy), which
-#: `RolloutArchive` opens read-only through straw-queue (`archive_manager.interop.straw`).
-SEED_FORMATS = ("vime.straw-debug", "slime.straw-debug")
-#: The live queue state the seed strips from every sample it loads (and so does the facade).
-LIVE_QUEUE_FIELDS = (
-    "_queue_lease",
-    "_queue_receipt",
-    "_queue_source_positions",
-    "_queue_generation_start",
-    "_queue_resume_origin",
-)
-#: The pool drops every undeclared ``_queue_*`` attribute at save; the seed keeps all but
-#: `LIVE_QUEUE_FIELDS`.  The facade saves those others as ``_kept_queue_<rest>`` and loads
-#: them back under their own names (a pool reader that is not the facade sees the stored name).
-KEPT_QUEUE_PREFIX = "_kept_queue_"
-#: The seed's sampler and router captures: always lazy (``.load()``) when loaded.
-CAPTURE_FIELDS = (
-    "rollout_routed_experts",
-    "rollout_topk_token_ids",
-    "rollout_topk_log_probs",
-    "rollout_top_p_token_ids",
-    "rollout_top_p_token_offsets",
-    "rollout_top_p_log_probs",
-)
 #: The keys of the seed's per-sample metadata (vime ``describe_sample``).
 _SEED_METADATA_KEYS = (
     "index",

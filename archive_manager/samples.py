@@ -1038,14 +1038,10 @@ def _single_enum(hint: Any) -> type[enum.Enum] | None:
 _UNRESOLVED = object()
 
 
-def _resolve_annotation(cls: type, name: str, text: str) -> Any:
-    """What the string annotation ``text`` of field ``name`` names, found without running code.
-
-    Names, dotted names, ``X | Y``, ``Optional[X]`` and ``Union[X, ...]`` are resolved by plain
-    dictionary lookups in the declaring class's namespace, its module's and the builtins (a
-    union as the list of its members); anything else resolves to nothing, so the field is no
-    enum field unless its default is a member.
-    """
+def _annotation_scopes(cls: type, name: str) -> list[dict[str, Any]]:
+    """Where a string annotation of field ``name`` of ``cls`` finds its names: the namespace
+    of the class that declares the field, its module's, the builtins (plain dictionaries:
+    looking a name up runs no code)."""
     owner: type = cls
     for klass in cls.__mro__:
         if name in vars(klass).get("__annotations__", {}):
@@ -1056,6 +1052,18 @@ def _resolve_annotation(cls: type, name: str, text: str) -> Any:
     if type(module) is types.ModuleType:
         scopes.append(module.__dict__)
     scopes.append(vars(builtins))
+    return scopes
+
+
+def _resolve_annotation(cls: type, name: str, text: str) -> Any:
+    """What the string annotation ``text`` of field ``name`` names, found without running code.
+
+    Names, dotted names, ``X | Y``, ``Optional[X]`` and ``Union[X, ...]`` are resolved by plain
+    dictionary lookups in the declaring class's namespace, its module's and the builtins (a
+    union as the list of its members); anything else resolves to nothing, so the field is no
+    enum field unless its default is a member.
+    """
+    scopes = _annotation_scopes(cls, name)
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError:
@@ -1176,16 +1184,7 @@ def _declared_types(cls: type) -> list[type]:
 def _annotation_names(cls: type, name: str, text: str) -> list[Any]:
     """Every name and dotted name in the string annotation ``text``, resolved as
     `_resolve_annotation` resolves them (names that resolve to nothing are left out)."""
-    owner: type = cls
-    for klass in cls.__mro__:
-        if name in vars(klass).get("__annotations__", {}):
-            owner = klass
-            break
-    module = sys.modules.get(owner.__module__)
-    scopes = [dict(vars(owner))]
-    if type(module) is types.ModuleType:
-        scopes.append(module.__dict__)
-    scopes.append(vars(builtins))
+    scopes = _annotation_scopes(cls, name)
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:

@@ -34,8 +34,10 @@ __all__ = [
     "StrawArchive",
 ]
 
-#: Index formats: vime's, and slime's earlier copy; both version 1.
+#: The index formats of the seed (vime's ``RolloutArchive``, and slime's earlier copy), both
+#: version 1, and the framework whose ``Sample`` each holds.
 SEED_FORMATS = {"vime.straw-debug": "vime", "slime.straw-debug": "slime"}
+#: The live queue state the seed strips from every sample it loads (and so does the facade).
 LIVE_QUEUE_FIELDS = (
     "_queue_lease",
     "_queue_receipt",
@@ -43,8 +45,11 @@ LIVE_QUEUE_FIELDS = (
     "_queue_generation_start",
     "_queue_resume_origin",
 )
-#: Where other ``_queue_*`` attributes are kept in a pool (which drops ``_queue_*``).
+#: The pool drops every undeclared ``_queue_*`` attribute at save; the seed keeps all but
+#: `LIVE_QUEUE_FIELDS`.  The facade saves those others as ``_kept_queue_<rest>`` and loads
+#: them back under their own names (a pool reader that is not the facade sees the stored name).
 KEPT_QUEUE_PREFIX = "_kept_queue_"
+#: The seed's sampler and router captures: always lazy (``.load()``) when loaded.
 CAPTURE_FIELDS = (
     "rollout_routed_experts",
     "rollout_topk_token_ids",
