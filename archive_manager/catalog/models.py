@@ -261,6 +261,10 @@ leases_table = Table(
     Column("generation", Integer, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("archive_name", _NAME),
+    # The process that holds a save's lease: {"host", "pid", "start"} (revision 0008), so a
+    # new save of the name can tell a crashed save from one in flight (docs/architecture.md,
+    # "Save protocol"); null for GC's leases and those of older versions.
+    Column("holder", JSON),
 )
 
 lease_blobs_table = Table(

@@ -61,9 +61,16 @@ def batches(values: Sequence[T], size: int = IN_BATCH) -> Iterator[Sequence[T]]:
 
 
 def insert_lease(
-    conn: Connection, owner: str, *, now: float, ttl: float, archive_name: str | None = None
+    conn: Connection,
+    owner: str,
+    *,
+    now: float,
+    ttl: float,
+    archive_name: str | None = None,
+    holder: Mapping[str, Any] | None = None,
 ) -> None:
-    """Start a lease that expires ``ttl`` seconds after ``now``."""
+    """Start a lease that expires ``ttl`` seconds after ``now``; ``holder`` is the process
+    that holds it (``_util.holders.this_process``)."""
     conn.execute(
         leases_table.insert().values(
             owner=owner,
@@ -71,6 +78,7 @@ def insert_lease(
             generation=1,
             created_at=now,
             archive_name=archive_name,
+            holder=None if holder is None else dict(holder),
         )
     )
 

@@ -68,6 +68,7 @@ __all__ = [
     "kind_of",
     "plan",
     "plan_orphans",
+    "roll_back_saves",
     "rowless_files",
     "unindexed_manifests",
 ]
@@ -353,16 +354,28 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
 
 def _mark(conn: Connection, decided: GcPlan) -> None:
     """The plan transaction's writes: what a GC killed after it leaves for the next."""
-    lt = leases_table
-    for batch in batches(decided.expired, _BATCH):
-        conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
-        conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
-    dead_ids = [archive_id for archive_id, _ in decided.rolled_back]
-    for batch_ids in batches(dead_ids, _BATCH):
-        conn.execute(delete(archives_table).where(archives_table.c.id.in_(batch_ids)))
+    roll_back_saves(conn, decided.expired, [archive_id for archive_id, _ in decided.rolled_back])
     for batch in batches(list(decided.condemned), _BATCH):
         conn.execute(
             update(blobs_table).where(blobs_table.c.digest.in_(batch)).values(state="deleting")
+        )
+
+
+def roll_back_saves(conn: Connection, leases: Sequence[str], archive_ids: Sequence[int]) -> None:
+    """Inside a write transaction: drop ``leases`` with the holds they have, and delete the
+    pending archives ``archive_ids`` (their rows and own owner go with them).  What GC's plan
+    does for expired leases and dead pending saves, and a new save for a crashed save of its
+    name (`writer.free_name`).  Blobs are left to the reachability rule: what no live lease
+    or retaining archive needs, GC reclaims after the grace period."""
+    lt = leases_table
+    for batch in batches(list(leases), _BATCH):
+        conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease.in_(batch)))
+        conn.execute(delete(lt).where(lt.c.owner.in_(batch)))
+    for batch_ids in batches(list(archive_ids), _BATCH):
+        conn.execute(
+            delete(archives_table).where(
+                archives_table.c.id.in_(batch_ids), archives_table.c.state == "pending"
+            )
         )
 
 

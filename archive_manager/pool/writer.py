@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import threading
+import time
 import uuid
 import weakref
 from collections import deque
@@ -27,6 +28,7 @@ from sqlalchemy.engine import Connection
 from .. import codec
 from .._util.digest import Buffer, digest_of
 from .._util.failpoints import failpoint
+from .._util.holders import describe_holder, holder_is_dead, this_process
 from .._util.names import LEASE_PREFIX, archive_owner, check_new_archive_name
 from ..catalog import (
     STATUS_LENGTH,
@@ -38,6 +40,7 @@ from ..catalog import (
     entries_table,
     insert_rows,
     lease_blobs_table,
+    leases_table,
     pin_write_lock,
     retention_table,
     sample_metadata_table,
@@ -153,12 +156,17 @@ class ArchiveWriter:
         self._failure: BaseException | None = None
         self._store_failure: BaseException | None = None  # set on the I/O thread
         self.archive: Archive | None = None  # set once published
-        with pool.catalog.read() as conn:
-            if archive_by_name(conn, self.name) is not None:
-                raise ArchiveExistsError(f"archive {self.name!r} already exists")
         now = pool.clock()
         with pool.catalog.write("save.lease") as conn:
-            insert_lease(conn, self._lease, now=now, ttl=pool.lease_ttl, archive_name=self.name)
+            free_name(conn, self.name, now=now, leases=True)
+            insert_lease(
+                conn,
+                self._lease,
+                now=now,
+                ttl=pool.lease_ttl,
+                archive_name=self.name,
+                holder=this_process(),
+            )
         self._expires_at = now + pool.lease_ttl  # as last renewed; only the heartbeat moves it
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
         self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
@@ -624,8 +632,7 @@ class ArchiveWriter:
             mark_live(conn, self._unmarked)
             self._unmarked = []
             self._owned_at = now
-            if archive_by_name(conn, self.name) is not None:
-                raise ArchiveExistsError(f"archive {self.name!r} already exists")
+            free_name(conn, self.name, now=now, leases=False)
             manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
             self._claim_rows(conn, [manifest], now)
             self._blob_kinds[manifest.digest] = "manifest"
@@ -715,6 +722,62 @@ class ArchiveWriter:
             # The catalog is unreachable: the lease expires and GC clears what is left.
             # (BlobStore.put removes its own temp file on failure, so none is left here.)
             pass
+
+
+def free_name(conn: Connection, name: str, *, now: float, leases: bool) -> None:
+    """Inside a save's write transaction: check that ``name`` is free for a new save, rolling
+    back a crashed save of it (docs/architecture.md, "Save protocol", Resuming a killed save).
+
+    A pending archive of that name whose lease is gone or lapsed (a dead pending save, as GC
+    rolls back) or whose holder is provably dead (`holder_is_dead`: its process, on this host,
+    runs no more) is rolled back as GC would (`gc.roll_back_saves`; its blobs are left to GC).
+    With ``leases``, so are the leases of saves of that name that died before their ownership
+    commit (they hold blobs, not the name: a live one does not block a new save, the first to
+    commit its ownership wins).
+
+    Raises:
+        ArchiveExistsError: the name is taken by an archive, or by a pending save that may be
+            alive: the message names its holder and when its lease lapses.
+    """
+    from .gc import roll_back_saves
+
+    row = archive_by_name(conn, name)
+    dead: list[str] = []
+    if row is not None:
+        if row.state != "pending":
+            raise ArchiveExistsError(f"archive {name!r} already exists")
+        lt = leases_table
+        lease = conn.execute(
+            select(lt.c.owner, lt.c.expires_at, lt.c.holder).where(lt.c.owner == row.lease_owner)
+        ).first()
+        if lease is not None and lease.expires_at > now and not holder_is_dead(lease.holder):
+            lapses = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(lease.expires_at))
+            raise ArchiveExistsError(
+                f"archive {name!r} already exists as a pending save: a save of that name is in "
+                f"flight or crashed ({lease.owner}, held by {describe_holder(lease.holder)}, "
+                f"lapses at {lapses} local time unless renewed); wait for it to finish, or, "
+                "if it crashed, run 'archive-manager gc' once its lease lapsed to roll it back"
+            )
+        _log.info(
+            "save of %r: the pending save of that name by %s is dead; rolled back",
+            name,
+            describe_holder(None if lease is None else lease.holder),
+        )
+        if row.lease_owner is not None:
+            dead.append(row.lease_owner)
+        roll_back_saves(conn, dead, [row.id])
+    if leases:
+        lt = leases_table
+        others = [
+            owner
+            for owner, expires_at, holder in conn.execute(
+                select(lt.c.owner, lt.c.expires_at, lt.c.holder).where(lt.c.archive_name == name)
+            )
+            if owner not in dead and (expires_at <= now or holder_is_dead(holder))
+        ]
+        if others:
+            _log.info("save of %r: dropped %d lease(s) of dead saves of it", name, len(others))
+            roll_back_saves(conn, others, [])
 
 
 def _held(conn: Connection, digest: str) -> bool:

@@ -73,8 +73,17 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0007"
-    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005", "0006", "0007"}
+    assert head_revision() == "0008"
+    assert migrate.known_revisions() == {
+        "0001",
+        "0002",
+        "0003",
+        "0004",
+        "0005",
+        "0006",
+        "0007",
+        "0008",
+    }
 
 
 def test_new_catalog_is_created_at_head(url: str) -> None:
@@ -171,7 +180,8 @@ def _dump(engine: Engine) -> dict[str, list[dict[str, Any]]]:
     dumped = {}
     with engine.connect() as conn, conn.begin():
         for table in ALL_TABLES:
-            columns = [c for c in table.c if c.name != "verified_at"]
+            # Columns added after 0001 (checked to be null after the upgrade).
+            columns = [c for c in table.c if c.name not in ("verified_at", "holder")]
             rows = conn.execute(select(*columns).order_by(*table.primary_key.columns))
             dumped[table.name] = [dict(row._mapping) for row in rows]
     return dumped
@@ -198,6 +208,8 @@ def test_upgrade_from_0001_keeps_every_row(engine: Engine, url: str) -> None:
         assert dumped == expected
         with catalog.read() as conn:
             assert conn.execute(select(blobs_table.c.verified_at)).scalar_one() is None
+            # 0008: a lease taken before records no holder.
+            assert conn.execute(select(leases_table.c.holder)).scalar_one() is None
             # 0005: the archive got its summary from its sample rows during the upgrade.
             t = archive_summaries_table
             summary = conn.execute(

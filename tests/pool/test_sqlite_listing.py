@@ -252,13 +252,13 @@ def test_a_catalog_of_another_pool(plain: Path, tmp_path: Path) -> None:
 
 
 def test_a_catalog_mid_migration_or_of_another_revision(plain: Path) -> None:
-    _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '0006'")
+    _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '0007'")
     _refused(plain)
     _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '9999'")
     _refused(plain)
     done = CliRunner().invoke(cli, ["--root", str(plain), "ls"])
     assert done.exit_code == 1 and "9999" in done.stderr
-    _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '0007'")
+    _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '0008'")
     _sql(plain, "UPDATE pool_info SET value = '2' WHERE key = 'format_version'")
     _refused(plain)
 
@@ -269,7 +269,7 @@ def test_a_migration_in_progress_is_not_seen_half_done(plain: Path) -> None:
     writer = sqlite3.connect(plain / "catalog.db", isolation_level=None)
     try:
         writer.execute("BEGIN IMMEDIATE")
-        writer.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0008'")
+        writer.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0009'")
         writer.execute("DELETE FROM archives WHERE name = 'r-2'")
         found = read_listing(plain, None)
         assert found is not None and [i.name for i in found.archives] == [

@@ -1,0 +1,81 @@
+"""Who holds a save's lease, and whether that holder is provably dead (docs/architecture.md,
+"Save protocol", Resuming a killed save).
+
+A save records its process in its lease row: host name, pid and the process's start time
+(Linux: field 22 of ``/proc/<pid>/stat``, clock ticks after boot; elsewhere None), so that a
+pid the kernel handed to another process since is told apart.  A holder is provably dead only
+when it ran on this host (same host name) and its pid runs no more, is a zombie, or runs with
+another start time.  A holder on another host, or one whose state cannot be read, is alive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+__all__ = ["describe_holder", "holder_is_dead", "process_start_time", "this_process"]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces and parentheses.
+    end = text.rfind(")")
+    return text[end + 1 :].split() if end >= 0 else None
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started (field 22 of ``/proc/<pid>/stat``), or None where there
+    is no such file (not Linux, or no such process)."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    try:
+        return int(fields[19])  # field 22; fields[0] is field 3
+    except ValueError:
+        return None
+
+
+def this_process() -> dict[str, Any]:
+    """This process as a lease's holder: ``{"host": ..., "pid": ..., "start": ...}``."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": process_start_time(pid)}
+
+
+def holder_is_dead(holder: object) -> bool:
+    """Whether the process ``holder`` (as `this_process` recorded it) is provably dead: it
+    ran on this host and its pid runs no more, is a zombie, or is another process now."""
+    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+        return False
+    pid, start = holder.get("pid"), holder.get("start")
+    if type(pid) is not int or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return start is not None and start != process_start_time(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists, under another user
+    except OSError:
+        return False
+    fields = _stat_fields(pid)
+    if fields is None:
+        return False
+    if fields[0] in ("Z", "X"):  # killed, not yet reaped by its parent
+        return True
+    now = process_start_time(pid)
+    return start is not None and now is not None and now != start
+
+
+def describe_holder(holder: object) -> str:
+    """``pid P on host H`` for messages (an unknown holder: a lease of an older version)."""
+    if not isinstance(holder, dict) or "pid" not in holder:
+        return "a process that did not record itself (an older version of archive_manager)"
+    return f"pid {holder.get('pid')} on host {holder.get('host')!r}"

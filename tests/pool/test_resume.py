@@ -1,0 +1,242 @@
+"""Resuming a killed save: a job killed mid-save restarts and saves the same name at once.
+
+A save records its process (host name, pid, start time) in its lease row.  A new save of a
+name held by a pending save whose process is provably dead (this host, the pid gone or
+another process now) rolls that save back in its own write transaction and proceeds; any
+other holder keeps the name, and the error names it (docs/architecture.md, "Save protocol",
+Resuming a killed save).  Issue 35, item 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Backend, assert_same_samples, die_before_publish, open_on, tiny_rollout
+from sqlalchemy import select, update
+
+from archive_manager import ArchiveManager
+from archive_manager._util import failpoints
+from archive_manager._util.holders import holder_is_dead, process_start_time, this_process
+from archive_manager.catalog import archives_table, current_revision, head_revision, leases_table
+from archive_manager.errors import ArchiveExistsError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+#: Long enough that no lease lapses during a test: only a dead holder frees a name.
+TTL = 3600.0
+
+
+def _saver(root: Path, url: str | None, name: str) -> str:
+    return textwrap.dedent(
+        f"""
+        from archive_manager import ArchiveManager
+        from helpers import tiny_rollout
+        with ArchiveManager.open({str(root)!r}, catalog_url={url!r}, lease_ttl={TTL},
+                                 chunk_size=2) as pool:
+            pool.save({name!r}, tiny_rollout(6, seed=1), rollout_id=1)
+        print("not stopped")
+        """
+    )
+
+
+def _start_saver(root: Path, backend: Backend, name: str, spec: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        failpoints.ENV: spec,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", _saver(root, backend.url(root), name)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _lease_rows(pool: ArchiveManager, name: str) -> list[Any]:
+    lt = leases_table
+    with pool.catalog.read() as conn:
+        return list(
+            conn.execute(
+                select(lt.c.owner, lt.c.holder, lt.c.expires_at).where(lt.c.archive_name == name)
+            )
+        )
+
+
+def _state(pool: ArchiveManager, name: str) -> str | None:
+    a = archives_table
+    with pool.catalog.read() as conn:
+        return conn.execute(select(a.c.state).where(a.c.name == name)).scalar_one_or_none()
+
+
+def _resaved(pool: ArchiveManager, name: str) -> None:
+    """A new save of ``name`` goes through at once; the archive loads; verify is clean."""
+    samples = tiny_rollout(6, seed=2)
+    started = time.monotonic()
+    pool.save(name, samples, rollout_id=2)
+    assert time.monotonic() - started < 60
+    assert_same_samples(pool.open_archive(name).load_samples(), samples)
+    report = pool.verify()
+    assert report.ok, report.as_dict()
+    assert _lease_rows(pool, name) == []
+
+
+# NOTE: the tests that run a saver process are slow (an interpreter importing torch, ~4 s
+# each): the fast loop leaves them out, as it does every file that kills or stops processes.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point",
+    [
+        "save.blobs.after_commit",  # a lease holding blobs, no archive row
+        "save.ownership.after_commit",  # pending archive, no manifest file
+        "save.manifest.after_write",  # pending archive with its manifest
+    ],
+)
+def test_a_save_killed_mid_save_is_rolled_back_by_the_next_save_of_its_name(
+    tmp_path: Path, backend: Backend, point: str
+) -> None:
+    root = tmp_path / "pool"
+    pool = open_on(backend, root, lease_ttl=TTL, chunk_size=2)
+    try:
+        saver = _start_saver(root, backend, "x", f"{point}=kill")
+        _, err = saver.communicate(timeout=120)
+        assert saver.returncode == -signal.SIGKILL, err
+        (lease,) = _lease_rows(pool, "x")
+        assert lease.holder["pid"] == saver.pid
+        assert lease.holder["host"] == this_process()["host"]
+        assert lease.expires_at > time.time() + TTL / 2  # far from lapsing
+        assert holder_is_dead(lease.holder)
+        expected = "pending" if point != "save.blobs.after_commit" else None
+        assert _state(pool, "x") == expected
+        _resaved(pool, "x")
+        assert _state(pool, "x") == "published"
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow
+def test_a_stopped_saver_keeps_the_name_and_is_named(tmp_path: Path, backend: Backend) -> None:
+    """A live holder (stopped with SIGSTOP) is never rolled back; once killed, it is."""
+    root = tmp_path / "pool"
+    pool = open_on(backend, root, lease_ttl=TTL, chunk_size=2)
+    saver = _start_saver(root, backend, "x", "save.manifest.after_write=sleep:300")
+    try:
+        deadline = time.monotonic() + 120
+        while _state(pool, "x") != "pending":
+            assert saver.poll() is None, saver.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(saver.pid, signal.SIGSTOP)
+        with pytest.raises(ArchiveExistsError) as info:
+            pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
+        message = str(info.value)
+        assert f"pid {saver.pid} on host {this_process()['host']!r}" in message
+        assert "in flight or crashed" in message and "archive-manager gc" in message
+        assert "lapses at" in message
+        with pytest.raises(ArchiveExistsError, match=f"pid {saver.pid}"):
+            pool.writer("x", rollout_id=2)
+        assert _state(pool, "x") == "pending"
+        assert len(_lease_rows(pool, "x")) == 1
+    finally:
+        saver.kill()
+        saver.communicate(timeout=60)
+    try:
+        _resaved(pool, "x")
+    finally:
+        pool.close()
+
+
+def test_a_pending_writer_of_this_process_keeps_the_name(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
+    with pytest.raises(ArchiveExistsError, match=f"pid {os.getpid()} on host"):
+        pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
+    assert _state(pool, "x") == "pending"
+    assert len(_lease_rows(pool, "x")) == 1
+
+
+def _set_holder(pool: ArchiveManager, name: str, holder: dict[str, Any] | None) -> None:
+    lt = leases_table
+    with pool.catalog.write() as conn:
+        conn.execute(update(lt).where(lt.c.archive_name == name).values(holder=holder))
+
+
+def _dead_pid() -> int:
+    probe = subprocess.Popen([sys.executable, "-c", "pass"])
+    probe.wait()
+    return probe.pid
+
+
+def test_a_holder_on_another_host_is_never_rolled_back(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
+    holder = {"host": "elsewhere.example", "pid": _dead_pid(), "start": 1}
+    _set_holder(pool, "x", holder)
+    assert not holder_is_dead(holder)
+    with pytest.raises(ArchiveExistsError, match=r"on host 'elsewhere\.example'"):
+        pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
+    assert _state(pool, "x") == "pending"
+    # The same holder on this host: its pid is gone, so it is provably dead.
+    _set_holder(pool, "x", {**holder, "host": this_process()["host"]})
+    _resaved(pool, "x")
+
+
+def test_a_lease_of_an_older_version_names_no_holder_and_is_waited_out(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
+    _set_holder(pool, "x", None)
+    with pytest.raises(ArchiveExistsError, match="did not record itself"):
+        pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
+    assert _state(pool, "x") == "pending"
+
+
+@pytest.mark.skipif(process_start_time(os.getpid()) is None, reason="no /proc/<pid>/stat")
+def test_a_reused_pid_is_told_apart_by_its_start_time(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
+    (lease,) = _lease_rows(pool, "x")
+    assert lease.holder == this_process()
+    # This pid, another start time: the holder was an earlier process with this pid.
+    _set_holder(pool, "x", {**lease.holder, "start": lease.holder["start"] - 1})
+    _resaved(pool, "x")
+
+
+def test_an_older_pool_is_upgraded_and_its_leases_kept(tmp_path: Path) -> None:
+    """tests/data/pool-r5.tar.gz was written at revision 0005; a lease taken then has no
+    holder after the upgrade, and a new save records its own."""
+    with tarfile.open(DATA / "pool-r5.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "pool-r5"
+    with sqlite3.connect(root / "catalog.db") as db:
+        db.execute(
+            "INSERT INTO leases (owner, expires_at, generation, created_at, archive_name) "
+            "VALUES ('lease:old', ?, 1, ?, 'x')",
+            (time.time() + TTL, time.time()),
+        )
+    db.close()
+    with ArchiveManager.open(root, lease_ttl=TTL) as pool:
+        assert current_revision(pool.catalog.engine) == head_revision() == "0008"
+        assert [(r.owner, r.holder) for r in _lease_rows(pool, "x")] == [("lease:old", None)]
+        with pool.writer("x", rollout_id=3) as w:
+            for s in tiny_rollout(4, seed=3):
+                w.add(s)
+            mine = [r.holder for r in _lease_rows(pool, "x") if r.owner == w.lease]
+            assert mine == [this_process()]
+        # A live lease of unknown holder that never claimed the name does not block it.
+        assert pool.open_archive("x").state == "published"
+        assert [r.owner for r in _lease_rows(pool, "x")] == ["lease:old"]
+        assert len(pool.open_archive("r0-0").load_samples()) > 0
