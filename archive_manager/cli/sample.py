@@ -197,7 +197,10 @@ def sample(
         raise InvalidInputError(
             f"archive {name!r} has no sample at position {position} (it holds {len(keys)})"
         )
-    class_name, fields = sample_to_fields(arc.load_sample(position))
+    loaded_class, fields = sample_to_fields(arc.load_sample(position))
+    # the class the sample was saved as, from its record: the CLI registers no user class,
+    # so what it loads is often a dict of the fields of a class it cannot rebuild
+    class_name = arc.stored_class(position) or loaded_class
     if field is not None:
         if field not in fields:
             raise InvalidInputError(

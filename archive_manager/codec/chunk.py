@@ -60,6 +60,7 @@ from .values import (
     decode_sample,
     encode_sample,
     gc_paused,
+    record_class_name,
 )
 
 if TYPE_CHECKING:
@@ -508,6 +509,16 @@ class ChunkReader:
             self._verify(i)
             parts = self._record(i)
             return decode_record(parts["r"], self.loader, stored=True, text=parts.get("t"))
+
+        return self._decode(i, decode)  # type: ignore[no-any-return]
+
+    def record_class(self, i: int) -> str | None:
+        """The class name the record at offset ``i`` names (None for a dict), read from its
+        tree alone: no field is decoded, no class rebuilt."""
+
+        def decode() -> Any:
+            self._verify(i)
+            return record_class_name(self._record(i)["r"])
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
 

@@ -66,6 +66,7 @@ __all__ = [
     "decode_record",
     "decode_sample",
     "encode_sample",
+    "record_class_name",
 ]
 
 
@@ -1115,6 +1116,17 @@ class StoredNumbers(np.ndarray):
     """A numeric list field as the array the record stores (``decode_record(stored=True)``):
     the encoder's narrowed dtype, marked as a list so that a reader tells it from a field that
     held a numpy array.  A view of the record's bytes where no copy was needed."""
+
+
+def record_class_name(rec: memoryview) -> str | None:
+    """The class name a record's tree names (None for a dict sample), its fields undecoded."""
+    tree, _ = _parse(rec)
+    if type(tree) is not dict:
+        raise IntegrityError("record tree is not a sample")
+    name = tree.get("c")
+    if name is not None and type(name) is not str:
+        raise IntegrityError("record names a malformed sample class")
+    return name
 
 
 def decode_record(

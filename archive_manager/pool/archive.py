@@ -285,10 +285,33 @@ class Archive:
             IntegrityError: the chunk is missing or damaged (names archive, chunk, blob).
             ArchiveReleasedError: the archive was released and GC reclaimed its payload.
         """
-        if isinstance(position, bool) or not isinstance(position, int):
-            raise InvalidInputError(f"position must be an int, not {type(position).__name__}")
         _check_flag(as_arrays, "as_arrays")
         _check_flag(materialize, "materialize")
+        ordinal, offset, digests, shapes = self._where(position)
+        decoded: dict[tuple[int, int], Any] = {}
+        self._decode_into(
+            decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays, materialize, shapes=shapes
+        )
+        return decoded[ordinal, offset]
+
+    def stored_class(self, position: int) -> str | None:
+        """The registered name of the class the sample at ``position`` was saved as (None
+        for a dict), as the record holds it: known whether or not this process registered
+        that class (a tool that shows samples as data says what they are).  Raises as
+        `load_sample`."""
+        ordinal, offset, digests, shapes = self._where(position)
+        reader = self._fetch(ordinal, digests, {ordinal: [offset]}, shapes)
+        try:
+            return reader.record_class(offset)
+        except (IndexError, IntegrityError) as exc:
+            raise IntegrityError(
+                f"archive {self.name!r}, chunk {ordinal} (blob {reader.digest}): {exc}"
+            ) from exc
+
+    def _where(self, position: int) -> tuple[int, int, dict[int, str], dict[int, tuple[int, int]]]:
+        """The chunk ordinal and offset of ``position``, and that chunk's digest and shape."""
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise InvalidInputError(f"position must be an int, not {type(position).__name__}")
         missing = IndexError(
             f"archive {self.name!r} has no sample at position {position} "
             f"(it holds {self._samples}, from 0)"
@@ -314,11 +337,7 @@ class Archive:
             ).all()
         digests = {o: d for o, d, _, _ in rows}
         shapes = {o: (size, n) for o, _, size, n in rows}
-        decoded: dict[tuple[int, int], Any] = {}
-        self._decode_into(
-            decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays, materialize, shapes=shapes
-        )
-        return decoded[ordinal, offset]
+        return ordinal, offset, digests, shapes
 
     # ------------------------------------------------------------ streaming and sequence
 

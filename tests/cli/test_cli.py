@@ -732,3 +732,44 @@ def test_csv_listing_keeps_escape_sequences_exactly(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--root", str(tmp_path / "pool"), "query", "--format", "csv"])
     assert result.exit_code == 0, result.output
     assert "\x1b[31mred" in result.output
+
+
+def test_sample_names_the_class_it_was_saved_as_without_warnings(tmp_path: Path) -> None:
+    """The CLI registers no user class: a slime Sample shows as its fields, named as the
+    class its record holds, and the library's notice about the unregistered class is not
+    printed (three stack lines per class on every call)."""
+    frameworks = str(Path(__file__).resolve().parents[1] / "frameworks")
+    sys.path.insert(0, frameworks)
+    try:
+        from rollouts import make_slime_rollout
+    finally:
+        sys.path.remove(frameworks)
+    root = tmp_path / "pool"
+    rows = make_slime_rollout(2, seed=1)
+    with ArchiveManager.open(root) as pool:
+        arc = pool.save("s", rows, rollout_id=1)
+        assert arc.stored_class(1) == "slime.utils.types.Sample"
+        pool.save("d", [{"a": 1}], rollout_id=2)
+        assert pool.open_archive("d").stored_class(0) is None
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "archive_manager",
+            "--root",
+            str(root),
+            "sample",
+            "s",
+            "--position",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    shown = json.loads(done.stdout)
+    assert shown["class"] == "slime.utils.types.Sample" and shown["status"] == "completed"
