@@ -3,9 +3,12 @@
 
 A save records its process in its lease row: host name, pid and the process's start time
 (Linux: field 22 of ``/proc/<pid>/stat``, clock ticks after boot; elsewhere None), so that a
-pid the kernel handed to another process since is told apart.  A holder is provably dead only
-when it ran on this host (same host name) and its pid runs no more, is a zombie, or runs with
-another start time.  A holder on another host, or one whose state cannot be read, is alive.
+pid the kernel handed to another process since is told apart, and the kernel's boot id and
+its pid namespace (Linux), so that a process this one cannot see is never taken for dead.  A
+holder is provably dead only when it ran on this host (same host name, same boot, same pid
+namespace: two containers of one host name, or two machines of one name, do not judge each
+other) and its pid runs no more, is a zombie, or runs with another start time.  A holder on
+another host, or one whose state cannot be read, is alive.
 """
 
 from __future__ import annotations
@@ -41,16 +44,41 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def this_process() -> dict[str, Any]:
-    """This process as a lease's holder: ``{"host": ..., "pid": ..., "start": ...}``."""
+    """This process as a lease's holder: ``{"host", "pid", "start", "boot", "pidns"}``."""
     pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start": process_start_time(pid)}
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "start": process_start_time(pid),
+        "boot": _boot_id(),
+        "pidns": _pid_namespace(),
+    }
 
 
 def holder_is_dead(holder: object) -> bool:
     """Whether the process ``holder`` (as `this_process` recorded it) is provably dead: it
     ran on this host and its pid runs no more, is a zombie, or is another process now."""
     if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+        return False
+    # NOTE: another boot (a reboot, or another machine of the same name) or another pid
+    # namespace (a container) is a process this one cannot see: never taken for dead.
+    if holder.get("boot") != _boot_id() or holder.get("pidns") != _pid_namespace():
         return False
     pid, start = holder.get("pid"), holder.get("start")
     if type(pid) is not int or pid <= 0:

@@ -188,8 +188,22 @@ def test_a_holder_on_another_host_is_never_rolled_back(
     with pytest.raises(ArchiveExistsError, match=r"on host 'elsewhere\.example'"):
         pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
     assert _state(pool, "x") == "pending"
-    # The same holder on this host: its pid is gone, so it is provably dead.
-    _set_holder(pool, "x", {**holder, "host": this_process()["host"]})
+    # This host name but another boot (a reboot, or another machine of that name) or another
+    # pid namespace (a container sharing the host name): a process this one cannot see.
+    here = this_process()
+    for unseen in ({"boot": "another-boot"}, {"pidns": "pid:[1]"}):
+        odd = {**holder, "host": here["host"], "boot": here["boot"], "pidns": here["pidns"]}
+        odd.update(unseen)
+        if here[next(iter(unseen))] is None:
+            continue  # not Linux: nothing recorded to tell them apart
+        _set_holder(pool, "x", odd)
+        assert not holder_is_dead(odd)
+        with pytest.raises(ArchiveExistsError):
+            pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
+    # The same holder on this host, boot and namespace: its pid is gone, so it is dead.
+    _set_holder(
+        pool, "x", {**holder, "host": here["host"], "boot": here["boot"], "pidns": here["pidns"]}
+    )
     _resaved(pool, "x")
 
 
