@@ -165,10 +165,13 @@ def sample(
     tokenizer_path: Path | None,
     as_json: bool,
 ) -> None:
-    """One sample of archive NAME: prompt, response, reward, status, keys and a summary of
-    the numeric fields, with control characters escaped; --field prints one field raw."""
-    if (position is None) == (sample_key is None):
-        raise click.UsageError("give exactly one of --position N or --key sample:N")
+    """One sample of archive NAME (the first, unless --position or --key says which): prompt,
+    response, reward, status, keys and a summary of the numeric fields, with control
+    characters escaped; --field prints one field raw."""
+    if position is not None and sample_key is not None:
+        raise click.UsageError("give --position N or --key sample:N, not both")
+    if position is None and sample_key is None:
+        position = 0  # a first look at an archive needs no option
     if field is not None and (as_json or tokenizer_path is not None):
         raise click.UsageError("--field prints one field raw: no --json or --tokenizer")
     import numpy as np

@@ -773,3 +773,24 @@ def test_sample_names_the_class_it_was_saved_as_without_warnings(tmp_path: Path)
     assert done.stderr == ""
     shown = json.loads(done.stdout)
     assert shown["class"] == "slime.utils.types.Sample" and shown["status"] == "completed"
+
+
+def test_sample_without_a_position_shows_the_first(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    """A first look needs no option: ``sample NAME`` is ``sample NAME --position 0``; both
+    ``--position`` and ``--key`` at once is a usage error (exit 2), as is an empty archive's
+    first sample an error naming its size."""
+    with pool_at() as pool:
+        pool.save("r", tiny_rollout(3), rollout_id=1)
+        pool.save("empty", [], rollout_id=2)
+    first = run("sample", "r", "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output)["position"] == 0
+    assert json.loads(first.output) == json.loads(
+        run("sample", "r", "--position", "0", "--json").output
+    )
+    both = run("sample", "r", "--position", "1", "--key", "sample:1")
+    assert both.exit_code == 2 and "not both" in both.output
+    empty = run("sample", "empty")
+    assert empty.exit_code == 1 and "holds 0" in empty.output
