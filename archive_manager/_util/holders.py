@@ -32,6 +32,25 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text[end + 1 :].split() if end >= 0 else None
 
 
+def _other_threads_run(pid: int) -> bool:
+    """Whether a thread of process ``pid`` other than its main thread is not a zombie (or
+    the threads cannot be listed: then it may be running)."""
+    try:
+        tids = [int(name) for name in os.listdir(f"/proc/{pid}/task") if name != str(pid)]
+    except (OSError, ValueError):
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                text = f.read().decode("ascii", "replace")
+        except OSError:
+            continue  # gone meanwhile
+        state = text[text.rfind(")") + 1 :].split()[:1]
+        if state and state[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def process_start_time(pid: int) -> int | None:
     """When process ``pid`` started (field 22 of ``/proc/<pid>/stat``), or None where there
     is no such file (not Linux, or no such process)."""
@@ -96,8 +115,10 @@ def holder_is_dead(holder: object) -> bool:
     fields = _stat_fields(pid)
     if fields is None:
         return False
-    if fields[0] in ("Z", "X"):  # killed, not yet reaped by its parent
-        return True
+    if fields[0] in ("Z", "X"):
+        # Killed and not yet reaped, unless only its main thread ended: the process's state
+        # is its main thread's, and other threads (one of them the save) may still run.
+        return not _other_threads_run(pid)
     now = process_start_time(pid)
     return start is not None and now is not None and now != start
 

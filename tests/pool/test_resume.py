@@ -10,6 +10,7 @@ Resuming a killed save).  Issue 35, item 1.
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import sqlite3
 import subprocess
@@ -254,3 +255,46 @@ def test_an_older_pool_is_upgraded_and_its_leases_kept(tmp_path: Path) -> None:
         assert pool.open_archive("x").state == "published"
         assert [r.owner for r in _lease_rows(pool, "x")] == ["lease:old"]
         assert len(pool.open_archive("r0-0").load_samples()) > 0
+
+
+_SYS_EXIT = {"x86_64": 60, "aarch64": 93}
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in _SYS_EXIT,
+    reason="ends a main thread with the raw exit syscall (Linux x86_64, aarch64)",
+)
+def test_a_process_whose_main_thread_ended_is_not_taken_for_dead(tmp_path: Path) -> None:
+    """Its /proc stat reads 'Z' (the main thread's state) while another thread, which may be
+    the save, still runs: alive.  Once the whole process is gone, dead."""
+    go = tmp_path / "go"
+    child = textwrap.dedent(
+        f"""
+        import ctypes, os, sys, threading, time
+        def worker():
+            print("ready", flush=True)
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.02)
+            os._exit(0)
+        threading.Thread(target=worker).start()
+        time.sleep(0.2)
+        ctypes.CDLL(None).syscall({_SYS_EXIT[platform.machine()]}, 0)  # this thread only
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        holder = {**this_process(), "pid": proc.pid, "start": process_start_time(proc.pid)}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.02)
+        assert not holder_is_dead(holder)
+    finally:
+        go.touch()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert holder_is_dead(holder)
