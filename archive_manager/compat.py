@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import enum
 import itertools
 import json
 import os
@@ -49,7 +48,7 @@ from .errors import (
 )
 from .interop.straw import CAPTURE_FIELDS, KEPT_QUEUE_PREFIX, LIVE_QUEUE_FIELDS, SEED_FORMATS
 from .manager import ArchiveManager, default_catalog_url
-from .pool.archive import Archive
+from .pool.archive import Archive, pt_native
 from .samples import QUEUE_PREFIX, is_queue_key
 
 if TYPE_CHECKING:
@@ -504,30 +503,18 @@ def _sidecar_metadata(path: Path, manifest_digest: Any) -> Any:
 
 #: The fields the seed's ``Sample.to_dict()`` converts for a dump: the status to its value,
 #: the two helpers to dicts of their fields.
-_SEED_DUMP_HELPERS = ("spec_info", "prefix_cache_info")
-
-
-def _seed_dump_dict(sample: Any) -> dict[str, Any]:
-    """A sample loaded from a seed index as the seed's ``Sample.to_dict()`` gives it."""
-    if isinstance(sample, Mapping):
-        return dict(sample)
-    out = dict(vars(sample))
-    status = out.get("status")
-    if isinstance(status, enum.Enum):
-        out["status"] = status.value
-    for name in _SEED_DUMP_HELPERS:
-        value = out.get(name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            out[name] = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    return out
-
-
 def _export_seed_pt(straw: StrawArchive, rollout_id: Any, target: Path) -> Path:
     """The seed's ``export_pt`` of a seed index (see `RolloutArchive.export_pt`)."""
     from ._util.atomic import write_atomic_with
     from ._util.lazy_torch import torch_module
 
-    samples = [_seed_dump_dict(s) for s in straw.load_samples(lazy=False)]
+    # As the seed's to_dict() gives them (status as its value, helpers as dicts), with numpy
+    # as tensors and Python numbers: a dump this library writes loads with weights_only=True,
+    # never needing the unpickling the seed's own dump needed (docs/dropin.md).
+    samples = [
+        pt_native(dict(s) if isinstance(s, Mapping) else dict(vars(s)))
+        for s in straw.load_samples(lazy=False)
+    ]
     dump = {"rollout_id": rollout_id, "samples": samples}
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
@@ -853,8 +840,9 @@ class RolloutArchive:
 
         A seed index is exported as the seed exports it: ``{"rollout_id", "samples"}``, each
         sample as its ``to_dict()`` gives it (``status`` as its value, ``spec_info`` and
-        ``prefix_cache_info`` as dicts of their fields), tensors loaded, numpy kept (so
-        loading it needs ``weights_only=False``, as the seed's dump does); written atomically.
+        ``prefix_cache_info`` as dicts of their fields), tensors loaded, numpy arrays as
+        tensors, so that it loads with ``torch.load(weights_only=True)`` (the seed's own dump
+        kept numpy and needed unpickling); written atomically.
         """
         if self._straw is not None:
             return _export_seed_pt(self._straw, self.index.get("rollout_id"), Path(path))

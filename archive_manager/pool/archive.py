@@ -68,6 +68,7 @@ __all__ = [
     "ArchiveInfo",
     "not_found",
     "open_archive",
+    "pt_native",
     "reclaimed_names",
     "release_archives",
     "similar_names",
@@ -750,7 +751,7 @@ class Archive:
                         for k, v in fields.items()
                         if isinstance(v, enum.Enum) or dataclasses.is_dataclass(type(v))
                     ] or None
-                samples.append(_torch_native(fields))
+                samples.append(pt_native(fields))
             except UnencodableError as exc:
                 raise error_at(
                     exc, f"cannot export sample {position} of {self.name!r}: field "
@@ -758,7 +759,7 @@ class Archive:
             classes.append(cls)
             conversions.append(converted)
         try:
-            attrs = _torch_native(self.attrs)
+            attrs = pt_native(self.attrs)
         except UnencodableError as exc:
             raise error_at(exc, f"cannot export {self.name!r}: attrs ") from None
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -919,8 +920,10 @@ def _pt_int(value: int) -> int:
     return value
 
 
-def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | None = None) -> Any:
-    """``value`` with numpy arrays as tensors and numpy scalars as Python numbers.
+def pt_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | None = None) -> Any:
+    """``value`` with numpy arrays as tensors and numpy scalars as Python numbers, and a
+    registered dataclass or an enum member as its fields or value: what a ``.pt`` dump holds
+    so that ``torch.load(weights_only=True)`` reads it (no pickle of any class).
 
     NOTE: `torch.load(weights_only=True)` refuses numpy objects (values or keys) and ints past
     `_PT_INT_MAX`, which the codec stores faithfully; an export must load with it (and import
@@ -949,7 +952,7 @@ def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | Non
         key: Any = None
         try:
             for key, v in value.items():
-                out[_torch_native(key, top=False, tensors=tensors)] = _torch_native(
+                out[pt_native(key, top=False, tensors=tensors)] = pt_native(
                     v, top=False, tensors=tensors
                 )
         except UnencodableError as exc:
@@ -967,9 +970,9 @@ def _torch_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | Non
         return tensor
     if isinstance(value, enum.Enum):
         # the member's value: a dump loads with weights_only=True, which refuses classes
-        return _torch_native(enum_to_record(value)[1], top=top, tensors=tensors)
+        return pt_native(enum_to_record(value)[1], top=top, tensors=tensors)
     if dataclasses.is_dataclass(kind):
-        return _torch_native(value_to_record(value)[1], top=top, tensors=tensors)
+        return pt_native(value_to_record(value)[1], top=top, tensors=tensors)
     if isinstance(value, np.generic):
         if value.dtype.kind == "c":
             # NOTE: item() gives a Python complex, which torch.load reads but the codec (and
@@ -1026,7 +1029,7 @@ def _native_items(values: list[Any] | tuple[Any, ...], tensors: dict[int, Any]) 
     out: list[Any] = []
     try:
         for v in values:
-            out.append(_torch_native(v, top=False, tensors=tensors))
+            out.append(pt_native(v, top=False, tensors=tensors))
     except UnencodableError as exc:
         from ..codec.values import error_at
 

@@ -10,6 +10,7 @@ deliberately differs (docs/dropin.md), the test pins the facade's side of that r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -432,3 +433,31 @@ def test_export_pt_dump_reads_back_through_the_seeds_loader(tmp_path: Path, writ
     assert exported.spec_info == Sample.SpecInfo()
     assert not hasattr(exported, "_queue_lease")
     assert not hasattr(exported, "_queue_source_positions")
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_an_export_of_a_seed_or_pointer_archive_needs_no_unpickling(
+    tmp_path: Path, writer: str
+) -> None:
+    """The seed's own dump kept numpy arrays (top-k captures, metadata) and so needed
+    ``weights_only=False``, a full unpickle; the facade's dump holds them as tensors, its
+    status as a value and its helpers as dicts, so ``weights_only=True`` reads it
+    (docs/dropin.md, ``export_pt``)."""
+    import numpy as np
+
+    sample = queued_sample()
+    sample.rollout_topk_token_ids = np.arange(6, dtype=np.int32).reshape(2, 3)
+    sample.metadata = {"scores": np.array([0.5, 0.25], dtype=np.float32), "n": np.int64(3)}
+    path = tmp_path / "archive_7.straw.json"
+    save_with(writer, path, [sample], rollout_id=7)
+    dump_path = tmp_path / "export_7.pt"
+    with RolloutArchive(path) as archive:
+        archive.export_pt(dump_path)
+    (dumped,) = torch.load(dump_path, weights_only=True)["samples"]
+    assert torch.equal(
+        dumped["rollout_topk_token_ids"], torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    )
+    assert torch.equal(dumped["metadata"]["scores"], torch.tensor([0.5, 0.25]))
+    assert dumped["metadata"]["n"] == 3 and dumped["status"] == "pending"
+    assert dumped["spec_info"] == dataclasses.asdict(Sample.SpecInfo())
+    assert Sample.from_dict(dumped).status is Sample.Status.PENDING
