@@ -10,6 +10,7 @@ import array
 import contextlib
 import dataclasses
 import enum
+import itertools
 import math
 import os
 import stat
@@ -44,6 +45,7 @@ from archive_manager.catalog import (
     retention_table,
     sample_metadata_table,
 )
+from archive_manager.errors import UnencodableError
 from archive_manager.interop.synthetic import make_rollout
 from archive_manager.pool.identity import SPARE_FILE
 from archive_manager.samples import sample_to_fields
@@ -490,3 +492,28 @@ def extract_legacy(tmp_path: Path) -> Path:
     with tarfile.open(Path(__file__).resolve().parent / "data" / "legacy-pool-r2.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     return tmp_path / "legacy-pool"
+
+
+_saved_names = itertools.count()
+
+
+def refused(pool: ArchiveManager, sample: Any, match: str) -> None:
+    """``save`` and the writer's ``add`` refuse ``sample`` with an `UnencodableError`
+    matching ``match``; the pool is as it was."""
+    before = snapshot_pool(pool)
+    with pytest.raises(UnencodableError, match=match):
+        pool.save(f"refused-{next(_saved_names)}", [sample], rollout_id=1)
+    with (
+        pytest.raises(UnencodableError, match=match),
+        pool.writer(f"refused-{next(_saved_names)}", rollout_id=1) as w,
+    ):
+        w.add(sample)
+    assert snapshot_pool(pool) == before
+
+
+def round_trip(pool: ArchiveManager, sample: Any) -> Any:
+    """``sample`` saved alone into ``pool`` and loaded back."""
+    name = f"round-trip-{next(_saved_names)}"
+    pool.save(name, [sample], rollout_id=1)
+    (loaded,) = pool.open_archive(name).load_samples()
+    return loaded

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import snapshot_pool
+from helpers import refused, round_trip
 
 from archive_manager import ArchiveManager, Sample
 from archive_manager.errors import UnencodableError
@@ -35,26 +35,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArchiveManager]:
         yield manager
     finally:
         manager.close()
-
-
-def refused(pool: ArchiveManager, sample: Any, match: str) -> None:
-    """``save`` and the writer's ``add`` refuse ``sample``; the pool is as it was."""
-    before = snapshot_pool(pool)
-    with pytest.raises(UnencodableError, match=match):
-        pool.save(f"r{next(_names)}", [sample], rollout_id=1)
-    with (
-        pytest.raises(UnencodableError, match=match),
-        pool.writer(f"r{next(_names)}", rollout_id=1) as w,
-    ):
-        w.add(sample)
-    assert snapshot_pool(pool) == before
-
-
-def round_trip(pool: ArchiveManager, sample: Any) -> Any:
-    name = f"ok{next(_names)}"
-    pool.save(name, [sample], rollout_id=1)
-    (loaded,) = pool.open_archive(name).load_samples()
-    return loaded
 
 
 class Level(enum.Enum):
