@@ -122,7 +122,13 @@ def parse_identity(data: bytes | None, path: Path | str) -> PoolIdentity | None:
 
 JOURNAL_DIR = "journal"
 JOURNAL_NAME = re.compile(r"^(\d{20})-([0-9a-f]{32})\.(rec|ckpt)$")
-MAX_JOURNAL_SEQ = 2**63 - 1  # a BIGINT: a number past it is no number of ours
+# NOTE: numbers are the pool's counter (`catalog.queries.next_save_seq`: microseconds of the
+# clock, or the last number + 1 where that is ahead), so ours stay near 1.7e15 for millennia.
+# A number past 2**62 (the year ~148,000) is no number of ours (a crafted or mangled name):
+# it is no journal file's name, so neither a replay nor the counter ever follows it, and the
+# counter keeps 2**62 numbers of room below the end of a BIGINT.  This bound is the format's,
+# not a clock's: a number ahead of any host's clock is still a journal file.
+MAX_JOURNAL_SEQ = 2**62
 
 
 @dataclass(frozen=True, order=True)

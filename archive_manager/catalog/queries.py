@@ -234,7 +234,10 @@ def next_save_seq(conn: Connection, now: float) -> int:
     NOTE: a counter alone would restart from an old value in a catalog restored from a
     backup, and hand out numbers that manifests written after the backup already carry;
     tied to the clock, numbers keep rising across a restore unless the clock went back by
-    more than the time since the backup.
+    more than the time since the backup (and `journal.adopt` raises the counter past the
+    journal's newest number at open).  The clock is a floor, never the order: after a
+    clock ahead (a VM before NTP stepped it back) numbers go on from the last one, so no
+    number says when a decision was made, only in which order (records carry their time).
     """
     seq = max(stored_save_seq(conn) + 1, int(now * 1_000_000))
     _store_seq(conn, seq)

@@ -112,9 +112,6 @@ _CKPT_MAGIC = b"AMJC\x01"
 # past these bounds are not ours, and are not read into memory.
 _MAX_RECORD = 64 << 20
 _MAX_CHECKPOINT = 1 << 30  # compressed or not: 100,000 archives take ~30 MB
-# Numbers are microseconds of the clock: one further ahead than this is not one of ours (a
-# crafted or damaged name), and must not drag the counter towards its end.
-_FUTURE_US = 86_400 * 1_000_000
 _TEMP_MIN_AGE = 3600.0
 
 _log = logging.getLogger("archive_manager")
@@ -249,9 +246,10 @@ class CatalogPosition:
         """Whether the catalog's state includes ``entry`` (or something newer supersedes it)."""
         if self.checkpoint is not None:
             if entry.kind == "ckpt":
-                # NOTE: numbers are tied to the clock in microseconds, so another history
-                # never issues this catalog's checkpoint number; two GCs of one catalog may
-                # each checkpoint at the same number (nothing was decided in between).
+                # NOTE: numbers only rise, and every catalog's counter is raised past the
+                # journal's newest number at open (`adopt`), so another history never issues
+                # this catalog's checkpoint number; two GCs of one catalog may each
+                # checkpoint at the same number (nothing was decided in between).
                 return entry.seq <= self.checkpoint.seq
             if entry.seq <= self.checkpoint.seq:
                 return True
@@ -678,29 +676,23 @@ def replay(
     pool_id: str | None,
     entries: list[Entry] | None = None,
     own: dict[Entry, bytes] | None = None,
-    *,
-    now: float | None = None,
 ) -> Replay:
     """The newest readable checkpoint and every readable record after it, applied in order.
 
     ``own``: records the catalog holds itself (`catalog_records`), used instead of their files
     (which may not be written yet, or were lost).  A damaged checkpoint is passed over for an
     older one (and reported); damaged records are reported and skipped; records of another
-    pool, and numbers from the future (``now`` in seconds), are refused.
+    pool are refused.  A number ahead of this host's clock is no sign of damage: numbers are
+    the counter's order, which a clock ahead moves on (`catalog.queries.next_save_seq`).
     """
     entries = journal.entries() if entries is None else entries
     own = own or {}
-    horizon = None if now is None else int(now * 1_000_000) + _FUTURE_US
     every = sorted(set(entries) | set(own))
     out = Replay(JournalState(), None)
 
     def load(entry: Entry) -> dict[str, Any]:
         if entry in own:
             return decode(entry, own[entry], pool_id)
-        if horizon is not None and entry.seq > horizon:
-            raise JournalDamagedError(
-                f"journal file {entry.name} carries a number from the future; not applied"
-            )
         return journal.read(entry, pool_id)
 
     for entry in sorted((e for e in every if e.kind == "ckpt"), reverse=True):
@@ -909,14 +901,16 @@ def adopt(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> boo
         # Unlistable (a symlink in its place: PoolLayoutError): reading the pool needs no
         # journal; every decision checks the folder first and refuses.
         return False
-    horizon = int(clock() * 1_000_000) + _FUTURE_US
-    highest = max((e.seq for e in entries if e.seq <= horizon), default=0)
+    highest = max((e.seq for e in entries), default=0)
     with catalog.read() as conn:
         behind_counter = highest > stored_save_seq(conn)
     if behind_counter:
-        # A catalog restored from a backup, opened on a host whose clock is behind the one
-        # that wrote the newest journal file: its next numbers must still come after it, or
-        # a replay would put its decisions before older ones.
+        # A catalog restored from a backup, or one whose counter a clock ahead moved on
+        # (`next_save_seq`): its next numbers must come after the newest journal file's, or
+        # a replay would put its decisions before older ones.  Followed whoever's clock
+        # wrote it and whatever this host's clock says: numbers are an order, not a time,
+        # and a name past `MAX_JOURNAL_SEQ` is no journal file's, so nothing drags the
+        # counter to its end.
         with catalog.write() as conn:
             raise_save_seq(conn, highest)
     if position is not None and stamped == pool_id:

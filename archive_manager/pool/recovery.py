@@ -383,7 +383,7 @@ def _replay(pool: PoolContext, conn: Connection | None = None) -> tuple[Replay, 
     else:
         own = catalog_records(conn)
     pool_id = pool.identity.pool_id if pool.identity is not None else None
-    replayed = replay(pool.journal, pool_id, found.entries, own, now=pool.clock())
+    replayed = replay(pool.journal, pool_id, found.entries, own)
     return replayed, found.behind
 
 

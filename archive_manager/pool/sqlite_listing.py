@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,8 +68,6 @@ _MAGIC = b"SQLite format 3\x00"
 _WAL_FORMAT = b"\x02\x02"
 # IN lists are cut as `catalog.queries.batches` cuts them (SQLite's bound-parameter limit).
 _IN_BATCH = 5000
-# A journal number further ahead of the clock than this is not one of ours (`journal.adopt`).
-_FUTURE_US = 86_400 * 1_000_000
 _COLUMNS = (
     "name, rollout_id, evaluation, state, samples, bytes, created_at, published_at, "
     "released_at, reference_name"
@@ -233,10 +230,9 @@ def _journal_within(folder: Path, counter: int) -> bool:
         return True
     if not stat.S_ISDIR(st.st_mode):
         return False
-    horizon = int(time.time() * 1_000_000) + _FUTURE_US
     for name in os.listdir(folder):
         entry = parse_journal_name(name)
-        if entry is not None and counter < entry.seq <= horizon:
+        if entry is not None and counter < entry.seq:
             return False
     return True
 

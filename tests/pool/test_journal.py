@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import xxhash
 from helpers import (
+    EPOCH,
     Backend,
     FakeClock,
     assert_loads,
@@ -440,33 +441,132 @@ def test_the_cli_rebuilds_owners_and_resolves(tmp_path: Path) -> None:
     assert "checkpoint:1" in done.stdout
 
 
-def test_the_counter_follows_the_journal_but_not_numbers_from_the_future(
-    tmp_path: Path,
-) -> None:
-    """At open the pool's counter is raised past the newest journal number (a catalog
-    restored on a host whose clock is behind keeps numbering after what it lacks); a number
-    more than a day ahead of the clock is neither applied nor followed."""
+def test_the_counter_follows_every_journal_number_in_its_range(tmp_path: Path) -> None:
+    """At open the pool's counter is raised past the newest journal number, however far ahead
+    of this host's clock (a catalog restored on a host whose clock is behind, or a counter a
+    clock ahead moved on, keeps numbering after what it lacks): a record two days ahead is
+    followed and applied, a damaged one is reported for its bytes, never for its number; a
+    name past `MAX_JOURNAL_SEQ` is no journal file's (a stray), so nothing drags the counter
+    to the end of a BIGINT."""
+    from archive_manager._util.pool_files import MAX_JOURNAL_SEQ
     from archive_manager.catalog.queries import stored_save_seq
 
     root, clock = tmp_path / "pool", FakeClock()
     with ArchiveManager.open(root, clock=clock) as pool:
         pool.save("a", tiny_rollout(), rollout_id=1)
-        pool.retain("job:1", "a")
-    newest = max(journal_files(root)[:-1], key=lambda p: p.name)
-    ahead = int(newest.name.split("-")[0]) + 3_600_000_000  # an hour ahead: plausible
-    far = int(newest.name.split("-")[0]) + 2 * 86_400_000_000  # two days ahead
-    newest.rename(newest.with_name(f"{ahead:020d}-{newest.name.split('-')[1]}"))
-    (root / JOURNAL_DIR / f"{far:020d}-{'0' * 32}.rec").write_bytes(b"{}")
+        pool_id = pool.identity.pool_id  # type: ignore[union-attr]
+        manifest = _manifest_of(pool, "a")
+    far = int(clock() * 1_000_000) + 2 * 86_400_000_000  # two days ahead
+    held = journal.retain_op("job:ahead", "a", manifest, at=clock() + 2 * 86_400)
+    record = {
+        "format": "archive_manager.journal",
+        "version": 1,
+        "kind": "record",
+        "pool_id": pool_id,
+        "seq": far,
+        "at": clock() + 2 * 86_400,
+        "ops": [held],
+    }
+    plant(root, far, json.dumps(record, sort_keys=True).encode())
+    junk = f"{far + 1:020d}-{'0' * 32}.rec"
+    (root / JOURNAL_DIR / junk).write_bytes(b"{}")
+    beyond = f"{MAX_JOURNAL_SEQ + 1:020d}-{'0' * 32}.rec"
+    (root / JOURNAL_DIR / beyond).write_bytes(b"{}")
     with ArchiveManager.open(root, clock=clock) as pool, pool.catalog.read() as conn:
         counter = stored_save_seq(conn)
-    assert ahead <= counter < far
+    assert far + 1 <= counter < MAX_JOURNAL_SEQ
     for path in root.glob("catalog.db*"):
         path.unlink()
     with ArchiveManager.open(root, recover=True, clock=clock) as pool:
         report = pool.rebuild_catalog()
-        assert f"{far:020d}-{'0' * 32}.rec" in report.journal_damaged
+        assert list(report.journal_damaged) == [junk]
+        assert "digest" in report.journal_damaged[junk]
+        assert owners_of(pool, "a") == ["archive:a", "job:ahead"]
         with pool.catalog.read() as conn:
-            assert stored_save_seq(conn) < far
+            assert far <= stored_save_seq(conn) < MAX_JOURNAL_SEQ
+        assert "journal-stray" in {f.kind for f in pool.verify().notices}
+
+
+def test_a_clock_ahead_poisons_no_later_decision(tmp_path: Path, backend: Backend) -> None:
+    """Issue 36, case 5: a save under a clock two days ahead (a VM before NTP stepped it
+    back) moved the counter on; every decision made after it with the right clock was
+    refused on rebuild as "a number from the future", and the --resolve the rebuild asked
+    for discarded a checkpoint's retain and a release.  Every decision comes back, in the
+    order made, with nothing to resolve."""
+    root, clock = tmp_path / "pool", FakeClock()
+    with open_on(backend, root, clock=clock) as pool:
+        clock.advance(2 * 86_400)  # the clock ahead
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2)
+        clock.advance(-2 * 86_400 + 60)  # NTP steps it back
+        assert pool.retain("checkpoint:step-100", "a")
+        assert pool.open_archive("a").release()
+        assert pool.open_archive("b").release()
+        pool.save("c", tiny_rollout(seed=3), rollout_id=3)
+        assert pool.retain("checkpoint:step-200", "c")
+        before = facts(pool)
+    clock.advance(3600)
+    with recover(backend, root, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert not report.journal_damaged and not report.unresolved
+        assert facts(pool) == before
+        pool.gc(grace=0)
+        assert_loads(pool, "a", tiny_rollout(seed=1))
+        assert_loads(pool, "c", tiny_rollout(seed=3))
+        assert pool.verify(read_data=True).ok
+
+
+def test_a_clock_that_jumps_back_keeps_the_order_of_decisions(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """The sibling: decisions on one archive before and after the clock went back three days.
+    Replayed by their time, the hold dropped after the jump would come before the one made
+    first, and the rebuild would keep a hold that was let go (or lose one that stands)."""
+    root, clock = tmp_path / "pool", FakeClock()
+    with open_on(backend, root, clock=clock) as pool:
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+        assert pool.retain("job:gone", "a")
+        assert pool.retain("job:kept", "a")
+        clock.advance(-3 * 86_400)  # the clock jumps back
+        assert pool.release_owner("job:gone") == 1
+        assert pool.open_archive("a").release()
+        clock.advance(-86_400)  # and back again
+        assert pool.retain("job:next", "a")
+        assert pool.release_owner("job:kept") == 1
+        before = facts(pool)
+        assert [o for o, _ in before["a"][3]] == ["job:next"]
+    with recover(backend, root, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert not report.journal_damaged and not report.unresolved
+        assert facts(pool) == before
+
+
+def test_two_hosts_whose_clocks_disagree_lose_no_decision(tmp_path: Path, backend: Backend) -> None:
+    """Two processes on one pool, one's clock two days ahead of the other's, deciding about
+    the same archives in turn: the catalog's one counter orders them as made, and a rebuild
+    on either host gives every decision back."""
+    root = tmp_path / "pool"
+    ahead, right = FakeClock(EPOCH + 2 * 86_400), FakeClock()
+    with open_on(backend, root, clock=right) as b, open_on(backend, root, clock=ahead) as a:
+        a.save("x", tiny_rollout(seed=1), rollout_id=1)
+        assert b.retain("checkpoint:b", "x")
+        b.save("y", tiny_rollout(seed=2), rollout_id=2)
+        assert a.retain("checkpoint:a", "y")
+        assert b.open_archive("y").release()
+        assert a.release_owner("checkpoint:b") == 1
+        assert b.retain("checkpoint:b", "y")
+        assert a.open_archive("x").release()
+        before = facts(b)
+    assert [o for o, _ in before["x"][3]] == []
+    assert [o for o, _ in before["y"][3]] == ["checkpoint:a", "checkpoint:b"]
+    for clock in (right, ahead):
+        lost = tmp_path / f"rebuilt-on-{'right' if clock is right else 'ahead'}"
+        shutil.copytree(root, lost, symlinks=True)
+        url = lose_catalog(backend, lost)
+        with ArchiveManager.open(lost, url, recover=True, clock=clock) as pool:
+            report = pool.rebuild_catalog()
+            assert not report.journal_damaged and not report.unresolved
+            assert facts(pool) == before
 
 
 def owners_of(pool: ArchiveManager, name: str) -> list[str]:
