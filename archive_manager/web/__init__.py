@@ -15,6 +15,15 @@ except ModuleNotFoundError as exc:
     ) from exc
 
 from .app import create_app
+from .hosts import HostPolicy, host_policy
 from .server import DEFAULT_HOST, DEFAULT_PORT, serve, startup_line
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "create_app", "serve", "startup_line"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "HostPolicy",
+    "create_app",
+    "host_policy",
+    "serve",
+    "startup_line",
+]

@@ -42,6 +42,7 @@ from ..lens.stats import (
 from ..lens.tokenizer import TokenDecoder
 from ..manager import ArchiveManager
 from .charts import Series, drift_charts, line_chart
+from .hosts import LOOPBACK, HostPolicy
 from .markdown import MAX_MARKDOWN, MAX_MARKDOWN_PAGE, markdown_available, render_markdown
 from .present import DEFAULT_TOKENS_SHOWN, jsonable, pretty_json, resolve_tensor, sample_view
 from .present import tensor_summary as summarize_tensor
@@ -58,6 +59,7 @@ __all__ = ["create_app"]
 
 _POOL_KEY = "archive_manager.pool"
 _TOKENIZER_KEY = "archive_manager.tokenizer"
+_HOSTS_KEY = "archive_manager.hosts"
 #: Matches one search page lists at most, and the seconds it may run (a viewer's worker
 #: must not be held by a runaway regular expression: docs/architecture.md, "Search").
 MAX_SEARCH_LIMIT = 1000
@@ -781,6 +783,27 @@ def _handle(exc: Exception) -> Any:
     return _error(500, "Internal error", "the viewer failed; the server log has the details")
 
 
+def _check_host() -> Response | None:
+    """Refuse a request sent to a host name the viewer was not bound to (DNS rebinding:
+    web/hosts.py), before any route reads the pool: a 421 whose body holds no data."""
+    policy: HostPolicy = current_app.extensions[_HOSTS_KEY]
+    header = request.environ.get("HTTP_HOST")
+    if policy.allows(header):
+        return None
+    # The operator's log names the refused host, so that a name of their own (a proxy, an
+    # alias) can be added with --allow-host; the response does not echo it.
+    current_app.logger.warning(
+        "refused a request for host %r: not a host this viewer answers", (header or "")[:100]
+    )
+    return current_app.response_class(
+        "421 Misdirected Request: this viewer does not answer requests for that host name. "
+        "If you reach it by a name of your own, its operator can allow that name with "
+        "archive-manager serve --allow-host NAME.\n",
+        status=421,
+        mimetype="text/plain",
+    )
+
+
 def _secure(response: Any) -> Any:
     for header, value in _SECURITY_HEADERS.items():
         response.headers.setdefault(header, value)
@@ -860,13 +883,23 @@ class _Response(Response):
         super().set_data(value)
 
 
-def create_app(pool: ArchiveManager, *, tokenizer: TokenDecoder | None = None) -> Flask:
+def create_app(
+    pool: ArchiveManager,
+    *,
+    tokenizer: TokenDecoder | None = None,
+    hosts: HostPolicy | None = None,
+) -> Flask:
     """A Flask app that shows ``pool`` read-only (the caller keeps the pool open); with
-    ``tokenizer`` (`load_tokenizer`), sample pages show response tokens as text pieces."""
+    ``tokenizer`` (`load_tokenizer`), sample pages show response tokens as text pieces.
+
+    It answers only requests whose ``Host`` is one of ``hosts`` (`host_policy`; by default
+    ``localhost`` and the loopback addresses, a loopback bind's), every other with a 421.
+    """
     app = Flask(__name__)
     app.response_class = _Response
     app.extensions[_POOL_KEY] = pool
     app.extensions[_TOKENIZER_KEY] = tokenizer
+    app.extensions[_HOSTS_KEY] = LOOPBACK if hosts is None else hosts
     app.json.sort_keys = False  # type: ignore[attr-defined]
     # Fail loudly in tests on a template typo instead of rendering an empty string.
     app.jinja_env.undefined = StrictUndefined
@@ -877,5 +910,8 @@ def create_app(pool: ArchiveManager, *, tokenizer: TokenDecoder | None = None) -
     app.jinja_env.globals["query_url"] = _query_url
     app.register_blueprint(viewer)
     app.register_error_handler(Exception, _handle)
+    # NOTE: the first hook, registered on the app: it runs before every route, the static
+    # files' and the 404/405 of a URL no route matches included.
+    app.before_request(_check_host)
     app.after_request(_secure)
     return app

@@ -781,11 +781,21 @@ def _server_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(root: Path) -> Iterator[tuple[str, str]]:
-    """``archive-manager --root ROOT serve --port 0`` as a real process: yields its base URL
-    and its startup line once it answers; killed at exit."""
+def running_server(root: Path, *options: str) -> Iterator[tuple[str, str]]:
+    """``archive-manager --root ROOT serve --port 0 [OPTIONS]`` as a real process: yields its
+    base URL and its startup line once it answers; killed at exit."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "archive_manager.cli", "--root", str(root), "serve", "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "archive_manager.cli",
+            "--root",
+            str(root),
+            "serve",
+            "--port",
+            "0",
+            *options,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -821,6 +831,135 @@ def test_serve_as_a_real_process(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(url + "archive/missing", timeout=30)
         assert info.value.code == 404
+
+
+# --------------------------------------------------------------------------- host names
+
+
+#: Host headers a page of another site makes a browser send once its name points here.
+FOREIGN_HOSTS = [
+    "evil.example",
+    "evil.example:8000",
+    "localhost.evil.example",
+    "127.0.0.1.evil.example",
+    "127.0.0.1:8000@evil.example",
+    "[::1].evil.example",
+    "",
+    "::1",  # an IPv6 address needs brackets: not a host header a browser sends
+]
+
+
+# Claim (issue 36, DNS rebinding): the viewer answers only the hosts it was bound to; a request
+# for any other name gets a 421 holding no data, on every route (JSON, static files, a URL no
+# route matches, a method no route takes); no response lets another origin read it.
+def test_only_the_bound_host_names_are_answered(
+    hostile_client: tuple[Any, ArchiveManager],
+) -> None:
+    app, pool = hostile_client
+    urls = [*ROUTES, *(r + ("&" if "?" in r else "?") + "format=json" for r in ROUTES)]
+    urls += ["/static/viewer.css", "/static/viewer.js", "/no/such/page"]
+    evil = "http://evil.example"
+    for url in urls:
+        for host in ("localhost", "localhost:8000", "127.0.0.1:8000", "[::1]:8000", "LocalHost."):
+            response = app.get(url, headers={"Host": host, "Origin": evil})
+            assert response.status_code in (200, 404), (url, host, response.status_code)
+            assert not [h for h in response.headers if h[0].lower().startswith("access-control")]
+        for host in FOREIGN_HOSTS:
+            response = app.get(url, headers={"Host": host, "Origin": evil})
+            assert response.status_code == 421, (url, host, response.status_code)
+            assert response.mimetype == "text/plain"
+            assert "--allow-host" in response.text
+            for data in ("r1", "r2", "alert", str(pool.root), "sqlite"):
+                assert data not in response.text, (url, host, data)
+            assert not [h for h in response.headers if h[0].lower().startswith("access-control")]
+    # A preflight and the methods no route takes: refused for a foreign host, no CORS grant
+    # for the viewer's own.
+    for method in ("OPTIONS", "POST", "PUT", "DELETE"):
+        assert app.open("/", method=method, headers={"Host": "evil.example"}).status_code == 421
+        response = app.open(
+            "/",
+            method=method,
+            headers={"Host": "localhost", "Origin": evil, "Access-Control-Request-Method": "POST"},
+        )
+        assert response.status_code == (200 if method == "OPTIONS" else 405)
+        assert not [h for h in response.headers if h[0].lower().startswith("access-control")]
+
+
+def test_host_policy_of_each_bind_address() -> None:
+    from archive_manager.web.hosts import check_allowed_host, host_policy, parse_host
+
+    loopback = host_policy("127.0.0.1")
+    for header in ("localhost", "localhost:1", "127.0.0.1", "127.0.0.1:8000", "[::1]", "[::1]:9"):
+        assert loopback.allows(header), header
+    bad = ["localhost:99999", "localhost:0", "localhost:+1", "local host", "localhost\x00"]
+    for header in [*FOREIGN_HOSTS, *bad, None, "10.0.0.5", "[fd00::5]:80"]:
+        assert not loopback.allows(header), header
+    assert host_policy("localhost") == loopback and host_policy("::1") == loopback
+    # One address: that address only (its port anyhow: ssh -L arrives on another port).
+    one = host_policy("10.0.0.5")
+    assert one.allows("10.0.0.5") and one.allows("10.0.0.5:8000")
+    assert not one.allows("localhost") and not one.allows("10.0.0.6")
+    assert not one.allows("evil.example")
+    # Every interface: any address (never a rebinding attack's host), this machine's name.
+    every = host_policy("0.0.0.0")
+    assert every.allows("10.0.0.5:8000") and every.allows("[fd00::5]") and every.allows("localhost")
+    assert every.allows(socket.gethostname().upper())
+    assert not every.allows("evil.example") and not every.allows("10.0.0.5.evil.example")
+    assert host_policy("::").allows("192.168.1.2")
+    # The operator's list: a name with any port, or a name with one port.
+    listed = host_policy("127.0.0.1", ["viewer.example.org", "Proxy.Example:8443", "[fd00::5]"])
+    assert listed.allows("viewer.example.org") and listed.allows("viewer.example.org:80")
+    assert listed.allows("proxy.example:8443") and not listed.allows("proxy.example:8444")
+    assert not listed.allows("proxy.example") and listed.allows("[fd00::5]:1")
+    assert not listed.allows("x.viewer.example.org") and listed.allows("localhost")
+    assert parse_host("[::1]:80") == ("::1", 80) and parse_host("a.B.:7") == ("a.b", 7)
+    assert parse_host("[0:0::1]") == ("::1", None) and parse_host("a:b") is None
+    for bad in ("", " ", "*", "a b", "evil.example/x", "a:0", "[1.2.3.4]", "http://a", "a" * 300):
+        with pytest.raises(InvalidInputError):
+            check_allowed_host(bad)
+
+
+def test_serve_refuses_a_bad_allow_host_before_opening_the_pool(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["--root", str(tmp_path / "none"), "serve", "--allow-host", "evil example"]
+    )
+    assert result.exit_code == 2 and "--allow-host" in result.stderr, result.output
+    assert "is not a host name" in result.stderr and not (tmp_path / "none").exists()
+
+
+def _raw_get(url: str, host: str) -> tuple[int, str]:
+    """A GET of ``url`` sent over a socket with the ``Host`` header ``host`` (what a browser
+    sends once a page's name points at this address): status and body."""
+    parsed = urllib.parse.urlsplit(url)
+    assert parsed.hostname is not None and parsed.port is not None
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as sock:
+        sock.sendall(
+            f"GET {parsed.path or '/'} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+            "Origin: http://evil.example\r\n\r\n".encode("ascii")
+        )
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"access-control" not in head.lower()
+    return status, body.decode("utf-8", "replace")
+
+
+def test_serve_as_a_real_process_answers_only_its_host_names(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("r-1", tiny_rollout(4, seed=1, rollout_id=1), rollout_id=1)
+    with running_server(root, "--allow-host", "viewer.example.org") as (url, line):
+        assert "localhost" in line and "viewer.example.org" in line and "--allow-host" in line
+        port = urllib.parse.urlsplit(url).port
+        for path in ("", "archive/r-1?format=json", "stats?format=json"):
+            status, body = _raw_get(url + path, "evil.example")
+            assert status == 421 and "r-1" not in body and str(root) not in body, body
+            status, body = _raw_get(url + path, f"evil.example:{port}")
+            assert status == 421
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "viewer.example.org"):
+                assert _raw_get(url + path, host)[0] == 200
 
 
 def test_sample_page_renders_every_field_kind(tmp_path: Path) -> None:
