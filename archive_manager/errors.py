@@ -31,6 +31,7 @@ __all__ = [
     "PoolLayoutError",
     "PoolNotFoundError",
     "ReadOnlyPoolError",
+    "SaveInFlightError",
     "SearchTimeoutError",
     "TransientBlobStoreError",
     "UnencodableError",
@@ -45,6 +46,41 @@ class ArchiveError(Exception):
 
 class ArchiveExistsError(ArchiveError, FileExistsError):
     """An archive with this name already exists in the pool."""
+
+
+class SaveInFlightError(ArchiveExistsError):
+    """The name is held by a pending save that may be alive: in flight, or crashed where this
+    process cannot prove it dead (docs/architecture.md, "Save protocol", Resuming a killed
+    save).  The message names the lease, its holder and when the lease lapses.
+
+    Attributes:
+        name: the archive name.
+        lease: the pending save's lease (``lease:<hex>``).
+        holder: the process that recorded itself in the lease (host, pid, ...), or None for
+            a lease of an older version.
+        holder_status: ``"alive"`` or ``"unknown"`` (a dead holder's save is rolled back, so
+            it never raises this).
+        expires_at: when the lease lapses unless renewed (seconds since the epoch).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str = "",
+        lease: str = "",
+        holder: dict[str, object] | None = None,
+        holder_status: str = "unknown",
+        expires_at: float = 0.0,
+    ) -> None:
+        # NOTE: keywords with defaults: an exception is unpickled as ``cls(*args)`` and its
+        # attributes restored after (a failure carried from another process).
+        super().__init__(message)
+        self.name = name
+        self.lease = lease
+        self.holder = holder
+        self.holder_status = holder_status
+        self.expires_at = expires_at
 
 
 class ArchiveNotFoundError(ArchiveError, LookupError):

@@ -17,7 +17,17 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["describe_holder", "holder_is_dead", "process_start_time", "this_process"]
+__all__ = [
+    "HOLDER_STATUSES",
+    "describe_holder",
+    "holder_is_dead",
+    "holder_status",
+    "process_start_time",
+    "this_process",
+]
+
+HOLDER_STATUSES = ("alive", "dead", "unknown")
+"""What `holder_status` says of a lease's holder."""
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -121,6 +131,42 @@ def holder_is_dead(holder: object) -> bool:
         return not _other_threads_run(pid)
     now = process_start_time(pid)
     return start is not None and now is not None and now != start
+
+
+def _same_machine(holder: dict[str, Any]) -> bool:
+    """Whether ``holder`` ran where this process can see it: this host name, boot and pid
+    namespace."""
+    return (
+        holder.get("host") == socket.gethostname()
+        and holder.get("boot") == _boot_id()
+        and holder.get("pidns") == _pid_namespace()
+    )
+
+
+def holder_status(holder: object) -> str:
+    """``"dead"`` (`holder_is_dead`), ``"alive"`` (its process runs where this process can see
+    it: this host, boot and pid namespace, with the start time recorded, where there is one)
+    or ``"unknown"`` (another host, boot or namespace, a lease of an older version that
+    recorded no holder, or a process whose state cannot be read): what operators are shown
+    beside a pending save (``owners``, ``verify``, the error of a save of a taken name)."""
+    if holder_is_dead(holder):
+        return "dead"
+    if not isinstance(holder, dict) or not _same_machine(holder):
+        return "unknown"
+    pid, start = holder.get("pid"), holder.get("start")
+    if type(pid) is not int or pid <= 0:
+        return "unknown"
+    if pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            pass  # it exists, under another user
+        except OSError:
+            return "unknown"
+    now = process_start_time(pid)
+    if start is not None and now != start:
+        return "unknown"  # not dead (`holder_is_dead` said so), and not provably the holder
+    return "alive"
 
 
 def describe_holder(holder: object) -> str:

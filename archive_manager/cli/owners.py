@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -380,15 +380,45 @@ def owners(pool: ArchiveManager, as_json: bool) -> None:
     else:
         echo("no owners")
     echo(f"unowned blobs awaiting gc: {report.unowned_blobs} ({human_size(report.unowned_bytes)})")
-    if report.live_leases:
-        echo(f"saves in flight (live leases): {', '.join(report.live_leases)}")
-    if report.stale_leases:
-        echo(f"stale leases (gc drops them): {', '.join(report.stale_leases)}")
+    if report.saves:
+        # Who holds each save's lease, and whether that process is alive: a save of the same
+        # name rolls back a dead one's at once, and waits out any other (docs/usage.md).
+        echo("saves in flight or crashed (their leases):")
+        echo_table(
+            ["LEASE", "ARCHIVE", "STAGE", "HOLDER", "STATUS", "LAPSES"],
+            [
+                [
+                    s.lease,
+                    s.archive,
+                    "pending" if s.pending else "storing",
+                    _holder_cell(s.host, s.pid),
+                    s.status,
+                    "lapsed; gc drops it"
+                    if s.expired
+                    else local_time(datetime.fromtimestamp(s.expires_at, tz=timezone.utc)),
+                ]
+                for s in report.saves
+            ],
+            indent=2,
+        )
+    saves = {s.lease for s in report.saves}
+    others = [lease for lease in report.live_leases if lease not in saves]
+    if others:
+        echo(f"other live leases (gc runs): {', '.join(others)}")
+    stale = [lease for lease in report.stale_leases if lease not in saves]
+    if stale:
+        echo(f"stale leases (gc drops them): {', '.join(stale)}")
     if report.released_with_payload:
         echo(
             "released archives whose payload is still stored: "
             + ", ".join(report.released_with_payload)
         )
+
+
+def _holder_cell(host: str | None, pid: int | None) -> str:
+    if pid is None:
+        return "not recorded (an older version)"
+    return f"pid {pid} on {host}"
 
 
 def _archives_cell(names: list[str], limit: int = 3) -> str:

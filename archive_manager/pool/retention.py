@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.engine import Connection
 
+from .._util.holders import holder_status
 from .._util.humanize import duration_seconds
 from .._util.names import archive_owner
 from ..catalog import (
@@ -39,6 +40,7 @@ __all__ = [
     "OwnerUsage",
     "OwnersReport",
     "ReleasePlan",
+    "SaveLease",
     "audit_owners",
     "plan_forget",
     "plan_release",
@@ -121,6 +123,25 @@ class OwnerUsage:
 
 
 @dataclass
+class SaveLease:
+    """A save's lease and the process that holds it (docs/architecture.md, "Save protocol",
+    Resuming a killed save): what a new save of ``archive`` would meet."""
+
+    lease: str
+    archive: str | None
+    pending: bool  # the save committed its ownership: a pending archive row holds the name
+    host: str | None
+    pid: int | None
+    status: str  # `holder_status`: "alive", "dead" or "unknown"
+    expires_at: float
+    expired: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        return dict(self.__dict__)
+
+
+@dataclass
 class OwnersReport:
     """The retention audit: per owner, and what awaits GC."""
 
@@ -130,6 +151,8 @@ class OwnersReport:
     unowned_blobs: int = 0
     unowned_bytes: int = 0
     released_with_payload: list[str] = field(default_factory=list)
+    # Every save's lease with its holder, by lease (GC's own leases are not saves).
+    saves: list[SaveLease] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
@@ -137,6 +160,7 @@ class OwnersReport:
             "owners": [o.as_dict() for o in self.owners],
             "stale_leases": self.stale_leases,
             "live_leases": self.live_leases,
+            "saves": [s.as_dict() for s in self.saves],
             "unowned_blobs": self.unowned_blobs,
             "unowned_bytes": self.unowned_bytes,
             "released_with_payload": self.released_with_payload,
@@ -167,7 +191,14 @@ def audit_owners(pool: PoolContext) -> OwnersReport:
         holdings: dict[str, set[int]] = defaultdict(set)
         for owner, archive_id in conn.execute(select(r.c.owner, r.c.archive_id)):
             holdings[owner].add(archive_id)
-        leases = conn.execute(select(lt.c.owner, lt.c.expires_at)).all()
+        leases = conn.execute(
+            select(lt.c.owner, lt.c.expires_at, lt.c.archive_name, lt.c.holder)
+        ).all()
+        pending_leases = set(
+            conn.execute(
+                select(a.c.lease_owner).where(a.c.state == "pending", a.c.lease_owner.is_not(None))
+            ).scalars()
+        )
         live = set(conn.execute(select(lt.c.owner).where(live_lease(now))).scalars())
         lease_blobs: dict[str, set[str]] = defaultdict(set)
         for lease, digest in conn.execute(
@@ -206,7 +237,12 @@ def audit_owners(pool: PoolContext) -> OwnersReport:
                 total - exclusive,
             )
         )
-    report.stale_leases = sorted(o for o, _ in leases if o not in live)
+    report.stale_leases = sorted(row.owner for row in leases if row.owner not in live)
+    report.saves = [
+        _save_lease(row, row.owner in pending_leases, now)
+        for row in sorted(leases, key=lambda row: row.owner)
+        if row.archive_name is not None
+    ]
     report.live_leases = sorted(live)
     unowned = [d for d in sizes if d not in kept]
     report.unowned_blobs = len(unowned)
@@ -217,6 +253,22 @@ def audit_owners(pool: PoolContext) -> OwnersReport:
         if st == "released" and needs.get(i) and needs[i] <= sizes.keys()
     )
     return report
+
+
+def _save_lease(row: Any, pending: bool, now: float) -> SaveLease:
+    holder = row.holder if isinstance(row.holder, dict) else {}
+    pid = holder.get("pid")
+    host = holder.get("host")
+    return SaveLease(
+        lease=row.owner,
+        archive=row.archive_name,
+        pending=pending,
+        host=host if isinstance(host, str) else None,
+        pid=pid if type(pid) is int else None,
+        status=holder_status(row.holder),
+        expires_at=float(row.expires_at),
+        expired=row.expires_at <= now,
+    )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from sqlalchemy import func, select
 
+from .._util.holders import describe_holder, holder_status
 from .._util.permissions import shared_problems
 from ..catalog import (
     archive_blobs_table,
@@ -194,6 +195,7 @@ class _Snapshot:
     owned: set[int]  # archives with an owner
     entry_counts: dict[int, int]
     leases: dict[str, float]  # lease -> expiry
+    holders: dict[str, Any]  # lease -> its holder (`_util.holders`), None if not recorded
     retained: set[str]  # as GC counts it
     dead: set[int]  # dead pending saves
     users: dict[str, list[str]] = field(default_factory=dict)  # digest -> archive names
@@ -247,10 +249,11 @@ def _snapshot(pool: PoolContext) -> _Snapshot:
         entry_counts: dict[int, int] = dict(
             conn.execute(select(e.c.archive_id, func.count()).group_by(e.c.archive_id)).all()
         )
-        leases = {
-            row.owner: row.expires_at
-            for row in conn.execute(select(leases_table.c.owner, leases_table.c.expires_at))
-        }
+        lease_rows = conn.execute(
+            select(leases_table.c.owner, leases_table.c.expires_at, leases_table.c.holder)
+        ).all()
+        leases = {row.owner: row.expires_at for row in lease_rows}
+        holders = {row.owner: row.holder for row in lease_rows}
         # As GC counts it (docs/architecture.md, "GC protocol"): one rule, in reachability.
         retained = retained_digests(conn, now)
         dead = dead_pending_ids(conn, now)
@@ -272,6 +275,7 @@ def _snapshot(pool: PoolContext) -> _Snapshot:
         owned=owned,
         entry_counts=entry_counts,
         leases=leases,
+        holders=holders,
         retained=retained,
         dead=dead,
         users=users,
@@ -359,19 +363,12 @@ def _check_archives(snap: _Snapshot, report: VerifyReport) -> None:
     """Each archive: pending saves, and an owned archive's blobs and rows."""
     blobs, files, moved, not_files = snap.blobs, snap.files, snap.moved, snap.not_files
     problem, notice = report.problems.append, report.notices.append
-    archives, dead, owned, needs = snap.archives, snap.dead, snap.owned, snap.needs
+    archives, owned, needs = snap.archives, snap.owned, snap.needs
     chunks, entry_counts = snap.chunks, snap.entry_counts
     for archive_id, row in archives.items():
         name = row.name
         if row.state == "pending":
-            notice(
-                Finding(
-                    "pending-save",
-                    f"archive {name!r} is pending"
-                    + (" and its lease expired; gc rolls it back" if archive_id in dead else ""),
-                    archive=name,
-                )
-            )
+            notice(Finding("pending-save", _pending_text(snap, archive_id, row), archive=name))
         if archive_id not in owned:
             continue
         digests = needs.get(archive_id, set())
@@ -440,6 +437,24 @@ def _check_archives(snap: _Snapshot, report: VerifyReport) -> None:
                     archive=name,
                 )
             )
+
+
+def _pending_text(snap: _Snapshot, archive_id: int, row: Any) -> str:
+    """A pending save, its lease's holder and whether that process is alive (docs/
+    architecture.md, "Save protocol", Resuming a killed save)."""
+    text = f"archive {row.name!r} is pending"
+    if archive_id in snap.dead:
+        return text + " and its lease expired; gc rolls it back"
+    lease = row.lease_owner
+    status = holder_status(snap.holders.get(lease))
+    lapses = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(snap.leases[lease]))
+    text += (
+        f": a save in flight or crashed ({lease}, held by "
+        f"{describe_holder(snap.holders.get(lease))}, {status}, lapses at {lapses})"
+    )
+    if status == "dead":
+        text += f"; the next save of {row.name!r} rolls it back, or gc once the lease lapsed"
+    return text
 
 
 def _check_leases(snap: _Snapshot, report: VerifyReport) -> None:

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from .. import codec
 from .._util.digest import Buffer, digest_of
 from .._util.failpoints import failpoint
-from .._util.holders import describe_holder, holder_is_dead, this_process
+from .._util.holders import describe_holder, holder_is_dead, holder_status, this_process
 from .._util.names import LEASE_PREFIX, archive_owner, check_new_archive_name
 from ..catalog import (
     STATUS_LENGTH,
@@ -66,6 +66,7 @@ from ..errors import (
     IntegrityError,
     InvalidInputError,
     LeaseExpiredError,
+    SaveInFlightError,
 )
 from ..metadata import describe_sample
 from ..samples import check_key_text, check_task_key, sample_key, task_key_of
@@ -736,8 +737,10 @@ def free_name(conn: Connection, name: str, *, now: float, leases: bool) -> None:
     commit its ownership wins).
 
     Raises:
-        ArchiveExistsError: the name is taken by an archive, or by a pending save that may be
-            alive: the message names its holder and when its lease lapses.
+        SaveInFlightError: the name is taken by a pending save that may be alive (its holder
+            alive, or not provably dead): the message names its holder and when its lease
+            lapses.
+        ArchiveExistsError: the name is taken by an archive.
     """
     from .gc import roll_back_saves
 
@@ -750,13 +753,20 @@ def free_name(conn: Connection, name: str, *, now: float, leases: bool) -> None:
         lease = conn.execute(
             select(lt.c.owner, lt.c.expires_at, lt.c.holder).where(lt.c.owner == row.lease_owner)
         ).first()
-        if lease is not None and lease.expires_at > now and not holder_is_dead(lease.holder):
+        status = "dead" if lease is None else holder_status(lease.holder)
+        if lease is not None and lease.expires_at > now and status != "dead":
             lapses = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(lease.expires_at))
-            raise ArchiveExistsError(
+            raise SaveInFlightError(
                 f"archive {name!r} already exists as a pending save: a save of that name is in "
                 f"flight or crashed ({lease.owner}, held by {describe_holder(lease.holder)}, "
-                f"lapses at {lapses} local time unless renewed); wait for it to finish, or, "
-                "if it crashed, run 'archive-manager gc' once its lease lapsed to roll it back"
+                f"{status}, lapses at {lapses} local time unless renewed); wait for it to "
+                "finish, or, if it crashed, run 'archive-manager gc' once its lease lapsed to "
+                "roll it back",
+                name=name,
+                lease=lease.owner,
+                holder=lease.holder if isinstance(lease.holder, dict) else None,
+                holder_status=status,
+                expires_at=float(lease.expires_at),
             )
         _log.info(
             "save of %r: the pending save of that name by %s is dead; rolled back",

@@ -29,7 +29,7 @@ from archive_manager import ArchiveManager
 from archive_manager._util import failpoints
 from archive_manager._util.holders import holder_is_dead, process_start_time, this_process
 from archive_manager.catalog import archives_table, current_revision, head_revision, leases_table
-from archive_manager.errors import ArchiveExistsError
+from archive_manager.errors import ArchiveExistsError, SaveInFlightError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 #: Long enough that no lease lapses during a test: only a dead holder frees a name.
@@ -161,10 +161,91 @@ def test_a_pending_writer_of_this_process_keeps_the_name(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
-    with pytest.raises(ArchiveExistsError, match=f"pid {os.getpid()} on host"):
+    with pytest.raises(ArchiveExistsError, match=f"pid {os.getpid()} on host") as info:
         pool.save("x", tiny_rollout(6, seed=2), rollout_id=2)
+    # The specific error, with what the message says as attributes.
+    error = info.value
+    assert isinstance(error, SaveInFlightError)
+    (lease,) = _lease_rows(pool, "x")
+    assert (error.name, error.lease, error.holder) == ("x", lease.owner, this_process())
+    assert (error.holder_status, error.expires_at) == ("alive", lease.expires_at)
+    assert ", alive, lapses at" in str(error) and "\n" not in str(error)
     assert _state(pool, "x") == "pending"
     assert len(_lease_rows(pool, "x")) == 1
+
+
+def _saves(pool: ArchiveManager) -> list[tuple[str | None, bool, str | None, int | None, str]]:
+    return [(s.archive, s.pending, s.host, s.pid, s.status) for s in pool.owners().saves]
+
+
+def _pending_notice(pool: ArchiveManager) -> str:
+    (notice,) = [n.message for n in pool.verify().notices if n.kind == "pending-save"]
+    return notice
+
+
+def test_owners_and_verify_name_each_pending_saves_holder_and_whether_it_lives(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where operators look (issue 35, item 1): the owners audit and verify show the holder
+    of each save's lease, alive, dead or unknown."""
+    here = this_process()
+    die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
+    with pool.writer("y", rollout_id=3) as w:
+        w.add(tiny_rollout(1)[0])
+        assert (
+            _saves(pool)
+            == [
+                ("x", True, here["host"], os.getpid(), "alive"),
+                ("y", False, here["host"], os.getpid(), "alive"),
+            ][:: 1 if _lease_rows(pool, "x")[0].owner < w.lease else -1]
+        )
+        report = pool.owners().as_dict()
+        assert {s["archive"]: s["status"] for s in report["saves"]} == {"x": "alive", "y": "alive"}
+    assert _saves(pool) == [("x", True, here["host"], os.getpid(), "alive")]
+    notice = _pending_notice(pool)
+    assert f"held by pid {os.getpid()} on host {here['host']!r}, alive, lapses at" in notice
+
+    # Another host: this process cannot tell.
+    _set_holder(pool, "x", {"host": "elsewhere.example", "pid": 7, "start": 1})
+    assert _saves(pool) == [("x", True, "elsewhere.example", 7, "unknown")]
+    assert "pid 7 on host 'elsewhere.example', unknown" in _pending_notice(pool)
+    # An older version's lease: no holder recorded.
+    _set_holder(pool, "x", None)
+    assert _saves(pool) == [("x", True, None, None, "unknown")]
+    assert "did not record itself" in _pending_notice(pool)
+    # This host, its process gone: dead, and the next save of the name rolls it back.
+    _set_holder(pool, "x", {**here, "pid": _dead_pid()})
+    ((_, _, _, _, status),) = _saves(pool)
+    assert status == "dead"
+    notice = _pending_notice(pool)
+    assert ", dead, lapses at" in notice and "the next save of 'x' rolls it back" in notice
+    _resaved(pool, "x")
+    assert pool.owners().saves == []
+
+
+def test_the_cli_names_the_holder_in_one_line(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from archive_manager.cli import cli
+
+    samples = tiny_rollout(4, seed=5)
+    pool.save("src", samples, rollout_id=5)
+    dump = tmp_path / "x.pt"
+    pool.export("src", dump)
+    die_before_publish(pool, "x", tiny_rollout(6, seed=1), monkeypatch)
+    args = ["--root", str(pool.root), "--catalog-url", pool.catalog_url]
+    result = CliRunner().invoke(cli, [*args, "import-pt", str(dump), "--name", "x"])
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: archive 'x' already exists as a pending save")
+    assert f"pid {os.getpid()} on host" in line and ", alive, lapses at" in line
+    listed = CliRunner().invoke(cli, [*args, "owners"])
+    assert listed.exit_code == 0, listed.output
+    saves = listed.stdout.split("saves in flight or crashed")[1]
+    (row,) = [r for r in saves.splitlines() if r.strip().startswith("lease:")]
+    assert f"pid {os.getpid()} on" in row and " alive " in row and " pending " in row
 
 
 def _set_holder(pool: ArchiveManager, name: str, holder: dict[str, Any] | None) -> None:
