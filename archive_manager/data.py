@@ -28,7 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+from ._util.lazy_torch import TORCH_EXTRA_HINT
+from .errors import MissingDependencyError
+
+try:
+    import torch
+except ModuleNotFoundError as exc:
+    # A lean install has no torch: name the extra instead of a bare ModuleNotFoundError.
+    if exc.name != "torch":
+        raise
+    raise MissingDependencyError(
+        f"the torch datasets need PyTorch, which is not installed: {TORCH_EXTRA_HINT}"
+    ) from None
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .codec import StoredNumbers, materialize_tensor_refs

@@ -53,7 +53,7 @@ def pg_server() -> Iterator[PgServer]:
     try:
         import psycopg  # noqa: F401
     except ModuleNotFoundError:
-        reason = "psycopg is not installed: pip install 'archive_manager[postgres]'"
+        reason = "psycopg is not installed: pip install 'rollout-archive-manager[postgres]'"
         if required:
             pytest.fail(reason)
         pytest.skip(reason)
@@ -155,6 +155,23 @@ _SLOW_FILES = {
     "test_export_progress.py": "progress bars drawn on a pseudo-terminal",
     "test_tools_bench.py": "the benchmarks' smoke runs",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under .ci/dist-check, refuse to test anything but the installed wheel.
+
+    ``$ARCHIVE_MANAGER_EXPECT_INSTALLED`` names the environment the wheel went into; a checkout
+    found first (an editable install, a stray sys.path entry) would make the smoke run test the
+    source tree instead of the distribution.
+    """
+    expected = os.environ.get("ARCHIVE_MANAGER_EXPECT_INSTALLED")
+    if not expected:
+        return
+    import archive_manager
+
+    found = Path(archive_manager.__file__).resolve()
+    if not found.is_relative_to(Path(expected).resolve()):
+        raise pytest.UsageError(f"archive_manager was imported from {found}, not from {expected}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -121,6 +121,45 @@ def test_catalog_verbs_never_import_torch(root: Path, args: list[str]) -> None:
     assert not imported, f"archive-manager {' '.join(args)} imported torch"
 
 
+# A lean install (no torch extra): torch cannot be imported at all.
+NO_TORCH = "import sys\nsys.modules['torch'] = None\nfrom archive_manager.cli import main\nmain()\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["ls"], ["stats"], ["show", "rollout-1"], ["verify"], ["keys", "rollout-1"]],
+    ids=" ".join,
+)
+def test_catalog_verbs_run_without_torch_installed(root: Path, args: list[str]) -> None:
+    done = _python("-c", NO_TORCH, "--root", root, *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout
+
+
+def test_what_needs_torch_names_the_extra_in_one_line(root: Path, tmp_path: Path) -> None:
+    done = _python("-c", NO_TORCH, "--root", root, "export", "rollout-1", tmp_path / "out.pt")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "error: this needs PyTorch, which is not installed: "
+        "pip install 'rollout-archive-manager[torch]' "
+        "(or install the torch build that fits the machine first)"
+    ]
+    assert not (tmp_path / "out.pt").exists()
+    # Reading a sample that holds a tensor needs torch: the record is sound, the install lacks it.
+    done = _python("-c", NO_TORCH, "--root", root, "sample", "rollout-1")
+    assert done.returncode != 0
+    assert "rollout-archive-manager[torch]" in done.stderr
+    assert "malformed" not in done.stderr
+    done = _python("-c", "import sys\nsys.modules['torch'] = None\nimport archive_manager.data")
+    assert "MissingDependencyError: the torch datasets need PyTorch" in done.stderr
+
+
+def test_the_demo_runs_without_torch_installed(tmp_path: Path) -> None:
+    done = _python("-c", NO_TORCH, "--root", tmp_path / "pool", "demo")
+    assert done.returncode == 0, done.stderr
+    assert "routed experts     int32" in done.stdout
+
+
 def test_changing_verbs_never_import_torch(tmp_path: Path) -> None:
     root = tmp_path / "pool"
     with ArchiveManager.open(root) as pool:

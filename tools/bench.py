@@ -85,7 +85,9 @@ try:
     STRAW_CODECS = ("bytes.v1", "json.v1", "tensor.v1")
     SEED_CODECS = ("bytes.v1", "json.v1", "vime.v1", "tensor.v1")
 except ImportError as exc:  # an optional peer: the rest still runs
-    STRAW_SKIPPED = f"straw-queue is not installed ({exc}); pip install 'archive_manager[bench]'"
+    STRAW_SKIPPED = (
+        f"straw-queue is not installed ({exc}); pip install 'rollout-archive-manager[bench]'"
+    )
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,43 @@ if TYPE_CHECKING:
 
     import torch
 
-__all__ = ["is_tensor", "tensor_class", "torch_module"]
+__all__ = ["TORCH_EXTRA_HINT", "is_tensor", "tensor_class", "torch_installed", "torch_module"]
+
+# torch is an extra (docs/quickstart.md, "Install"): a lean install audits, lists and exports
+# pools without it, and whatever needs it names the extra.
+TORCH_EXTRA_HINT = "pip install 'rollout-archive-manager[torch]'"
 
 
 def torch_module() -> ModuleType:
-    """The torch module, imported on the first call (later calls find it in `sys.modules`)."""
-    import torch
+    """The torch module, imported on the first call (later calls find it in `sys.modules`).
 
+    Raises:
+        MissingDependencyError: torch is not installed (an ImportError too).
+    """
+    loaded = sys.modules.get("torch")
+    if loaded is not None:
+        return loaded
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        from ..errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            f"this needs PyTorch, which is not installed: {TORCH_EXTRA_HINT} "
+            "(or install the torch build that fits the machine first)"
+        ) from None
     return torch
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported here, without importing it."""
+    if sys.modules.get("torch") is not None:
+        return True
+    from importlib.util import find_spec
+
+    return find_spec("torch") is not None
 
 
 def tensor_class() -> type | None:

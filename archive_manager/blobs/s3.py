@@ -357,7 +357,7 @@ class S3BlobStore(AbstractBlobStore):
             from ..errors import MissingDependencyError
 
             raise MissingDependencyError(
-                "a pool on S3 needs boto3: pip install 'archive_manager[s3]'"
+                "a pool on S3 needs boto3: pip install 'rollout-archive-manager[s3]'"
             ) from exc
         cfg = self._config
         try:

@@ -42,7 +42,7 @@ __all__ = [
     "upgrade",
 ]
 
-_UPGRADE_HINT = "upgrade archive_manager (pip install -U archive_manager)"
+_UPGRADE_HINT = "upgrade archive_manager (pip install -U rollout-archive-manager)"
 
 
 def script_location() -> Path:

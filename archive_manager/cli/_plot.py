@@ -22,7 +22,7 @@ def _figure_class() -> Any:
         from matplotlib.figure import Figure
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "plotting needs matplotlib, which is not installed: pip install 'archive_manager[plot]'"
+            "plotting needs matplotlib, which is not installed: pip install 'rollout-archive-manager[plot]'"
         ) from exc
     return Figure
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from .._util.lazy_torch import torch_installed
 from ..errors import ArchiveReleasedError
 from ..samples import Sample
 from ._context import CliError, PoolState, one_line, pass_state
@@ -156,6 +157,8 @@ def _save_rollouts(pool: ArchiveManager, samples: int) -> None:
             response_max=_RESPONSE_MAX,
             r3_layers=r3,
             r3_topk=_R3_TOPK,
+            # A lean install (no torch extra) shows the same field as numpy arrays.
+            r3_numpy=not torch_installed(),
         )
         arc, took = _timed(
             functools.partial(pool.save, f"rollout-{rollout_id}", batch, rollout_id=rollout_id)

@@ -61,7 +61,7 @@ def _row(r: RolloutStats) -> list[object]:
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also draw reward and response length against rollout id into this image "
-    "(.png, .svg, .pdf; needs matplotlib: pip install 'archive_manager[plot]').",
+    "(.png, .svg, .pdf; needs matplotlib: pip install 'rollout-archive-manager[plot]').",
 )
 @json_option
 @pass_pool

@@ -17,7 +17,7 @@ from typing import Any
 import zstandard
 
 from .._util.digest import Buffer
-from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
+from ..errors import ArchiveError, IntegrityError, MissingDependencyError, UnsupportedFormatError
 
 __all__ = [
     "BLOB_VERSION",
@@ -103,6 +103,10 @@ def _check_magic(
 
 
 def _integrity(what: str, exc: BaseException) -> ArchiveError:
+    if isinstance(exc, MissingDependencyError):
+        # A tensor met on a lean install (no torch extra): the record is sound, the install
+        # lacks a package, and the error says which.
+        return exc
     if isinstance(exc, (IntegrityError, UnsupportedFormatError)):
         if type(exc) in (IntegrityError, UnsupportedFormatError) and not str(exc).startswith(what):
             # name the blob (and record) the error is about

@@ -70,7 +70,7 @@ def _straw() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "reading a seed (straw) archive needs the straw-queue package: "
-            "pip install 'archive_manager[straw]'"
+            "pip install 'rollout-archive-manager[straw]'"
         ) from exc
     return straw
 

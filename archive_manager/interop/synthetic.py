@@ -114,6 +114,7 @@ def make_rollout(
     vocab: int = 152_000,
     r3_layers: int | None = None,
     r3_topk: int = 8,
+    r3_numpy: bool = False,
     as_dict: bool = False,
 ) -> list[Sample] | list[dict[str, Any]]:
     """Generate one rollout of ``n_samples`` samples in groups of ``group_size``.
@@ -122,7 +123,8 @@ def make_rollout(
     ``[response_min, response_max]`` and a response at the cap is ``truncated``.  Token lists,
     loss masks and log-probs are Python lists (log-probs are float32 values held as Python
     floats), as slime keeps them.  With ``r3_layers``, every sample carries an int32 routed-expert
-    tensor ``[len(tokens) - 1, r3_layers, r3_topk]``.  Each sample has a ``task_key`` attribute
+    tensor ``[len(tokens) - 1, r3_layers, r3_topk]`` (a numpy array with ``r3_numpy``, as slime
+    hands them, and as a lean install without torch can hold them).  Each sample has a ``task_key`` attribute
     naming its prompt group.
     """
     rng = np.random.default_rng(seed)
@@ -156,10 +158,11 @@ def make_rollout(
         )
         sample.rollout_id = rollout_id
         if r3_layers:
-            sample.rollout_routed_experts = torch_module().from_numpy(
-                rng.integers(
-                    0, 128, size=(prompt_len + length - 1, r3_layers, r3_topk), dtype=np.int32
-                )
+            experts = rng.integers(
+                0, 128, size=(prompt_len + length - 1, r3_layers, r3_topk), dtype=np.int32
+            )
+            sample.rollout_routed_experts = (
+                experts if r3_numpy else torch_module().from_numpy(experts)
             )
         # task_key is no field of slime's Sample: the codec stores extra attributes too.
         sample.task_key = f"rollout-{rollout_id}/group-{group}"  # type: ignore[attr-defined]

@@ -170,7 +170,7 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         import regex as regex_module
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "regular expressions need the regex module: pip install 'archive_manager[lens]'"
+            "regular expressions need the regex module: pip install 'rollout-archive-manager[lens]'"
         ) from exc
     if _expansion(pattern) > _MAX_EXPANSION:
         raise InvalidInputError(

@@ -73,7 +73,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> TokenDecoder:
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
             "showing tokens as text needs the tokenizers library: "
-            "pip install 'archive_manager[lens]'"
+            "pip install 'rollout-archive-manager[lens]'"
         ) from exc
     try:
         tokenizer = Tokenizer.from_file(str(file))

@@ -105,7 +105,7 @@ def pyarrow_module() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "Arrow, Parquet, pandas and dataset exports need pyarrow: "
-            "pip install 'archive_manager[data]'"
+            "pip install 'rollout-archive-manager[data]'"
         ) from exc
     return pyarrow
 

@@ -1,6 +1,6 @@
 """A read-only web viewer of a pool: ``create_app(pool)`` (a Flask app) and ``serve(pool)``.
 
-Needs the ``web`` extra (Flask): ``pip install 'archive_manager[web]'``.
+Needs the ``web`` extra (Flask): ``pip install 'rollout-archive-manager[web]'``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ try:
     import flask  # noqa: F401
 except ModuleNotFoundError as exc:
     raise MissingDependencyError(
-        "the web viewer needs Flask, which is not installed: pip install 'archive_manager[web]'"
+        "the web viewer needs Flask, which is not installed: pip install 'rollout-archive-manager[web]'"
     ) from exc
 
 from .app import create_app

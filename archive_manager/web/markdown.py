@@ -34,7 +34,7 @@ def _renderer() -> Any:
         from markdown_it import MarkdownIt
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "rendering Markdown needs markdown-it-py: pip install 'archive_manager[lens]'"
+            "rendering Markdown needs markdown-it-py: pip install 'rollout-archive-manager[lens]'"
         ) from exc
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable("table")

@@ -348,7 +348,7 @@ def test_cli_stats_plot_without_matplotlib_says_how_to_install(
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr.strip() == (
         "error: plotting needs matplotlib, which is not installed: "
-        "pip install 'archive_manager[plot]'"
+        "pip install 'rollout-archive-manager[plot]'"
     )
     assert not (tmp_path / "x.png").exists()
     with pytest.raises(MissingDependencyError), ArchiveManager.open(root) as pool:

@@ -767,7 +767,7 @@ def test_serve_without_flask_says_how_to_install_it(
     assert result.exit_code == 1
     assert result.stderr.strip() == (
         "error: the web viewer needs Flask, which is not installed: "
-        "pip install 'archive_manager[web]'"
+        "pip install 'rollout-archive-manager[web]'"
     )
 
 

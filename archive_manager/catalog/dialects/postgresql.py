@@ -55,7 +55,7 @@ PG_WRITE_LOCK = 0x61726368_6D677231  # b"archmgr1": fixed, so every process agre
 ``BEGIN IMMEDIATE``. Advisory locks are per database, so pools in different databases never
 wait for each other."""
 
-POSTGRES_EXTRA_HINT = "pip install 'archive_manager[postgres]'"
+POSTGRES_EXTRA_HINT = "pip install 'rollout-archive-manager[postgres]'"
 
 
 def _create_engine(url: URL, **kwargs: Any) -> Engine:
