@@ -819,14 +819,16 @@ class ArchiveManager:
         state: str | None = "published",
         since: datetime | None = None,
         *,
+        rollout_ids: int | range | tuple[int | None, int | None] | None = None,
         limit: int | None = None,
         after: str | None = None,
     ) -> list[ArchiveInfo]:
         """Archives matching every filter given, by rollout id (archives without one last)
         then name.
 
-        ``rollout_id`` is one id, a ``range`` or an inclusive ``(low, high)`` with optional
-        ends (the CLI's ``A..B``, ``A..``, ``..B``).
+        ``rollout_ids`` (the name `query`, `stats`, the datasets and the exports use; the
+        older ``rollout_id`` means the same) is one id, a ``range`` or an inclusive
+        ``(low, high)`` with optional ends (the CLI's ``A..B``, ``A..``, ``..B``).
 
         ``state=None`` means every state (pending saves included); ``since`` keeps archives
         created at or after that time (a naive datetime is local time).  ``limit`` returns
@@ -837,6 +839,12 @@ class ArchiveManager:
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
         """
+        if rollout_ids is not None:
+            if rollout_id is not None:
+                raise InvalidInputError(
+                    "give rollout_ids or its older spelling rollout_id, not both"
+                )
+            rollout_id = rollout_ids
         f = listing_filter(rollout_id, evaluation, task_key, state, since, limit=limit, after=after)
         a, e = archives_table, entries_table
         query = select(a)

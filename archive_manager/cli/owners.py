@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 __all__ = ["echo_plan", "forget", "owners", "release", "release_owner", "retain"]
 
+# A first hour's stumble: gc right after a release reclaimed nothing, and only then said why.
+RECLAIM_HINT = (
+    "'archive-manager gc' reclaims the blobs nothing else retains once they are older than "
+    "its --grace (1h by default, so a save in flight keeps what it wrote)"
+)
+
 
 def _frees(plan: ReleasePlan) -> str:
     # Only what no other owner (nor a save in flight) retains comes free, and only once gc
@@ -85,7 +91,7 @@ def _finish(plan: ForgetPlan, as_json: bool) -> None:
     if as_json:
         echo_json(plan.as_dict())
     elif plan.released:
-        echo(f"released {len(plan.released)} archive(s); run 'archive-manager gc' to reclaim space")
+        echo(f"released {len(plan.released)} archive(s); {RECLAIM_HINT}")
     elif not plan.dry_run and plan.release:
         echo("nothing released: another process released them first")
 
@@ -128,7 +134,7 @@ def _release_one(pool: ArchiveManager, name: str, yes: bool, dry_run: bool, as_j
     if as_json:
         echo_json(result)
     else:
-        echo(f"released archive {arc.name!r}; run 'archive-manager gc' to reclaim space")
+        echo(f"released archive {arc.name!r}; {RECLAIM_HINT}")
 
 
 @click.command()
@@ -347,7 +353,7 @@ def release_owner(
     if as_json:
         echo_json(result)
     elif count:
-        echo(f"released {owner} from {count} archive(s); run 'archive-manager gc' to reclaim space")
+        echo(f"released {owner} from {count} archive(s); {RECLAIM_HINT}")
     else:
         echo(f"{owner} retained nothing; nothing changed")
 

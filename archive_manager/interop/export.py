@@ -115,6 +115,12 @@ def selected_archives(
     """``[(archive, positions)]`` of the samples the query selects, in its order."""
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
         raise InvalidInputError("names must be a list of archive names")
+    if "rollout_id" in filters:
+        # find's spelling: the same filter, so a query copied from find works here too.
+        if "rollout_ids" in filters:
+            raise InvalidInputError("give rollout_ids or its older spelling rollout_id, not both")
+        filters = {**filters, "rollout_ids": filters["rollout_id"]}
+        del filters["rollout_id"]
     unknown = sorted(set(filters) - _FILTERS)
     if unknown:
         raise InvalidInputError(

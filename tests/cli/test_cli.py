@@ -794,3 +794,12 @@ def test_sample_without_a_position_shows_the_first(
     assert both.exit_code == 2 and "not both" in both.output
     empty = run("sample", "empty")
     assert empty.exit_code == 1 and "holds 0" in empty.output
+
+
+def test_release_says_when_gc_reclaims(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    # gc right after a release reclaimed nothing (the grace period), and said so only then.
+    out = run("release", "--yes", "eval-1").stdout
+    assert out.startswith("released archive 'eval-1'; ")
+    assert "--grace (1h by default" in out

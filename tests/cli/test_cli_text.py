@@ -252,3 +252,14 @@ def test_durations_out_of_range_are_usage_errors(run: Callable[..., Result], arg
     assert "Traceback" not in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and ("--grace" in errors[0] or "--since" in errors[0]), errors
+
+
+def test_help_lists_the_verbs_by_task_with_a_place_to_start() -> None:
+    from archive_manager.cli import VERB_SECTIONS
+
+    placed = [verb for _, verbs in VERB_SECTIONS for verb in verbs]
+    assert sorted(placed) == sorted(cli.commands), "place every verb in VERB_SECTIONS once"
+    out = clean(CliRunner().invoke(cli, ["--help"])).stdout
+    titles = [line for line in out.splitlines() if line and not line.startswith(" ")]
+    assert titles[-len(VERB_SECTIONS) :] == [f"{title}:" for title, _ in VERB_SECTIONS]
+    assert out.index("Start here:") < out.index("  demo ") < out.index("  gc ")

@@ -220,3 +220,17 @@ def test_datasets_take_every_filter_of_query(tmp_path: Path) -> None:
         # The ends narrow a range as `query` narrows it.
         both = dict(rollout_ids=(0, 2), min_rollout_id=1)
         assert len(RolloutDataset(pool, **both, as_tensors=False)) == len(pool.query(**both)) == 4
+
+
+def test_rollout_filters_have_one_name_everywhere(root: Path) -> None:
+    # find(rollout_id=) but query(rollout_ids=), and the datasets refused find's spelling.
+    with ArchiveManager.open(root) as pool:
+        assert [a.name for a in pool.find(rollout_ids=(1, 2), state=None)] == ["r1", "r2"]
+        assert [a.name for a in pool.find(rollout_id=(1, 2), state=None)] == ["r1", "r2"]
+        with pytest.raises(InvalidInputError, match="not both"):
+            pool.find(rollout_id=1, rollout_ids=1)
+        assert {r.archive for r in pool.query(rollout_ids=1)} == {"r1"}
+    new = RolloutDataset(root, fields=["archive"], rollout_ids=1)
+    old = RolloutDataset(root, fields=["archive"], rollout_id=1)
+    assert len(new) == len(old) == 10
+    assert {new[i]["archive"] for i in range(len(new))} == {"r1"}
