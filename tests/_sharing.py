@@ -107,18 +107,26 @@ def tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
 # --------------------------------------------------------------------------- other accounts
 
 
-def _blocking_ancestor() -> tuple[Path, str] | None:
-    """The outermost folder on the way to this Python's files that other accounts cannot
-    enter (``/root`` for a pyenv build in root's home), with the child leading on."""
+def _python_paths() -> set[Path]:
+    """The folders this Python's files live in: interpreter, standard library, site-packages
+    (a virtual environment's and its base's)."""
     wanted = {Path(sys.base_prefix), Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])}
     wanted.add(Path(os.path.realpath(sys.executable)).parent)
-    for target in sorted(wanted):
+    return wanted
+
+
+def blocking_ancestors(targets: set[Path]) -> dict[Path, set[str]]:
+    """Every folder on the way to ``targets`` that other accounts cannot enter, with the
+    children leading on, outermost first: ``/root`` for a pyenv build in root's home, and a
+    private temp folder holding a virtual environment, at once."""
+    found: dict[Path, set[str]] = {}
+    for target in targets:
         parts = target.resolve().parts
         for i in range(1, len(parts)):
             folder = Path(*parts[:i])
             if not os.stat(folder).st_mode & stat.S_IXOTH:
-                return folder, parts[i]
-    return None
+                found.setdefault(folder, set()).add(parts[i])
+    return dict(sorted(found.items(), key=lambda item: len(item[0].parts)))
 
 
 def as_user_prefix(user: str, group: str, scratch: Path) -> tuple[str, list[str]]:
@@ -126,21 +134,21 @@ def as_user_prefix(user: str, group: str, scratch: Path) -> tuple[str, list[str]
     and the command prefix that runs a command as ``user`` (primary group ``group``, umask 022).
 
     NOTE: this Python may live in root's home (pyenv), which other accounts cannot enter,
-    with its shared library found there by absolute path.  Inside the private namespace
-    only, a world-enterable stand-in of that folder is mounted over it, holding just the
-    way to the Python (a bind mount of the real child folder): the files keep their paths.
+    with its shared library found there by absolute path, and its virtual environment in
+    another such folder.  Inside the private namespace only, a world-enterable stand-in of
+    each such folder is mounted over it, holding just the ways to the Python (bind mounts of
+    the real child folders): the files keep their paths.  Outer folders go first, so an inner
+    one is reached through its outer stand-in.
     """
     setup = ""
-    blocking = _blocking_ancestor()
-    if blocking is not None:
-        folder, child = blocking
+    for folder, children in blocking_ancestors(_python_paths()).items():
         stand_in = scratch / f"stand-in-{uuid.uuid4().hex[:8]}"
-        (stand_in / child).mkdir(parents=True)
+        stand_in.mkdir(parents=True)
         os.chmod(stand_in, 0o755)
-        setup = (
-            f'mount --bind "{folder / child}" "{stand_in / child}" && '
-            f'mount --rbind "{stand_in}" "{folder}" && '
-        )
+        for child in sorted(children):
+            (stand_in / child).mkdir()
+            setup += f'mount --bind "{folder / child}" "{stand_in / child}" && '
+        setup += f'mount --rbind "{stand_in}" "{folder}" && '
     prefix = ["setpriv", "--reuid", user, "--regid", group, "--clear-groups", "--"]
     return setup, prefix
 

@@ -32,6 +32,7 @@ import pytest
 from _sharing import (
     WORKTREE,
     as_user_prefix,
+    blocking_ancestors,
     child_env,
     read_only_mount_command,
     require_mount_namespace,
@@ -1167,3 +1168,21 @@ def test_db_verbs_recover_a_wal_without_shm_when_they_may_write(tmp_path: Path, 
     assert "-shm" not in result.output, result.output
     with ArchiveManager.open(root, read_only=True) as reader:
         assert sorted(i.name for i in reader.find()) == ["first", "second"]
+
+
+def test_every_folder_others_cannot_enter_gets_a_stand_in(tmp_path: Path) -> None:
+    # A virtual environment in a private temp folder and the interpreter in root's home: only
+    # the first such folder had a stand-in, so the other accounts could not start Python.
+    venv = tmp_path / "private-a" / "venv" / "lib"
+    python = tmp_path / "private-b" / "pyenv" / "bin"
+    venv.mkdir(parents=True)
+    python.mkdir(parents=True)
+    os.chmod(tmp_path / "private-a", 0o700)
+    os.chmod(tmp_path / "private-b", 0o700)
+    os.chmod(tmp_path / "private-b" / "pyenv", 0o700)
+    found = blocking_ancestors({venv, python})
+    assert found[tmp_path / "private-a"] == {"venv"}
+    assert found[tmp_path / "private-b"] == {"pyenv"}
+    assert found[tmp_path / "private-b" / "pyenv"] == {"bin"}
+    order = list(found)
+    assert order.index(tmp_path / "private-b") < order.index(tmp_path / "private-b" / "pyenv")
