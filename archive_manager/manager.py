@@ -1461,9 +1461,13 @@ class ArchiveManager:
         evaluation: bool | None = None,
         mapping: dict[str, str] | None = None,
         format: str | None = None,
+        rollout_id_column: str | None = None,
     ) -> Archive:
         """Import a Parquet or JSONL file (an export of this library, or another framework's
-        rows with ``mapping`` from sample fields to columns) as a new archive."""
+        rows with ``mapping`` from sample fields to columns) as a new archive.
+
+        A foreign row's missing status or response length stays unknown in the catalog;
+        ``rollout_id_column`` takes the rollout id from a column (TRL's ``step``)."""
         from .interop.export import import_table
 
         self._refuse_if_read_only("import")
@@ -1475,6 +1479,7 @@ class ArchiveManager:
             evaluation=evaluation,
             mapping=mapping,
             format=format,
+            rollout_id_column=rollout_id_column,
         )
 
     def owners(self) -> OwnersReport:

@@ -132,6 +132,11 @@ def _mapping(ctx: click.Context, param: click.Parameter, value: tuple[str, ...])
 )
 @click.option("--rollout-id", type=int, help="The archive's rollout id (default: the export's).")
 @click.option(
+    "--rollout-id-column",
+    metavar="COLUMN",
+    help="Take the rollout id from this column (TRL's and verl's step); one value per file.",
+)
+@click.option(
     "--evaluation/--no-evaluation",
     default=None,
     help="Mark the archive an evaluation (default: the export's; else no).",
@@ -156,6 +161,7 @@ def import_file(
     file: Path,
     name: str | None,
     rollout_id: int | None,
+    rollout_id_column: str | None,
     evaluation: bool | None,
     mapping: dict[str, str],
     fmt: str | None,
@@ -173,6 +179,7 @@ def import_file(
         evaluation=evaluation,
         mapping=mapping or None,
         format=fmt,
+        rollout_id_column=rollout_id_column,
     )
     info = arc.info()
     if as_json:

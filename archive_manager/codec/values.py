@@ -18,6 +18,7 @@ import gc
 import json
 import marshal
 import math
+import re
 import struct
 import sys
 from bisect import bisect_left, bisect_right
@@ -121,6 +122,32 @@ def _numpy_dtype(name: str) -> np.dtype | None:
 
 
 _NUMPY_DTYPES = {name: dtype for name in _DTYPE_NAMES if (dtype := _numpy_dtype(name)) is not None}
+# numpy's fixed-width text dtypes, by their dtype.str ("<U12", "|S5"): what np.array of strings
+# gives (verl's reward-info columns).  Only these spellings are read back, so a stored dtype
+# can never name an object, record or big-endian dtype.
+_TEXT_DTYPE = re.compile(r"(<U|\|S)[0-9]{1,9}")
+
+
+def _array_dtype_code(dtype: np.dtype) -> str | None:
+    """How a node names an array's dtype: numeric by name, text by ``dtype.str``; None for a
+    dtype the codec cannot hold as bytes."""
+    if dtype.name in _NUMPY_DTYPES and dtype.byteorder != ">":
+        return dtype.name
+    if dtype.kind in "US" and _TEXT_DTYPE.fullmatch(dtype.str):
+        return dtype.str
+    return None
+
+
+def _array_dtype(code: object) -> np.dtype:
+    if type(code) is str:
+        found = _NUMPY_DTYPES.get(code)
+        if found is not None:
+            return found
+        if _TEXT_DTYPE.fullmatch(code):
+            return np.dtype(code)
+    raise IntegrityError(f"a stored numpy array has a malformed dtype {code!r:.40}")
+
+
 _INT_NARROWING = [
     (np.dtype(n), int(np.iinfo(n).min), int(np.iinfo(n).max))
     for n in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
@@ -235,6 +262,11 @@ class _Encoder:
             return self._tensor(value)
         if isinstance(value, TensorRef):
             return self._tensor(value.materialize())
+        if t is np.str_:
+            # verl's reward-info arrays hand these out: loaded as numpy strings, exactly.
+            return {_TAG: "npstr", "v": self.encode(str(value))}
+        if t is np.bytes_:
+            return {**self._bytes(bytes(value)), _TAG: "npbytes"}
         if isinstance(value, np.ndarray):
             if t is np.memmap:
                 # A memory-mapped array (np.load(..., mmap_mode="r")) is an ndarray whose
@@ -246,6 +278,8 @@ class _Encoder:
                     "subclass): it would load as a plain numpy.ndarray; store np.asarray(value) "
                     "(which drops what the subclass adds, e.g. a mask or matrix semantics)"
                 )
+            if value.dtype == object:
+                return self._object_array(value)
             return self._ndarray(value)
         if (
             isinstance(value, np.generic)
@@ -616,12 +650,22 @@ class _Encoder:
         self.views[view] = (alias, value, None)
         return alias
 
+    def _object_array(self, value: np.ndarray) -> dict[str, Any]:
+        """A numpy array of dtype object (verl's ``non_tensor_batch`` columns: ids, prompts as
+        chat messages, reward-model dicts): its shape and each item, any storable value, in C
+        order.  It loads as an object array of the same shape holding equal items."""
+        items = [self.encode(item) for item in value.ravel(order="C")]
+        return {_TAG: "ndobj", "sh": list(value.shape), "v": items}
+
     def _ndarray_tree(self, value: np.ndarray | np.generic) -> dict[str, Any]:
         # NOTE: not ascontiguousarray, which turns 0-d arrays and scalars into shape (1,);
         # tobytes() writes C order whatever the layout.
         arr = np.asarray(value)
-        if arr.dtype.name not in _NUMPY_DTYPES or arr.dtype.byteorder == ">":
-            raise UnencodableError(f"cannot store a numpy array of dtype {arr.dtype}")
+        if _array_dtype_code(arr.dtype) is None:
+            raise UnencodableError(
+                f"cannot store a numpy array of dtype {arr.dtype} (numeric, bool, fixed-width "
+                "text and object arrays are stored)"
+            )
         offset, nbytes = self.record.add(arr.tobytes())
         return {"sh": list(arr.shape), "o": offset, "n": nbytes}
 
@@ -646,7 +690,8 @@ class _Encoder:
             )
             self._from_memory(memory, value.nbytes, footprint)
         alias = self._alias(view, value) if known is None else known[0]
-        return {_TAG: "ndarray", "d": value.dtype.name, **self._ndarray_tree(value), "a": alias}
+        code = _array_dtype_code(value.dtype)
+        return {_TAG: "ndarray", "d": code, **self._ndarray_tree(value), "a": alias}
 
 
 def _pil_image_class(value: Any) -> type | None:
@@ -1351,6 +1396,15 @@ class _Decoder:
             return self._shared(node, lambda: self._ndarray(node["d"], node).copy())
         if tag == "npscalar":
             return self._ndarray(node["d"], node["v"])[()]
+        if tag == "npstr":
+            text = self.decode(node["v"])
+            if type(text) is not str:
+                raise IntegrityError("a stored numpy string is malformed")
+            return np.str_(text)
+        if tag == "npbytes":
+            return np.bytes_(bytes(self._slice(node)))
+        if tag == "ndobj":
+            return self._object_array(node)
         if tag == "bytes":
             return bytes(self._slice(node))
         if tag == "bytearray":
@@ -1377,12 +1431,25 @@ class _Decoder:
             return value
         raise UnsupportedFormatError(f"unknown value tag {tag!r:.40} (written by a newer library?)")
 
+    def _object_array(self, node: dict[str, Any]) -> np.ndarray:
+        shape = _check_shape(node["sh"])
+        items = node["v"]
+        if type(items) is not list or len(items) != math.prod(shape):
+            raise IntegrityError("a stored object array's items do not match its shape")
+        out = np.empty(len(items), dtype=object)
+        for i, item in enumerate(items):
+            # NOTE: item by item: np.array(list) would turn nested lists into more dimensions.
+            out[i] = self.decode(item)
+        return out.reshape(shape)
+
     def _ndarray(self, dtype_name: str, node: dict[str, Any]) -> np.ndarray:
-        dtype = _NUMPY_DTYPES[dtype_name]
+        dtype = _array_dtype(dtype_name)
         shape = _check_shape(node["sh"])
         mv = self._slice(node)
         if math.prod(shape) * dtype.itemsize != mv.nbytes:
             raise IntegrityError("numpy array size does not match its stored bytes")
+        if dtype.itemsize == 0:
+            return np.zeros(shape, dtype)  # np.array(["", ""]) is "<U1"; np.array([], "U") is not
         return np.frombuffer(mv, dtype=dtype).reshape(shape)
 
 

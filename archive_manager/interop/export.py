@@ -584,6 +584,19 @@ def _jsonl_imported(path: Path, mapping: dict[str, str]) -> Iterator[ImportedRow
         )
 
 
+def _rollout_id_in(sample: Any, field: str, where: str) -> int:
+    import numpy as np
+
+    value = sample.get(field, None) if type(sample) is dict else getattr(sample, field, None)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if type(value) is bool or not isinstance(value, (int, np.integer)):
+        raise InvalidInputError(
+            f"{where}: the rollout id column {field!r} holds {value!r:.40}, not an integer"
+        )
+    return int(value)
+
+
 def import_table(
     pool: PoolContext,
     path: str | os.PathLike[str],
@@ -593,6 +606,7 @@ def import_table(
     evaluation: bool | None = None,
     mapping: Mapping[str, str] | None = None,
     format: str | None = None,
+    rollout_id_column: str | None = None,
 ) -> Archive:
     """`ArchiveManager.import_table`: a Parquet or JSONL file as a new archive.
 
@@ -601,7 +615,10 @@ def import_table(
     given here win).  Other tables (verl's ``rollout_data_dir`` dumps, a DataFrame's
     Parquet) give one `Sample` per row, ``mapping`` renaming columns to sample fields
     (``{"prompt": "input", "response": "output", "reward": "score"}``); a ``task_key``
-    field becomes the task key.
+    field becomes the task key.  A foreign row without a ``status`` or a ``response_length``
+    has none in the catalog (statistics count it as unknown), never the `Sample` class's
+    defaults ("pending", 0).  ``rollout_id_column`` names the column holding the rollout id
+    (TRL's ``step``, verl's ``step``): every row must hold the same integer.
 
     Raises:
         UnsupportedFormatError: an unknown format, or a file that is not what its suffix says.
@@ -626,6 +643,15 @@ def import_table(
     first = next(rows, None)
     if first is None:
         raise InvalidInputError(f"{source} holds no rows")
+    if rollout_id_column is not None and rollout_id is not None:
+        raise InvalidInputError("give rollout_id or rollout_id_column, not both")
+    # A mapped column is the field it was renamed to.
+    by_column = {column: target for target, column in fields.items()}
+    step_field = (
+        None if rollout_id_column is None else by_column.get(rollout_id_column, rollout_id_column)
+    )
+    if step_field is not None:
+        rollout_id = _rollout_id_in(first.sample, step_field, f"{source}, row 0")
     archive = name if name is not None else first.archive
     if archive is None:
         raise InvalidInputError(
@@ -645,8 +671,15 @@ def import_table(
                     f"{source} holds rows of archives {first.archive!r} and {row.archive!r}; "
                     "import one archive per file"
                 )
+            if step_field is not None and number:
+                step = _rollout_id_in(row.sample, step_field, f"{source}, row {number}")
+                if step != rollout_id:
+                    raise InvalidInputError(
+                        f"{source} holds rows of rollout ids {rollout_id} and {step} (column "
+                        f"{rollout_id_column!r}); import one rollout id per file"
+                    )
             try:
-                writer.add(row.sample, task_key=row.task_key)
+                writer.add(row.sample, task_key=row.task_key, facts=row.facts)
             except UnencodableError as exc:
                 raise UnencodableError(f"{source}, row {number}: {exc}") from None
     return open_archive(pool, archive)

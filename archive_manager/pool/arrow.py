@@ -529,12 +529,23 @@ def _to_json(value: Any, repeats: _Repeats) -> Any:
             "sh": list(array.shape),
             "v": _to_json(array.reshape(-1).tolist(), repeats),
         }
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufU":
         repeats.add(value, value.nbytes)
         flat = _to_json(value.reshape(-1).tolist(), repeats)
         return {_TAG: "ndarray", "d": value.dtype.str, "sh": list(value.shape), "v": flat}
+    if isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        repeats.add(value, value.nbytes)
+        flat = [base64.b64encode(v).decode("ascii") for v in value.reshape(-1).tolist()]
+        return {_TAG: "ndarray", "d": value.dtype.str, "sh": list(value.shape), "v": flat}
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        items = [_to_json(v, repeats) for v in value.reshape(-1).tolist()]
+        return {_TAG: "ndobj", "sh": list(value.shape), "v": items}
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
         return {_TAG: "npscalar", "d": value.dtype.str, "v": _to_json(value.item(), repeats)}
+    if t is np.str_:
+        return {_TAG: "npstr", "v": str(value)}
+    if t is np.bytes_:
+        return {_TAG: "npbytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if t is bytes or t is bytearray:
         return {_TAG: t.__name__, "v": base64.b64encode(value).decode("ascii")}
     if t.__module__.startswith("PIL.") and codec_values._pil_image_class(value) is not None:
@@ -589,8 +600,26 @@ def from_json_value(value: Any) -> Any:
             flat = torch_module().tensor(from_json_value(value["v"]), dtype=dtype)
             return flat.reshape(value["sh"])
         if tag == "ndarray":
-            flat = from_json_value(value["v"])
-            return np.array(flat, dtype=np.dtype(value["d"])).reshape(value["sh"])
+            dtype = np.dtype(value["d"])
+            if dtype.kind not in "biufcUS":
+                raise TypeError(f"dtype {dtype} is no array the pool stores as values")
+            if dtype.kind == "S":
+                flat = [base64.b64decode(v, validate=True) for v in value["v"]]
+            else:
+                flat = from_json_value(value["v"])
+            return np.array(flat, dtype=dtype).reshape(value["sh"])
+        if tag == "ndobj":
+            items = [from_json_value(v) for v in value["v"]]
+            out = np.empty(len(items), dtype=object)
+            for i, item in enumerate(items):
+                out[i] = item  # item by item: nested lists stay items, not dimensions
+            return out.reshape(value["sh"])
+        if tag == "npstr":
+            if type(value["v"]) is not str:
+                raise TypeError("its value is not text")
+            return np.str_(value["v"])
+        if tag == "npbytes":
+            return np.bytes_(base64.b64decode(value["v"], validate=True))
         if tag == "npscalar":
             return np.dtype(value["d"]).type(from_json_value(value["v"]))
         if tag in ("bytes", "bytearray"):
@@ -772,6 +801,10 @@ class ImportedRow:
     rollout_id: int | None
     evaluation: bool | None
     attrs: dict[str, Any] | None
+    #: What the catalog records instead of what the sample object says: a foreign row without
+    #: a status or a response length has none (a `Sample` built from it says "pending" and 0,
+    #: its class defaults, which no catalog should present as facts).
+    facts: dict[str, Any] | None = None
 
 
 def is_export(names: Iterable[str]) -> bool:
@@ -895,8 +928,9 @@ def imported_row(
             sample = Sample.from_dict(fields)
         except (TypeError, ValueError) as exc:
             raise UnsupportedFormatError(f"{where} does not fit a Sample: {exc}") from None
+        facts = {key: None for key in ("status", "response_length") if fields.get(key) is None}
         # a task_key column (or one mapped to it) is the task key, as a save reads it
-        return ImportedRow(sample, task_key_of(sample), None, None, None, None)
+        return ImportedRow(sample, task_key_of(sample), None, None, None, None, facts or None)
     fields = {}
     for name, value in row.items():
         if name in RESERVED or value is _MISSING:

@@ -16,7 +16,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -185,8 +185,12 @@ class ArchiveWriter:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, sample: Any, task_key: Any = _UNSET) -> None:
-        """Append one sample.  ``task_key`` overrides the key read from the sample.
+    def add(
+        self, sample: Any, task_key: Any = _UNSET, *, facts: Mapping[str, Any] | None = None
+    ) -> None:
+        """Append one sample.  ``task_key`` overrides the key read from the sample;
+        ``facts`` (``status``, ``response_length``, ``reward``) override what the catalog
+        records of it, None meaning unknown (an import of rows that hold no status).
 
         The sample is encoded now: what it holds at this call is what is stored, and the
         caller may reuse or change it afterwards.
@@ -207,6 +211,14 @@ class ArchiveWriter:
         # codec accepted; nothing is appended until both succeeded.
         encoded = codec.encode_sample(sample, inline_limit=self._pool.inline_limit, copy=self._copy)
         description = describe_sample(sample)
+        if facts:
+            unknown = set(facts) - _OVERRIDABLE_FACTS
+            if unknown:
+                raise InvalidInputError(
+                    f"facts: {', '.join(sorted(unknown))} cannot be set; "
+                    f"only {', '.join(sorted(_OVERRIDABLE_FACTS))}"
+                )
+            description.update(facts)
         self._entries.append((position, skey, key, self._next_ordinal, len(self._buffer.records)))
         self._metadata.append(description)
         self._buffer.add(encoded)
@@ -866,6 +878,9 @@ def _indexed_reward(description: dict[str, Any]) -> float | None:
     except OverflowError:
         return None
     return value if math.isfinite(value) else None
+
+
+_OVERRIDABLE_FACTS = frozenset({"status", "response_length", "reward"})
 
 
 def _indexed_length(description: dict[str, Any]) -> int | None:

@@ -154,3 +154,106 @@ def test_a_dict_subclass_sample_keeps_its_type_or_is_refused(
         return  # refused, naming the type: fine
     (back,) = pool.open_archive(name).load_samples()
     assert type(back) is type(sample)
+
+
+# --------------------------------------------------------------------------- numpy text and objects
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep equality that also checks types, and numpy dtypes and shapes, at every depth."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype == object:
+            return all(same(x, y) for x, y in zip(a.ravel(), b.ravel(), strict=True))
+        return bool(np.array_equal(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def objects(items: list[Any]) -> np.ndarray:
+    """An object array of ``items`` as verl's collate builds its non-tensor columns
+    (``np.fromiter(values, dtype=object)``): one Python object per row, never more dimensions."""
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
+
+
+def verl_non_tensor_batch(rows: int = 4) -> dict[str, np.ndarray]:
+    """The non-tensor part of a verl GRPO batch, column shapes as verl's dataset, rollout and
+    reward manager leave them: object arrays of ids, text, chat messages, reward-model dicts,
+    token-id lists and per-turn scores; reward-info columns as ``np.array`` makes them."""
+    return {
+        "uid": objects([f"4f1c-{i // 2}" for i in range(rows)]),
+        "data_source": objects(["openai/gsm8k"] * rows),
+        "reward_model": objects(
+            [{"ground_truth": str(i * 7), "style": "rule"} for i in range(rows)]
+        ),
+        "raw_prompt": objects(
+            [[{"role": "user", "content": f"What is {i} * 7?"}] for i in range(rows)]
+        ),
+        "raw_prompt_ids": objects([[151644, 872, 198, 1000 + i] for i in range(rows)]),
+        "extra_info": objects(
+            [{"index": i, "split": "train", "answer": None} for i in range(rows)]
+        ),
+        "tools_kwargs": objects([{} for _ in range(rows)]),
+        "turn_scores": objects([[0.5, 1.0][: i % 3] for i in range(rows)]),
+        "index": objects(list(range(rows))),
+        "__num_turns__": np.array([2] * rows, dtype=np.int32),
+        "pred": np.array([str(i * 7) if i % 2 else "" for i in range(rows)]),  # "<U2"
+        "acc": np.array([bool(i % 2) for i in range(rows)]),
+        "raw_bytes": np.array([b"ab", b"c", b"", b"d"][:rows]),  # "|S2"
+    }
+
+
+def test_a_verl_batchs_non_tensor_columns_round_trip_with_dtype_and_shape(
+    pool: ArchiveManager,
+) -> None:
+    """Issue 38: 20 of the 23 non-tensor columns of a verl batch were refused (object and
+    unicode arrays); the whole ``non_tensor_batch`` is now one storable value."""
+    batch = verl_non_tensor_batch()
+    loaded = round_trip(pool, {"non_tensor_batch": batch})
+    assert same(loaded["non_tensor_batch"], batch)
+    assert loaded["non_tensor_batch"]["pred"].dtype.str == "<U2"
+
+
+def test_a_row_of_a_verl_batch_keeps_numpy_strings(pool: ArchiveManager) -> None:
+    """Indexing a reward-info array gives numpy.str_ (a str subclass the error said was
+    allowed): stored, and loaded as numpy strings, exactly."""
+    batch = verl_non_tensor_batch()
+    row = {key: column[1] for key, column in batch.items()}
+    assert type(row["pred"]) is np.str_ and type(row["raw_bytes"]) is np.bytes_
+    loaded = round_trip(pool, row)
+    assert same(loaded, row)
+    assert type(loaded["pred"]) is np.str_ and type(loaded["acc"]) is np.bool_
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        objects([objects(["a", 1]), np.arange(3), None]),  # object arrays inside object arrays
+        np.array([[{"a": 1}, [1, 2]], [("t", 2), "x"]], dtype=object),  # 2-d
+        np.array({"k": "v"}, dtype=object),  # 0-d
+        np.empty((0, 3), dtype=object),
+        np.array(["", ""]),  # "<U1" whose items are empty
+        np.array([], dtype="<U5"),
+        np.array([["longer text", "é"], ["ü", "x" * 300]]),
+        np.str_("x" * 5000),  # a long text goes to the array section
+        np.array(["à", "b"])[::-1],  # a strided view
+    ],
+    ids=["nested", "2d", "0d", "empty-2d", "empty-strings", "empty-U", "2d-U", "long-str", "view"],
+)
+def test_numpy_text_and_object_arrays_at_any_shape(pool: ArchiveManager, value: Any) -> None:
+    loaded = round_trip(pool, {"v": value, "in": [{"deep": value}]})
+    assert same(loaded["v"], value) and same(loaded["in"][0]["deep"], value)
+
+
+def test_object_arrays_of_unstorable_items_are_refused(pool: ArchiveManager) -> None:
+    refused(pool, {"col": objects([object()])}, "cannot store a value of type builtins.object")
+    refused(pool, {"col": np.array(["2025-01-01"], dtype="datetime64[D]")}, "dtype datetime64")

@@ -26,6 +26,7 @@ from archive_manager import ArchiveManager, Sample
 from archive_manager.cli import cli
 from archive_manager.errors import (
     ArchiveExistsError,
+    ArchiveNotFoundError,
     InvalidInputError,
     UnencodableError,
     UnsupportedFormatError,
@@ -208,6 +209,54 @@ def test_import_of_verl_jsonl_with_a_field_mapping(pool: ArchiveManager, tmp_pat
         tmp_path / "frame.parquet", name="frame", mapping={"prompt": "question"}
     )
     assert [s.prompt for s in arc.load_samples()] == ["a", "b"]
+
+
+def test_imports_of_foreign_rows_invent_no_status_or_length(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """Issue 38: verl's dump and TRL's completions, finished and scored, imported as 100%
+    pending with length 0 (the Sample class's defaults recorded as facts); TRL's step column
+    could not be the rollout id."""
+    trl = tmp_path / "completions_00003.parquet"  # TRL's log_completions: one file per step
+    pd.DataFrame(
+        {
+            "step": [3, 3, 3],
+            "prompt": ["p0", "p0", "p1"],
+            "completion": ["c0", "c1", "c2"],
+            "reward": [1.0, 0.0, 0.5],
+            "advantage": [0.7, -0.7, 0.0],
+        }
+    ).to_parquet(trl)
+    result = CliRunner().invoke(
+        cli,
+        ["--root", str(pool.root), "import", str(trl), "--name", "trl-3",
+         "--rollout-id-column", "step", "--map", "response=completion,task_key=prompt"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    arc = pool.open_archive("trl-3")
+    assert arc.rollout_id == 3
+    rows = [r for r in pool.query(rollout_ids=3) if r.archive == "trl-3"]
+    assert [(r.status, r.response_length, r.reward) for r in rows] == [
+        (None, None, 1.0),
+        (None, None, 0.0),
+        (None, None, 0.5),
+    ]
+    (stats,) = pool.stats(3)
+    assert stats.archives == 1 and stats.samples == 3 and stats.length_mean is None
+    assert "pending" not in dict(stats.status)
+    # A row that holds a status and a length keeps them.
+    dump = tmp_path / "7.jsonl"
+    dump.write_text(json.dumps({"input": "q", "status": "truncated", "response_length": 9}) + "\n")
+    pool.import_table(dump, name="verl-7", mapping={"prompt": "input"}, rollout_id=7)
+    (row,) = [r for r in pool.query(rollout_ids=7) if r.archive == "verl-7"]
+    assert (row.status, row.response_length) == ("truncated", 9)
+    # Steps that differ within one file are refused whole.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps({"input": "q", "step": s}) + "\n" for s in (1, 2)))
+    with pytest.raises(InvalidInputError, match="rollout ids 1 and 2"):
+        pool.import_table(mixed, name="mixed", rollout_id_column="step")
+    with pytest.raises(ArchiveNotFoundError):
+        pool.open_archive("mixed")
 
 
 def test_bad_input_is_refused_whole(pool: ArchiveManager, tmp_path: Path) -> None:
