@@ -8,7 +8,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -93,7 +93,7 @@ from .pool.listing import listing_filter
 if TYPE_CHECKING:
     from ._util.permissions import SharedReport
     from .lens.groups import Group, PromptChange, PromptRollout
-    from .lens.query import PoolSummary, SampleRow
+    from .lens.query import PoolSummary, SampleRow, SampleRows
     from .lens.search import SearchResult
     from .lens.stats import RolloutStats, StatsCache
     from .pool.gc import GcReport
@@ -908,7 +908,7 @@ class ArchiveManager:
         evaluation: bool | None = None,
         state: str | None = "published",
         limit: int | None = None,
-    ) -> list[SampleRow]:
+    ) -> SampleRows:
         """Samples across archives, from the catalog alone, matching every filter given.
 
         ``status`` is one status or several (any of them), as text (``"truncated"``) or as
@@ -916,6 +916,8 @@ class ArchiveManager:
         ``rollout_ids`` (an int, a ``range`` or an inclusive ``(low, high)`` with optional
         ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
         further; ``state`` is ``"published"`` by default, None for all.
+
+        The result is a list of `SampleRow` whose ``load()`` returns their samples (`load`).
         """
         from .lens.query import query_samples
         from .lens.stats import narrow_rollout_bounds
@@ -938,6 +940,26 @@ class ArchiveManager:
             state=state,
             limit=limit,
         )
+
+    def load(
+        self, rows: Iterable[SampleRow], *, as_arrays: bool = False, materialize: bool = False
+    ) -> list[Any]:
+        """The samples of ``rows`` (what `query` returned, or any iterable of its rows, from
+        any number of archives), in the rows' order; each chunk holding one of them is read
+        once.  ``pool.query(...).load()`` is the same.  ``as_arrays`` and ``materialize`` as
+        in `Archive.load_samples`.
+
+        Raises:
+            InvalidInputError: ``rows`` holds something else than the rows `query` returns,
+                or a row no longer matches its archive (the name holds another archive now).
+            ArchiveNotFoundError: a row's archive no longer exists.
+            ArchiveReleasedError: a row's archive was released and GC reclaimed its payload
+                (checked before any blob is read).
+            IntegrityError: a needed blob is missing or damaged.
+        """
+        from .lens.query import load_rows
+
+        return load_rows(self._context, rows, as_arrays=as_arrays, materialize=materialize)
 
     def stats(
         self,

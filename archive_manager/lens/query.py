@@ -4,7 +4,7 @@ key, status, reward, length and rollout id.  No blob is read."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -24,13 +24,14 @@ from ..catalog import (
     sample_metadata_table,
 )
 from ..catalog.engine import shown_url
-from ..catalog.queries import IN_BATCH, ArchiveKey, archives_in_order
-from ..errors import InvalidInputError
+from ..catalog.queries import IN_BATCH, ArchiveKey, archives_in_order, batches
+from ..errors import ArchiveNotFoundError, InvalidInputError
+from ..pool.archive import Archive, reclaimed_names
 from ..pool.context import PoolContext
 from ..pool.summary import ArchiveSummary, read_summaries
 from ..samples import check_key_text
 
-__all__ = ["PoolSummary", "SampleRow", "pool_summary", "query_samples"]
+__all__ = ["PoolSummary", "SampleRow", "SampleRows", "load_rows", "pool_summary", "query_samples"]
 
 
 @dataclass
@@ -127,10 +128,25 @@ class SampleRow:
     reward: float | None
     response_length: int | None
     metadata: dict[str, Any]
+    # The catalog's id of the archive: `load_rows` reads that very archive, not a later
+    # one saved under the same name (after a forget); None in rows made by hand.
+    archive_id: int | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "archive_id"}
+
+
+class SampleRows(list[SampleRow]):
+    """What `query_samples` returns: a list of `SampleRow`, which can load its samples."""
+
+    def __init__(self, rows: Iterable[SampleRow], pool: PoolContext) -> None:
+        super().__init__(rows)
+        self._pool = pool
+
+    def load(self, *, as_arrays: bool = False, materialize: bool = False) -> list[Any]:
+        """The samples of these rows, in their order (`load_rows`)."""
+        return load_rows(self._pool, self, as_arrays=as_arrays, materialize=materialize)
 
 
 def _number(value: object, what: str) -> float | None:
@@ -261,7 +277,7 @@ def query_samples(
     evaluation: bool | None = None,
     state: str | None = "published",
     limit: int | None = None,
-) -> list[SampleRow]:
+) -> SampleRows:
     """Samples across archives matching every filter given, by rollout, archive, position."""
     a, e, m = archives_table, entries_table, sample_metadata_table
     query = (
@@ -360,4 +376,114 @@ def query_samples(
             # NULL rollout ids last on both backends, as every listing.
             order = (a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name, e.c.position)
             rows = list(conn.execute(query.order_by(*order)).all())
-        return [SampleRow(row[1], row[2], bool(row[3]), *row[4:]) for row in rows]
+        return SampleRows(
+            (
+                SampleRow(
+                    archive=row[1],
+                    rollout_id=row[2],
+                    evaluation=bool(row[3]),
+                    position=row[4],
+                    sample_key=row[5],
+                    task_key=row[6],
+                    status=row[7],
+                    reward=row[8],
+                    response_length=row[9],
+                    metadata=row[10],
+                    archive_id=row[0],
+                )
+                for row in rows
+            ),
+            pool,
+        )
+
+
+def load_rows(
+    pool: PoolContext,
+    rows: Iterable[SampleRow],
+    *,
+    as_arrays: bool = False,
+    materialize: bool = False,
+) -> list[Any]:
+    """The samples of ``rows`` (rows of `query_samples`, in any order and from any number of
+    archives), in the rows' order: each chunk holding one of them is read once
+    (`Archive.load_positions`); a row given twice comes back as the same object twice.
+
+    Every row is checked against the catalog before any blob is read: its archive (the one
+    the query found, by its catalog id; by name for a row without one) must be published, or
+    released with its payload still there, and hold the row's sample key at its position.
+
+    Raises:
+        InvalidInputError: ``rows`` holds something other than a `SampleRow`, or a row does
+            not match its archive (a row made by hand, or one from before a catalog rebuild
+            whose archive's name now holds other samples).
+        ArchiveNotFoundError: a row's archive is not in the pool, or is still pending.
+        ArchiveReleasedError: a row's archive was released and GC reclaimed its payload.
+        IntegrityError: a needed blob is missing or damaged.
+    """
+    if isinstance(rows, (str, bytes, SampleRow)) or not isinstance(rows, Iterable):
+        raise InvalidInputError("rows must be an iterable of the SampleRow that query returns")
+    wanted = list(rows)
+    for row in wanted:
+        if not isinstance(row, SampleRow):
+            raise InvalidInputError(
+                f"rows must be the SampleRow that query returns, not {type(row).__name__}"
+            )
+        position = row.position
+        # Checked before any query: PostgreSQL refuses to compare an INTEGER column with a
+        # number beyond its range instead of finding nothing.
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < 2**31:
+            raise InvalidInputError(f"a row's position must be an int >= 0, not {position!r:.40}")
+    # The rows of each archive, archives in the order the rows first name them.
+    by_archive: dict[tuple[str, int | None], list[SampleRow]] = {}
+    for row in wanted:
+        by_archive.setdefault((row.archive, row.archive_id), []).append(row)
+    a, e = archives_table, entries_table
+    archives: dict[tuple[str, int | None], Archive] = {}
+    with pool.catalog.read() as conn:
+        for (name, archive_id), its_rows in by_archive.items():
+            # By its id while the catalog has it (the archive the query found, whatever
+            # name holds later), else by its name (a catalog rebuilt since gives new ids).
+            found = None
+            if archive_id is not None:
+                found = conn.execute(select(a).where(a.c.id == archive_id)).one_or_none()
+            if found is None:
+                found = conn.execute(select(a).where(a.c.name == name)).one_or_none()
+            if found is None or found.state not in ("published", "released"):
+                raise ArchiveNotFoundError(
+                    f"archive {name!r} of {len(its_rows)} of the rows given is not in the pool"
+                    + ("" if found is None else f" (it is {found.state})")
+                )
+            archive = Archive(pool, found)
+            keys: dict[int, str] = {}
+            for batch in batches(sorted({r.position for r in its_rows})):
+                keys.update(
+                    conn.execute(
+                        select(e.c.position, e.c.sample_key).where(
+                            e.c.archive_id == found.id, e.c.position.in_(batch)
+                        )
+                    ).all()
+                )
+            for row in its_rows:
+                if keys.get(row.position) != row.sample_key:
+                    raise InvalidInputError(
+                        f"archive {found.name!r} holds no sample {row.sample_key!r} at position "
+                        f"{row.position} (its sample there is {keys.get(row.position)!r}): the "
+                        "row is not one of this archive's; query again"
+                    )
+            archives[name, archive_id] = archive
+        gone = reclaimed_names(conn, sorted({arc.name for arc in archives.values()}))
+    for key, its_rows in by_archive.items():
+        if archives[key].name in gone:
+            others = len(gone) - 1
+            archives[key].raise_reclaimed(
+                f"{len(its_rows)} of the rows given are its samples"
+                + (f"; {others} other archive(s) of the rows are reclaimed too" if others else "")
+            )
+    samples: dict[tuple[str, int | None], list[Any]] = {}
+    for key, its_rows in by_archive.items():
+        samples[key] = archives[key].load_positions(
+            [r.position for r in its_rows], as_arrays=as_arrays, materialize=materialize
+        )
+    # Each archive's samples in its rows' order; taken back in the order of all rows.
+    taken = {key: iter(loaded) for key, loaded in samples.items()}
+    return [next(taken[row.archive, row.archive_id]) for row in wanted]

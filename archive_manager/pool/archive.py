@@ -295,6 +295,74 @@ class Archive:
         )
         return decoded[ordinal, offset]
 
+    def load_positions(
+        self, positions: Sequence[int], *, as_arrays: bool = False, materialize: bool = False
+    ) -> list[Any]:
+        """The samples at ``positions`` (0-based, in any order, repeats allowed), in that
+        order: each chunk holding one of them is read once, as in `load_samples`; a position
+        given twice comes back as the same object twice.  ``as_arrays`` and ``materialize`` as
+        in `load_samples`.
+
+        Raises:
+            InvalidInputError: a position is not an int.
+            IndexError: the archive has no sample at a position (negative ones included).
+            IntegrityError, ArchiveReleasedError: as `load_samples`.
+        """
+        _check_flag(as_arrays, "as_arrays")
+        _check_flag(materialize, "materialize")
+        if isinstance(positions, (str, bytes)) or not hasattr(positions, "__len__"):
+            raise InvalidInputError("positions must be a sequence (a list) of ints")
+        wanted = list(positions)
+        for position in wanted:
+            if isinstance(position, bool) or not isinstance(position, int):
+                raise InvalidInputError(f"position must be an int, not {type(position).__name__}")
+            if not 0 <= position < self._samples:
+                raise IndexError(
+                    f"archive {self.name!r} has no sample at position {position} "
+                    f"(it holds {self._samples}, from 0)"
+                )
+        if not wanted:
+            return []
+        unique = sorted(set(wanted))
+        e, c = entries_table, chunks_table
+        at: dict[int, tuple[int, int]] = {}
+        shapes: dict[int, tuple[int, int]] = {}
+        digests: dict[int, str] = {}
+        with self._pool.catalog.read() as conn:
+            for batch in batches(unique):
+                at.update(
+                    (p, (o, off))
+                    for p, o, off in conn.execute(
+                        select(e.c.position, e.c.chunk_ordinal, e.c.offset).where(
+                            e.c.archive_id == self._id, e.c.position.in_(batch)
+                        )
+                    )
+                )
+            ordinals = sorted({o for o, _ in at.values()})
+            for batch in batches(ordinals):
+                for o, d, size, n in conn.execute(
+                    select(c.c.ordinal, c.c.digest, c.c.size, c.c.samples).where(
+                        c.c.archive_id == self._id, c.c.ordinal.in_(batch)
+                    )
+                ):
+                    digests[o] = d
+                    shapes[o] = (size, n)
+        missing = [p for p in unique if p not in at]
+        if missing:
+            raise IntegrityError(f"archive {self.name!r} has no entry for position {missing[0]}")
+        by_chunk: dict[int, list[int]] = defaultdict(list)
+        for position in unique:
+            ordinal, offset = at[position]
+            by_chunk[ordinal].append(offset)
+        from ..codec.values import gc_paused
+
+        decoded: dict[tuple[int, int], Any] = {}
+        with gc_paused():
+            self._decode_into(
+                decoded, ordinals, digests, by_chunk, as_arrays, materialize, shapes=shapes
+            )
+        return [decoded[at[p]] for p in wanted]
+
     def stored_class(self, position: int) -> str | None:
         """The registered name of the class the sample at ``position`` was saved as (None
         for a dict), as the record holds it: known whether or not this process registered

@@ -127,3 +127,21 @@ def test_an_archive_is_a_sequence(arc, monkeypatch) -> None:
     counter = ChunkCounter(monkeypatch)
     assert arc[1::2] == expected[1::2]
     assert counter.made == -(-N // CHUNK)  # each chunk read once for the whole slice
+
+
+def test_load_positions_in_any_order_reads_each_chunk_once(arc, monkeypatch) -> None:
+    expected = _samples()
+    positions = [29, 0, 5, 4, 28, 5, 17]
+    counter = ChunkCounter(monkeypatch)
+    loaded = arc.load_positions(positions)
+    assert loaded == [expected[p] for p in positions]
+    assert loaded[2] is loaded[5]  # a position given twice: the same object
+    assert counter.made == len({p // CHUNK for p in positions})  # 0, 1, 4, 7: each once
+    assert arc.load_positions([]) == []
+    assert arc.load_positions(range(3), as_arrays=True)[2]["tokens"].tolist() == [2, 3]
+    for bad in ([N], [-1]):
+        with pytest.raises(IndexError, match=f"no sample at position {bad[0]}"):
+            arc.load_positions(bad)
+    for bad in (["1"], [True], 3, "12"):
+        with pytest.raises(InvalidInputError):
+            arc.load_positions(bad)
