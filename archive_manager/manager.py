@@ -968,6 +968,7 @@ class ArchiveManager:
         *,
         limit: int | None = None,
         after: tuple[int | None, bool] | None = None,
+        group_by: str | None = None,
     ) -> list[RolloutStats]:
         """Training-drift statistics per rollout id and evaluation flag, from the catalog.
 
@@ -980,6 +981,12 @@ class ArchiveManager:
         ``limit`` returns at most that many; ``after`` (``(rollout_id, evaluation)`` of the
         last row of the previous page) starts after that row: keyset paging, reading only the
         page's archives (docs/architecture.md, "Summaries and paging").
+
+        The prompt-group figures count groups as `groups` does: by task key, else by
+        ``group_index``; ``group_by`` names the one field to group by instead (as in
+        `groups`), and the rows are then computed from every sample's catalog row (and, for
+        a field the catalog does not hold, from that field decoded from the chunks) instead
+        of the stored summaries.
         """
         from .lens.stats import StatsCache, rollout_stats
 
@@ -992,22 +999,31 @@ class ArchiveManager:
             cache=self._stats_cache,
             after=after,
             limit=limit,
+            group_by=group_by,
         )
 
     # ------------------------------------------------------------------ the RL lens
 
-    def groups(self, name: str) -> list[Group]:
-        """The prompt groups of archive ``name``: per task key its size, reward mean, std
-        (``n - 1``), min and max, GRPO advantages per sample, mean length, statuses, and
-        whether every reward is equal (`Group.zero_variance`).  From the catalog alone.
+    def groups(self, name: str, *, group_by: str | None = None) -> list[Group]:
+        """The prompt groups of archive ``name``: per task key (else ``group_index``) its
+        size, reward mean, std (``n - 1``), min and max, GRPO advantages per sample, mean
+        length, statuses, and whether every reward is equal (`Group.zero_variance`).  From
+        the catalog alone.
+
+        ``group_by`` names the one field to group by instead: ``"task_key"``,
+        ``"group_index"`` (from the catalog), or any field of the samples (``"label"``,
+        ``"metadata.source_name"``), which is decoded from the archive's chunks, that field
+        alone (`archive_manager.lens.grouping`).
 
         Raises:
             ArchiveNotFoundError: no such published or released archive.
+            InvalidInputError: ``group_by`` is no field name, or a value of it keys no group.
+            ArchiveReleasedError: ``group_by`` a payload field of a reclaimed archive.
         """
         from .lens.groups import group_summaries
 
         check_archive_name(name)
-        return group_summaries(self.catalog, name)
+        return group_summaries(self._context, name, group_by=group_by)
 
     def prompt_history(
         self,

@@ -1,4 +1,5 @@
-"""``archive-manager groups`` and ``prompts``: the RL lens over the catalog (no payload read)."""
+"""``archive-manager groups`` and ``prompts``: the RL lens over the catalog (no payload read,
+unless ``--group-by`` names a field the catalog does not hold)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ._params import ROLLOUT_RANGE
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
+    from ..lens.groups import Group
     from ..manager import ArchiveManager
 
 __all__ = ["groups", "prompts"]
@@ -20,6 +22,16 @@ __all__ = ["groups", "prompts"]
 
 def _num(value: float | None, fmt: str = ".3f") -> str | None:
     return None if value is None else format(value, fmt)
+
+
+def _group_name(group: Group) -> str:
+    """A group as the table names it: its task key, ``group_index=N``, ``FIELD=value``, or
+    ``(ungrouped)``."""
+    if group.field is None:
+        return "(ungrouped)"
+    if group.field == "task_key":
+        return str(group.value)
+    return f"{group.field}={group.value}"
 
 
 @click.command()
@@ -32,12 +44,27 @@ def _num(value: float | None, fmt: str = ".3f") -> str | None:
     help="Order of the groups (std: largest reward spread first).",
 )
 @click.option("--members", is_flag=True, help="Also list each completion with its advantage.")
+@click.option(
+    "--group-by",
+    metavar="FIELD",
+    help="Group by this field instead of task key, else group_index: task_key, group_index, "
+    "or any field of the samples (label, metadata.source_name: read from the payload).",
+)
 @json_option
 @pass_pool
-def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: bool) -> None:
+def groups(
+    pool: ArchiveManager,
+    name: str,
+    sort: str,
+    members: bool,
+    group_by: str | None,
+    as_json: bool,
+) -> None:
     """The prompt groups of archive NAME: size, reward mean/std/min/max, GRPO advantages,
-    and which groups have zero reward variance (they teach a GRPO step nothing)."""
-    found = pool.groups(name)
+    and which groups have zero reward variance (they teach a GRPO step nothing).
+
+    Samples are grouped by task key, else by group_index (slime's), or by --group-by."""
+    found = pool.groups(name, group_by=group_by)
     if sort != "position":
         attr = {"std": "reward_std", "mean": "reward_mean", "size": "size"}[sort]
         found.sort(key=lambda g: (getattr(g, attr) is None, -(getattr(g, attr) or 0)))
@@ -49,7 +76,7 @@ def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: b
         return
     rows = [
         [
-            g.task_key,
+            _group_name(g),
             g.size,
             _num(g.reward_mean),
             _num(g.reward_std),
@@ -62,7 +89,7 @@ def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: b
         for g in found
     ]
     echo_table(
-        ["TASK KEY", "SIZE", "REWARD", "STD", "MIN", "MAX", "LENGTH", "ZERO VAR", "STATUS"],
+        ["GROUP", "SIZE", "REWARD", "STD", "MIN", "MAX", "LENGTH", "ZERO VAR", "STATUS"],
         rows,
         right={1, 2, 3, 4, 5, 6},
     )
@@ -70,7 +97,7 @@ def groups(pool: ArchiveManager, name: str, sort: str, members: bool, as_json: b
     echo(f"{len(found)} group(s), {flat} with zero reward variance")
     if members:
         for g in found:
-            echo(f"group {g.task_key!r}:")
+            echo(f"group {_group_name(g)}:")
             echo_table(
                 ["POSITION", "SAMPLE KEY", "REWARD", "ADVANTAGE", "NORMALIZED", "LENGTH", "STATUS"],
                 [

@@ -63,6 +63,12 @@ def _row(r: RolloutStats) -> list[object]:
     help="Also draw reward and response length against rollout id into this image "
     "(.png, .svg, .pdf; needs matplotlib: pip install 'rollout-archive-manager[plot]').",
 )
+@click.option(
+    "--group-by",
+    metavar="FIELD",
+    help="Count prompt groups by this field instead of task key, else group_index: task_key, "
+    "group_index, or any field of the samples (read from the payload).",
+)
 @json_option
 @pass_pool
 def stats(
@@ -70,17 +76,19 @@ def stats(
     rollout_id: tuple[int | None, int | None] | None,
     evaluation: bool | None,
     plot: Path | None,
+    group_by: str | None,
     as_json: bool,
 ) -> None:
     """Reward, response length and status per rollout, from the catalog (no payload read).
 
     Published and released archives count; ARCHIVES says how many were released.  FLAT is
-    the share of prompt groups (samples of one archive sharing a task key, two or more
-    rewards) whose rewards are all equal; GROUP STD the mean reward std within a group.
+    the share of prompt groups (samples of one archive sharing a task key, else a
+    group_index, or the --group-by field; two or more rewards) whose rewards are all equal;
+    GROUP STD the mean reward std within a group.
     """
     if plot is not None:
         check_plot_path(plot)  # before any work: a missing matplotlib says how to install it
-    rows = pool.stats(rollout_id, evaluation)
+    rows = pool.stats(rollout_id, evaluation, group_by=group_by)
     if as_json:
         echo_json([r.as_dict() for r in rows])
     elif not rows:

@@ -5,25 +5,36 @@ between two rollout ranges.
 A *group* is the samples of one archive that share a task key (the N completions of one
 prompt); a sample without a task key is grouped by its ``group_index`` (slime marks a prompt's
 completions so and saves no task key), and one with neither is in the archive's one ungrouped
-group. Advantages are computed as GRPO does: ``reward - mean`` and
+group; ``group_by`` names one field to group by instead (`lens.grouping`). Advantages are computed as GRPO does: ``reward - mean`` and
 ``(reward - mean) / (std + eps)``, with the sample standard deviation (``n - 1``, as
 ``torch.std``) and ``eps = 1e-6``. A sample whose reward is not a number (None, a dict) has no
-advantage and is left out of the group's reward figures. No payload blob is read.
+advantage and is left out of the group's reward figures. No payload blob is read, unless
+the groups are by a field the catalog does not hold.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
 from ..catalog import archives_table, entries_table, sample_metadata_table
 from ..catalog.queries import archive_by_name
-from ..errors import ArchiveNotFoundError, InvalidInputError
+from ..errors import ArchiveNotFoundError, IntegrityError, InvalidInputError
+from ..pool.context import PoolContext
 from ..samples import check_task_key
+from .grouping import (
+    CATALOG_FIELDS,
+    GroupKey,
+    catalog_group,
+    check_group_by,
+    payload_groups,
+    shown_value,
+)
 from .stats import COUNTED_STATES, archive_filters, check_rollout_range, mean_std
 
 if TYPE_CHECKING:
@@ -61,10 +72,13 @@ class GroupMember:
 
 @dataclass
 class Group:
-    """The samples of one archive that share a task key, or, without one, a ``group_index``.
+    """The samples of one archive that share a task key, or, without one, a ``group_index``
+    (or the field named by ``group_by``).
 
-    ``task_key`` is the key (then ``group_index`` is None); a group by ``group_index`` has
-    ``task_key`` None; the ungrouped samples (neither) have both None.
+    ``field`` is what they share (``"task_key"``, ``"group_index"`` or the field grouped by;
+    None for the ungrouped samples) and ``value`` its value (a key, an index, a field's value;
+    a list or dict as its JSON text).  ``task_key`` is the key of a group by task key,
+    ``group_index`` the index of a group by ``group_index``, else None.
     """
 
     task_key: str | None
@@ -76,23 +90,30 @@ class Group:
     reward_max: float | None
     length_mean: float | None
     statuses: dict[str, int]
-    members: list[GroupMember] = field(default_factory=list)
+    members: list[GroupMember] = dataclass_field(default_factory=list)
     group_index: int | None = None
+    field: str | None = None
+    value: Any = None
 
     @property
     def zero_variance(self) -> bool:
         """Every reward equal (at least two): the group teaches a GRPO step nothing.
 
-        NOTE: never for the ungrouped samples (no task key, no ``group_index``), which share
+        NOTE: never for the ungrouped samples (``field`` None), which share
         no prompt: flagged, they made ``groups`` count one zero-variance group more than
         ``stats``, which leaves them out (tests/lens/test_stats.py)."""
-        grouped = self.task_key is not None or self.group_index is not None
-        return grouped and self.rewarded >= 2 and self.reward_min == self.reward_max
+        return (
+            (self.field is not None or self.task_key is not None or self.group_index is not None)
+            and self.rewarded >= 2
+            and self.reward_min == self.reward_max
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "task_key": self.task_key,
             "group_index": self.group_index,
+            "field": self.field,
+            "value": self.value,
             "size": self.size,
             "rewarded": self.rewarded,
             "reward_mean": self.reward_mean,
@@ -113,12 +134,12 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _group(task_key: str | None, group_index: int | None, rows: list[Any]) -> Group:
+def _group(field: str | None, key: GroupKey, rows: list[Any]) -> Group:
     rewards = [r for r in (_finite(row.reward) for row in rows) if r is not None]
     mean, std = mean_std(rewards)
     lengths = [row.response_length for row in rows if row.response_length is not None]
     group = Group(
-        task_key=task_key,
+        task_key=key if field == "task_key" else None,
         size=len(rows),
         rewarded=len(rewards),
         reward_mean=mean,
@@ -127,7 +148,9 @@ def _group(task_key: str | None, group_index: int | None, rows: list[Any]) -> Gr
         reward_max=max(rewards) if rewards else None,
         length_mean=math.fsum(lengths) / len(lengths) if lengths else None,
         statuses=dict(Counter(row.status for row in rows if row.status is not None)),
-        group_index=group_index,
+        group_index=key if field == "group_index" else None,
+        field=field,
+        value=shown_value(key),
     )
     for row in rows:
         reward = _finite(row.reward)
@@ -149,19 +172,27 @@ def _group(task_key: str | None, group_index: int | None, rows: list[Any]) -> Gr
     return group
 
 
-def group_summaries(catalog: Catalog, name: str) -> list[Group]:
+def group_summaries(pool: PoolContext, name: str, *, group_by: str | None = None) -> list[Group]:
     """Every group of archive ``name`` (published or released), in order of first appearance.
 
-    The rule: a sample with a task key is in that key's group; one without is in the group
-    of its ``group_index`` (as `describe_sample` recorded it); one with neither is in one
-    ungrouped group, ``task_key`` and ``group_index`` None (never flagged as of zero
-    variance: its samples share no prompt).
+    The rule (``group_by`` None): a sample with a task key is in that key's group; one
+    without is in the group of its ``group_index`` (as `describe_sample` recorded it); one
+    with neither is in one ungrouped group (``field`` None; never flagged as of zero
+    variance: its samples share no prompt).  ``group_by`` names the one field to group by
+    instead (`lens.grouping`): ``"task_key"`` or ``"group_index"`` from the catalog, any
+    other field decoded from the archive's chunks (that field alone; the only case that
+    reads the payload).
 
     Raises:
         ArchiveNotFoundError: no such archive.
+        InvalidInputError: ``group_by`` is no field name, or a sample's value of it cannot
+            key a group.
+        ArchiveReleasedError: grouping by a payload field of an archive whose payload GC
+            reclaimed.
     """
+    group_by = check_group_by(group_by)
     e, m = entries_table, sample_metadata_table
-    with catalog.read() as conn:
+    with pool.catalog.read() as conn:
         row = archive_by_name(conn, name)
         if row is None or row.state not in COUNTED_STATES:
             raise ArchiveNotFoundError(f"archive {name!r} not found")
@@ -183,23 +214,27 @@ def group_summaries(catalog: Catalog, name: str) -> list[Group]:
             .where(e.c.archive_id == row.id)
             .order_by(e.c.position)
         ).all()
-    # A task key (str) and a group index (int) never collide as dict keys.
-    groups: dict[str | int | None, list[Any]] = {}
-    for r in rows:
-        key = r.task_key if r.task_key is not None else _group_index(r.description)
+    if group_by is None or group_by in CATALOG_FIELDS:
+        keys = [catalog_group(group_by, r.task_key, r.description) for r in rows]
+    else:
+        keys = payload_groups(pool, name, group_by)
+        if len(keys) != len(rows):
+            raise IntegrityError(
+                f"archive {name!r}: {len(keys)} samples in its chunks, {len(rows)} in the catalog"
+            )
+    groups: dict[GroupKey, list[Any]] = {}
+    for key, r in zip(keys, rows, strict=True):
         groups.setdefault(key, []).append(r)
-    return [
-        _group(key, None, members) if not isinstance(key, int) else _group(None, key, members)
-        for key, members in groups.items()
-    ]
+    return [_group(_field(group_by, key), key, members) for key, members in groups.items()]
 
 
-def _group_index(description: Any) -> int | None:
-    """The ``group_index`` `describe_sample` recorded: an int within 64 bits, or None."""
-    if not isinstance(description, dict):
+def _field(group_by: str | None, key: GroupKey) -> str | None:
+    """The field a group of key ``key`` shares (None: the ungrouped samples)."""
+    if key is None:
         return None
-    index = description.get("group_index")
-    return index if type(index) is int else None
+    if group_by is not None:
+        return group_by
+    return "task_key" if isinstance(key, str) else "group_index"
 
 
 @dataclass(frozen=True)

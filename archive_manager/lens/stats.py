@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, null, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
@@ -37,19 +37,22 @@ from ..catalog import (
     sample_metadata_table,
 )
 from ..catalog.queries import archive_by_name, batches
-from ..errors import ArchiveNotFoundError, InvalidInputError
+from ..errors import ArchiveNotFoundError, IntegrityError, InvalidInputError
 from ..pool.context import PoolContext
 from ..pool.listing import RolloutRange, check_rollout_range
 from ..pool.summary import (
     NO_STATUS,
     ArchiveSummary,
     compute_missing_summaries,
+    group_key_of,
     group_spread,
     mean_std,
     merge_summaries,
     nearest_rank,
     read_summaries,
+    summarize_archive,
 )
+from .grouping import CATALOG_FIELDS, catalog_group, check_group_by, payload_groups
 
 __all__ = [
     "COUNTED_STATES",
@@ -263,8 +266,9 @@ def summarize_samples(
             a reward, ``measured`` those with a response length.
         value_rows: ``(reward, response_length)`` per sample (either may be None), for the
             quantiles.
-        group_rows: ``(archive_id, task_key, reward)`` per sample with a task key and a
-            reward, for the prompt-group figures (`group_spread`).
+        group_rows: ``(archive_id, group, reward)`` per sample with a group (a task key,
+            else a ``group_index``: `group_key_of`) and a reward, for the prompt-group
+            figures (`group_spread`).
     """
     counts: dict[str, int] = defaultdict(int)
     rewarded = measured = 0
@@ -368,7 +372,8 @@ def build_stats(
         status_rows: ``(archive_id, status, samples, rewarded, reward_sum, measured,
             length_sum)`` per archive and status (see `summarize_samples`).
         value_rows: ``(archive_id, reward, response_length)`` per sample.
-        group_rows: ``(archive_id, task_key, reward)`` per sample with both.
+        group_rows: ``(archive_id, group, reward)`` per sample with a group (`group_key_of`)
+            and a reward.
 
     Returns:
         One row per rollout id and evaluation flag, by rollout id (None last), training
@@ -470,11 +475,14 @@ def sample_rows(
         value_rows += conn.execute(
             select(m.c.archive_id, m.c.reward, m.c.response_length).where(m.c.archive_id.in_(batch))
         ).all()
-        group_rows += conn.execute(
-            select(e.c.archive_id, e.c.task_key, m.c.reward)
+        for archive_id, task_key, description, reward in conn.execute(
+            select(e.c.archive_id, e.c.task_key, m.c.description, m.c.reward)
             .join(m, (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position))
-            .where(e.c.archive_id.in_(batch), e.c.task_key.is_not(None), m.c.reward.is_not(None))
-        ).all()
+            .where(e.c.archive_id.in_(batch), m.c.reward.is_not(None))
+        ):
+            group = group_key_of(task_key, description)
+            if group is not None:
+                group_rows.append((archive_id, group, reward))
     return status_rows, value_rows, group_rows
 
 
@@ -534,6 +542,7 @@ def rollout_stats(
     after: object = None,
     limit: int | None = None,
     keys: Collection[RolloutKey] | None = None,
+    group_by: str | None = None,
 ) -> list[RolloutStats]:
     """The statistics of every rollout id and evaluation flag of ``pool`` (catalog only).
 
@@ -550,10 +559,17 @@ def rollout_stats(
         after: A `RolloutKey`: only the rows after it (keyset paging).
         limit: At most this many rows, the first in order.
         keys: Only the rows of these keys (the rollouts of one page of archives).
+        group_by: The one field the prompt groups are taken from (`lens.grouping`) instead
+            of the lens's rule (task key, else ``group_index``), which the stored summaries
+            hold: the rows are then computed from every sample's catalog row, exactly
+            (quantiles too), and a field the catalog does not hold is decoded from each
+            archive's chunks, that field alone.  Not cached.
 
     Raises:
-        InvalidInputError: a malformed filter, key or limit.
+        InvalidInputError: a malformed filter, key, limit or ``group_by``.
+        ArchiveReleasedError: ``group_by`` a payload field of an archive GC reclaimed.
     """
+    group_by = check_group_by(group_by)
     bounds = check_rollout_range(rollout_ids)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
@@ -602,9 +618,14 @@ def rollout_stats(
         groups = _by_group(rows)
         if chosen is not None:
             groups = defaultdict(list, {k: g for k, g in groups.items() if k in chosen})
+        facts: _Facts = {}
+        if group_by is not None:
+            # Every row from its samples (`_regrouped`), once the read is over: a payload
+            # field is read from the blob store.
+            facts = _sample_facts(conn, [r[0] for g in groups.values() for r in g], group_by)
         done: dict[_Group, RolloutStats] = {}
         merged: dict[_Group, list[Sequence[Any]]] = {}
-        for key, group in groups.items():
+        for key, group in groups.items() if group_by is None else ():
             # NOTE: a rollout of one archive, the common case, is its stored row as it is:
             # nothing to merge or cache (docs/architecture.md, "Summaries and paging").
             if len(group) == 1 and group[0][_AT["archive_id"]] is not None:
@@ -629,6 +650,8 @@ def rollout_stats(
             stored.update(compute_missing_summaries(conn, lacking))
         several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]
         stored.update(_summaries(conn, several, sketches=True))
+    if group_by is not None:
+        return _regrouped(pool, groups, facts, group_by)
     for key in missing:
         summaries[key] = _sample_summary(merge_summaries([stored[r[0]] for r in groups[key]]))
         if cache is not None:
@@ -636,6 +659,81 @@ def rollout_stats(
     for key, summary in summaries.items():
         done[key] = _combine(key, groups[key], summary)
     return [done[key] for key in sorted(groups, key=_order)]
+
+
+# What `_regrouped` needs of one archive: its name, and per sample in position order
+# ``(status, reward, response_length, group)`` (``group`` None until a payload field is read).
+_Facts = dict[int, tuple[str, list[list[Any]]]]
+
+
+def _sample_facts(conn: Connection, archive_ids: Sequence[int], group_by: str) -> _Facts:
+    """Every sample's catalog row of these archives, for `_regrouped`; the description (for
+    ``group_index``) is read only when grouping by it."""
+    a, e, m = archives_table, entries_table, sample_metadata_table
+    described = group_by == "group_index"
+    columns = [
+        e.c.archive_id,
+        a.c.name,
+        m.c.status,
+        m.c.reward,
+        m.c.response_length,
+        e.c.task_key,
+        m.c.description if described else null(),
+    ]
+    facts: _Facts = {}
+    for batch in batches(archive_ids):
+        query = (
+            select(*columns)
+            .select_from(e)
+            .join(a, a.c.id == e.c.archive_id)
+            .join(
+                m,
+                (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
+                isouter=True,
+            )
+            .where(e.c.archive_id.in_(batch))
+            .order_by(e.c.archive_id, e.c.position)
+        )
+        for archive_id, name, status, reward, length, task_key, description in conn.execute(query):
+            group = (
+                catalog_group(group_by, task_key, description)
+                if group_by in CATALOG_FIELDS
+                else None
+            )
+            facts.setdefault(archive_id, (name, []))[1].append([status, reward, length, group])
+    for archive_id in archive_ids:
+        facts.setdefault(archive_id, ("", []))
+    return facts
+
+
+def _regrouped(
+    pool: PoolContext, groups: dict[_Group, list[Sequence[Any]]], facts: _Facts, group_by: str
+) -> list[RolloutStats]:
+    """The rows of ``groups`` computed from their samples' rows (`_sample_facts`), prompt
+    groups by ``group_by``: one `summarize_archive` over each rollout's samples, a group being
+    one archive's samples that share the field's value."""
+    if group_by not in CATALOG_FIELDS:
+        for name, rows in facts.values():
+            if not rows:
+                continue
+            keys = payload_groups(pool, name, group_by)
+            if len(keys) != len(rows):
+                raise IntegrityError(
+                    f"archive {name!r}: {len(keys)} samples in its chunks, {len(rows)} in the "
+                    "catalog"
+                )
+            for row, key in zip(rows, keys, strict=True):
+                row[3] = key
+    out = []
+    for key in sorted(groups, key=_order):
+        members = groups[key]
+        summary = summarize_archive(
+            (status, reward, length, None if group is None else (archive[0], group))
+            for archive in members
+            for status, reward, length, group in facts[archive[0]][1]
+        )
+        out.append(_combine(key, members, _sample_summary(summary)))
+    return out
 
 
 def _keys_after(

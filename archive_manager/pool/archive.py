@@ -377,6 +377,27 @@ class Archive:
                 f"archive {self.name!r}, chunk {ordinal} (blob {reader.digest}): {exc}"
             ) from exc
 
+    def field_values(self, field: str) -> list[Any]:
+        """The top-level field ``field`` of every sample, in archive order (None where a
+        sample has no such field), with that field alone decoded (`ChunkReader.fields`):
+        each chunk is read and inflated once, but the token ids, log-probs and tensors of the
+        other fields are never decoded.  What grouping by a field the catalog does not hold
+        reads (`ArchiveManager.groups` with ``group_by``).  Raises as `load_samples`."""
+        if not isinstance(field, str) or not field:
+            raise InvalidInputError("field must be a non-empty str")
+        values: list[Any] = []
+        for run in self._chunk_runs(self._entry_page(None, None, after=-1), None, None):
+            reader = self._fetch_run(run)
+            for offset in run[2]:
+                try:
+                    found = reader.fields(offset, [field])
+                except (IndexError, IntegrityError) as exc:
+                    raise IntegrityError(
+                        f"archive {self.name!r}, chunk {run[0]} (blob {reader.digest}): {exc}"
+                    ) from exc
+                values.append(None if found is None else found.get(field))
+        return values
+
     def _where(self, position: int) -> tuple[int, int, dict[int, str], dict[int, tuple[int, int]]]:
         """The chunk ordinal and offset of ``position``, and that chunk's digest and shape."""
         if isinstance(position, bool) or not isinstance(position, int):

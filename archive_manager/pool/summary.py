@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import JSON, case, null, select, type_coerce
 from sqlalchemy.engine import Connection
 
 from ..catalog import (
@@ -43,7 +43,10 @@ __all__ = [
     "SKETCH_POINTS",
     "ArchiveSummary",
     "compute_missing_summaries",
+    "drop_untasked_summaries",
     "fill_missing_summaries",
+    "group_index_of",
+    "group_key_of",
     "group_spread",
     "mean_std",
     "merge_quantile",
@@ -97,11 +100,28 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(var) if math.isfinite(var) else None
 
 
+def group_index_of(description: Any) -> int | None:
+    """The ``group_index`` `describe_sample` recorded in a sample's description: an int
+    within 64 bits, or None."""
+    if not isinstance(description, dict):
+        return None
+    index = description.get("group_index")
+    return index if type(index) is int else None
+
+
+def group_key_of(task_key: str | None, description: Any) -> str | int | None:
+    """The prompt group of one sample by the lens's rule (docs/architecture.md, "The RL
+    lens"): its task key; without one, the ``group_index`` its description holds (slime
+    marks a prompt's completions so and saves no task key); else None, ungrouped.  A key (a
+    str) and an index (an int) never collide as dict keys."""
+    return task_key if task_key is not None else group_index_of(description)
+
+
 def _group_stds(rewards: Iterable[Sequence[Any]]) -> tuple[int, int, list[float]]:
     by_group: dict[tuple[Any, Any], list[float]] = defaultdict(list)
-    for archive_id, task_key, reward in rewards:
+    for archive_id, group, reward in rewards:
         if reward is not None and math.isfinite(float(reward)):
-            by_group[(archive_id, task_key)].append(float(reward))
+            by_group[(archive_id, group)].append(float(reward))
     stds: list[float] = []
     groups = flat = 0
     for values in by_group.values():
@@ -116,8 +136,9 @@ def _group_stds(rewards: Iterable[Sequence[Any]]) -> tuple[int, int, list[float]
 
 
 def group_spread(rewards: Iterable[Sequence[Any]]) -> tuple[int, int, float | None]:
-    """``(groups, zero_variance_groups, mean of their stds)`` over ``(archive_id, task_key,
-    reward)`` rows: groups with at least two finite rewards count."""
+    """``(groups, zero_variance_groups, mean of their stds)`` over ``(archive_id, group,
+    reward)`` rows (``group`` a task key, a ``group_index``: `group_key_of`): groups with at
+    least two finite rewards count."""
     groups, flat, stds = _group_stds(rewards)
     return groups, flat, mean_std(stds)[0]
 
@@ -186,7 +207,8 @@ class ArchiveSummary:
 
     ``status`` holds ``(status, samples)`` pairs, most frequent first.  ``rewarded`` samples
     have a numeric reward, ``measured`` a response length.  ``groups`` are the prompt groups
-    (one archive's samples sharing a task key) with two or more rewards; ``group_stds`` of
+    (one archive's samples sharing a task key, or without one a ``group_index``:
+    `group_key_of`) with two or more rewards; ``group_stds`` of
     them had a finite standard deviation, whose mean is ``group_std_mean``.  The sketches are
     `sketch_of` the sorted rewards and lengths (empty when not read).
     """
@@ -232,21 +254,22 @@ def _mean_of(values: Sequence[float]) -> float | None:
 
 
 def summarize_archive(rows: Iterable[Sequence[Any]]) -> ArchiveSummary:
-    """Summarize one archive from its samples' ``(status, reward, response_length,
-    task_key)`` as the catalog indexes them (`sample_metadata` columns, `entries.task_key`);
-    pure, no I/O."""
+    """Summarize one archive from its samples' ``(status, reward, response_length, group)``
+    as the catalog indexes them (`sample_metadata` columns; ``group`` is `group_key_of` its
+    task key and description, or any hashable a caller groups by, None for no group); pure,
+    no I/O."""
     counts: dict[str, int] = defaultdict(int)
     rewards: list[float] = []
     lengths: list[float] = []
     grouped: list[tuple[int, Any, float]] = []
     samples = 0
-    for status, reward, length, task_key in rows:
+    for status, reward, length, group in rows:
         samples += 1
         counts[NO_STATUS if status is None else str(status)] += 1
         if reward is not None:
             rewards.append(float(reward))
-            if task_key is not None:
-                grouped.append((0, task_key, float(reward)))
+            if group is not None:
+                grouped.append((0, group, float(reward)))
         if length is not None:
             lengths.append(float(length))
     rewards.sort()
@@ -451,13 +474,24 @@ def _from_row(row: Sequence[Any]) -> ArchiveSummary:
 
 
 def sample_rows_of(conn: Connection, archive_ids: Sequence[int]) -> dict[int, list[Sequence[Any]]]:
-    """Each archive's ``(status, reward, response_length, task_key)`` per sample, read from
-    the catalog: what `summarize_archive` takes."""
+    """Each archive's ``(status, reward, response_length, group)`` per sample (``group`` by
+    `group_key_of`), read from the catalog: what `summarize_archive` takes.
+
+    NOTE: the description (where ``group_index`` is) is read only of samples without a task
+    key: a pool of task keys reads no JSON."""
     m, e = sample_metadata_table, entries_table
     rows: dict[int, list[Sequence[Any]]] = {archive_id: [] for archive_id in archive_ids}
+    untasked = type_coerce(case((e.c.task_key.is_(None), m.c.description), else_=null()), JSON)
     for batch in batches(archive_ids):
         query = (
-            select(m.c.archive_id, m.c.status, m.c.reward, m.c.response_length, e.c.task_key)
+            select(
+                m.c.archive_id,
+                m.c.status,
+                m.c.reward,
+                m.c.response_length,
+                e.c.task_key,
+                untasked,
+            )
             .select_from(m)
             .join(
                 e,
@@ -466,8 +500,8 @@ def sample_rows_of(conn: Connection, archive_ids: Sequence[int]) -> dict[int, li
             )
             .where(m.c.archive_id.in_(batch))
         )
-        for row in conn.execute(query):
-            rows[row[0]].append(row[1:])
+        for archive_id, status, reward, length, task_key, description in conn.execute(query):
+            rows[archive_id].append((status, reward, length, group_key_of(task_key, description)))
     return rows
 
 
@@ -499,3 +533,24 @@ def fill_missing_summaries(conn: Connection, *, batch: int = 256) -> int:
     for ids in batches(missing, batch):
         store_summaries(conn, compute_missing_summaries(conn, ids).items())
     return len(missing)
+
+
+def drop_untasked_summaries(conn: Connection) -> int:
+    """Inside a write transaction: delete the summaries (and sketches) of the archives that
+    hold a sample without a task key, whose prompt groups were counted before samples were
+    grouped by ``group_index`` (`group_key_of`); `fill_missing_summaries` computes them
+    again.  Returns how many."""
+    e, t, k = entries_table, archive_summaries_table, archive_sketches_table
+    stale = (
+        conn.execute(
+            select(t.c.archive_id).where(
+                t.c.archive_id.in_(select(e.c.archive_id).where(e.c.task_key.is_(None)))
+            )
+        )
+        .scalars()
+        .all()
+    )
+    for ids in batches(stale):
+        conn.execute(k.delete().where(k.c.archive_id.in_(ids)))
+        conn.execute(t.delete().where(t.c.archive_id.in_(ids)))
+    return len(stale)

@@ -75,7 +75,7 @@ from .context import HasContext, PoolContext, context_of
 from .journal import Staged, pool_id_of, publish_op, stage_record, write_committed
 from .listing import check_rollout_id
 from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
-from .summary import store_summaries, summarize_archive
+from .summary import group_key_of, store_summaries, summarize_archive
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
 
@@ -846,13 +846,17 @@ def insert_contents(
     )
     # The archive's summary, from the very values just indexed: a save, a reference save and
     # a catalog rebuild all come through here (docs/architecture.md, "Summaries and paging").
+    # Its prompt groups are those `groups` lists: by task key, else by group_index.
     task_keys = {position: task_key for position, _, task_key, _, _ in entries}
     store_summaries(
         conn,
         [
             (
                 archive_id,
-                summarize_archive((*row, task_keys.get(i)) for i, row in enumerate(indexed)),
+                summarize_archive(
+                    (*row, group_key_of(task_keys.get(i), d))
+                    for i, (row, d) in enumerate(zip(indexed, metadata, strict=True))
+                ),
             )
         ],
     )

@@ -7,10 +7,9 @@ Create Date: 2026-12-02
 Two sketches of 1 KiB each made a summary row ten times larger than its figures: on SQLite a
 summary took most of a 4 KiB page, and ``stats`` over 10,000 archives read 40 MB to use 2 MB
 (docs/architecture.md, "Summaries and paging").  ``archive_sketches`` holds them, read only
-to merge the quantiles of several archives of one rollout id.  The upgrade moves every sketch,
-then computes the summary (and sketches) of every archive that has none, from its sample
-rows: the archives of a catalog older than revision 0005.  An upgrade emitted as SQL text
-cannot compute them; the statistics then compute the missing ones on every call.
+to merge the quantiles of several archives of one rollout id.  The upgrade moves every sketch;
+the summary (and sketches) of every archive that has none (the archives of a catalog older
+than revision 0005) is computed by revision 0009.
 """
 
 from __future__ import annotations
@@ -46,10 +45,8 @@ def upgrade() -> None:
     with op.batch_alter_table("archive_summaries") as batch_op:
         batch_op.drop_column("reward_sketch")
         batch_op.drop_column("length_sketch")
-    if not op.get_context().as_sql:
-        from archive_manager.pool.summary import fill_missing_summaries
-
-        fill_missing_summaries(op.get_bind())
+    # NOTE: the summaries of archives that have none are computed by revision 0009, which
+    # computes some again: the library's code writes today's tables, not this revision's.
 
 
 def downgrade() -> None:

@@ -73,7 +73,7 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0008"
+    assert head_revision() == "0009"
     assert migrate.known_revisions() == {
         "0001",
         "0002",
@@ -83,6 +83,7 @@ def test_script_location_and_head() -> None:
         "0006",
         "0007",
         "0008",
+        "0009",
     }
 
 

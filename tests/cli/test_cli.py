@@ -803,3 +803,42 @@ def test_release_says_when_gc_reclaims(
     out = run("release", "--yes", "eval-1").stdout
     assert out.startswith("released archive 'eval-1'; ")
     assert "--grace (1h by default" in out
+
+
+# --------------------------------------------------------------------------- the RL lens
+
+
+def _slime_rollout(n: int, seed: int) -> list[Any]:
+    frameworks = str(Path(__file__).resolve().parents[1] / "frameworks")
+    sys.path.insert(0, frameworks)
+    try:
+        from rollouts import make_slime_rollout
+    finally:
+        sys.path.remove(frameworks)
+    return make_slime_rollout(n, seed=seed)
+
+
+def test_groups_and_stats_group_by(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    """Without task keys the groups are slime's group_index ones; ``--group-by`` names another
+    field, for ``groups`` and ``stats`` alike; a name that is no field is one line."""
+    with pool_at() as pool:
+        pool.save("slime", _slime_rollout(12, seed=2), rollout_id=5)
+    table = ok(run("groups", "slime")).stdout
+    assert "group_index=0" in table and "group_index=2" in table
+    listed = as_json(run("groups", "slime", "--group-by", "metadata.rm_type", "--json"))
+    assert sorted(g["value"] for g in listed) == ["deepscaler", "math"]
+    assert {g["field"] for g in listed} == {"metadata.rm_type"}
+    assert (
+        "metadata.rm_type=math"
+        in ok(run("groups", "slime", "--group-by", "metadata.rm_type")).stdout
+    )
+    (row,) = as_json(run("stats", "--rollout-id", "5", "--group-by", "metadata.rm_type", "--json"))
+    assert row["groups"] == sum(g["rewarded"] >= 2 for g in listed)
+    (default,) = as_json(run("stats", "--rollout-id", "5", "--json"))
+    assert default["groups"] == sum(
+        g["rewarded"] >= 2 for g in as_json(run("groups", "slime", "--json"))
+    )
+    assert "group_by" in failed(run("groups", "slime", "--group-by", "a..b"))
+    assert "group_by" in failed(run("stats", "--group-by", ""))

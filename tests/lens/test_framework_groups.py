@@ -4,7 +4,12 @@ as 0-d tensors, numpy scalars or bools; task ids come as ints and numpy ints."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
+import sqlite3
+import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +19,18 @@ import torch
 from helpers import Backend, open_on
 
 from archive_manager import ArchiveManager, Sample
+from archive_manager.catalog import current_revision, head_revision
+from archive_manager.catalog.migrate import VERSION_TABLE
 from archive_manager.errors import InvalidInputError
-from archive_manager.lens.groups import ADVANTAGE_EPS
+from archive_manager.lens.groups import ADVANTAGE_EPS, Group
+from archive_manager.lens.stats import RolloutStats
 from archive_manager.samples import check_task_key, task_key_of
+
+FRAMEWORKS = Path(__file__).resolve().parents[1] / "frameworks"
+if str(FRAMEWORKS) not in sys.path:
+    sys.path.insert(0, str(FRAMEWORKS))
+
+from rollouts import make_slime_rollout, make_vime_rollout  # noqa: E402
 
 
 def slime_rollout(seed: int, prompts: int = 4, n: int = 4) -> list[Sample]:
@@ -198,3 +212,149 @@ def test_other_task_keys_are_refused(key: Any) -> None:
     refused as before."""
     with pytest.raises(InvalidInputError):
         check_task_key(key)
+
+
+# --------------------------------------------------------------------------- stats = groups
+
+
+def assert_agree(stat: RolloutStats, groups: list[Group]) -> None:
+    """`stats` counts the prompt groups `groups` lists: those with two or more rewards, the
+    zero-variance ones, and the mean of their reward stds."""
+    counted = [g for g in groups if g.field is not None and g.rewarded >= 2]
+    assert stat.groups == len(counted) > 0
+    assert stat.zero_variance_groups == sum(g.zero_variance for g in groups)
+    stds = [g.reward_std for g in counted if g.reward_std is not None]
+    assert stat.group_std_mean == pytest.approx(math.fsum(stds) / len(stds))
+
+
+def test_stats_count_the_groups_that_groups_lists(tmp_path: Path, backend: Backend) -> None:
+    """A slime rollout saved without task keys: `stats` counts its prompt groups by
+    ``group_index``, as `groups` lists them (it counted none: its summary grouped by task key
+    alone), and a task key still comes first."""
+    samples = make_slime_rollout(24, seed=3)
+    with open_on(backend, tmp_path / "pool") as pool:
+        pool.save("slime", samples, rollout_id=1)
+        mixed = [{"group_index": i // 3, "reward": float(i % 2)} for i in range(9)]
+        pool.save("mixed", mixed, rollout_id=2, task_keys=["q", "q", None] * 3)
+        one, two = pool.stats()
+        assert_agree(one, pool.groups("slime"))
+        assert_agree(two, pool.groups("mixed"))
+        assert [(g.field, g.value) for g in pool.groups("mixed")] == [
+            ("task_key", "q"),
+            ("group_index", 0),
+            ("group_index", 1),
+            ("group_index", 2),
+        ]
+
+
+def test_an_upgrade_counts_the_groups_of_older_summaries(tmp_path: Path) -> None:
+    """A catalog of revision 0008 kept summaries that grouped by task key alone: the upgrade
+    computes those of archives with samples without task keys again (and leaves the others)."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("slime", make_slime_rollout(16, seed=4), rollout_id=1)
+        pool.save("keyed", [{"reward": float(i % 2)} for i in range(4)], rollout_id=2,
+                  task_keys=["a", "a", "b", "b"])  # fmt: skip
+        want = [(s.groups, s.zero_variance_groups, s.group_std_mean) for s in pool.stats()]
+    with sqlite3.connect(root / "catalog.db") as db:
+        # What revision 0008 stored for the rollout without task keys: no group.
+        db.execute(
+            "UPDATE archive_summaries SET groups = 0, zero_variance_groups = 0, group_stds = 0, "
+            "group_std_mean = NULL WHERE archive_id = (SELECT id FROM archives WHERE name = "
+            "'slime')"
+        )
+        db.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0008'")
+    db.close()
+    with ArchiveManager.open(root) as pool:
+        assert current_revision(pool.catalog.engine) == head_revision()
+        got = [(s.groups, s.zero_variance_groups, s.group_std_mean) for s in pool.stats()]
+        assert got == want
+        assert_agree(pool.stats(1)[0], pool.groups("slime"))
+
+
+def _by_field(samples: list[Any], read: Any) -> dict[Any, list[int]]:
+    found: dict[Any, list[int]] = defaultdict(list)
+    for position, sample in enumerate(samples):
+        found[read(sample)].append(position)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("group_by", "read"),
+    [
+        ("label", lambda s: s.label),
+        ("metadata.rm_type", lambda s: s.metadata["rm_type"]),
+        ("remove_sample", lambda s: s.remove_sample),
+        ("group_index", lambda s: s.group_index),
+    ],
+)
+def test_group_by_any_field(tmp_path: Path, group_by: str, read: Any) -> None:
+    """``group_by`` names the field the groups share: a field the catalog does not hold is
+    decoded from the chunks (that field alone), a dotted name walks into a dict; `stats` with
+    the same ``group_by`` counts what `groups` lists."""
+    samples = make_vime_rollout(20, seed=5)
+    for i, sample in enumerate(samples):
+        sample.label = str(i % 3)  # three answers across the prompts
+        if not isinstance(sample.reward, float):
+            sample.reward = float(i % 2)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("vime", samples, rollout_id=1)
+        groups = pool.groups("vime", group_by=group_by)
+        want = _by_field(samples, read)
+        assert {g.value: [m.position for m in g.members] for g in groups} == want
+        assert {g.field for g in groups} == {group_by}
+        (stat,) = pool.stats(group_by=group_by)
+        assert_agree(stat, groups)
+        default = pool.stats()[0]
+        assert (stat.samples, stat.rewarded, stat.reward_mean) == (
+            default.samples,
+            default.rewarded,
+            pytest.approx(default.reward_mean),
+        )
+
+
+def test_group_by_task_key_alone_and_values_as_text(tmp_path: Path) -> None:
+    """``group_by="task_key"`` leaves samples without one ungrouped; a list value groups by
+    its JSON text, and 1, True and "1" are three groups."""
+    samples = [
+        {"group_index": 0, "reward": 1.0, "tag": 1},
+        {"group_index": 0, "reward": 0.0, "tag": True},
+        {"group_index": 1, "reward": 1.0, "tag": "1"},
+        {"group_index": 1, "reward": 1.0, "tag": [1, "a"]},
+        {"group_index": 1, "reward": 0.0, "tag": [1, "a"]},
+        {"group_index": 1, "reward": 0.0},
+    ]
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1, task_keys=["k", "k", None, None, None, None])
+        by_key = pool.groups("r", group_by="task_key")
+        assert [(g.field, g.value, g.size) for g in by_key] == [
+            ("task_key", "k", 2),
+            (None, None, 4),
+        ]
+        by_tag = pool.groups("r", group_by="tag")
+        assert [(g.value, g.size) for g in by_tag] == [
+            (1, 1),
+            (True, 1),
+            ("1", 1),
+            (json.dumps([1, "a"]), 2),
+            (None, 1),
+        ]
+        assert_agree(pool.stats(group_by="tag")[0], by_tag)
+
+
+@pytest.mark.parametrize("group_by", ["", ".x", "a..b", 5, "x" * 256])
+def test_a_group_by_that_names_no_field_is_refused(tmp_path: Path, group_by: Any) -> None:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", [{"reward": 1.0}], rollout_id=1)
+        with pytest.raises(InvalidInputError):
+            pool.groups("r", group_by=group_by)
+        with pytest.raises(InvalidInputError):
+            pool.stats(group_by=group_by)
+
+
+def test_a_field_that_keys_no_group_is_refused(tmp_path: Path) -> None:
+    """A tensor is no group key: a clear error, not a group per object."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", make_slime_rollout(4, seed=1), rollout_id=1)
+        with pytest.raises(InvalidInputError, match="rollout_routed_experts"):
+            pool.groups("r", group_by="rollout_routed_experts")

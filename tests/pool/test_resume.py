@@ -325,7 +325,7 @@ def test_an_older_pool_is_upgraded_and_its_leases_kept(tmp_path: Path) -> None:
         )
     db.close()
     with ArchiveManager.open(root, lease_ttl=TTL) as pool:
-        assert current_revision(pool.catalog.engine) == head_revision() == "0008"
+        assert current_revision(pool.catalog.engine) == head_revision()
         assert [(r.owner, r.holder) for r in _lease_rows(pool, "x")] == [("lease:old", None)]
         with pool.writer("x", rollout_id=3) as w:
             for s in tiny_rollout(4, seed=3):

@@ -269,7 +269,7 @@ def test_a_migration_in_progress_is_not_seen_half_done(plain: Path) -> None:
     writer = sqlite3.connect(plain / "catalog.db", isolation_level=None)
     try:
         writer.execute("BEGIN IMMEDIATE")
-        writer.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0009'")
+        writer.execute(f"UPDATE {VERSION_TABLE} SET version_num = '9999'")
         writer.execute("DELETE FROM archives WHERE name = 'r-2'")
         found = read_listing(plain, None)
         assert found is not None and [i.name for i in found.archives] == [
