@@ -1337,7 +1337,10 @@ class ArchiveManager:
 
         A complete run writes a journal checkpoint and lets GC work again, unless journal
         files were damaged (``report.journal_damaged``): then GC stays refused until a
-        rebuild with ``resolve=True`` accepts the rebuilt owners.
+        rebuild with ``resolve=True`` accepts the rebuilt owners.  Journal files this
+        account may not open (``report.journal_unreadable``, permission denied) are not
+        damaged: ``resolve`` never discards them, and GC stays refused until a rebuild
+        that can read them applied them.
         ``progress(done, total)`` is called per archive name.
         """
         from .pool.recovery import rebuild_catalog

@@ -12,9 +12,12 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from .permissions import readable_bits
 
 __all__ = ["fsync_dir", "write_atomic", "write_atomic_via_path", "write_atomic_with"]
 
@@ -24,18 +27,40 @@ _NO_LINKS = frozenset(
     for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EMLINK")
     if hasattr(errno, name)
 )
+# A filesystem that keeps no modes says so with these when asked to change one.
+_NO_MODES = frozenset(
+    getattr(errno, name) for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP") if hasattr(errno, name)
+)
 
 
-def _create_exclusive(path: Path, data: bytes, mode: int) -> bool:
+def _create_exclusive(path: Path, data: bytes, mode: int, *, share: bool) -> bool:
     """Exclusive creation without a link: O_EXCL on the final name (a crash mid-write leaves
     a short file, which its reader must refuse as damaged)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     except FileExistsError:
         return False
+    if share:
+        _share(fd, path.parent, mode)
     _write_and_close(fd, data)
     fsync_dir(path.parent)
     return True
+
+
+def _share(fd: int, folder: Path, mode: int) -> None:
+    """Give the file open as ``fd`` the read bits of ``mode`` for every class ``folder`` lets
+    in (`permissions.readable_bits`), whatever the umask took from ``mode``; before its
+    rename or link, so the final name is never less readable."""
+    wanted = mode & readable_bits(folder)
+    try:
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if current & wanted != wanted:
+            os.fchmod(fd, current | wanted)
+    except OSError as exc:
+        # A filesystem without modes (some FUSE mounts) refuses: its files have no bits to
+        # hide them either.
+        if exc.errno not in _NO_MODES:
+            raise
 
 
 def _write_and_close(fd: int, data: bytes) -> None:
@@ -85,8 +110,14 @@ def write_atomic(
     mode: int = 0o644,
     link_fallback: bool = True,
     before_place: Callable[[], None] | None = None,
+    share: bool = False,
 ) -> bool:
     """Write ``data`` to ``path`` so that readers see the old file, or none, or all of it.
+
+    ``share``: a file of the pool that others read (a journal file, the identity file):
+    it gets the read bits of ``mode`` for every class its folder lets in, whatever the
+    umask (docs/architecture.md, Shared pools).  Without it the umask applies, as to any
+    file the caller writes (exports, pointer files).
 
     With ``exclusive``, the file is only created, never replaced: it is linked into place,
     which fails when the name exists (then False is returned and nothing changed), so two
@@ -101,6 +132,12 @@ def write_atomic(
     tmp = _temp_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
+        if share:
+            try:
+                _share(fd, path.parent, mode)
+            except BaseException:
+                os.close(fd)
+                raise
         _write_and_close(fd, data)
         if before_place is not None:
             before_place()
@@ -112,7 +149,7 @@ def write_atomic(
             except OSError as exc:
                 if exc.errno not in _NO_LINKS or not link_fallback:
                     raise
-                return _create_exclusive(path, data, mode)
+                return _create_exclusive(path, data, mode, share=share)
         else:
             os.replace(tmp, path)
     finally:

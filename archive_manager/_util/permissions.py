@@ -15,8 +15,16 @@ What such a pool needs on the filesystem, and why:
 
 `share_pool` sets that up (``archive-manager init --shared-group NAME``), `shared_problems`
 finds what would lock another member out (``verify`` reports it as a notice), and
-`share_like_parent` keeps folders the blob store creates later shared whatever the umask of
-the account that creates them.  The module knows no catalog: it is handed the file's path.
+`share_like_parent`, `readable_bits` and `share_new_catalog` give every folder and file the
+pool writes later the pool's sharing mode whatever the umask of the account that writes it.
+
+The pool's sharing mode is its folders' (the root's, as whoever made it or `share_pool` set
+it): a folder the pool creates gets the access its parent grants (the group's bits and the
+set-group-id bit of a shared pool, read and search for others where the parent has them), and
+a file the pool writes for others to read (journal records and checkpoints, the identity
+file and its spare, a new catalog file) is readable by every class its folder lets in.  A
+member whose umask is 077 therefore writes files the others read, and an owner who keeps the
+root 0700 keeps a private pool.  The module knows no catalog: it is handed the file's path.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ from ..errors import InvalidInputError
 __all__ = [
     "FOLDER_BITS",
     "SharedReport",
+    "readable_bits",
     "share_like_parent",
+    "share_new_catalog",
     "share_pool",
     "shared_problems",
 ]
@@ -76,24 +86,76 @@ def _group(group: str | int) -> tuple[str, int]:
     return entry.gr_name, entry.gr_gid
 
 
+# What a new folder takes from its parent: read and search for the group and for others
+# (never others' write: a pool is shared with a group, not with everyone).
+_INHERITED = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+
+
 def share_like_parent(folder: str | os.PathLike[str]) -> None:
-    """Give a folder just created the group bits of its parent, when the parent is shared.
+    """Give a folder just created the access its parent grants: the group's bits and the
+    set-group-id bit when the parent is shared, read and search for the group and for others
+    where the parent has them.  Bits are only ever added.
 
     NOTE: a new folder inherits its parent's group and set-group-id bit from the kernel, but
-    its write bit from the creating account's umask (022 clears it): a fan-out folder one
-    member creates would lock the others out of every blob that lands in it later.
+    its other bits from the creating account's umask (022 clears the group's write bit, 077
+    every bit of the group and others): a fan-out folder one member creates would lock the
+    others out of every blob that lands in it later.
     """
     folder = os.fspath(folder)
     try:
         parent = os.stat(os.path.dirname(os.path.abspath(folder))).st_mode
-        if parent & FOLDER_BITS != FOLDER_BITS:
-            return
+        wanted = parent & _INHERITED
+        if parent & FOLDER_BITS == FOLDER_BITS:
+            wanted |= FOLDER_BITS
         mode = os.lstat(folder).st_mode
-        if stat.S_ISDIR(mode) and mode & FOLDER_BITS != FOLDER_BITS:
-            os.chmod(folder, stat.S_IMODE(mode) | FOLDER_BITS)
+        if stat.S_ISDIR(mode) and mode & wanted != wanted:
+            os.chmod(folder, stat.S_IMODE(mode) | wanted)
     except OSError:
         # Made by another member, who alone may chmod it: it is theirs to share.
         return
+
+
+def readable_bits(folder: str | os.PathLike[str]) -> int:
+    """The read bits a file the pool writes in ``folder`` for others to read must have,
+    whatever the writer's umask: the owner's, the group's where the folder lets its group in,
+    others' where it lets others in (the search bit: who may reach the file may read it)."""
+    try:
+        mode = os.stat(folder).st_mode
+    except OSError:
+        return stat.S_IRUSR
+    bits = stat.S_IRUSR
+    if mode & stat.S_IXGRP:
+        bits |= stat.S_IRGRP
+    if mode & stat.S_IXOTH:
+        bits |= stat.S_IROTH
+    return bits
+
+
+def share_new_catalog(catalog_file: str | os.PathLike[str]) -> None:
+    """Give a SQLite catalog file this process just created (and its ``-wal``/``-shm``) the
+    pool's sharing mode: read for every class its folder lets in, and the group's write bit
+    in a shared folder (`share_pool`'s bits), whatever the creating account's umask.
+
+    NOTE: SQLite creates the file 0644 minus the umask and gives ``-wal``/``-shm`` the file's
+    own mode: a catalog a member with umask 077 creates (a rebuild after a lost catalog)
+    would lock every other member, and every reader of a pool readable by others, out.
+    """
+    path = Path(catalog_file)
+    folder = path.absolute().parent
+    wanted = readable_bits(folder)
+    try:
+        if os.stat(folder).st_mode & FOLDER_BITS == FOLDER_BITS:
+            wanted |= _CATALOG_BITS
+    except OSError:
+        return
+    for side in _SIDE_FILES:
+        target = Path(f"{path}{side}")
+        try:
+            st = os.lstat(target)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & wanted != wanted:
+                os.chmod(target, stat.S_IMODE(st.st_mode) | wanted)
+        except OSError:
+            continue  # gone (a -wal checkpointed away), or not ours to change
 
 
 def _folders(root: Path) -> list[Path]:
@@ -252,8 +314,9 @@ def shared_problems(
         st = os.lstat(path)
         if st.st_gid != gid or st.st_mode & _CATALOG_BITS != _CATALOG_BITS:
             files.append(str(path))
-    # NOTE: a member whose umask is 077 writes the identity file (rebind, an identity written
-    # back) or a journal record 0600: every other member's open, or GC, then fails reading it.
+    # NOTE: files written before the pool was shared, or by an earlier version under umask
+    # 077 (which wrote the identity file and journal records 0600): every other member's
+    # open, or GC, then fails reading them.
     unreadable = [str(p) for p in _member_read_files(root) if not _group_may_read(os.lstat(p), gid)]
     fix = _fix_command(root, group, catalog_url)
     problems = []

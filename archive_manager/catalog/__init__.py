@@ -17,6 +17,7 @@ The catalog knows nothing of blob files; it only indexes them.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 
 from .._util.failpoints import failpoint
+from .._util.permissions import share_new_catalog
 from ..errors import CatalogError, ReadOnlyPoolError
 from .bulk import insert_rows
 from .engine import (
@@ -215,6 +217,9 @@ class Catalog:
         elif read_only and read_only_reason is None:
             read_only_reason = "it was opened read-only"
         _refuse_foreign_sqlite(url, recover=not read_only)
+        new_file = dialect.catalog_file(parse_url(url))
+        if new_file is not None and (read_only or os.path.lexists(new_file)):
+            new_file = None
         engine = make_engine(
             url,
             busy_timeout_ms=busy_timeout_ms,
@@ -239,6 +244,9 @@ class Catalog:
                 check_current(engine)
             else:
                 ensure_current(engine)
+                if new_file is not None:
+                    # Created just now: the pool's sharing mode, not this process's umask.
+                    share_new_catalog(new_file)
         except BaseException:
             engine.dispose()
             raise

@@ -217,7 +217,18 @@ def rebuild_catalog(state: PoolState, resolve: bool, yes: bool, as_json: bool) -
         echo(f"journal file {name} belongs to another pool: not applied")
     for name, reason in sorted(report.journal_damaged.items()):
         echo(f"journal file {name} not applied: {reason}")
+    for reason in report.journal_unreadable.values():
+        echo(reason)
     echo(f"took {human_duration(report.duration)}")
+    if report.journal_unreadable:
+        raise CliError(
+            f"{len(report.journal_unreadable)} journal file(s) could not be opened by this "
+            "account (permission denied; intact as far as anyone knows, so never discarded, "
+            "--resolve included), so owners they hold may be missing: gc stays refused; "
+            "have their owner or root make them readable ('archive-manager init "
+            "--shared-group GROUP' for a group-shared pool, or chmod a+r), then run "
+            "'archive-manager rebuild-catalog' again"
+        )
     if report.unresolved:
         raise CliError(
             f"{len(report.journal_damaged)} journal file(s) could not be read, so some owners "

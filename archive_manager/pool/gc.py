@@ -473,6 +473,15 @@ def _refuse_if_behind_journal(pool: PoolContext) -> None:
             f"{found.position.unresolved[0]}), so owners may be missing; check the pool, then "
             "accept the rebuilt owners with 'archive-manager rebuild-catalog --resolve'"
         )
+    if found.position.unreadable:
+        raise GcAbortedError(
+            "gc stopped before deleting anything: the last rebuild could not open "
+            f"{len(found.position.unreadable)} journal file(s) (first: "
+            f"{found.position.unreadable[0]}: permission denied), so owners they hold may be "
+            "missing; have their owner or root make them readable ('archive-manager init "
+            "--shared-group GROUP' for a group-shared pool, or chmod a+r), then run "
+            "'archive-manager rebuild-catalog' again"
+        )
     if found.behind:
         raise GcAbortedError(
             f"gc stopped before deleting anything: {len(found.unknown)} retention journal "

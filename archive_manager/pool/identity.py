@@ -36,6 +36,7 @@ from sqlalchemy import exists, select
 
 from .._util.atomic import write_atomic
 from .._util.constants import UNINDEXED_BLOBS
+from .._util.permissions import share_like_parent
 from .._util.pool_files import (
     IDENTITY_FILE,
     IDENTITY_FORMAT,
@@ -128,7 +129,8 @@ def _write_identity(root: Root, ident: PoolIdentity, *, exclusive: bool = False)
             return False
         root.write(_SPARE_OBJECT, data)
         return True
-    if not write_atomic(root / IDENTITY_FILE, data, exclusive=exclusive):
+    # share: every member and reader opens through it, whatever this writer's umask.
+    if not write_atomic(root / IDENTITY_FILE, data, exclusive=exclusive, share=True):
         return False
     _write_spare(root, data)
     return True
@@ -138,8 +140,13 @@ def _write_spare(root: Path, data: bytes) -> None:
     blobs = root / "blobs"
     if blobs.is_symlink():
         return  # the blob store refuses such a pool anyway
-    blobs.mkdir(exist_ok=True)
-    write_atomic(blobs / SPARE_FILE, data)
+    try:
+        blobs.mkdir()
+    except FileExistsError:
+        pass
+    else:
+        share_like_parent(blobs)
+    write_atomic(blobs / SPARE_FILE, data, share=True)
 
 
 def _ensure_files(root: Root, ident: PoolIdentity) -> None:
@@ -152,7 +159,7 @@ def _ensure_files(root: Root, ident: PoolIdentity) -> None:
             root.write(_SPARE_OBJECT, _file_bytes(ident) if current is None else current)
         return
     if not (root / IDENTITY_FILE).exists():
-        write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True)
+        write_atomic(root / IDENTITY_FILE, _file_bytes(ident), exclusive=True, share=True)
     spare = root / "blobs" / SPARE_FILE
     if not spare.exists() and not (root / "blobs").is_symlink():
         _write_spare(root, (root / IDENTITY_FILE).read_bytes())

@@ -70,6 +70,7 @@ __all__ = [
     "JOURNAL_CHECKPOINT",
     "JOURNAL_DIR",
     "JOURNAL_POOL",
+    "JOURNAL_UNREADABLE",
     "JOURNAL_UNRESOLVED",
     "ArchiveState",
     "Audit",
@@ -94,6 +95,7 @@ __all__ = [
     "retain_op",
     "stage_checkpoint",
     "stage_record",
+    "unreadable_reason",
     "write_committed",
 ]
 
@@ -101,6 +103,11 @@ DAMAGED_DIR = "damaged"
 JOURNAL_UNRESOLVED = "journal_unresolved"
 """``pool_info``: JSON list of damaged journal files a rebuild could not apply; GC refuses
 until an operator accepts the rebuilt state (`ArchiveManager.rebuild_catalog(resolve=True)`)."""
+
+JOURNAL_UNREADABLE = "journal_unreadable"
+"""``pool_info``: JSON list of journal files the last rebuild could not read (permission
+denied): intact as far as anyone knows, so never discarded; GC refuses until a rebuild that
+can read them applied them."""
 
 CHECKPOINT_EVERY = 1000
 """GC writes a checkpoint once this many records are newer than the last one."""
@@ -241,6 +248,7 @@ class CatalogPosition:
     checkpoint: Entry | None
     records: frozenset[tuple[int, str]]
     unresolved: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
 
     def knows(self, entry: Entry) -> bool:
         """Whether the catalog's state includes ``entry`` (or something newer supersedes it)."""
@@ -277,12 +285,35 @@ def catalog_position(conn: Connection) -> CatalogPosition:
         (int(s), str(d))
         for s, d in conn.execute(select(journal_table.c.seq, journal_table.c.digest))
     )
-    raw = get_pool_info(conn, JOURNAL_UNRESOLVED)
-    unresolved: tuple[str, ...] = ()
+    return CatalogPosition(
+        checkpoint,
+        records,
+        _names(get_pool_info(conn, JOURNAL_UNRESOLVED)),
+        _names(get_pool_info(conn, JOURNAL_UNREADABLE)),
+    )
+
+
+def _names(raw: str | None) -> tuple[str, ...]:
+    """A ``pool_info`` JSON list of file names (empty when unset or malformed)."""
     if raw:
         with contextlib.suppress(ValueError, TypeError):
-            unresolved = tuple(str(x) for x in json.loads(raw))
-    return CatalogPosition(checkpoint, records, unresolved)
+            return tuple(str(x) for x in json.loads(raw))
+    return ()
+
+
+def unreadable_reason(name: str, exc: OSError) -> str:
+    """Why a journal file that this account may not open is not applied, and what to do.
+
+    NOTE: a permission error says nothing of the file's bytes: it is the record of a member
+    whose umask (077) hid it, or of a pool copied without its modes.  Calling it damaged
+    would let ``--resolve`` move a decision away for good (and GC then reclaim what it held).
+    """
+    return (
+        f"journal file {name} cannot be read by this account ({exc.strerror or exc}): "
+        "not applied, and never discarded; have its owner or root make it readable "
+        "('archive-manager init --shared-group GROUP' for a group-shared pool, or chmod "
+        "a+r), then run rebuild-catalog again"
+    )
 
 
 class Journal:
@@ -326,7 +357,9 @@ class Journal:
         folder = self._checked(create=True)
         assert folder is not None
         failpoint("journal.before_write")
-        write_atomic(folder / staged.name, staged.data, mode=0o444)
+        # share: read by every member whatever this writer's umask (a 0400 record would
+        # hide a decision from another member's rebuild).
+        write_atomic(folder / staged.name, staged.data, mode=0o444, share=True)
         failpoint("journal.after_write")
 
     def entries(self) -> list[Entry]:
@@ -668,6 +701,8 @@ class Replay:
     applied: list[Entry] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)  # file name -> reason
     foreign: list[str] = field(default_factory=list)
+    # Files this account may not open (permission denied): not damaged, see `unreadable_reason`.
+    unreadable: dict[str, str] = field(default_factory=dict)
     highest_seq: int = 0
 
 
@@ -682,7 +717,8 @@ def replay(
     ``own``: records the catalog holds itself (`catalog_records`), used instead of their files
     (which may not be written yet, or were lost).  A damaged checkpoint is passed over for an
     older one (and reported); damaged records are reported and skipped; records of another
-    pool are refused.  A number ahead of this host's clock is no sign of damage: numbers are
+    pool are refused; files this account may not open are reported apart (`unreadable`),
+    never as damaged.  A number ahead of this host's clock is no sign of damage: numbers are
     the counter's order, which a clock ahead moves on (`catalog.queries.next_save_seq`).
     """
     entries = journal.entries() if entries is None else entries
@@ -700,6 +736,9 @@ def replay(
             state = load_checkpoint(load(entry))
         except FileNotFoundError:
             continue
+        except PermissionError as exc:
+            out.unreadable[entry.name] = unreadable_reason(entry.name, exc)
+            continue
         except (JournalDamagedError, OSError, ValueError, KeyError, TypeError, MemoryError) as exc:
             _note_bad(out, entry, exc)
             continue
@@ -713,6 +752,9 @@ def replay(
         try:
             apply_record(out.state, load(entry))
         except FileNotFoundError:
+            continue
+        except PermissionError as exc:
+            out.unreadable[entry.name] = unreadable_reason(entry.name, exc)
             continue
         except (JournalDamagedError, OSError, ValueError, KeyError, TypeError) as exc:
             _note_bad(out, entry, exc)

@@ -48,6 +48,7 @@ from .context import PoolContext
 from .gc import kind_of, rowless_files
 from .identity import UNINDEXED_BLOBS
 from .journal import (
+    JOURNAL_UNREADABLE,
     JOURNAL_UNRESOLVED,
     ArchiveState,
     Replay,
@@ -86,6 +87,9 @@ class RebuildReport:
     reclaimed: list[str] = field(default_factory=list)
     journal_damaged: dict[str, str] = field(default_factory=dict)
     journal_foreign: list[str] = field(default_factory=list)
+    # Journal files this account may not open (permission denied): not damaged, never
+    # discarded, and GC refuses until a rebuild that can read them applied them.
+    journal_unreadable: dict[str, str] = field(default_factory=dict)
     # Archives the journal knows only in part (a retain or release whose publication record
     # it lacks): their own owner was assumed.
     journal_partial: list[str] = field(default_factory=list)
@@ -111,7 +115,8 @@ def rebuild_catalog(
     Safe on a live pool and on a catalog that survived in part or was restored from a backup,
     and a rebuild killed anywhere is finished by the next one (GC refuses until then).
     ``resolve`` accepts the result although journal files were damaged (GC refuses until a
-    rebuild ran with it, see `RebuildReport.unresolved`).
+    rebuild ran with it, see `RebuildReport.unresolved`); never for files this account may
+    not read (`RebuildReport.journal_unreadable`): GC refuses until a rebuild read them.
     """
     started = time.perf_counter()
     report = RebuildReport()
@@ -184,7 +189,10 @@ def rebuild_catalog(
         _note_reclaimed(pool, final, report)
         highest_seq = max(highest_seq, final.highest_seq)
         report.journal_partial = sorted(a.name for a in final.state.archives.values() if a.partial)
-    report.unresolved = bool(report.journal_damaged) and not resolve
+    damaged_open = bool(report.journal_damaged) and not resolve
+    # NOTE: an unreadable file is no damaged one: --resolve neither accepts its loss nor
+    # moves it away (its decision may hold an archive GC would otherwise reclaim).
+    report.unresolved = damaged_open or bool(report.journal_unreadable)
     if resolve and (report.journal_damaged or report.journal_foreign):
         # Accepted: kept as evidence under journal/damaged/, out of every later listing.
         pool.journal.quarantine([*report.journal_damaged, *report.journal_foreign])
@@ -192,10 +200,14 @@ def rebuild_catalog(
     with pool.catalog.write("rebuild.finish") as conn:
         raise_save_seq(conn, highest_seq)
         conn.execute(delete(pool_info_table).where(pool_info_table.c.key == UNINDEXED_BLOBS))
-        if report.unresolved:
-            set_pool_info(conn, JOURNAL_UNRESOLVED, json.dumps(sorted(report.journal_damaged)))
-        else:
-            conn.execute(delete(pool_info_table).where(pool_info_table.c.key == JOURNAL_UNRESOLVED))
+        for key, names, still in (
+            (JOURNAL_UNRESOLVED, report.journal_damaged, damaged_open),
+            (JOURNAL_UNREADABLE, report.journal_unreadable, bool(report.journal_unreadable)),
+        ):
+            if still:
+                set_pool_info(conn, key, json.dumps(sorted(names)))
+            else:
+                conn.execute(delete(pool_info_table).where(pool_info_table.c.key == key))
     if not report.unresolved:
         # The rebuilt state is the pool's from here on: a checkpoint of it supersedes every
         # journal file read (and any damaged one the operator accepted).
@@ -396,6 +408,7 @@ def _read_journal(pool: PoolContext, report: RebuildReport) -> Replay | None:
     report.journal_applied = True
     report.journal_damaged = dict(replayed.damaged)
     report.journal_foreign = list(replayed.foreign)
+    report.journal_unreadable = dict(replayed.unreadable)
     return replayed
 
 
@@ -423,6 +436,7 @@ def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
         journal, _ = _replay(pool, conn)
         report.journal_damaged = dict(journal.damaged)
         report.journal_foreign = list(journal.foreign)
+        report.journal_unreadable = dict(journal.unreadable)
         rows = {
             row.manifest_digest: row
             for row in conn.execute(

@@ -33,7 +33,7 @@ from ..catalog.queries import batches
 from ..errors import BlobNotFoundError, IntegrityError, InvalidInputError, JournalDamagedError
 from .context import PoolContext
 from .gc import unindexed_manifests
-from .journal import audit
+from .journal import audit, unreadable_reason
 from .reachability import dead_pending_ids, retained_digests
 
 __all__ = [
@@ -55,6 +55,7 @@ FindingKind = Literal[
     "journal-behind",  # journal files hold decisions the catalog lacks
     "journal-damaged",  # a journal file still in use does not read back
     "journal-unresolved",  # the last rebuild left damaged journal files to decide on
+    "journal-unreadable",  # a journal file this account may not open (permissions)
     "missing-blob",  # a live blob's file is gone
     "unindexed-manifest",  # a manifest on disk has no row: the catalog is behind its blobs
     "wrong-size",  # a live blob's file has another size than its row
@@ -545,6 +546,15 @@ def _check_journal(pool: PoolContext, report: VerifyReport, *, read_data: bool) 
                 "missing; gc refuses until 'archive-manager rebuild-catalog --resolve'",
             )
         )
+    for name in found.position.unreadable:
+        problem(
+            Finding(
+                "journal-unreadable",
+                f"journal file {name} could not be opened by the last rebuild (permission "
+                "denied), so owners may be missing; make it readable, then run "
+                "rebuild-catalog again (gc refuses until then)",
+            )
+        )
     if found.gaps:
         notice(
             Finding(
@@ -573,6 +583,8 @@ def _check_journal(pool: PoolContext, report: VerifyReport, *, read_data: bool) 
             pool.journal.read(entry, pool_id)
         except FileNotFoundError:
             continue  # superseded by a checkpoint since the listing
+        except PermissionError as exc:
+            problem(Finding("journal-unreadable", unreadable_reason(entry.name, exc)))
         except (JournalDamagedError, OSError) as exc:
             problem(Finding("journal-damaged", str(exc)))
 

@@ -7,6 +7,7 @@ are SQLite's online backup API and ``pg_dump``/``pg_restore``, as an operator ta
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import xxhash
+from click.testing import CliRunner
 from helpers import (
     EPOCH,
     Backend,
@@ -32,6 +34,7 @@ from test_recovery import CatalogBackup, lose_catalog
 
 from archive_manager import ArchiveManager
 from archive_manager.catalog import archives_table, journal_table, retention_table
+from archive_manager.cli import cli
 from archive_manager.errors import ArchiveReleasedError, GcAbortedError, PoolLayoutError
 from archive_manager.pool import journal
 from archive_manager.pool.journal import JOURNAL_DIR, Journal
@@ -214,6 +217,60 @@ def test_a_damaged_record_is_reported_and_gc_waits_for_an_operator(
         assert not report.unresolved
         pool.gc(grace=0)
         assert not record.exists()  # superseded by the checkpoint the resolve wrote
+        assert pool.verify(read_data=True).ok
+
+
+def test_an_unreadable_record_is_never_called_damaged_nor_discarded(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, case 6: a record this account may not open (a member's umask 077 wrote it
+    0400) was called damaged, --resolve quarantined it, and GC then reclaimed the archive a
+    checkpoint retained.  Permission denied is no damage: the rebuild says the file is
+    unreadable and what to do, --resolve leaves it where it is, GC refuses until a rebuild
+    read it, and then the hold comes back.  (EACCES is raised for the file by the journal's
+    reader: root, which runs CI, opens any file; a real second account is in
+    test_shared_pools.py.)"""
+    root = tmp_path / "pool"
+    with open_on(backend, root) as pool:
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+        pool.retain("checkpoint:1", "a")
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2)
+    retain = sorted(journal_files(root)[:-1], key=lambda p: p.name)[1]  # the retain's record
+    assert b"checkpoint:1" in retain.read_bytes()
+    read = Journal.read
+
+    def denied(self: Journal, entry: journal.Entry, pool_id: str | None) -> dict[str, Any]:
+        if entry.name == retain.name:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(retain))
+        return read(self, entry, pool_id)
+
+    monkeypatch.setattr(Journal, "read", denied)
+    url = lose_catalog(backend, root)
+    with ArchiveManager.open(root, url, recover=True) as pool:
+        for resolve in (False, True):
+            report = pool.rebuild_catalog(resolve=resolve)
+            assert report.unresolved and not report.journal_damaged
+            assert list(report.journal_unreadable) == [retain.name]
+            assert "cannot be read by this account" in report.journal_unreadable[retain.name]
+            assert retain.exists()  # never moved to journal/damaged/
+            with pytest.raises(GcAbortedError, match="permission denied"):
+                pool.gc(grace=0)
+        assert "journal-unreadable" in {f.kind for f in pool.verify().problems}
+        assert "journal-unreadable" in {f.kind for f in pool.verify(read_data=True).problems}
+    args = ["--root", str(root), *(["--catalog-url", url] if url else [])]
+    result = CliRunner().invoke(cli, [*args, "rebuild-catalog", "--resolve", "--yes"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "could not be opened by this account" in error[0], result.output
+    assert retain.exists()
+    monkeypatch.setattr(Journal, "read", read)  # its owner made it readable
+    with ArchiveManager.open(root, url) as pool:
+        report = pool.rebuild_catalog()
+        assert not report.unresolved and not report.journal_unreadable
+        assert owners_of(pool, "a") == ["archive:a", "checkpoint:1"]
+        assert pool.open_archive("a").release()
+        pool.gc(grace=0)
+        assert_loads(pool, "a", tiny_rollout(seed=1))
         assert pool.verify(read_data=True).ok
 
 

@@ -754,6 +754,101 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+_DECIDER = """
+import json, sys
+from archive_manager import ArchiveManager
+from archive_manager.interop.synthetic import make_rollout
+root, action = sys.argv[1], sys.argv[2]
+tiny = dict(prompt_len=8, response_min=4, response_max=12, group_size=2)
+with ArchiveManager.open(root, create=False) as pool:
+    if action == "save":
+        pool.save(sys.argv[3], make_rollout(40, seed=int(sys.argv[4]), **tiny), rollout_id=1)
+    elif action == "hold-and-release":
+        # A checkpoint keeps alice's archive, whose own owner then lets it go.
+        assert pool.retain("checkpoint:step-100", sys.argv[3])
+        assert pool.open_archive(sys.argv[3]).release()
+    elif action == "gc":
+        pool.gc(grace=0)
+    out = {"owners": {}, "loaded": {}}
+    for name in ("alice-1", "bob-1"):  # released ones included: find() lists published ones
+        if name not in {i.name for i in pool.find(state=None)}:
+            continue
+        archive = pool.open_archive(name)
+        out["owners"][name] = sorted(archive.owners())
+        out["loaded"][name] = len(archive.load_samples())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_members_umask_hides_no_decision_from_anothers_rebuild(tmp_path: Path) -> None:
+    """Issue 36, case 6, with two real accounts: in a pool shared with ``init
+    --shared-group``, bob (umask 077) retains alice's archive for a checkpoint and alice
+    releases her own hold; the catalog is lost and alice (umask 022) rebuilds it with
+    --resolve, then collects.  Bob's journal records were 0400: the rebuild called them
+    damaged, --resolve quarantined them and the GC reclaimed the checkpoint's archive.  Every
+    file bob wrote is readable by the group, and the archive is still there."""
+    require_users()
+    base = Path(tempfile.mkdtemp(prefix="am-umask-"))
+    try:
+        with throwaway_users(2) as (group, (alice, bob)):
+            import pwd
+
+            os.chmod(base, 0o755)
+            os.chown(base, pwd.getpwnam(alice).pw_uid, -1)
+            root = base / "pool"
+            script = base / "decider.py"
+            script.write_text(_DECIDER)
+            os.chmod(script, 0o644)
+            cli_args = ["-m", "archive_manager.cli", "--root", str(root)]
+
+            def run_as(user: str, umask: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+                setup, prefix = as_user_prefix(user, group, base)
+                shell = f'umask {umask} && exec "$@"'
+                command = " ".join(
+                    _quote(a) for a in [*prefix, "sh", "-c", shell, "sh", sys.executable, *args]
+                )
+                return subprocess.run(
+                    ["unshare", "-m", "sh", "-c", f"{setup}{command}"],
+                    capture_output=True,
+                    text=True,
+                    env=child_env(HOME=str(base)),
+                    cwd=base,
+                    check=False,
+                    timeout=600,
+                )
+
+            for user, umask, args in [
+                (alice, "022", [*cli_args, "init", "--shared-group", group]),
+                (alice, "022", [str(script), str(root), "save", "alice-1", "1"]),
+                (bob, "077", [str(script), str(root), "save", "bob-1", "2"]),
+                (bob, "077", [str(script), str(root), "hold-and-release", "alice-1"]),
+            ]:
+                done = run_as(user, umask, args)
+                assert done.returncode == 0, (user, args, done.stderr)
+            bobs = [p for p in root.rglob("*") if p.lstat().st_uid == pwd.getpwnam(bob).pw_uid]
+            assert any(p.parent.name == "journal" for p in bobs), bobs
+            for path in bobs:
+                mode = path.lstat().st_mode
+                wanted = FOLDER_BITS if stat.S_ISDIR(mode) else stat.S_IRGRP
+                assert mode & wanted == wanted, (path, oct(mode))
+            for path in root.glob("catalog.db*"):
+                path.unlink()  # the catalog is lost
+            done = run_as(alice, "022", [*cli_args, "rebuild-catalog", "--resolve", "--yes"])
+            assert done.returncode == 0, done.stderr + done.stdout
+            assert "not applied" not in done.stdout and not (root / "journal" / "damaged").exists()
+            done = run_as(alice, "022", [str(script), str(root), "gc"])
+            assert done.returncode == 0, done.stderr
+            result = json.loads(done.stdout)
+            assert result["owners"] == {
+                "alice-1": ["checkpoint:step-100"],
+                "bob-1": ["archive:bob-1"],
+            }
+            assert result["loaded"] == {"alice-1": 40, "bob-1": 40}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_shared_pool_mounted_at_another_path_opens_on_postgresql(
     tmp_path: Path, backend: Backend
 ) -> None:
