@@ -9,8 +9,10 @@ through a buffer.  Both hold only names and
 the catalog's index when pickled; each process opens the pool itself, read-only, on first
 use.  An item is a dict keyed like an Arrow export's columns (``archive``, ``position``,
 ``sample_key``, ``task_key``, ``rollout_id``, ``evaluation``, then the sample's fields, a
-reserved name prefixed ``field.``); numeric lists are tensors (``as_tensors``), tensor
-blobs are loaded, so an item crosses process boundaries as it is.
+reserved name prefixed ``field.``); numeric lists are tensors (``as_tensors``: ints int64,
+floats float32, whatever their values, or the dtypes ``dtypes`` names), tensors and arrays
+come in the dtype and shape they were saved in, tensor blobs are loaded, so an item crosses
+process boundaries as it is.
 
 This module imports torch (its datasets subclass torch's); ``import archive_manager`` does
 not import it.
@@ -23,7 +25,7 @@ import os
 import random
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ except ModuleNotFoundError as exc:
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .codec import StoredNumbers, materialize_tensor_refs
+from .codec.dtypes import NotHeldError, check_dtypes, numbers_as
 from .errors import InvalidInputError
 from .interop.export import selected_archives
 from .manager import ArchiveManager
@@ -62,6 +65,7 @@ __all__ = ["RolloutDataset", "RolloutIterableDataset", "pad_collate"]
 
 #: Chunks a map-style dataset keeps decoded (per process).
 DEFAULT_CACHE_CHUNKS = 4
+_INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
 
 
 class _PoolReader:
@@ -74,6 +78,7 @@ class _PoolReader:
         catalog_url: str | None,
         fields: Sequence[str] | None,
         as_tensors: bool,
+        dtypes: Any,
         query: dict[str, Any],
     ) -> None:
         if isinstance(pool_or_root, ArchiveManager):
@@ -96,6 +101,11 @@ class _PoolReader:
             raise InvalidInputError("fields must be a list of field names")
         if type(as_tensors) is not bool:
             raise InvalidInputError("as_tensors must be True or False")
+        self.dtypes = check_dtypes(dtypes) or {}
+        if self.dtypes and not as_tensors:
+            raise InvalidInputError(
+                "dtypes= names the dtypes of tensors: as_tensors=False gives lists"
+            )
         self.fields = None if fields is None else list(fields)
         self.as_tensors = as_tensors
         try:
@@ -170,18 +180,23 @@ class _PoolReader:
                     f"{', '.join(map(repr, missing))}"
                 )
             out = {f: out[f] for f in self.fields}
-        return {k: self.value(v) for k, v in out.items()}
+        try:
+            return {k: self.value(k, v) for k, v in out.items()}
+        except NotHeldError as exc:
+            raise NotHeldError(f"archive {source.name!r}, sample {row.position}: {exc}") from None
 
-    def value(self, value: Any) -> Any:
+    def value(self, key: str, value: Any) -> Any:
         if type(value) is StoredNumbers:
             array = np.asarray(value)
             if not self.as_tensors:
                 return array.tolist()
-            # a copy of its own (the record's bytes are read-only); token ids as int64, the
-            # dtype embeddings and losses take; floats as stored (float32 log-probs)
-            return torch.from_numpy(
-                array.astype(np.int64 if array.dtype.kind in "iu" else array.dtype)
-            )
+            # NOTE: the record stores the narrowest dtype the values fit, which changes with
+            # the values (log-probs all float32-exact in one sample, not in the next): a
+            # batch must not mix dtypes, so the dtype is the field's, as torch.tensor(list)
+            # gives it (int64, the dtype embeddings and losses take; float32), or the one
+            # ``dtypes`` names.  A copy of its own: the record's bytes are read-only.
+            want = self.dtypes.get(key) or (_INT64 if array.dtype.kind in "iu" else _FLOAT32)
+            return torch.from_numpy(numbers_as(array, want, key))
         return materialize_tensor_refs(value)
 
     def close(self) -> None:
@@ -193,7 +208,12 @@ class _PoolReader:
 class RolloutDataset(Dataset):  # type: ignore[type-arg]
     """Map-style: the samples ``query`` selects (`ArchiveManager.query`'s filters), in
     rollout id, archive, position order.  Item ``i`` reads only its chunk; the last
-    ``cache_chunks`` chunks read stay decoded (per process)."""
+    ``cache_chunks`` chunks read stay decoded (per process).
+
+    Numeric list fields are tensors (``as_tensors``) of int64 or float32, whatever their
+    values; ``dtypes`` (``{"loss_mask": torch.int8}``: torch or numpy dtypes, by item key)
+    names others (ints must fit, floats are rounded; see `codec.dtypes`).  Tensors and
+    arrays come in the dtype and shape they were saved in."""
 
     def __init__(
         self,
@@ -202,12 +222,13 @@ class RolloutDataset(Dataset):  # type: ignore[type-arg]
         catalog_url: str | None = None,
         fields: Sequence[str] | None = None,
         as_tensors: bool = True,
+        dtypes: Mapping[str, Any] | None = None,
         cache_chunks: int = DEFAULT_CACHE_CHUNKS,
         **query: Any,
     ) -> None:
         if isinstance(cache_chunks, bool) or not isinstance(cache_chunks, int) or cache_chunks < 1:
             raise InvalidInputError("cache_chunks must be an int >= 1")
-        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, query)
+        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, dtypes, query)
         self._index = [
             (k, j) for k, (_, part) in enumerate(self._reader.units) for j in range(len(part[2]))
         ]
@@ -271,7 +292,8 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
     the ranks still yield equal counts, but with several workers and a DataLoader
     ``batch_size`` above 1, ``len(loader)`` may undercount the batches (a warning says so).
 
-    A worker reads each chunk it needs once, inflating only the records it yields.
+    A worker reads each chunk it needs once, inflating only the records it yields.  Items
+    are those of `RolloutDataset` (``as_tensors`` and ``dtypes`` alike).
     """
 
     def __init__(
@@ -281,6 +303,7 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         catalog_url: str | None = None,
         fields: Sequence[str] | None = None,
         as_tensors: bool = True,
+        dtypes: Mapping[str, Any] | None = None,
         shuffle: bool = False,
         shuffle_buffer: int = 0,
         seed: int = 0,
@@ -312,7 +335,7 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
             raise InvalidInputError("batch_size must be an int >= 1 (the DataLoader's) or None")
         if type(drop_last) is not bool:
             raise InvalidInputError("drop_last must be True or False")
-        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, query)
+        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, dtypes, query)
         self.shuffle = bool(shuffle)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed

@@ -222,6 +222,15 @@ def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
     assert (figures["samples"], figures["chunks"]) == (8, 1)
     assert set(figures["results"]) == {"load_samples", "iter_samples", "iter_samples_arrays"}
     assert all(r["seconds"] > 0 for r in figures["results"].values())
+    modes = "load_arrays,load_arrays_narrow,iter_samples_arrays_narrow"
+    done = _run(
+        TOOLS / "bench_stream.py", "--samples", "70", "--rounds", "1", "--root", tmp_path,
+        "--response-min", "10", "--response-max", "20", "--modes", modes, "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert (figures["samples"], figures["chunks"], figures["response_max"]) == (70, 2, 20)
+    assert set(figures["results"]) == set(modes.split(","))  # and the scans agreed
 
 
 def test_bench_search_quick_run(tmp_path: Path) -> None:

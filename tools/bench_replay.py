@@ -17,7 +17,8 @@ Measured in one run, each side in its own fresh process, one epoch through
     ``torch.load`` ed (``weights_only=True``) and its samples' lists made tensors.
 Samples per second over the epoch (worker start-up included), and the peak RSS of the
 largest worker (``RUSAGE_CHILDREN`` once the workers exited). ``--no-pt`` measures our side
-only.
+only; ``--narrow`` gives our side ``dtypes=`` (int32 token ids, int8 loss masks; log-probs
+float32 as by default) instead of int64 ids and masks.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def _pt_dataset(files: list[Path]) -> Any:
     return PtDumps()
 
 
-def _child(side: str, work: Path, workers: int, batch: int, buffer: int) -> None:
+NARROW = {"tokens": "int32", "loss_mask": "int8", "rollout_log_probs": "float32"}
+
+
+def _child(side: str, work: Path, workers: int, batch: int, buffer: int, narrow: bool) -> None:
     from torch.utils.data import DataLoader
 
     from archive_manager.data import RolloutIterableDataset, pad_collate
@@ -74,6 +78,7 @@ def _child(side: str, work: Path, workers: int, batch: int, buffer: int) -> None
             batch_size=batch,
             shuffle=buffer > 0,
             shuffle_buffer=buffer,
+            dtypes=NARROW if narrow else None,
         )
     else:
         dataset = _pt_dataset(sorted((work / "dumps").glob("*.pt")))
@@ -108,13 +113,14 @@ def main() -> None:
         "--shuffle-buffer", type=int, default=0, help="samples in the shuffle buffer (0: none)"
     )
     parser.add_argument("--no-pt", action="store_true", help="skip the .pt dumps' side")
+    parser.add_argument("--narrow", action="store_true", help="narrow dtypes on our side")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp one)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     parser.add_argument("--child", choices=["archive_manager", "pt"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.work, args.workers, args.batch, args.shuffle_buffer)
+        _child(args.child, args.work, args.workers, args.batch, args.shuffle_buffer, args.narrow)
         return
     from archive_manager import ArchiveManager
     from archive_manager.interop.synthetic import make_rollout
@@ -134,7 +140,8 @@ def main() -> None:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", side, "--work", str(work),
                  "--workers", str(args.workers), "--batch", str(args.batch),
-                 "--shuffle-buffer", str(args.shuffle_buffer)],
+                 "--shuffle-buffer", str(args.shuffle_buffer)]
+                + (["--narrow"] if args.narrow else []),
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             if done.returncode != 0:
@@ -148,7 +155,7 @@ def main() -> None:
         print(
             f"== replay of {args.rollouts} x {args.samples} realistic samples, "
             f"DataLoader(num_workers={args.workers}, batch_size={args.batch}), "
-            f"shuffle buffer {args.shuffle_buffer}"
+            f"shuffle buffer {args.shuffle_buffer}" + (", narrow dtypes" if args.narrow else "")
         )
         for label, key in (("archive_manager", "archive_manager"), (".pt dumps", "pt")):
             if key not in results:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +37,7 @@ import zstandard
 from .._util.digest import Buffer, digest_of
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
 from ._accel import native_texts_holding
+from .dtypes import NotHeldError
 from .framing import (
     _HEAD,
     _MAX_RATIO,
@@ -487,17 +488,25 @@ class ChunkReader:
             if (text if part == "t" else rest)
         }
 
-    def sample(self, i: int, *, as_arrays: bool = False) -> Any:
+    def sample(
+        self, i: int, *, as_arrays: bool = False, dtypes: Mapping[str, np.dtype] | None = None
+    ) -> Any:
         """Decode the sample at offset ``i`` of this chunk.
 
         With ``as_arrays``, every field that is a list of ints (within int64) or of floats
-        comes back as ``np.array(that list)``: same values, int64 or float64, writable.
+        comes back as ``np.array(that list)``: same values, int64 or float64, writable; or,
+        for a field ``dtypes`` names, as an array of that dtype (`codec.dtypes.numbers_as`).
+
+        Raises:
+            NotHeldError: a value of a field ``dtypes`` names does not fit its dtype.
         """
 
         def decode() -> Any:
             self._verify(i)
             parts = self._record(i)
-            return decode_sample(parts["r"], self.loader, as_arrays=as_arrays, text=parts.get("t"))
+            return decode_sample(
+                parts["r"], self.loader, as_arrays=as_arrays, text=parts.get("t"), dtypes=dtypes
+            )
 
         return self._decode(i, decode)
 
@@ -677,6 +686,8 @@ class ChunkReader:
         what = f"chunk blob {self.digest}, record {i}"
         try:
             return decode()
+        except NotHeldError as exc:  # the caller's dtype, not damage
+            raise NotHeldError(f"{what}: {exc}") from None
         except ArchiveError as exc:
             raise _integrity(what, exc) from exc
         except (

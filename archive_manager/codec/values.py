@@ -22,7 +22,7 @@ import re
 import struct
 import sys
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from operator import countOf
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from ..samples import (
     value_to_record,
 )
 from ._accel import native_dict_items, native_first_leaves, native_numbers
+from .dtypes import numbers_as
 from .tensor_ref import TensorRef
 from .tensors import (
     _DTYPE_NAMES,
@@ -1146,15 +1147,21 @@ def decode_sample(
     *,
     as_arrays: bool = False,
     text: memoryview | None = None,
+    dtypes: Mapping[str, np.dtype] | None = None,
 ) -> Any:
     """The sample in one (inflated) record, and its inflated text part if it has one.
 
+    ``dtypes`` (with ``as_arrays``; checked by `check_dtypes`): the dtype of each named
+    top-level numeric list field's array (`numbers_as`), instead of int64 or float64.
+
     Raises what it meets on damaged bytes (`IntegrityError`, and the ``struct``, ``json``,
     ``KeyError``... errors of malformed parts): the chunk reader names the record and turns
-    them into `IntegrityError`.
+    them into `IntegrityError`.  `NotHeldError`: a value the dtype asked for cannot hold.
     """
     with gc_paused():
-        return fields_to_sample(*decode_record(rec, loader, as_arrays=as_arrays, text=text))
+        return fields_to_sample(
+            *decode_record(rec, loader, as_arrays=as_arrays, text=text, dtypes=dtypes)
+        )
 
 
 class StoredNumbers(np.ndarray):
@@ -1181,6 +1188,7 @@ def decode_record(
     as_arrays: bool = False,
     stored: bool = False,
     text: memoryview | None = None,
+    dtypes: Mapping[str, np.dtype] | None = None,
 ) -> tuple[str | None, dict[str, Any], list[str] | None]:
     """One record as `sample_to_record` output: ``(class name, fields, converted)``.
 
@@ -1201,7 +1209,9 @@ def decode_record(
     ):
         raise IntegrityError("record lists its converted fields malformed")
     with gc_paused():
-        decoder = _Decoder(arrays, loader, as_arrays=as_arrays or stored, stored=stored)
+        decoder = _Decoder(
+            arrays, loader, as_arrays=as_arrays or stored, stored=stored, dtypes=dtypes
+        )
         texts = None
         if text is not None:
             text_tree, text_arrays = _parse(text)
@@ -1211,7 +1221,7 @@ def decode_record(
             # NOTE: one alias table for both parts: the encoder wrote the text part first
             # (see `encode_sample`), so a tensor both hold loads as one object.
             text_decoder = _Decoder(
-                text_arrays, loader, as_arrays=as_arrays or stored, stored=stored
+                text_arrays, loader, as_arrays=as_arrays or stored, stored=stored, dtypes=dtypes
             )
             text_decoder.aliases = decoder.aliases
             texts = text_decoder.fields(text_node)
@@ -1261,11 +1271,13 @@ class _Decoder:
         *,
         as_arrays: bool = False,
         stored: bool = False,
+        dtypes: Mapping[str, np.dtype] | None = None,
     ) -> None:
         self.arrays = arrays
         self.loader = loader
         self.as_arrays = as_arrays
         self.stored = stored
+        self.dtypes = dtypes or {}
         # NOTE: the encoder gives every array its own bytes, so the descriptors of a record
         # never reference more than its array section; hostile ones that alias the same bytes
         # many times would otherwise multiply the memory a small blob decodes to.
@@ -1312,7 +1324,6 @@ class _Decoder:
         if texts is not None:
             if type(node) is not dict or _TAG in node:
                 raise IntegrityError("record with a text part has no plain fields")
-            field = self._field if self.as_arrays else self.decode
             out = {}
             for k, v in node.items():
                 if v == _TEXT_NODE:
@@ -1320,7 +1331,7 @@ class _Decoder:
                         raise IntegrityError(f"record's text part lacks field {k!r:.40}")
                     out[k] = texts.pop(k)
                 else:
-                    out[k] = field(v)
+                    out[k] = self._field(v, k) if self.as_arrays else self.decode(v)
             if texts:
                 raise IntegrityError("record's text part holds fields its tree does not mark")
             return out
@@ -1328,18 +1339,25 @@ class _Decoder:
             return self.decode(node)
         tag = node.get(_TAG)
         if tag is None:
-            return {k: self._field(v) for k, v in node.items()}
+            return {k: self._field(v, k) for k, v in node.items()}
         if tag == "map" and type(node.get("v")) is list:  # a dict sample with odd keys
-            return {_hashable(self.decode(k)): self._field(v) for k, v in node["v"]}
+            out = {}
+            for k, v in node["v"]:
+                key = _hashable(self.decode(k))
+                out[key] = self._field(v, key)
+            return out
         return self.decode(node)
 
-    def _field(self, node: Any) -> Any:
+    def _field(self, node: Any, key: Any) -> Any:
         t = type(node)
+        want = self.dtypes.get(key) if type(key) is str else None
         if t is dict and node.get(_TAG) == "list" and node.get("d") in _ARRAY_LIST_DTYPES:
             dtype = _NUMPY_DTYPES[node["d"]]
             arr = _unshuffle(self._slice(node), dtype, node["s"])
             if self.stored:
                 return arr.view(StoredNumbers)
+            if want is not None:
+                return numbers_as(arr, want, key)
             # np.array(the saved list)'s dtype, and memory of its own (not a read-only view
             # that would keep the whole decompressed record alive).
             wide = np.int64 if dtype.kind in "iu" else np.float64
@@ -1348,7 +1366,9 @@ class _Decoder:
         if type(value) is list and value:
             numbers = _number_array(value)
             if numbers is not None:
-                return numbers.view(StoredNumbers) if self.stored else numbers
+                if self.stored:
+                    return numbers.view(StoredNumbers)
+                return numbers if want is None else numbers_as(numbers, want, key)
         return value
 
     def decode(self, node: Any) -> Any:

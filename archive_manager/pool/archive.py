@@ -10,11 +10,11 @@ import enum
 import operator
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, overload
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeAlias, overload
 
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection, Row
@@ -56,6 +56,7 @@ from .listing import ArchiveInfo, utc_time
 # methods that read or export samples: listing and inspecting archives needs only the
 # catalog (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
+    import numpy as np
     import pandas
     import pyarrow
     import torch
@@ -91,6 +92,24 @@ _RANGED_MIN_SIZE_REMOTE = 8 << 20
 def _check_flag(value: object, what: str) -> None:
     if type(value) is not bool:
         raise InvalidInputError(f"{what} must be True or False, not {type(value).__name__}")
+
+
+#: How a load returns numeric list fields: as lists (False), as int64/float64 arrays (True),
+#: or as arrays of the dtypes a mapping names (the rest int64/float64).
+Arrays: TypeAlias = "bool | dict[str, np.dtype]"
+
+
+def _arrays(as_arrays: object, dtypes: object) -> Arrays:
+    """``as_arrays`` and ``dtypes`` of a load, checked, as one `Arrays`."""
+    from ..codec.dtypes import check_dtypes
+
+    _check_flag(as_arrays, "as_arrays")
+    checked = check_dtypes(dtypes)
+    if checked is None:
+        return bool(as_arrays)
+    if not as_arrays:
+        raise InvalidInputError("dtypes= names the dtypes of arrays: pass as_arrays=True too")
+    return checked or True
 
 
 def _check_key(value: object, what: str) -> str | None:
@@ -213,6 +232,7 @@ class Archive:
         *,
         as_arrays: bool = False,
         materialize: bool = False,
+        dtypes: Mapping[str, Any] | None = None,
     ) -> list[Any]:
         """The samples in archive order: all, or those matching every key given.
 
@@ -226,7 +246,13 @@ class Archive:
         instead: the same values as int64 or float64, a writable array of its own.  That skips
         creating a Python object per number, which is most of a load's time (and memory);
         ``torch.from_numpy`` then makes a tensor without a copy.  Lists nested deeper (in
-        ``metadata``, say), empty lists and lists of anything else stay lists.
+        ``metadata``, say), empty lists and lists of anything else stay lists.  ``dtypes``
+        (with ``as_arrays=True``) keeps them narrow: ``{"loss_mask": "int8", "tokens":
+        "int32", "rollout_log_probs": "float32"}`` (numpy or torch dtypes, or their names)
+        gives those fields in those dtypes, whatever their values: ints must fit (else
+        `InvalidInputError`), floats are rounded as ``np.asarray(list, dtype)`` rounds them
+        (docs/architecture.md, "Reading").  Tensors and numpy arrays always come back in the
+        dtype and shape they were saved in.
 
         Raises:
             KeyError: keys were given and no sample matches them all.
@@ -235,7 +261,7 @@ class Archive:
         """
         sample_key = _check_key(sample_key, "sample_key")
         task_key = check_task_key(task_key)
-        _check_flag(as_arrays, "as_arrays")
+        arrays = _arrays(as_arrays, dtypes)
         _check_flag(materialize, "materialize")
         e, c = entries_table, chunks_table
         with self._pool.catalog.read() as conn:
@@ -267,16 +293,21 @@ class Archive:
         # traverse) everything decoded so far, quadratic in the archive's size.
         with gc_paused():
             self._decode_into(
-                decoded, ordinals, digests, by_chunk, as_arrays, materialize, shapes=shapes
+                decoded, ordinals, digests, by_chunk, arrays, materialize, shapes=shapes
             )
         return [decoded[o, off] for o, off in wanted]
 
     def load_sample(
-        self, position: int, *, as_arrays: bool = False, materialize: bool = False
+        self,
+        position: int,
+        *,
+        as_arrays: bool = False,
+        materialize: bool = False,
+        dtypes: Mapping[str, Any] | None = None,
     ) -> Any:
         """The sample at ``position`` (0-based, in archive order), reading only its chunk.
 
-        Tensor blobs stay lazy (`TensorRef`) until touched; ``as_arrays`` and
+        Tensor blobs stay lazy (`TensorRef`) until touched; ``as_arrays``, ``dtypes`` and
         ``materialize`` as in `load_samples`.  Sample keys need not be unique; a position always is, so viewers and
         tools that list samples address them by it.
 
@@ -286,12 +317,12 @@ class Archive:
             IntegrityError: the chunk is missing or damaged (names archive, chunk, blob).
             ArchiveReleasedError: the archive was released and GC reclaimed its payload.
         """
-        _check_flag(as_arrays, "as_arrays")
+        arrays = _arrays(as_arrays, dtypes)
         _check_flag(materialize, "materialize")
         ordinal, offset, digests, shapes = self._where(position)
         decoded: dict[tuple[int, int], Any] = {}
         self._decode_into(
-            decoded, [ordinal], digests, {ordinal: [offset]}, as_arrays, materialize, shapes=shapes
+            decoded, [ordinal], digests, {ordinal: [offset]}, arrays, materialize, shapes=shapes
         )
         return decoded[ordinal, offset]
 
@@ -438,6 +469,7 @@ class Archive:
         task_key: str | None = None,
         as_arrays: bool = False,
         materialize: bool = False,
+        dtypes: Mapping[str, Any] | None = None,
     ) -> Iterator[Any]:
         """The samples of `load_samples`, in archive order, one chunk at a time.
 
@@ -453,12 +485,12 @@ class Archive:
         """
         sample_key = _check_key(sample_key, "sample_key")
         task_key = check_task_key(task_key)
-        _check_flag(as_arrays, "as_arrays")
+        arrays = _arrays(as_arrays, dtypes)
         _check_flag(materialize, "materialize")
         first = self._entry_page(sample_key, task_key, after=-1)
         if not first and (sample_key is not None or task_key is not None):
             raise self._no_match(sample_key, task_key)
-        return self._stream(first, sample_key, task_key, as_arrays, materialize)
+        return self._stream(first, sample_key, task_key, arrays, materialize)
 
     def __iter__(self) -> Iterator[Any]:
         """Every sample in order, streamed (`iter_samples`)."""
@@ -559,7 +591,7 @@ class Archive:
         page: list[tuple[int, int, int, str | None]],
         sample_key: str | None,
         task_key: str | None,
-        as_arrays: bool,
+        as_arrays: Arrays,
         materialize: bool,
     ) -> Iterator[Any]:
         from ..codec.values import gc_paused
@@ -630,7 +662,7 @@ class Archive:
         ordinals: list[int],
         digests: dict[int, str],
         by_chunk: dict[int, list[int]],
-        as_arrays: bool,
+        as_arrays: Arrays,
         materialize: bool = False,
         *,
         shapes: dict[int, tuple[int, int]] | None = None,
@@ -730,14 +762,18 @@ class Archive:
         ordinal: int,
         reader: ChunkReader,
         offsets: list[int],
-        as_arrays: bool,
+        as_arrays: Arrays,
         materialize: bool = False,
     ) -> None:
         from ..codec import materialize_tensor_refs
+        from ..codec.dtypes import NotHeldError
 
+        dtypes = as_arrays if isinstance(as_arrays, dict) else None
         for offset in offsets:
             try:
-                sample = reader.sample(offset, as_arrays=as_arrays)
+                sample = reader.sample(offset, as_arrays=bool(as_arrays), dtypes=dtypes)
+            except NotHeldError as exc:
+                raise NotHeldError(f"archive {self.name!r}, chunk {ordinal}: {exc}") from None
             except (IndexError, IntegrityError) as exc:
                 # The chunk's own error names its blob and record; this names whose it is.
                 raise IntegrityError(

@@ -8,6 +8,7 @@ import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import small_rollout, tiny_rollout
@@ -234,3 +235,40 @@ def test_rollout_filters_have_one_name_everywhere(root: Path) -> None:
     old = RolloutDataset(root, fields=["archive"], rollout_id=1)
     assert len(new) == len(old) == 10
     assert {new[i]["archive"] for i in range(len(new))} == {"r1"}
+
+
+def test_items_have_one_dtype_per_field_whatever_the_values(tmp_path: Path) -> None:
+    """Issue 35: log-prob tensors came back float32 or float64 as their values happened to
+    be float32-exact or not (and a DataLoader batch then mixed the two); tensors and arrays
+    keep the dtype and shape they were saved in."""
+    samples = [
+        {"lp": [0.5, -0.25] * 20, "mask": [1, 0] * 20, "ids": list(range(40)),
+         "t": torch.zeros(2, 3, dtype=torch.bfloat16), "a": np.ones((4, 1), np.float16)},
+        {"lp": [0.1, -0.2] * 20, "mask": [1] * 40, "ids": list(range(150_000, 150_040)),
+         "t": torch.ones(1, 5, dtype=torch.bfloat16), "a": np.zeros((2, 2), np.float16)},
+    ]  # fmt: skip
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("lp", samples, rollout_id=0)
+    data = RolloutDataset(root, fields=["lp", "mask", "ids", "t", "a"])
+    for item, saved in zip([data[0], data[1]], samples, strict=True):
+        assert item["lp"].dtype == torch.float32
+        assert torch.equal(item["lp"], torch.tensor(saved["lp"], dtype=torch.float32))
+        assert item["mask"].dtype == item["ids"].dtype == torch.int64
+        assert item["t"].dtype == torch.bfloat16 and item["t"].shape == saved["t"].shape
+        assert item["a"].dtype == np.float16 and item["a"].shape == saved["a"].shape
+    narrow = {"lp": torch.float64, "mask": "int8", "ids": np.int32}
+    for dataset in (
+        RolloutDataset(root, fields=["lp", "mask", "ids"], dtypes=narrow),
+        RolloutIterableDataset(root, fields=["lp", "mask", "ids"], dtypes=narrow, batch_size=2),
+    ):
+        (batch,) = DataLoader(dataset, batch_size=2, collate_fn=pad_collate)
+        assert batch["lp"].dtype == torch.float64 and batch["lp"][1, 0].item() == 0.1
+        assert batch["mask"].dtype == torch.int8 and batch["ids"].dtype == torch.int32
+        assert batch["ids"][1].tolist() == samples[1]["ids"]
+    with pytest.raises(InvalidInputError, match=r"archive 'lp', sample 1: .*'ids' holds 150039"):
+        RolloutDataset(root, dtypes={"ids": "int16"})[1]
+    with pytest.raises(InvalidInputError, match="is not one of"):
+        RolloutDataset(root, dtypes={"ids": "bool"})
+    with pytest.raises(InvalidInputError, match="as_tensors=False"):
+        RolloutIterableDataset(root, dtypes={"ids": "int16"}, as_tensors=False)

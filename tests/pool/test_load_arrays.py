@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from archive_manager import RolloutArchive, Sample, TensorRef
 from archive_manager import codec as codec_module
 from archive_manager.codec import ChunkReader, decode_chunk, encode_chunk
+from archive_manager.codec.dtypes import NotHeldError, check_dtypes
 from archive_manager.errors import IntegrityError, InvalidInputError
 
 NUMERIC = ("tokens", "loss_mask", "rollout_log_probs")
@@ -386,3 +387,137 @@ def test_a_damaged_record_names_archive_chunk_and_blob(pool, rollout, monkeypatc
         arc.load_samples()
     assert "'named'" in str(err.value) and "chunk 0" in str(err.value)
     assert chunk in str(err.value) and "record 0" in str(err.value)
+
+
+# --------------------------------------------------------------------------- narrow dtypes
+
+NARROW = {"tokens": "int32", "loss_mask": np.int8, "rollout_log_probs": torch.float32}
+
+
+def _mixed_samples() -> list[Sample]:
+    """Samples whose numeric lists the record stores in different dtypes (int8 vs int32
+    token ids, float32-exact vs float64 log-probs, 0/1 vs 0..2 masks), short and long."""
+    return [
+        Sample(index=0, tokens=list(range(100)), loss_mask=[1, 0] * 50,
+               rollout_log_probs=[0.5, -0.25] * 50),
+        Sample(index=1, tokens=list(range(150_000, 150_100)), loss_mask=[2] * 100,
+               rollout_log_probs=[0.1, -0.2] * 50),
+        Sample(index=2, tokens=[1, 2, 3], loss_mask=[1, 1, 0], rollout_log_probs=[-1.0, 0.3, 2.0]),
+    ]  # fmt: skip
+
+
+def test_dtypes_give_those_dtypes_whatever_the_values(open_pool) -> None:
+    """Issue 35: as_arrays widened int8 masks and float32 log-probs to 64 bits, and no dtype
+    could be asked for."""
+    samples = _mixed_samples()
+    arc = open_pool(chunk_size=2).save("narrow", samples, rollout_id=0)
+    loads = [
+        arc.load_samples(as_arrays=True, dtypes=NARROW),
+        list(arc.iter_samples(as_arrays=True, dtypes=NARROW)),
+        [arc.load_sample(i, as_arrays=True, dtypes=NARROW) for i in range(3)],
+    ]
+    for loaded in loads:
+        for saved, back in zip(samples, loaded, strict=True):
+            assert back.tokens.dtype == np.int32 and back.tokens.tolist() == saved.tokens
+            assert back.loss_mask.dtype == np.int8 and back.loss_mask.tolist() == saved.loss_mask
+            assert back.rollout_log_probs.dtype == np.float32
+            assert np.array_equal(
+                back.rollout_log_probs, np.asarray(saved.rollout_log_probs, np.float32)
+            )
+            assert back.tokens.flags.writeable and back.rollout_log_probs.flags.writeable
+    # the fields no dtype names stay np.array(the list)
+    (back,) = arc.load_samples(sample_key="sample:1", as_arrays=True, dtypes={"tokens": "int64"})
+    assert_array_of(back.rollout_log_probs, samples[1].rollout_log_probs)
+    assert_array_of(back.loss_mask, samples[1].loss_mask)
+
+
+def test_dtypes_leave_tensors_arrays_and_other_values_as_saved() -> None:
+    t = torch.arange(12, dtype=torch.int16).reshape(3, 4)
+    a = np.linspace(0, 1, 6, dtype=np.float16).reshape(2, 3)
+    sample = {"t": t, "a": a, "s": "text", "n": [[1, 2]], "e": [], "v": [1, 2, 3]}
+    enc = encode_chunk([sample])
+    back = ChunkReader(enc.data).sample(
+        0, as_arrays=True, dtypes={k: np.dtype(np.int8) for k in ("t", "a", "s", "n", "e", "v")}
+    )
+    assert back["t"].dtype == torch.int16 and torch.equal(back["t"], t)
+    assert back["a"].dtype == np.float16 and back["a"].shape == (2, 3)
+    assert np.array_equal(back["a"], a)
+    assert (back["s"], back["n"], back["e"]) == ("text", [[1, 2]], [])
+    assert back["v"].dtype == np.int8 and back["v"].tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "expected"),
+    [
+        ([0, 255] * 20, "uint8", [0, 255] * 20),
+        ([-(2**31), 2**31 - 1] * 20, "int32", [-(2**31), 2**31 - 1] * 20),
+        ([2**24, -(2**24)] * 20, "float32", [2.0**24, -(2.0**24)] * 20),
+        ([2**40] * 20, "float32", [2.0**40] * 20),  # past 2**24, still exact
+        ([0.1, 1e40, -1e-50] * 20, "float32", [np.float32(0.1), np.inf, -0.0] * 20),
+        ([0.5, 70000.0] * 20, "float16", [0.5, np.inf] * 20),
+    ],
+)
+def test_dtypes_hold_ints_exactly_and_round_floats(
+    values: list, dtype: str, expected: list
+) -> None:
+    for stored in (values[:2], values):  # in the JSON tree, and in the array section
+        (back,) = as_arrays_with([{"v": stored}], {"v": dtype})
+        assert back["v"].dtype == np.dtype(dtype)
+        assert (
+            back["v"].tolist()
+            == [float(x) if "float" in dtype else x for x in expected][: len(stored)]
+        )
+
+
+def as_arrays_with(samples: list, dtypes: dict) -> list:
+    enc = encode_chunk(samples)
+    reader = ChunkReader(enc.data, digest=enc.digest)
+    checked = check_dtypes(dtypes)
+    return [reader.sample(i, as_arrays=True, dtypes=checked) for i in range(len(reader))]
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "bad"),
+    [
+        ([1, 128] * 20, "int8", "128"),
+        ([-1, 3] * 20, "uint32", "-1"),
+        ([2**24 + 1] * 20, "float32", str(2**24 + 1)),
+        ([2**53 + 1, 0] * 20, "float64", str(2**53 + 1)),
+        ([0.5, 1.0] * 20, "int64", "floats"),
+    ],
+)
+def test_dtypes_refuse_what_they_cannot_hold(open_pool, values: list, dtype: str, bad: str) -> None:
+    with pytest.raises(NotHeldError, match=rf"record 0: field 'v' holds {bad}"):
+        as_arrays_with([{"v": values}], {"v": dtype})
+    arc = open_pool().save("held", [{"v": [0] * 40}, {"v": values}], rollout_id=0)
+    with pytest.raises(InvalidInputError, match=rf"archive 'held', chunk 0: .*record 1: .*{bad}"):
+        arc.load_samples(as_arrays=True, dtypes={"v": dtype})
+    assert arc.load_sample(0, as_arrays=True, dtypes={"v": dtype})["v"].dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "message"),
+    [
+        (["tokens"], "must map field names"),
+        ("int8", "must map field names"),
+        ({"tokens": bool}, "is not one of"),
+        ({"tokens": "complex64"}, "is not one of"),
+        ({"tokens": ">i4"}, "is not one of"),
+        ({"tokens": torch.bfloat16}, "is not one of"),
+        ({"tokens": None}, "is not one of"),
+        ({"tokens": "nope"}, "is not one of"),
+        ({3: "int8"}, "is not a field name"),
+    ],
+    ids=repr,
+)
+def test_dtypes_must_name_fields_and_number_dtypes(pool, rollout, dtypes, message) -> None:
+    arc = pool.save("bad-dtypes", rollout(3), rollout_id=0)
+    for call in (arc.load_samples, arc.iter_samples, lambda **kw: arc.load_sample(0, **kw)):
+        with pytest.raises(InvalidInputError, match=message):
+            call(as_arrays=True, dtypes=dtypes)
+    with pytest.raises(InvalidInputError, match="as_arrays=True"):
+        arc.load_samples(dtypes={"tokens": "int32"})
+    # torch and numpy dtypes, their names and numpy's scalar types are all dtypes
+    for spec in (torch.int32, np.dtype("int32"), np.int32, "int32"):
+        (one,) = arc.load_samples(sample_key="sample:0", as_arrays=True, dtypes={"tokens": spec})
+        assert one.tokens.dtype == np.int32
