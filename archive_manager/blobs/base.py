@@ -74,10 +74,13 @@ class Capabilities:
 @dataclass(frozen=True)
 class IncompleteWrite:
     """A write that was begun and not finished (a crashed writer's temp file, an abandoned
-    upload): ``name`` is the store's own token for it, ``mtime`` when it was last written."""
+    upload): ``name`` is the store's own token for it, ``mtime`` when it was last written (by
+    the store's clock), ``digest`` the blob it was writing if the store can tell (None: not
+    known, and then only its age can say it is abandoned)."""
 
     name: str
     mtime: float
+    digest: str | None = None
 
 
 @runtime_checkable
@@ -235,8 +238,10 @@ class AbstractBlobStore(abc.ABC):
         since the epoch); return how many were removed.
 
         NOTE: the bound must lie well before the oldest put in flight could have last
-        written (GC gives writers an hour): removing a live put's temp file fails that put.
-        One that cannot be removed is left for the next sweep.
+        written: removing a live put's temp file fails that put.  GC does not sweep by age
+        alone: it also keeps every write of a digest a save in flight holds
+        (`pool.reachability.in_flight`).  One that cannot be removed is left for the next
+        sweep.
         """
         removed = 0
         for write in self.incomplete_writes():

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from .._util.atomic import fsync_dir
-from .._util.digest import Buffer, check_digest
+from .._util.digest import Buffer, check_digest, is_digest
 from .._util.failpoints import failpoint
 from .._util.mounts import filesystem_type, is_network_filesystem, read_mount_table
 from .._util.permissions import share_like_parent
@@ -833,11 +833,21 @@ class LocalBlobStore(AbstractBlobStore):
         """The temp files in ``tmp/`` (see `temp_files`), named by their file names."""
         # NOTE: through `temp_files` and `remove_temp`, the filesystem's own words, so that a
         # test replacing either sees GC's sweep go through it.
-        return [IncompleteWrite(path.name, mtime) for path, mtime in self.temp_files()]
+        return [
+            IncompleteWrite(path.name, mtime, _temp_digest(path.name))
+            for path, mtime in self.temp_files()
+        ]
 
     def remove_incomplete(self, write: IncompleteWrite) -> bool:
         """Unlink the temp file ``write`` names (see `remove_temp`)."""
         return self.remove_temp(self._tmp / write.name)
+
+
+def _temp_digest(name: str) -> str | None:
+    """The digest a temp file ``<digest>.<pid>.<random>.tmp`` was writing (None: not such a
+    name)."""
+    head = name.split(".", 1)[0]
+    return head if is_digest(head) else None
 
 
 #: The name this store had before the blob store became an interface; it stays the default.

@@ -817,6 +817,7 @@ class S3BlobStore(AbstractBlobStore):
                         IncompleteWrite(
                             f"{key[len(self._base) :]}#{up['UploadId']}",
                             _seconds(up["Initiated"]),
+                            _upload_digest(key[len(self._blobs) :]),
                         )
                     )
             if not page.get("IsTruncated"):
@@ -985,6 +986,12 @@ def _parts(views: list[memoryview], size: int) -> Iterator[bytes]:
                 pending = bytearray()
     if pending:
         yield bytes(pending)
+
+
+def _upload_digest(name: str) -> str | None:
+    """The digest of an upload's key below ``blobs/`` (None: not a blob's key)."""
+    parts = name.split("/")
+    return parts[2] if len(parts) == 3 and is_blob_name(*parts) else None
 
 
 def _seconds(stamp: Any) -> float:

@@ -16,7 +16,9 @@ the shell around it does the I/O in this order:
    Unlinking under the catalog's write lock is what lets a save take a ``deleting`` row back
    safely: it needs the same lock.  A GC killed anywhere leaves rows ``deleting`` that the
    next GC finishes;
-4. orphan files (no row), then incomplete writes of dead writers older than the grace period.
+4. orphan files (no row), then incomplete writes older than the grace period (at least an
+   hour) whose blob no save in flight holds (`reachability.in_flight`): a live save's write is
+   never removed, however old its store's clock says it is.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from ..errors import ArchiveError, GcAbortedError, PoolIdentityError
 from .context import PoolContext
 from .identity import UNINDEXED_BLOBS, check_identity
 from .journal import audit, maintain
-from .reachability import dead_pending
+from .reachability import dead_pending, in_flight
 
 # The plan's reachability test, by this name: the crash matrix's sabotage test replaces it
 # to prove that a GC which counts no owner is caught (tests/crash/test_crash_matrix.py).
@@ -75,8 +77,9 @@ __all__ = [
 
 _BATCH = 500
 _log = logging.getLogger("archive_manager")
-# Temp files are young while their writer lives; a writer that has not renamed its temp file
-# within this long is gone, whatever the grace period.
+# An incomplete write that no save in flight holds (`reachability.in_flight`) is removed once
+# it is this old, whatever the grace period: one of no save of this library (no digest, or
+# another program's) gets this long by the store's clock.
 TEMP_MIN_AGE = 3600.0
 
 Progress = Callable[[int, int], None]
@@ -347,8 +350,10 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
         if mark:
             _mark(conn, decided)
         known_rows = set(conn.execute(select(blobs_table.c.digest)).scalars())
+        old = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
+        busy = in_flight(conn, now, [t.digest for t in old if t.digest is not None])
     decided.orphans = plan_orphans(files, known_rows, cutoff=cutoff)
-    decided.stale_temps = [t for t in temps if t.mtime <= now - max(grace, TEMP_MIN_AGE)]
+    decided.stale_temps = [t for t in old if t.digest is None or t.digest not in busy]
     return decided
 
 

@@ -8,6 +8,10 @@ A blob is retained while
   it deletes, so it holds nothing), or
 * a live lease holds it (a save in flight, before its ownership commit).
 
+A save in flight writes only blobs it needs (`in_flight`): those its live lease holds (step 2
+of the save protocol) and the manifest of its pending archive (step 4).  GC never removes an
+incomplete write (a temp file, a multipart upload) of one of those, however old it looks.
+
 Everything here is SQL, evaluated by the catalog inside the caller's transaction, so GC's
 plan and the reports read the rule from one place and cannot drift apart (a release plan
 that forgot the dead-pending rule once under-reported what a release frees).
@@ -15,7 +19,7 @@ that forgot the dead-pending rule once under-reported what a release frees).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 from sqlalchemy import and_, exists, literal, not_, or_, select
 from sqlalchemy.engine import Connection
@@ -30,10 +34,12 @@ from ..catalog import (
     leases_table,
     retention_table,
 )
+from ..catalog.queries import batches
 
 __all__ = [
     "dead_pending",
     "dead_pending_ids",
+    "in_flight",
     "live_lease",
     "retained",
     "retained_digests",
@@ -110,3 +116,33 @@ def dead_pending_ids(conn: Connection, now: float, ids: Iterable[int] | None = N
     if ids is not None:
         query = query.where(a.c.id.in_(list(ids)))
     return set(conn.execute(query).scalars())
+
+
+def in_flight(conn: Connection, now: float, digests: Sequence[str]) -> set[str]:
+    """Of ``digests``, those a save in flight at ``now`` may be writing: held by a live
+    lease, or the manifest of a pending archive whose lease is live.
+
+    NOTE: a save records the hold (or, for its manifest, its pending archive) in a committed
+    transaction before it begins the write, so an incomplete write listed before this query
+    whose digest is not returned belongs to no live save: its save died, lapsed, or finished.
+    Judging by its age alone once aborted a live save's multipart upload (an hour by the
+    store's clock) and would remove a live temp file whose mtime a file server's clock set.
+    """
+    lb, lt, a = lease_blobs_table, leases_table, archives_table
+    found: set[str] = set()
+    for batch in batches(sorted(set(digests))):
+        found.update(
+            conn.execute(
+                select(lb.c.digest)
+                .join(lt, lt.c.owner == lb.c.lease)
+                .where(lb.c.digest.in_(batch), live_lease(now))
+            ).scalars()
+        )
+        found.update(
+            conn.execute(
+                select(a.c.manifest_digest)
+                .join(lt, lt.c.owner == a.c.lease_owner)
+                .where(a.c.state == "pending", a.c.manifest_digest.in_(batch), live_lease(now))
+            ).scalars()
+        )
+    return found

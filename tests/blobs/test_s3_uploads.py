@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import test_s3
 from s3server import S3Server
@@ -23,6 +24,7 @@ from test_s3 import _prefix, _samples
 from archive_manager import ArchiveManager
 from archive_manager._util.digest import digest_of
 from archive_manager.blobs import BlobStore
+from archive_manager.blobs import s3 as s3mod
 from archive_manager.blobs.base import PutItem
 from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.interop.synthetic import make_rollout
@@ -276,6 +278,45 @@ def test_kill_9_mid_upload_then_the_same_content_again(
             assert _tokens(loaded) == _tokens(samples)
         report = pool.verify(read_data=True)
         assert report.ok, report.problems
+
+
+def test_gc_never_aborts_the_multipart_upload_of_a_save_in_flight(
+    s3_env: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save uploads a large blob in parts; between two parts a GC whose clock is two hours
+    ahead of the store's (so the upload looks two hours old) runs beside it.  The save's
+    lease is live: its upload is kept and the save publishes (an age rule alone aborted it,
+    and the save failed with NoSuchUpload).  An upload no save holds is aborted by the same
+    GC."""
+    monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 << 20)
+    root, url = _root(bucket), _sqlite(tmp_path)
+    hours = 3600.0
+    big = np.frombuffer(os.urandom(12 << 20), dtype=np.uint8)
+    with (
+        ArchiveManager.open(root, catalog_url=url, lease_ttl=3 * hours) as saver,
+        ArchiveManager.open(root, catalog_url=url, clock=lambda: time.time() + 2 * hours) as ahead,
+    ):
+        store = saver.store
+        assert isinstance(store, S3BlobStore)
+        stray = store._key(digest_of(b"no save holds this"))
+        store._client.create_multipart_upload(Bucket=bucket, Key=stray)
+        reports: list[Any] = []
+        real = s3mod._upload_part
+
+        def upload_part(client: Any, **request: Any) -> Any:
+            if request["PartNumber"] == 2 and not reports:
+                reports.append(ahead.gc(grace=0))
+            return real(client, **request)
+
+        monkeypatch.setattr(s3mod, "_upload_part", upload_part)
+        archive = saver.save("big", [{"tokens": [1, 2, 3], "big": big}], rollout_id=0)
+        [report] = reports
+        assert report.temp_files == 1  # the stray upload, not the save's
+        assert store.incomplete_writes() == []
+        [loaded] = archive.load_samples()
+        assert np.array_equal(loaded["big"], big)
+        assert saver.verify(read_data=True).ok
 
 
 _RACER = """

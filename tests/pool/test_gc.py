@@ -3,9 +3,11 @@ failing closed, finishing a killed GC, and a save that takes back a ``deleting``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -477,6 +479,65 @@ def test_grace_longer_than_the_temp_floor_is_honoured(
     clock.advance(HOUR)
     assert pool.gc(grace=4 * HOUR).temp_files == 1
     assert not p.exists()
+
+
+class _GcBeforeRename(LocalBlobStore):
+    """A folder store that calls ``hook`` before it renames each blob's temp file into place
+    (while the save that writes it is in flight)."""
+
+    hook: Callable[[], None] | None = None
+
+    def _finish(self, pending: Any, *, sync_dir: bool = True) -> None:
+        if self.hook is not None:
+            self.hook()
+        super()._finish(pending, sync_dir=sync_dir)
+
+
+def test_gc_never_removes_a_temp_file_a_save_in_flight_writes(
+    open_pool: Callable[..., ArchiveManager], tmp_path: Path, clock: FakeClock
+) -> None:
+    """Every temp file of a save (chunks, tensor blobs, the manifest after the ownership
+    commit) looks two hours old to a GC that runs before it is renamed (the file server's
+    clock is behind this host's, or the write took that long); the save's lease is live, so
+    GC keeps them all, and the save publishes.  An age rule alone removed them and the save
+    failed at its rename."""
+    store = _GcBeforeRename(tmp_path / "pool")
+    pool = open_pool(clock=clock, lease_ttl=LEASE_TTL, chunk_size=4, inline_limit=64, store=store)
+    swept: list[int] = []
+    one_at_a_time = threading.Lock()  # the store finishes a batch of blobs on several threads
+
+    def collect_now() -> None:
+        with one_at_a_time:
+            for path, _ in store.temp_files():
+                with contextlib.suppress(FileNotFoundError):  # renamed by another thread
+                    age(path, 2 * HOUR, clock)
+            swept.append(pool.gc(grace=0).temp_files)
+
+    store.hook = collect_now
+    samples = tiny_rollout(n=9)
+    pool.save("a", samples, rollout_id=1)
+    store.hook = None
+    assert len(swept) >= 4 and set(swept) == {0}  # chunks, tensors and the manifest
+    assert_loads(pool, "a", samples)
+    assert pool.verify(read_data=True).ok
+
+
+def test_temp_files_of_a_lapsed_save_are_removed(pool: ArchiveManager, clock: FakeClock) -> None:
+    """The other side of the rule: the temp file of a blob that a save holds stays only as
+    long as the save's lease is live."""
+    w = abandon_writer(pool, "w", tiny_rollout(n=5))
+    held = sorted(set(blob_states(pool)))
+    tmp = pool.root / "tmp"
+    tmp.mkdir(exist_ok=True)
+    left = tmp / f"{held[0]}.4242.0123456789ab.tmp"
+    left.write_bytes(b"half a blob")
+    age(left, 2 * HOUR, clock)
+    assert pool.gc(grace=0).temp_files == 0
+    assert left.exists()
+    clock.advance(LEASE_TTL + 1)
+    assert pool.gc(grace=0).temp_files == 1
+    assert not left.exists()
+    assert w.lease
 
 
 # --- failing closed -----------------------------------------------------------------------
