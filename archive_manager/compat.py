@@ -505,8 +505,7 @@ def _sidecar_metadata(path: Path, manifest_digest: Any) -> Any:
 #: the two helpers to dicts of their fields.
 def _export_seed_pt(straw: StrawArchive, rollout_id: Any, target: Path) -> Path:
     """The seed's ``export_pt`` of a seed index (see `RolloutArchive.export_pt`)."""
-    from ._util.atomic import write_atomic_with
-    from ._util.lazy_torch import torch_module
+    from ._util.output import save_torch, write_output
 
     # As the seed's to_dict() gives them (status as its value, helpers as dicts), with numpy
     # as tensors and Python numbers: a dump this library writes loads with weights_only=True,
@@ -516,9 +515,7 @@ def _export_seed_pt(straw: StrawArchive, rollout_id: Any, target: Path) -> Path:
         for s in straw.load_samples(lazy=False)
     ]
     dump = {"rollout_id": rollout_id, "samples": samples}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
-    return target
+    return write_output(target, lambda output: save_torch(dump, output))
 
 
 class RolloutArchive:

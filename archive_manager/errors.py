@@ -27,6 +27,7 @@ __all__ = [
     "MetadataError",
     "MissingDependencyError",
     "NativeFallbackWarning",
+    "OutputWriteError",
     "PoolIdentityError",
     "PoolLayoutError",
     "PoolNotFoundError",
@@ -111,6 +112,22 @@ class TransientBlobStoreError(BlobStoreError):
 class PoolLayoutError(BlobStoreError):
     """A folder of the pool (``blobs/``, ``tmp/``, a fan-out folder) is a symlink, which the pool
     refuses to read, write, list or unlink through: it may lead out of the pool."""
+
+
+class OutputWriteError(ArchiveError, OSError):
+    """A file outside the pool (an export, a figure) could not be written where it was asked
+    for: the disk is full, a quota or file size limit was reached, the filesystem is
+    read-only, permission was denied, the device failed.  ``errno`` and ``filename`` are
+    the OS's and the target's; the message says what to do.  The target is as it was before
+    and no temp file is left."""
+
+    def __init__(self, message: str, code: int | None = None, filename: str | None = None):
+        super().__init__(message)
+        self.errno = code
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ReadOnlyPoolError(ArchiveError, PermissionError):

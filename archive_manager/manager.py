@@ -1461,7 +1461,11 @@ class ArchiveManager:
     ) -> Path:
         """Write archive ``name`` as Parquet, JSONL or slime's ``.pt`` (``format``, else the
         suffix of ``path``), through a temp file (see `archive_manager.interop.export`).
-        ``progress(done, total)`` counts the stored bytes read."""
+        ``progress(done, total)`` counts the stored bytes read.
+
+        Raises:
+            OutputWriteError: the file could not be written (a full disk, a read-only
+                folder, no permission...); nothing is left at ``path``."""
         from .interop.export import export_archive
 
         return export_archive(

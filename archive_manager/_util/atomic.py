@@ -1,9 +1,11 @@
 """Files written atomically and durably: temp file, fsync, rename (or link), fsync dir.
 
-The one implementation for every file the library writes whole (the identity file, journal
-records and checkpoints, exports, the seed facade's pointer files; docs/architecture.md,
-Safety rules).  Blobs have their own batched path (`archive_manager.blobs`: writeback
-started early, 16 fsyncs before the renames, read-only files) and share only `fsync_dir`.
+The one implementation for every file the library writes whole in the pool or beside a run
+(the identity file, journal records and checkpoints, the seed facade's pointer files;
+docs/architecture.md, Safety rules).  Blobs have their own batched path
+(`archive_manager.blobs`: writeback started early, 16 fsyncs before the renames, read-only
+files), and files written for people outside the pool (exports, figures) theirs
+(`output.py`: streamed, errors of the medium made one line); both share only `fsync_dir`.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 from .permissions import readable_bits
 
-__all__ = ["fsync_dir", "write_atomic", "write_atomic_via_path", "write_atomic_with"]
+__all__ = ["fsync_dir", "temp_for", "write_atomic"]
 
 # A filesystem without hard links (some FUSE and object-store mounts) says so with these.
 _NO_LINKS = frozenset(
@@ -97,7 +98,8 @@ def fsync_dir(folder: Path, *, strict: bool = False) -> None:
         os.close(fd)
 
 
-def _temp_for(path: Path) -> Path:
+def temp_for(path: Path) -> Path:
+    """A temp file's name beside ``path``, unique to this process and call."""
     # The name is cut so that the temp name stays within NAME_MAX when ``path``'s is long.
     return path.with_name(f".{path.name[:64]}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
 
@@ -129,7 +131,7 @@ def write_atomic(
     Returns:
         True if ``path`` now holds ``data``; False only with ``exclusive`` when it existed.
     """
-    tmp = _temp_for(path)
+    tmp = temp_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         if share:
@@ -157,46 +159,3 @@ def write_atomic(
             os.unlink(tmp)
     fsync_dir(path.parent)
     return True
-
-
-def write_atomic_with(path: Path, write: Callable[[BinaryIO], None], *, mode: int = 0o644) -> None:
-    """`write_atomic` for content too large to hold as bytes: ``write`` streams it into the
-    temp file, which then replaces ``path``.  On any failure the temp file is removed and
-    ``path`` is left as it was."""
-    tmp = _temp_for(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-
-    def fill() -> None:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-
-    _replace_with(tmp, path, fill)
-
-
-def write_atomic_via_path(path: Path, write: Callable[[Path], object]) -> None:
-    """`write_atomic_with` for writers that take a file name (pyarrow, json lines): ``write``
-    fills a temp file beside ``path``, which is fsynced and then replaces ``path``.  On any
-    failure the temp file is removed and ``path`` is left as it was."""
-    tmp = _temp_for(path)
-
-    def fill() -> None:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-
-    _replace_with(tmp, path, fill)
-
-
-def _replace_with(tmp: Path, path: Path, fill: Callable[[], None]) -> None:
-    """Run ``fill`` (which writes and fsyncs ``tmp``), then let ``tmp`` replace ``path`` and
-    fsync the folder; on any failure ``tmp`` is removed and ``path`` is left as it was."""
-    try:
-        fill()
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)

@@ -29,6 +29,7 @@ from .._util.humanize import human_duration, human_size, local_time
 from .._util.names import is_invisible
 
 __all__ = [
+    "counted",
     "echo",
     "echo_fields",
     "echo_json",
@@ -95,6 +96,11 @@ def terminal_safe(text: object) -> str:
     apart.
     """
     return _NOT_PRINTABLE_ASCII.sub(_escape, text if isinstance(text, str) else str(text))
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 sample``, ``2 samples``: a count and its noun, in the number it takes."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def echo(message: object = "", *, err: bool = False) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._util.output import Output, write_output
 from ..errors import InvalidInputError, MissingDependencyError
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
@@ -56,6 +57,7 @@ def plot_stats(rows: Sequence[RolloutStats], path: str | Path) -> Path:
     Raises:
         MissingDependencyError: matplotlib is not installed.
         InvalidInputError: an unknown format, or no row has a rollout id to draw.
+        OutputWriteError: the file could not be written (a full disk, a read-only folder).
     """
     target = check_plot_path(path)
     drawn = [r for r in rows if r.rollout_id is not None]
@@ -87,6 +89,13 @@ def plot_stats(rows: Sequence[RolloutStats], path: str | Path) -> Path:
     for ax in (reward_ax, length_ax):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small", loc="best")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=120)
-    return target
+    suffix = target.suffix.lower().lstrip(".")
+
+    def draw(output: Output) -> None:
+        # format: the temp file's own suffix is .tmp
+        with output.writing():
+            fig.savefig(output.path, dpi=120, format=suffix)
+
+    # Written as every export is: a full disk or a read-only folder is one line, and no
+    # partial image is left.
+    return write_output(target, draw)

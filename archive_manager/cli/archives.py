@@ -26,6 +26,7 @@ from ._context import (
     pass_state,
 )
 from ._output import (
+    counted,
     echo,
     echo_fields,
     echo_json,
@@ -455,7 +456,8 @@ def import_pt(
                 progress(done, total)
             if not as_json:
                 echo(
-                    f"imported {info.samples} samples from {path} as archive {info.name!r} "
+                    f"imported {counted(info.samples, 'sample')} from {path} as archive "
+                    f"{info.name!r} "
                     f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
                 )
     if as_json:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ._context import CliError, is_reportable, json_option, one_line, pass_pool
-from ._output import echo, echo_json, progress_reporter
+from ._output import counted, echo, echo_json, progress_reporter
 
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
@@ -41,6 +41,6 @@ def import_straw(
                 raise
         imported.append({"index": index, "name": arc.name, "samples": len(arc)})
         if not as_json:
-            echo(f"imported {len(arc)} samples from {index} as archive {arc.name!r}")
+            echo(f"imported {counted(len(arc), 'sample')} from {index} as archive {arc.name!r}")
     if as_json:
         echo_json(imported)

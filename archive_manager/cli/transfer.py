@@ -12,7 +12,7 @@ from click.shell_completion import CompletionItem
 
 from ._complete import complete_archive_name
 from ._context import CliError, json_option, pass_pool
-from ._output import echo, echo_json, human_size, progress_reporter
+from ._output import counted, echo, echo_json, human_size, progress_reporter
 from ._params import ROLLOUT_RANGE
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
@@ -93,7 +93,7 @@ def export(
             echo_json([{"path": str(p), "bytes": n} for p, n in zip(paths, sizes, strict=True)])
         else:
             total = sum(sizes)
-            echo(f"exported {len(paths)} archives to {args[0]} ({human_size(total)})")
+            echo(f"exported {counted(len(paths), 'archive')} to {args[0]} ({human_size(total)})")
         return
     if len(args) != 2:
         raise click.UsageError("give NAME FILE, or --rollout-id A..B DIR")
@@ -111,7 +111,8 @@ def export(
         echo_json(result)
     else:
         echo(
-            f"exported {len(arc)} samples of {arc.name!r} to {path} ({human_size(result['bytes'])})"
+            f"exported {counted(len(arc), 'sample')} of {arc.name!r} to {path} "
+            f"({human_size(result['bytes'])})"
         )
 
 
@@ -186,6 +187,6 @@ def import_file(
         echo_json(asdict(info))
         return
     echo(
-        f"imported {info.samples} samples from {file} as archive {info.name!r} "
+        f"imported {counted(info.samples, 'sample')} from {file} as archive {info.name!r} "
         f"(rollout id {info.rollout_id}, {human_size(info.bytes)})"
     )

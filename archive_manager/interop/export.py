@@ -3,8 +3,9 @@ JSONL files of an archive (or of many, one file each), and imports of such files
 library's or another framework's (docs/architecture.md, "Getting data out").
 
 Every file is written to a temp file beside its target and renamed into place, so a failed
-export leaves no partial file; an import streams into one `ArchiveWriter`, so a failed import
-publishes nothing.
+export leaves no partial file, and a full disk, a read-only folder or a missing permission
+is one `OutputWriteError` (`archive_manager._util.output`); an import streams into one
+`ArchiveWriter`, so a failed import publishes nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from .._util.atomic import write_atomic_via_path
+from .._util.output import Output, write_output
 from ..catalog import archives_table
 from ..errors import (
     ArchiveExistsError,
     InvalidInputError,
+    OutputWriteError,
     UnencodableError,
     UnsupportedFormatError,
 )
@@ -226,30 +228,42 @@ def _selected_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Sch
 # --------------------------------------------------------------------------- files
 
 
-def write_file(target: Path, write: Callable[[Path], object], *, overwrite: bool) -> None:
-    """Call ``write(temp)``, then move the temp file to ``target``: a failure anywhere
-    leaves ``target`` as it was (docs/architecture.md, "Safety rules")."""
-    # is_symlink: a dangling link is something at that name too, not to be replaced silently
-    if (target.exists() or target.is_symlink()) and not overwrite:
-        raise ArchiveExistsError(f"{target} exists; pass --force (overwrite=True) to replace it")
-    if target.is_dir():
-        raise InvalidInputError(f"{target} is a folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic_via_path(target, write)  # its temp name stays within NAME_MAX
-
-
 def _write_parquet(
     make: Callable[[frozenset[str]], Iterator[pa.RecordBatch]],
-    path: Path,
+    output: Output,
     empty: Callable[[], pa.RecordBatch],
 ) -> int:
     """Stream batches into a Parquet file; on a batch that does not fit the schema so far,
-    start again with both merged (rare: each restart widens the schema).  Returns rows."""
+    start again with both merged (rare: each restart widens the schema).  Returns rows.
+
+    Only pyarrow's writes are marked as the file's (`Output.writing`): a batch's reads of
+    the pool keep their own errors."""
     pq = _parquet()
+    arrow = pyarrow_module()
+    path = str(output.path)
+
+    def write_batch(writer: Any, batch: pa.RecordBatch) -> None:
+        with output.writing():
+            writer.write_batch(batch)
+
+    def close(writer: Any, sink: Any) -> None:
+        # NOTE: the file is opened here, not by pyarrow, which leaves a file it opened
+        # itself open when closing the writer fails (a full disk): the removed temp file
+        # would keep its blocks until the process ends.
+        try:
+            if writer is not None:
+                with output.writing():
+                    writer.close()
+        finally:
+            if sink is not None:
+                with output.writing():
+                    sink.close()
+
     schema: pa.Schema | None = None
     force: frozenset[str] = frozenset()
     while True:
         writer = None
+        sink = None
         rows = 0
         # NOTE: Parquet encodes and compresses without the GIL: batch k is written on this
         # thread while batch k+1 is decoded and built (at most two batches held).  Measured
@@ -261,11 +275,13 @@ def _write_parquet(
                 if schema is None:
                     schema = batch.schema
                 if writer is None:
-                    writer = pq.ParquetWriter(path, schema, **_parquet_options(schema))
+                    with output.writing():
+                        sink = arrow.OSFile(path, "wb")
+                        writer = pq.ParquetWriter(sink, schema, **_parquet_options(schema))
                 fitted = conform(batch, schema)
                 if pending is not None:
                     pending.result()
-                pending = io.submit(writer.write_batch, fitted)
+                pending = io.submit(write_batch, writer, fitted)
                 rows += batch.num_rows
             if pending is not None:
                 pending.result()
@@ -275,12 +291,17 @@ def _write_parquet(
             continue
         finally:
             io.shutdown(wait=True, cancel_futures=True)
-            if writer is not None:
-                writer.close()
+            close(writer, sink)
         if writer is None:
             batch = empty()
-            table = pyarrow_module().Table.from_batches([batch])
-            pq.write_table(table, path, **_parquet_options(table.schema))
+            table = arrow.Table.from_batches([batch])
+            with output.writing():
+                sink = arrow.OSFile(path, "wb")
+            try:
+                with output.writing():
+                    pq.write_table(table, sink, **_parquet_options(table.schema))
+            finally:
+                close(None, sink)
         return rows
 
 
@@ -326,14 +347,20 @@ def _line(row: dict[str, Any]) -> bytes:
         return (json.dumps(row, allow_nan=False) + "\n").encode("ascii")
 
 
-def _write_jsonl(source: ArchiveSource, path: Path) -> int:
+def _write_jsonl(source: ArchiveSource, output: Output) -> int:
     """One JSON object per sample: the row's columns, a field's value as JSON (tagged where
     JSON would lose it, `to_json_value`), written from the records, not through Arrow."""
     rows = 0
-    with open(path, "wb") as f:
+    with output.writing():
+        file = open(output.path, "wb")  # noqa: SIM115 (closed below, its error marked)
+    try:
+        f = output.stream(file)
         for row in json_rows(source):
             f.write(_line(row))
             rows += 1
+    finally:
+        with output.writing():
+            file.close()
     return rows
 
 
@@ -396,24 +423,19 @@ def export_archive(
 def _export_to(arc: Archive, target: Path, kind: str, overwrite: bool) -> None:
     source = arc.arrow_source()
     if kind == "pt":
-        write_file(target, lambda temp: _export_pt(arc, temp), overwrite=overwrite)
+        arc.export_pt(target, overwrite=overwrite)
     elif kind == "parquet":
-        write_file(
+        write_output(
             target,
-            lambda temp: _write_parquet(
+            lambda output: _write_parquet(
                 lambda force: archive_batches(source, force_json=force),
-                temp,
+                output,
                 lambda: empty_batch(source),
             ),
             overwrite=overwrite,
         )
     else:
-        write_file(target, lambda temp: _write_jsonl(source, temp), overwrite=overwrite)
-
-
-def _export_pt(arc: Archive, temp: Path) -> None:
-    # export_pt writes atomically itself; here it writes the temp file write_file renames.
-    arc.export_pt(temp)
+        write_output(target, lambda output: _write_jsonl(source, output), overwrite=overwrite)
 
 
 def _shifted(
@@ -464,14 +486,22 @@ def export_many(
     total = sum(sum(s.values()) for s in sizes)
     done: list[Path] = []
     before = 0  # bytes of the archives already exported
-    for i, (arc, target) in enumerate(zip(arcs, targets, strict=True)):
-        if progress is None:
-            done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
-            continue
-        with _bytes_read(arc, sizes[i], _shifted(progress, before, total)):
-            done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
-        before += sum(sizes[i].values())
-        progress(before, total)
+    try:
+        for i, (arc, target) in enumerate(zip(arcs, targets, strict=True)):
+            if progress is None:
+                done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
+                continue
+            with _bytes_read(arc, sizes[i], _shifted(progress, before, total)):
+                done.append(export_archive(arc, target, format=kind, overwrite=overwrite))
+            before += sum(sizes[i].values())
+            progress(before, total)
+    except OutputWriteError as exc:
+        # the files already written are whole: say which are there, so a retry can skip them
+        raise OutputWriteError(
+            f"{exc}; {len(done)} of the {len(arcs)} archives were exported before it",
+            exc.errno,
+            exc.filename,
+        ) from exc
     return done
 
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeAlias, overl
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
-from .._util.atomic import write_atomic_with
 from .._util.lazy_torch import is_tensor, torch_module
 from .._util.names import archive_owner, check_archive_name
+from .._util.output import check_target, save_torch, write_output
 from ..catalog import (
     archive_blobs_table,
     archives_table,
@@ -837,16 +837,21 @@ class Archive:
             f"reclaimed its payload ({detail}); its catalog rows remain for inspection"
         )
 
-    def export_pt(self, path: str | os.PathLike[str]) -> Path:
+    def export_pt(self, path: str | os.PathLike[str], *, overwrite: bool = True) -> Path:
         """Write slime's dump format: ``torch.save({"rollout_id", "samples": [dict]})``, plus
         the archive's facts under ``"archive_manager"`` (name, evaluation, attrs, each sample's
         sample key, task key and class), which `ArchiveManager.import_pt` reads back.
 
         Self-contained (tensors materialized), loadable with ``torch.load(weights_only=True)``,
-        written atomically; parent folders are created.  numpy arrays become tensors and
+        written atomically like every export (a temp file, mode ``0666`` less the umask,
+        renamed into place); parent folders are created.  numpy arrays become tensors and
         numpy scalars (values and keys) Python numbers, the types that loader accepts.
 
         Raises:
+            ArchiveExistsError: ``path`` exists and ``overwrite`` is False (before any work).
+            OutputWriteError: the file could not be written (a full disk, a read-only
+                folder, no permission...; torch's own error for it is replaced); nothing is
+                left at ``path``.
             UnencodableError: a sample holds what that loader, or `import_pt` after it, would
                 not give back: an int of 2,040 bits or more, a numpy complex scalar, a
                 `Sample` whose status is None or whose ``spec_info``/``prefix_cache_info``
@@ -858,6 +863,7 @@ class Archive:
         from .facts import FACTS_KEY, facts_block
 
         target = Path(path)
+        check_target(target, overwrite=overwrite)
         samples = []
         classes: list[str | None] = []
         conversions: list[list[str] | None] = []
@@ -887,7 +893,6 @@ class Archive:
             attrs = pt_native(self.attrs)
         except UnencodableError as exc:
             raise error_at(exc, f"cannot export {self.name!r}: attrs ") from None
-        target.parent.mkdir(parents=True, exist_ok=True)
         # The facts ride along under a key of their own: docs/architecture.md, "Exports and
         # imports".  slime reads only rollout_id and samples.
         facts = facts_block(
@@ -899,9 +904,7 @@ class Archive:
             converted=conversions,
         )
         dump = {"rollout_id": self.rollout_id, "samples": samples, FACTS_KEY: facts}
-        # 0600, as exports always were (they were written through mkstemp).
-        write_atomic_with(target, lambda f: torch_module().save(dump, f), mode=0o600)
-        return target
+        return write_output(target, lambda output: save_torch(dump, output), overwrite=overwrite)
 
     def arrow_source(self) -> ArchiveSource:
         """What the Arrow export reads of this archive (`archive_manager.pool.arrow`)."""

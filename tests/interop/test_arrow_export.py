@@ -333,6 +333,7 @@ def test_cli_export_by_suffix_and_per_archive(pool: ArchiveManager, tmp_path: Pa
         "parquet",
     )
     assert done.exit_code == 0, done.output  # type: ignore[attr-defined]
+    assert "exported 1 archive to" in done.output  # type: ignore[attr-defined]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train-1.parquet"]
     done = run("export", "--rollout-id", "1..7", str(tmp_path / "out"))
     assert done.exit_code == 1 and "--force" in done.stderr  # type: ignore[attr-defined]
@@ -348,6 +349,12 @@ def test_cli_export_by_suffix_and_per_archive(pool: ArchiveManager, tmp_path: Pa
     assert "Traceback" not in bad.output  # type: ignore[attr-defined]
     mapping = run("import", str(tmp_path / "one.jsonl"), "--map", "prompt")
     assert mapping.exit_code == 2 and "FIELD=COLUMN" in mapping.output  # type: ignore[attr-defined]
+    # A count of one takes the singular (it said "exported 1 samples").
+    pool.save("single", small_rollout(1, seed=3), rollout_id=9)
+    done = run("export", "single", str(tmp_path / "single.pt"))
+    assert "exported 1 sample of 'single' to" in done.output  # type: ignore[attr-defined]
+    done = run("import", str(tmp_path / "one.jsonl"), "--name", "again")
+    assert "imported 5 samples from" in done.output  # type: ignore[attr-defined]
 
 
 def test_no_pyarrow_at_import_and_no_torch_for_a_tensor_free_export(tmp_path: Path) -> None:
