@@ -31,6 +31,7 @@ __all__ = [
     "PoolIdentityError",
     "PoolLayoutError",
     "PoolNotFoundError",
+    "PoolRootMissingError",
     "ReadOnlyPoolError",
     "SaveInFlightError",
     "SearchTimeoutError",
@@ -195,6 +196,14 @@ class CatalogLockedError(CatalogError, TimeoutError):
 
 class PoolIdentityError(CatalogError):
     """The catalog and the blob root are not one pool's (another catalog, a copy, a lost catalog)."""
+
+
+class PoolRootMissingError(PoolIdentityError, OSError):
+    """The pool is not at its blob root any more, or not yet: the root was moved, deleted or
+    unmounted since it was opened, or it is an empty folder (a mount point whose mount
+    failed) where the catalog records a pool.  Refused before anything was written there
+    (docs/architecture.md, "Pool identity"); an `OSError` too, so that a blob store may raise
+    it where its contract says failures of the medium are `OSError`."""
 
 
 class ForeignCatalogError(CatalogError):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import itertools
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select
 from sqlalchemy import exc as sa_exc
 
+from ._util.atomic import fsync_dir
 from ._util.constants import DEFAULT_INLINE_LIMIT, DEFAULT_SEARCH_TIMEOUT, default_catalog_url
 from ._util.humanize import duration_seconds
 from ._util.names import (
@@ -343,7 +346,14 @@ class ArchiveManager:
                 f"there is no pool to rebind at {path}: it has no pool identity file "
                 f"({IDENTITY_FILE}); rebind a complete copy of a pool"
             )
+        if rebind:
+            _own_sqlite_catalog(url)
+        made = _missing_folders(path)
         path.mkdir(parents=True, exist_ok=True)
+        if store is None:
+            # Made again now that the root exists, so that the store has seen it: a store
+            # never makes a root it saw again (the pool moved or unmounted while open).
+            blobs = BlobStore(path)
         # None: a catalog this process may not write (a SQLite file or folder, a PostgreSQL
         # role that may only read) opens read-only even where the blob root is writable.
         catalog = Catalog.open(
@@ -399,6 +409,11 @@ class ArchiveManager:
             return pool
         except BaseException:
             catalog.close()
+            # A refused open leaves no folder behind (a catalog elsewhere that records a
+            # pool, say, refuses a root that is not there): removed only while empty.
+            for folder in made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
             raise
 
     @classmethod
@@ -1124,6 +1139,10 @@ class ArchiveManager:
         check_archive_name(name)
         r = retention_table
         record = None
+        # Before the transaction (an object store's look is a request): a decision whose
+        # journal record went to a pool moved or unmounted meanwhile would be lost with a
+        # lost catalog.
+        self._context.check_in_place(f"retaining {name!r}")
         with self.catalog.write("retain") as conn:
             # Inside: a read-only pool is refused by the write gate first; a journal folder
             # that cannot take the record rolls the decision back.
@@ -1172,6 +1191,7 @@ class ArchiveManager:
         owner = check_owner(owner)
         r, a = retention_table, archives_table
         record = None
+        self._context.check_in_place(f"releasing owner {owner!r}")  # as `retain`
         with self.catalog.write("release_owner") as conn:
             self.journal.ready()
             owner = stored_owner(conn, owner)
@@ -1557,6 +1577,91 @@ def _missing_catalog(root: Path, url: str, store: AbstractBlobStore) -> PoolIden
         "recover=True), then rebuild_catalog()); if the pool's catalog is elsewhere, pass its "
         "URL (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
     )
+
+
+def _own_sqlite_catalog(url: str) -> None:
+    """Before a rebind writes a SQLite catalog: its file must be the copy's own.
+
+    NOTE: a hard-linked copy (``cp -al``, ``rsync --link-dest``, rsnapshot) shares each
+    file's inode with the original, and SQLite writes its file in place: the rebind rewrote
+    the original's catalog through the copy's name, and the original then refused to open.
+    A linked file is replaced by a copy of it (SQLite's backup, checked, renamed into place);
+    the rest of the pool is safe as it is (identity and journal files are replaced by
+    rename, blobs never written again).  A linked ``-wal`` or ``-shm`` (the copy was made
+    while the original was open) is refused: the copy's catalog is then the original's live
+    database, not a copy of it.
+
+    Raises:
+        PoolIdentityError: a linked ``-wal``/``-shm``/``-journal``, or a copy that fails
+            SQLite's check (the original was being written).
+    """
+    import sqlite3
+
+    file = sqlite_path(url)
+    if file is None or not file.is_file():
+        return
+    for side in ("-wal", "-shm", "-journal"):
+        other = Path(f"{file}{side}")
+        if other.is_file() and other.stat().st_nlink > 1:
+            raise PoolIdentityError(
+                f"{other} is a hard link shared with another file ({other.stat().st_nlink} "
+                "names: a copy made with 'cp -al' or 'rsync --link-dest' while the original "
+                "was open): the copy's catalog is the original's live database, and a rebind "
+                "would rewrite it. Nothing was written; copy the pool again with the original "
+                "closed (or back its catalog up with sqlite3's .backup), then rebind"
+            )
+    info = file.stat()
+    if info.st_nlink <= 1:
+        return
+    _log.info("rebind: %s has %d names (a hard-linked copy): copying it", file, info.st_nlink)
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.rebind.tmp")
+    side_files = {Path(f"{file}{side}") for side in ("-wal", "-shm")}
+    had = {p for p in side_files if p.exists()}
+    try:
+        source = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
+        try:
+            target = sqlite3.connect(tmp)
+            try:
+                source.backup(target)
+                ok = target.execute("PRAGMA quick_check").fetchone()
+            finally:
+                target.close()
+        finally:
+            source.close()
+        if ok != ("ok",):
+            raise PoolIdentityError(
+                f"{file} is a hard link shared with another pool's catalog, and a copy of it "
+                f"did not pass SQLite's check ({ok}): it was being written. Nothing was "
+                "written; close the original pool and run rebind again"
+            )
+        os.chmod(tmp, stat.S_IMODE(info.st_mode))
+        with contextlib.suppress(OSError):
+            os.chown(tmp, -1, info.st_gid)  # a group-shared pool's catalog stays shared
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, file)
+        fsync_dir(file.parent)
+    except sqlite3.Error as exc:
+        raise PoolIdentityError(
+            f"{file} is a hard link shared with another pool's catalog and could not be "
+            f"copied ({exc}): nothing was written"
+        ) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        # The read-only connection's own -wal and -shm, made for the old file.
+        for made in side_files - had:
+            with contextlib.suppress(FileNotFoundError):
+                made.unlink()
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist, innermost first."""
+    missing = []
+    while not path.exists() and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 def _damaged_sqlite_file(url: str) -> Path | None:

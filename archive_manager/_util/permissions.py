@@ -218,6 +218,7 @@ def share_pool(
     """
     name, gid = _group(group)
     root = Path(root)
+    _refuse_linked_files(root, catalog_file, name)
     report = SharedReport(name, gid)
     try:
         _share(root, gid, catalog_file, report)
@@ -228,6 +229,33 @@ def share_pool(
             f"owner of the pool's files, who must be a member of {name}, or as root",
         ) from exc
     return report
+
+
+def _refuse_linked_files(root: Path, catalog_file: Path | None, group: str) -> None:
+    """InvalidInputError if a file `_share` would change has other names (hard links).
+
+    NOTE: a copy made with ``cp -al`` or ``rsync --link-dest`` shares each file's inode with
+    the original: a chown or chmod through the copy's name changes the original's file too,
+    giving another pool's files to the group.  The pool itself never links its files.
+    """
+    paths = [*_catalog_files(catalog_file), root / "archive-pool.json"]
+    for folder in _folders(root)[1:]:
+        paths.extend(p for p in folder.iterdir() if p.is_file() and not p.is_symlink())
+    linked = []
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            linked.append(str(path))
+    if linked:
+        raise InvalidInputError(
+            f"{len(linked)} file(s) of the pool at {root} are hard links, shared with files "
+            f"elsewhere ({_listed(linked)}; a copy made with 'cp -al' or 'rsync "
+            f"--link-dest'?): giving them to group {group} would change the other files too. "
+            "Nothing was changed; share a copy made with 'cp -a', or the original"
+        )
 
 
 def _share(root: Path, gid: int, catalog_file: Path | None, report: SharedReport) -> None:

@@ -104,6 +104,10 @@ class ObjectRoot(Protocol):
     def delete(self, name: str) -> bool:
         """Delete the object; False if there was none."""
 
+    def other(self, url: str) -> ObjectRoot:
+        """The root at ``url`` on the same store, to be looked at only (every write refused):
+        whether a pool a catalog records elsewhere is still there (a copy, or a move)."""
+
 
 class AbstractBlobStore(abc.ABC):
     """Content-addressed, immutable blobs named by the xxh3-128 digest of their bytes.

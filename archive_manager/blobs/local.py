@@ -65,6 +65,7 @@ from ..errors import (
     InvalidInputError,
     InvalidNameError,
     PoolLayoutError,
+    PoolRootMissingError,
 )
 from ._common import check_size as _check_size
 from ._common import corrupt as _corrupt
@@ -172,21 +173,6 @@ def _fsync_dir(path: Path) -> None:
     # synced; an error other than "cannot sync a folder here" (some network filesystems) is
     # the medium's and is raised.  A seam of its own: tests count the folder syncs.
     fsync_dir(path, strict=True)
-
-
-def _ensure_dir(path: Path) -> None:
-    """Create ``path`` and its missing parents, syncing each parent that gains an entry."""
-    if path.parent == path or path.is_dir():
-        return
-    _ensure_dir(path.parent)
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    else:
-        share_like_parent(path)  # a group-shared pool stays shared (permissions.py)
-    # Synced even if a concurrent writer made it: ours may be the rename that depends on it.
-    _fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)
@@ -324,6 +310,9 @@ class LocalBlobStore(AbstractBlobStore):
         self._blobs = self._root / BLOBS_DIR
         self._blobs_str = str(self._blobs)
         self._tmp = self._root / TEMP_DIR
+        # The root, blobs/ and tmp/ once seen (here, or made or used by a put): a store
+        # never makes one of them again (`_make_folder`).
+        self._seen = {f for f in (self._root, self._blobs, self._tmp) if f.is_dir()}
         # Checked now, a bad value (given or in the variable) is refused at open: found at
         # the first read that needs a retry, it replaced that read's BlobNotFoundError or
         # IntegrityError and stopped `verify` (docs/architecture.md, "Shared pools").  The
@@ -389,6 +378,41 @@ class LocalBlobStore(AbstractBlobStore):
     def root(self) -> Path:
         """The pool root holding ``blobs/`` and ``tmp/``."""
         return self._root
+
+    def _make_folder(self, folder: Path) -> None:
+        """Create ``folder`` (``tmp/`` or a fan-out folder) and its missing parents below the
+        root, syncing each parent that gains an entry.
+
+        NOTE: never the root, ``blobs/`` or ``tmp/`` once this store has seen it: one missing
+        now went away with its pool (moved, deleted, a mount gone and its empty mount point
+        left at the path), and a put that made it again wrote a phantom pool there, whose
+        blobs the catalog then published (docs/architecture.md, "Pool identity").  (A
+        store of a folder not made yet, used on its own, makes it at its first put; a pool's
+        open makes the root of a new pool.)
+
+        Raises:
+            PoolRootMissingError: the root, ``blobs/`` or ``tmp/`` is gone since it was seen.
+        """
+        if folder.is_dir():
+            return
+        if folder in self._seen:
+            if folder.is_dir():
+                return  # another thread of this store made it between the two looks
+            raise PoolRootMissingError(
+                f"{folder} is gone since this store saw it (the pool at {self._root} moved, "
+                "was deleted, or its mount went away?): nothing was written, and it is not "
+                "made again, so that no blob goes outside the pool; reopen the pool where it "
+                "is now"
+            )
+        self._make_folder(folder.parent)
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            pass
+        else:
+            share_like_parent(folder)  # a group-shared pool stays shared (permissions.py)
+        # Synced even if a concurrent writer made it: ours may be the rename that depends on it.
+        _fsync_dir(folder.parent)
 
     def path(self, digest: str) -> Path:
         """The file of ``digest``; InvalidNameError unless it is a canonical digest."""
@@ -533,7 +557,8 @@ class LocalBlobStore(AbstractBlobStore):
     def _begin(self, digest: str, views: list[memoryview]) -> _Pending:
         """Write ``views`` to a new read-only temp file and start its writeback; not synced."""
         _check_folders((self._tmp,), digest)
-        _ensure_dir(self._tmp)
+        self._make_folder(self._tmp)
+        self._seen.update((self._root, self._tmp))
         tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(6)}{_TEMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -567,7 +592,8 @@ class LocalBlobStore(AbstractBlobStore):
             failpoint("blob.after_temp_write")
             # Again: a fan-out folder made or replaced since `_stage` looked must not be a link.
             _check_folders((self._blobs, target.parent.parent, target.parent), target.name)
-            _ensure_dir(target.parent)
+            self._make_folder(target.parent)
+            self._seen.update((self._root, self._blobs))
             # Atomic; concurrent writers of one digest replace identical bytes with identical bytes.
             os.rename(tmp, target)
             failpoint("blob.after_rename")

@@ -253,6 +253,11 @@ class S3Root:
         """Delete the object ``name``; False if there was none."""
         return self._store._delete_named(name)
 
+    def other(self, url: str) -> S3Root:
+        """The root at ``url`` (another ``s3://bucket/prefix``) on this root's endpoint, with
+        its settings, to be looked at only: it refuses every write."""
+        return S3Root(self._store.sibling(url))
+
 
 _LOADER: Any = None
 _LOADER_LOCK = threading.Lock()
@@ -410,6 +415,22 @@ class S3BlobStore(AbstractBlobStore):
     def pool_root(self) -> S3Root:
         """The pool's root on the bucket (identity and journal objects)."""
         return S3Root(self)
+
+    def sibling(self, url: str) -> S3BlobStore:
+        """The store of another ``s3://bucket/prefix`` on this store's endpoint, with this
+        store's settings and client, refusing every write (it is only looked at: is the pool
+        a catalog records still there?); no request is made.
+
+        Raises:
+            InvalidNameError: ``url`` is not a valid ``s3://bucket/prefix``.
+        """
+        bucket, prefix = parse_s3_url(url)
+        view = copy.copy(self)
+        view.bucket, view.prefix = bucket, prefix
+        view._base = f"{prefix}/" if prefix else ""
+        view._blobs = f"{view._base}{BLOBS_DIR}/"
+        view._read_only = "it is another root, only looked at"
+        return view
 
     def read_only(self, reason: str) -> S3BlobStore:
         """This store for a pool opened read-only: the same client and settings, and every

@@ -971,6 +971,9 @@ def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:
     a, r = archives_table, retention_table
     released: list[str] = []
     record = None
+    # Before the transaction (an object store's look is a request): a release whose record
+    # went to a pool moved or unmounted meanwhile would be lost with a lost catalog.
+    pool.check_in_place("release")
     with pool.catalog.write("release") as conn:
         # Inside: a read-only pool is refused by the write gate first; a journal folder
         # that cannot take the record rolls the release back.

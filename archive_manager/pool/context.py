@@ -16,7 +16,7 @@ from typing import Protocol
 from ..blobs import AbstractBlobStore
 from ..blobs.base import ObjectRoot
 from ..catalog import Catalog
-from .identity import PoolIdentity
+from .identity import PoolIdentity, check_identity
 from .journal import Journal
 
 __all__ = ["HasContext", "PoolContext", "context_of"]
@@ -45,6 +45,13 @@ class PoolContext:
     def catalog_url(self) -> str:
         """The catalog's SQLAlchemy URL."""
         return self.catalog.url
+
+    def check_in_place(self, what: str) -> None:
+        """Refuse ``what`` unless the root still holds the pool opened (`check_identity`):
+        called before a write that would go astray if the pool moved, vanished or was
+        re-bound since (a save's first blob and its publication, a retention decision,
+        GC's deletions)."""
+        check_identity(self.root, self.identity, what=what)
 
 
 class HasContext(Protocol):

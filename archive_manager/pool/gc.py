@@ -50,7 +50,7 @@ from ..catalog.queries import batches
 from ..codec.framing import MAGIC_SIZE, blob_kind
 from ..errors import ArchiveError, GcAbortedError, PoolIdentityError
 from .context import PoolContext
-from .identity import UNINDEXED_BLOBS, check_identity
+from .identity import UNINDEXED_BLOBS
 from .journal import audit, maintain
 from .reachability import dead_pending, in_flight
 
@@ -304,6 +304,7 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
     store, catalog = pool.store, pool.catalog
     now = pool.clock()
     cutoff = now - grace
+    _check_in_place(pool, "before deleting anything")
     if catalog.get_pool_info(UNINDEXED_BLOBS) is not None:
         raise GcAbortedError(
             "gc stopped before deleting anything: this catalog was created over a blob root "
@@ -311,11 +312,6 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
             "would take them all for orphans; run rebuild_catalog ('archive-manager "
             "rebuild-catalog') first"
         )
-    if pool.identity is not None:
-        try:
-            check_identity(pool.root, pool.identity)
-        except PoolIdentityError as exc:
-            raise GcAbortedError(f"gc stopped before deleting anything: {exc}") from exc
     try:
         files = list(store.iter_stat())
         temps = store.incomplete_writes()
@@ -357,6 +353,20 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
     return decided
 
 
+def _check_in_place(pool: PoolContext, when: str) -> None:
+    """GcAbortedError unless the root still holds the pool opened (`check_identity`).
+
+    NOTE: at the plan and again before each batch of unlinks, outside the catalog's
+    transaction: a root that moved, went away with its mount or now holds another pool (a
+    mount swapped under a long GC) may hold files of the same digests, which are not this
+    catalog's to delete.
+    """
+    try:
+        pool.check_in_place("gc")
+    except (PoolIdentityError, OSError) as exc:
+        raise GcAbortedError(f"gc stopped {when}: {exc}") from exc
+
+
 def _mark(conn: Connection, decided: GcPlan) -> None:
     """The plan transaction's writes: what a GC killed after it leaves for the next."""
     roll_back_saves(conn, decided.expired, [archive_id for archive_id, _ in decided.rolled_back])
@@ -395,6 +405,8 @@ def apply(pool: PoolContext, decided: GcPlan, progress: Progress | None = None) 
     """
     _execute(pool, progress)
     _remove_orphans(pool, [d for d, _ in decided.orphans])
+    if decided.stale_temps:
+        _check_in_place(pool, "before removing stale temp files")
     for write in decided.stale_temps:
         _remove_incomplete(pool.store, write)
     try:
@@ -508,6 +520,7 @@ def _execute(pool: PoolContext, progress: Progress | None) -> None:
     total = sum(sizes.values())
     done = 0
     for batch in batches(todo, _BATCH):
+        _check_in_place(pool, "before deleting more")
         with pool.catalog.write("gc.delete") as conn:
             still = (
                 conn.execute(
@@ -537,6 +550,7 @@ def _remove_orphans(pool: PoolContext, digests: list[str]) -> None:
     b = blobs_table
     for part in batches(digests, _BATCH):
         batch = [d for d in part if is_digest(d)]
+        _check_in_place(pool, "before deleting more")
         with pool.catalog.write() as conn:
             # Re-checked under the write lock: a save that inserted a row since the listing
             # owns the file now.

@@ -17,9 +17,16 @@ Deliberate ways through, each explicit:
   root whose catalog was lost; GC stays refused until `rebuild_catalog` has indexed the blobs.
 * ``rebind=True`` (``archive-manager rebind``): a copy of a pool (``cp -a pool copy``) becomes
   a pool of its own, with a new identity, so the copy and the original can never be confused.
-* A pool folder moved as a whole (its default catalog inside it) is followed, as before.
+* A pool folder moved as a whole (its default catalog inside it) is followed, as before;
+  so is a pool moved to another object-store prefix, once its old prefix no longer holds it
+  (while it does, the new one is a copy).
 * Pools written before identities existed get one on their first open by the catalog that
   indexes their blobs.
+
+An open is not enough: `check_identity` asks again, before each write that would go astray,
+whether the root still holds the pool opened (a pool moved, deleted or unmounted while a job
+has it open; `PoolContext.check_in_place`).  An empty root (no identity file, no spare, no
+blob) is never taken for a pool its catalog records: it is an empty mount point.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from ..catalog import (
     set_pool_info,
 )
 from ..catalog.engine import public_url
-from ..errors import PoolIdentityError, PoolNotFoundError
+from ..errors import PoolIdentityError, PoolNotFoundError, PoolRootMissingError
 
 __all__ = [
     "IDENTITY_FILE",
@@ -266,6 +273,14 @@ def _bind_once(
     here = str(root)
     moved = s.recorded_root is not None and s.recorded_root != here
     c, f = s.catalog_id, s.file_id
+    if moved and not isinstance(root, Path) and c is not None and c.same_as(f):
+        # An object-store root is named by its URL alone, seen alike from every machine:
+        # there are no mount points, so this is a copy, or the pool moved (copied, then
+        # deleted at its old prefix).  Only a look at the recorded root tells them apart.
+        _refuse_object_copy(root, s, shown)
+        with catalog.write("identity.move") as conn:
+            set_pool_info(conn, "blob_root", here)
+        return f
     if moved and c is not None and c.same_as(f):
         recorded = Path(s.recorded_root)  # type: ignore[arg-type]
         if _same_folder(recorded, root):
@@ -304,7 +319,10 @@ def _bind_once(
             )
         )
     if c is not None:  # f is None: the identity file was lost, or a crash came before it
-        if not s.unindexed and not _indexes(catalog, list_blobs(_SAMPLE)):
+        sample = list_blobs(_SAMPLE)
+        if not sample:
+            raise _empty_root(root, shown, c, s)
+        if not s.unindexed and not _indexes(catalog, sample):
             raise PoolIdentityError(
                 f"the catalog {shown} (pool {c.pool_id[:12]}) does not index the blobs under "
                 f"{root}, and the root has no identity file: another catalog writes here"
@@ -371,6 +389,24 @@ def _bind_once(
     return _commit_new(catalog, root, ident, unindexed=s.unindexed)
 
 
+def _empty_root(root: Root, shown: str, c: PoolIdentity, s: _State) -> PoolRootMissingError:
+    """The refusal of a root with no identity and no blob whose catalog serves a pool.
+
+    NOTE: the identity file is written before a catalog records an identity, so such a root
+    is not where the pool was bound: a mount that failed on this host (its empty mount point
+    at the path), a moved or emptied folder, a deleted prefix.  Taking it for the pool wrote
+    a new identity there and saved onto the wrong disk; when the mount came back, the
+    archives published meanwhile had no blobs.
+    """
+    what = "records archives" if s.has_archives else "has no archives yet"
+    return PoolRootMissingError(
+        f"the blob root {root} is empty (no pool identity, no blobs) but the catalog {shown} "
+        f"serves pool {c.pool_id[:12]} there and {what}: the blob root looks unmounted (a "
+        "mount point whose mount failed), moved or emptied. Nothing was written; mount it, or "
+        "open the pool where its files are"
+    )
+
+
 def check_pool_read_only(
     catalog: Catalog, root: Root, *, url: str, list_blobs: Callable[[int], list[str]]
 ) -> PoolIdentity:
@@ -391,8 +427,12 @@ def check_pool_read_only(
     c, f = s.catalog_id, s.file_id
     if c is not None and c.same_as(f):
         return f  # type: ignore[return-value]
-    if c is not None and f is None and not s.unindexed and _indexes(catalog, list_blobs(_SAMPLE)):
-        return PoolIdentity(c.pool_id, c.catalog_id, shown)
+    if c is not None and f is None:
+        sample = list_blobs(_SAMPLE)
+        if not sample:
+            raise _empty_root(root, shown, c, s)
+        if not s.unindexed and _indexes(catalog, sample):
+            return PoolIdentity(c.pool_id, c.catalog_id, shown)
     if c is not None and f is not None:
         raise PoolIdentityError(
             f"the catalog {shown} belongs to pool {c.pool_id[:12]}/{c.catalog_id[:12]}, but the "
@@ -514,6 +554,43 @@ def _rebind(
     return ident
 
 
+def _refuse_object_copy(root: ObjectRoot, s: _State, shown: str) -> None:
+    """Refuse ``root`` (same identity as the catalog's, at another place than the recorded
+    root) unless the recorded root no longer holds the pool: then it moved.
+
+    NOTE: the filesystem's test (does the recorded path exist here?) never holds for a URL,
+    and took every copy of a bucket prefix for the pool seen at another mount point: saves
+    through the copy published archives whose blobs the original never had.
+    """
+    recorded = s.recorded_root
+    assert recorded is not None
+    if not recorded.startswith("s3://"):
+        raise PoolIdentityError(
+            f"the catalog {shown} belongs to the pool at {recorded}, not {root}: two pools "
+            "must not share one catalog"
+        )
+    try:
+        there = read_identity(root.other(recorded))
+    except (PoolIdentityError, OSError) as exc:
+        raise PoolIdentityError(
+            f"{root} holds the pool identity of the pool at {recorded}, which the catalog "
+            f"{shown} serves, and whether that pool is still there cannot be told ({exc}): a "
+            "copy must not pass for the original. If the pool was moved here, retry when its "
+            "old place can be read; to use a copy as a pool of its own, open it with a new, "
+            "empty catalog and recover=True ('archive-manager rebuild-catalog')"
+        ) from exc
+    assert s.catalog_id is not None
+    # The pool's id alone: a recorded prefix re-bound since (a recover) is still the pool.
+    if there is not None and there.pool_id == s.catalog_id.pool_id:
+        raise PoolIdentityError(
+            f"the pool at {root} is a copy of the pool at {recorded} (same identity), whose "
+            f"catalog {shown} is: a copy must not be opened with the original's catalog, or "
+            "its saves would publish archives whose blobs only the copy has. To use the copy "
+            "as a pool of its own, open it with a new, empty catalog and recover=True "
+            "('archive-manager rebuild-catalog'), which gives it a catalog of its own"
+        )
+
+
 def _refuse_other_root(s: _State, root: Root, shown: str, *, explicit_url: bool) -> None:
     copy = s.catalog_id is not None and s.catalog_id.same_as(s.file_id)
     if copy and not explicit_url:
@@ -528,12 +605,40 @@ def _refuse_other_root(s: _State, root: Root, shown: str, *, explicit_url: bool)
     )
 
 
-def check_identity(root: Root, expected: PoolIdentity) -> None:
-    """Refuse to go on (GC, before it deletes anything) if the root was re-bound meanwhile."""
+def check_identity(root: Root, expected: PoolIdentity | None, *, what: str = "gc") -> None:
+    """Refuse ``what`` (a write: a save's blobs or publication, a retention decision, GC's
+    deletions) unless ``root`` still holds the pool this process opened as ``expected``
+    (docs/architecture.md, "Pool identity": is this the pool I opened).
+
+    A pool moved, renamed or deleted while a process has it open, a mount that went away
+    (its empty mount point left at the path), an object-store prefix moved or deleted, or a
+    root re-bound to another catalog meanwhile: each would send the write to a place that is
+    not the pool the catalog indexes, and the catalog would then publish (or GC delete)
+    against blobs that are elsewhere.  ``expected`` None (a pool made without `open`): only
+    that a folder root is still there.
+
+    Raises:
+        PoolRootMissingError: the root, or its identity, is gone.
+        PoolIdentityError: the root holds another pool's identity.
+    """
+    if isinstance(root, Path) and not root.is_dir():
+        raise PoolRootMissingError(
+            f"the pool root {root} is gone since this pool was opened (moved, renamed, "
+            f"deleted or unmounted?): {what} refused before writing anything; open the pool "
+            "where it is now"
+        )
+    if expected is None:
+        return
     found = read_identity(root)
+    if found is None:
+        raise PoolRootMissingError(
+            f"{root} no longer holds the pool this process opened: its identity "
+            f"({IDENTITY_FILE}) is gone (the pool moved away, its files were deleted, or a "
+            f"mount went away and left an empty folder?): {what} refused before writing "
+            "anything; reopen the pool where it is now"
+        )
     if not expected.same_as(found):
         raise PoolIdentityError(
             f"the pool identity at {root} changed while this pool was open (now "
-            f"{'none' if found is None else found.pool_id[:12] + '/' + found.catalog_id[:12]}); "
-            "reopen the pool"
+            f"{found.pool_id[:12]}/{found.catalog_id[:12]}): {what} refused; reopen the pool"
         )

@@ -157,6 +157,9 @@ class ArchiveWriter:
         self._failure: BaseException | None = None
         self._store_failure: BaseException | None = None  # set on the I/O thread
         self.archive: Archive | None = None  # set once published
+        # Before the lease and the first blob: a pool moved, unmounted or deleted since it
+        # was opened must not get its blobs written to whatever is at its old place now.
+        pool.check_in_place(f"saving {self.name!r}")
         now = pool.clock()
         with pool.catalog.write("save.lease") as conn:
             free_name(conn, self.name, now=now, leases=True)
@@ -244,6 +247,10 @@ class ArchiveWriter:
             elif self._buffer.records:
                 self._flush()
             self._wait()
+            # Again once the blobs are written (the pool may have gone while they were), and
+            # before the publication (below): an archive is published only over blobs that
+            # went to the pool this catalog indexes.
+            self._pool.check_in_place(f"publishing {self.name!r}")
             self._pool.journal.ready()
             archive_id, manifest = self._commit_ownership()
             # NOTE: written after the ownership commit, which gave it its save number (the
@@ -252,6 +259,7 @@ class ArchiveWriter:
             # Its save number makes it new: the ownership commit has just claimed its row.
             self._pool.store.put_new([(manifest.parts, manifest.digest)])
             failpoint("save.manifest.after_write")
+            self._pool.check_in_place(f"publishing {self.name!r}")
             record = self._publish(archive_id, manifest.digest)
         except BaseException:
             self.abort()
@@ -712,6 +720,14 @@ class ArchiveWriter:
         """Drop the lease; delete the blobs this save created that nothing else holds."""
         store = self._pool.store
         try:
+            # NOTE: blobs are unlinked only from the pool opened: at a root that moved or was
+            # swapped for another pool's (a remount), a file of the same digest is not ours.
+            # Left behind, the rows without a lease are GC's, which checks the same first.
+            self._pool.check_in_place(f"rolling back {self.name!r}")
+            in_place = True
+        except (ArchiveError, OSError):
+            in_place = False
+        try:
             with self._pool.catalog.write("save.rollback") as conn:
                 pending = conn.execute(
                     select(archives_table.c.id).where(
@@ -722,7 +738,7 @@ class ArchiveWriter:
                 if pending is not None:
                     conn.execute(delete(archives_table).where(archives_table.c.id == pending))
                 drop_lease(conn, self._lease)
-                orphans = [d for d in sorted(self._created) if not _held(conn, d)]
+                orphans = [d for d in sorted(self._created) if in_place and not _held(conn, d)]
                 if orphans:
                     pin_write_lock(conn)
                 for digest in orphans:

@@ -35,11 +35,13 @@ from archive_manager.blobs.base import IncompleteWrite
 from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.catalog import blobs_table
 from archive_manager.errors import (
+    ArchiveError,
     BlobStoreError,
     IntegrityError,
     InvalidInputError,
     InvalidNameError,
     PoolIdentityError,
+    PoolRootMissingError,
     ReadOnlyPoolError,
     TransientBlobStoreError,
 )
@@ -246,6 +248,110 @@ def test_racing_new_catalogs_bind_one(s3_env: S3Server, bucket: str) -> None:
     for t in threads:
         t.join()
     assert outcomes.count("bound") == 1, outcomes
+
+
+def _objects(server: S3Server, bucket: str, prefix: str) -> dict[str, str]:
+    """Key -> ETag of every object below ``prefix``."""
+    client: Any = server.client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return {item["Key"]: item["ETag"] for page in pages for item in page.get("Contents", ())}
+
+
+def _copy_prefix(server: S3Server, bucket: str, source: str, target: str) -> None:
+    """``aws s3 cp --recursive``: every object of ``source`` to ``target``."""
+    client: Any = server.client()
+    for key in _objects(server, bucket, source):
+        new = target + key[len(source) :]
+        client.copy_object(Bucket=bucket, Key=new, CopySource={"Bucket": bucket, "Key": key})
+
+
+def _delete_prefix(server: S3Server, bucket: str, prefix: str) -> None:
+    client: Any = server.client()
+    for key in _objects(server, bucket, prefix):
+        client.delete_object(Bucket=bucket, Key=key)
+
+
+def test_a_copy_of_a_pool_prefix_is_refused_with_the_originals_catalog(
+    s3_env: S3Server, bucket: str, catalog_url: str
+) -> None:
+    """``aws s3 cp --recursive s3://b/pool s3://b/copy``, then the copy opened with the
+    original's catalog.  The copy check asked whether the recorded root exists as a local
+    path, which a URL never does, so the copy was taken for the pool seen at another mount
+    point, and saves through it published archives whose blobs only the copy had.  Refused,
+    writing nothing to either prefix or the catalog; a new catalog recovers the copy as a
+    pool of its own."""
+    root, copy = _root(bucket), _root(bucket)
+    prefix, copied = root.split("/", 3)[3], copy.split("/", 3)[3]
+    samples = _samples(8)
+    with ArchiveManager.open(root, catalog_url=catalog_url) as pool:
+        pool.save("a", samples, rollout_id=0)
+    _copy_prefix(s3_env, bucket, prefix, copied)
+    before = _objects(s3_env, bucket, prefix), _objects(s3_env, bucket, copied)
+    with pytest.raises(PoolIdentityError, match="is a copy of the pool at"):
+        ArchiveManager.open(copy, catalog_url=catalog_url)
+    assert (_objects(s3_env, bucket, prefix), _objects(s3_env, bucket, copied)) == before
+    with ArchiveManager.open(root, catalog_url=catalog_url, create=False) as pool:
+        assert pool.catalog.get_pool_info("blob_root") == root
+        assert [s.tokens for s in pool.open_archive("a").load_samples()] == [
+            s.tokens for s in samples
+        ]
+        pool.save("b", samples[:4], rollout_id=1)
+    with ArchiveManager.open(copy, catalog_url=_sqlite_url(), recover=True) as own:
+        assert own.rebuild_catalog().archives == ["a"]
+        assert own.verify(read_data=True).ok
+    with pytest.raises(PoolIdentityError):  # and never the original's catalog again
+        ArchiveManager.open(copy, catalog_url=catalog_url)
+
+
+def test_a_pool_moved_to_another_prefix_while_open_gets_no_write(
+    s3_env: S3Server, bucket: str, catalog_url: str
+) -> None:
+    """``aws s3 mv --recursive`` of the pool's prefix while a job has it open: the job's
+    next save wrote its blobs under the old prefix again (objects need no folder) and the
+    catalog published them there.  Every write refuses before it writes; the catalog then
+    follows the pool to its new prefix, with nothing lost."""
+    root, moved = _root(bucket), _root(bucket)
+    prefix, target = root.split("/", 3)[3], moved.split("/", 3)[3]
+    samples = _samples(8)
+    with ArchiveManager.open(root, catalog_url=catalog_url) as pool:
+        pool.save("a", samples, rollout_id=0)
+        pool.retain("job:keep", "a")
+        _copy_prefix(s3_env, bucket, prefix, target)
+        _delete_prefix(s3_env, bucket, prefix)
+        objects = _objects(s3_env, bucket, target)
+        for write in (
+            lambda: pool.save("b", samples, rollout_id=1),
+            lambda: pool.release_owner("job:keep"),
+            lambda: pool.open_archive("a").release(),
+            lambda: pool.gc(grace=0),
+        ):
+            with pytest.raises(ArchiveError, match="is gone"):
+                write()
+        assert _objects(s3_env, bucket, prefix) == {}
+        assert _objects(s3_env, bucket, target) == objects
+    with ArchiveManager.open(moved, catalog_url=catalog_url, create=False) as pool:
+        assert pool.catalog.get_pool_info("blob_root") == moved
+        assert [a.name for a in pool.find()] == ["a"]
+        assert "job:keep" in {o.owner for o in pool.owners().owners}
+        assert pool.verify(read_data=True).ok
+
+
+def test_an_empty_prefix_is_not_taken_for_the_pool(
+    s3_env: S3Server, bucket: str, catalog_url: str
+) -> None:
+    """The object-store side of an empty mount point: the pool's prefix holds nothing (it
+    was deleted, or this host's endpoint is another store with a bucket of that name).  The
+    catalog's pool was bound there anew and saves went where the pool is not.  Refused,
+    writing nothing."""
+    root = _root(bucket)
+    prefix = root.split("/", 3)[3]
+    with ArchiveManager.open(root, catalog_url=catalog_url) as pool:
+        pool.save("a", _samples(4), rollout_id=0)
+    _delete_prefix(s3_env, bucket, prefix)
+    for read_only in (None, True):
+        with pytest.raises(PoolRootMissingError, match="looks unmounted"):
+            ArchiveManager.open(root, catalog_url=catalog_url, read_only=read_only)
+    assert _objects(s3_env, bucket, prefix) == {}
 
 
 def test_s3_pool_needs_a_catalog_url(s3_env: S3Server, bucket: str) -> None:

@@ -526,6 +526,31 @@ def test_rebuild_catalog(run: Callable[..., Result], root: Path) -> None:
     assert {a["name"] for a in as_json(run("ls", "--json"))} == {"train-0", "eval-1"}
 
 
+def test_rebind_of_a_hard_linked_copy(
+    run: Callable[..., Result], root: Path, tmp_path: Path
+) -> None:
+    """The verb the copy refusal advises, on a ``cp -al`` copy: the copy's catalog becomes a
+    file of its own and the original's stays byte for byte; an empty mount point where a
+    pool's catalog records the pool is one ``error:`` line."""
+    import subprocess
+
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+    catalog = (root / "catalog.db").read_bytes()
+    assert "rebind" in failed(run("ls", at=copy))
+    ok(run("rebind", "--yes", at=copy))
+    assert (root / "catalog.db").read_bytes() == catalog
+    assert (copy / "catalog.db").stat().st_ino != (root / "catalog.db").stat().st_ino
+    assert {a["name"] for a in as_json(run("ls", "--json"))} == {"train-0", "eval-1"}
+    assert {a["name"] for a in as_json(run("ls", "--json", at=copy))} == {"train-0", "eval-1"}
+    away = tmp_path / "the-mount"
+    root.rename(away)
+    root.mkdir()  # the mount point, with nothing mounted on it
+    message = failed(run("--catalog-url", f"sqlite:///{away / 'catalog.db'}", "ls"))
+    assert "looks unmounted" in message
+    assert list(root.iterdir()) == []
+
+
 # --------------------------------------------------------------------------- demo
 
 

@@ -7,16 +7,33 @@ a stale catalog used after the root was taken over, a damaged identity file.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from helpers import Backend, assert_loads, extract_legacy, open_on, tiny_rollout
+from helpers import (
+    Backend,
+    PoolSnapshot,
+    assert_loads,
+    extract_legacy,
+    open_on,
+    snapshot_pool,
+    tiny_rollout,
+)
 
 from archive_manager import ArchiveManager
-from archive_manager.errors import GcAbortedError, PoolIdentityError, PoolNotFoundError
+from archive_manager.errors import (
+    GcAbortedError,
+    PoolIdentityError,
+    PoolNotFoundError,
+    PoolRootMissingError,
+)
 from archive_manager.pool.identity import IDENTITY_FILE, SPARE_FILE, read_identity
 
 DATA = Path(__file__).parents[1] / "data"
@@ -31,6 +48,25 @@ def other_url(backend: Backend, tmp_path: Path) -> str:
 
 def blob_count(root: Path) -> int:
     return sum(1 for p in (root / "blobs").rglob("*") if p.is_file() and p.name != SPARE_FILE)
+
+
+def held(pool: ArchiveManager) -> PoolSnapshot:
+    """What ``pool`` holds (`snapshot_pool`), but where its catalog records its root."""
+    found = snapshot_pool(pool)
+    found.rows["pool_info"] = [r for r in found.rows["pool_info"] if r[0] != "blob_root"]
+    return found
+
+
+def files_of(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file under ``folder`` but a SQLite catalog's: its content's hash and inode."""
+    found = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.name.startswith("catalog.db"):
+            found[str(path.relative_to(folder))] = (
+                hashlib.sha256(path.read_bytes()).hexdigest(),
+                path.stat().st_ino,
+            )
+    return found
 
 
 def test_a_new_pool_records_one_identity_on_both_sides(pool: ArchiveManager) -> None:
@@ -141,8 +177,6 @@ def test_a_damaged_identity_file_is_refused(pool: ArchiveManager, backend: Backe
 def test_an_identity_file_that_is_a_fifo_does_not_hang(
     pool: ArchiveManager, backend: Backend
 ) -> None:
-    import os
-
     path = pool.root / IDENTITY_FILE
     path.unlink()
     os.mkfifo(path)
@@ -299,6 +333,186 @@ def test_a_moved_pool_is_followed(tmp_path: Path) -> None:
         assert_loads(pool, "a", tiny_rollout())
 
 
+@pytest.mark.parametrize("how", ["moved", "unmounted"])
+def test_a_pool_gone_while_open_gets_no_write(tmp_path: Path, backend: Backend, how: str) -> None:
+    """``mv pool pool-old`` (or its mount going away, which leaves the empty mount point at the
+    path) while a job has the pool open.  The job's next save made the old path again
+    (folders, identity, even the root), wrote its blobs there, and the catalog, which moved
+    with the pool, published an archive whose blobs were elsewhere; the moved pool was then
+    refused as a copy.  Every write refuses before it writes, and the pool opens where it
+    went with nothing lost."""
+    root, away = tmp_path / "pool", tmp_path / "pool-old"
+    url = backend.url(root)
+    samples = tiny_rollout()
+    with open_on(backend, root) as pool:
+        pool.save("a", samples, rollout_id=1)
+        pool.retain("job:keep", "a")
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2).release()
+        before = held(pool)
+        root.rename(away)
+        if how == "unmounted":
+            root.mkdir()
+        moved = files_of(away)
+        for write in (
+            lambda: pool.save("c", tiny_rollout(seed=3), rollout_id=3),
+            lambda: pool.retain("job:x", "a"),
+            lambda: pool.open_archive("a").release(),
+            lambda: pool.release_owner("job:keep"),
+            lambda: pool.gc(grace=0),
+        ):
+            with pytest.raises((PoolRootMissingError, GcAbortedError), match="gone"):
+                write()
+        assert files_of(away) == moved
+        if how == "moved":
+            assert not root.exists()
+        else:
+            assert list(root.iterdir()) == []
+            root.rmdir()
+    with ArchiveManager.open(away, catalog_url=url) as pool:
+        assert held(pool) == before
+        assert_loads(pool, "a", samples)
+        pool.save("c", tiny_rollout(seed=3), rollout_id=3)
+        assert pool.verify(read_data=True).ok
+
+
+def test_the_store_never_makes_a_root_it_saw_again(tmp_path: Path) -> None:
+    """The second line: a store that is handed blobs after its root went away (a save in
+    flight when the pool moved) writes nothing outside the pool, whatever its caller
+    checked before."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        root.rename(tmp_path / "away")
+        with pytest.raises(PoolRootMissingError, match="not made again"):
+            pool.store.put(b"a blob with nowhere to go")
+        assert not root.exists()
+        root.mkdir()  # the empty mount point: blobs/ and tmp/ went with the mount
+        with pytest.raises(PoolRootMissingError, match="not made again"):
+            pool.store.put(b"a blob with nowhere to go")
+        assert list(root.iterdir()) == []
+
+
+def test_an_empty_mount_point_is_not_taken_for_the_pool(tmp_path: Path, backend: Backend) -> None:
+    """A catalog outside the blob root (PostgreSQL, or a SQLite file elsewhere) and the root
+    on a shared mount: on a host whose mount failed the root is an empty folder.  It was
+    taken for the pool (an empty root counted as indexing every blob), saves went to the
+    local disk, and when the mount returned their archives had no blobs.  Refused, writing
+    nothing, for a writer and a reader alike; the pool opens once the mount is back."""
+    root, mount = tmp_path / "mnt" / "pool", tmp_path / "the-mount"
+    url = backend.url(root) or f"sqlite:///{tmp_path / 'catalog.db'}"
+    samples = tiny_rollout()
+    with ArchiveManager.open(root, catalog_url=url) as pool:
+        pool.save("a", samples, rollout_id=1)
+        before = snapshot_pool(pool)
+    root.rename(mount)
+    root.mkdir()  # the mount point, with nothing mounted on it
+    for read_only in (None, True):
+        with pytest.raises(PoolRootMissingError, match="looks unmounted"):
+            ArchiveManager.open(root, catalog_url=url, read_only=read_only)
+        assert list(root.iterdir()) == []
+    root.rmdir()
+    with pytest.raises(PoolIdentityError):  # a root that is not there at all is not made
+        ArchiveManager.open(root, catalog_url=url)
+    assert not root.exists()
+    mount.rename(root)  # the mount is back
+    with ArchiveManager.open(root, catalog_url=url) as pool:
+        assert snapshot_pool(pool) == before
+        assert_loads(pool, "a", samples)
+
+
+def test_rebind_of_a_hard_linked_copy_leaves_the_original_alone(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """``cp -al pool copy`` (rsnapshot, ``rsync --link-dest``): every file of the copy is the
+    original's inode.  The rebind the library advises rewrote the original's ``catalog.db``
+    through the copy's name, and the original then refused to open.  The rebind gives the
+    copy files of its own before it writes, and the original keeps every byte and inode."""
+    root, copy = tmp_path / "pool", tmp_path / "copy"
+    samples = tiny_rollout()
+    with open_on(backend, root) as pool:
+        pool.save("a", samples, rollout_id=1)
+        before = snapshot_pool(pool)
+        original = pool.identity
+    subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+    files = files_of(root)
+    url = None
+    if backend.name == "postgresql":  # the database is copied apart ("pg_dump | psql newdb")
+        from sqlalchemy.engine import make_url
+
+        source = make_url(backend.url(root)).database
+        assert backend.server is not None and source is not None
+        url = backend.server.create_database(template=source)
+    else:
+        assert (copy / "catalog.db").stat().st_nlink == 2
+    with ArchiveManager.open(copy, catalog_url=url, rebind=True) as pool:
+        assert pool.identity is not None and original is not None
+        assert pool.identity.pool_id != original.pool_id
+        pool.save("only-in-copy", tiny_rollout(seed=3), rollout_id=2)
+        pool.open_archive("a").release()
+        pool.gc(grace=0)
+    assert files_of(root) == files
+    with open_on(backend, root) as pool:
+        assert pool.identity is not None and pool.identity.same_as(original)
+        assert snapshot_pool(pool) == before
+        assert_loads(pool, "a", samples)
+    with ArchiveManager.open(copy, catalog_url=url) as pool:
+        assert_loads(pool, "only-in-copy", tiny_rollout(seed=3))
+    if url is not None:
+        assert backend.server is not None
+        backend.server.drop_database(url)
+
+
+@pytest.mark.parametrize("point", ["identity.rebind.before_commit", "identity.rebind.after_commit"])
+def test_a_rebind_of_a_hard_linked_copy_killed_midway_leaves_the_original_alone(
+    tmp_path: Path, point: str
+) -> None:
+    """A rebind of a ``cp -al`` copy SIGKILLed before or after its commit: the original keeps
+    every byte, and the operator's second rebind finishes the copy."""
+    import sys
+
+    from archive_manager._util import failpoints
+
+    root, copy = tmp_path / "pool", tmp_path / "copy"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        original = pool.identity
+    subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+    catalog, files = (root / "catalog.db").read_bytes(), files_of(root)
+    script = f"from archive_manager import ArchiveManager; ArchiveManager.open({str(copy)!r}, rebind=True)"
+    env = {**os.environ, failpoints.ENV: f"{point}=kill"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    assert (root / "catalog.db").read_bytes() == catalog and files_of(root) == files
+    with contextlib.suppress(PoolIdentityError):  # refused if the kill came after the file
+        ArchiveManager.open(copy, rebind=True).close()
+    with ArchiveManager.open(copy) as pool:
+        assert pool.identity is not None and original is not None
+        assert pool.identity.pool_id != original.pool_id
+        assert_loads(pool, "a", tiny_rollout())
+    assert (root / "catalog.db").read_bytes() == catalog and files_of(root) == files
+    with ArchiveManager.open(root) as pool:
+        assert pool.identity is not None and pool.identity.same_as(original)
+
+
+def test_rebind_refuses_a_copy_that_shares_the_originals_live_catalog_log(tmp_path: Path) -> None:
+    """A ``cp -al`` taken while the original was open links its ``catalog.db-wal`` and
+    ``-shm`` too: the copy's catalog is then the original's live database, not a copy of it.
+    Refused before anything is written, saying so."""
+    root, copy = tmp_path / "pool", tmp_path / "copy"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        with pool.catalog.read():
+            subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+        assert (copy / "catalog.db-wal").stat().st_nlink > 1
+        files, copied = files_of(root), files_of(copy)
+        with pytest.raises(PoolIdentityError, match="hard link"):
+            ArchiveManager.open(copy, rebind=True)
+        assert files_of(root) == files and files_of(copy) == copied
+        assert_loads(pool, "a", tiny_rollout())
+    with ArchiveManager.open(root) as pool:
+        assert_loads(pool, "a", tiny_rollout())
+
+
 # --------------------------------------------------------------------------- older pools
 
 
@@ -334,7 +548,6 @@ def test_a_filesystem_without_hard_links_still_gets_an_identity(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import errno
-    import os
 
     def no_links(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")

@@ -617,6 +617,23 @@ def test_verify_names_permissions_that_lock_a_member_out(tmp_path: Path) -> None
         assert shared_problems(root, catalog_file=root / "catalog.db") == []
 
 
+def test_sharing_a_hard_linked_copy_leaves_the_original_alone(tmp_path: Path) -> None:
+    """``share-with-group`` on a ``cp -al`` copy changed the group and mode of the original's
+    files through the inodes they share.  Refused before anything changes."""
+    import subprocess
+
+    root, copy = tmp_path / "pool", tmp_path / "copy"
+    with ArchiveManager.open(root) as pool:
+        fill(pool)
+    (root / "archive-pool.json").chmod(0o600)  # its owner's alone, as a 077 umask makes it
+    subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+    with ArchiveManager.open(copy, rebind=True) as pool:
+        modes = {p: p.stat().st_mode for p in root.rglob("*") if p.is_file()}
+        with pytest.raises(InvalidInputError, match="hard links"):
+            pool.share_with_group(os.getgid())
+    assert {p: p.stat().st_mode for p in root.rglob("*") if p.is_file()} == modes
+
+
 def test_a_pool_that_is_not_shared_gets_no_permission_notice(tmp_path: Path) -> None:
     root = tmp_path / "pool"
     with ArchiveManager.open(root) as pool:
