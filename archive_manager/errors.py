@@ -11,6 +11,7 @@ __all__ = [
     "ArchiveExistsError",
     "ArchiveNotFoundError",
     "ArchiveReleasedError",
+    "ArchiveRetainedError",
     "BlobCorruptError",
     "BlobNotFoundError",
     "BlobStoreError",
@@ -83,6 +84,23 @@ class SaveInFlightError(ArchiveExistsError):
         self.holder = holder
         self.holder_status = holder_status
         self.expires_at = expires_at
+
+
+class ArchiveRetainedError(ArchiveExistsError):
+    """A save of a name asked to supersede the archive the name points at (or would reuse a
+    released name) while owners still retain that archive (its own owner, while it is
+    published): the message names them (docs/architecture.md, "Superseding a name").
+
+    Attributes:
+        name: the archive name.
+        owners: the owners that retain the archive, sorted.
+    """
+
+    def __init__(self, message: str, *, name: str = "", owners: list[str] | None = None) -> None:
+        # NOTE: keywords with defaults, as `SaveInFlightError`'s (unpickling).
+        super().__init__(message)
+        self.name = name
+        self.owners = list(owners or [])
 
 
 class ArchiveNotFoundError(ArchiveError, LookupError):

@@ -49,7 +49,7 @@ from .catalog.engine import (
 )
 from .catalog.migrate import current_revision, head_revision
 from .catalog.probe import probe_sqlite_catalog
-from .catalog.queries import archive_by_name, archives_in_order, stored_owner
+from .catalog.queries import archive_by_name, archives_in_order, archives_named, stored_owner
 from .errors import (
     ArchiveReleasedError,
     CatalogError,
@@ -746,14 +746,31 @@ class ArchiveManager:
         task_keys: Sequence[Any] | None = None,
         attrs: dict[str, Any] | None = None,
         reference: Archive | str | None = None,
+        supersede: bool = False,
     ) -> Archive:
         """Save ``samples`` as a new published archive ``name``.
 
         With ``reference`` (an `Archive` or a name), ``samples`` must be None and the new
         archive shares the referenced archive's chunks without copying them.
 
+        ``supersede=True`` saves a step again under a name whose archive was released (a run
+        resumed from an earlier checkpoint regenerating it): once this save publishes, the
+        name points at it, and the earlier archive stays on record as ``superseded`` (its
+        id, rows and journal kept; `history` lists it) and counts nowhere (statistics,
+        queries, groups, listings, the viewer).  Without it, a released name whose payload
+        gc reclaimed is taken back the same way; a released one whose payload is still
+        stored, or a published one, is refused.  A save killed at any point leaves the
+        earlier archive or the new one current, never neither (docs/architecture.md,
+        "Superseding a name").
+
         Raises:
-            ArchiveExistsError: the name is taken (nothing is written).
+            SaveInFlightError: a save of that name is in flight, or crashed where this process
+                cannot tell (the message names its holder and when its lease lapses).
+            ArchiveRetainedError: the archive the name points at is retained (published, or
+                held by other owners: the message names them); nothing is written.
+            ArchiveExistsError: the name is taken (published, or released with its payload
+                still stored and ``supersede`` not given: the message says so); nothing is
+                written.
             InvalidNameError, InvalidInputError, UnencodableError: bad input (the pool is left
                 as it was).
             OSError: a blob could not be written (ENOSPC, EROFS, EACCES, EIO, ...), raised
@@ -780,6 +797,7 @@ class ArchiveManager:
                 evaluation=evaluation,
                 attrs=attrs,
                 reference=source,
+                supersede=supersede,
             )
             return writer.commit()
         if samples is None:
@@ -792,6 +810,7 @@ class ArchiveManager:
             evaluation=evaluation,
             task_keys=task_keys,
             attrs=attrs,
+            supersede=supersede,
         )
 
     def writer(
@@ -801,19 +820,25 @@ class ArchiveManager:
         rollout_id: int | None,
         evaluation: bool = False,
         attrs: dict[str, Any] | None = None,
+        supersede: bool = False,
     ) -> ArchiveWriter:
         """A streaming writer: ``with pool.writer(...) as w: w.add(sample, task_key=...)``.
 
         Memory stays bounded (one chunk being built, at most two compressed or being
         stored); the archive is published on a clean exit of the ``with`` block and rolled
-        back on an exception.
+        back on an exception.  ``supersede`` is `save`'s.
         Errors are those of `save` (an `OSError` of the blob store surfaces from ``add`` or
         at the end of the block).
         """
         from .pool.writer import ArchiveWriter
 
         return ArchiveWriter(
-            self._context, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
+            self._context,
+            name,
+            rollout_id=rollout_id,
+            evaluation=evaluation,
+            attrs=attrs,
+            supersede=supersede,
         )
 
     # ------------------------------------------------------------------ reading
@@ -845,11 +870,14 @@ class ArchiveManager:
         older ``rollout_id`` means the same) is one id, a ``range`` or an inclusive
         ``(low, high)`` with optional ends (the CLI's ``A..B``, ``A..``, ``..B``).
 
-        ``state=None`` means every state (pending saves included); ``since`` keeps archives
+        ``state=None`` means every state (pending saves, and the archives names pointed at
+        before they were saved again, ``superseded``, included); ``since`` keeps archives
         created at or after that time (a naive datetime is local time).  ``limit`` returns
         at most that many; ``after`` (an archive's name, the last of the previous page)
         starts after that archive: keyset paging, as cheap on the last page as on the first
-        (docs/architecture.md, "Summaries and paging").
+        (docs/architecture.md, "Summaries and paging").  A name with several archives (its
+        superseded ones, a save of it pending) is never split over two pages: a page ends
+        before them, or holds them all when they alone exceed ``limit``.
 
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
@@ -890,6 +918,35 @@ class ArchiveManager:
                 start = (row.rollout_id, row.name)
             rows = archives_in_order(conn, query, after=start, limit=f.limit)
         return infos(rows)
+
+    def history(self, name: str) -> list[ArchiveInfo]:
+        """Every archive the name ``name`` has pointed at, oldest first: those it superseded
+        (state ``superseded``, with `ArchiveInfo.superseded_by` and ``superseded_at``), then
+        the one it points at now, then a save of it in flight (pending), if any.  From the
+        catalog alone (docs/architecture.md, "Superseding a name").
+
+        Raises:
+            ArchiveNotFoundError: no archive has had that name.
+        """
+        check_archive_name(name)
+        with self.catalog.read() as conn:
+            rows = archives_named(conn, name)
+            if not rows:
+                raise not_found(conn, name)
+        # In the order the name pointed at them: the superseded ones by when they stopped
+        # being current (ids need not follow it: a rebuild restores them after the current
+        # one), the current one, then the pending save, which it does not point at yet.
+        return infos(
+            sorted(
+                rows,
+                key=lambda row: (
+                    row.state != "superseded",
+                    row.state == "pending",
+                    row.superseded_at or 0.0,
+                    row.id,
+                ),
+            )
+        )
 
     def payload_reclaimed(self, names: Sequence[str]) -> set[str]:
         """Which of the archives ``names`` lost payload to GC (a blob they need is gone or

@@ -470,8 +470,11 @@ def python_array(value: list) -> tuple[str, bytes, bool] | None:
     return node["d"], b"".join(map(bytes, record.arrays)), node["s"]
 
 
-def _exact_archive_by_name(conn: Any, name: str) -> Any:
-    return conn.execute(select(archives_table).where(archives_table.c.name == name)).one_or_none()
+def _exact_archive_by_name(conn: Any, name: str, *, pending: bool = False) -> Any:
+    a = archives_table
+    states = ["pending"] if pending else ["published", "released", "pending"]
+    rows = conn.execute(select(a).where(a.c.name == name, a.c.state.in_(states))).all()
+    return min(rows, key=lambda row: row.state == "pending", default=None)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 """Crash matrix: kill a process at every failpoint of every durable operation, check the pool.
 
 For each operation (save, streaming save, reference save, a save that fails and rolls back, a
-save through the pointer-file facade, retain, release, release_owner, gc, rebuild_catalog):
+save through the pointer-file facade, a save that supersedes a released archive of its name,
+retain, release, release_owner, gc, rebuild_catalog):
 
 1. a probe run arms every failpoint with ``sleep:0`` and counts how often the operation
    reaches each one (so the matrix follows the code, not a list that can go stale);
@@ -13,7 +14,9 @@ save through the pointer-file facade, retain, release, release_owner, gc, rebuil
 3. the parent reopens the pool and checks the invariants of docs/architecture.md:
 
    - ``intact``: every archive published and owned before loads identical (before any gc);
-   - ``atomic``: the archive in flight is wholly published (loads identical) or invisible;
+   - ``atomic``: the archive in flight is wholly published (loads identical) or invisible
+     (a superseding save: the name points at the earlier archive or the new one, never
+     neither, never both);
      a retain/release is wholly applied or not at all; a pointer file that exists opens;
    - ``gc``: a gc run (clock past the lease TTL and the grace period) finishes what the
      killed process left (no lease, pending archive, ``writing``/``deleting`` row, temp or
@@ -141,6 +144,11 @@ class World:
     url: str | None
     intact: dict[str, str]  # owned archives that must load identical: name -> fingerprint
     inflight: tuple[str, str] | None = None  # the archive being saved: name, fingerprint
+    # A save of ``inflight``'s name with supersede=True: the fingerprint of the released
+    # archive the name points at before it.  After the crash the name points at exactly one
+    # of the two, intact: the earlier one (released) or the new one (published, complete),
+    # never neither, never both.
+    supersedes: str | None = None
     pointer: Path | None = None
     owners_before: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     owners_after: dict[str, set[str]] = dataclasses.field(default_factory=dict)
@@ -286,6 +294,18 @@ def _run_pointer(world: World) -> None:
     assert world.pointer is not None
     args = SimpleNamespace(archive_root=str(world.root), archive_catalog_url=world.url)
     RolloutArchive.save(world.pointer, _inflight_samples(), rollout_id=9, args=args)
+
+
+def _prepare_supersede(world: World) -> None:
+    with world.open() as pool:
+        pool.open_archive("doomed").release()
+    world.supersedes = world.intact.pop("doomed")  # released: gc may reclaim it
+    world.inflight = ("doomed", fingerprint(_inflight_samples()))
+
+
+def _run_supersede(world: World) -> None:
+    with world.open() as pool:
+        pool.save("doomed", _inflight_samples(), rollout_id=3, supersede=True)
 
 
 def _prepare_retain(world: World) -> None:
@@ -528,6 +548,12 @@ SCENARIOS = {
             _prepare_pointer,
             _run_pointer,
         ),
+        Scenario(
+            "supersede",
+            "pool.save('doomed', supersede=True) once 'doomed' was released",
+            _prepare_supersede,
+            _run_supersede,
+        ),
         Scenario("retain", "pool.retain('job:new', 'doomed')", _prepare_retain, _run_retain),
         Scenario("release", "Archive.release of 'doomed'", _prepare_release, _run_release),
         Scenario(
@@ -560,6 +586,12 @@ SCENARIOS = {
             "pool.save, then the catalog lost and rebuilt (journal)",
             _then_lose_catalog(_prepare_save),
             _run_save,
+        ),
+        Scenario(
+            "supersede_lost",
+            "pool.save(supersede=True), then the catalog lost and rebuilt (journal)",
+            _then_lose_catalog(_prepare_supersede),
+            _run_supersede,
         ),
         Scenario(
             "retain_lost",
@@ -826,7 +858,9 @@ def check(world: World) -> dict[str, bool | None]:
         checks["intact"] = all(_load_fp(pool, n) == fp for n, fp in world.intact.items())
         published = {a.name for a in pool.find()}
         atomic = checks["atomic"] is not False
-        if world.inflight is not None:
+        if world.inflight is not None and world.supersedes is not None:
+            atomic = atomic and _one_current(pool, world.inflight, world.supersedes)
+        elif world.inflight is not None:
             name, fp = world.inflight
             if name in published:
                 atomic = atomic and fp != "" and _load_fp(pool, name) == fp
@@ -877,6 +911,24 @@ def check(world: World) -> dict[str, bool | None]:
         checks["verify"] = report.ok and not report.notices
         checks["owned"] = _owned_intact(pool, world, published)
     return checks
+
+
+def _one_current(pool: ArchiveManager, inflight: tuple[str, str], earlier: str) -> bool:
+    """A superseding save killed anywhere: the name points at the earlier archive (released,
+    intact) or at the new one (published, complete, the earlier one on record as superseded),
+    never neither, never both; its rollout's statistics count that one only."""
+    name, fp = inflight
+    try:
+        arc = pool.open_archive(name)  # never neither
+    except ArchiveNotFoundError:
+        return False
+    states = [i.state for i in pool.history(name) if i.state != "pending"]
+    (row,) = pool.stats(3)
+    if arc.state == "published":
+        ok = states == ["superseded", "published"] and _load_fp(pool, name) == fp
+    else:
+        ok = arc.state == "released" and states == ["released"] and _load_fp(pool, name) == earlier
+    return ok and row.archives == 1 and row.samples == len(arc)
 
 
 def _owned_intact(pool: ArchiveManager, world: World, published: set[str]) -> bool:

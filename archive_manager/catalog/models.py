@@ -8,6 +8,8 @@ import (a third of SQLAlchemy's, paid by every CLI verb) bought nothing but the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -23,6 +25,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 from .._util.constants import CATALOG_FORMAT_VERSION
@@ -31,6 +34,7 @@ __all__ = [
     "ARCHIVE_STATES",
     "BLOB_KINDS",
     "BLOB_STATES",
+    "CURRENT_STATES",
     "FORMAT_VERSION",
     "NAMING_CONVENTION",
     "STATUS_LENGTH",
@@ -55,7 +59,9 @@ FORMAT_VERSION = CATALOG_FORMAT_VERSION
 
 BLOB_KINDS = ("chunk", "tensor", "manifest")
 BLOB_STATES = ("writing", "live", "deleting")
-ARCHIVE_STATES = ("pending", "published", "released")
+ARCHIVE_STATES = ("pending", "published", "released", "superseded")
+CURRENT_STATES = ("published", "released")
+"""The states of the archive a name points at: one row per name at most (revision 0010)."""
 STATUS_LENGTH = 16
 """Characters of ``sample_metadata.status`` (slime's statuses are 6 to 9)."""
 
@@ -79,6 +85,11 @@ _NAME = String(255)
 def _one_of(column: str, values: tuple[str, ...]) -> str:
     quoted = ", ".join(f"'{v}'" for v in values)
     return f"{column} IN ({quoted})"
+
+
+def _where(condition: str) -> dict[str, Any]:
+    """A partial index's condition, for both dialects."""
+    return {"sqlite_where": text(condition), "postgresql_where": text(condition)}
 
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -120,7 +131,11 @@ archives_table = Table(
     "archives",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("name", _NAME, nullable=False, unique=True),
+    # NOTE: unique among the archives a name points at, not among all rows (revision 0010):
+    # a name saved again with ``supersede=True`` keeps its earlier archive, superseded, and
+    # a superseding save's pending row stands beside the released archive it replaces
+    # (docs/architecture.md, "Superseding a name").
+    Column("name", _NAME, nullable=False),
     Column("rollout_id", BigInteger),
     Column("evaluation", Boolean, nullable=False),
     Column("state", String(16), nullable=False),
@@ -133,7 +148,17 @@ archives_table = Table(
     Column("attrs", JSON),
     Column("reference_name", _NAME),
     Column("lease_owner", _LEASE),
+    # A superseded archive: the id of the archive that took its name, and when (revision
+    # 0010); null otherwise.
+    Column("superseded_by", Integer),
+    Column("superseded_at", Float),
     CheckConstraint(_one_of("state", ARCHIVE_STATES), name="state"),
+    Index(None, "name"),
+    # One archive a name points at, and one save of a name in flight at a time.
+    Index(
+        "ix_archives_name_current", "name", unique=True, **_where(_one_of("state", CURRENT_STATES))
+    ),
+    Index("ix_archives_name_pending", "name", unique=True, **_where("state = 'pending'")),
     Index(None, "rollout_id"),
     # Listings and the sample-query walk page through (state, rollout id, name) in order
     # (docs/architecture.md, "Summaries and paging"); it replaces (state, rollout_id).

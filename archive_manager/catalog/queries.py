@@ -17,6 +17,7 @@ from .._util.names import name_spellings
 from ..errors import LeaseExpiredError
 from .bulk import insert_rows
 from .models import (
+    CURRENT_STATES,
     archive_blobs_table,
     archives_table,
     blobs_table,
@@ -31,6 +32,7 @@ __all__ = [
     "archive_by_name",
     "archive_bytes",
     "archives_in_order",
+    "archives_named",
     "batches",
     "blob_rows",
     "check_lease",
@@ -163,16 +165,35 @@ def mark_live(conn: Connection, digests: Collection[str]) -> None:
         )
 
 
-def archive_by_name(conn: Connection, name: str) -> Row[Any] | None:
-    """The archive row named ``name``, in any state, or None.
+def archive_by_name(conn: Connection, name: str, *, pending: bool = False) -> Row[Any] | None:
+    """The archive row the name ``name`` points at (published or released), else the pending
+    save of that name, or None; with ``pending``, the pending save of that name only.  An
+    archive the name pointed at before it was saved again (superseded) is never returned
+    (see `archives_named`).
 
     ``name`` is tried as given, then in NFC and NFD (`name_spellings`): new names are stored
     in NFC, and a name an older version stored in another form stays reachable by it.
     """
+    a = archives_table
     spellings = name_spellings(name)
-    rows = conn.execute(select(archives_table).where(archives_table.c.name.in_(spellings))).all()
-    by_name = {row.name: row for row in rows}
+    states = ("pending",) if pending else (*CURRENT_STATES, "pending")
+    rows = conn.execute(select(a).where(a.c.name.in_(spellings), a.c.state.in_(states))).all()
+    by_name: dict[str, Row[Any]] = {}
+    # NOTE: one current row and one pending row per name at most (the partial unique
+    # indexes of revision 0010); the current one first.
+    for row in sorted(rows, key=lambda row: row.state == "pending"):
+        by_name.setdefault(row.name, row)
     return next((by_name[s] for s in spellings if s in by_name), None)
+
+
+def archives_named(conn: Connection, name: str) -> list[Row[Any]]:
+    """Every archive row named ``name`` (its stored spelling, as `archive_by_name` finds
+    it), oldest first: those it superseded, the one it points at, a save of it pending."""
+    a = archives_table
+    spellings = name_spellings(name)
+    rows = conn.execute(select(a).where(a.c.name.in_(spellings)).order_by(a.c.id)).all()
+    stored = next((s for s in spellings if any(row.name == s for row in rows)), None)
+    return [row for row in rows if row.name == stored]
 
 
 def stored_owner(conn: Connection, owner: str) -> str:
@@ -291,12 +312,36 @@ def archives_in_order(
                     a.c.rollout_id > rollout_id, and_(a.c.rollout_id == rollout_id, a.c.name > name)
                 )
             )
-        part = part.order_by(a.c.rollout_id, a.c.name)
+        part = part.order_by(a.c.rollout_id, a.c.name, a.c.id)
         rows += conn.execute(part if limit is None else part.limit(limit)).all()
     if unnumbered and (limit is None or len(rows) < limit):
         part = query.where(a.c.rollout_id.is_(None))
         if after is not None and after[0] is None:
             part = part.where(a.c.name > after[1])
-        part = part.order_by(a.c.name)
+        part = part.order_by(a.c.name, a.c.id)
         rows += conn.execute(part if limit is None else part.limit(limit - len(rows))).all()
+    if limit is not None and rows and len(rows) == limit:
+        rows = _whole_last_name(conn, query, rows)
     return rows
+
+
+def _whole_last_name(conn: Connection, query: Select[Any], rows: list[Row[Any]]) -> list[Row[Any]]:
+    """A full page holds every archive of its last key ``(rollout_id, name)`` (the archives a
+    name superseded beside the one it points at, or its pending save: revision 0010): the
+    next page starts after that key.  So a page whose last key has more archives beyond it
+    ends before that key (the next page starts with them), or, when the whole page is of
+    that key, holds them all (more than ``limit``)."""
+    a = archives_table
+    last = rows[-1]
+    key = a.c.rollout_id.is_(None) if last.rollout_id is None else a.c.rollout_id == last.rollout_id
+    more = conn.execute(
+        query.where(key, a.c.name == last.name, a.c.id > last.id).order_by(a.c.id)
+    ).all()
+    if not more:
+        return rows
+    first = next(
+        i
+        for i, row in enumerate(rows)
+        if (row.rollout_id, row.name) == (last.rollout_id, last.name)
+    )
+    return rows[:first] if first else [*rows, *more]

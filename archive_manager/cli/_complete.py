@@ -65,7 +65,7 @@ def _names_from_sqlite(file: Path) -> list[tuple[str, int | None, str]] | None:
         # A pending row is a save in progress or one that died before publishing: no verb
         # can open it by that name.
         rows = conn.execute(
-            "SELECT name, rollout_id, state FROM archives WHERE state <> 'pending'"
+            "SELECT name, rollout_id, state FROM archives WHERE state IN ('published', 'released')"
         ).fetchall()
     except sqlite3.Error:
         return None

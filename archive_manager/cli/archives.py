@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["import_pt", "keys", "ls", "query", "show"]
 
-_STATES = ("published", "released", "pending", "all")
+_STATES = ("published", "released", "pending", "superseded", "all")
 
 
 def _state(value: str) -> str | None:
@@ -90,7 +90,8 @@ def _info_row(info: ArchiveInfo, reclaimed: set[str]) -> list[object]:
     type=click.Choice(_STATES),
     default="published",
     show_default=True,
-    help="Archive state; 'all' lists every state.",
+    help="Archive state; 'all' lists every state ('superseded': archives a name pointed at "
+    "before it was saved again).",
 )
 @click.option(
     "--since",
@@ -209,6 +210,8 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     # The web viewer's archive page shows the same summary (one computation, from the catalog).
     summary = archive_summary(pool.context, arc.name).overview()
     reclaimed = pool.payload_reclaimed([arc.name])
+    # The archives this name pointed at before it was saved again (audit; they count nowhere).
+    earlier = [i for i in pool.history(arc.name) if i.state == "superseded"]
     if as_json:
         echo_json(
             {
@@ -219,6 +222,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
                 "owners": owners,
                 "chunks": chunks,
                 "metadata": summary,
+                "superseded": [asdict(i) for i in earlier],
             }
         )
         return
@@ -237,6 +241,8 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("manifest", arc.manifest_digest),
             ("attrs", json.dumps(arc.attrs, ensure_ascii=False) if arc.attrs else None),
             ("owners", ", ".join(owners) or "none (released; gc may reclaim its payload)"),
+            ("id", info.id),
+            *([("supersedes", _superseded_text(earlier))] if earlier else []),
         ]
     )
     echo(f"chunks ({len(chunks)})")
@@ -255,6 +261,14 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("reward", _stats_line(summary["reward"], ".3g")),
         ],
         indent=2,
+    )
+
+
+def _superseded_text(earlier: list[ArchiveInfo]) -> str:
+    return "; ".join(
+        f"#{i.id} ({i.samples} samples, created {local_time(i.created_at)}, superseded "
+        f"{local_time(i.superseded_at)})"
+        for i in earlier
     )
 
 

@@ -346,6 +346,12 @@ def query_samples(
     if state is not None:
         query = query.where(a.c.state == state)
         archive_query = archive_query.where(a.c.state == state)
+    else:
+        # Every state of the archives names point at (and pending saves): an archive a name
+        # pointed at before it was saved again counts nowhere (docs/architecture.md,
+        # "Superseding a name"), unless asked for by its state.
+        query = query.where(a.c.state != "superseded")
+        archive_query = archive_query.where(a.c.state != "superseded")
     if limit is not None and (
         not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63
     ):

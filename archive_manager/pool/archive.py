@@ -69,6 +69,7 @@ __all__ = [
     "ArchiveInfo",
     "not_found",
     "open_archive",
+    "payload_gone",
     "pt_native",
     "reclaimed_names",
     "release_archives",
@@ -153,7 +154,8 @@ class Archive:
 
     @property
     def state(self) -> str:
-        """``"published"`` or ``"released"``, read afresh from the catalog."""
+        """``"published"`` or ``"released"``, read afresh from the catalog (``"superseded"``
+        once its name was saved again: docs/architecture.md, "Superseding a name")."""
         with self._pool.catalog.read() as conn:
             return str(self.row(conn).state)
 
@@ -1005,20 +1007,40 @@ def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:
     return released
 
 
-def reclaimed_names(conn: Connection, names: Sequence[str]) -> set[str]:
-    """Which of the archives ``names`` lack part of their payload: a blob they need has no
-    live row (GC reclaimed it, or is deleting it).  Released archives only end so."""
+def _payload_gone() -> Any:
+    """SQL on ``archives``: a blob the archive needs has no live row (GC reclaimed it, or is
+    deleting it)."""
     a, ab, b = archives_table, archive_blobs_table, blobs_table
-    gone = (
+    return (
         select(ab.c.digest)
         .outerjoin(b, b.c.digest == ab.c.digest)
         .where(ab.c.archive_id == a.c.id, or_(b.c.digest.is_(None), b.c.state != "live"))
         .exists()
     )
+
+
+def reclaimed_names(conn: Connection, names: Sequence[str]) -> set[str]:
+    """Which of the archives ``names`` (those the names point at) lack part of their
+    payload: a blob they need has no live row (GC reclaimed it, or is deleting it).
+    Released archives only end so."""
+    a = archives_table
     out: set[str] = set()
     for batch in batches(list(names)):
-        out.update(conn.execute(select(a.c.name).where(a.c.name.in_(batch), gone)).scalars())
+        out.update(
+            conn.execute(
+                select(a.c.name).where(
+                    a.c.name.in_(batch), a.c.state != "superseded", _payload_gone()
+                )
+            ).scalars()
+        )
     return out
+
+
+def payload_gone(conn: Connection, archive_id: int) -> bool:
+    """Whether the archive of ``archive_id`` lacks part of its payload (see
+    `reclaimed_names`)."""
+    a = archives_table
+    return bool(conn.execute(select(a.c.id).where(a.c.id == archive_id, _payload_gone())).first())
 
 
 def similar_names(conn: Connection, name: str, *, limit: int = 1) -> list[str]:

@@ -181,22 +181,35 @@ class ArchiveState:
     """What the journal knows of one archive (keyed by its manifest's digest)."""
 
     name: str
-    state: str  # "published" | "released"
+    state: str  # "published" | "released" | "superseded"
     published_at: float | None = None
     released_at: float | None = None
     owners: dict[str, float] = field(default_factory=dict)
     # Built from a retain or release whose archive's publication the journal does not hold
     # (a gap, or a record superseded and lost): its own owner is assumed, never dropped.
     partial: bool = False
+    # A superseded archive: the manifest of the archive that took its name, and when.
+    superseded_by: str | None = None
+    superseded_at: float | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "name": self.name,
             "state": self.state,
             "published_at": self.published_at,
             "released_at": self.released_at,
             "owners": sorted([o, at] for o, at in self.owners.items()),
         }
+        if self.state == "superseded":
+            # NOTE: written as a released archive with two more keys: a superseded archive
+            # was released first, and readers of earlier versions (which know two states)
+            # read the checkpoint as before instead of taking it for damaged.
+            doc.update(
+                state="released",
+                superseded_by=self.superseded_by,
+                superseded_at=self.superseded_at,
+            )
+        return doc
 
 
 @dataclass
@@ -636,13 +649,17 @@ def load_checkpoint(doc: dict[str, Any]) -> JournalState:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise ValueError(f"an owner of {manifest!r} is malformed")
             owners[_owner(pair[0])] = _time(pair[1]) or 0.0
-        state.archives[_manifest(manifest)] = ArchiveState(
+        entry = state.archives[_manifest(manifest)] = ArchiveState(
             name=_name(a.get("name")),
             state=a["state"],
             published_at=_time(a.get("published_at")),
             released_at=_time(a.get("released_at")),
             owners=owners,
         )
+        if a.get("superseded_by") is not None and a["state"] == "released":
+            entry.state = "superseded"
+            entry.superseded_by = _manifest(a["superseded_by"])
+            entry.superseded_at = _time(a.get("superseded_at"))
     return state
 
 
@@ -676,6 +693,14 @@ def apply_record(state: JournalState, doc: dict[str, Any]) -> None:
                 a.owners.setdefault(_owner_of(name), _time(op.get("owned_at")) or at)
             a.published_at = at
             a.partial = False
+            if op.get("supersedes") is not None:
+                # The released archive the name pointed at (docs/architecture.md,
+                # "Superseding a name"); known even when its own records were lost.
+                earlier = _manifest(op["supersedes"])
+                old = state.archives.get(earlier)
+                if old is None:
+                    old = state.archives[earlier] = ArchiveState(name, "released")
+                old.state, old.superseded_by, old.superseded_at = "superseded", manifest, at
         elif kind == "retain":
             if a is None:
                 a = state.archives[manifest] = ArchiveState(name, "published", partial=True)
@@ -774,9 +799,18 @@ def _note_bad(out: Replay, entry: Entry, exc: BaseException) -> None:
 # --------------------------------------------------------------------------- the decisions
 
 
-def publish_op(name: str, manifest: str, *, at: float, owned_at: float) -> dict[str, Any]:
-    """An archive published, retained by its own owner since ``owned_at``."""
-    return {"op": "publish", "archive": name, "manifest": manifest, "at": at, "owned_at": owned_at}
+def publish_op(
+    name: str, manifest: str, *, at: float, owned_at: float, supersedes: str | None = None
+) -> dict[str, Any]:
+    """An archive published, retained by its own owner since ``owned_at``; ``supersedes``:
+    the manifest of the released archive the name pointed at before, superseded by it
+    (docs/architecture.md, "Superseding a name")."""
+    op = {"op": "publish", "archive": name, "manifest": manifest, "at": at, "owned_at": owned_at}
+    if supersedes is not None:
+        # NOTE: an optional key, which readers of earlier versions pass over: they see a
+        # publication of the name, as before.
+        op["supersedes"] = supersedes
+    return op
 
 
 def retain_op(owner: str, name: str, manifest: str, *, at: float) -> dict[str, Any]:
@@ -808,23 +842,41 @@ def pool_id_of(conn: Connection) -> str:
 
 
 def catalog_state(conn: Connection) -> JournalState:
-    """The retention state the catalog holds: every published or released archive with a
-    manifest, and its owners (what a checkpoint records)."""
+    """The retention state the catalog holds: every published, released or superseded
+    archive with a manifest, and its owners (what a checkpoint records)."""
     a, r = archives_table, retention_table
     state = JournalState()
     by_id: dict[int, ArchiveState] = {}
+    manifests: dict[int, str] = {}
+    superseded: dict[int, int] = {}
     for row in conn.execute(
         select(
-            a.c.id, a.c.name, a.c.state, a.c.manifest_digest, a.c.published_at, a.c.released_at
-        ).where(a.c.state.in_(("published", "released")), a.c.manifest_digest.is_not(None))
+            a.c.id,
+            a.c.name,
+            a.c.state,
+            a.c.manifest_digest,
+            a.c.published_at,
+            a.c.released_at,
+            a.c.superseded_by,
+            a.c.superseded_at,
+        ).where(
+            a.c.state.in_(("published", "released", "superseded")),
+            a.c.manifest_digest.is_not(None),
+        )
     ):
         entry = ArchiveState(
             name=row.name,
             state=row.state,
             published_at=row.published_at,
             released_at=row.released_at,
+            superseded_at=row.superseded_at,
         )
         by_id[row.id] = state.archives[row.manifest_digest] = entry
+        manifests[row.id] = row.manifest_digest
+        if row.superseded_by is not None:
+            superseded[row.id] = row.superseded_by
+    for archive_id, by in superseded.items():
+        by_id[archive_id].superseded_by = manifests.get(by)
     for owner, archive_id, created_at in conn.execute(
         select(r.c.owner, r.c.archive_id, r.c.created_at)
     ):

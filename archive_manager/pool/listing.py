@@ -28,8 +28,10 @@ __all__ = [
     "utc_time",
 ]
 
-ARCHIVE_STATES = ("pending", "published", "released")
-"""The states an archive row takes (``state=None`` in a listing: any of them)."""
+ARCHIVE_STATES = ("pending", "published", "released", "superseded")
+"""The states an archive row takes (``state=None`` in a listing: any of them).  A
+``superseded`` archive is one its name pointed at before the name was saved again
+(``supersede=True``): listed for audit, counted nowhere."""
 
 RolloutRange = tuple[int | None, int | None]
 """An inclusive range of rollout ids; either end may be None (open)."""
@@ -54,6 +56,13 @@ class ArchiveInfo:
     published_at: datetime | None
     released_at: datetime | None = None
     reference: str | None = None
+    id: int | None = None
+    """The catalog's id of the archive: a name saved again (``supersede=True``) names several
+    archives over time, each with its own id (`ArchiveManager.history`)."""
+    superseded_at: datetime | None = None
+    """When the name was saved again (state ``superseded``)."""
+    superseded_by: int | None = None
+    """The id of the archive that took the name (state ``superseded``)."""
 
     @classmethod
     def from_row(cls, row: Any) -> ArchiveInfo:
@@ -69,6 +78,9 @@ class ArchiveInfo:
             published_at=utc_time(row.published_at),
             released_at=utc_time(row.released_at),
             reference=row.reference_name,
+            id=row.id,
+            superseded_at=utc_time(row.superseded_at),
+            superseded_by=row.superseded_by,
         )
 
 

@@ -19,11 +19,12 @@ own (checkpoints, queues) and releases are not in manifests: they must be restor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from sqlalchemy.engine import Connection
 
 from .._util.names import MAX_NAME_BYTES, archive_owner
 from ..catalog import (
+    CURRENT_STATES,
     archive_blobs_table,
     archives_table,
     blobs_table,
@@ -149,38 +151,38 @@ def rebuild_catalog(
         by_name[known.name if known is not None else manifest.name].append((manifest, digest))
         highest_seq = max(highest_seq, manifest.save_seq or 0)
     for done, name in enumerate(sorted(by_name), start=1):
-        # The journal's published (or released) archive of a name wins over manifests it
-        # does not know (a save of that name that never published); then the save order.
-        group = sorted(
-            by_name[name],
-            key=lambda md: (
-                journal is not None and md[1] in journal.state.archives,
-                md[0].order,
-                md[1],
-            ),
-            reverse=True,
-        )
-        (winner, digest), losers = group[0], group[1:]
-        for manifest, other in losers:
+        # The journal's published archive of a name (or one an owner retains) wins over
+        # manifests it does not know (a save of that name that never published); then the
+        # save order: a save of the name later than the journal's released archive of it
+        # superseded that one (docs/architecture.md, "Superseding a name").
+        group = sorted(by_name[name], key=lambda md: _rank(journal, md), reverse=True)
+        # The first that can be restored (its blobs all there) is the one the name points
+        # at; past one the journal has published (or an owner retains), none is tried.
+        while group:
+            (winner, digest), group = group[0], group[1:]
+            if _restore_one(pool, report, name, digest, winner, kinds, rowless, now, journal):
+                break
+            if _rank(journal, (winner, digest))[0]:
+                break
+        # The archives the journal knows the name pointed at before come back too, as
+        # superseded records, after the archive the name points at, which they link to.
+        for manifest, other in group:
+            known = journal.state.archives.get(other) if journal is not None else None
+            if known is not None and known.state in ("released", "superseded") and not known.owners:
+                earlier = dataclasses.replace(
+                    known,
+                    state="superseded",
+                    superseded_by=known.superseded_by or digest,
+                    superseded_at=known.superseded_at or now,
+                )
+                _restore_one(
+                    pool, report, name, other, manifest, kinds, rowless, now, journal, earlier
+                )
+                continue
             report.skipped[other] = (
                 f"superseded: archive {name!r} was saved again later (manifest {digest}"
                 f"{_seq_text(winner)}; this one{_seq_text(manifest)})"
             )
-        try:
-            decided = journal.state.archives.get(digest) if journal is not None else None
-            added, restored_as = _restore(pool, digest, winner, kinds, rowless, now, decided)
-            report.blobs += added
-        except _Skip as exc:
-            report.skipped[digest] = str(exc)
-            _log.info("rebuild: manifest %s not restored: %s", digest, exc)
-        except sa_exc.IntegrityError as exc:
-            report.skipped[digest] = f"archive {name!r} could not be inserted: {exc.orig}"
-            _log.info("rebuild: manifest %s not restored: %s", digest, report.skipped[digest])
-        else:
-            report.archives.append(restored_as)
-            _log.info("rebuild: restored archive %r from manifest %s", restored_as, digest)
-            if restored_as != name:
-                report.renamed[restored_as] = name
         if progress is not None:
             progress(done, len(by_name))
     report.blobs += _index_rest(pool, rowless, kinds, now)
@@ -217,6 +219,55 @@ def rebuild_catalog(
     return report
 
 
+def _restore_one(
+    pool: PoolContext,
+    report: RebuildReport,
+    name: str,
+    digest: str,
+    manifest: Manifest,
+    kinds: dict[str, str],
+    rowless: dict[str, int],
+    now: float,
+    journal: Replay | None,
+    decided: ArchiveState | None = None,
+) -> bool:
+    """`_restore` one manifest (as ``decided``, else as the journal knows it), its outcome
+    in ``report``; whether it was restored."""
+    try:
+        if decided is None and journal is not None:
+            decided = journal.state.archives.get(digest)
+        superseded = (
+            {m: a for m, a in journal.state.archives.items() if a.state == "superseded"}
+            if journal is not None
+            else {}
+        )
+        added, restored_as = _restore(
+            pool, digest, manifest, kinds, rowless, now, decided, superseded
+        )
+        report.blobs += added
+    except _Skip as exc:
+        report.skipped[digest] = str(exc)
+        _log.info("rebuild: manifest %s not restored: %s", digest, exc)
+        return False
+    except sa_exc.IntegrityError as exc:
+        report.skipped[digest] = f"archive {name!r} could not be inserted: {exc.orig}"
+        _log.info("rebuild: manifest %s not restored: %s", digest, report.skipped[digest])
+        return False
+    report.archives.append(restored_as)
+    _log.info("rebuild: restored archive %r from manifest %s", restored_as, digest)
+    if restored_as != name:
+        report.renamed[restored_as] = name
+    return True
+
+
+def _rank(journal: Replay | None, entry: tuple[Manifest, str]) -> tuple[bool, Any, str]:
+    """Which manifest of a name the name points at after a rebuild: the highest ranks."""
+    manifest, digest = entry
+    known = journal.state.archives.get(digest) if journal is not None else None
+    held = known is not None and (known.state == "published" or bool(known.owners))
+    return (held, manifest.order, digest)
+
+
 def _seq_text(manifest: Manifest) -> str:
     if manifest.save_seq is not None:
         return f", save {manifest.save_seq}"
@@ -231,22 +282,44 @@ def _restore(
     rowless: dict[str, int],
     now: float,
     decided: ArchiveState | None = None,
+    superseded: Mapping[str, ArchiveState] | None = None,
 ) -> tuple[int, str]:
     """Insert archive ``m`` if every blob it needs is there; return how many blob rows it
     added and the name it got (its own, unless the catalog has another archive of that
     name).  ``decided``: what the retention journal knows of it (name, state, times and
-    owners); without it, the archive comes back published and owned by itself."""
+    owners); without it, the archive comes back published and owned by itself.
+    ``superseded``: the manifests the journal knows were superseded (the archive the catalog
+    has for this name is one of them: this archive took its name)."""
     needed: dict[str, str] = {d: "chunk" for d, _, _ in m.chunks}
     needed.update({d: "tensor" for d in m.tensors})
     needed[digest] = "manifest"
     chunk_sizes = {d: size for d, _, size in m.chunks}
     store = pool.store
+    superseded = superseded or {}
     with pool.catalog.write("rebuild.archive") as conn:
         rows = blob_rows(conn, list(needed))
         if digest in rows:
             raise _Skip("its manifest was indexed meanwhile (by another rebuild, or a save)")
         name = decided.name if decided is not None else m.name
         existing = archive_by_name(conn, name)
+        replaced: int | None = None
+        if decided is not None and decided.state == "superseded":
+            existing = None  # a superseded record takes no name from anyone
+        elif (
+            existing is not None
+            and existing.state in CURRENT_STATES
+            and existing.manifest_digest in superseded
+        ):
+            # A catalog restored from a backup taken before the name was saved again: the
+            # journal says the archive it has was superseded, by this one or a later one.
+            replaced, existing_manifest = int(existing.id), existing.manifest_digest
+            earlier = superseded[existing.manifest_digest]
+            conn.execute(
+                update(archives_table)
+                .where(archives_table.c.id == replaced)
+                .values(state="superseded", superseded_at=earlier.superseded_at or now)
+            )
+            existing = archive_by_name(conn, name)
         if (
             existing is not None
             and decided is not None
@@ -310,11 +383,17 @@ def _restore(
         created = m.created_at if m.created_at is not None else now
         state, published_at, released_at = "published", created, None
         owners = {archive_owner(name): now}
+        superseded_by: int | None = None
+        superseded_at: float | None = None
         if decided is not None:
             state = decided.state
             published_at = decided.published_at if decided.published_at is not None else created
             released_at = decided.released_at
             owners = _own_owner_renamed(decided, name)
+            if state == "superseded":
+                owners = {}
+                superseded_at = decided.superseded_at
+                superseded_by = _id_of(conn, decided.superseded_by)
         archive_id = inserted_id(
             conn.execute(
                 archives_table.insert().values(
@@ -330,9 +409,19 @@ def _restore(
                     released_at=released_at,
                     attrs=m.attrs,
                     reference_name=m.reference,
+                    superseded_by=superseded_by,
+                    superseded_at=superseded_at,
                 )
             )
         )
+        if replaced is not None:
+            # The archive that took its name: this one, or one restored before it.
+            by = superseded[existing_manifest].superseded_by
+            conn.execute(
+                update(archives_table)
+                .where(archives_table.c.id == replaced)
+                .values(superseded_by=_id_of(conn, by) if by != digest else archive_id)
+            )
         chunks = {i: c for i, c in enumerate(m.chunks)}
         entries = [(pos, *e) for pos, e in enumerate(m.entries)]
         insert_contents(conn, archive_id, chunks, entries, list(m.metadata))
@@ -349,6 +438,16 @@ def _restore(
             [(o, archive_id, at) for o, at in sorted(owners.items())],
         )
     return len(new_rows), name
+
+
+def _id_of(conn: Connection, manifest: str | None) -> int | None:
+    """The id of the catalog's archive of ``manifest``, if it has one."""
+    if manifest is None:
+        return None
+    found = conn.execute(
+        select(archives_table.c.id).where(archives_table.c.manifest_digest == manifest)
+    ).scalar()
+    return None if found is None else int(found)
 
 
 def _restored_name(m: Manifest, digest: str) -> str:
@@ -445,10 +544,17 @@ def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
                 )
             )
         }
-        for manifest, decided in sorted(journal.state.archives.items()):
+        # Superseded first: the archive that took a name may only become current once the
+        # one the name pointed at no longer is (one current archive per name).
+        for manifest, decided in sorted(
+            journal.state.archives.items(),
+            key=lambda item: (item[1].state != "superseded", item[0]),
+        ):
             row = rows.get(manifest)
             if row is None:
                 continue
+            if row.state == "superseded":
+                continue  # never taken back: the name points at another archive
             held = dict(
                 conn.execute(
                     select(r.c.owner, r.c.created_at).where(r.c.archive_id == row.id)
@@ -472,6 +578,12 @@ def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
                 changes.append(f"{state} (was {row.state})")
             if row.state != state:
                 values.update(state=state, released_at=decided.released_at)
+            if state == "superseded":
+                values.update(
+                    lease_owner=None,
+                    superseded_at=decided.superseded_at,
+                    superseded_by=_id_of(conn, decided.superseded_by),
+                )
             if values:
                 conn.execute(update(a).where(a.c.id == row.id).values(**values))
             gone = sorted(set(held) - set(wanted))
@@ -506,7 +618,7 @@ def _note_reclaimed(pool: PoolContext, journal: Replay, report: RebuildReport) -
     for manifest, decided in sorted(journal.state.archives.items()):
         if manifest in have or manifest in report.skipped:
             continue
-        if decided.state == "released" and not decided.owners:
+        if decided.state in ("released", "superseded") and not decided.owners:
             report.reclaimed.append(decided.name)
         else:
             owners = ", ".join(sorted(decided.owners)) or "none"

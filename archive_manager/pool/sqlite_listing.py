@@ -70,7 +70,7 @@ _WAL_FORMAT = b"\x02\x02"
 _IN_BATCH = 5000
 _COLUMNS = (
     "name, rollout_id, evaluation, state, samples, bytes, created_at, published_at, "
-    "released_at, reference_name"
+    "released_at, reference_name, id, superseded_at, superseded_by"
 )
 
 
@@ -95,6 +95,9 @@ class _Row:
     published_at: float | None
     released_at: float | None
     reference_name: str | None
+    id: int
+    superseded_at: float | None
+    superseded_by: int | None
 
 
 def sqlite_catalog_file(root: Path, catalog_url: str | None) -> Path | None:
@@ -271,15 +274,36 @@ def _archives(conn: sqlite3.Connection, f: ListingFilter) -> list[_Row] | None:
         if after is not None:
             part.append("(rollout_id > ? OR (rollout_id = ? AND name > ?))")
             values += [after[0], after[0], after[1]]
-        rows += _select(conn, part, values, "rollout_id, name", f.limit)
+        rows += _select(conn, part, values, "rollout_id, name, id", f.limit)
     if f.limit is None or len(rows) < f.limit:
         part, values = [*where, "rollout_id IS NULL"], list(params)
         if after is not None and after[0] is None:
             part.append("name > ?")
             values.append(after[1])
         left = None if f.limit is None else f.limit - len(rows)
-        rows += _select(conn, part, values, "name", left)
+        rows += _select(conn, part, values, "name, id", left)
+    if f.limit is not None and rows and len(rows) == f.limit:
+        rows = _whole_last_name(conn, where, params, rows)
     return rows
+
+
+def _whole_last_name(
+    conn: sqlite3.Connection, where: list[str], params: list[Any], rows: list[_Row]
+) -> list[_Row]:
+    """`catalog.queries.archives_in_order`'s: a full page holds every archive of its last
+    key, ending before them or, when they are the whole page, holding them all."""
+    last = rows[-1]
+    key = "rollout_id IS NULL" if last.rollout_id is None else "rollout_id = ?"
+    values = [*params] + ([] if last.rollout_id is None else [last.rollout_id])
+    more = _select(
+        conn, [*where, key, "name = ?", "id > ?"], [*values, last.name, last.id], "id", None
+    )
+    if not more:
+        return rows
+    first = next(
+        i for i, r in enumerate(rows) if (r.rollout_id, r.name) == (last.rollout_id, last.name)
+    )
+    return rows[:first] if first else [*rows, *more]
 
 
 def _select(
@@ -293,16 +317,17 @@ def _select(
 
 
 def _archive_key(conn: sqlite3.Connection, name: str) -> tuple[int | None, str] | None:
-    """``(rollout_id, name)`` of the archive ``name`` in any state, tried as given, then in
-    NFC and NFD (`catalog.queries.archive_by_name`)."""
+    """``(rollout_id, name)`` of the archive the name ``name`` points at, else of its pending
+    save, tried as given, then in NFC and NFD (`catalog.queries.archive_by_name`)."""
     spellings = name_spellings(name)
     marks = ", ".join("?" * len(spellings))
-    by_name = {
-        row[1]: (row[0], row[1])
-        for row in conn.execute(
-            f"SELECT rollout_id, name FROM archives WHERE name IN ({marks})", spellings
-        )
-    }
+    by_name: dict[str, tuple[int | None, str]] = {}
+    for rollout_id, stored, _ in conn.execute(
+        f"SELECT rollout_id, name, state FROM archives WHERE name IN ({marks}) "
+        "AND state IN ('published', 'released', 'pending') ORDER BY state = 'pending'",
+        spellings,
+    ):
+        by_name.setdefault(stored, (rollout_id, stored))
     return next((by_name[s] for s in spellings if s in by_name), None)
 
 
@@ -315,7 +340,8 @@ def _reclaimed(conn: sqlite3.Connection, names: Sequence[str]) -> set[str]:
         out.update(
             name
             for (name,) in conn.execute(
-                f"SELECT a.name FROM archives AS a WHERE a.name IN ({marks}) AND EXISTS ("
+                f"SELECT a.name FROM archives AS a WHERE a.name IN ({marks}) "
+                "AND a.state != 'superseded' AND EXISTS ("
                 "SELECT ab.digest FROM archive_blobs AS ab LEFT OUTER JOIN blobs AS b "
                 "ON b.digest = ab.digest WHERE ab.archive_id = a.id "
                 "AND (b.digest IS NULL OR b.state != 'live'))",

@@ -62,6 +62,7 @@ from ..codec.values import gc_paused
 from ..errors import (
     ArchiveError,
     ArchiveExistsError,
+    ArchiveRetainedError,
     CatalogLockedError,
     IntegrityError,
     InvalidInputError,
@@ -70,7 +71,7 @@ from ..errors import (
 )
 from ..metadata import describe_sample
 from ..samples import check_key_text, check_task_key, sample_key, task_key_of
-from .archive import Archive, open_archive
+from .archive import Archive, open_archive, payload_gone
 from .context import HasContext, PoolContext, context_of
 from .journal import Staged, pool_id_of, publish_op, stage_record, write_committed
 from .listing import check_rollout_id
@@ -124,10 +125,18 @@ class ArchiveWriter:
         evaluation: bool = False,
         attrs: dict[str, Any] | None = None,
         reference: Archive | None = None,
+        supersede: bool = False,
     ) -> None:
         pool = context_of(pool)
         self._pool = pool
         self.name = check_new_archive_name(name)
+        if not isinstance(supersede, bool):
+            raise InvalidInputError("supersede must be True or False")
+        self.supersede = supersede
+        # The released archive the name points at, which this save supersedes when it
+        # publishes (docs/architecture.md, "Superseding a name"): found by the ownership
+        # transaction, checked again by the publication's.
+        self._replaces: _Replaced | None = None
         self.rollout_id = check_rollout_id(rollout_id)
         if not isinstance(evaluation, bool):
             raise InvalidInputError("evaluation must be a bool")
@@ -162,7 +171,7 @@ class ArchiveWriter:
         pool.check_in_place(f"saving {self.name!r}")
         now = pool.clock()
         with pool.catalog.write("save.lease") as conn:
-            free_name(conn, self.name, now=now, leases=True)
+            free_name(conn, self.name, now=now, leases=True, supersede=supersede)
             insert_lease(
                 conn,
                 self._lease,
@@ -653,7 +662,9 @@ class ArchiveWriter:
             mark_live(conn, self._unmarked)
             self._unmarked = []
             self._owned_at = now
-            free_name(conn, self.name, now=now, leases=False)
+            self._replaces = free_name(
+                conn, self.name, now=now, leases=False, supersede=self.supersede
+            )
             manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
             self._claim_rows(conn, [manifest], now)
             self._blob_kinds[manifest.digest] = "manifest"
@@ -699,21 +710,44 @@ class ArchiveWriter:
     def _publish(self, archive_id: int, manifest_digest: str) -> Staged:
         """Step 5: mark the manifest durable, make the archive visible, end the lease; stage
         the publication's journal record (written once this commits)."""
+        a = archives_table
         with self._lock, self._pool.catalog.write("save.publish") as conn:
             mark_live(conn, [manifest_digest])
             now = self._pool.clock()
-            published = conn.execute(
-                update(archives_table)
-                .where(archives_table.c.id == archive_id, archives_table.c.state == "pending")
-                .values(state="published", published_at=now, lease_owner=None)
-            ).rowcount
+            replaced = self._replaces
+            if replaced is not None:
+                # NOTE: in the publication's transaction, so that the name points at the
+                # earlier archive until this commits and at this one after: a crash leaves
+                # one of the two current, never neither nor both (docs/architecture.md,
+                # "Superseding a name").  Checked again: an owner may have come meanwhile.
+                check_supersedable(conn, self.name, replaced.id, supersede=True)
+                conn.execute(
+                    update(a)
+                    .where(a.c.id == replaced.id)
+                    .values(state="superseded", superseded_by=archive_id, superseded_at=now)
+                )
+            try:
+                published = conn.execute(
+                    update(a)
+                    .where(a.c.id == archive_id, a.c.state == "pending")
+                    .values(state="published", published_at=now, lease_owner=None)
+                ).rowcount
+            except sa_exc.IntegrityError as exc:
+                # The name points at another archive now (restored by a rebuild meanwhile).
+                raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
             if published != 1:
                 raise LeaseExpiredError(
                     f"archive {self.name!r} was rolled back by gc before it could be "
                     "published (its lease expired)"
                 )
             drop_lease(conn, self._lease)
-            op = publish_op(self.name, manifest_digest, at=now, owned_at=self._owned_at)
+            op = publish_op(
+                self.name,
+                manifest_digest,
+                at=now,
+                owned_at=self._owned_at,
+                supersedes=replaced.manifest if replaced is not None else None,
+            )
             return stage_record(conn, pool_id_of(conn), [op], now)
 
     def _rollback(self) -> None:
@@ -753,30 +787,42 @@ class ArchiveWriter:
             pass
 
 
-def free_name(conn: Connection, name: str, *, now: float, leases: bool) -> None:
+@dataclass(frozen=True)
+class _Replaced:
+    """The archive a save supersedes: its id and manifest (for the journal's record)."""
+
+    id: int
+    manifest: str | None
+
+
+def free_name(
+    conn: Connection, name: str, *, now: float, leases: bool, supersede: bool = False
+) -> _Replaced | None:
     """Inside a save's write transaction: check that ``name`` is free for a new save, rolling
-    back a crashed save of it (docs/architecture.md, "Save protocol", Resuming a killed save).
+    back a crashed save of it (docs/architecture.md, "Save protocol", Resuming a killed save);
+    return the released archive the name points at, which the save supersedes when it
+    publishes (docs/architecture.md, "Superseding a name"), or None.
 
     A pending archive of that name whose lease is gone or lapsed (a dead pending save, as GC
     rolls back) or whose holder is provably dead (`holder_is_dead`: its process, on this host,
     runs no more) is rolled back as GC would (`gc.roll_back_saves`; its blobs are left to GC).
     With ``leases``, so are the leases of saves of that name that died before their ownership
     commit (they hold blobs, not the name: a live one does not block a new save, the first to
-    commit its ownership wins).
+    commit its ownership wins).  Then the archive the name points at, if any, is checked by
+    `check_supersedable`.
 
     Raises:
         SaveInFlightError: the name is taken by a pending save that may be alive (its holder
             alive, or not provably dead): the message names its holder and when its lease
             lapses.
-        ArchiveExistsError: the name is taken by an archive.
+        ArchiveExistsError, ArchiveRetainedError: the name points at an archive that this
+            save may not supersede (see `check_supersedable`).
     """
     from .gc import roll_back_saves
 
-    row = archive_by_name(conn, name)
+    row = archive_by_name(conn, name, pending=True)
     dead: list[str] = []
     if row is not None:
-        if row.state != "pending":
-            raise ArchiveExistsError(f"archive {name!r} already exists")
         lt = leases_table
         lease = conn.execute(
             select(lt.c.owner, lt.c.expires_at, lt.c.holder).where(lt.c.owner == row.lease_owner)
@@ -816,6 +862,61 @@ def free_name(conn: Connection, name: str, *, now: float, leases: bool) -> None:
         if others:
             _log.info("save of %r: dropped %d lease(s) of dead saves of it", name, len(others))
             roll_back_saves(conn, others, [])
+    current = archive_by_name(conn, name)
+    if current is None:
+        return None
+    check_supersedable(conn, name, current.id, supersede=supersede)
+    return _Replaced(int(current.id), current.manifest_digest)
+
+
+def check_supersedable(conn: Connection, name: str, archive_id: int, *, supersede: bool) -> None:
+    """Refuse a save of ``name`` unless the archive ``archive_id`` it points at may be
+    superseded (docs/architecture.md, "Superseding a name"): it is released, no owner retains
+    it, and either ``supersede`` was asked or gc reclaimed its payload (nothing of the earlier
+    archive can be read any more, so a plain save takes the name back).
+
+    Raises:
+        ArchiveRetainedError: an owner retains it (its own owner while it is published): the
+            message names them.
+        ArchiveExistsError: it is published and ``supersede`` was not asked, or it is released
+            with its payload still stored and ``supersede`` was not asked.
+    """
+    a, r = archives_table, retention_table
+    row = conn.execute(select(a.c.state).where(a.c.id == archive_id)).one_or_none()
+    state = None if row is None else row.state
+    owners = sorted(conn.execute(select(r.c.owner).where(r.c.archive_id == archive_id)).scalars())
+    how = (
+        "; to save this step again, release it first ('archive-manager release NAME', "
+        "Archive.release()), then save with supersede=True (the earlier archive stays on "
+        "record as superseded)"
+    )
+    if state == "published" and not supersede:
+        raise ArchiveExistsError(f"archive {name!r} already exists (published){how}")
+    if state == "published":
+        listed = ", ".join(owners) or "its own owner"
+        raise ArchiveRetainedError(
+            f"archive {name!r} cannot be superseded: it is published, retained by {listed}; "
+            "release it first, then save again with supersede=True",
+            name=name,
+            owners=owners,
+        )
+    if state != "released":
+        raise ArchiveExistsError(f"archive {name!r} already exists ({state})")
+    if owners:
+        listed = ", ".join(owners)
+        raise ArchiveRetainedError(
+            f"archive {name!r} cannot be superseded: it was released but is still retained by "
+            f"{listed}, which keep its payload until they let go ('archive-manager "
+            "release-owner OWNER'); then save again with supersede=True",
+            name=name,
+            owners=owners,
+        )
+    if not supersede and not payload_gone(conn, archive_id):
+        raise ArchiveExistsError(
+            f"archive {name!r} already exists (released, its payload not yet reclaimed by "
+            "gc); save with supersede=True to save this step again (the earlier archive stays "
+            "on record as superseded)"
+        )
 
 
 def _held(conn: Connection, digest: str) -> bool:
@@ -939,6 +1040,7 @@ def save_samples(
     evaluation: bool,
     task_keys: Sequence[Any] | None,
     attrs: dict[str, Any] | None,
+    supersede: bool = False,
 ) -> Archive:
     """`ArchiveManager.save`: validate everything checkable up front, then stream."""
     if isinstance(samples, (str, bytes, dict)) or not hasattr(samples, "__len__"):
@@ -959,7 +1061,12 @@ def save_samples(
     # save builds holds no cycles; the codec pauses the GC the same way (`gc_paused`).
     with gc_paused():
         writer = ArchiveWriter(
-            pool, name, rollout_id=rollout_id, evaluation=evaluation, attrs=attrs
+            pool,
+            name,
+            rollout_id=rollout_id,
+            evaluation=evaluation,
+            attrs=attrs,
+            supersede=supersede,
         )
         # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored
         # before it does: the tensor blobs may reference the samples' memory instead of a

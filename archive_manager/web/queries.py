@@ -246,7 +246,11 @@ def task_positions(
         for name, position in conn.execute(
             select(a.c.name, e.c.position)
             .join(e, e.c.archive_id == a.c.id)
-            .where(a.c.name.in_(list(names)), e.c.task_key == task_key)
+            .where(
+                a.c.name.in_(list(names)),
+                a.c.state.in_(list(COUNTED_STATES)),
+                e.c.task_key == task_key,
+            )
             .order_by(a.c.name, e.c.position)
         ):
             out[name].append(position)

@@ -73,7 +73,7 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0009"
+    assert head_revision() == "0010"
     assert migrate.known_revisions() == {
         "0001",
         "0002",
@@ -84,6 +84,7 @@ def test_script_location_and_head() -> None:
         "0007",
         "0008",
         "0009",
+        "0010",
     }
 
 
@@ -182,7 +183,8 @@ def _dump(engine: Engine) -> dict[str, list[dict[str, Any]]]:
     with engine.connect() as conn, conn.begin():
         for table in ALL_TABLES:
             # Columns added after 0001 (checked to be null after the upgrade).
-            columns = [c for c in table.c if c.name not in ("verified_at", "holder")]
+            added = ("verified_at", "holder", "superseded_by", "superseded_at")
+            columns = [c for c in table.c if c.name not in added]
             rows = conn.execute(select(*columns).order_by(*table.primary_key.columns))
             dumped[table.name] = [dict(row._mapping) for row in rows]
     return dumped
@@ -229,6 +231,47 @@ def test_upgrade_from_0001_keeps_every_row(engine: Engine, url: str) -> None:
         with catalog.read() as conn:
             for table in (chunks_table, entries_table, retention_table, archive_blobs_table):
                 assert conn.execute(select(func.count()).select_from(table)).scalar_one() == 0
+
+
+def _archive(archive_id: int | None, name: str, state: str) -> dict[str, Any]:
+    row = {"name": name, "evaluation": False, "state": state, "samples": 0, "bytes": 0}
+    row["created_at"] = 1.0
+    return row if archive_id is None else {"id": archive_id, **row}
+
+
+def test_upgrade_to_0010_lets_a_name_be_saved_again(engine: Engine, url: str) -> None:
+    """Revision 0010: a name is unique among the archives it points at (published, released)
+    and among pending saves, not among superseded ones; every row keeps its id, and SQLite's
+    AUTOINCREMENT counter is carried over the table's rebuild (no deleted id is reused)."""
+    from sqlalchemy.exc import IntegrityError
+
+    upgrade(engine, "0009")
+    with engine.connect() as conn, conn.begin():
+        for name in ("a", "y", "z"):
+            conn.execute(insert(archives_table).values(_archive(None, name, "released")))
+        kept = conn.execute(select(archives_table.c.id).where(archives_table.c.name == "a"))
+        first = kept.scalar_one()
+        conn.execute(archives_table.delete().where(archives_table.c.name != "a"))
+    with Catalog.open(url) as catalog:
+        with catalog.read() as conn:
+            rows = conn.execute(
+                select(archives_table.c.id, archives_table.c.name, archives_table.c.superseded_by)
+            ).all()
+        assert [tuple(r) for r in rows] == [(first, "a", None)]
+        for state in ("published", "released"):
+            with pytest.raises(IntegrityError), catalog.write() as conn:
+                conn.execute(insert(archives_table).values(_archive(None, "a", state)))
+        with catalog.write() as conn:
+            conn.execute(insert(archives_table).values(_archive(None, "a", "pending")))
+            for _ in range(2):
+                conn.execute(insert(archives_table).values(_archive(None, "a", "superseded")))
+        with pytest.raises(IntegrityError), catalog.write() as conn:
+            conn.execute(insert(archives_table).values(_archive(None, "a", "pending")))
+        with pytest.raises(IntegrityError), catalog.write() as conn:
+            conn.execute(insert(archives_table).values(_archive(None, "b", "bogus")))
+        with catalog.read() as conn:
+            ids = conn.execute(select(archives_table.c.id).order_by(archives_table.c.id)).scalars()
+            assert min(list(ids)[1:]) > first + 2  # after the deleted ones, on both catalogs
 
 
 def test_unknown_future_revision_is_refused(engine: Engine, url: str) -> None:

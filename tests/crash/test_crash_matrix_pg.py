@@ -26,7 +26,7 @@ def test_crash_matrix_kill_postgresql(tmp_path: Path, pg_server) -> None:  # typ
         # stream, reference, failed_save and pointer differ from save above the catalog
         # (writer and blob layer), which the SQLite matrix covers; every catalog step is here.
         only = ["save", "retain", "release", "release_owner", "gc", "rebuild", "restore"]
-        only += ["first_open", "rebind", "retain_lost", "release_owner_lost"]
+        only += ["first_open", "rebind", "retain_lost", "release_owner_lost", "supersede"]
         rows = crash_matrix.matrix(tmp_path, dbs, only=only, first_only=True)
     finally:
         dbs.close()

@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from helpers import small_rollout
 
 from archive_manager import ArchiveManager
-from archive_manager._util.constants import UNINDEXED_BLOBS, VERSION_TABLE
+from archive_manager._util.constants import HEAD_REVISION, UNINDEXED_BLOBS, VERSION_TABLE
 from archive_manager.cli import cli
 from archive_manager.errors import ArchiveError
 from archive_manager.pool import sqlite_listing as _sqlite_listing
@@ -74,6 +74,14 @@ def _build(root: Path, seed: int) -> list[str]:
         pool.release(names[:5])
         pool.gc(grace=0)  # these five lose their payload
         pool.release(names[5:9])  # these keep it until the next GC
+        # Names saved again, their earlier archives superseded beside the current one: one
+        # whose payload gc reclaimed (a plain save takes it back), one twice (supersede=True).
+        pool.save(names[0], small_rollout(2, seed=seed * 100 + 50), rollout_id=3)
+        for k in range(2):
+            again = small_rollout(1, seed=seed * 100 + 60 + k)
+            pool.save(names[6], again, rollout_id=3, supersede=True)
+            if k == 0:
+                pool.release([names[6]])
     for i in range(2):
         _killed_save(root, f"pending-{i}", rng.choice([1, 3]))
         names.append(f"pending-{i}")
@@ -104,7 +112,7 @@ def _random_filters(rng: random.Random, names: list[str]) -> dict[str, Any]:
         )
     if pick() < 0.3:
         filters["evaluation"] = rng.random() < 0.5
-    filters["state"] = rng.choice(["published", "released", "pending", None])
+    filters["state"] = rng.choice(["published", "released", "pending", "superseded", None])
     if pick() < 0.4:
         filters["limit"] = rng.randint(0, 6)
     if pick() < 0.4:
@@ -128,7 +136,7 @@ def test_the_listing_is_finds_over_random_pools(pools: list[tuple[Path, list[str
     answered = 0
     for root, names in pools:
         states = {i.state for i in _full(root, state=None)[0]}
-        assert states == {"published", "released", "pending"}
+        assert states == {"published", "released", "pending", "superseded"}
         reclaimed_somewhere = False
         for _ in range(60):
             filters = _random_filters(rng, names)
@@ -172,7 +180,7 @@ def _random_args(rng: random.Random, names: list[str]) -> list[str]:
         args += ["--rollout-id", rng.choice([f"{low}", f"{low}..{high}", f"{low}..", f"..{high}"])]
     if rng.random() < 0.3:
         args.append(rng.choice(["--evaluation", "--no-evaluation"]))
-    args += ["--state", rng.choice(["published", "released", "pending", "all"])]
+    args += ["--state", rng.choice(["published", "released", "pending", "superseded", "all"])]
     if rng.random() < 0.4:
         args += ["--limit", str(rng.randint(0, 6))]
     if rng.random() < 0.4:
@@ -258,7 +266,7 @@ def test_a_catalog_mid_migration_or_of_another_revision(plain: Path) -> None:
     _refused(plain)
     done = CliRunner().invoke(cli, ["--root", str(plain), "ls"])
     assert done.exit_code == 1 and "9999" in done.stderr
-    _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '0008'")
+    _sql(plain, f"UPDATE {VERSION_TABLE} SET version_num = '{HEAD_REVISION}'")
     _sql(plain, "UPDATE pool_info SET value = '2' WHERE key = 'format_version'")
     _refused(plain)
 

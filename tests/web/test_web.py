@@ -1454,3 +1454,26 @@ def test_stats_drops_parameters_it_does_not_use_without_400(
     assert response.status_code == 400
     if query.startswith("page="):
         assert b"after=" in response.data
+
+
+def test_a_name_saved_again_shows_only_the_archive_it_points_at(
+    own_viewer_pool: ArchiveManager,
+) -> None:
+    """Issue 35, item 1: a step saved again (``supersede=True``) after its archive was
+    released: the pool page, its statistics and the archive page count only the new one."""
+    pool = own_viewer_pool
+    pool.open_archive("train-2").release()
+    again = tiny_rollout(9, seed=7, rollout_id=2)
+    pool.save("train-2", again, rollout_id=2, supersede=True)
+    client = create_app(pool).test_client()
+    data = get_json(client, "/?format=json")
+    listed = [(a["name"], a["samples"], a["state"]) for a in data["archives"]]
+    assert [row for row in listed if row[0] == "train-2"] == [("train-2", 9, "published")]
+    assert data["total"] == 5
+    (row,) = [r for r in data["stats"] if (r["rollout_id"], r["evaluation"]) == (2, False)]
+    assert (row["archives"], row["samples"]) == (1, 9)
+    every = get_json(client, "/stats?format=json")["stats"]
+    (row,) = [r for r in every if (r["rollout_id"], r["evaluation"]) == (2, False)]
+    assert (row["archives"], row["samples"]) == (1, 9)
+    page = get_json(client, archive_url("train-2") + "?format=json")
+    assert page["archive"]["samples"] == 9 and page["archive"]["state"] == "published"
