@@ -10,6 +10,7 @@ import logging
 import os
 import stat
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -67,6 +68,7 @@ from .pool.archive import (
     reclaimed_names,
     release_archives,
 )
+from .pool.background import register_exit_hook
 from .pool.context import PoolContext
 from .pool.identity import (
     IDENTITY_FILE,
@@ -99,6 +101,7 @@ if TYPE_CHECKING:
     from .lens.query import PoolSummary, SampleRow, SampleRows
     from .lens.search import SearchResult
     from .lens.stats import RolloutStats, StatsCache
+    from .pool.background import BackgroundSaves, SaveFuture
     from .pool.gc import GcReport
     from .pool.recovery import RebuildReport
     from .pool.retention import ForgetPlan, OwnersReport, ReleasePlan
@@ -183,10 +186,12 @@ class ArchiveManager:
             raise InvalidInputError("inline_limit must be an int >= 0")
         self._root = root
         self._stats_cache: StatsCache | None = None  # made by the first `stats`
+        self._background: BackgroundSaves | None = None  # made by the first `save_async`
         if store is None:
             if not isinstance(root, Path):
                 raise InvalidInputError(f"the pool at {root} is on an object store: pass its store")
             store = BlobStore(root)
+        register_exit_hook()  # an interpreter exits after the saves save_async handed off
         # Everything below this facade takes the context, never the facade
         # (docs/architecture.md, Layers); `open` adds the identity once it is checked.
         self._context = PoolContext(
@@ -722,14 +727,34 @@ class ArchiveManager:
         return share_pool(self._root, group, catalog_file=sqlite_path(self.catalog_url))
 
     def close(self) -> None:
-        """Release the catalog's connections; idempotent."""
+        """Wait for the saves `save_async` handed off, then release the catalog's
+        connections; idempotent.
+
+        Raises:
+            Exception: the error of a background save whose future nobody looked at (the
+                first, with a note naming it and any other); the catalog is closed all the
+                same.
+        """
+        failure = None
+        if self._background is not None:
+            failure = self._background.close()
         self.catalog.close()
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> ArchiveManager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # The block's own error goes on: a background failure nobody looked at is logged
+        # instead of replacing it.
+        try:
+            self.close()
+        except Exception:
+            _log.error("a background save failed while the pool was closed", exc_info=True)
 
     def __repr__(self) -> str:
         return f"ArchiveManager({str(self._root)!r}, catalog_url={shown_url(self.catalog_url)!r})"
@@ -812,6 +837,88 @@ class ArchiveManager:
             attrs=attrs,
             supersede=supersede,
         )
+
+    def save_async(
+        self,
+        name: str,
+        samples: Sequence[Any] | None,
+        *,
+        rollout_id: int | None,
+        evaluation: bool = False,
+        task_keys: Sequence[Any] | None = None,
+        attrs: dict[str, Any] | None = None,
+        reference: Archive | str | None = None,
+        supersede: bool = False,
+    ) -> SaveFuture:
+        """`save`, handed to a background thread: returns a `concurrent.futures.Future` that
+        resolves to the archive `save` returns, or fails with the error `save` raises.
+
+        The samples are taken when this is called: each is encoded on the caller's thread
+        (the codec's copy of its values), so the caller may reuse or change the samples,
+        their dicts, lists, tensors and arrays as soon as this returns.  The save itself
+        (blobs, ownership, manifest, publication) then runs on the pool's worker thread, one
+        save at a time in the order they were handed over, under the save protocol
+        unchanged: a process killed before a save published leaves nothing visible.
+
+        Bytes in flight are bounded by `save_async_budget`: past it, this waits until the
+        worker has taken enough (backpressure).  A failure is set on the future; one whose
+        future nobody looked at is raised again by `close` (and the end of a ``with``
+        block).  `close` waits for the saves in flight, and so does an interpreter that exits
+        with some in flight.  See docs/usage.md, "Saving in the background".
+
+        Raises:
+            ArchiveError: the pool is closed (every other error is the future's).
+            ReadOnlyPoolError: the pool was opened read-only.
+        """
+        self._refuse_if_read_only("saving")
+        saves = self._background_saves()
+        direct: Callable[[], Archive] | None = None
+        if reference is not None:
+
+            def direct() -> Archive:
+                return self.save(
+                    name,
+                    samples,
+                    rollout_id=rollout_id,
+                    evaluation=evaluation,
+                    task_keys=task_keys,
+                    attrs=attrs,
+                    reference=reference,
+                    supersede=supersede,
+                )
+
+        return saves.submit(
+            name,
+            samples,
+            rollout_id=rollout_id,
+            evaluation=evaluation,
+            task_keys=task_keys,
+            attrs=attrs,
+            supersede=supersede,
+            direct=direct,
+        )
+
+    @property
+    def save_async_budget(self) -> int:
+        """Bytes of samples `save_async` may hold, encoded, waiting for the worker (1 GiB by
+        default); a call that would exceed it waits.  Settable."""
+        from .pool.background import DEFAULT_BUDGET
+
+        return DEFAULT_BUDGET if self._background is None else self._background.budget
+
+    @save_async_budget.setter
+    def save_async_budget(self, value: int) -> None:
+        self._background_saves().budget = value
+
+    def _background_saves(self) -> BackgroundSaves:
+        from .pool.background import BackgroundSaves
+
+        if self._background is None:
+            self._background = BackgroundSaves(self._context)
+            # A pool dropped without close: its saves go on; a failure nobody looked at is
+            # logged when it is collected (or at exit).
+            weakref.finalize(self, self._background.abandoned)
+        return self._background
 
     def writer(
         self,

@@ -233,6 +233,20 @@ def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
     assert set(figures["results"]) == set(modes.split(","))  # and the scans agreed
 
 
+def test_bench_async_save_quick_run(tmp_path: Path) -> None:
+    done = _run(
+        TOOLS / "bench_async_save.py", "--samples", "8", "--rounds", "1", "--root", tmp_path,
+        "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert set(figures["median_seconds"]) == {
+        "save", "blocked", "async_total", "prepare", "copy", "numbers",
+    }  # fmt: skip
+    assert all(len(v) == 1 and v[0] > 0 for v in figures["seconds"].values())
+    assert set(figures["median_cpu_seconds"]) == set(figures["median_seconds"]) - {"async_total"}
+
+
 def test_bench_search_quick_run(tmp_path: Path) -> None:
     done = _run(
         TOOLS / "bench_search.py", "--root", tmp_path / "pool", "--archives", "2",

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Crash matrix: kill a process at every failpoint of every durable operation, check the pool.
 
-For each operation (save, streaming save, reference save, a save that fails and rolls back, a
-save through the pointer-file facade, a save that supersedes a released archive of its name,
-retain, release, release_owner, gc, rebuild_catalog):
+For each operation (save, streaming save, background save (`save_async`), reference save, a save
+that fails and rolls back, a save through the pointer-file facade, a save that supersedes a
+released archive of its name, retain, release, release_owner, gc, rebuild_catalog):
 
 1. a probe run arms every failpoint with ``sleep:0`` and counts how often the operation
    reaches each one (so the matrix follows the code, not a list that can go stale);
@@ -255,6 +255,19 @@ def _run_stream(world: World) -> None:
     with world.open() as pool, pool.writer("inflight", rollout_id=9) as writer:
         for sample in _inflight_samples():
             writer.add(sample)
+
+
+def _run_async(world: World) -> None:
+    samples = _inflight_samples()
+    with world.open() as pool:
+        pool.save_async("inflight", samples, rollout_id=9)
+        # The caller goes on at once and reuses its samples: the save holds what they were.
+        for sample in samples:
+            sample.tokens.clear()
+            sample.rollout_log_probs[:] = [0.0]
+            sample.rollout_routed_experts.fill_(0)
+            sample.reward = -1.0
+        # Leaving the block waits for the save (and raises its error, if it failed).
 
 
 def _prepare_reference(world: World) -> None:
@@ -535,6 +548,12 @@ SCENARIOS = {
             "save", "pool.save of 12 samples (3 chunks, one deduplicated)", _prepare_save, _run_save
         ),
         Scenario("stream", "pool.writer adding the same 12 samples", _prepare_save, _run_stream),
+        Scenario(
+            "async_save",
+            "pool.save_async of the same 12 samples, changed right after the call",
+            _prepare_save,
+            _run_async,
+        ),
         Scenario("reference", "pool.save(reference='kept')", _prepare_reference, _run_reference),
         Scenario(
             "failed_save",

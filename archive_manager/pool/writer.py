@@ -57,7 +57,7 @@ from ..catalog.queries import (
     next_save_seq,
     renew_lease,
 )
-from ..codec import EncodedChunk
+from ..codec import EncodedChunk, EncodedSample
 from ..codec.values import gc_paused
 from ..errors import (
     ArchiveError,
@@ -78,7 +78,13 @@ from .listing import check_rollout_id
 from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
 from .summary import group_key_of, store_summaries, summarize_archive
 
-__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "ArchiveWriter"]
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "ArchiveWriter",
+    "PreparedSample",
+    "prepare_sample",
+]
 
 _log = logging.getLogger("archive_manager")
 
@@ -97,6 +103,67 @@ _RENEW_MAX_RETRY = 2.0
 # busy timeout.  Anything else (the lease found lapsed or taken over, a bug) is final.
 _RENEW_TRANSIENT = (CatalogUnreachableError, CatalogLockedError)
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@dataclass(frozen=True)
+class PreparedSample:
+    """One sample as the writer takes it in: encoded (its values copied into the record and
+    tensor blobs), described and keyed, for the archive position ``position``.  Nothing in it
+    aliases the sample, so the caller may change the sample once it is made
+    (`prepare_sample`)."""
+
+    position: int
+    encoded: EncodedSample
+    description: dict[str, Any]
+    sample_key: str
+    task_key: str | None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes it holds: the record, its text part and its tensor blobs."""
+        encoded = self.encoded
+        return (
+            len(encoded.record)
+            + len(encoded.text)
+            + sum(blob.size for blob in encoded.tensor_blobs.values())
+        )
+
+
+def prepare_sample(
+    pool: PoolContext,
+    sample: Any,
+    position: int,
+    task_key: Any = _UNSET,
+    *,
+    copy: bool = True,
+    facts: Mapping[str, Any] | None = None,
+) -> PreparedSample:
+    """`ArchiveWriter.add`'s work on the sample itself: its task key (``task_key`` overrides
+    the sample's), its sample key, its record and tensor blobs, its description (``facts``
+    override it, as `ArchiveWriter.add` says).  With ``copy`` (the default), no part of the
+    result aliases the sample's memory.
+
+    Raises:
+        UnencodableError: the sample holds a value that cannot be stored.
+        InvalidInputError: its task key or sample key cannot be a catalog key, or ``facts``
+            names a fact that cannot be set.
+    """
+    key = task_key_of(sample) if task_key is _UNSET else task_key
+    key = check_task_key(key)
+    skey = check_key_text(sample_key(sample, position), "sample key")
+    # NOTE: encoded before it is described, so the description only ever sees values the
+    # codec accepted.
+    encoded = codec.encode_sample(sample, inline_limit=pool.inline_limit, copy=copy)
+    description = describe_sample(sample)
+    if facts:
+        unknown = set(facts) - _OVERRIDABLE_FACTS
+        if unknown:
+            raise InvalidInputError(
+                f"facts: {', '.join(sorted(unknown))} cannot be set; "
+                f"only {', '.join(sorted(_OVERRIDABLE_FACTS))}"
+            )
+        description.update(facts)
+    return PreparedSample(position, encoded, description, skey, key)
 
 
 @dataclass(frozen=True)
@@ -215,25 +282,40 @@ class ArchiveWriter:
         self._check_open()
         if self._reference is not None:
             raise InvalidInputError("a reference archive takes no samples")
-        key = task_key_of(sample) if task_key is _UNSET else task_key
-        key = check_task_key(key)
+        # Nothing is appended until the sample is prepared whole.
+        self.add_prepared(
+            prepare_sample(
+                self._pool, sample, len(self._entries), task_key, copy=self._copy, facts=facts
+            )
+        )
+
+    def add_prepared(self, prepared: PreparedSample) -> None:
+        """Append a sample `prepare_sample` made for the next position (`add` is this after
+        `prepare_sample`; `save_async` prepares on the caller's thread and appends here on
+        its worker's).
+
+        Raises:
+            InvalidInputError: it was prepared for another position.
+        """
+        self._check_open()
+        if self._reference is not None:
+            raise InvalidInputError("a reference archive takes no samples")
         position = len(self._entries)
-        skey = check_key_text(sample_key(sample, position), "sample key")
-        # NOTE: encoded before it is described, so the description only ever sees values the
-        # codec accepted; nothing is appended until both succeeded.
-        encoded = codec.encode_sample(sample, inline_limit=self._pool.inline_limit, copy=self._copy)
-        description = describe_sample(sample)
-        if facts:
-            unknown = set(facts) - _OVERRIDABLE_FACTS
-            if unknown:
-                raise InvalidInputError(
-                    f"facts: {', '.join(sorted(unknown))} cannot be set; "
-                    f"only {', '.join(sorted(_OVERRIDABLE_FACTS))}"
-                )
-            description.update(facts)
-        self._entries.append((position, skey, key, self._next_ordinal, len(self._buffer.records)))
-        self._metadata.append(description)
-        self._buffer.add(encoded)
+        if prepared.position != position:
+            raise InvalidInputError(
+                f"a sample prepared for position {prepared.position} added at {position}"
+            )
+        self._entries.append(
+            (
+                position,
+                prepared.sample_key,
+                prepared.task_key,
+                self._next_ordinal,
+                len(self._buffer.records),
+            )
+        )
+        self._metadata.append(prepared.description)
+        self._buffer.add(prepared.encoded)
         self._hand_over()
         if len(self._buffer.records) >= self._pool.chunk_size:
             try:

@@ -1,0 +1,466 @@
+"""Saves handed off to a background thread (`ArchiveManager.save_async`; docs/architecture.md,
+"Saving in the background").
+
+The caller's thread takes the snapshot: each sample is prepared as `ArchiveWriter.add` would
+prepare it (`writer.prepare_sample`: keys checked, values encoded into a record and tensor
+blobs that alias nothing of the sample, description made), so the caller may reuse or change
+its samples as soon as `BackgroundSaves.submit` returns.  One worker thread per pool then
+runs the save protocol on the prepared samples (`ArchiveWriter.add_prepared`, `commit`), one
+save at a time, in the order the saves were handed over: what is durable, owned and visible,
+and when, is exactly what `save` makes it.
+
+Memory is bounded by a budget of bytes in flight: the prepared samples handed over and not
+yet taken by the worker's writer.  A caller that would exceed it waits until the worker has
+taken enough (backpressure), except the caller of the save the worker is on when the worker
+has nothing of it left to take: that one always goes on, so two callers can never wait on
+each other.  The worker's writer holds at most a few chunks more, as any save does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ArchiveError, InvalidInputError
+from ..samples import check_task_key
+from .archive import Archive
+from .context import PoolContext
+
+# NOTE: the writer (and so the codec: numpy, zstandard) is imported where a save is handed
+# over: opening a pool imports this module to register the exit hook (docs/architecture.md,
+# Start-up).
+if TYPE_CHECKING:
+    from .writer import PreparedSample
+
+__all__ = ["DEFAULT_BUDGET", "BackgroundSaves", "SaveFuture", "register_exit_hook"]
+
+_log = logging.getLogger("archive_manager")
+
+#: Bytes of prepared samples in flight, by default: the realistic 1,024-sample rollout
+#: prepares to about 45 MB, so a couple of dozen such saves, or one rollout with 1 GiB of
+#: routed-expert tensors, before a caller waits.
+DEFAULT_BUDGET = 1 << 30
+
+
+class SaveFuture(Future[Archive]):
+    """The future of a background save: resolves to the `Archive` that `save` returns, or
+    fails with the error `save` would have raised.
+
+    It remembers whether its outcome was looked at (`result` or `exception` called), so that
+    a failure nobody looked at is raised again by the pool's `close`, or, once the pool was
+    dropped without `close`, logged when the future is collected (as asyncio does for a
+    task's exception never retrieved)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.observed = False
+        self.failure: BaseException | None = None
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self.failure = exception
+        super().set_exception(exception)
+
+    def __del__(self) -> None:
+        if self.failure is not None and not self.observed:
+            with contextlib.suppress(Exception):  # the interpreter may be tearing down
+                _log.error(
+                    "the save_async of %r failed and nobody looked at its future",
+                    self.name,
+                    exc_info=self.failure,
+                )
+
+    def result(self, timeout: float | None = None) -> Archive:
+        self.observed = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.observed = True
+        return super().exception(timeout)
+
+
+@dataclass(eq=False)
+class _Job:
+    """One save handed over: its arguments, the samples prepared so far, and how it stands."""
+
+    name: str
+    future: SaveFuture
+    rollout_id: int | None
+    evaluation: bool
+    attrs: dict[str, Any] | None
+    supersede: bool
+    # A save of a reference archive (no samples): the whole save, run on the worker.
+    direct: Callable[[], Archive] | None = None
+    items: deque[PreparedSample] = field(default_factory=deque)
+    sealed: bool = False  # every sample was handed over (or the snapshot failed)
+    stalled: bool = False  # its caller waited for room: the worker must start on it
+    failure: BaseException | None = None  # the snapshot's error: the save must not publish
+    dropped: bool = False  # the worker gave the save up: the caller stops preparing
+
+
+class BackgroundSaves:
+    """The background saves of one open pool: a byte budget and one worker thread.
+
+    The worker is a non-daemon thread started when a save is handed over and ended when none
+    is left, so an interpreter that exits with saves in flight waits for them (each ends
+    published, or failed and rolled back, as `save`); `close` waits for them too.
+    """
+
+    def __init__(self, pool: PoolContext, budget: int = DEFAULT_BUDGET) -> None:
+        self._pool = pool
+        self._budget = _check_budget(budget)
+        self._cond = threading.Condition()
+        self._jobs: deque[_Job] = deque()  # handed over and not finished; the worker's first
+        self._held = 0  # bytes of the prepared samples in `_Job.items`
+        self._worker: threading.Thread | None = None
+        self._failed: list[SaveFuture] = []  # kept for `close` until it reports them
+        self._closed = False
+        self._abandoned = False  # the pool was dropped: failures are logged, not kept
+        _live.add(self)
+
+    @property
+    def budget(self) -> int:
+        """Bytes of prepared samples that may wait for the worker before a caller waits."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        with self._cond:
+            self._budget = _check_budget(value)
+            self._cond.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes of prepared samples now waiting for the worker."""
+        with self._cond:
+            return self._held
+
+    @property
+    def pending(self) -> int:
+        """Saves handed over and not yet finished."""
+        with self._cond:
+            return len(self._jobs)
+
+    # ------------------------------------------------------------------ the caller's side
+
+    def submit(
+        self,
+        name: str,
+        samples: Sequence[Any] | None,
+        *,
+        rollout_id: int | None,
+        evaluation: bool,
+        task_keys: Sequence[Any] | None,
+        attrs: dict[str, Any] | None,
+        supersede: bool = False,
+        direct: Callable[[], Archive] | None = None,
+    ) -> SaveFuture:
+        """Snapshot ``samples`` on this thread and hand the save to the worker; return its
+        future.  ``direct`` (a save with no samples to take, a reference save) is run whole by
+        the worker instead.
+
+        Every error of the save itself (bad input included) is set on the future; this raises
+        only if the pool is closed, or re-raises what interrupts the snapshot (a
+        ``KeyboardInterrupt``: the save is then given up, nothing published).
+        """
+        future = SaveFuture(name)
+        # Running from the start: a save handed over cannot be cancelled (`cancel` is False),
+        # as an executor's running task cannot; it ends published or failed.
+        future.set_running_or_notify_cancel()
+        job = _Job(name, future, rollout_id, evaluation, attrs, supersede, direct)
+        with self._cond:
+            if self._closed:
+                raise ArchiveError(f"the pool is closed: save_async of {name!r} refused")
+            if threading.current_thread() is self._worker:
+                raise ArchiveError(
+                    f"save_async of {name!r} from a callback of another background save: it "
+                    "would wait for the thread that runs it"
+                )
+            self._jobs.append(job)
+            _callers.add(threading.current_thread())
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._run, name="archive-save-async", daemon=False
+                )
+                self._worker.start()
+        try:
+            if direct is None:
+                self._snapshot(job, samples, task_keys)
+        except Exception as exc:
+            self._seal(job, exc)
+        except BaseException as exc:
+            # Interrupted (Ctrl-C): the caller sees it here, so `close` does not raise it
+            # again; the worker rolls the save back.
+            future.observed = True
+            self._seal(job, exc)
+            raise
+        else:
+            self._seal(job, None)
+        return future
+
+    def _snapshot(
+        self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
+    ) -> None:
+        from ..codec.values import gc_paused
+        from .writer import prepare_sample
+
+        keys = _checked(samples, task_keys)
+        assert samples is not None  # checked
+        # NOTE: no garbage collection while preparing, as `save` does (writer.save_samples):
+        # the records built hold no cycles, and a full collection walks the caller's heap.
+        with gc_paused():
+            for position, sample in enumerate(samples):
+                if keys is None:
+                    prepared = prepare_sample(self._pool, sample, position)
+                else:
+                    prepared = prepare_sample(self._pool, sample, position, keys[position])
+                if not self._hand_over(job, prepared):
+                    return  # the worker gave the save up; its future says why
+
+    def _hand_over(self, job: _Job, prepared: PreparedSample) -> bool:
+        """Queue ``prepared`` for the worker once the budget has room; False if the worker
+        gave the save up."""
+        size = prepared.nbytes
+        with self._cond:
+            while (
+                not job.dropped
+                and self._held
+                and self._held + size > self._budget
+                # The save the worker is on, with nothing of it queued: the worker waits for
+                # this sample, so waiting here would wait for ever.
+                and not (job is self._jobs[0] and not job.items)
+            ):
+                job.stalled = True
+                self._cond.notify_all()
+                self._cond.wait()
+            if job.dropped:
+                return False
+            job.items.append(prepared)
+            self._held += size
+            self._cond.notify_all()
+            return True
+
+    def _seal(self, job: _Job, failure: BaseException | None) -> None:
+        with self._cond:
+            job.failure = failure
+            job.sealed = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the worker
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._jobs:
+                    self._worker = None
+                    self._cond.notify_all()
+                    return
+                job = self._jobs[0]
+            try:
+                archive = job.direct() if job.direct is not None else self._save(job)
+            except BaseException as exc:  # the save's failure is its future's
+                self._drop(job)
+                with self._cond:
+                    if not self._abandoned:
+                        self._failed.append(job.future)
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(archive)
+            finally:
+                with self._cond:
+                    self._jobs.popleft()
+                    self._cond.notify_all()
+
+    def _save(self, job: _Job) -> Archive:
+        from .writer import ArchiveWriter
+
+        # NOTE: the worker starts a save once its snapshot is whole, or once its caller waits
+        # for room: before that it would take the GIL from the caller's snapshot, which is
+        # the time a training loop is blocked (measured: tools/bench_async_save.py).
+        with self._cond:
+            while not job.sealed and not job.stalled:
+                self._cond.wait()
+        writer = ArchiveWriter(
+            self._pool, job.name, rollout_id=job.rollout_id, evaluation=job.evaluation,
+            attrs=job.attrs, supersede=job.supersede,
+        )  # fmt: skip
+        try:
+            while (prepared := self._take(job)) is not None:
+                writer.add_prepared(prepared)
+            return writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+
+    def _take(self, job: _Job) -> PreparedSample | None:
+        """The next prepared sample of ``job``; None once all were taken.
+
+        Raises:
+            BaseException: the snapshot's error (the save is then rolled back).
+        """
+        with self._cond:
+            while not job.items and not job.sealed:
+                self._cond.wait()
+            if job.failure is not None:
+                raise job.failure
+            if not job.items:
+                return None
+            prepared = job.items.popleft()
+            self._held -= prepared.nbytes
+            self._cond.notify_all()
+            return prepared
+
+    def _drop(self, job: _Job) -> None:
+        """Give ``job`` up: free what it holds and stop its caller preparing more."""
+        with self._cond:
+            job.dropped = True
+            self._held -= sum(p.nbytes for p in job.items)
+            job.items.clear()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ closing
+
+    def wait(self) -> None:
+        """Wait until every save handed over so far has finished (published or failed)."""
+        with self._cond:
+            if threading.current_thread() is self._worker:
+                raise ArchiveError("waiting for background saves from one of their callbacks")
+            while self._jobs:
+                self._cond.wait()
+            worker = self._worker
+        if worker is not None:
+            worker.join()
+
+    def close(self) -> BaseException | None:
+        """Refuse new saves, wait for those in flight; return the first failure whose
+        future nobody looked at (with a note naming the save), None if there is none."""
+        with self._cond:
+            self._closed = True
+        self.wait()
+        _live.discard(self)
+        return self.unobserved_failure()
+
+    def abandoned(self) -> None:
+        """The pool was dropped (or the interpreter exits) without `close`: the saves in
+        flight go on (each holds what it needs); a failure nobody looked at is logged when
+        its future is collected (`SaveFuture.__del__`), not kept for a `close` to come."""
+        with self._cond:
+            self._abandoned = True
+            self._failed.clear()
+
+    def unobserved_failure(self) -> BaseException | None:
+        """The first failure of a finished save whose future nobody looked at, noted; each
+        is reported once (it counts as looked at from then on)."""
+        with self._cond:
+            failed = [f for f in self._failed if not f.observed]
+            self._failed.clear()
+        if not failed:
+            return None
+        first = failed[0]
+        exc = first.exception()
+        for other in failed[1:]:
+            other.observed = True
+        assert exc is not None
+        others = f"; {len(failed) - 1} more failed too: " if len(failed) > 1 else ""
+        exc.add_note(
+            f"(the save_async of {first.name!r}, whose future nobody looked at{others}"
+            + ", ".join(repr(f.name) for f in failed[1:])
+            + ")"
+        )
+        return exc
+
+
+def _check_budget(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError("the budget of background saves must be an int >= 1 (bytes)")
+    return value
+
+
+def _checked(samples: object, task_keys: object) -> list[str | None] | None:
+    """The checks `save` makes of its arguments before it writes anything; the task keys."""
+    if samples is None:
+        raise InvalidInputError("samples is None and no reference was given")
+    if isinstance(samples, (str, bytes, dict)) or not hasattr(samples, "__len__"):
+        raise InvalidInputError("samples must be a sequence (a list) of samples")
+    if task_keys is None:
+        return None
+    if isinstance(task_keys, (str, bytes, dict)) or not hasattr(task_keys, "__len__"):
+        raise InvalidInputError("task_keys must be a sequence (a list) of keys, one per sample")
+    if len(task_keys) != len(samples):
+        raise InvalidInputError(
+            f"task_keys has {len(task_keys)} keys for {len(samples)} samples; "
+            "give one key (or None) per sample"
+        )
+    return [check_task_key(k) for k in task_keys]  # type: ignore[attr-defined]
+
+
+# Every `BackgroundSaves` with saves that may be in flight, and every thread that handed one
+# over, for the exit hook below.
+_live: weakref.WeakSet[BackgroundSaves] = weakref.WeakSet()
+_callers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def _wait_at_exit() -> None:
+    """At interpreter exit, before `concurrent.futures` stops taking work: let the threads
+    that hand saves over finish, then wait for every save in flight, so that each ends
+    published (or failed and rolled back) as `save` would.
+
+    NOTE: `atexit` functions run only after the interpreter joined its non-daemon threads,
+    and before that join `concurrent.futures` stops taking work (its hook, registered with
+    ``threading._register_atexit``): a save still running then failed at its next chunk with
+    "cannot schedule new futures after interpreter shutdown" and was rolled back.  This hook,
+    registered after that one, runs before it.  A non-daemon thread that called `save_async`
+    (a training loop the main thread did not join) is joined here first, as the interpreter
+    would join it next: its later saves then run too.  Other threads are not waited for.
+    """
+    me = threading.current_thread()
+    for thread in list(_callers):
+        if thread is not me and not thread.daemon:
+            thread.join()
+    for saves in list(_live):
+        try:
+            saves.wait()
+        except ArchiveError:  # the main thread ended inside a callback of a save: let it go
+            _log.warning("background saves not waited for at exit", exc_info=True)
+
+
+def _forget_in_child() -> None:
+    """In a child of `os.fork`: the parent's saves are the parent's (their worker thread is
+    not in the child), so the child neither waits for them at its exit nor keeps them."""
+    for saves in list(_live):
+        saves._cond = threading.Condition()  # the parent's may have been held at the fork
+        saves._jobs.clear()
+        saves._held = 0
+        saves._worker = None
+        saves._failed.clear()
+    _live.clear()
+    _callers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+_registered = False
+
+
+def register_exit_hook() -> None:
+    """Register `_wait_at_exit` once per process (an open pool does, so that it is there
+    before a training thread hands its first save over)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    import concurrent.futures.thread  # noqa: F401  (its hook first: ours runs before it)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        # Refused once the interpreter shuts down: too late to wait for anything then.
+        with contextlib.suppress(RuntimeError):
+            register(_wait_at_exit)

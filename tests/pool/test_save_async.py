@@ -1,0 +1,434 @@
+"""Saves handed to a background thread (`ArchiveManager.save_async`): a future returned at once,
+the samples taken at the call (the caller may change them right after), bytes in flight
+bounded by a budget, failures on the future and again at `close` when nobody looked, `close`
+and interpreter exit waiting for saves in flight, order and ownership as `save`.
+
+The worker is held back where a test needs it by a store whose writes wait for an event; no
+test sleeps or times anything."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same_samples, snapshot_pool, tiny_rollout
+
+from archive_manager import ArchiveManager, Sample
+from archive_manager.blobs import BlobStore
+from archive_manager.blobs.base import PutItem
+from archive_manager.errors import (
+    ArchiveError,
+    ArchiveExistsError,
+    InvalidInputError,
+    UnencodableError,
+)
+from archive_manager.pool.archive import Archive
+from archive_manager.testing.faults import FaultyBlobStore
+
+CHUNK = 4
+REPO = Path(__file__).resolve().parents[2]
+
+
+class GatedStore(FaultyBlobStore):
+    """The folder store whose writes wait until `gate` is set (the worker is held there)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(BlobStore(root))
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()  # a write is waiting at the gate
+
+    def put_new(self, items: Sequence[PutItem], *, workers: int | None = None) -> list[str]:
+        if not self.gate.is_set():
+            self.waiting.set()
+            assert self.gate.wait(60), "the gate stayed shut"
+        return super().put_new(items, workers=workers)
+
+
+@pytest.fixture
+def gated(tmp_path: Path) -> Iterator[tuple[ArchiveManager, GatedStore]]:
+    root = tmp_path / "pool"
+    root.mkdir()
+    store = GatedStore(root)
+    pool = ArchiveManager.open(root, chunk_size=CHUNK, store=store)
+    yield pool, store
+    store.gate.set()
+    pool.catalog.close()
+
+
+def assert_loads(pool: ArchiveManager, name: str, expected: list[Any]) -> None:
+    assert_same_samples(pool.open_archive(name).load_samples(materialize=True), expected)
+
+
+def rich_samples(n: int = 10) -> list[Sample]:
+    """Samples with lists, dicts, a tensor, a numpy array and an extra attribute."""
+    samples = tiny_rollout(n, seed=4)
+    for i, s in enumerate(samples):
+        s.metadata = {"step": i, "scores": [i, i + 1]}
+        s.multimodal_inputs = {"pixels": torch.arange(6, dtype=torch.float32) + i}
+        s.rollout_routed_experts = np.arange(8, dtype=np.int32) * i
+    return samples
+
+
+def mutate(samples: list[Sample]) -> None:
+    """What a training loop that reuses its buffers does to them after handing them off."""
+    for s in samples:
+        s.tokens[0] = -1
+        s.tokens.append(7)
+        s.loss_mask.clear()
+        s.rollout_log_probs[:] = [0.0]
+        s.metadata["step"] = -1
+        s.metadata["scores"].append(99)
+        s.multimodal_inputs["pixels"].fill_(-5.0)
+        s.rollout_routed_experts[:] = -3
+        s.reward = 123.0
+        s.status = Sample.Status.ABORTED
+    samples.append(samples[0])
+
+
+def test_returns_a_future_that_resolves_to_the_archive(gated) -> None:
+    pool, _ = gated
+    samples = tiny_rollout(10)
+    future = pool.save_async("a", samples, rollout_id=1, attrs={"k": 1})
+    assert isinstance(future, Future)
+    assert not future.cancel()  # handed over: it ends published or failed
+    archive = future.result()
+    assert isinstance(archive, Archive) and archive.name == "a" and archive.attrs == {"k": 1}
+    assert_loads(pool, "a", samples)
+    shared = pool.save_async("ref", None, rollout_id=2, reference="a").result()
+    assert shared.reference == "a"
+    assert_loads(pool, "ref", samples)
+    pool.close()
+
+
+def test_an_interrupted_call_raises_and_publishes_nothing(
+    gated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from archive_manager.pool import writer
+
+    pool, _ = gated
+    before = snapshot_pool(pool)
+    prepare = writer.prepare_sample
+
+    def interrupted(pool_: Any, sample: Any, position: int, *args: Any) -> Any:
+        if position == 5:
+            raise KeyboardInterrupt
+        return prepare(pool_, sample, position, *args)
+
+    monkeypatch.setattr(writer, "prepare_sample", interrupted)
+    pool.save_async_budget = 1  # the worker is already storing the first samples
+    with pytest.raises(KeyboardInterrupt):
+        pool.save_async("a", tiny_rollout(12), rollout_id=1)
+    pool.close()  # the caller saw it: not raised again
+    with ArchiveManager.open(pool.root, chunk_size=CHUNK) as again:
+        assert snapshot_pool(again) == before
+
+
+def test_takes_the_arguments_of_save() -> None:
+    # A parameter added to save (and so to what the worker passes on) must be added here.
+    save, save_async = (
+        inspect.signature(f) for f in (ArchiveManager.save, ArchiveManager.save_async)
+    )
+    assert list(save_async.parameters.values()) == list(save.parameters.values())
+
+
+def test_the_samples_are_taken_at_the_call(gated) -> None:
+    pool, store = gated
+    store.gate.clear()  # the worker's first write waits: the save is still in flight
+    blocker = pool.save_async("blocker", tiny_rollout(4, seed=9), rollout_id=0)
+    samples = rich_samples()
+    expected = rich_samples()
+    future = pool.save_async("a", samples, rollout_id=1)
+    mutate(samples)  # right after the call, while nothing of "a" is stored yet
+    assert store.waiting.wait(60) and not future.done()
+    store.gate.set()
+    assert blocker.result() and future.result()
+    assert_loads(pool, "a", expected)
+    pool.close()
+
+
+def test_two_saves_both_land_in_order_and_a_name_taken_fails_as_save(gated) -> None:
+    pool, _ = gated
+    first = pool.save_async("x", tiny_rollout(6, seed=1), rollout_id=1)
+    second = pool.save_async("y", tiny_rollout(6, seed=2), rollout_id=2)
+    taken = pool.save_async("x", tiny_rollout(6, seed=3), rollout_id=3)
+    assert first.result().name == "x" and second.result().name == "y"
+    with pytest.raises(ArchiveExistsError, match="'x' already exists"):
+        taken.result()
+    infos = {i.name: i for i in pool.find()}
+    assert set(infos) == {"x", "y"} and infos["x"].created_at <= infos["y"].created_at
+    assert_loads(pool, "x", tiny_rollout(6, seed=1))
+    pool.close()  # the failure was looked at: close does not raise it again
+
+
+def test_supersede_as_save_has_it(gated) -> None:
+    pool, _ = gated
+    pool.save("x", tiny_rollout(4, seed=1), rollout_id=1).release()
+    with pytest.raises(ArchiveExistsError, match="supersede=True"):
+        pool.save_async("x", tiny_rollout(4, seed=2), rollout_id=1).result()
+    again = pool.save_async("x", tiny_rollout(4, seed=2), rollout_id=1, supersede=True)
+    assert again.result().name == "x"
+    assert_loads(pool, "x", tiny_rollout(4, seed=2))
+    assert [i.state for i in pool.find(state="superseded")] == ["superseded"]
+    pool.close()
+
+
+def test_a_failure_nobody_looked_at_is_raised_by_close(gated) -> None:
+    pool, _ = gated
+    pool.save("x", tiny_rollout(4), rollout_id=1)
+    before = snapshot_pool(pool)
+    taken = pool.save_async("x", tiny_rollout(4, seed=2), rollout_id=2)
+    with pytest.raises(ArchiveExistsError) as raised:
+        pool.close()
+    assert "save_async of 'x'" in "".join(raised.value.__notes__)
+    assert taken.done() and taken.exception() is raised.value
+    pool.close()  # reported once
+    with ArchiveManager.open(pool.root, chunk_size=CHUNK) as again:
+        assert snapshot_pool(again) == before
+
+
+def test_the_with_block_raises_a_failure_nobody_looked_at(tmp_path: Path) -> None:
+    samples = tiny_rollout(4)
+    samples[2].metadata = {"bad": object()}
+    with (
+        pytest.raises(UnencodableError, match="metadata"),
+        ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool,
+    ):
+        pool.save_async("bad", samples, rollout_id=1)
+    # A block that raises keeps its own error; the save's is logged.
+    with (
+        pytest.raises(KeyError, match="the block's own"),
+        ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool,
+    ):
+        pool.save_async("bad", samples, rollout_id=1)
+        raise KeyError("the block's own")
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool:
+        assert pool.find(state=None) == []
+
+
+@pytest.mark.parametrize(
+    ("samples", "options", "error", "match"),
+    [
+        (None, {}, InvalidInputError, "samples is None"),
+        ("abc", {}, InvalidInputError, "samples must be a sequence"),
+        ([{"a": 1}], {"task_keys": ["t", "u"]}, InvalidInputError, "task_keys has 2 keys"),
+        ([{"a": object()}], {}, UnencodableError, "a"),
+        ([{"a": 1}], {"attrs": {"x": object()}}, InvalidInputError, "attrs"),
+        ([{"a": 1}], {"rollout_id": "1"}, InvalidInputError, "rollout"),
+    ],
+)
+def test_bad_input_fails_the_future_and_leaves_the_pool_as_it_was(
+    gated, samples: Any, options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    pool, _ = gated
+    pool.save("kept", tiny_rollout(4), rollout_id=0)
+    before = snapshot_pool(pool)
+    future = pool.save_async("new", samples, **{"rollout_id": 1, **options})
+    with pytest.raises(error, match=match):
+        future.result()
+    pool.close()
+    with ArchiveManager.open(pool.root, chunk_size=CHUNK) as again:
+        assert snapshot_pool(again) == before
+
+
+def test_an_unencodable_sample_after_stored_chunks_rolls_the_save_back(gated) -> None:
+    pool, _ = gated
+    before = snapshot_pool(pool)
+    samples = tiny_rollout(12)
+    samples[10].metadata = {"bad": object()}  # its chunk comes after two stored ones
+    pool.save_async_budget = 1  # the worker starts on the save while it is being taken
+    future = pool.save_async("a", samples, rollout_id=1)
+    with pytest.raises(UnencodableError):
+        future.result()
+    pool.close()
+    with ArchiveManager.open(pool.root, chunk_size=CHUNK) as again:
+        assert snapshot_pool(again) == before
+
+
+def test_bytes_in_flight_stay_within_the_budget(gated) -> None:
+    pool, store = gated
+    saves = pool._background_saves()
+    samples = rich_samples(40)
+    one = max(_prepared_size(pool, s, i) for i, s in enumerate(samples))
+    budget = 6 * one
+    pool.save_async_budget = budget
+    highest = 0
+    hand_over = saves._hand_over
+
+    def watched(job: Any, prepared: Any) -> bool:
+        nonlocal highest
+        taken = hand_over(job, prepared)
+        highest = max(highest, saves.in_flight)
+        return taken
+
+    saves._hand_over = watched  # type: ignore[method-assign]
+    store.gate.clear()
+    blocker = pool.save_async("blocker", tiny_rollout(4, seed=9), rollout_id=0)
+    assert store.waiting.wait(60)
+    returned = threading.Event()
+    futures: list[Future[Archive]] = []
+
+    def caller() -> None:
+        futures.append(pool.save_async("big", samples, rollout_id=1))
+        returned.set()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    # The worker is held on "blocker": "big" fills the budget, then its caller waits.
+    with saves._cond:
+        assert saves._cond.wait_for(lambda: saves._held + one > budget, timeout=60)
+    assert not returned.is_set()
+    store.gate.set()
+    thread.join(60)
+    assert returned.is_set() and blocker.result() and futures[0].result()
+    assert highest <= budget
+    assert saves.in_flight == 0
+    assert_loads(pool, "big", rich_samples(40))
+    pool.close()
+
+
+def _prepared_size(pool: ArchiveManager, sample: Any, position: int) -> int:
+    from archive_manager.pool.writer import prepare_sample
+
+    return prepare_sample(pool.context, sample, position).nbytes
+
+
+def test_close_waits_for_saves_in_flight(gated) -> None:
+    pool, store = gated
+    store.gate.clear()
+    future = pool.save_async("a", tiny_rollout(8), rollout_id=1)
+    assert store.waiting.wait(60)
+    closing = threading.Thread(target=pool.close)
+    closing.start()
+    with pool._background._cond:  # type: ignore[union-attr]
+        assert pool._background._cond.wait_for(lambda: pool._background._closed, timeout=60)  # type: ignore[union-attr]
+    assert not future.done()
+    store.gate.set()
+    closing.join(60)
+    assert not closing.is_alive() and future.done() and future.result().name == "a"
+    with pytest.raises(ArchiveError, match="closed"):
+        pool.save_async("b", tiny_rollout(2), rollout_id=2)
+    with ArchiveManager.open(pool.root, chunk_size=CHUNK) as again:
+        assert_loads(again, "a", tiny_rollout(8))
+
+
+def test_a_thread_based_training_loop_reusing_its_buffers(tmp_path: Path) -> None:
+    """A trainer thread saves each step's rollout and goes on, refilling the same sample
+    objects; every archive holds the step it was handed."""
+    steps = 6
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool:
+        pool.save_async_budget = 64 << 10  # small: backpressure on most steps
+        futures: list[Future[Archive]] = []
+
+        def train() -> None:
+            buffer = tiny_rollout(9, seed=0)
+            for step in range(steps):
+                fresh = tiny_rollout(9, seed=step)
+                for sample, new in zip(buffer, fresh, strict=True):
+                    tokens = sample.tokens
+                    tokens[:] = new.tokens  # the same list object, refilled
+                    sample.__dict__.update(new.__dict__, tokens=tokens)  # the same sample
+                futures.append(pool.save_async(f"step-{step}", buffer, rollout_id=step))
+                for sample in buffer:
+                    sample.tokens.clear()
+                    sample.reward = -1.0
+
+        trainer = threading.Thread(target=train)
+        trainer.start()
+        trainer.join(120)
+        assert not trainer.is_alive()
+        for step, future in enumerate(futures):
+            assert future.result().name == f"step-{step}"
+            assert_loads(pool, f"step-{step}", tiny_rollout(9, seed=step))
+
+
+SCRIPT = """
+import sys, threading
+from archive_manager import ArchiveManager
+from archive_manager.interop.synthetic import make_rollout
+
+def rollout(seed):
+    return make_rollout(12, seed=seed, prompt_len=8, response_min=4, response_max=12)
+
+pool = ArchiveManager.open(sys.argv[1], chunk_size=4)
+{body}
+print("main returns")
+"""
+
+
+def _run(
+    tmp_path: Path, body: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    script = SCRIPT.format(body=textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "pool")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # The main thread returns with the saves in flight and never closes the pool.
+        "for i in range(3):\n    pool.save_async(f'a{i}', rollout(i), rollout_id=i)\n",
+        # A training thread goes on handing saves off after main returned (unclosed).
+        "started = threading.Event()\n"
+        "def train():\n"
+        "    for i in range(3):\n"
+        "        pool.save_async(f'a{i}', rollout(i), rollout_id=i)\n"
+        "        started.set()\n"
+        "threading.Thread(target=train).start()\n"
+        "started.wait()\n",
+    ],
+)
+def test_the_interpreter_exits_after_the_saves_in_flight(tmp_path: Path, body: str) -> None:
+    done = _run(tmp_path, body)
+    assert done.returncode == 0, done.stderr
+    assert "main returns" in done.stdout
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        assert sorted(a.name for a in pool.find()) == ["a0", "a1", "a2"]
+
+
+@pytest.mark.parametrize("end", ["del pool\n", "", "future = None\n"])
+def test_an_exit_with_a_failure_nobody_looked_at_logs_it(tmp_path: Path, end: str) -> None:
+    """The pool dropped, or never closed, with a failed save whose future nobody looked at:
+    the process ends normally and the failure is logged."""
+    done = _run(
+        tmp_path,
+        "pool.save('a0', rollout(0), rollout_id=0)\n"
+        "future = pool.save_async('a0', rollout(1), rollout_id=1)\n" + end,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ArchiveExistsError" in done.stderr and "save_async of 'a0'" in done.stderr
+
+
+def test_a_forked_child_exits_without_waiting_for_the_parents_saves(tmp_path: Path) -> None:
+    """A child forked while a save is in flight (a DataLoader worker, a subprocess helper) does
+    not own it: it exits at once; the parent's save publishes."""
+    done = _run(
+        tmp_path,
+        "import os\n"
+        "future = pool.save_async('a0', rollout(0), rollout_id=0)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n"
+        "assert future.result().name == 'a0'\n",
+        {"ARCHIVE_MANAGER_FAILPOINTS": "save.publish.before_commit=sleep:3"},
+    )
+    assert done.returncode == 0, done.stderr
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        assert [a.name for a in pool.find()] == ["a0"]
