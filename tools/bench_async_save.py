@@ -30,6 +30,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -96,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--root", type=Path, default=None, help="work folder (default: a temp dir)")
+    ap.add_argument(
+        "--root", type=Path, default=None, help="where its temp pool goes (default: the system's)"
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
 
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 wall, used = timed(fn)
                 times[key].append(wall)
                 cpu[key].append(used)
+    shutil.rmtree(base)
     load_after = os.getloadavg()
     medians = {k: statistics.median(v) for k, v in times.items()}
     cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
