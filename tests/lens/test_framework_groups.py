@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from alembic import command
 from helpers import Backend, open_on
+from sqlalchemy import create_engine
 
 from archive_manager import ArchiveManager, Sample
-from archive_manager.catalog import current_revision, head_revision
-from archive_manager.catalog.migrate import VERSION_TABLE
+from archive_manager.catalog import current_revision, head_revision, migrate
+from archive_manager.catalog.migrate import VERSION_TABLE, migration_connection
 from archive_manager.errors import InvalidInputError
 from archive_manager.lens.groups import ADVANTAGE_EPS, Group
 from archive_manager.lens.stats import RolloutStats
@@ -256,6 +258,12 @@ def test_an_upgrade_counts_the_groups_of_older_summaries(tmp_path: Path) -> None
         pool.save("keyed", [{"reward": float(i % 2)} for i in range(4)], rollout_id=2,
                   task_keys=["a", "a", "b", "b"])  # fmt: skip
         want = [(s.groups, s.zero_variance_groups, s.group_std_mean) for s in pool.stats()]
+    # A real catalog of revision 0008 (stamping the number alone would leave later revisions'
+    # schema behind for the upgrade to trip on).
+    engine = create_engine(f"sqlite:///{root / 'catalog.db'}")
+    with migration_connection(engine) as conn:
+        command.downgrade(migrate._config(conn), "0008")
+    engine.dispose()
     with sqlite3.connect(root / "catalog.db") as db:
         # What revision 0008 stored for the rollout without task keys: no group.
         db.execute(
@@ -263,7 +271,7 @@ def test_an_upgrade_counts_the_groups_of_older_summaries(tmp_path: Path) -> None
             "group_std_mean = NULL WHERE archive_id = (SELECT id FROM archives WHERE name = "
             "'slime')"
         )
-        db.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0008'")
+        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone() == ("0008",)
     db.close()
     with ArchiveManager.open(root) as pool:
         assert current_revision(pool.catalog.engine) == head_revision()
