@@ -772,6 +772,7 @@ class ArchiveManager:
         attrs: dict[str, Any] | None = None,
         reference: Archive | str | None = None,
         supersede: bool = False,
+        reward_key: str | None = None,
     ) -> Archive:
         """Save ``samples`` as a new published archive ``name``.
 
@@ -787,6 +788,13 @@ class ArchiveManager:
         stored, or a published one, is refused.  A save killed at any point leaves the
         earlier archive or the new one current, never neither (docs/architecture.md,
         "Superseding a name").
+
+        ``reward_key`` names the part of a dict reward that is each sample's reward (slime's
+        ``--reward-key``: ``{"score": 1.0, "acc": True}`` with ``"score"``); a reward that is
+        a number stays the reward.  It is kept with the archive (`Archive.reward_key`, its
+        manifest) and used by `stats`, `query` and `groups` unless they are given another;
+        every numeric part of a dict reward is recorded, so another can be chosen later.
+        A reference save keeps its source's key unless given one.
 
         Raises:
             SaveInFlightError: a save of that name is in flight, or crashed where this process
@@ -823,6 +831,7 @@ class ArchiveManager:
                 attrs=attrs,
                 reference=source,
                 supersede=supersede,
+                reward_key=reward_key,
             )
             return writer.commit()
         if samples is None:
@@ -836,6 +845,7 @@ class ArchiveManager:
             task_keys=task_keys,
             attrs=attrs,
             supersede=supersede,
+            reward_key=reward_key,
         )
 
     def save_async(
@@ -849,6 +859,7 @@ class ArchiveManager:
         attrs: dict[str, Any] | None = None,
         reference: Archive | str | None = None,
         supersede: bool = False,
+        reward_key: str | None = None,
     ) -> SaveFuture:
         """`save`, handed to a background thread: returns a `concurrent.futures.Future` that
         resolves to the archive `save` returns, or fails with the error `save` raises.
@@ -885,6 +896,7 @@ class ArchiveManager:
                     attrs=attrs,
                     reference=reference,
                     supersede=supersede,
+                    reward_key=reward_key,
                 )
 
         return saves.submit(
@@ -896,6 +908,7 @@ class ArchiveManager:
             attrs=attrs,
             supersede=supersede,
             direct=direct,
+            reward_key=reward_key,
         )
 
     @property
@@ -928,6 +941,7 @@ class ArchiveManager:
         evaluation: bool = False,
         attrs: dict[str, Any] | None = None,
         supersede: bool = False,
+        reward_key: str | None = None,
     ) -> ArchiveWriter:
         """A streaming writer: ``with pool.writer(...) as w: w.add(sample, task_key=...)``.
 
@@ -946,6 +960,7 @@ class ArchiveManager:
             evaluation=evaluation,
             attrs=attrs,
             supersede=supersede,
+            reward_key=reward_key,
         )
 
     # ------------------------------------------------------------------ reading
@@ -1087,6 +1102,7 @@ class ArchiveManager:
         evaluation: bool | None = None,
         state: str | None = "published",
         limit: int | None = None,
+        reward_key: str | None = None,
     ) -> SampleRows:
         """Samples across archives, from the catalog alone, matching every filter given.
 
@@ -1094,7 +1110,10 @@ class ArchiveManager:
         ``Sample.Status`` members; ``min_length``/``max_length`` bound the response length;
         ``rollout_ids`` (an int, a ``range`` or an inclusive ``(low, high)`` with optional
         ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
-        further; ``state`` is ``"published"`` by default, None for all.
+        further; ``state`` is ``"published"`` by default, None for all.  ``reward_key``
+        chooses the part of dict rewards read as the reward (the rows' ``reward`` and the
+        reward bounds) instead of the key each archive was saved with, from the parts the
+        catalog keeps: no payload is read (`archive_manager.lens.rewards`).
 
         The result is a list of `SampleRow` whose ``load()`` returns their samples (`load`).
         """
@@ -1118,6 +1137,7 @@ class ArchiveManager:
             evaluation=evaluation,
             state=state,
             limit=limit,
+            reward_key=reward_key,
         )
 
     def load(
@@ -1148,6 +1168,7 @@ class ArchiveManager:
         limit: int | None = None,
         after: tuple[int | None, bool] | None = None,
         group_by: str | None = None,
+        reward_key: str | None = None,
     ) -> list[RolloutStats]:
         """Training-drift statistics per rollout id and evaluation flag, from the catalog.
 
@@ -1166,6 +1187,13 @@ class ArchiveManager:
         `groups`), and the rows are then computed from every sample's catalog row (and, for
         a field the catalog does not hold, from that field decoded from the chunks) instead
         of the stored summaries.
+
+        A reward is read with the key each archive was saved with (`save`'s ``reward_key``);
+        ``reward_key`` reads another part of dict rewards, from the parts the catalog keeps
+        (no payload is read; the rows of archives saved with another key are computed from
+        their samples' catalog rows).  ``RolloutStats.unscored`` counts the samples whose
+        reward is not a number and gave none (a dict without the key), and
+        ``reward_components`` / ``reward_note`` say which keys there are to choose from.
         """
         from .lens.stats import StatsCache, rollout_stats
 
@@ -1179,11 +1207,14 @@ class ArchiveManager:
             after=after,
             limit=limit,
             group_by=group_by,
+            reward_key=reward_key,
         )
 
     # ------------------------------------------------------------------ the RL lens
 
-    def groups(self, name: str, *, group_by: str | None = None) -> list[Group]:
+    def groups(
+        self, name: str, *, group_by: str | None = None, reward_key: str | None = None
+    ) -> list[Group]:
         """The prompt groups of archive ``name``: per task key (else ``group_index``) its
         size, reward mean, std (``n - 1``), min and max, GRPO advantages per sample, mean
         length, statuses, and whether every reward is equal (`Group.zero_variance`).  From
@@ -1192,7 +1223,8 @@ class ArchiveManager:
         ``group_by`` names the one field to group by instead: ``"task_key"``,
         ``"group_index"`` (from the catalog), or any field of the samples (``"label"``,
         ``"metadata.source_name"``), which is decoded from the archive's chunks, that field
-        alone (`archive_manager.lens.grouping`).
+        alone (`archive_manager.lens.grouping`).  ``reward_key`` reads another part of dict
+        rewards than the archive's own key, from the catalog (as in `stats`).
 
         Raises:
             ArchiveNotFoundError: no such published or released archive.
@@ -1202,7 +1234,7 @@ class ArchiveManager:
         from .lens.groups import group_summaries
 
         check_archive_name(name)
-        return group_summaries(self._context, name, group_by=group_by)
+        return group_summaries(self._context, name, group_by=group_by, reward_key=reward_key)
 
     def prompt_history(
         self,
@@ -1541,6 +1573,7 @@ class ArchiveManager:
         rollout_id: Any = _FROM_FILE,
         evaluation: bool | None = None,
         task_key_field: str | None = None,
+        reward_key: str | None = None,
     ) -> Archive:
         """Import a ``torch.save`` rollout dump (slime's, or an `Archive.export_pt`) as a new
         archive.
@@ -1555,7 +1588,8 @@ class ArchiveManager:
         * attrs, the samples' classes and sample keys: as exported;
         * task keys: from ``task_key_field`` when given (a field name such as ``index`` or
           ``group_index``, or a dotted path such as ``metadata.prompt_id``), else as
-          exported, else each sample's own (`task_key` attribute or key).
+          exported, else each sample's own (`task_key` attribute or key);
+        * ``reward_key``: the part of a dict reward that is each sample's reward (as `save`).
 
         Raises:
             UnsupportedFormatError: not a dump, it needs pickle and was not trusted, or its
@@ -1593,6 +1627,7 @@ class ArchiveManager:
             evaluation=evaluation,
             task_keys=task_keys,
             attrs=facts.attrs if facts is not None else None,
+            reward_key=reward_key,
         )
 
     def import_straw(
@@ -1601,9 +1636,11 @@ class ArchiveManager:
         name: str | None = None,
         *,
         progress: Callable[[int, int], None] | None = None,
+        reward_key: str | None = None,
     ) -> Archive:
         """Import a seed (vime/slime straw) archive index as a new archive, verified sample
-        by sample against its source (`archive_manager.interop.straw.import_straw_archive`).
+        by sample against its source (`archive_manager.interop.straw.import_straw_archive`);
+        ``reward_key`` as in `save`.
 
         Raises:
             UnsupportedFormatError: not a seed index (the pool is left as it was).
@@ -1614,7 +1651,9 @@ class ArchiveManager:
         from .interop.straw import import_straw_archive
 
         self._refuse_if_read_only("import_straw")
-        return import_straw_archive(self._context, path, name, progress=progress)  # type: ignore[no-any-return]
+        return import_straw_archive(  # type: ignore[no-any-return]
+            self._context, path, name, progress=progress, reward_key=reward_key
+        )
 
     # ------------------------------------------------------------------ getting data out
 
@@ -1691,12 +1730,14 @@ class ArchiveManager:
         mapping: dict[str, str] | None = None,
         format: str | None = None,
         rollout_id_column: str | None = None,
+        reward_key: str | None = None,
     ) -> Archive:
         """Import a Parquet or JSONL file (an export of this library, or another framework's
         rows with ``mapping`` from sample fields to columns) as a new archive.
 
         A foreign row's missing status or response length stays unknown in the catalog;
-        ``rollout_id_column`` takes the rollout id from a column (TRL's ``step``)."""
+        ``rollout_id_column`` takes the rollout id from a column (TRL's ``step``);
+        ``reward_key`` as in `save`."""
         from .interop.export import import_table
 
         self._refuse_if_read_only("import")
@@ -1709,6 +1750,7 @@ class ArchiveManager:
             mapping=mapping,
             format=format,
             rollout_id_column=rollout_id_column,
+            reward_key=reward_key,
         )
 
     def owners(self) -> OwnersReport:

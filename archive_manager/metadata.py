@@ -19,16 +19,20 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._util.lazy_torch import is_tensor, tensor_class, torch_module
 from .codec import TensorRef
-from .errors import MetadataError, UnencodableError
+from .errors import InvalidInputError, MetadataError, UnencodableError
 from .samples import is_queue_key
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "MAX_REWARD_PARTS",
     "REPLAY_FIELDS",
+    "check_reward_key",
     "describe_sample",
     "metadata_problems",
+    "rescored",
+    "reward_component",
     "validate_sample_metadata",
 ]
 
@@ -63,10 +67,12 @@ def _tensor_types() -> tuple[type[Any], ...]:
 # --------------------------------------------------------------------------- describe
 
 
-def describe_sample(sample: Any) -> dict[str, Any]:
+def describe_sample(sample: Any, *, reward_key: str | None = None) -> dict[str, Any]:
     """Describe a sample cheaply, as JSON-serializable data.
 
-    ``sample`` is a `Sample`, another dataclass, or a dict (its keys are the fields).
+    ``sample`` is a `Sample`, another dataclass, or a dict (its keys are the fields);
+    ``reward_key`` names the part of a dict reward that is the sample's reward (slime's
+    ``--reward-key``; a reward that is a number is the reward whatever the key).
     Returns::
 
         {
@@ -79,10 +85,18 @@ def describe_sample(sample: Any) -> dict[str, Any]:
           "reward": int | float | None,      # a finite real number within a float's
                                              # range: an int, a float, a bool (0/1), a
                                              # numpy scalar or 0-d array, a 0-d tensor
-                                             # (its value); else None (NaN, inf, a dict)
+                                             # (its value), a dict's ``reward_key`` part;
+                                             # else None (NaN, inf, a dict without it)
           "tensors": {field: {"shape": [int, ...] | None, "dtype": str | None}},
           "lengths": {field: int},           # list-valued REPLAY_FIELDS
+          # only for a reward that is not a number (a dict, a list, a longer tensor):
+          "reward_type": str,                # "dict", else its type's name
+          "rewards": {key: int | float},     # a dict's parts that are numbers (as "reward"
+                                             # reads them), at most 64, keys as text
         }
+
+    With ``"rewards"`` in the catalog, any part can be chosen as the reward later, without
+    reading the sample (`ArchiveManager.stats`, ``query`` and ``groups`` with ``reward_key``).
 
     ``tensors`` covers every top-level field holding a `torch.Tensor` or `TensorRef`, a
     non-empty list/tuple of them (described as one tensor concatenated along dim 0;
@@ -128,7 +142,8 @@ def describe_sample(sample: Any) -> dict[str, Any]:
             opaque.add(cls)  # e.g. Sample.Status, SpecInfo: never hold a tensor
     get = fields.get
     tokens, loss_mask, log_probs = get("tokens"), get("loss_mask"), get("rollout_log_probs")
-    return {
+    reward = get("reward")
+    described = {
         "index": _plain_int(get("index")),
         "group_index": _plain_int(get("group_index")),
         "status": _status(get("status")),
@@ -136,10 +151,83 @@ def describe_sample(sample: Any) -> dict[str, Any]:
         "response_length": _plain_int(get("response_length")),
         "loss_mask": len(loss_mask) if type(loss_mask) is list else _length(loss_mask),
         "rollout_log_probs": len(log_probs) if type(log_probs) is list else _length(log_probs),
-        "reward": _reward(get("reward")),
+        "reward": _reward(reward),
         "tensors": tensors,
         "lengths": lengths,
     }
+    if described["reward"] is None and reward is not None:
+        _describe_other_reward(described, reward, reward_key)
+    return described
+
+
+#: Parts of a dict reward the catalog keeps (`describe_sample`'s ``"rewards"``).
+MAX_REWARD_PARTS = 64
+
+
+def _describe_other_reward(described: dict[str, Any], reward: Any, reward_key: str | None) -> None:
+    """Add ``reward_type`` and, of a dict, its numeric parts and the chosen one."""
+    if isinstance(reward, Mapping):
+        parts: dict[str, int | float] = {}
+        for key, value in reward.items():
+            number = _reward(value)
+            text = key if type(key) is str else _key_text(key)
+            if number is not None and reward_component(text) is not None:
+                parts[text] = number
+                if len(parts) >= MAX_REWARD_PARTS:
+                    break
+        described["reward_type"] = "dict"
+        described["rewards"] = parts
+        if reward_key is not None:
+            described["reward"] = parts.get(reward_key)
+        return
+    if type(reward) is float or _one_number(reward) is not None:
+        return  # a number, NaN or infinite: not a reward of another kind
+    described["reward_type"] = type(reward).__name__
+
+
+def reward_component(key: object) -> str | None:
+    """``key`` if it can name a part of a dict reward in the catalog (a non-empty str of at
+    most 255 characters and UTF-8 bytes, no NUL), else None."""
+    if type(key) is not str or not key or len(key) > 255 or "\x00" in key:
+        return None
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+    return key if size <= 255 else None
+
+
+def check_reward_key(reward_key: object) -> str | None:
+    """A reward key as given: None or the name of a part of a dict reward.
+
+    Raises:
+        InvalidInputError: not a str, empty, over 255 characters or UTF-8 bytes, or holding
+            NUL or a lone surrogate.
+    """
+    if reward_key is None:
+        return None
+    if not isinstance(reward_key, str):
+        raise InvalidInputError(
+            f"reward_key must be a str (the key of a dict reward), not {type(reward_key).__name__}"
+        )
+    key = reward_component(str.__str__(reward_key))
+    if key is None:
+        raise InvalidInputError(
+            f"reward_key {reward_key!r:.80} cannot name a part of a reward: give a non-empty "
+            "key of at most 255 characters"
+        )
+    return key
+
+
+def rescored(description: dict[str, Any], reward_key: str | None) -> dict[str, Any]:
+    """``description`` with its reward chosen by ``reward_key`` from the parts its dict reward
+    recorded (``"rewards"``); itself when it has none (its reward was a number, or it was
+    described before the parts were kept)."""
+    parts = description.get("rewards")
+    if not isinstance(parts, dict):
+        return description
+    chosen = parts.get(reward_key) if reward_key is not None else None
+    return {**description, "reward": chosen if type(chosen) in (int, float) else None}
 
 
 def _fields_of(sample: Any) -> Mapping[Any, Any]:

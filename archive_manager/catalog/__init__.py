@@ -71,6 +71,7 @@ from .models import (
     pool_info_table,
     retention_table,
     sample_metadata_table,
+    sample_rewards_table,
 )
 from .probe import probe_sqlite_catalog
 
@@ -109,6 +110,7 @@ __all__ = [
     "read_mount_table",
     "retention_table",
     "sample_metadata_table",
+    "sample_rewards_table",
     "set_pool_info",
     "upgrade",
 ]

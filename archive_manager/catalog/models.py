@@ -52,6 +52,7 @@ __all__ = [
     "pool_info_table",
     "retention_table",
     "sample_metadata_table",
+    "sample_rewards_table",
 ]
 
 FORMAT_VERSION = CATALOG_FORMAT_VERSION
@@ -152,6 +153,9 @@ archives_table = Table(
     # 0010); null otherwise.
     Column("superseded_by", Integer),
     Column("superseded_at", Float),
+    # The key of a dict reward whose value is the sample's reward (slime's --reward-key),
+    # as given at save (revision 0011); null: none given.
+    Column("reward_key", _NAME),
     CheckConstraint(_one_of("state", ARCHIVE_STATES), name="state"),
     Index(None, "name"),
     # One archive a name points at, and one save of a name in flight at a time.
@@ -216,6 +220,21 @@ sample_metadata_table = Table(
     sqlite_with_rowid=False,
 )
 
+sample_rewards_table = Table(
+    # The numeric parts of the samples' rewards that are not a number (a dict of named rewards,
+    # slime's --reward-key picks one), so that any key can be chosen later from the catalog
+    # (revision 0011).  A row of ``component`` "" marks a sample whose reward is not a scalar;
+    # the other rows of a dict reward are its numeric values, by key.  Samples with a number
+    # or no reward have no row.
+    "sample_rewards",
+    metadata,
+    _archive_fk(),
+    Column("position", Integer, primary_key=True),
+    Column("component", _NAME, primary_key=True),
+    Column("value", Float),
+    sqlite_with_rowid=False,
+)
+
 archive_summaries_table = Table(
     # What the statistics need of one archive's samples, computed once when its rows are
     # written (``archive_manager/summary.py``; docs/architecture.md, "Summaries and paging").
@@ -241,6 +260,10 @@ archive_summaries_table = Table(
     Column("zero_variance_groups", Integer, nullable=False),
     Column("group_stds", Integer, nullable=False),
     Column("group_std_mean", Float),
+    # Samples whose reward is not a number and gave none (a dict without a chosen key), and
+    # the keys the archive's dict rewards hold, to say which key to choose (revision 0011).
+    Column("unscored", Integer, nullable=False, server_default="0"),
+    Column("reward_components", JSON),
 )
 
 archive_sketches_table = Table(

@@ -209,6 +209,26 @@ def listing_options(f: F) -> F:
     return json_option(f)
 
 
+def reward_key_option(f: F) -> F:
+    """``--reward-key KEY``: the part of a dict reward that is the reward (slime's)."""
+    return click.option(
+        "--reward-key",
+        metavar="KEY",
+        help="Read the reward of a dict reward ({'score': 1.0, 'acc': True}) from this key "
+        "instead of the key each archive was saved with (from the catalog: no payload read).",
+    )(f)
+
+
+def save_reward_key_option(f: F) -> F:
+    """``--reward-key KEY`` of a verb that saves: kept with the new archive."""
+    return click.option(
+        "--reward-key",
+        metavar="KEY",
+        help="The key of a dict reward ({'score': 1.0, 'acc': True}) whose value is each "
+        "sample's reward (slime's --reward-key); kept with the archive.",
+    )(f)
+
+
 def yes_option(f: F) -> F:
     """``--yes``: skip the confirmation prompt of a destructive command."""
     return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(f)

@@ -24,6 +24,8 @@ from ._context import (
     one_line,
     pass_pool,
     pass_state,
+    reward_key_option,
+    save_reward_key_option,
 )
 from ._output import (
     counted,
@@ -218,6 +220,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
                 **asdict(info),
                 "payload_reclaimed": arc.name in reclaimed,
                 "attrs": arc.attrs,
+                "reward_key": arc.reward_key,
                 "manifest_digest": arc.manifest_digest,
                 "owners": owners,
                 "chunks": chunks,
@@ -238,6 +241,7 @@ def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
             ("published", local_time(info.published_at)),
             ("released", local_time(info.released_at)),
             ("reference", info.reference),
+            ("reward key", arc.reward_key),
             ("manifest", arc.manifest_digest),
             ("attrs", json.dumps(arc.attrs, ensure_ascii=False) if arc.attrs else None),
             ("owners", ", ".join(owners) or "none (released; gc may reclaim its payload)"),
@@ -308,6 +312,7 @@ def keys(pool: ArchiveManager, name: str, as_json: bool, fmt: str) -> None:
 @click.option("--evaluation/--no-evaluation", default=None, help="Evaluation archives or not.")
 @click.option("--state", type=click.Choice(_STATES), default="published", show_default=True)
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many samples.")
+@reward_key_option
 @listing_options
 @pass_pool
 def query(
@@ -323,6 +328,7 @@ def query(
     evaluation: bool | None,
     state: str,
     limit: int | None,
+    reward_key: str | None,
     as_json: bool,
     fmt: str,
 ) -> None:
@@ -341,6 +347,7 @@ def query(
         evaluation=evaluation,
         state=_state(state),
         limit=limit,
+        reward_key=reward_key,
     )
     if _structured([_row_out(r.as_dict()) for r in rows], as_json, fmt):
         return
@@ -414,6 +421,7 @@ def _expand(patterns: tuple[str, ...]) -> list[Path]:
     is_flag=True,
     help="Allow full unpickling, which can run code: only for files you trust.",
 )
+@save_reward_key_option
 @json_option
 @pass_pool
 def import_pt(
@@ -424,6 +432,7 @@ def import_pt(
     evaluation: bool | None,
     task_key_field: str | None,
     trust_pickle: bool,
+    reward_key: str | None,
     as_json: bool,
 ) -> None:
     """Import torch.save rollout dumps FILES (paths or glob patterns; slime's, or exports) as
@@ -454,6 +463,7 @@ def import_pt(
                     trust_pickle=trust_pickle,
                     evaluation=evaluation,
                     task_key_field=task_key_field,
+                    reward_key=reward_key,
                     **options,
                 )
             except Exception as exc:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ._complete import complete_archive_name
-from ._context import json_option, pass_pool
+from ._context import json_option, pass_pool, reward_key_option
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
 
@@ -50,6 +50,7 @@ def _group_name(group: Group) -> str:
     help="Group by this field instead of task key, else group_index: task_key, group_index, "
     "or any field of the samples (label, metadata.source_name: read from the payload).",
 )
+@reward_key_option
 @json_option
 @pass_pool
 def groups(
@@ -58,13 +59,14 @@ def groups(
     sort: str,
     members: bool,
     group_by: str | None,
+    reward_key: str | None,
     as_json: bool,
 ) -> None:
     """The prompt groups of archive NAME: size, reward mean/std/min/max, GRPO advantages,
     and which groups have zero reward variance (they teach a GRPO step nothing).
 
     Samples are grouped by task key, else by group_index (slime's), or by --group-by."""
-    found = pool.groups(name, group_by=group_by)
+    found = pool.groups(name, group_by=group_by, reward_key=reward_key)
     if sort != "position":
         attr = {"std": "reward_std", "mean": "reward_mean", "size": "size"}[sort]
         found.sort(key=lambda g: (getattr(g, attr) is None, -(getattr(g, attr) or 0)))
@@ -94,7 +96,19 @@ def groups(
         right={1, 2, 3, 4, 5, 6},
     )
     flat = sum(g.zero_variance for g in found)
-    echo(f"{len(found)} group(s), {flat} with zero reward variance")
+    used = found[0].reward_key
+    echo(
+        f"{len(found)} group(s), {flat} with zero reward variance"
+        + (f"; rewards read with the key {used!r}" if used is not None else "")
+    )
+    unscored = sum(g.unscored for g in found)
+    if unscored:
+        echo(
+            f"note: {unscored} sample(s) have a reward that is not a number"
+            + (f" and no key {used!r}" if used is not None else "")
+            + ": no advantage; choose the key of their dict reward with --reward-key KEY "
+            "('archive-manager stats' lists the keys)"
+        )
     if members:
         for g in found:
             echo(f"group {_group_name(g)}:")

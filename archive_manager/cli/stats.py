@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._context import json_option, pass_pool
+from ._context import json_option, pass_pool, reward_key_option
 from ._output import echo, echo_json, echo_table, human_size
 from ._params import ROLLOUT_RANGE
 from ._plot import check_plot_path, plot_stats
@@ -29,6 +29,24 @@ def _share(value: float | None) -> str | None:
     return None if value is None else f"{value:.0%}"
 
 
+def unscored_note(rows: list[RolloutStats], reward_key: str | None) -> str | None:
+    """One line on the samples whose reward gave no number, the keys to choose from and how
+    (None when there are none): the lens does not go blank in silence."""
+    unscored = [r for r in rows if r.unscored]
+    if not unscored:
+        return None
+    count = sum(r.unscored for r in unscored)
+    keys = sorted({k for r in unscored for k in r.reward_components})
+    shown = ", ".join(keys[:12]) + (", ..." if len(keys) > 12 else "")
+    what = f"a dict of {shown}" if keys else "not a dict"
+    lacking = f" without the key {reward_key!r}" if reward_key is not None else ""
+    return (
+        f"note: {count} sample(s) in {len(unscored)} rollout(s) have a reward that is not a "
+        f"number ({what}){lacking}, left out of REWARD: choose the key that is the reward "
+        "with --reward-key KEY (or reward_key= when saving)"
+    )
+
+
 def _row(r: RolloutStats) -> list[object]:
     archives = str(r.archives) + (f" ({r.released} released)" if r.released else "")
     status = ", ".join(f"{s} {n / r.samples:.0%}" for s, n in r.status) if r.samples else None
@@ -46,6 +64,7 @@ def _row(r: RolloutStats) -> list[object]:
         _share(r.zero_variance_share),
         _number(r.group_std_mean, ".3f"),
         human_size(r.bytes),
+        ", ".join(r.reward_keys) or None,
         status,
     ]
 
@@ -69,6 +88,7 @@ def _row(r: RolloutStats) -> list[object]:
     help="Count prompt groups by this field instead of task key, else group_index: task_key, "
     "group_index, or any field of the samples (read from the payload).",
 )
+@reward_key_option
 @json_option
 @pass_pool
 def stats(
@@ -77,6 +97,7 @@ def stats(
     evaluation: bool | None,
     plot: Path | None,
     group_by: str | None,
+    reward_key: str | None,
     as_json: bool,
 ) -> None:
     """Reward, response length and status per rollout, from the catalog (no payload read).
@@ -84,11 +105,13 @@ def stats(
     Published and released archives count; ARCHIVES says how many were released.  FLAT is
     the share of prompt groups (samples of one archive sharing a task key, else a
     group_index, or the --group-by field; two or more rewards) whose rewards are all equal;
-    GROUP STD the mean reward std within a group.
+    GROUP STD the mean reward std within a group.  KEY is the key of dict rewards the
+    rewards were read with (--reward-key, else the one each archive was saved with); a
+    note says how many samples have a reward that gave no number, and which keys to choose.
     """
     if plot is not None:
         check_plot_path(plot)  # before any work: a missing matplotlib says how to install it
-    rows = pool.stats(rollout_id, evaluation, group_by=group_by)
+    rows = pool.stats(rollout_id, evaluation, group_by=group_by, reward_key=reward_key)
     if as_json:
         echo_json([r.as_dict() for r in rows])
     elif not rows:
@@ -109,11 +132,15 @@ def stats(
                 "FLAT",
                 "GROUP STD",
                 "SIZE",
+                "KEY",
                 "STATUS",
             ],
             [_row(r) for r in rows],
             right={0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12},
         )
+        note = unscored_note(rows, reward_key)
+        if note:
+            echo(note)
     if plot is not None:
         # With --json, stdout holds only the JSON document.
         if rows:

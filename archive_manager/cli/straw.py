@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._context import CliError, is_reportable, json_option, one_line, pass_pool
+from ._context import (
+    CliError,
+    is_reportable,
+    json_option,
+    one_line,
+    pass_pool,
+    save_reward_key_option,
+)
 from ._output import counted, echo, echo_json, progress_reporter
 
 if TYPE_CHECKING:
@@ -16,10 +23,15 @@ if TYPE_CHECKING:
 @click.command("import-straw")
 @click.argument("indexes", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--name", help="The new archive's name (one INDEX only); default: its file name.")
+@save_reward_key_option
 @json_option
 @pass_pool
 def import_straw(
-    pool: ArchiveManager, indexes: tuple[str, ...], name: str | None, as_json: bool
+    pool: ArchiveManager,
+    indexes: tuple[str, ...],
+    name: str | None,
+    reward_key: str | None,
+    as_json: bool,
 ) -> None:
     """Import seed archive INDEX files (vime's or slime's ``*.straw.json``, read with
     straw-queue: pip install 'rollout-archive-manager[straw]') as new archives, one per index, each
@@ -31,7 +43,7 @@ def import_straw(
     for index in indexes:
         with progress_reporter(f"importing {index}", enabled=not as_json, unit="chunks") as bar:
             try:
-                arc = pool.import_straw(index, name, progress=bar)
+                arc = pool.import_straw(index, name, progress=bar, reward_key=reward_key)
             except Exception as exc:
                 if is_reportable(exc):
                     before = ", ".join(str(i["name"]) for i in imported) or "none"

@@ -11,7 +11,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from ._complete import complete_archive_name
-from ._context import CliError, json_option, pass_pool
+from ._context import CliError, json_option, pass_pool, save_reward_key_option
 from ._output import counted, echo, echo_json, human_size, progress_reporter
 from ._params import ROLLOUT_RANGE
 
@@ -155,6 +155,7 @@ def _mapping(ctx: click.Context, param: click.Parameter, value: tuple[str, ...])
     type=click.Choice(["parquet", "jsonl"]),
     help="File format (default: from FILE's suffix).",
 )
+@save_reward_key_option
 @json_option
 @pass_pool
 def import_file(
@@ -166,6 +167,7 @@ def import_file(
     evaluation: bool | None,
     mapping: dict[str, str],
     fmt: str | None,
+    reward_key: str | None,
     as_json: bool,
 ) -> None:
     """Import a Parquet or JSONL file as a new archive: an export of this tool comes back
@@ -181,6 +183,7 @@ def import_file(
         mapping=mapping or None,
         format=fmt,
         rollout_id_column=rollout_id_column,
+        reward_key=reward_key,
     )
     info = arc.info()
     if as_json:

@@ -637,6 +637,7 @@ def import_table(
     mapping: Mapping[str, str] | None = None,
     format: str | None = None,
     rollout_id_column: str | None = None,
+    reward_key: str | None = None,
 ) -> Archive:
     """`ArchiveManager.import_table`: a Parquet or JSONL file as a new archive.
 
@@ -693,6 +694,7 @@ def import_table(
         rollout_id=rollout_id if rollout_id is not None else first.rollout_id,
         evaluation=evaluation if evaluation is not None else bool(first.evaluation),
         attrs=first.attrs,
+        reward_key=reward_key,
     )
     with writer:
         for number, row in enumerate(itertools.chain([first], rows)):

@@ -396,6 +396,7 @@ def import_straw_archive(
     name: str | None = None,
     *,
     progress: Any = None,
+    reward_key: str | None = None,
 ) -> Any:
     """Import the seed archive at ``path`` into the pool of ``context`` as archive ``name``
     (default: the index's absolute path, made a name as the facade makes one).
@@ -439,6 +440,7 @@ def import_straw_archive(
             name,
             rollout_id=rollout_id,
             evaluation=evaluation,
+            reward_key=reward_key,
         )
         total = source.chunk_count()
         sources: list[Any] = []

@@ -26,6 +26,7 @@ from ..catalog import archives_table, entries_table, sample_metadata_table
 from ..catalog.queries import archive_by_name
 from ..errors import ArchiveNotFoundError, IntegrityError, InvalidInputError
 from ..pool.context import PoolContext
+from ..pool.summary import unscored_flag
 from ..samples import check_task_key
 from .grouping import (
     CATALOG_FIELDS,
@@ -35,6 +36,7 @@ from .grouping import (
     payload_groups,
     shown_value,
 )
+from .rewards import check_reward_key, reward_column
 from .stats import COUNTED_STATES, archive_filters, check_rollout_range, mean_std
 
 if TYPE_CHECKING:
@@ -94,6 +96,11 @@ class Group:
     group_index: int | None = None
     field: str | None = None
     value: Any = None
+    # The part of a dict reward read as each member's reward: the key given, else the one
+    # the archive was saved with (None: none); members whose reward is not a number and gave
+    # none with it.
+    reward_key: str | None = None
+    unscored: int = 0
 
     @property
     def zero_variance(self) -> bool:
@@ -114,6 +121,8 @@ class Group:
             "group_index": self.group_index,
             "field": self.field,
             "value": self.value,
+            "reward_key": self.reward_key,
+            "unscored": self.unscored,
             "size": self.size,
             "rewarded": self.rewarded,
             "reward_mean": self.reward_mean,
@@ -134,7 +143,7 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _group(field: str | None, key: GroupKey, rows: list[Any]) -> Group:
+def _group(field: str | None, key: GroupKey, rows: list[Any], reward_key: str | None) -> Group:
     rewards = [r for r in (_finite(row.reward) for row in rows) if r is not None]
     mean, std = mean_std(rewards)
     lengths = [row.response_length for row in rows if row.response_length is not None]
@@ -151,6 +160,8 @@ def _group(field: str | None, key: GroupKey, rows: list[Any]) -> Group:
         group_index=key if field == "group_index" else None,
         field=field,
         value=shown_value(key),
+        reward_key=reward_key,
+        unscored=sum(1 for row in rows if row.unscored and row.reward is None),
     )
     for row in rows:
         reward = _finite(row.reward)
@@ -172,7 +183,13 @@ def _group(field: str | None, key: GroupKey, rows: list[Any]) -> Group:
     return group
 
 
-def group_summaries(pool: PoolContext, name: str, *, group_by: str | None = None) -> list[Group]:
+def group_summaries(
+    pool: PoolContext,
+    name: str,
+    *,
+    group_by: str | None = None,
+    reward_key: str | None = None,
+) -> list[Group]:
     """Every group of archive ``name`` (published or released), in order of first appearance.
 
     The rule (``group_by`` None): a sample with a task key is in that key's group; one
@@ -181,7 +198,9 @@ def group_summaries(pool: PoolContext, name: str, *, group_by: str | None = None
     variance: its samples share no prompt).  ``group_by`` names the one field to group by
     instead (`lens.grouping`): ``"task_key"`` or ``"group_index"`` from the catalog, any
     other field decoded from the archive's chunks (that field alone; the only case that
-    reads the payload).
+    reads the payload).  ``reward_key`` chooses the part of dict rewards read as the
+    reward instead of the key the archive was saved with, from the parts the catalog keeps
+    (`lens.rewards`: no payload is read).
 
     Raises:
         ArchiveNotFoundError: no such archive.
@@ -191,6 +210,7 @@ def group_summaries(pool: PoolContext, name: str, *, group_by: str | None = None
             reclaimed.
     """
     group_by = check_group_by(group_by)
+    reward_key = check_reward_key(reward_key)
     e, m = entries_table, sample_metadata_table
     with pool.catalog.read() as conn:
         row = archive_by_name(conn, name)
@@ -201,10 +221,11 @@ def group_summaries(pool: PoolContext, name: str, *, group_by: str | None = None
                 e.c.position,
                 e.c.sample_key,
                 e.c.task_key,
-                m.c.reward,
+                reward_column(reward_key).label("reward"),
                 m.c.response_length,
                 m.c.status,
                 m.c.description,
+                unscored_flag().label("unscored"),
             )
             .join(
                 m,
@@ -225,7 +246,8 @@ def group_summaries(pool: PoolContext, name: str, *, group_by: str | None = None
     groups: dict[GroupKey, list[Any]] = {}
     for key, r in zip(keys, rows, strict=True):
         groups.setdefault(key, []).append(r)
-    return [_group(_field(group_by, key), key, members) for key, members in groups.items()]
+    used = reward_key if reward_key is not None else row.reward_key
+    return [_group(_field(group_by, key), key, members, used) for key, members in groups.items()]
 
 
 def _field(group_by: str | None, key: GroupKey) -> str | None:

@@ -30,6 +30,7 @@ from ..pool.archive import Archive, reclaimed_names
 from ..pool.context import PoolContext
 from ..pool.summary import ArchiveSummary, read_summaries
 from ..samples import check_key_text
+from .rewards import check_reward_key, reward_column
 
 __all__ = ["PoolSummary", "SampleRow", "SampleRows", "load_rows", "pool_summary", "query_samples"]
 
@@ -131,6 +132,9 @@ class SampleRow:
     # The catalog's id of the archive: `load_rows` reads that very archive, not a later
     # one saved under the same name (after a forget); None in rows made by hand.
     archive_id: int | None = field(default=None, repr=False, compare=False)
+    # The part of a dict reward read as ``reward``: the key the query was given, else the one
+    # the archive was saved with (None: none).
+    reward_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
@@ -277,9 +281,17 @@ def query_samples(
     evaluation: bool | None = None,
     state: str | None = "published",
     limit: int | None = None,
+    reward_key: str | None = None,
 ) -> SampleRows:
-    """Samples across archives matching every filter given, by rollout, archive, position."""
+    """Samples across archives matching every filter given, by rollout, archive, position.
+
+    ``reward_key`` chooses the part of dict rewards read as the reward (in the rows, and for
+    ``min_reward``/``max_reward``) instead of the key each archive was saved with, from the
+    parts the catalog keeps (`lens.rewards`: no payload is read); archives are then not
+    skipped by their stored reward range, which was read with their own key."""
+    reward_key = check_reward_key(reward_key)
     a, e, m = archives_table, entries_table, sample_metadata_table
+    reward = reward_column(reward_key)
     query = (
         select(
             e.c.archive_id,
@@ -290,9 +302,10 @@ def query_samples(
             e.c.sample_key,
             e.c.task_key,
             m.c.status,
-            m.c.reward,
+            reward,
             m.c.response_length,
             m.c.description,
+            a.c.reward_key if reward_key is None else literal(reward_key),
         )
         .select_from(e)
         .join(a, a.c.id == e.c.archive_id)
@@ -325,7 +338,7 @@ def query_samples(
         query = query.where(m.c.status.in_(statuses))
     archive_query = select(a.c.id, a.c.rollout_id, a.c.name)
     bounds = (
-        (m.c.reward, min_reward, max_reward, "reward"),
+        (reward, min_reward, max_reward, "reward"),
         (m.c.response_length, min_length, max_length, "length"),
         (a.c.rollout_id, min_rollout_id, max_rollout_id, "rollout id"),
     )
@@ -333,11 +346,11 @@ def query_samples(
     for column, low, high, what in bounds:
         if (lo := _number(low, f"minimum {what}")) is not None:
             query = query.where(column >= lo)
-            if column.table is a:
+            if getattr(column, "table", None) is a:
                 archive_query = archive_query.where(column >= lo)
         if (hi := _number(high, f"maximum {what}")) is not None:
             query = query.where(column <= hi)
-            if column.table is a:
+            if getattr(column, "table", None) is a:
                 archive_query = archive_query.where(column <= hi)
         ranges += [lo, hi]
     if evaluation is not None:
@@ -358,8 +371,9 @@ def query_samples(
         raise InvalidInputError("limit must be an int >= 0 (and below 2**63)")
     wanted: _Wanted = (
         statuses if status is not None else None,
-        ranges[0],
-        ranges[1],
+        # An archive's stored reward range was read with its own key.
+        ranges[0] if reward_key is None else None,
+        ranges[1] if reward_key is None else None,
         ranges[2],
         ranges[3],
     )
@@ -396,6 +410,7 @@ def query_samples(
                     response_length=row[9],
                     metadata=row[10],
                     archive_id=row[0],
+                    reward_key=row[11],
                 )
                 for row in rows
             ),

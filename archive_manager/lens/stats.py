@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, null, or_, select
+from sqlalchemy import and_, case, func, null, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
@@ -43,6 +43,7 @@ from ..pool.listing import RolloutRange, check_rollout_range
 from ..pool.summary import (
     NO_STATUS,
     ArchiveSummary,
+    components_of,
     compute_missing_summaries,
     group_key_of,
     group_spread,
@@ -51,8 +52,10 @@ from ..pool.summary import (
     nearest_rank,
     read_summaries,
     summarize_archive,
+    unscored_flag,
 )
-from .grouping import CATALOG_FIELDS, catalog_group, check_group_by, payload_groups
+from .grouping import CATALOG_FIELDS, check_group_by, payload_groups
+from .rewards import check_reward_key, reward_column
 
 __all__ = [
     "COUNTED_STATES",
@@ -110,12 +113,38 @@ class RolloutStats:
     length_mean: float | None
     length_p90: float | None
     status: tuple[tuple[str, int], ...]
-    # Prompt groups (the samples of one archive that share a task key) with at least two
-    # numeric rewards; of those, how many had every reward equal (they teach GRPO nothing),
-    # and the mean of their reward standard deviations (n - 1).
+    # Prompt groups (the samples of one archive that share a task key, else a group_index)
+    # with at least two numeric rewards; of those, how many had every reward equal (they
+    # teach GRPO nothing), and the mean of their reward standard deviations (n - 1).
     groups: int = 0
     zero_variance_groups: int = 0
     group_std_mean: float | None = None
+    # Samples whose reward is not a number and gave none (a dict of named rewards and no key
+    # chosen, or a key its dict lacks), the keys those dicts hold (at most 32), and the
+    # reward keys the row's rewards were read with (the one given, else those its archives
+    # were saved with; empty: none).
+    unscored: int = 0
+    reward_components: tuple[str, ...] = ()
+    reward_keys: tuple[str, ...] = ()
+
+    @property
+    def reward_note(self) -> str | None:
+        """What to do about the samples whose reward gave no number (None when there are
+        none): how many, and the keys to choose from."""
+        if not self.unscored:
+            return None
+        keys = ", ".join(self.reward_components)
+        return (
+            f"{self.unscored} sample(s) have a reward that is not a number"
+            + (f" (a dict of {keys})" if keys else "")
+            + (
+                f" and no part named {', '.join(map(repr, self.reward_keys))}"
+                if self.reward_keys
+                else ""
+            )
+            + ": choose the part that is the reward with reward_key= (the CLI's --reward-key)"
+            + (" at save or now" if not self.reward_keys else "")
+        )
 
     @property
     def zero_variance_share(self) -> float | None:
@@ -161,6 +190,10 @@ class RolloutStats:
             "zero_variance_groups": self.zero_variance_groups,
             "zero_variance_share": self.zero_variance_share,
             "group_std_mean": self.group_std_mean,
+            "unscored": self.unscored,
+            "reward_components": list(self.reward_components),
+            "reward_keys": list(self.reward_keys),
+            "reward_note": self.reward_note,
         }
 
 
@@ -225,6 +258,8 @@ class SampleSummary:
     length_p50: float | None = None
     length_min: float | None = None
     length_max: float | None = None
+    unscored: int = 0
+    reward_components: tuple[str, ...] = ()
 
     @property
     def samples(self) -> int:
@@ -329,7 +364,10 @@ def _order(key: _Group) -> tuple[bool, int, bool]:
 
 
 def _combine(
-    key: _Group, archives: Sequence[Sequence[Any]], summary: SampleSummary
+    key: _Group,
+    archives: Sequence[Sequence[Any]],
+    summary: SampleSummary,
+    reward_key: str | None = None,
 ) -> RolloutStats:
     return RolloutStats(
         rollout_id=key[0],
@@ -348,7 +386,18 @@ def _combine(
         groups=summary.groups,
         zero_variance_groups=summary.zero_variance_groups,
         group_std_mean=summary.group_std_mean,
+        unscored=summary.unscored,
+        reward_components=summary.reward_components,
+        reward_keys=_keys_used(archives, reward_key),
     )
+
+
+def _keys_used(archives: Sequence[Sequence[Any]], reward_key: str | None) -> tuple[str, ...]:
+    """The reward keys a row's rewards were read with: the one given, else those its
+    archives were saved with (their rows of ``rollout_stats``'s statement end with it)."""
+    if reward_key is not None:
+        return (reward_key,)
+    return tuple(sorted({row[_KEY_AT] for row in archives if len(row) > _KEY_AT} - {None}))
 
 
 def _by_group(archive_rows: Iterable[Sequence[Any]]) -> dict[_Group, list[Sequence[Any]]]:
@@ -503,6 +552,8 @@ def _sample_summary(s: ArchiveSummary) -> SampleSummary:
         length_p50=s.length_p50,
         length_min=s.length_min,
         length_max=s.length_max,
+        unscored=s.unscored,
+        reward_components=s.reward_components,
     )
 
 
@@ -543,6 +594,7 @@ def rollout_stats(
     limit: int | None = None,
     keys: Collection[RolloutKey] | None = None,
     group_by: str | None = None,
+    reward_key: str | None = None,
 ) -> list[RolloutStats]:
     """The statistics of every rollout id and evaluation flag of ``pool`` (catalog only).
 
@@ -564,12 +616,18 @@ def rollout_stats(
             hold: the rows are then computed from every sample's catalog row, exactly
             (quantiles too), and a field the catalog does not hold is decoded from each
             archive's chunks, that field alone.  Not cached.
+        reward_key: The part of dict rewards to read as the reward (`lens.rewards`) instead
+            of the key each archive was saved with: the rows of archives saved with another
+            are computed from every sample's catalog row (``sample_rewards`` holds every
+            numeric part: no payload is read), exactly, not cached; when every archive asked
+            about was saved with this key, the stored summaries answer.
 
     Raises:
         InvalidInputError: a malformed filter, key, limit or ``group_by``.
         ArchiveReleasedError: ``group_by`` a payload field of an archive GC reclaimed.
     """
     group_by = check_group_by(group_by)
+    reward_key = check_reward_key(reward_key)
     bounds = check_rollout_range(rollout_ids)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
@@ -593,6 +651,7 @@ def rollout_stats(
             a.c.state,
             a.c.bytes,
             *(t.c[name] for name in _SHOWN),
+            a.c.reward_key,
         )
         .select_from(a.outerjoin(t, t.c.archive_id == a.c.id))
         .where(*where)
@@ -618,14 +677,21 @@ def rollout_stats(
         groups = _by_group(rows)
         if chosen is not None:
             groups = defaultdict(list, {k: g for k, g in groups.items() if k in chosen})
+        # Rows the stored summaries cannot answer are computed from the samples' rows
+        # (`_from_samples`, once the read is over: a payload field is read from the store).
+        resample = group_by is not None or (
+            reward_key is not None
+            and any(r[_KEY_AT] != reward_key for g in groups.values() for r in g)
+        )
         facts: _Facts = {}
-        if group_by is not None:
-            # Every row from its samples (`_regrouped`), once the read is over: a payload
-            # field is read from the blob store.
-            facts = _sample_facts(conn, [r[0] for g in groups.values() for r in g], group_by)
+        components: dict[int, list[str]] = {}
+        if resample:
+            ids = [r[0] for g in groups.values() for r in g]
+            facts = _sample_facts(conn, ids, group_by, reward_key)
+            components = components_of(conn, ids)
         done: dict[_Group, RolloutStats] = {}
         merged: dict[_Group, list[Sequence[Any]]] = {}
-        for key, group in groups.items() if group_by is None else ():
+        for key, group in () if resample else groups.items():
             # NOTE: a rollout of one archive, the common case, is its stored row as it is:
             # nothing to merge or cache (docs/architecture.md, "Summaries and paging").
             if len(group) == 1 and group[0][_AT["archive_id"]] is not None:
@@ -650,69 +716,106 @@ def rollout_stats(
             stored.update(compute_missing_summaries(conn, lacking))
         several = [r[0] for key in missing if len(groups[key]) > 1 for r in groups[key]]
         stored.update(_summaries(conn, several, sketches=True))
-    if group_by is not None:
-        return _regrouped(pool, groups, facts, group_by)
+    if resample:
+        return _from_samples(pool, groups, facts, components, group_by, reward_key)
     for key in missing:
         summaries[key] = _sample_summary(merge_summaries([stored[r[0]] for r in groups[key]]))
         if cache is not None:
             cache.put(key, members[key], summaries[key])
     for key, summary in summaries.items():
-        done[key] = _combine(key, groups[key], summary)
+        done[key] = _combine(key, groups[key], summary, reward_key)
     return [done[key] for key in sorted(groups, key=_order)]
 
 
-# What `_regrouped` needs of one archive: its name, and per sample in position order
-# ``(status, reward, response_length, group)`` (``group`` None until a payload field is read).
+# What `_from_samples` needs of one archive: its name, and per sample in position order
+# ``[status, reward, response_length, group, unscored]`` (``group`` None until a payload
+# field is read).
 _Facts = dict[int, tuple[str, list[list[Any]]]]
 
 
-def _sample_facts(conn: Connection, archive_ids: Sequence[int], group_by: str) -> _Facts:
-    """Every sample's catalog row of these archives, for `_regrouped`; the description (for
-    ``group_index``) is read only when grouping by it."""
+def _sample_facts(
+    conn: Connection, archive_ids: Sequence[int], group_by: str | None, reward_key: str | None
+) -> _Facts:
+    """Every sample's catalog row of these archives, for `_from_samples`, its reward as
+    ``reward_key`` chooses it (`reward_column`); the description (for ``group_index``) is
+    read only where the grouping needs it."""
     a, e, m = archives_table, entries_table, sample_metadata_table
-    described = group_by == "group_index"
+    # NOTE: ``group_index`` is read out of the description in SQL: parsing every sample's
+    # description in Python was a third of the time (docs/lens.md, "Rewards").
+    index: Any = m.c.description["group_index"].as_string()
+    if group_by is None:
+        index = case((e.c.task_key.is_(None), index), else_=null())
+    elif group_by != "group_index":
+        index = null()
     columns = [
         e.c.archive_id,
-        a.c.name,
         m.c.status,
-        m.c.reward,
+        reward_column(reward_key),
         m.c.response_length,
         e.c.task_key,
-        m.c.description if described else null(),
+        index,
+        unscored_flag(),
     ]
     facts: _Facts = {}
+    names: dict[int, str] = {}
+    for batch in batches(archive_ids):
+        names.update(conn.execute(select(a.c.id, a.c.name).where(a.c.id.in_(batch))).all())
     for batch in batches(archive_ids):
         query = (
             select(*columns)
             .select_from(e)
-            .join(a, a.c.id == e.c.archive_id)
-            .join(
-                m,
-                (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position),
-                isouter=True,
-            )
+            .join(m, (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position))
             .where(e.c.archive_id.in_(batch))
             .order_by(e.c.archive_id, e.c.position)
         )
-        for archive_id, name, status, reward, length, task_key, description in conn.execute(query):
-            group = (
-                catalog_group(group_by, task_key, description)
-                if group_by in CATALOG_FIELDS
-                else None
-            )
-            facts.setdefault(archive_id, (name, []))[1].append([status, reward, length, group])
+        rows: list[list[Any]] = []
+        current = None
+        # NOTE: fetched many rows at a time: iterating the result fetched one row per call,
+        # half of the time the rows took.
+        for archive_id, status, reward, length, task_key, found, flag in (
+            row for part in conn.execute(query).partitions(_FETCH) for row in part
+        ):
+            if archive_id != current:
+                current, rows = archive_id, facts.setdefault(archive_id, (names[archive_id], []))[1]
+            if group_by is None:
+                group = task_key if task_key is not None else _json_int(found)
+            elif group_by == "task_key":
+                group = task_key
+            elif group_by == "group_index":
+                group = _json_int(found)
+            else:
+                group = None  # read from the payload by `_from_samples`
+            rows.append([status, reward, length, group, flag])
     for archive_id in archive_ids:
         facts.setdefault(archive_id, ("", []))
     return facts
 
 
-def _regrouped(
-    pool: PoolContext, groups: dict[_Group, list[Sequence[Any]]], facts: _Facts, group_by: str
+_FETCH = 4096  # sample rows `_sample_facts` fetches at a time
+
+
+def _json_int(value: Any) -> int | None:
+    """A ``group_index`` as SQL reads it out of a description (an int, or its text on
+    PostgreSQL), else None: what `pool.summary.group_index_of` makes of it."""
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _from_samples(
+    pool: PoolContext,
+    groups: dict[_Group, list[Sequence[Any]]],
+    facts: _Facts,
+    components: dict[int, list[str]],
+    group_by: str | None,
+    reward_key: str | None,
 ) -> list[RolloutStats]:
-    """The rows of ``groups`` computed from their samples' rows (`_sample_facts`), prompt
-    groups by ``group_by``: one `summarize_archive` over each rollout's samples, a group being
-    one archive's samples that share the field's value."""
-    if group_by not in CATALOG_FIELDS:
+    """The rows of ``groups`` computed from their samples' rows (`_sample_facts`): one
+    `summarize_archive` over each rollout's samples, a prompt group being one archive's
+    samples of one group (``group_by``, else the lens's rule)."""
+    if group_by is not None and group_by not in CATALOG_FIELDS:
         for name, rows in facts.values():
             if not rows:
                 continue
@@ -728,11 +831,14 @@ def _regrouped(
     for key in sorted(groups, key=_order):
         members = groups[key]
         summary = summarize_archive(
-            (status, reward, length, None if group is None else (archive[0], group))
-            for archive in members
-            for status, reward, length, group in facts[archive[0]][1]
+            (
+                (status, reward, length, None if group is None else (archive[0], group), flag)
+                for archive in members
+                for status, reward, length, group, flag in facts[archive[0]][1]
+            ),
+            (k for archive in members for k in components.get(archive[0], ())),
         )
-        out.append(_combine(key, members, _sample_summary(summary)))
+        out.append(_combine(key, members, _sample_summary(summary), reward_key))
     return out
 
 
@@ -782,8 +888,11 @@ _SHOWN = (
     "groups",
     "zero_variance_groups",
     "group_std_mean",
+    "unscored",
+    "reward_components",
 )
 _AT = {name: 6 + i for i, name in enumerate(_SHOWN)}
+_KEY_AT = 6 + len(_SHOWN)  # the archive's reward key, last
 
 
 def _one_archive(key: _Group, row: Sequence[Any]) -> RolloutStats:
@@ -793,7 +902,7 @@ def _one_archive(key: _Group, row: Sequence[Any]) -> RolloutStats:
     # NOTE: positional, on a plain tuple: this runs once per rollout, 10,000 times for the
     # pool page's charts.
     (_, _, _, _, state, size, _, status, rewarded, r_mean, r_p50, r_p90, l_mean, l_p90,
-     groups, flat, std_mean) = tuple(row)  # fmt: skip
+     groups, flat, std_mean, unscored, components, saved_key) = tuple(row)  # fmt: skip
     counts = sorted([(str(k), int(n)) for k, n in (status or {}).items()], key=_most_first)
     return RolloutStats(
         rollout_id=key[0],
@@ -812,6 +921,9 @@ def _one_archive(key: _Group, row: Sequence[Any]) -> RolloutStats:
         groups=groups,
         zero_variance_groups=flat,
         group_std_mean=std_mean,
+        unscored=int(unscored or 0),
+        reward_components=tuple(components) if isinstance(components, list) else (),
+        reward_keys=() if saved_key is None else (saved_key,),
     )
 
 

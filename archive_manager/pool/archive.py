@@ -133,6 +133,8 @@ class Archive:
         self.attrs: dict[str, Any] | None = row.attrs
         self.manifest_digest: str | None = row.manifest_digest
         self.reference: str | None = row.reference_name
+        # The key of a dict reward chosen as each sample's reward at save (None: none given).
+        self.reward_key: str | None = row.reward_key
         self._samples: int = row.samples
         # Called with a blob's digest after each chunk or tensor blob read (`reads_reported`).
         self._read_hook: Callable[[str], None] | None = None

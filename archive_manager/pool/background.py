@@ -97,6 +97,7 @@ class _Job:
     evaluation: bool
     attrs: dict[str, Any] | None
     supersede: bool
+    reward_key: str | None
     # A save of a reference archive (no samples): the whole save, run on the worker.
     direct: Callable[[], Archive] | None = None
     items: deque[PreparedSample] = field(default_factory=deque)
@@ -162,6 +163,7 @@ class BackgroundSaves:
         attrs: dict[str, Any] | None,
         supersede: bool = False,
         direct: Callable[[], Archive] | None = None,
+        reward_key: str | None = None,
     ) -> SaveFuture:
         """Snapshot ``samples`` on this thread and hand the save to the worker; return its
         future.  ``direct`` (a save with no samples to take, a reference save) is run whole by
@@ -175,7 +177,7 @@ class BackgroundSaves:
         # Running from the start: a save handed over cannot be cancelled (`cancel` is False),
         # as an executor's running task cannot; it ends published or failed.
         future.set_running_or_notify_cancel()
-        job = _Job(name, future, rollout_id, evaluation, attrs, supersede, direct)
+        job = _Job(name, future, rollout_id, evaluation, attrs, supersede, reward_key, direct)
         with self._cond:
             if self._closed:
                 raise ArchiveError(f"the pool is closed: save_async of {name!r} refused")
@@ -210,18 +212,22 @@ class BackgroundSaves:
         self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
     ) -> None:
         from ..codec.values import gc_paused
+        from ..metadata import check_reward_key
         from .writer import prepare_sample
 
         keys = _checked(samples, task_keys)
+        reward_key = check_reward_key(job.reward_key)
         assert samples is not None  # checked
         # NOTE: no garbage collection while preparing, as `save` does (writer.save_samples):
         # the records built hold no cycles, and a full collection walks the caller's heap.
         with gc_paused():
             for position, sample in enumerate(samples):
                 if keys is None:
-                    prepared = prepare_sample(self._pool, sample, position)
+                    prepared = prepare_sample(self._pool, sample, position, reward_key=reward_key)
                 else:
-                    prepared = prepare_sample(self._pool, sample, position, keys[position])
+                    prepared = prepare_sample(
+                        self._pool, sample, position, keys[position], reward_key=reward_key
+                    )
                 if not self._hand_over(job, prepared):
                     return  # the worker gave the save up; its future says why
 
@@ -290,7 +296,7 @@ class BackgroundSaves:
                 self._cond.wait()
         writer = ArchiveWriter(
             self._pool, job.name, rollout_id=job.rollout_id, evaluation=job.evaluation,
-            attrs=job.attrs, supersede=job.supersede,
+            attrs=job.attrs, supersede=job.supersede, reward_key=job.reward_key,
         )  # fmt: skip
         try:
             while (prepared := self._take(job)) is not None:

@@ -18,6 +18,7 @@ from typing import Any
 from .._util.digest import Buffer, check_digest
 from .._util.names import check_archive_name
 from ..codec import decode_manifest, encode_manifest
+from ..metadata import reward_component
 from ..samples import check_key_text, check_task_key
 
 __all__ = [
@@ -28,8 +29,8 @@ __all__ = [
 ]
 
 MANIFEST_FORMAT = "archive_manager.manifest"
-# Version 1 throughout: ``save_seq`` was added as an optional field, which readers of the
-# first manifests ignore and this reader treats as absent in theirs.
+# Version 1 throughout: ``save_seq`` and ``reward_key`` were added as optional fields, which
+# readers of the first manifests ignore and this reader treats as absent in theirs.
 MANIFEST_VERSION = 1
 _INT32, _INT63 = 2**31, 2**63  # limits of the catalog's INTEGER and BIGINT columns
 
@@ -58,6 +59,7 @@ class Manifest:
     entries: list[tuple[str, str | None, int, int]]  # (sample_key, task_key, ordinal, offset)
     metadata: list[dict[str, Any]]
     save_seq: int | None = None
+    reward_key: str | None = None
 
     @property
     def order(self) -> tuple[int, float]:
@@ -87,6 +89,8 @@ class Manifest:
         }
         if self.save_seq is not None:
             out["save_seq"] = self.save_seq
+        if self.reward_key is not None:
+            out["reward_key"] = self.reward_key
         return out
 
     def encode(self) -> bytes:
@@ -136,6 +140,9 @@ class Manifest:
         save_seq = m.get("save_seq")
         if save_seq is not None and not (type(save_seq) is int and 0 < save_seq < _INT63):
             raise ValueError(f"save_seq {save_seq!r:.40} is not a positive 64-bit int")
+        reward_key = m.get("reward_key")
+        if reward_key is not None and reward_component(reward_key) is None:
+            raise ValueError(f"reward_key {reward_key!r:.40} is not a key of a reward")
         chunks, tensors, entries = m.get("chunks"), m.get("tensors", []), m.get("entries")
         metadata = m.get("metadata")
         if not all(isinstance(x, list) for x in (chunks, tensors, entries, metadata)):
@@ -183,6 +190,7 @@ class Manifest:
             entries=checked_entries,
             metadata=metadata,
             save_seq=save_seq,
+            reward_key=reward_key,
         )
 
 

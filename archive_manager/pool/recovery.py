@@ -411,6 +411,7 @@ def _restore(
                     reference_name=m.reference,
                     superseded_by=superseded_by,
                     superseded_at=superseded_at,
+                    reward_key=m.reward_key,
                 )
             )
         )

@@ -25,8 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, case, null, select, type_coerce
+from sqlalchemy import JSON, case, exists, null, select, type_coerce
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql import ColumnElement
 
 from ..catalog import (
     archive_sketches_table,
@@ -34,14 +35,17 @@ from ..catalog import (
     archives_table,
     entries_table,
     sample_metadata_table,
+    sample_rewards_table,
 )
 from ..catalog.bulk import insert_rows
 from ..catalog.queries import batches
 
 __all__ = [
+    "MAX_COMPONENTS",
     "NO_STATUS",
     "SKETCH_POINTS",
     "ArchiveSummary",
+    "components_of",
     "compute_missing_summaries",
     "drop_untasked_summaries",
     "fill_missing_summaries",
@@ -62,6 +66,7 @@ __all__ = [
     "summary_columns",
     "summary_from_row",
     "summary_rows",
+    "unscored_flag",
 ]
 
 SKETCH_POINTS = 128
@@ -210,7 +215,10 @@ class ArchiveSummary:
     (one archive's samples sharing a task key, or without one a ``group_index``:
     `group_key_of`) with two or more rewards; ``group_stds`` of
     them had a finite standard deviation, whose mean is ``group_std_mean``.  The sketches are
-    `sketch_of` the sorted rewards and lengths (empty when not read).
+    `sketch_of` the sorted rewards and lengths (empty when not read).  ``unscored`` samples
+    have a reward that is not a number and gave none (a dict of named rewards without a
+    chosen key: `describe_sample`), and ``reward_components`` are the keys such dicts hold
+    (sorted, at most `MAX_COMPONENTS`): what to tell whoever sees no reward.
     """
 
     samples: int
@@ -233,6 +241,8 @@ class ArchiveSummary:
     group_std_mean: float | None
     reward_sketch: tuple[float, ...] = ()
     length_sketch: tuple[float, ...] = ()
+    unscored: int = 0
+    reward_components: tuple[str, ...] = ()
 
 
 def _sorted_status(counts: dict[str, int]) -> tuple[tuple[str, int], ...]:
@@ -253,18 +263,24 @@ def _mean_of(values: Sequence[float]) -> float | None:
     return mean if math.isfinite(mean) else None
 
 
-def summarize_archive(rows: Iterable[Sequence[Any]]) -> ArchiveSummary:
-    """Summarize one archive from its samples' ``(status, reward, response_length, group)``
-    as the catalog indexes them (`sample_metadata` columns; ``group`` is `group_key_of` its
-    task key and description, or any hashable a caller groups by, None for no group); pure,
-    no I/O."""
+def summarize_archive(
+    rows: Iterable[Sequence[Any]], components: Iterable[str] = ()
+) -> ArchiveSummary:
+    """Summarize one archive from its samples' ``(status, reward, response_length, group,
+    unscored)`` as the catalog indexes them (`sample_metadata` columns; ``group`` is
+    `group_key_of` its task key and description, or any hashable a caller groups by, None for
+    no group; ``unscored`` true for a reward that is not a number and gave none, and may be
+    left out) and the keys its dict rewards hold; pure, no I/O."""
     counts: dict[str, int] = defaultdict(int)
     rewards: list[float] = []
     lengths: list[float] = []
     grouped: list[tuple[int, Any, float]] = []
-    samples = 0
-    for status, reward, length, group in rows:
+    samples = unscored = 0
+    for row in rows:
+        status, reward, length, group = row[:4]
         samples += 1
+        if len(row) > 4 and row[4] and reward is None:
+            unscored += 1
         counts[NO_STATUS if status is None else str(status)] += 1
         if reward is not None:
             rewards.append(float(reward))
@@ -296,7 +312,17 @@ def summarize_archive(rows: Iterable[Sequence[Any]]) -> ArchiveSummary:
         group_std_mean=mean_std(stds)[0],
         reward_sketch=tuple(sketch_of(rewards)),
         length_sketch=tuple(sketch_of(lengths)),
+        unscored=unscored,
+        reward_components=_components(components),
     )
+
+
+MAX_COMPONENTS = 32
+"""Keys of dict rewards a summary keeps, to say which can be chosen (`reward_components`)."""
+
+
+def _components(keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(keys)))[:MAX_COMPONENTS]
 
 
 def _weighted_mean(parts: Sequence[tuple[float | None, int]]) -> float | None:
@@ -347,6 +373,8 @@ def merge_summaries(parts: Sequence[ArchiveSummary]) -> ArchiveSummary:
         zero_variance_groups=sum(p.zero_variance_groups for p in parts),
         group_stds=sum(p.group_stds for p in parts),
         group_std_mean=_weighted_mean([(p.group_std_mean, p.group_stds) for p in parts]),
+        unscored=sum(p.unscored for p in parts),
+        reward_components=_components(k for p in parts for k in p.reward_components),
     )
 
 
@@ -370,6 +398,8 @@ _COLUMNS = (
     "zero_variance_groups",
     "group_stds",
     "group_std_mean",
+    "unscored",
+    "reward_components",
 )
 
 
@@ -398,6 +428,8 @@ def summary_rows(
         s.zero_variance_groups,
         s.group_stds,
         s.group_std_mean,
+        s.unscored,
+        list(s.reward_components) or None,
     )
 
 
@@ -470,18 +502,50 @@ def _from_row(row: Sequence[Any]) -> ArchiveSummary:
         *figures,
         reward_sketch=tuple(_unpack(sketches[0])) if sketches else (),
         length_sketch=tuple(_unpack(sketches[1])) if sketches else (),
+        unscored=int(row[19] or 0),
+        reward_components=_stored_components(row[20]),
     )
 
 
+def _stored_components(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(k for k in value if isinstance(k, str))
+
+
+def unscored_flag() -> ColumnElement[bool]:
+    """Whether a ``sample_metadata`` row's sample has a reward that is not a number (a row of
+    component "" in ``sample_rewards``, `writer.insert_contents`)."""
+    m, r = sample_metadata_table, sample_rewards_table
+    return exists().where(
+        r.c.archive_id == m.c.archive_id, r.c.position == m.c.position, r.c.component == ""
+    )
+
+
+def components_of(conn: Connection, archive_ids: Sequence[int]) -> dict[int, list[str]]:
+    """The keys of the dict rewards each archive's samples hold (`sample_rewards`)."""
+    r = sample_rewards_table
+    found: dict[int, list[str]] = defaultdict(list)
+    for batch in batches(archive_ids):
+        for archive_id, component in conn.execute(
+            select(r.c.archive_id, r.c.component)
+            .where(r.c.archive_id.in_(batch), r.c.component != "")
+            .distinct()
+        ):
+            found[archive_id].append(component)
+    return found
+
+
 def sample_rows_of(conn: Connection, archive_ids: Sequence[int]) -> dict[int, list[Sequence[Any]]]:
-    """Each archive's ``(status, reward, response_length, group)`` per sample (``group`` by
-    `group_key_of`), read from the catalog: what `summarize_archive` takes.
+    """Each archive's ``(status, reward, response_length, group, unscored)`` per sample
+    (``group`` by `group_key_of`), read from the catalog: what `summarize_archive` takes.
 
     NOTE: the description (where ``group_index`` is) is read only of samples without a task
     key: a pool of task keys reads no JSON."""
     m, e = sample_metadata_table, entries_table
     rows: dict[int, list[Sequence[Any]]] = {archive_id: [] for archive_id in archive_ids}
     untasked = type_coerce(case((e.c.task_key.is_(None), m.c.description), else_=null()), JSON)
+    flag = unscored_flag()
     for batch in batches(archive_ids):
         query = (
             select(
@@ -491,6 +555,7 @@ def sample_rows_of(conn: Connection, archive_ids: Sequence[int]) -> dict[int, li
                 m.c.response_length,
                 e.c.task_key,
                 untasked,
+                flag,
             )
             .select_from(m)
             .join(
@@ -500,8 +565,12 @@ def sample_rows_of(conn: Connection, archive_ids: Sequence[int]) -> dict[int, li
             )
             .where(m.c.archive_id.in_(batch))
         )
-        for archive_id, status, reward, length, task_key, description in conn.execute(query):
-            rows[archive_id].append((status, reward, length, group_key_of(task_key, description)))
+        for archive_id, status, reward, length, task_key, description, unscored in conn.execute(
+            query
+        ):
+            rows[archive_id].append(
+                (status, reward, length, group_key_of(task_key, description), unscored)
+            )
     return rows
 
 
@@ -510,8 +579,9 @@ def compute_missing_summaries(
 ) -> dict[int, ArchiveSummary]:
     """Summaries of archives that have none stored, computed from their sample rows (not
     stored: a reader cannot write)."""
+    components = components_of(conn, archive_ids)
     return {
-        archive_id: summarize_archive(rows)
+        archive_id: summarize_archive(rows, components.get(archive_id, ()))
         for archive_id, rows in sample_rows_of(conn, archive_ids).items()
     }
 

@@ -44,6 +44,7 @@ from ..catalog import (
     pin_write_lock,
     retention_table,
     sample_metadata_table,
+    sample_rewards_table,
 )
 from ..catalog.queries import (
     archive_by_name,
@@ -69,7 +70,7 @@ from ..errors import (
     LeaseExpiredError,
     SaveInFlightError,
 )
-from ..metadata import describe_sample
+from ..metadata import check_reward_key, describe_sample, rescored, reward_component
 from ..samples import check_key_text, check_task_key, sample_key, task_key_of
 from .archive import Archive, open_archive, payload_gone
 from .context import HasContext, PoolContext, context_of
@@ -137,11 +138,13 @@ def prepare_sample(
     *,
     copy: bool = True,
     facts: Mapping[str, Any] | None = None,
+    reward_key: str | None = None,
 ) -> PreparedSample:
     """`ArchiveWriter.add`'s work on the sample itself: its task key (``task_key`` overrides
     the sample's), its sample key, its record and tensor blobs, its description (``facts``
-    override it, as `ArchiveWriter.add` says).  With ``copy`` (the default), no part of the
-    result aliases the sample's memory.
+    override it, as `ArchiveWriter.add` says; ``reward_key`` picks its reward out of a dict,
+    `describe_sample`).  With ``copy`` (the default), no part of the result aliases the
+    sample's memory.
 
     Raises:
         UnencodableError: the sample holds a value that cannot be stored.
@@ -154,7 +157,7 @@ def prepare_sample(
     # NOTE: encoded before it is described, so the description only ever sees values the
     # codec accepted.
     encoded = codec.encode_sample(sample, inline_limit=pool.inline_limit, copy=copy)
-    description = describe_sample(sample)
+    description = describe_sample(sample, reward_key=reward_key)
     if facts:
         unknown = set(facts) - _OVERRIDABLE_FACTS
         if unknown:
@@ -193,6 +196,7 @@ class ArchiveWriter:
         attrs: dict[str, Any] | None = None,
         reference: Archive | None = None,
         supersede: bool = False,
+        reward_key: str | None = None,
     ) -> None:
         pool = context_of(pool)
         self._pool = pool
@@ -209,6 +213,11 @@ class ArchiveWriter:
             raise InvalidInputError("evaluation must be a bool")
         self.evaluation = evaluation
         self.attrs = _check_attrs(attrs)
+        # The part of a dict reward that is each sample's reward (slime's --reward-key); a
+        # reference keeps its source's unless given.
+        self.reward_key = check_reward_key(reward_key)
+        if reference is not None and reward_key is None:
+            self.reward_key = reference.reward_key
         self._reference = reference
         self._lease = f"{LEASE_PREFIX}{uuid.uuid4().hex}"
         self._entries: list[tuple[int, str, str | None, int, int]] = []
@@ -285,7 +294,13 @@ class ArchiveWriter:
         # Nothing is appended until the sample is prepared whole.
         self.add_prepared(
             prepare_sample(
-                self._pool, sample, len(self._entries), task_key, copy=self._copy, facts=facts
+                self._pool,
+                sample,
+                len(self._entries),
+                task_key,
+                copy=self._copy,
+                facts=facts,
+                reward_key=self.reward_key,
             )
         )
 
@@ -713,7 +728,13 @@ class ArchiveWriter:
             self._chunks[ordinal] = (digest, samples, size)
         self._next_ordinal = len(chunks)
         self._entries = [tuple(e) for e in entries]
-        self._metadata = list(metadata)
+        # Each sample's reward as this archive's key chooses it from the parts the source
+        # recorded (the same descriptions when the key is the source's).
+        self._metadata = (
+            list(metadata)
+            if self.reward_key == source.reward_key
+            else [rescored(d, self.reward_key) for d in metadata]
+        )
         for b in blobs:
             self._blob_kinds[b.digest] = b.kind
             self._blob_sizes[b.digest] = b.size or 0
@@ -727,6 +748,7 @@ class ArchiveWriter:
             attrs=self.attrs,
             reference=self._reference.name if self._reference is not None else None,
             created_at=created_at,
+            reward_key=self.reward_key,
             chunks=chunks,
             tensors=sorted(d for d, k in self._blob_kinds.items() if k == "tensor"),
             entries=[(sk, tk, o, off) for _, sk, tk, o, off in self._entries],
@@ -767,6 +789,7 @@ class ArchiveWriter:
                             attrs=self.attrs,
                             reference_name=self._reference.name if self._reference else None,
                             lease_owner=self._lease,
+                            reward_key=self.reward_key,
                         )
                     )
                 )
@@ -1043,6 +1066,14 @@ def insert_contents(
             for i, (row, d) in enumerate(zip(indexed, metadata, strict=True))
         ],
     )
+    # The parts of the rewards that are not numbers, so any key can be chosen later.
+    parts = [(i, _reward_parts(d)) for i, d in enumerate(metadata)]
+    insert_rows(
+        conn,
+        sample_rewards_table,
+        ("archive_id", "position", "component", "value"),
+        [(archive_id, i, *part) for i, found in parts if found for part in found],
+    )
     # The archive's summary, from the very values just indexed: a save, a reference save and
     # a catalog rebuild all come through here (docs/architecture.md, "Summaries and paging").
     # Its prompt groups are those `groups` lists: by task key, else by group_index.
@@ -1053,12 +1084,33 @@ def insert_contents(
             (
                 archive_id,
                 summarize_archive(
-                    (*row, group_key_of(task_keys.get(i), d))
-                    for i, (row, d) in enumerate(zip(indexed, metadata, strict=True))
+                    (
+                        (*row, group_key_of(task_keys.get(i), d), bool(found))
+                        for (i, found), row, d in zip(parts, indexed, metadata, strict=True)
+                    ),
+                    (part[0] for _, found in parts if found for part in found[1:]),
                 ),
             )
         ],
     )
+
+
+def _reward_parts(description: dict[str, Any]) -> list[tuple[str, float | None]] | None:
+    """The ``sample_rewards`` rows of a sample whose reward is not a number: ``("", None)``,
+    then its dict's numeric parts; None for a sample whose reward is a number or absent.
+
+    NOTE: descriptions also come from manifests, which may be damaged or forged: a part that
+    no column can hold is left out, as `_indexed_reward` leaves out a reward."""
+    if "reward_type" not in description:
+        return None
+    rows: list[tuple[str, float | None]] = [("", None)]
+    parts = description.get("rewards")
+    if isinstance(parts, dict):
+        for key, value in parts.items():
+            number = _indexed_reward({"reward": value})
+            if number is not None and reward_component(key) is not None:
+                rows.append((key, number))
+    return rows
 
 
 def _indexed_status(description: dict[str, Any]) -> str | None:
@@ -1123,6 +1175,7 @@ def save_samples(
     task_keys: Sequence[Any] | None,
     attrs: dict[str, Any] | None,
     supersede: bool = False,
+    reward_key: str | None = None,
 ) -> Archive:
     """`ArchiveManager.save`: validate everything checkable up front, then stream."""
     if isinstance(samples, (str, bytes, dict)) or not hasattr(samples, "__len__"):
@@ -1149,6 +1202,7 @@ def save_samples(
             evaluation=evaluation,
             attrs=attrs,
             supersede=supersede,
+            reward_key=reward_key,
         )
         # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored
         # before it does: the tensor blobs may reference the samples' memory instead of a

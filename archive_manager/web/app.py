@@ -30,6 +30,7 @@ from ..errors import (
     InvalidInputError,
     InvalidNameError,
 )
+from ..lens.rewards import check_reward_key
 from ..lens.search import MAX_PATTERN, SEARCH_FIELDS
 from ..lens.stats import (
     RolloutKey,
@@ -178,6 +179,18 @@ def _text(name: str) -> str | None:
     return text
 
 
+def _reward_key() -> str | None:
+    """``reward_key``: the key of dict rewards the page reads as the reward instead of the one
+    each archive was saved with (docs/lens.md, "Rewards")."""
+    key = _text("reward_key")
+    if key is None:
+        return None
+    try:
+        return check_reward_key(key)
+    except InvalidInputError as exc:
+        _bad("reward_key", str(exc))
+
+
 def _rollout_range() -> RolloutRange | None:
     text = _raw("rollout_id")
     if text is None:
@@ -286,6 +299,7 @@ def pool_page() -> Any:
     state = _choice("state", ("visible", "published", "released"), "visible")
     states = ("published", "released") if state == "visible" else (state,)
     rollout_ids, evaluation = _rollout_range(), _evaluation()
+    reward_key = _reward_key()
     page, per_page = _page()
     # The "next" link names the page's last archive: deep pages by keyset, not by offset
     # (docs/architecture.md, "Summaries and paging"); ``page`` then only numbers the page.
@@ -307,7 +321,7 @@ def pool_page() -> Any:
     listed = {(a.rollout_id, a.evaluation) for a in listing.archives}
 
     def charts() -> dict[str, Any]:
-        rows = pool.stats(rollout_ids, evaluation)
+        rows = pool.stats(rollout_ids, evaluation, reward_key=reward_key)
         return {
             "charts": drift_charts(rows),
             "stats": [r for r in rows if (r.rollout_id, r.evaluation) in listed],
@@ -328,7 +342,9 @@ def pool_page() -> Any:
             ],
             "stats": [
                 r.as_dict()
-                for r in rollout_stats(pool.context, rollout_ids, evaluation, keys=listed)
+                for r in rollout_stats(
+                    pool.context, rollout_ids, evaluation, keys=listed, reward_key=reward_key
+                )
             ],
         },
         charts,
@@ -357,8 +373,11 @@ def stats_page() -> Any:
         # ?page=2 link silently showed the first page as if it were the second.
         _bad("page", "the stats page pages by after= (the link of its next page), not page=")
     after = _rollout_after()
+    reward_key = _reward_key()
     # One row more than the page says whether a next page exists.
-    rows = pool.stats(rollout_ids, evaluation, limit=per_page + 1, after=after)
+    rows = pool.stats(
+        rollout_ids, evaluation, limit=per_page + 1, after=after, reward_key=reward_key
+    )
     more, rows = len(rows) > per_page, rows[:per_page]
     next_after = _rollout_key_text(rows[-1].rollout_id, rows[-1].evaluation) if more else None
     return _respond(
@@ -369,7 +388,9 @@ def stats_page() -> Any:
             "next_after": next_after,
             "stats": [r.as_dict() for r in rows],
         },
-        lambda: {"charts": drift_charts(pool.stats(rollout_ids, evaluation))},
+        lambda: {
+            "charts": drift_charts(pool.stats(rollout_ids, evaluation, reward_key=reward_key))
+        },
         stats=rows,
         first_url=_query_url(after=None) if after is not None else None,
         next_url=_query_url(after=next_after) if next_after else None,
@@ -391,6 +412,7 @@ def _sample_filter() -> SampleFilter:
         max_length=_optional_int("max_length", 0, _MAX_POSITION),
         sort=_choice("sort", SAMPLE_SORTS, "position"),
         descending=_choice("order", ("asc", "desc"), "asc") == "desc",
+        reward_key=_reward_key(),
     )
 
 
@@ -408,7 +430,12 @@ def archive_view(name: str) -> Any:
     return _respond(
         "archive.html",
         lambda: {
-            "archive": {**_archive_json(info, owners, len(chunks)), "attrs": arc.attrs},
+            "archive": {
+                **_archive_json(info, owners, len(chunks)),
+                "attrs": arc.attrs,
+                "reward_key": arc.reward_key,
+            },
+            "reward_key": where.reward_key or arc.reward_key,
             "summary": {**asdict(summary), "status": dict(summary.status)},
             "total": samples.total,
             "page": page,
@@ -423,6 +450,7 @@ def archive_view(name: str) -> Any:
         summary=summary,
         samples=samples,
         where=where,
+        reward_key=where.reward_key or arc.reward_key,
         sorts=SAMPLE_SORTS,
         page=page,
         pages=_pages(samples.total, per_page),
@@ -487,17 +515,30 @@ def group_page(name: str) -> Any:
     pool = _pool()
     _wants_json()
     key = _text("task_key")
-    if key is None:
-        _bad("task_key", "give the group's task key")
+    index = _optional_int("group_index", -(2**63), 2**63 - 1) if key is None else None
+    if key is None and index is None:
+        _bad("task_key", "give the group's task key (or group_index)")
+    reward_key = _reward_key()
     arc = pool.open_archive(name)
-    found = [g for g in pool.groups(name) if g.task_key == key]
+    groups = pool.groups(name, reward_key=reward_key)
+    if key is not None:
+        found = [g for g in groups if g.task_key == key]
+    else:
+        found = [g for g in groups if g.field == "group_index" and g.group_index == index]
     if not found:
-        raise NotFound(f"archive {name!r} has no group with task key {key!r}")
+        what = f"task key {key!r}" if key is not None else f"group_index {index}"
+        raise NotFound(f"archive {name!r} has no group with {what}")
     group = found[0]
     responses: dict[int, str | None] = {}
     # One load reads each chunk holding a member once; a huge "group" (a task key on every
     # sample) is shown from the catalog only.
-    samples = arc.load_samples(task_key=key) if len(group.members) <= _MAX_GROUP else []
+    samples: list[Any] = []
+    if len(group.members) <= _MAX_GROUP:
+        samples = (
+            arc.load_samples(task_key=key)
+            if key is not None
+            else [arc[m.position] for m in group.members]
+        )
     for member, sample in zip(group.members, samples, strict=False):
         responses[member.position] = sample_view(sample, tokens=0).response
     order = _choice("sort", ("position", "reward", "length"), "position")
@@ -516,6 +557,7 @@ def group_page(name: str) -> Any:
         },
         arc=arc,
         group=group,
+        reward_key=group.reward_key,
         members=members,
         responses=responses,
         rendered={k: _rendered(v, markdown) for k, v in responses.items()},
@@ -544,8 +586,9 @@ def groups_page(name: str) -> Any:
     _wants_json()
     sort = _choice("sort", _GROUP_SORTS, _GROUP_SORTS[0])
     page, per_page = _page()
+    reward_key = _reward_key()
     arc = pool.open_archive(name)
-    ordered = sorted(pool.groups(name), key=lambda g: _group_order(g, sort))
+    ordered = sorted(pool.groups(name, reward_key=reward_key), key=lambda g: _group_order(g, sort))
     shown = ordered[(page - 1) * per_page : page * per_page]
     return _respond(
         "groups.html",
@@ -555,10 +598,14 @@ def groups_page(name: str) -> Any:
             "total": len(ordered),
             "page": page,
             "per_page": per_page,
+            "reward_key": reward_key or arc.reward_key,
             "groups": [{k: v for k, v in g.as_dict().items() if k != "members"} for g in shown],
         },
         arc=arc,
         groups=shown,
+        reward_key=reward_key or arc.reward_key,
+        reward_key_given=reward_key is not None,
+        unscored=sum(g.unscored for g in ordered),
         sort=sort,
         sorts=_GROUP_SORTS,
         zero_variance=sum(g.zero_variance for g in ordered),
@@ -827,6 +874,8 @@ _QUERY_PARAMETERS = frozenset(
         "after",
         "status",
         "task_key",
+        "group_index",
+        "reward_key",
         "sample_key",
         "min_reward",
         "max_reward",

@@ -21,6 +21,7 @@ from ..catalog import (
 )
 from ..catalog.queries import archive_by_name, archives_in_order
 from ..errors import ArchiveNotFoundError
+from ..lens.rewards import reward_column
 from ..lens.stats import COUNTED_STATES, RolloutRange, archive_filters
 from ..pool.archive import ArchiveInfo
 
@@ -119,6 +120,8 @@ class SampleFilter:
     max_length: int | None = None
     sort: str = "position"
     descending: bool = False
+    # The key of dict rewards read as the reward (None: the one the archive was saved with).
+    reward_key: str | None = None
 
     def active(self) -> bool:
         """Whether any filter (not the sort) is set."""
@@ -166,9 +169,10 @@ def sample_page(
         ArchiveNotFoundError: no such published or released archive.
     """
     e, m = entries_table, sample_metadata_table
+    reward = reward_column(where.reward_key).label("reward")
     columns = {
         "position": e.c.position,
-        "reward": m.c.reward,
+        "reward": reward,
         "response_length": m.c.response_length,
         "status": m.c.status,
         "sample_key": e.c.sample_key,
@@ -185,7 +189,7 @@ def sample_page(
         if where.sample_key is not None:
             conditions.append(e.c.sample_key == where.sample_key)
         for column, low, high in (
-            (m.c.reward, where.min_reward, where.max_reward),
+            (reward, where.min_reward, where.max_reward),
             (m.c.response_length, where.min_length, where.max_length),
         ):
             if low is not None:
@@ -204,7 +208,7 @@ def sample_page(
                 e.c.sample_key,
                 e.c.task_key,
                 m.c.status,
-                m.c.reward,
+                reward,
                 m.c.response_length,
             )
             .select_from(joined)

@@ -9,7 +9,7 @@ summary took most of a 4 KiB page, and ``stats`` over 10,000 archives read 40 MB
 (docs/architecture.md, "Summaries and paging").  ``archive_sketches`` holds them, read only
 to merge the quantiles of several archives of one rollout id.  The upgrade moves every sketch;
 the summary (and sketches) of every archive that has none (the archives of a catalog older
-than revision 0005) is computed by revision 0009.
+than revision 0005) is computed by revision 0011.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def upgrade() -> None:
     with op.batch_alter_table("archive_summaries") as batch_op:
         batch_op.drop_column("reward_sketch")
         batch_op.drop_column("length_sketch")
-    # NOTE: the summaries of archives that have none are computed by revision 0009, which
-    # computes some again: the library's code writes today's tables, not this revision's.
+    # NOTE: the summaries of archives that have none are computed by revision 0011: the
+    # library's code writes today's tables, not this revision's.
 
 
 def downgrade() -> None:

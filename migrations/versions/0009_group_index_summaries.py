@@ -10,10 +10,11 @@ The statistics' prompt-group figures (``archive_summaries.groups``, ``zero_varia
 grouped a sample without one by its ``group_index`` (slime marks a prompt's completions so
 and saves no task key): ``stats`` and ``groups`` disagreed on the same archive.  A save now
 counts groups by the one rule (`pool.summary.group_key_of`); this revision deletes the
-summaries of every archive holding a sample without a task key and computes them again from
-the sample rows, with those of the archives that had none (a catalog older than revision
-0005; revision 0007 filled them before, with the tables of its day).  An upgrade emitted as
-SQL text cannot compute them; the statistics then compute the missing ones on every call.
+summaries of every archive holding a sample without a task key, and revision 0011 computes
+them again from the sample rows, with those of the archives that had none (a catalog older
+than revision 0005; revision 0007 filled them before, with the tables of its day).  An
+upgrade emitted as SQL text cannot compute them; the statistics then compute the missing
+ones on every call.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ depends_on: str | tuple[str, ...] | None = None
 
 
 def upgrade() -> None:
-    """Delete the summaries grouped by task key alone; fill every missing summary."""
-    # NOTE: the library's code writes today's summary tables: this must stay the last
-    # revision to change them that fills them (a later one moves the fill there).
-    from archive_manager.pool.summary import drop_untasked_summaries, fill_missing_summaries
+    """Delete the summaries grouped by task key alone (revision 0011 fills them)."""
+    # NOTE: the library's code writes today's summary tables: the fill is done by revision
+    # 0011, the last to change them.
+    from archive_manager.pool.summary import drop_untasked_summaries
 
     if not op.get_context().as_sql:
         drop_untasked_summaries(op.get_bind())
-        fill_missing_summaries(op.get_bind())
 
 
 def downgrade() -> None:

@@ -73,7 +73,7 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0010"
+    assert head_revision() == "0011"
     assert migrate.known_revisions() == {
         "0001",
         "0002",
@@ -85,6 +85,7 @@ def test_script_location_and_head() -> None:
         "0008",
         "0009",
         "0010",
+        "0011",
     }
 
 
@@ -183,7 +184,7 @@ def _dump(engine: Engine) -> dict[str, list[dict[str, Any]]]:
     with engine.connect() as conn, conn.begin():
         for table in ALL_TABLES:
             # Columns added after 0001 (checked to be null after the upgrade).
-            added = ("verified_at", "holder", "superseded_by", "superseded_at")
+            added = ("verified_at", "holder", "superseded_by", "superseded_at", "reward_key")
             columns = [c for c in table.c if c.name not in added]
             rows = conn.execute(select(*columns).order_by(*table.primary_key.columns))
             dumped[table.name] = [dict(row._mapping) for row in rows]
@@ -213,12 +214,16 @@ def test_upgrade_from_0001_keeps_every_row(engine: Engine, url: str) -> None:
             assert conn.execute(select(blobs_table.c.verified_at)).scalar_one() is None
             # 0008: a lease taken before records no holder.
             assert conn.execute(select(leases_table.c.holder)).scalar_one() is None
+            # 0010: an archive saved before was given no reward key, nor counts of rewards
+            # that are not numbers.
+            assert conn.execute(select(archives_table.c.reward_key)).scalar_one() is None
             # 0005: the archive got its summary from its sample rows during the upgrade.
             t = archive_summaries_table
             summary = conn.execute(
                 select(t.c.archive_id, t.c.samples, t.c.status, t.c.reward_p50, t.c.length_max)
             ).one()
             assert tuple(summary) == (1, 1, {"completed": 1}, 0.25, 12.0)
+            assert conn.execute(select(t.c.unscored, t.c.reward_components)).one() == (0, None)
             if catalog.dialect_name == "sqlite":
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         # 0003: the longest archive name's own owner fits (PostgreSQL enforces the width).

@@ -867,3 +867,39 @@ def test_groups_and_stats_group_by(
     )
     assert "group_by" in failed(run("groups", "slime", "--group-by", "a..b"))
     assert "group_by" in failed(run("stats", "--group-by", ""))
+
+
+def test_reward_key_on_the_lens_verbs_and_at_import(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager], tmp_path: Path
+) -> None:
+    """``--reward-key`` reads that part of dict rewards in ``stats``, ``query`` and
+    ``groups`` (which say which key they read); without one ``stats`` says how many samples
+    gave no number and which keys there are; ``import-pt --reward-key`` keeps the key with
+    the new archive (``show`` names it; the export holds PIL images, whence the trust)."""
+    samples = _slime_rollout(12, seed=4)
+    dicts = sum(isinstance(s.reward, dict) for s in samples)
+    with pool_at() as pool:
+        pool.save("slime", samples, rollout_id=5)
+        pool.open_archive("slime").export_pt(tmp_path / "slime.pt")
+    table = ok(run("stats", "--rollout-id", "5")).stdout
+    assert f"note: {dicts} sample(s)" in table and "--reward-key" in table
+    assert "acc, score" in table
+    (row,) = as_json(run("stats", "--rollout-id", "5", "--reward-key", "score", "--json"))
+    assert row["unscored"] == 0 and row["reward_keys"] == ["score"]
+    assert row["rewarded"] == len(samples)
+    assert "score" in ok(run("stats", "--rollout-id", "5", "--reward-key", "score")).stdout
+    found = as_json(
+        run("query", "--rollout-id", "5", "--min-reward", "1", "--reward-key", "acc", "--json")
+    )
+    assert found and {r["reward_key"] for r in found} == {"acc"}
+    assert all(r["reward"] == 1 for r in found)
+    groups = ok(run("groups", "slime", "--reward-key", "score")).stdout
+    assert "rewards read with the key 'score'" in groups
+    assert "note:" in ok(run("groups", "slime")).stdout
+    done = ok(run("import-pt", str(tmp_path / "slime.pt"), "--name", "again", "--rollout-id", "6",
+                  "--reward-key", "score", "--trust-pickle"))  # fmt: skip
+    assert "again" in done.stdout
+    assert as_json(run("show", "again", "--json"))["reward_key"] == "score"
+    (row,) = as_json(run("stats", "--rollout-id", "6", "--json"))
+    assert row["unscored"] == 0 and row["reward_keys"] == ["score"]
+    assert "reward_key" in failed(run("stats", "--reward-key", ""))

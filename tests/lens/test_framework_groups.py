@@ -18,10 +18,9 @@ import pytest
 import torch
 from alembic import command
 from helpers import Backend, open_on
-from sqlalchemy import create_engine
 
 from archive_manager import ArchiveManager, Sample
-from archive_manager.catalog import current_revision, head_revision, migrate
+from archive_manager.catalog import current_revision, head_revision, make_engine, migrate
 from archive_manager.catalog.migrate import VERSION_TABLE, migration_connection
 from archive_manager.errors import InvalidInputError
 from archive_manager.lens.groups import ADVANTAGE_EPS, Group
@@ -260,7 +259,7 @@ def test_an_upgrade_counts_the_groups_of_older_summaries(tmp_path: Path) -> None
         want = [(s.groups, s.zero_variance_groups, s.group_std_mean) for s in pool.stats()]
     # A real catalog of revision 0008 (stamping the number alone would leave later revisions'
     # schema behind for the upgrade to trip on).
-    engine = create_engine(f"sqlite:///{root / 'catalog.db'}")
+    engine = make_engine(f"sqlite:///{root / 'catalog.db'}")
     with migration_connection(engine) as conn:
         command.downgrade(migrate._config(conn), "0008")
     engine.dispose()
@@ -366,3 +365,173 @@ def test_a_field_that_keys_no_group_is_refused(tmp_path: Path) -> None:
         pool.save("r", make_slime_rollout(4, seed=1), rollout_id=1)
         with pytest.raises(InvalidInputError, match="rollout_routed_experts"):
             pool.groups("r", group_by="rollout_routed_experts")
+
+
+# --------------------------------------------------------------------------- reward keys
+
+
+def _slime_scored(n: int, seed: int) -> list[Any]:
+    """A slime rollout whose dict rewards (every third sample: ``score``, ``acc``, ``pred``)
+    and float rewards mix, as slime's reward models hand them back; the scores differ from
+    the ``acc`` flags."""
+    samples = make_slime_rollout(n, seed=seed)
+    for i, sample in enumerate(samples):
+        if isinstance(sample.reward, dict):
+            sample.reward["score"] = (i % 4) / 4
+    return samples
+
+
+def _value(reward: Any, key: str) -> float | None:
+    if isinstance(reward, dict):
+        part = reward.get(key)
+        return None if part is None or isinstance(part, str) else float(part)
+    return None if reward is None else float(reward)
+
+
+def test_reward_key_at_save_scores_dict_rewards(tmp_path: Path, backend: Backend) -> None:
+    """``reward_key`` at save picks the part of a dict reward that is the reward, as slime's
+    ``--reward-key``: `stats`, `query(min_reward=)` and `groups` count those samples (a dict
+    reward gave none, and the lens went blank for them); the key is kept with the archive."""
+    samples = _slime_scored(24, seed=1)
+    want = [_value(s.reward, "score") for s in samples]
+    assert any(isinstance(s.reward, dict) for s in samples)
+    with open_on(backend, tmp_path / "pool") as pool:
+        arc = pool.save("r", samples, rollout_id=1, reward_key="score")
+        assert arc.reward_key == "score" == pool.open_archive("r").reward_key
+        (stat,) = pool.stats()
+        assert stat.rewarded == len(want) and stat.unscored == 0
+        assert stat.reward_mean == pytest.approx(math.fsum(want) / len(want))
+        assert stat.reward_keys == ("score",) and stat.reward_note is None
+        assert stat.reward_components == ("acc", "score")
+        rows = pool.query(min_reward=0.5)
+        assert [r.position for r in rows] == [i for i, v in enumerate(want) if v >= 0.5]
+        assert {r.reward_key for r in rows} == {"score"}
+        groups = pool.groups("r")
+        assert [m.reward for g in groups for m in g.members] == want
+        assert {g.reward_key for g in groups} == {"score"}
+        assert_agree(stat, groups)
+
+
+def test_dict_rewards_without_a_key_are_counted_and_named(tmp_path: Path) -> None:
+    """Saved without a key, dict rewards give no number, and `stats` says so: how many, the
+    keys their dicts hold (numbers only: ``pred`` is text), and how to choose one."""
+    samples = _slime_scored(12, seed=2)
+    dicts = sum(isinstance(s.reward, dict) for s in samples)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1)
+        (stat,) = pool.stats()
+        assert stat.unscored == dicts > 0 and stat.rewarded == len(samples) - dicts
+        assert stat.reward_components == ("acc", "score") and stat.reward_keys == ()
+        assert stat.reward_note is not None and "reward_key" in stat.reward_note
+        assert "acc, score" in stat.reward_note
+        assert stat.as_dict()["unscored"] == dicts
+        assert sum(g.unscored for g in pool.groups("r")) == dicts
+
+
+@pytest.mark.parametrize("saved", [None, "score"])
+def test_reward_key_overrides_read_the_catalog(
+    tmp_path: Path, backend: Backend, saved: str | None
+) -> None:
+    """A key given to `stats`, `query` or `groups` reads that part of every dict reward from
+    the catalog, whatever key the archive was saved with; a key no dict holds leaves them
+    unscored, and says so."""
+    samples = _slime_scored(24, seed=3)
+    want = [_value(s.reward, "acc") for s in samples]
+    with open_on(backend, tmp_path / "pool") as pool:
+        pool.save("r", samples, rollout_id=1, reward_key=saved)
+        (stat,) = pool.stats(reward_key="acc")
+        assert stat.rewarded == len(want) and stat.unscored == 0
+        assert stat.reward_mean == pytest.approx(math.fsum(want) / len(want))
+        assert stat.reward_keys == ("acc",)
+        groups = pool.groups("r", reward_key="acc")
+        assert [m.reward for g in groups for m in g.members] == want
+        assert {g.reward_key for g in groups} == {"acc"}
+        assert_agree(stat, groups)
+        rows = pool.query(min_reward=1.0, reward_key="acc", limit=100)
+        assert [r.position for r in rows] == [i for i, v in enumerate(want) if v >= 1.0]
+        assert {r.reward_key for r in rows} == {"acc"}
+        (missing,) = pool.stats(reward_key="nope")
+        dicts = sum(isinstance(s.reward, dict) for s in samples)
+        assert missing.unscored == dicts and missing.rewarded == len(samples) - dicts
+        assert missing.reward_note is not None and "'nope'" in missing.reward_note
+        # the stored summaries still answer without a key, and with the key saved
+        (plain,) = pool.stats()
+        assert plain.reward_keys == (() if saved is None else (saved,))
+
+
+def test_a_key_every_archive_was_saved_with_reads_the_summaries(tmp_path: Path) -> None:
+    """When every archive asked about was saved with the key given, `stats` answers from the
+    stored summaries (no sample row read), as without a key."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", _slime_scored(8, seed=4), rollout_id=1, reward_key="score")
+        from archive_manager.lens import stats as stats_module
+
+        calls: list[Any] = []
+        original = stats_module._sample_facts
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            return original(*args, **kwargs)
+
+        stats_module._sample_facts = spy  # type: ignore[assignment]
+        try:
+            assert pool.stats(reward_key="score") == pool.stats()
+            assert not calls
+            pool.stats(reward_key="acc")
+            assert calls
+        finally:
+            stats_module._sample_facts = original  # type: ignore[assignment]
+
+
+def test_reward_key_survives_a_rebuild_and_a_reference(tmp_path: Path) -> None:
+    """The key is kept in the manifest: a catalog rebuilt from the blobs keeps it, and the
+    rewards it chose; a reference save keeps its source's key, or chooses another from the
+    parts its source recorded."""
+    root = tmp_path / "pool"
+    samples = _slime_scored(12, seed=5)
+    with ArchiveManager.open(root) as pool:
+        pool.save("r", samples, rollout_id=1, reward_key="score")
+        pool.save("same", None, rollout_id=2, reference="r")
+        pool.save("acc", None, rollout_id=3, reference="r", reward_key="acc")
+        before = {r.rollout_id: r for r in pool.stats()}
+    assert before[2].reward_keys == ("score",) and before[3].reward_keys == ("acc",)
+    assert before[1].reward_mean == before[2].reward_mean != before[3].reward_mean
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    with ArchiveManager.open(root, recover=True) as pool:
+        pool.rebuild_catalog()
+        assert pool.open_archive("r").reward_key == "score"
+        assert {r.rollout_id: r for r in pool.stats()} == before
+        (stat,) = pool.stats(1, reward_key="acc")
+        assert stat.reward_mean == before[3].reward_mean
+
+
+@pytest.mark.parametrize("key", ["", 5, "x" * 256, "a\x00b"])
+def test_a_reward_key_that_names_no_part_is_refused(tmp_path: Path, key: Any) -> None:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        with pytest.raises(InvalidInputError):
+            pool.save("r", [{"reward": {"a": 1.0}}], rollout_id=1, reward_key=key)
+        assert pool.find(state=None) == []
+        pool.save("r", [{"reward": {"a": 1.0}}], rollout_id=1)
+        for call in (
+            lambda: pool.stats(reward_key=key),
+            lambda: pool.query(reward_key=key),
+            lambda: pool.groups("r", reward_key=key),
+        ):
+            with pytest.raises(InvalidInputError):
+                call()
+
+
+def test_vime_rewards_and_numeric_parts(tmp_path: Path) -> None:
+    """vime's samples as its reward models hand them: a dict of a float, a bool and text;
+    parts that are 0-d tensors or numpy scalars are numbers too."""
+    samples = make_vime_rollout(9, seed=6)
+    samples[0].reward = {"score": torch.tensor(0.25), "acc": np.bool_(True), "note": "x"}
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("v", samples, rollout_id=1, reward_key="score")
+        groups = pool.groups("v")
+        first = next(m for g in groups for m in g.members if m.position == 0)
+        assert first.reward == 0.25
+        (row,) = pool.query(sample_key=next(r.sample_key for r in pool.query(limit=1)),
+                            reward_key="acc", limit=1)  # fmt: skip
+        assert row.reward == 1.0

@@ -1477,3 +1477,52 @@ def test_a_name_saved_again_shows_only_the_archive_it_points_at(
     assert (row["archives"], row["samples"]) == (1, 9)
     page = get_json(client, archive_url("train-2") + "?format=json")
     assert page["archive"]["samples"] == 9 and page["archive"]["state"] == "published"
+
+
+def _dict_rewards(n: int) -> list[dict[str, Any]]:
+    """slime-shaped samples without task keys whose rewards are dicts (``score`` differs from
+    the ``acc`` flag), and one plain number."""
+    out: list[dict[str, Any]] = [
+        {
+            "group_index": i // 4,
+            "index": i,
+            "response": f"answer {i}",
+            "reward": {"score": (i % 4) / 4, "acc": i % 3 == 0, "pred": str(i)},
+        }
+        for i in range(n)
+    ]
+    out.append({"group_index": 99, "index": n, "response": "plain", "reward": 0.5})
+    return out
+
+
+def test_the_pages_say_which_reward_key_they_read(tmp_path: Path) -> None:
+    """The viewer reads dict rewards with the key given at save, or the one of
+    ``?reward_key=``, and says which; without either it counts what it could not score and
+    says how to choose a key; a group by ``group_index`` has its page."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("keyed", _dict_rewards(8), rollout_id=1, reward_key="score")
+        pool.save("bare", _dict_rewards(8), rollout_id=2)
+        client = create_app(pool).test_client()
+        (saved,) = get_json(client, "/stats?rollout_id=1&format=json")["stats"]
+        assert saved["reward_keys"] == ["score"] and saved["unscored"] == 0
+        (chosen,) = get_json(client, "/stats?rollout_id=1&reward_key=acc&format=json")["stats"]
+        assert chosen["reward_keys"] == ["acc"] and chosen["reward_mean"] == pytest.approx(
+            (3 + 0.5) / 9
+        )
+        bare = get(client, "/stats?rollout_id=2").text
+        assert 'id="reward-note"' in bare and "8 sample(s)" in bare and "acc, score" in bare
+        page = get(client, archive_url("keyed") + "?reward_key=acc").text
+        assert 'id="saved-reward-key"' in page and ">score</span> (given at save)" in page
+        rows = get_json(client, archive_url("keyed") + "?reward_key=acc&format=json")
+        assert rows["reward_key"] == "acc"
+        assert [s["reward"] for s in rows["samples"]][:4] == [1, 0, 0, 1]
+        groups = get(client, archive_url("keyed", "groups") + "?reward_key=acc").text
+        assert ">acc</span> (chosen here)" in groups
+        assert "group_index=0" in groups and "reward_key=acc" in groups
+        data = get_json(client, archive_url("keyed", "groups") + "?format=json")
+        assert data["reward_key"] == "score"
+        group = get(client, archive_url("bare", "group") + "?group_index=1&reward_key=score")
+        assert ">score</span> (chosen here)" in group.text and "answer 5" in group.text
+        unscored = get(client, archive_url("bare", "group") + "?group_index=1").text
+        assert "4 completion(s) with a reward that is not a number" in unscored
+        get(client, "/stats?reward_key=" + "x" * 300, 400)
