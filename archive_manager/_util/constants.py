@@ -51,7 +51,7 @@ def default_catalog_url(root: Path) -> str:
 # listing, `_sqlite_listing`, reads them without SQLAlchemy; the catalog package re-exports
 # them) ----------------------------------------------------------------------------------
 
-HEAD_REVISION = "0011"
+HEAD_REVISION = "0012"
 """The newest revision in ``migrations/versions`` (``tests/test_startup.py`` checks it against
 Alembic's own head).
 

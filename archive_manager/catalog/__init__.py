@@ -72,6 +72,7 @@ from .models import (
     retention_table,
     sample_metadata_table,
     sample_rewards_table,
+    task_texts_table,
 )
 from .probe import probe_sqlite_catalog
 
@@ -112,6 +113,7 @@ __all__ = [
     "sample_metadata_table",
     "sample_rewards_table",
     "set_pool_info",
+    "task_texts_table",
     "upgrade",
 ]
 

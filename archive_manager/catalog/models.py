@@ -53,6 +53,7 @@ __all__ = [
     "retention_table",
     "sample_metadata_table",
     "sample_rewards_table",
+    "task_texts_table",
 ]
 
 FORMAT_VERSION = CATALOG_FORMAT_VERSION
@@ -233,6 +234,17 @@ sample_rewards_table = Table(
     Column("component", _NAME, primary_key=True),
     Column("value", Float),
     sqlite_with_rowid=False,
+)
+
+task_texts_table = Table(
+    # The whole text of each task key of an archive that is the digest of a long text (a
+    # prompt over 255 bytes: `samples.task_key_and_text`), to show it (revision 0012).
+    "task_texts",
+    metadata,
+    _archive_fk(),
+    Column("task_key", _NAME, primary_key=True),
+    Column("text", Text, nullable=False),
+    Index(None, "task_key"),
 )
 
 archive_summaries_table = Table(

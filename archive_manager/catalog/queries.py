@@ -6,7 +6,7 @@ Each function runs inside a transaction its caller opened with `Catalog.read` or
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, and_, delete, exists, func, or_, select, update
@@ -25,6 +25,7 @@ from .models import (
     leases_table,
     pool_info_table,
     retention_table,
+    task_texts_table,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "renew_lease",
     "stored_owner",
     "stored_save_seq",
+    "task_texts_of",
 ]
 
 
@@ -345,3 +347,22 @@ def _whole_last_name(conn: Connection, query: Select[Any], rows: list[Row[Any]])
         if (row.rollout_id, row.name) == (last.rollout_id, last.name)
     )
     return rows[:first] if first else [*rows, *more]
+
+
+def task_texts_of(
+    conn: Connection, keys: Iterable[str | None], archive_id: int | None = None
+) -> dict[str, str]:
+    """The whole text of each of ``keys`` that is the digest of a long text (`task_texts`),
+    of archive ``archive_id`` or, without it, of any archive (one text has one key)."""
+    from ..samples import TASK_TEXT_PREFIX
+
+    t = task_texts_table
+    wanted = sorted({k for k in keys if k is not None and k.startswith(TASK_TEXT_PREFIX)})
+    found: dict[str, str] = {}
+    for batch in batches(wanted):
+        query = select(t.c.task_key, t.c.text).where(t.c.task_key.in_(batch))
+        if archive_id is not None:
+            query = query.where(t.c.archive_id == archive_id)
+        for key, text in conn.execute(query):
+            found.setdefault(key, text)
+    return found

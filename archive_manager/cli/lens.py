@@ -24,13 +24,25 @@ def _num(value: float | None, fmt: str = ".3f") -> str | None:
     return None if value is None else format(value, fmt)
 
 
+def _key_shown(key: str | None, text: str | None) -> str | None:
+    """A task key as a table shows it: the key, or the beginning of the whole text whose
+    digest it is (on one line; ``--json`` holds both whole)."""
+    if text is None:
+        return key
+    line = " ".join(text.split())
+    return line if len(line) <= _TEXT_SHOWN else line[: _TEXT_SHOWN - 1] + "…"
+
+
+_TEXT_SHOWN = 60  # characters of a long task key's text a table shows
+
+
 def _group_name(group: Group) -> str:
-    """A group as the table names it: its task key, ``group_index=N``, ``FIELD=value``, or
-    ``(ungrouped)``."""
+    """A group as the table names it: its task key (the text of a long one), ``group_index=N``,
+    ``FIELD=value``, or ``(ungrouped)``."""
     if group.field is None:
         return "(ungrouped)"
     if group.field == "task_key":
-        return str(group.value)
+        return str(_key_shown(group.task_key, group.task_text))
     return f"{group.field}={group.value}"
 
 
@@ -208,7 +220,7 @@ def prompts(
             ["TASK KEY", "FROM", "TO", "CHANGE", "SAMPLES"],
             [
                 [
-                    c.task_key,
+                    _key_shown(c.task_key, c.task_text),
                     _num(c.before),
                     _num(c.after),
                     f"{c.change:+.3f}",

@@ -14,6 +14,7 @@ the groups are by a field the catalog does not hold.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from ..catalog import archives_table, entries_table, sample_metadata_table
-from ..catalog.queries import archive_by_name
+from ..catalog.queries import archive_by_name, task_texts_of
 from ..errors import ArchiveNotFoundError, IntegrityError, InvalidInputError
 from ..pool.context import PoolContext
 from ..pool.summary import unscored_flag
@@ -101,6 +102,9 @@ class Group:
     # none with it.
     reward_key: str | None = None
     unscored: int = 0
+    # The whole text of a task key that is the digest of a long text (a prompt over 255
+    # bytes: `samples.task_key_and_text`), else None.
+    task_text: str | None = None
 
     @property
     def zero_variance(self) -> bool:
@@ -123,6 +127,7 @@ class Group:
             "value": self.value,
             "reward_key": self.reward_key,
             "unscored": self.unscored,
+            "task_text": self.task_text,
             "size": self.size,
             "rewarded": self.rewarded,
             "reward_mean": self.reward_mean,
@@ -235,6 +240,7 @@ def group_summaries(
             .where(e.c.archive_id == row.id)
             .order_by(e.c.position)
         ).all()
+        texts = task_texts_of(conn, {r.task_key for r in rows}, row.id)
     if group_by is None or group_by in CATALOG_FIELDS:
         keys = [catalog_group(group_by, r.task_key, r.description) for r in rows]
     else:
@@ -247,7 +253,11 @@ def group_summaries(
     for key, r in zip(keys, rows, strict=True):
         groups.setdefault(key, []).append(r)
     used = reward_key if reward_key is not None else row.reward_key
-    return [_group(_field(group_by, key), key, members, used) for key, members in groups.items()]
+    found = [_group(_field(group_by, key), key, members, used) for key, members in groups.items()]
+    for group in found:
+        if group.task_key is not None:
+            group.task_text = texts.get(group.task_key)
+    return found
 
 
 def _field(group_by: str | None, key: GroupKey) -> str | None:
@@ -374,6 +384,8 @@ class PromptChange:
     after: float
     before_samples: int
     after_samples: int
+    # The whole text of a key that is the digest of a long text, else None.
+    task_text: str | None = None
 
     @property
     def change(self) -> float:
@@ -421,6 +433,10 @@ def prompt_changes(
         )
         for key in sorted(old.keys() & new.keys())
     ]
+    if changes:
+        with catalog.read() as conn:
+            texts = task_texts_of(conn, (c.task_key for c in changes))
+        changes = [dataclasses.replace(c, task_text=texts.get(c.task_key)) for c in changes]
     if direction == "regressed":
         changes = sorted((c for c in changes if c.change < 0), key=lambda c: (c.change, c.task_key))
     elif direction == "improved":

@@ -29,7 +29,7 @@ from ..errors import ArchiveNotFoundError, InvalidInputError
 from ..pool.archive import Archive, reclaimed_names
 from ..pool.context import PoolContext
 from ..pool.summary import ArchiveSummary, read_summaries
-from ..samples import check_key_text
+from ..samples import check_key_text, check_task_key
 from .rewards import check_reward_key, reward_column
 
 __all__ = ["PoolSummary", "SampleRow", "SampleRows", "load_rows", "pool_summary", "query_samples"]
@@ -314,8 +314,10 @@ def query_samples(
     for value, what in ((task_key, "task_key"), (sample_key, "sample_key")):
         if value is not None and not isinstance(value, str):
             raise InvalidInputError(f"{what} must be a str")
-        if value is not None:
-            check_key_text(value, what)
+    if sample_key is not None:
+        check_key_text(sample_key, "sample_key")
+    # A long text (a whole prompt) is found by its digest, as it was saved.
+    task_key = check_task_key(task_key)
     if task_key is not None:
         query = query.where(e.c.task_key == task_key)
     if sample_key is not None:

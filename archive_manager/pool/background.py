@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ArchiveError, InvalidInputError
-from ..samples import check_task_key
+from ..samples import task_key_and_text
 from .archive import Archive
 from .context import PoolContext
 
@@ -405,7 +405,10 @@ def _checked(samples: object, task_keys: object) -> list[str | None] | None:
             f"task_keys has {len(task_keys)} keys for {len(samples)} samples; "
             "give one key (or None) per sample"
         )
-    return [check_task_key(k) for k in task_keys]  # type: ignore[attr-defined]
+    # Checked here; each key goes on as text (a long one whole: the writer keys it by its
+    # digest and keeps the text, `samples.task_key_and_text`).
+    checked = [task_key_and_text(k) for k in task_keys]  # type: ignore[attr-defined]
+    return [key if text is None else text for key, text in checked]
 
 
 # Every `BackgroundSaves` with saves that may be in flight, and every thread that handed one

@@ -19,7 +19,7 @@ from .._util.digest import Buffer, check_digest
 from .._util.names import check_archive_name
 from ..codec import decode_manifest, encode_manifest
 from ..metadata import reward_component
-from ..samples import check_key_text, check_task_key
+from ..samples import check_key_text, task_key_and_text
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -29,8 +29,9 @@ __all__ = [
 ]
 
 MANIFEST_FORMAT = "archive_manager.manifest"
-# Version 1 throughout: ``save_seq`` and ``reward_key`` were added as optional fields, which
-# readers of the first manifests ignore and this reader treats as absent in theirs.
+# Version 1 throughout: ``save_seq``, ``reward_key`` and ``task_texts`` were added as optional
+# fields, which readers of the first manifests ignore and this reader treats as absent in
+# theirs.
 MANIFEST_VERSION = 1
 _INT32, _INT63 = 2**31, 2**63  # limits of the catalog's INTEGER and BIGINT columns
 
@@ -60,6 +61,8 @@ class Manifest:
     metadata: list[dict[str, Any]]
     save_seq: int | None = None
     reward_key: str | None = None
+    # The whole text of each task key that is the digest of a long text.
+    task_texts: dict[str, str] | None = None
 
     @property
     def order(self) -> tuple[int, float]:
@@ -91,6 +94,8 @@ class Manifest:
             out["save_seq"] = self.save_seq
         if self.reward_key is not None:
             out["reward_key"] = self.reward_key
+        if self.task_texts:
+            out["task_texts"] = self.task_texts
         return out
 
     def encode(self) -> bytes:
@@ -143,6 +148,14 @@ class Manifest:
         reward_key = m.get("reward_key")
         if reward_key is not None and reward_component(reward_key) is None:
             raise ValueError(f"reward_key {reward_key!r:.40} is not a key of a reward")
+        task_texts = m.get("task_texts")
+        if task_texts is not None:
+            if not isinstance(task_texts, dict):
+                raise ValueError("task_texts is not a JSON object")
+            for key, text in task_texts.items():
+                # Each key must be its text's own: a forged text never shows under a key.
+                if not isinstance(text, str) or task_key_and_text(text) != (key, text):
+                    raise ValueError(f"task text of {key!r:.80} is not the text of that key")
         chunks, tensors, entries = m.get("chunks"), m.get("tensors", []), m.get("entries")
         metadata = m.get("metadata")
         if not all(isinstance(x, list) for x in (chunks, tensors, entries, metadata)):
@@ -170,7 +183,8 @@ class Manifest:
             check_key_text(entry[0], "sample key")
             if entry[1] is not None and not isinstance(entry[1], str):
                 raise ValueError(f"task key {entry[1]!r:.40} is not a str")
-            check_task_key(entry[1])
+            if entry[1] is not None:
+                check_key_text(entry[1], "task key")
             ordinal = _count(entry[2], len(counts), "chunk ordinal")
             _count(entry[3], counts[ordinal], "offset")
             checked_entries.append((entry[0], entry[1], entry[2], entry[3]))
@@ -191,6 +205,7 @@ class Manifest:
             metadata=metadata,
             save_seq=save_seq,
             reward_key=reward_key,
+            task_texts=task_texts or None,
         )
 
 

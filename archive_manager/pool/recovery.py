@@ -425,7 +425,7 @@ def _restore(
             )
         chunks = {i: c for i, c in enumerate(m.chunks)}
         entries = [(pos, *e) for pos, e in enumerate(m.entries)]
-        insert_contents(conn, archive_id, chunks, entries, list(m.metadata))
+        insert_contents(conn, archive_id, chunks, entries, list(m.metadata), m.task_texts)
         insert_rows(
             conn,
             archive_blobs_table,

@@ -45,6 +45,7 @@ from ..catalog import (
     retention_table,
     sample_metadata_table,
     sample_rewards_table,
+    task_texts_table,
 )
 from ..catalog.queries import (
     archive_by_name,
@@ -71,7 +72,12 @@ from ..errors import (
     SaveInFlightError,
 )
 from ..metadata import check_reward_key, describe_sample, rescored, reward_component
-from ..samples import check_key_text, check_task_key, sample_key, task_key_of
+from ..samples import (
+    check_key_text,
+    sample_key,
+    task_key_and_text,
+    task_key_of,
+)
 from .archive import Archive, open_archive, payload_gone
 from .context import HasContext, PoolContext, context_of
 from .journal import Staged, pool_id_of, publish_op, stage_record, write_committed
@@ -118,6 +124,8 @@ class PreparedSample:
     description: dict[str, Any]
     sample_key: str
     task_key: str | None
+    # The whole text of a task key that is the digest of a long one, else None.
+    task_text: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -151,8 +159,7 @@ def prepare_sample(
         InvalidInputError: its task key or sample key cannot be a catalog key, or ``facts``
             names a fact that cannot be set.
     """
-    key = task_key_of(sample) if task_key is _UNSET else task_key
-    key = check_task_key(key)
+    key, text = task_key_and_text(task_key_of(sample) if task_key is _UNSET else task_key)
     skey = check_key_text(sample_key(sample, position), "sample key")
     # NOTE: encoded before it is described, so the description only ever sees values the
     # codec accepted.
@@ -166,7 +173,7 @@ def prepare_sample(
                 f"only {', '.join(sorted(_OVERRIDABLE_FACTS))}"
             )
         description.update(facts)
-    return PreparedSample(position, encoded, description, skey, key)
+    return PreparedSample(position, encoded, description, skey, key, text)
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,8 @@ class ArchiveWriter:
         self._reference = reference
         self._lease = f"{LEASE_PREFIX}{uuid.uuid4().hex}"
         self._entries: list[tuple[int, str, str | None, int, int]] = []
+        # The whole text of each task key that is the digest of a long one.
+        self._task_texts: dict[str, str] = {}
         self._metadata: list[dict[str, Any]] = []
         # The samples of the chunk being filled, encoded at add() (see `add`).
         self._buffer = codec.RawChunk([], {})
@@ -320,6 +329,8 @@ class ArchiveWriter:
             raise InvalidInputError(
                 f"a sample prepared for position {prepared.position} added at {position}"
             )
+        if prepared.task_key is not None and prepared.task_text is not None:
+            self._task_texts[prepared.task_key] = prepared.task_text
         self._entries.append(
             (
                 position,
@@ -710,6 +721,13 @@ class ArchiveWriter:
                     archive_blobs_table.c.kind != "manifest",
                 )
             ).all()
+            self._task_texts = dict(
+                conn.execute(
+                    select(task_texts_table.c.task_key, task_texts_table.c.text).where(
+                        task_texts_table.c.archive_id == src.id
+                    )
+                ).all()
+            )
         digests = [b.digest for b in blobs]
         with self._lock, self._pool.catalog.write("save.blobs") as conn:
             check_lease(conn, self._lease, now=self._pool.clock())
@@ -754,6 +772,7 @@ class ArchiveWriter:
             entries=[(sk, tk, o, off) for _, sk, tk, o, off in self._entries],
             metadata=self._metadata,
             save_seq=save_seq,
+            task_texts=dict(sorted(self._task_texts.items())) or None,
         ).encode()
         return _Blob(digest_of(data), [data], len(data), "manifest")
 
@@ -795,7 +814,9 @@ class ArchiveWriter:
                 )
             except sa_exc.IntegrityError as exc:
                 raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
-            insert_contents(conn, archive_id, self._chunks, self._entries, self._metadata)
+            insert_contents(
+                conn, archive_id, self._chunks, self._entries, self._metadata, self._task_texts
+            )
             insert_rows(
                 conn,
                 archive_blobs_table,
@@ -1043,7 +1064,17 @@ def insert_contents(
     chunks: dict[int, tuple[str, int, int]],
     entries: list[tuple[int, str, str | None, int, int]],
     metadata: list[dict[str, Any]],
+    task_texts: dict[str, str] | None = None,
 ) -> None:
+    """Inside the save's (or the rebuild's) write transaction: an archive's chunks, entries,
+    sample metadata, reward parts, task texts and summary rows."""
+    if task_texts:
+        insert_rows(
+            conn,
+            task_texts_table,
+            ("archive_id", "task_key", "text"),
+            [(archive_id, key, text) for key, text in sorted(task_texts.items())],
+        )
     insert_rows(
         conn,
         chunks_table,
@@ -1165,6 +1196,12 @@ def _check_attrs(attrs: object) -> dict[str, Any] | None:
     return attrs
 
 
+def _plain_key(task_key: object) -> str | None:
+    """A task key checked, as text: the key itself, or the whole text of a long one."""
+    key, text = task_key_and_text(task_key)
+    return text if text is not None else key
+
+
 def save_samples(
     pool: PoolContext,
     name: str,
@@ -1188,7 +1225,9 @@ def save_samples(
                 f"task_keys has {len(task_keys)} keys for {len(samples)} samples; "
                 "give one key (or None) per sample"
             )
-        keys = [check_task_key(k) for k in task_keys]
+        # Checked up front; the writer gets each key as given (a long text is keyed by its
+        # digest there, and its text kept).
+        keys = [_plain_key(k) for k in task_keys]
     # NOTE: no garbage collection during the save: a full collection walks the caller's whole
     # heap (a training process's; here the samples' millions of numbers) and the save's own
     # allocations (records, entries, catalog rows) trigger one every few saves.  Measured on

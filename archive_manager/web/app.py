@@ -22,6 +22,7 @@ from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
 from .._util.humanize import human_size, local_time
+from ..catalog.queries import task_texts_of
 from ..errors import (
     ArchiveError,
     ArchiveNotFoundError,
@@ -655,11 +656,14 @@ def prompt_page() -> Any:
                 )
         return {"chart": line_chart("reward by rollout", series, x_label="rollout id")}
 
+    with pool.catalog.read() as conn:
+        text = task_texts_of(conn, [key]).get(key)
     return _respond(
         "prompt.html",
-        lambda: {"task_key": key, "history": [h.as_dict() for h in history]},
+        lambda: {"task_key": key, "task_text": text, "history": [h.as_dict() for h in history]},
         charts,
         task_key=key,
+        task_text=text,
         history=history,
         firsts=firsts,
     )

@@ -73,7 +73,7 @@ def engine(url: str) -> Iterator[Engine]:
 
 def test_script_location_and_head() -> None:
     assert (script_location() / "env.py").is_file()
-    assert head_revision() == "0011"
+    assert head_revision() == "0012"
     assert migrate.known_revisions() == {
         "0001",
         "0002",
@@ -86,6 +86,7 @@ def test_script_location_and_head() -> None:
         "0009",
         "0010",
         "0011",
+        "0012",
     }
 
 

@@ -903,3 +903,23 @@ def test_reward_key_on_the_lens_verbs_and_at_import(
     (row,) = as_json(run("stats", "--rollout-id", "6", "--json"))
     assert row["unscored"] == 0 and row["reward_keys"] == ["score"]
     assert "reward_key" in failed(run("stats", "--reward-key", ""))
+
+
+def test_long_prompts_as_task_keys_are_shown_as_text(
+    run: Callable[..., Result], pool_at: Callable[[], ArchiveManager]
+) -> None:
+    """A prompt over 255 bytes given as a task key: ``groups`` and ``prompts`` show the
+    beginning of its text (``--json`` all of it), and ``prompts --task-key`` takes the text."""
+    prompt = "Solve the following problem and explain each step. " * 8 + "What is 2 + 3?"
+    with pool_at() as pool:
+        pool.save("p1", [{"reward": 0.0}, {"reward": 1.0}], rollout_id=7, task_keys=[prompt] * 2)
+        pool.save("p2", [{"reward": 1.0}, {"reward": 1.0}], rollout_id=8, task_keys=[prompt] * 2)
+    table = ok(run("groups", "p1")).stdout
+    assert "Solve the following problem and explain" in table and "sha256:" not in table
+    (group,) = as_json(run("groups", "p1", "--json"))
+    assert group["task_text"] == prompt and group["task_key"].startswith("sha256:")
+    history = as_json(run("prompts", "--task-key", prompt, "--json"))
+    assert [h["rollout_id"] for h in history] == [7, 8]
+    (change,) = as_json(run("prompts", "--from", "7", "--to", "8", "--json"))
+    assert change["task_text"] == prompt
+    assert "Solve the following" in ok(run("prompts", "--from", "7", "--to", "8")).stdout

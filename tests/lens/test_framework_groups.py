@@ -25,7 +25,7 @@ from archive_manager.catalog.migrate import VERSION_TABLE, migration_connection
 from archive_manager.errors import InvalidInputError
 from archive_manager.lens.groups import ADVANTAGE_EPS, Group
 from archive_manager.lens.stats import RolloutStats
-from archive_manager.samples import check_task_key, task_key_of
+from archive_manager.samples import check_task_key, long_task_key, task_key_of
 
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "frameworks"
 if str(FRAMEWORKS) not in sys.path:
@@ -535,3 +535,116 @@ def test_vime_rewards_and_numeric_parts(tmp_path: Path) -> None:
         (row,) = pool.query(sample_key=next(r.sample_key for r in pool.query(limit=1)),
                             reward_key="acc", limit=1)  # fmt: skip
         assert row.reward == 1.0
+
+
+# --------------------------------------------------------------------------- task keys
+
+
+@pytest.mark.parametrize("key", [1.5, True, np.float64(2.0), np.bool_(True), b"q"])
+def test_a_task_key_attribute_is_checked_as_task_keys_are(tmp_path: Path, key: Any) -> None:
+    """A float or bool task key on the sample (or its queue receipt) is refused at save, as
+    in ``task_keys``: it was saved as the text ``"1.5"`` / ``"True"``, while ``task_keys``
+    refused the very same value. Nothing is written."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        with pytest.raises(InvalidInputError, match="task key"):
+            pool.save("r", [{"reward": 1.0, "task_key": key}], rollout_id=1)
+        with pytest.raises(InvalidInputError, match="task key"):
+            pool.save("q", [{"reward": 1.0, "_queue_receipt": {"task_id": key}}], rollout_id=1)
+        with pytest.raises(InvalidInputError):
+            pool.save("k", [{"reward": 1.0}], rollout_id=1, task_keys=[key])
+        assert pool.find(state=None) == []
+    with pytest.raises(InvalidInputError):
+        task_key_of({"task_key": key})
+
+
+def _long_prompt(group: int) -> str:
+    """A real prompt: a system turn and a problem, far over the catalog's 255 bytes."""
+    return (
+        "<|im_start|>system\nYou are a careful mathematician. Reason step by step, check "
+        "every step, and put the final answer in \\boxed{}.<|im_end|>\n<|im_start|>user\n"
+        f"Problem {group}: "
+        + "Let x be the positive root of x^2 - 5x + 6 = 0. " * 6
+        + "Find x.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_long_prompts_are_task_keys(tmp_path: Path, backend: Backend) -> None:
+    """A prompt over 255 bytes is a task key: keyed by its digest (one prompt, one key, in
+    every archive), its text kept and shown by `groups` and `prompt_changes`, and found by
+    its text (`query`, `find`, `prompt_history`, `load_samples`). It was refused."""
+    samples = make_slime_rollout(12, seed=7)
+    prompts = [_long_prompt(s.group_index) for s in samples]
+    assert all(len(p.encode()) > 255 for p in prompts)
+    with open_on(backend, tmp_path / "pool") as pool:
+        pool.save("r1", samples, rollout_id=1, task_keys=prompts)
+        pool.save("r2", [{"reward": 0.0, "task_key": prompts[0]}] * 2, rollout_id=2)
+        groups = pool.groups("r1")
+        assert [g.task_text for g in groups] == [_long_prompt(g) for g in range(3)]
+        assert [g.task_key for g in groups] == [long_task_key(_long_prompt(g)) for g in range(3)]
+        assert all(len(g.task_key) <= 255 for g in groups)
+        assert groups[0].as_dict()["task_text"] == prompts[0]
+        assert_agree(pool.stats(1)[0], groups)
+        assert len(pool.query(task_key=prompts[0])) == 6
+        assert [i.name for i in pool.find(task_key=prompts[0])] == ["r1", "r2"]
+        assert [h.rollout_id for h in pool.prompt_history(prompts[0])] == [1, 2]
+        assert len(pool.open_archive("r1").load_samples(task_key=prompts[4])) == 4
+        (change,) = [c for c in pool.prompt_changes(1, 2) if c.task_key == groups[0].task_key]
+        assert change.task_text == prompts[0]
+
+
+def test_long_task_keys_survive_a_rebuild_and_a_reference(tmp_path: Path) -> None:
+    """The texts are in the manifest: a rebuilt catalog shows them again, and a reference
+    save shares them with its source."""
+    root = tmp_path / "pool"
+    text = _long_prompt(1)
+    with ArchiveManager.open(root) as pool:
+        pool.save("r", [{"reward": 1.0}, {"reward": 0.0}], rollout_id=1, task_keys=[text] * 2)
+        pool.save("ref", None, rollout_id=2, reference="r")
+        assert [g.task_text for g in pool.groups("ref")] == [text]
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    with ArchiveManager.open(root, recover=True) as pool:
+        pool.rebuild_catalog()
+        for name in ("r", "ref"):
+            assert [g.task_text for g in pool.groups(name)] == [text]
+
+
+def test_a_manifest_text_must_be_its_keys(tmp_path: Path) -> None:
+    """A damaged or forged manifest cannot show a text under another text's key."""
+    from archive_manager.pool.manifest import Manifest
+
+    text = _long_prompt(2)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", [{"reward": 1.0}], rollout_id=1, task_keys=[text])
+        manifest = pool.open_archive("r").manifest_digest
+        data = Manifest.decode(pool.store.get(manifest)).to_dict()
+    assert data["task_texts"] == {long_task_key(text): text}
+    Manifest.from_dict(data)
+    data["task_texts"] = {long_task_key(text): text + " (edited)"}
+    with pytest.raises(ValueError, match="not the text of that key"):
+        Manifest.from_dict(data)
+
+
+@pytest.mark.parametrize("text", ["a\x00" * 200, "x" * ((1 << 20) + 1), "\ud800" * 300])
+def test_texts_no_catalog_holds_are_refused(tmp_path: Path, text: str) -> None:
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        with pytest.raises(InvalidInputError):
+            pool.save("r", [{"reward": 1.0}], rollout_id=1, task_keys=[text])
+        assert pool.find(state=None) == []
+
+
+def test_an_older_pool_takes_long_task_keys(tmp_path: Path) -> None:
+    """tests/data/pool-r5.tar.gz (revision 0005): upgraded, its keys and groups are as they
+    were, and an archive with long task keys saves beside them."""
+    import tarfile
+
+    with tarfile.open(Path(__file__).resolve().parents[1] / "data" / "pool-r5.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    with ArchiveManager.open(tmp_path / "pool-r5", rebind=True) as pool:
+        before = {i.name: pool.open_archive(i.name).keys() for i in pool.find()}
+        assert all(len(k or "") <= 255 for keys in before.values() for _, k in keys)
+        text = _long_prompt(3)
+        pool.save("long", [{"reward": 1.0}, {"reward": 0.5}], rollout_id=9, task_keys=[text] * 2)
+        assert [g.task_text for g in pool.groups("long")] == [text]
+        assert {n: pool.open_archive(n).keys() for n in before} == before
+        assert all(g.task_text is None for n in before for g in pool.groups(n))

@@ -1526,3 +1526,22 @@ def test_the_pages_say_which_reward_key_they_read(tmp_path: Path) -> None:
         unscored = get(client, archive_url("bare", "group") + "?group_index=1").text
         assert "4 completion(s) with a reward that is not a number" in unscored
         get(client, "/stats?reward_key=" + "x" * 300, 400)
+
+
+def test_long_prompt_task_keys_show_their_text(tmp_path: Path) -> None:
+    """A group whose task key is the digest of a long prompt shows the prompt (groups, group
+    and prompt pages), and is linked by its key."""
+    prompt = "<b>Solve</b> the following problem and explain each step. " * 6
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("r", [{"reward": 0.0}, {"reward": 1.0}], rollout_id=1, task_keys=[prompt] * 2)
+        (group,) = pool.groups("r")
+        client = create_app(pool).test_client()
+        groups = get(client, archive_url("r", "groups")).text
+        assert str(escape(prompt[:40])) in groups and f'title="{group.task_key}"' in groups
+        page = get(client, archive_url("r", "group") + "?task_key=" + quote(group.task_key))
+        assert f'id="task-text">{escape(prompt)}</pre>' in page.text
+        assert "<b>Solve</b>" not in page.text
+        shown = get(client, "/prompt?task_key=" + quote(group.task_key)).text
+        assert f'id="task-text">{escape(prompt)}</pre>' in shown
+        data = get_json(client, "/prompt?format=json&task_key=" + quote(group.task_key))
+        assert data["task_text"] == prompt
