@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from sqlalchemy import event
 
 from archive_manager import Sample, TensorRef, describe_sample
 from archive_manager.errors import (
@@ -150,6 +151,34 @@ def test_load_by_sample_key_task_key_and_both(pool, rollout, same_samples) -> No
         arc.load_samples(task_key="rollout-0/group-9")
     with pytest.raises(KeyError):
         arc.load_samples(sample_key="sample:1", task_key="nope")
+
+
+def test_a_keyed_load_reads_the_catalog_in_one_statement(pool, rollout, same_samples) -> None:
+    """A load by key on an open archive asks the catalog one question (its entries joined
+    with their chunks' rows), not one for the entries and one for their chunks: on the
+    1024-sample rollout the second cost a third of a one-key load (docs/performance.md)."""
+    samples = rollout(70, seed=4)
+    arc = pool.save("k", samples, rollout_id=0)
+    selects: list[str] = []
+
+    def record(conn, cursor, statement, params, *rest) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            selects.append(statement)
+
+    event.listen(pool.catalog.engine, "before_cursor_execute", record)
+    try:
+        for keys in (
+            {"sample_key": "sample:65"},
+            {"task_key": "rollout-0/group-7"},
+            {"sample_key": "sample:60", "task_key": "rollout-0/group-7"},
+            {},
+        ):
+            selects.clear()
+            got = arc.load_samples(**keys)
+            assert len(selects) == 1, (keys, selects)
+        same_samples(got, samples)
+    finally:
+        event.remove(pool.catalog.engine, "before_cursor_execute", record)
 
 
 def test_keys_order_and_length(pool, rollout) -> None:
