@@ -41,7 +41,7 @@ except ModuleNotFoundError as exc:
     if exc.name != "torch":
         raise
     raise MissingDependencyError(
-        f"the torch datasets need PyTorch, which is not installed: {TORCH_EXTRA_HINT}"
+        f"the torch datasets need PyTorch, which is not installed; {TORCH_EXTRA_HINT}"
     ) from None
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 

@@ -237,6 +237,21 @@ class MissingDependencyError(ArchiveError, ImportError):
     """An optional feature needs a package that is not installed (the message names the extra)."""
 
 
+def extra_hint(extra: str) -> str:
+    """How to install one of this project's extras, for a `MissingDependencyError`'s message.
+
+    The distribution (``rollout-archive-manager``) is not on PyPI: a bare ``pip install
+    'rollout-archive-manager[X]'`` fails on a fresh machine, and would install whoever
+    registers the name.  So the hint names the checkout's install first, and the
+    distribution's only where it is already installed (pip then adds the extra to it).
+    """
+    return (
+        f"install the '{extra}' extra: pip install -e '.[{extra}]' in a checkout of "
+        f"archive_manager (or pip install 'rollout-archive-manager[{extra}]' where that "
+        "distribution is installed)"
+    )
+
+
 class GcAbortedError(ArchiveError):
     """Garbage collection stopped before deleting anything because a check failed."""
 

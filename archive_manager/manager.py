@@ -1645,7 +1645,7 @@ class ArchiveManager:
         Raises:
             UnsupportedFormatError: not a seed index (the pool is left as it was).
             IntegrityError: its straw pool is damaged, or the copy did not verify.
-            MissingDependencyError: straw-queue is missing (``archive_manager[straw]``).
+            MissingDependencyError: straw-queue is missing (the ``straw`` extra).
             ArchiveExistsError: the name is taken.
         """
         from .interop.straw import import_straw_archive

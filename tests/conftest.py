@@ -53,7 +53,7 @@ def pg_server() -> Iterator[PgServer]:
     try:
         import psycopg  # noqa: F401
     except ModuleNotFoundError:
-        reason = "psycopg is not installed: pip install 'rollout-archive-manager[postgres]'"
+        reason = "psycopg is not installed (the postgres extra)"
         if required:
             pytest.fail(reason)
         pytest.skip(reason)

@@ -7,6 +7,7 @@ install while the editable installs of the suite still import it from the tree.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,22 @@ def test_the_wheel_builds_the_extension(tmp_path: Path) -> None:
     with zipfile.ZipFile(_build(tmp_path, "wheel", timeout=240)) as wheel:
         names = wheel.namelist()
     assert any(n.startswith("archive_manager/codec/_native.") and n.endswith(".so") for n in names)
+
+
+def test_install_hints_never_send_users_to_an_unpublished_name() -> None:
+    """`rollout-archive-manager` is not on PyPI: a bare `pip install 'rollout-archive-manager[X]'`
+    fails on a fresh machine and would install whoever registers the name.  Every hint goes
+    through `errors.extra_hint`, which names the checkout's install first."""
+    from archive_manager.errors import extra_hint
+
+    bare = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "archive_manager").rglob("*.py"))
+        if path.name != "errors.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"rollout-archive-manager\[|install (-U )?'?rollout-archive-manager", line)
+    ]
+    assert bare == []
+    hint = extra_hint("torch")
+    assert hint.startswith("install the 'torch' extra: pip install -e '.[torch]' in a checkout")
+    assert "\n" not in hint

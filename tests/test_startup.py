@@ -140,15 +140,15 @@ def test_what_needs_torch_names_the_extra_in_one_line(root: Path, tmp_path: Path
     done = _python("-c", NO_TORCH, "--root", root, "export", "rollout-1", tmp_path / "out.pt")
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
-        "error: this needs PyTorch, which is not installed: "
-        "pip install 'rollout-archive-manager[torch]' "
-        "(or install the torch build that fits the machine first)"
+        "error: this needs PyTorch, which is not installed; install the 'torch' extra: "
+        "pip install -e '.[torch]' in a checkout of archive_manager (or pip install "
+        "'rollout-archive-manager[torch]' where that distribution is installed)"
     ]
     assert not (tmp_path / "out.pt").exists()
     # Reading a sample that holds a tensor needs torch: the record is sound, the install lacks it.
     done = _python("-c", NO_TORCH, "--root", root, "sample", "rollout-1")
     assert done.returncode != 0
-    assert "rollout-archive-manager[torch]" in done.stderr
+    assert "pip install -e '.[torch]'" in done.stderr
     assert "malformed" not in done.stderr
     done = _python("-c", "import sys\nsys.modules['torch'] = None\nimport archive_manager.data")
     assert "MissingDependencyError: the torch datasets need PyTorch" in done.stderr

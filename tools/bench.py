@@ -86,7 +86,7 @@ try:
     SEED_CODECS = ("bytes.v1", "json.v1", "vime.v1", "tensor.v1")
 except ImportError as exc:  # an optional peer: the rest still runs
     STRAW_SKIPPED = (
-        f"straw-queue is not installed ({exc}); pip install 'rollout-archive-manager[bench]'"
+        f"straw-queue is not installed ({exc}); pip install -e '.[bench]' in this checkout"
     )
 
 

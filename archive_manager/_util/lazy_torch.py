@@ -12,6 +12,8 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import extra_hint
+
 if TYPE_CHECKING:
     from typing import TypeGuard
 
@@ -21,7 +23,7 @@ __all__ = ["TORCH_EXTRA_HINT", "is_tensor", "tensor_class", "torch_installed", "
 
 # torch is an extra (docs/quickstart.md, "Install"): a lean install audits, lists and exports
 # pools without it, and whatever needs it names the extra.
-TORCH_EXTRA_HINT = "pip install 'rollout-archive-manager[torch]'"
+TORCH_EXTRA_HINT = extra_hint("torch")
 
 
 def torch_module() -> ModuleType:
@@ -41,8 +43,7 @@ def torch_module() -> ModuleType:
         from ..errors import MissingDependencyError
 
         raise MissingDependencyError(
-            f"this needs PyTorch, which is not installed: {TORCH_EXTRA_HINT} "
-            "(or install the torch build that fits the machine first)"
+            f"this needs PyTorch, which is not installed; {TORCH_EXTRA_HINT}"
         ) from None
     return torch
 

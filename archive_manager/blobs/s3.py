@@ -359,11 +359,9 @@ class S3BlobStore(AbstractBlobStore):
             import boto3
             from botocore.config import Config
         except ImportError as exc:  # pragma: no cover - boto3 is a dependency of the s3 extra
-            from ..errors import MissingDependencyError
+            from ..errors import MissingDependencyError, extra_hint
 
-            raise MissingDependencyError(
-                "a pool on S3 needs boto3: pip install 'rollout-archive-manager[s3]'"
-            ) from exc
+            raise MissingDependencyError("a pool on S3 needs boto3; " + extra_hint("s3")) from exc
         cfg = self._config
         try:
             session = boto3.session.Session(

@@ -42,7 +42,10 @@ __all__ = [
     "upgrade",
 ]
 
-_UPGRADE_HINT = "upgrade archive_manager (pip install -U rollout-archive-manager)"
+# Not an upgrade by the distribution's name: it is not on PyPI (errors.extra_hint).
+_UPGRADE_HINT = (
+    "upgrade archive_manager (pip install -e . in an updated checkout, or a newer wheel)"
+)
 
 
 def script_location() -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._util.output import Output, write_output
-from ..errors import InvalidInputError, MissingDependencyError
+from ..errors import InvalidInputError, MissingDependencyError, extra_hint
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def _figure_class() -> Any:
         from matplotlib.figure import Figure
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "plotting needs matplotlib, which is not installed: pip install 'rollout-archive-manager[plot]'"
+            "plotting needs matplotlib, which is not installed; " + extra_hint("plot")
         ) from exc
     return Figure
 

@@ -75,7 +75,7 @@ def serve(
     """Serve a read-only web viewer of the pool: archives, samples, drift charts.
 
     The pool is opened read-only (the viewer never writes), so an account that may only
-    read the pool can run it.  Needs the web extra: pip install 'rollout-archive-manager[web]'.
+    read the pool can run it.  Needs the web extra (Flask).
     """
     # Imported here: Flask is an optional extra, and every other verb must work without it.
     from ..web import serve as run

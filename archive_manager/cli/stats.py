@@ -80,7 +80,7 @@ def _row(r: RolloutStats) -> list[object]:
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also draw reward and response length against rollout id into this image "
-    "(.png, .svg, .pdf; needs matplotlib: pip install 'rollout-archive-manager[plot]').",
+    "(.png, .svg, .pdf; needs matplotlib: the plot extra).",
 )
 @click.option(
     "--group-by",

@@ -34,7 +34,7 @@ def import_straw(
     as_json: bool,
 ) -> None:
     """Import seed archive INDEX files (vime's or slime's ``*.straw.json``, read with
-    straw-queue: pip install 'rollout-archive-manager[straw]') as new archives, one per index, each
+    straw-queue: the straw extra) as new archives, one per index, each
     verified sample by sample against its source before it is kept.  The first failure stops
     the run; a damaged or foreign index leaves the pool as it was."""
     if name is not None and len(indexes) > 1:

@@ -3,7 +3,7 @@
 A seed index (``"format": "vime.straw-debug"`` or ``"slime.straw-debug"``, version 1) names
 a straw-queue pool and the record set of its index; the samples are tagged-JSON trees in
 ``vime.v1`` records, tensors in ``tensor.v1`` records (docs/dropin.md).  This module reads
-them through the ``straw-queue`` package (the ``archive_manager[straw]`` extra), imported on
+them through the ``straw-queue`` package (the ``straw`` extra), imported on
 first use.  Nothing here unpickles, and no class a payload names is ever imported: the
 ``"sample"`` tag rebuilds the class registered in this process for the seed's
 ``<framework>.utils.types.Sample`` (`archive_manager.samples.fields_to_sample`), else a dict.
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import IntegrityError, MissingDependencyError, UnsupportedFormatError
+from ..errors import IntegrityError, MissingDependencyError, UnsupportedFormatError, extra_hint
 from ..samples import QUEUE_PREFIX, fields_to_sample, record_to_enum, record_to_value
 
 __all__ = [
@@ -69,8 +69,7 @@ def _straw() -> Any:
         import straw.tensor  # type: ignore[import-untyped]
     except ImportError as exc:
         raise MissingDependencyError(
-            "reading a seed (straw) archive needs the straw-queue package: "
-            "pip install 'rollout-archive-manager[straw]'"
+            "reading a seed (straw) archive needs the straw-queue package; " + extra_hint("straw")
         ) from exc
     return straw
 

@@ -37,6 +37,7 @@ from ..errors import (
     MissingDependencyError,
     SearchTimeoutError,
     UnsupportedFormatError,
+    extra_hint,
 )
 from ..pool.archive import Archive
 from .stats import archive_filters, check_rollout_range
@@ -170,7 +171,7 @@ def _finder(pattern: object, regex: bool, ignore_case: bool, deadline: float) ->
         import regex as regex_module
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "regular expressions need the regex module: pip install 'rollout-archive-manager[lens]'"
+            "regular expressions need the regex module; " + extra_hint("lens")
         ) from exc
     if _expansion(pattern) > _MAX_EXPANSION:
         raise InvalidInputError(

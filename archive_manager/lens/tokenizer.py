@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInputError, MissingDependencyError
+from ..errors import InvalidInputError, MissingDependencyError, extra_hint
 
 __all__ = ["MAX_TOKENIZER_BYTES", "TokenDecoder", "load_tokenizer"]
 
@@ -72,8 +72,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> TokenDecoder:
         from tokenizers import Tokenizer
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "showing tokens as text needs the tokenizers library: "
-            "pip install 'rollout-archive-manager[lens]'"
+            "showing tokens as text needs the tokenizers library; " + extra_hint("lens")
         ) from exc
     try:
         tokenizer = Tokenizer.from_file(str(file))

@@ -39,6 +39,7 @@ from ..errors import (
     MissingDependencyError,
     UnencodableError,
     UnsupportedFormatError,
+    extra_hint,
 )
 from ..samples import (
     Sample,
@@ -104,8 +105,7 @@ def pyarrow_module() -> Any:
         import pyarrow
     except ImportError as exc:
         raise MissingDependencyError(
-            "Arrow, Parquet, pandas and dataset exports need pyarrow: "
-            "pip install 'rollout-archive-manager[data]'"
+            "Arrow, Parquet, pandas and dataset exports need pyarrow; " + extra_hint("data")
         ) from exc
     return pyarrow
 

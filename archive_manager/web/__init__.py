@@ -1,17 +1,17 @@
 """A read-only web viewer of a pool: ``create_app(pool)`` (a Flask app) and ``serve(pool)``.
 
-Needs the ``web`` extra (Flask): ``pip install 'rollout-archive-manager[web]'``.
+Needs the ``web`` extra (Flask).
 """
 
 from __future__ import annotations
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, extra_hint
 
 try:
     import flask  # noqa: F401
 except ModuleNotFoundError as exc:
     raise MissingDependencyError(
-        "the web viewer needs Flask, which is not installed: pip install 'rollout-archive-manager[web]'"
+        "the web viewer needs Flask, which is not installed; " + extra_hint("web")
     ) from exc
 
 from .app import create_app

@@ -15,7 +15,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, extra_hint
 
 __all__ = ["markdown_available", "render_markdown"]
 
@@ -34,7 +34,7 @@ def _renderer() -> Any:
         from markdown_it import MarkdownIt
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
-            "rendering Markdown needs markdown-it-py: pip install 'rollout-archive-manager[lens]'"
+            "rendering Markdown needs markdown-it-py; " + extra_hint("lens")
         ) from exc
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable("table")

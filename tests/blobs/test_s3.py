@@ -57,7 +57,7 @@ def s3_server() -> Iterator[S3Server]:
     try:
         import boto3  # noqa: F401
     except ModuleNotFoundError:
-        reason = "boto3 is not installed: pip install 'rollout-archive-manager[s3]'"
+        reason = "boto3 is not installed (the s3 extra)"
         if os.environ.get(REQUIRE_S3_ENV):
             pytest.fail(reason)
         pytest.skip(reason)

@@ -145,7 +145,7 @@ def test_bare_postgresql_url_uses_psycopg(pg_server: PgServer, pg_url: str) -> N
 def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # "import psycopg" now fails
     with pytest.raises(
-        CatalogError, match=r"pip install 'rollout-archive-manager\[postgres\]'"
+        CatalogError, match=r"pip install -e '\.\[postgres\]' in a checkout"
     ) as info:
         make_engine("postgresql+psycopg://user@db.example/pool")
     assert "psycopg" in str(info.value) and "\n" not in str(info.value)

@@ -347,8 +347,9 @@ def test_cli_stats_plot_without_matplotlib_says_how_to_install(
     result = _run(root, "--plot", str(tmp_path / "x.png"))
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr.strip() == (
-        "error: plotting needs matplotlib, which is not installed: "
-        "pip install 'rollout-archive-manager[plot]'"
+        "error: plotting needs matplotlib, which is not installed; install the 'plot' extra: "
+        "pip install -e '.[plot]' in a checkout of archive_manager (or pip install "
+        "'rollout-archive-manager[plot]' where that distribution is installed)"
     )
     assert not (tmp_path / "x.png").exists()
     with pytest.raises(MissingDependencyError), ArchiveManager.open(root) as pool:

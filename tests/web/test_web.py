@@ -766,8 +766,9 @@ def test_serve_without_flask_says_how_to_install_it(
     result = CliRunner().invoke(cli, ["--root", str(tmp_path / "p"), "serve"])
     assert result.exit_code == 1
     assert result.stderr.strip() == (
-        "error: the web viewer needs Flask, which is not installed: "
-        "pip install 'rollout-archive-manager[web]'"
+        "error: the web viewer needs Flask, which is not installed; install the 'web' extra: "
+        "pip install -e '.[web]' in a checkout of archive_manager (or pip install "
+        "'rollout-archive-manager[web]' where that distribution is installed)"
     )
 
 

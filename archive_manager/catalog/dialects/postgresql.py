@@ -32,7 +32,13 @@ from sqlalchemy.engine.interfaces import ExceptionContext
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from ...errors import ArchiveError, CatalogError, CatalogLockedError, ReadOnlyPoolError
+from ...errors import (
+    ArchiveError,
+    CatalogError,
+    CatalogLockedError,
+    ReadOnlyPoolError,
+    extra_hint,
+)
 from ..models import metadata
 from ..urls import shown_url
 from .base import (
@@ -55,7 +61,7 @@ PG_WRITE_LOCK = 0x61726368_6D677231  # b"archmgr1": fixed, so every process agre
 ``BEGIN IMMEDIATE``. Advisory locks are per database, so pools in different databases never
 wait for each other."""
 
-POSTGRES_EXTRA_HINT = "pip install 'rollout-archive-manager[postgres]'"
+POSTGRES_EXTRA_HINT = extra_hint("postgres")
 
 
 def _create_engine(url: URL, **kwargs: Any) -> Engine:
@@ -65,7 +71,7 @@ def _create_engine(url: URL, **kwargs: Any) -> Engine:
         extra = POSTGRES_EXTRA_HINT if url.get_backend_name() == "postgresql" else "install it"
         raise CatalogError(
             f"the catalog URL {shown_url(url)} needs the Python "
-            f"module {exc.name!r}, which is not installed: {extra}"
+            f"module {exc.name!r}, which is not installed; {extra}"
         ) from exc
     except NoSuchModuleError as exc:
         raise CatalogError(
