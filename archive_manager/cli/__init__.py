@@ -128,7 +128,15 @@ class _Cli(click.Group):
     help="Show the library's log (logger 'archive_manager') on stderr: -v INFO, -vv DEBUG.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Log errors only (no warnings).")
-@click.version_option(__version__, "--version", "-V", prog_name="archive-manager")
+@click.option(
+    "--version",
+    "-V",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=lambda ctx, _param, value: _print_version(ctx, value),
+    help="Show the version and exit.",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -180,6 +188,48 @@ for _command in (
     demo,
 ):
     cli.add_command(_command)
+
+
+#: The distribution's name before issue 39, and the unrelated PyPI project of that name: either
+#: one installs the same ``archive_manager/`` files and ``archive-manager`` script.
+_OTHER_DISTRIBUTION = "archive_manager"
+_DISTRIBUTION = "rollout-archive-manager"
+
+
+def _print_version(ctx: click.Context, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"archive-manager, version {__version__}")
+    clash = installed_twice()
+    if clash:
+        click.echo(f"warning: {clash}", err=True)
+    ctx.exit()
+
+
+def installed_twice() -> str | None:
+    """Why this environment's install is fragile, when two distributions own its files.
+
+    Installing ``rollout-archive-manager`` over a checkout installed under the old name leaves
+    both recorded as owners of ``archive_manager/`` and ``bin/archive-manager``: uninstalling
+    either deletes the other's files, and pip then calls the other "already satisfied".  Asked
+    by ``--version`` only (the metadata scan walks sys.path; no other verb pays it).
+    """
+    from importlib import metadata
+
+    found = []
+    for name in (_DISTRIBUTION, _OTHER_DISTRIBUTION):
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    if len(found) < 2:
+        return None
+    return (
+        f"both {_DISTRIBUTION} and {_OTHER_DISTRIBUTION} are installed here and own the same "
+        f"files: pip uninstall -y {_OTHER_DISTRIBUTION}, then pip install --force-reinstall "
+        "--no-deps -e . in the checkout (or the wheel)"
+    )
 
 
 _LOG_HANDLER: logging.Handler | None = None

@@ -107,6 +107,35 @@ def test_version_and_help() -> None:
         assert verb in helped
 
 
+@pytest.mark.parametrize("old_too", [False, True], ids=["one", "old name too"])
+def test_version_warns_when_the_old_distribution_shares_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old_too: bool
+) -> None:
+    """A checkout installed under the old name, then installed as rollout-archive-manager,
+    leaves two distributions owning archive_manager/: uninstalling either breaks the other."""
+    import importlib.metadata  # before sys.path holds only the fake site-packages
+
+    names = (
+        ["rollout_archive_manager", "archive_manager"] if old_too else ["rollout_archive_manager"]
+    )
+    for name in names:
+        info = tmp_path / f"{name}-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert importlib.metadata.version("rollout-archive-manager") == "0.1.0"
+    result = ok(CliRunner().invoke(cli, ["--version"]))
+    assert result.stdout.startswith("archive-manager, version")
+    if not old_too:
+        assert result.stderr == ""
+        return
+    assert result.stderr.splitlines() == [
+        "warning: both rollout-archive-manager and archive_manager are installed here and own "
+        "the same files: pip uninstall -y archive_manager, then pip install --force-reinstall "
+        "--no-deps -e . in the checkout (or the wheel)"
+    ]
+
+
 def test_unknown_verb_and_bad_option_are_usage_errors(run: Callable[..., Result]) -> None:
     assert run("frobnicate").exit_code == 2
     assert run("ls", "--state", "bogus").exit_code == 2
