@@ -168,6 +168,16 @@ class AbstractBlobStore(abc.ABC):
         """A read-only view of ``digest`` (a memory map if ``capabilities.mmap``), verified
         unless ``verify=False``."""
 
+    def open_private(self, digest: str) -> memoryview:
+        """A writable view of the verified bytes of ``digest`` that is the caller's own:
+        writing to it never reaches the store or another reader.  Here a copy of `open`'s
+        view; a store of local files maps the file copy-on-write instead (no copy)."""
+        view = self.open(digest)
+        try:
+            return memoryview(bytearray(view))
+        finally:
+            view.release()
+
     @abc.abstractmethod
     def read_range(self, digest: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes of ``digest`` from ``offset``, unverified (a range cannot be

@@ -125,6 +125,10 @@ class ReadOnlyStoreView(_RefusesWrites, AbstractBlobStore):
         """The store's `open`."""
         return self._store.open(digest, verify=verify)
 
+    def open_private(self, digest: str) -> memoryview:
+        """The store's `open_private` (a private view: nothing reaches the store)."""
+        return self._store.open_private(digest)
+
     def read_range(self, digest: str, offset: int, length: int) -> bytes:
         """The store's `read_range`."""
         return self._store.read_range(digest, offset, length)

@@ -117,8 +117,10 @@ def encode_tensor_blob(t: torch.Tensor) -> TensorBlob:
     return TensorBlob(digest_of(parts), parts, len(head) + raw.nbytes)
 
 
-def decode_tensor_blob(data: Buffer, digest: str = "?") -> torch.Tensor:
-    """The tensor in a tensor blob, as a new writable tensor."""
+def decode_tensor_blob(data: Buffer, digest: str = "?", *, owned: bool = False) -> torch.Tensor:
+    """The tensor in a tensor blob, as a new writable tensor: a copy of the blob's bytes, or,
+    with ``owned`` (``data`` is a writable buffer nobody else uses: `BlobStore.open_private`),
+    a tensor over ``data`` itself, which it keeps alive."""
     mv = memoryview(data).cast("B")
     try:
         magic, version, _flags, hlen = _TENSOR_HEAD.unpack_from(mv, 0)
@@ -129,7 +131,7 @@ def decode_tensor_blob(data: Buffer, digest: str = "?") -> torch.Tensor:
         header = json.loads(bytes(mv[_TENSOR_HEAD.size : start]))
         dtype = torch_dtypes()[header["dtype"]]
         shape = _check_shape(header["shape"])
-        return _tensor_from(mv[start:], dtype, shape, exact=True)
+        return _tensor_from(mv[start:], dtype, shape, exact=True, owned=owned)
     except (ArchiveError, UnicodeDecodeError) as exc:
         raise _integrity(f"tensor blob {digest}", exc) from exc
     except (struct.error, ValueError, KeyError, TypeError, RuntimeError) as exc:
@@ -137,7 +139,12 @@ def decode_tensor_blob(data: Buffer, digest: str = "?") -> torch.Tensor:
 
 
 def _tensor_from(
-    mv: memoryview, dtype: torch.dtype, shape: tuple[int, ...], *, exact: bool = False
+    mv: memoryview,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    *,
+    exact: bool = False,
+    owned: bool = False,
 ) -> torch.Tensor:
     torch = torch_module()
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -147,8 +154,9 @@ def _tensor_from(
     if nbytes == 0:
         empty: Tensor = torch.empty(shape, dtype=dtype)
         return empty
-    # bytearray: the tensor must own writable memory, not alias a read-only chunk or mmap.
-    flat = torch.frombuffer(bytearray(mv[:nbytes]), dtype=torch.uint8)
+    # bytearray: the tensor must own writable memory, not alias a read-only chunk or mmap
+    # (an owned buffer is writable and the tensor's alone).
+    flat = torch.frombuffer(mv[:nbytes] if owned else bytearray(mv[:nbytes]), dtype=torch.uint8)
     tensor: Tensor = flat.view(dtype).reshape(shape)
     return tensor
 

@@ -829,7 +829,7 @@ class Archive:
         from ..codec import decode_tensor_blob
 
         try:
-            tensor = decode_tensor_blob(self._pool.store.open(digest), digest)
+            tensor = decode_tensor_blob(self._pool.store.open_private(digest), digest, owned=True)
         except BlobNotFoundError as exc:
             self._raise_if_released(f"tensor blob {digest} is gone")
             raise IntegrityError(f"archive {self.name!r}: tensor blob {digest} is missing") from exc

@@ -385,6 +385,32 @@ class BlobStoreContract:
 
             assert isinstance(view.obj, mmap.mmap)
 
+    @pytest.mark.parametrize("size", [0, 10_000])
+    def test_open_private_is_the_callers_own(self, store: Any, size: int) -> None:
+        """`open_private`: the verified bytes, writable, and what one caller writes reaches
+        neither the store nor another view (a store of local files maps the file copy-on-write:
+        a loaded tensor uses it as its memory)."""
+        data = os.urandom(size)
+        digest = store.put(data)
+        view = store.open_private(digest)
+        assert bytes(view) == data and not view.readonly
+        if size:
+            view[0] ^= 0xFF
+            assert store.get(digest) == data
+            assert bytes(store.open_private(digest)) == data
+            assert bytes(store.open(digest)) == data
+            if type(store).__name__ == "LocalBlobStore":  # on a local disk here
+                import mmap
+
+                assert isinstance(view.obj, mmap.mmap)  # no copy of the bytes
+
+    def test_open_private_checks_the_digest(self, store: Any) -> None:
+        data = b"0123456789" * 100
+        digest = store.put(data)
+        self.damage(store, digest, flip_bit(data, 500))
+        with pytest.raises(IntegrityError, match=digest):
+            store.open_private(digest)
+
     def test_local_paths_when_the_store_says_so(self, store: Any) -> None:
         digest = store.put(b"on a disk")
         if not store.capabilities.local_paths:

@@ -129,6 +129,28 @@ def test_big_tensors_become_lazy_tensor_blobs(open_pool, rollout, same_samples, 
     same_samples(loaded, samples)
 
 
+def test_a_tensor_loaded_from_its_blob_is_the_callers_own(open_pool, rollout, blob_files_of):
+    """A materialized tensor blob is writable, and what is written reaches neither the blob
+    nor another load of it (on local files it is a copy-on-write map of the blob); a flipped
+    byte of the blob is still found when it is loaded."""
+    pool = open_pool(inline_limit=256)
+    samples = rollout(2, seed=3, r3_layers=2)
+    arc = pool.save("r3", samples, rollout_id=0)
+    first = arc.load_samples(materialize=True)[0].rollout_routed_experts
+    assert isinstance(first, torch.Tensor)
+    expected = samples[0].rollout_routed_experts
+    first.view(-1)[:5] = -7
+    first.add_(1)
+    again = pool.open_archive("r3").load_samples(materialize=True)[0].rollout_routed_experts
+    assert torch.equal(again, expected)
+    assert torch.equal(pool.open_archive("r3").load_samples()[0].rollout_routed_experts, expected)
+    digest = arc.load_samples()[0].rollout_routed_experts.digest
+    pool.store.check(digest)
+    blob_files_of(pool).flip_bit(digest, pool.store.size(digest) - 1)
+    with pytest.raises(IntegrityError, match=digest):
+        arc.load_samples(materialize=True)
+
+
 # --------------------------------------------------------------------------- keys
 
 
