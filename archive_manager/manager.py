@@ -89,7 +89,7 @@ from .pool.journal import (
     stage_record,
     write_committed,
 )
-from .pool.listing import listing_filter
+from .pool.listing import listing_filter, rollout_filter
 
 # NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
 # numpy, zstandard), and those of one verb (stats, the RL lens, retention plans, the pool
@@ -1004,13 +1004,16 @@ class ArchiveManager:
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
         """
-        if rollout_ids is not None:
-            if rollout_id is not None:
-                raise InvalidInputError(
-                    "give rollout_ids or its older spelling rollout_id, not both"
-                )
-            rollout_id = rollout_ids
-        f = listing_filter(rollout_id, evaluation, task_key, state, since, limit=limit, after=after)
+        f = listing_filter(
+            rollout_id,
+            evaluation,
+            task_key,
+            state,
+            since,
+            rollout_ids=rollout_ids,
+            limit=limit,
+            after=after,
+        )
         a, e = archives_table, entries_table
         query = select(a)
         if f.rollout_low is not None:
@@ -1103,14 +1106,15 @@ class ArchiveManager:
         state: str | None = "published",
         limit: int | None = None,
         reward_key: str | None = None,
+        rollout_id: range | tuple[int | None, int | None] | int | None = None,
     ) -> SampleRows:
         """Samples across archives, from the catalog alone, matching every filter given.
 
         ``status`` is one status or several (any of them), as text (``"truncated"``) or as
         ``Sample.Status`` members; ``min_length``/``max_length`` bound the response length;
         ``rollout_ids`` (an int, a ``range`` or an inclusive ``(low, high)`` with optional
-        ends) is the same filter as ``min_rollout_id``/``max_rollout_id``, which narrow it
-        further; ``state`` is ``"published"`` by default, None for all.  ``reward_key``
+        ends; ``rollout_id``, `find`'s older spelling, means the same) is the same filter as
+        ``min_rollout_id``/``max_rollout_id``, which narrow it further; ``state`` is ``"published"`` by default, None for all.  ``reward_key``
         chooses the part of dict rewards read as the reward (the rows' ``reward`` and the
         reward bounds) instead of the key each archive was saved with, from the parts the
         catalog keeps: no payload is read (`archive_manager.lens.rewards`).
@@ -1121,7 +1125,7 @@ class ArchiveManager:
         from .lens.stats import narrow_rollout_bounds
 
         min_rollout_id, max_rollout_id = narrow_rollout_bounds(
-            rollout_ids, min_rollout_id, max_rollout_id
+            rollout_filter(rollout_ids, rollout_id), min_rollout_id, max_rollout_id
         )
         return query_samples(
             self._context,
@@ -1169,13 +1173,15 @@ class ArchiveManager:
         after: tuple[int | None, bool] | None = None,
         group_by: str | None = None,
         reward_key: str | None = None,
+        rollout_id: range | tuple[int | None, int | None] | int | None = None,
     ) -> list[RolloutStats]:
         """Training-drift statistics per rollout id and evaluation flag, from the catalog.
 
         Per row: samples, mean / p50 / p90 reward, mean and p90 response length, share
         truncated and share by status, bytes; published and released archives count (see
         `archive_manager.lens.stats`).  ``rollout_ids`` is an int, a ``range`` or an inclusive
-        ``(low, high)`` with optional ends.  Summaries of unchanged rollouts are cached.
+        ``(low, high)`` with optional ends (``rollout_id``, `find`'s older spelling, means
+        the same).  Summaries of unchanged rollouts are cached.
 
         Rows come by rollout id (rollouts without one last), training before evaluation.
         ``limit`` returns at most that many; ``after`` (``(rollout_id, evaluation)`` of the
@@ -1201,7 +1207,7 @@ class ArchiveManager:
             self._stats_cache = StatsCache()
         return rollout_stats(
             self._context,
-            rollout_ids,
+            rollout_filter(rollout_ids, rollout_id),
             evaluation,
             cache=self._stats_cache,
             after=after,
@@ -1700,21 +1706,23 @@ class ArchiveManager:
         folder: str | os.PathLike[str],
         *,
         format: str,
-        rollout_ids: tuple[int | None, int | None] | None = None,
+        rollout_ids: range | tuple[int | None, int | None] | int | None = None,
         evaluation: bool | None = None,
         overwrite: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        rollout_id: range | tuple[int | None, int | None] | int | None = None,
     ) -> list[Path]:
-        """Export each published archive of an inclusive rollout id range (and evaluation
-        flag) to ``folder/<name>.<format>``; ``progress(done, total)`` counts the stored
-        bytes read."""
+        """Export each published archive of ``rollout_ids`` (an int, a ``range`` or an
+        inclusive ``(low, high)`` with optional ends, as `find` takes it; ``rollout_id``
+        means the same) and evaluation flag to ``folder/<name>.<format>``;
+        ``progress(done, total)`` counts the stored bytes read."""
         from .interop.export import export_many
 
         return export_many(
             self._context,
             folder,
             format=format,
-            rollout_ids=rollout_ids,
+            rollout_ids=rollout_filter(rollout_ids, rollout_id),
             evaluation=evaluation,
             overwrite=overwrite,
             progress=progress,

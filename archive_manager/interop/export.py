@@ -56,6 +56,7 @@ from ..pool.arrow import (
     stream_schema,
 )
 from ..pool.context import PoolContext
+from ..pool.listing import check_rollout_range, rollout_filter
 from ..pool.writer import ArchiveWriter
 from ..samples import Sample
 
@@ -117,21 +118,17 @@ def selected_archives(
     """``[(archive, positions)]`` of the samples the query selects, in its order."""
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
         raise InvalidInputError("names must be a list of archive names")
-    if "rollout_id" in filters:
-        # find's spelling: the same filter, so a query copied from find works here too.
-        if "rollout_ids" in filters:
-            raise InvalidInputError("give rollout_ids or its older spelling rollout_id, not both")
-        filters = {**filters, "rollout_ids": filters["rollout_id"]}
-        del filters["rollout_id"]
+    # find's spelling, rollout_id, is the same filter, so a query copied from find works here.
+    filters = dict(filters)
+    bounds = rollout_filter(filters.pop("rollout_ids", None), filters.pop("rollout_id", None))
     unknown = sorted(set(filters) - _FILTERS)
     if unknown:
         raise InvalidInputError(
             f"unknown filter {', '.join(map(repr, unknown))}; the filters are "
             f"{', '.join(sorted(_FILTERS))}"
         )
-    filters = dict(filters)
     filters["min_rollout_id"], filters["max_rollout_id"] = narrow_rollout_bounds(
-        filters.pop("rollout_ids", None),
+        bounds,
         filters.get("min_rollout_id"),
         filters.get("max_rollout_id"),
     )
@@ -452,7 +449,7 @@ def export_many(
     format: str,
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
-    rollout_ids: tuple[int | None, int | None] | None = None,
+    rollout_ids: object = None,
     evaluation: bool | None = None,
 ) -> list[Path]:
     """`ArchiveManager.export_many`: each published archive of the rollout id range (and
@@ -467,7 +464,9 @@ def export_many(
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"{out} is not a folder")
-    low, high = rollout_ids or (None, None)
+    low, high = check_rollout_range(rollout_ids) or (None, None)
+    if evaluation is not None and not isinstance(evaluation, bool):
+        raise InvalidInputError("evaluation must be a bool or None")
     arcs = [
         open_archive(pool, info.name)
         for info in _published(pool)

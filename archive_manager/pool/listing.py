@@ -25,6 +25,7 @@ __all__ = [
     "check_rollout_id",
     "check_rollout_range",
     "listing_filter",
+    "rollout_filter",
     "utc_time",
 ]
 
@@ -84,46 +85,68 @@ class ArchiveInfo:
         )
 
 
-def check_rollout_range(rollout_ids: object) -> RolloutRange | None:
+def check_rollout_range(rollout_ids: object, param: str = "rollout_ids") -> RolloutRange | None:
     """Normalize a rollout-id filter: None, an int, a ``range`` (step 1) or ``(low, high)``.
+
+    The one parser of the filter every method takes (find, query, stats, the exports, the
+    datasets, forget, search, the prompt lens); ``param`` is the name the caller gave it,
+    which the messages name.
 
     Raises:
         InvalidInputError: anything else, a range with another step, low > high, or an end
             outside the 64-bit rollout ids the catalog holds.
     """
-    bounds = _check_rollout_range(rollout_ids)
+    bounds = _check_rollout_range(rollout_ids, param)
     for end in bounds or ():
         if end is not None and not -(2**63) <= end < 2**63:
             raise InvalidInputError(
-                f"rollout id {end} is out of range: rollout ids are 64-bit signed ints"
+                f"{param}: rollout id {end} is out of range: rollout ids are 64-bit signed ints"
             )
     return bounds
 
 
-def _check_rollout_range(rollout_ids: object) -> RolloutRange | None:
+def _check_rollout_range(rollout_ids: object, param: str) -> RolloutRange | None:
     if rollout_ids is None:
         return None
     if isinstance(rollout_ids, bool):
-        raise InvalidInputError("rollout_ids must be an int, a range or (low, high), not a bool")
+        raise InvalidInputError(f"{param} must be an int, a range or (low, high), not a bool")
     if isinstance(rollout_ids, int):
         return (rollout_ids, rollout_ids)
     if isinstance(rollout_ids, range):
         if rollout_ids.step != 1:
-            raise InvalidInputError("a range of rollout ids must have step 1")
+            raise InvalidInputError(f"{param}: a range of rollout ids must have step 1")
         if not rollout_ids:
-            raise InvalidInputError(f"{rollout_ids!r} holds no rollout id")
+            raise InvalidInputError(f"{param}: {rollout_ids!r} holds no rollout id")
         return (rollout_ids.start, rollout_ids.stop - 1)
     if isinstance(rollout_ids, tuple) and len(rollout_ids) == 2:
         low, high = rollout_ids
         for end in (low, high):
             if end is not None and (isinstance(end, bool) or not isinstance(end, int)):
-                raise InvalidInputError("the ends of a rollout id range must be ints or None")
+                raise InvalidInputError(f"the ends of {param} (low, high) must be ints or None")
         if low is not None and high is not None and low > high:
-            raise InvalidInputError(f"rollout id range {low}..{high} is empty")
+            raise InvalidInputError(f"{param}: rollout id range {low}..{high} is empty")
         return (low, high)
+    # The CLI's A..B is text only there: the API takes the range as a tuple.
+    spelled = " ('A..B' is (A, B) here)" if isinstance(rollout_ids, str) else ""
     raise InvalidInputError(
-        f"rollout_ids must be None, an int, a range or (low, high), not {type(rollout_ids).__name__}"
+        f"{param} must be None, an int, a range or (low, high), "
+        f"not {type(rollout_ids).__name__}{spelled}"
     )
+
+
+def rollout_filter(rollout_ids: object, rollout_id: object = None) -> RolloutRange | None:
+    """The rollout-id filter of a call that takes both spellings: ``rollout_ids``, or
+    ``rollout_id``, `find`'s older name for the same filter, checked as
+    `check_rollout_range` checks it, its messages naming the spelling the caller used.
+
+    Raises:
+        InvalidInputError: both given, or as `check_rollout_range`.
+    """
+    if rollout_id is None:
+        return check_rollout_range(rollout_ids)
+    if rollout_ids is not None:
+        raise InvalidInputError("give rollout_ids or its older spelling rollout_id, not both")
+    return check_rollout_range(rollout_id, "rollout_id")
 
 
 def check_rollout_id(rollout_id: object) -> int | None:
@@ -166,6 +189,7 @@ def listing_filter(
     state: str | None = "published",
     since: datetime | None = None,
     *,
+    rollout_ids: int | range | tuple[int | None, int | None] | None = None,
     limit: int | None = None,
     after: str | None = None,
 ) -> ListingFilter:
@@ -174,12 +198,7 @@ def listing_filter(
     Raises:
         InvalidInputError: a filter of the wrong type or out of range.
     """
-    low: int | None = None
-    high: int | None = None
-    if isinstance(rollout_id, (range, tuple)):
-        low, high = check_rollout_range(rollout_id) or (None, None)
-    elif rollout_id is not None:
-        low = high = check_rollout_id(rollout_id)
+    low, high = rollout_filter(rollout_ids, rollout_id) or (None, None)
     if evaluation is not None and not isinstance(evaluation, bool):
         raise InvalidInputError("evaluation must be a bool or None")
     key = check_task_key(task_key) if task_key is not None else None

@@ -237,6 +237,26 @@ def test_rollout_filters_have_one_name_everywhere(root: Path) -> None:
     assert {new[i]["archive"] for i in range(len(new))} == {"r1"}
 
 
+@pytest.mark.parametrize("spelling", ["rollout_ids", "rollout_id"])
+@pytest.mark.parametrize("ids", [1, (1, 2), (1, None), range(1, 3)], ids=repr)
+def test_every_rollout_filter_takes_the_same_forms(
+    root: Path, tmp_path: Path, spelling: str, ids: object
+) -> None:
+    """export_many took only a (low, high) tuple (an int: "cannot unpack"), and query and
+    stats refused find's rollout_id= (TypeError): one parser, both spellings, everywhere."""
+    want = {"r1", "r2"} if ids != 1 else {"r1"}
+    arg = {spelling: ids}
+    with ArchiveManager.open(root) as pool:
+        assert {a.name for a in pool.find(**arg)} == want
+        assert {r.archive for r in pool.query(**arg)} == want
+        assert {s.rollout_id for s in pool.stats(**arg)} == {int(n[1]) for n in want}
+        assert set(pool.arrow_reader(**arg).read_all()["archive"].to_pylist()) == want
+        done = pool.export_many(tmp_path / "out", format="jsonl", **arg)
+        assert {p.stem for p in done} == want
+    dataset = RolloutDataset(root, fields=["archive"], as_tensors=False, **arg)
+    assert {dataset[i]["archive"] for i in range(len(dataset))} == want
+
+
 def test_items_have_one_dtype_per_field_whatever_the_values(tmp_path: Path) -> None:
     """Issue 35: log-prob tensors came back float32 or float64 as their values happened to
     be float32-exact or not (and a DataLoader batch then mixed the two); tensors and arrays

@@ -834,6 +834,54 @@ def test_no_fragment_of_an_unencoded_password_reaches_an_error_message(tmp_path:
     assert "xyzzy" not in str(caught.value)
 
 
+@pytest.mark.parametrize("spelling", ["rollout_ids", "rollout_id"])
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("1..2", "must be None, an int, a range or (low, high), not str ('A..B' is (A, B) here)"),
+        (True, "must be an int, a range or (low, high), not a bool"),
+        ((1, "2"), "the ends of {} (low, high) must be ints or None"),
+        ((3, 1), "{}: rollout id range 3..1 is empty"),
+        (range(0, 9, 2), "{}: a range of rollout ids must have step 1"),
+        (2**63, "{}: rollout id 9223372036854775808 is out of range"),
+    ],
+    ids=["text", "bool", "end", "empty", "step", "huge"],
+)
+def test_a_bad_rollout_filter_is_refused_naming_the_spelling_used(
+    tmp_path: Path, spelling: str, bad: object, says: str
+) -> None:
+    """find(rollout_ids="1..2") complained about "rollout_id must be...", export_many raised
+    TypeError or ValueError, query and stats had no rollout_id=: every method that filters by
+    rollout id refuses a bad filter with InvalidInputError naming the parameter given, and
+    writes nothing."""
+    from archive_manager.data import RolloutDataset
+
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("a", tiny_rollout(n=2), rollout_id=1)
+        calls: list[Callable[..., object]] = [
+            pool.find,
+            pool.query,
+            pool.stats,
+            pool.arrow_reader,
+            lambda **kw: pool.export_many(tmp_path / "out", format="jsonl", **kw),
+            lambda **kw: RolloutDataset(pool, fields=["archive"], **kw),
+        ]
+        if spelling == "rollout_ids":
+            calls += [
+                lambda **kw: pool.forget(keep_last=1, dry_run=True, **kw),
+                lambda **kw: pool.search("x", **kw),
+                lambda **kw: pool.prompt_history("k", **kw),
+            ]
+        message = says.format(spelling) if "{}" in says else f"{spelling} {says}"
+        for call in calls:
+            with pytest.raises(InvalidInputError) as info:
+                call(**{spelling: bad})
+            assert message in str(info.value), call
+        assert not (tmp_path / "out").exists()
+        assert [a.name for a in pool.find()] == ["a"]
+
+
 def test_a_huge_lease_ttl_is_a_library_error(tmp_path: Path) -> None:
     """`lease_ttl=10**400` (a config value in microseconds read as seconds, say) raises a raw
     `OverflowError: int too large to convert to float` from `ArchiveManager.open`; a library
