@@ -40,6 +40,7 @@ __all__ = [
     "UnencodableError",
     "UnsupportedFilesystemError",
     "UnsupportedFormatError",
+    "UnsupportedVersionError",
 ]
 
 
@@ -250,6 +251,12 @@ def extra_hint(extra: str) -> str:
         f"archive_manager (or pip install 'rollout-archive-manager[{extra}]' where that "
         "distribution is installed)"
     )
+
+
+class UnsupportedVersionError(MissingDependencyError):
+    """An integration's framework is installed at a version it was not written against (the
+    message names the installed version and the supported ones): the integration reads the
+    framework's own batches, whose layout changes between releases, so it refuses to guess."""
 
 
 class GcAbortedError(ArchiveError):
