@@ -27,10 +27,10 @@ length, ``loss_mask`` the completion's mask as the loss uses it, ``reward`` the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
+import numbers
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -48,7 +48,7 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..manager import ArchiveManager
-from ..samples import Sample, check_task_key
+from ..samples import Sample
 
 try:
     import trl
@@ -104,21 +104,36 @@ def check_trl_version(version: str | None = None) -> str:
 
 
 def prompt_key(prompt: object) -> str:
-    """The task key of a prompt: the SHA-256 (hex) of its canonical JSON text, so the same
-    prompt (a str, or chat messages) has the same key in every step and every run.
+    """The task key of a prompt: its text (chat messages as their canonical JSON text), so
+    the same prompt has the same key in every step and every run.  The pool keys a text over
+    255 bytes by ``sha256:`` and its digest and keeps the text beside it (docs/lens.md, "Task
+    keys"), so ``pool.query(task_key=prompt_key(p))`` finds its samples either way.
 
     Raises:
         InvalidInputError: a prompt that is not JSON text (images in the messages): name a
             ``task_key_column`` instead.
     """
+    if isinstance(prompt, str):
+        return str.__str__(prompt)
     try:
-        text = json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError):
         raise InvalidInputError(
             f"a {type(prompt).__name__} prompt holding values other than text has no prompt "
             "key: give ArchiveCallback a task_key_column"
         ) from None
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _column_key(value: object, column: str) -> str:
+    """A task key column's value as the text the pool keys it by (a str, or an int's digits)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    raise InvalidInputError(
+        f"task_key_column {column!r} holds a {type(value).__name__} ({value!r:.40}): a task "
+        "key is a str or an int"
+    )
 
 
 @dataclass
@@ -450,7 +465,7 @@ def _collect(
                     f"task_key_column {column!r} is not a column of the training data "
                     f"(its rows have {sorted(source)})"
                 )
-            key = check_task_key(source[column])
+            key = _column_key(source[column], column)
         else:
             key = prompt_key(source.get("prompt", prompt))
         rows.append(

@@ -5,10 +5,12 @@ completions table TRL writes itself)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,129 +22,18 @@ trl = require("trl")
 transformers = require("transformers")
 
 import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
+from _trl_setup import dataset, grpo, make_tokenizer, reward_len, tiny_model, unpadded  # noqa: E402
 
 from archive_manager import ArchiveManager, Sample  # noqa: E402
-from archive_manager.errors import InvalidInputError  # noqa: E402
-from archive_manager.integrations.trl import (  # noqa: E402
-    ArchiveCallback,
-    ArchiveGRPOTrainer,
-    prompt_key,
-)
+from archive_manager.errors import ArchiveExistsError, InvalidInputError  # noqa: E402
+from archive_manager.integrations.trl import ArchiveCallback, prompt_key  # noqa: E402
 
-CORPUS = "the cat sat on a mat and dog ran to red ball while one two three four"
-PROMPTS = ["the cat sat", "a dog ran to", "one two", "red ball", "the mat", "four three"]
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    """A word-level tokenizer trained on a line of text, with pad and eos tokens."""
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        [CORPUS], trainers.WordLevelTrainer(special_tokens=["<pad>", "<eos>", "<unk>"])
-    )
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-
-
-def tiny_model(tokenizer: Any) -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    return transformers.LlamaForCausalLM(config)
-
-
-def dataset() -> Any:
-    return Dataset.from_dict(
-        {"prompt": PROMPTS * 4, "pid": [f"task-{i % len(PROMPTS)}" for i in range(24)]}
-    )
-
-
-class Spy(ArchiveGRPOTrainer):  # type: ignore[misc]
-    """Keeps what TRL computed for each generation batch, as TRL computed it (padded)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list[dict[str, Any]] = []
-
-    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, ids: Any) -> Any:
-        rewards = super()._calculate_rewards(inputs, prompts, completions, ids)
-        self.scored = {
-            "prompts": list(prompts),
-            "completion_lists": [list(map(int, c)) for c in ids],
-            "pids": [x["pid"] for x in inputs],
-            "rewards": rewards.clone(),
-        }
-        return rewards
-
-    def _generate_and_score_completions(self, inputs: Any) -> Any:
-        step = self.state.global_step
-        output = super()._generate_and_score_completions(inputs)
-        kept = {k: v.clone() for k, v in output.items() if isinstance(v, torch.Tensor)}
-        self.batches.append({"step": step, **kept, **self.scored})
-        return output
-
-
-def reward_len(completions: list[str], **kwargs: Any) -> list[float]:
-    return [float(len(c)) for c in completions]
-
-
-def grpo(
-    tokenizer: Any,
-    out: Path,
-    callback: ArchiveCallback,
-    *,
-    max_steps: int = 3,
-    seen_steps: list[int] | None = None,
-    **config: Any,
-) -> Spy:
-    def reward_cat(completions: list[str], trainer_state: Any, **kwargs: Any) -> list[float | None]:
-        if seen_steps is not None:
-            seen_steps.append(trainer_state.global_step)
-        return [1.0 if "cat" in c else None for c in completions]
-
-    args = trl.GRPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,  # a generation batch of 8 feeds two micro-batches
-        num_generations=2,
-        max_completion_length=5,
-        max_steps=max_steps,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
-        reward_weights=[1.0, 0.5],
-        **config,
-    )
-    return Spy(
-        model=tiny_model(tokenizer),
-        reward_funcs=[reward_len, reward_cat],
-        args=args,
-        train_dataset=dataset(),
-        processing_class=tokenizer,
-        callbacks=[callback],
-    )
-
-
-def unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
-    return ids[mask.bool()].tolist()
+    return make_tokenizer()
 
 
 def test_each_generation_batch_is_one_archive_of_what_the_trainer_computed(
@@ -221,17 +112,19 @@ def test_each_generation_batch_is_one_archive_of_what_the_trainer_computed(
     assert truncated > 0  # the mask and status cases were met
 
 
-def test_task_key_defaults_to_the_prompt_digest(tokenizer: Any, tmp_path: Path) -> None:
+def test_task_key_defaults_to_the_prompt_text(tokenizer: Any, tmp_path: Path) -> None:
     pool = ArchiveManager.open(tmp_path / "pool")
     trainer = grpo(tokenizer, tmp_path / "out", ArchiveCallback(pool), max_steps=1)
     trainer.train()
     (batch,) = trainer.batches
     archive = pool.open_archive("step-000000")
-    expected = [
-        hashlib.sha256(json.dumps(p, ensure_ascii=False).encode()).hexdigest()
-        for p in batch["prompts"]
-    ]
-    assert [t for _, t in archive.keys()] == expected == [prompt_key(p) for p in batch["prompts"]]
+    assert [t for _, t in archive.keys()] == batch["prompts"]
+    assert [prompt_key(p) for p in batch["prompts"]] == batch["prompts"]
+    rows = pool.query(task_key=batch["prompts"][0])
+    assert len(rows) == batch["prompts"].count(batch["prompts"][0])
+    # chat messages: their canonical JSON text
+    chat = [{"role": "user", "content": "the cat"}]
+    assert prompt_key(chat) == '[{"content":"the cat","role":"user"}]'
 
 
 def test_a_plain_grpo_trainer_fails_at_its_first_step(tokenizer: Any, tmp_path: Path) -> None:
@@ -258,3 +151,87 @@ def test_a_plain_grpo_trainer_fails_at_its_first_step(tokenizer: Any, tmp_path: 
     with pytest.raises(InvalidInputError, match="ArchiveGRPOMixin"):
         trainer.train()
     assert pool.find(state=None) == []
+
+
+def test_a_resumed_run_supersedes_the_steps_it_generates_again(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    pool = ArchiveManager.open(tmp_path / "pool")
+    first = grpo(
+        tokenizer, tmp_path / "out", ArchiveCallback(pool), save_strategy="steps", save_steps=2
+    )
+    first.train()  # steps 0, 1, 2 saved; checkpoint-2 written after step 1 (global step 2)
+    assert [i.rollout_id for i in pool.find()] == [0, 1, 2]
+    lost_step_2 = [s.tokens for s in pool.open_archive("step-000002").load_samples()]
+
+    resumed = grpo(tokenizer, tmp_path / "out", ArchiveCallback(pool), max_steps=4)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert [b["step"] for b in resumed.batches] == [2, 3]
+
+    # one archive per step, each the attempt the surviving run trained on
+    assert [(i.name, i.rollout_id) for i in pool.find()] == [(f"step-{n:06d}", n) for n in range(4)]
+    history = pool.history("step-000002")
+    assert [i.state for i in history] == ["superseded", "published"]
+    current = pool.open_archive("step-000002").load_samples()
+    prompt_ids = [
+        unpadded(resumed.batches[0]["prompt_ids"][i], resumed.batches[0]["prompt_mask"][i])
+        for i in range(8)
+    ]
+    assert [s.tokens for s in current] == [
+        p + c for p, c in zip(prompt_ids, resumed.batches[0]["completion_lists"], strict=True)
+    ]
+    # the superseded attempt counts nowhere
+    assert [r.samples for r in pool.stats(rollout_ids=2)] == [8]
+    assert [len(pool.history(f"step-{n:06d}")) for n in (0, 1, 3)] == [1, 1, 1]
+    assert history[0].samples == len(lost_step_2) == 8  # the lost attempt stays on record
+
+
+def test_another_runs_step_is_refused_before_anything_is_written(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    pool = ArchiveManager.open(tmp_path / "pool")
+    grpo(tokenizer, tmp_path / "out", ArchiveCallback(pool), max_steps=1).train()
+    before = [(i.name, i.state, i.id) for i in pool.find(state=None)]
+    other = grpo(tokenizer, tmp_path / "other", ArchiveCallback(pool), max_steps=1)
+    with pytest.raises(ArchiveExistsError, match="not by this run"):
+        other.train()
+    assert [(i.name, i.state, i.id) for i in pool.find(state=None)] == before
+
+
+def test_two_processes_save_each_batch_once_from_the_main_process(tmp_path: Path) -> None:
+    """A real two-rank run (gloo): every rank runs the hook, the main process saves the
+    whole batch (both ranks' rows, in TRL's order) once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # one thread per rank: two ranks on two cores would otherwise oversubscribe them
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path]),
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("LOCAL_RANK", None)
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            "--master_addr=127.0.0.1", f"--master_port={port}",
+            str(HERE / "_trl_setup.py"), str(tmp_path / "pool"), str(tmp_path / "out"),
+        ],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0][0]["processes"] == 2
+    pool = ArchiveManager.open(tmp_path / "pool", create=False)
+    infos = pool.find(state=None)  # pending or superseded leftovers would show here
+    assert [(i.name, i.state) for i in infos] == [
+        ("step-000000", "published"),
+        ("step-000001", "published"),
+    ]
+    for step, info in enumerate(infos):
+        samples = pool.open_archive(info.name).load_samples()
+        local = [ranks[r][step] for r in (0, 1)]
+        assert [b["step"] for b in local] == [step, step]
+        assert [s.tokens for s in samples] == local[0]["tokens"] + local[1]["tokens"]
+        assert [s.advantage for s in samples] == local[0]["advantages"] + local[1]["advantages"]
+        assert len(pool.history(info.name)) == 1
