@@ -257,7 +257,9 @@ class ArchiveManager:
             PoolNotFoundError: ``create`` is False and there is no pool (or, with
                 ``recover``, nothing to recover); with ``read_only``, no pool (a reader
                 never creates one).
-            ReadOnlyPoolError: ``read_only`` with ``recover`` or ``rebind``, which write.
+            ReadOnlyPoolError: ``read_only`` with ``recover`` or ``rebind``, which write; or
+                there is no pool and this process may not write the folder or the catalog
+                to create one.
             CatalogVersionError: the pool was written by a newer archive_manager.
             PoolIdentityError: the catalog and the blob root are not one pool's (another
                 pool's catalog, a copy, a root re-bound to another catalog); the message
@@ -315,6 +317,10 @@ class ArchiveManager:
             what = "recover" if recover else "rebind"
             raise ReadOnlyPoolError(f"{what} writes the pool, which is read-only here ({reason})")
         if reason is not None:
+            if read_only is None and create and not cls.exists(path, catalog_url):
+                # Asked to create, not only to read: "no pool (a read-only open never creates
+                # one)" sent `init`'s user looking for a pool instead of for write access.
+                raise ReadOnlyPoolError(f"cannot create a pool at {path}: {reason}")
             return cls._open_read_only(
                 path,
                 url,
@@ -373,8 +379,8 @@ class ArchiveManager:
                     f"({catalog.read_only_reason})"
                 )
             if not cls.exists(path, catalog_url):
-                raise PoolNotFoundError(
-                    f"no pool at {path}, and this process cannot create one "
+                raise ReadOnlyPoolError(
+                    f"cannot create a pool at {path}: its catalog is read-only here "
                     f"({catalog.read_only_reason})"
                 )
             return cls._open_read_only(

@@ -129,6 +129,36 @@ def test_a_read_only_open_creates_nothing_and_refuses_what_writes(tmp_path: Path
         ArchiveManager.open(root, read_only="yes")  # type: ignore[arg-type]
 
 
+def test_init_in_a_folder_this_process_may_not_write_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`archive-manager --root D init` on an existing folder the user may not write (chmod
+    555, another account) said "no pool at D (...); create one with 'archive-manager init'":
+    the open saw the folder unwritable, went read-only, and a reader never creates.  Root is
+    not stopped by permission bits: access(2) is made to answer "no" for the folder."""
+    root = tmp_path / "rodir"
+    root.mkdir()
+    real_access = os.access
+
+    def access(path: Any, mode: int, **kwargs: Any) -> bool:
+        if Path(path) == root and mode & os.W_OK:
+            return False
+        return real_access(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    result = CliRunner().invoke(cli, ["--root", str(root), "init"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"error: cannot create a pool at {root}: this process may not write {root}"
+    ]
+    with pytest.raises(ReadOnlyPoolError, match="cannot create a pool"):
+        ArchiveManager.open(root)
+    assert list(root.iterdir()) == []
+    # A verb that only reads still says there is no pool, and how to make one.
+    result = CliRunner().invoke(cli, ["--root", str(root), "ls"])
+    assert "no pool at" in result.stderr and "archive-manager init" in result.stderr
+
+
 def test_a_catalog_file_this_process_may_not_write_opens_read_only(tmp_path: Path) -> None:
     root = tmp_path / "pool"
     with ArchiveManager.open(root) as pool:
