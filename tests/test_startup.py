@@ -158,6 +158,12 @@ def test_the_demo_runs_without_torch_installed(tmp_path: Path) -> None:
     done = _python("-c", NO_TORCH, "--root", tmp_path / "pool", "demo")
     assert done.returncode == 0, done.stderr
     assert "routed experts     int32" in done.stdout
+    # Its "Try next" export runs there too (it suggested a .pt, which needs torch).
+    (export,) = [line.split() for line in done.stdout.splitlines() if " export " in line]
+    assert export[-1] == "rollout-1.jsonl"
+    ran = _python("-c", NO_TORCH, *export[1:-1], tmp_path / export[-1])
+    assert ran.returncode == 0, ran.stderr
+    assert (tmp_path / "rollout-1.jsonl").is_file()
 
 
 def test_changing_verbs_never_import_torch(tmp_path: Path) -> None:

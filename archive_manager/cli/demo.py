@@ -123,6 +123,8 @@ def demo(state: PoolState, samples: int) -> None:
     click.echo()
     click.echo(f"done in {human_duration(time.perf_counter() - started)}. Try next, on this pool:")
     base = f"archive-manager --root {shlex.quote(str(pool.root))}"
+    # A .pt export needs torch: a lean install is shown the export it can run.
+    suffix = ".pt" if torch_installed() else ".jsonl"
     for args in (
         "info",
         "ls --state all",
@@ -131,7 +133,7 @@ def demo(state: PoolState, samples: int) -> None:
         "keys rollout-1",
         "owners",
         "retain checkpoint:step-1 rollout-1",
-        "export rollout-1 rollout-1.pt",
+        f"export rollout-1 rollout-1{suffix}",
         "release rollout-1 --dry-run",
         "gc --dry-run",
         "verify --read-data",
