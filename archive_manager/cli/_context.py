@@ -181,9 +181,13 @@ def confirm(question: str) -> None:
         answer = click.confirm(terminal_safe(question), err=True)
     except click.Abort:
         if not sys.stdin.isatty():
+            # The prompt left the line open: the error goes on a line of its own.
+            click.echo(err=True)
+            command = click.get_current_context().command
+            looks = any(p.name == "dry_run" for p in command.params)
             raise CliError(
                 "this command asks for confirmation, and stdin is not a terminal: pass --yes "
-                "to go ahead without asking (or --dry-run to only look)"
+                "to go ahead without asking" + (" (or --dry-run to only look)" if looks else "")
             ) from None
         raise
     if not answer:

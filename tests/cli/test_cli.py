@@ -555,6 +555,35 @@ def test_rebuild_catalog(run: Callable[..., Result], root: Path) -> None:
     assert {a["name"] for a in as_json(run("ls", "--json"))} == {"train-0", "eval-1"}
 
 
+@pytest.mark.parametrize(
+    ("args", "dry_run"),
+    [
+        (["rebuild-catalog"], False),
+        (["rebind"], False),
+        (["gc"], True),
+        (["forget", "--keep-last", "1"], True),
+    ],
+    ids=["rebuild-catalog", "rebind", "gc", "forget"],
+)
+def test_a_question_without_a_terminal_names_only_the_verbs_options(
+    run: Callable[..., Result], root: Path, args: list[str], dry_run: bool
+) -> None:
+    """rebuild-catalog and rebind, asked with stdin not a terminal, said "pass --yes ... (or
+    --dry-run to only look)", an option neither has, on the prompt's own line."""
+    with ArchiveManager.open(root) as pool:
+        pool.save("spare", _rollout(2), rollout_id=2)
+        pool.open_archive("spare").release()  # something for gc and forget to ask about
+    result = run(*args, "--grace", "0") if args == ["gc"] else run(*args)
+    assert result.exit_code == 1, result.output
+    question, error = result.stderr.splitlines()[-2:]
+    assert question.rstrip().endswith("[y/N]:")
+    hint = " (or --dry-run to only look)" if dry_run else ""
+    assert error == (
+        "error: this command asks for confirmation, and stdin is not a terminal: pass --yes "
+        f"to go ahead without asking{hint}"
+    )
+
+
 def test_rebind_of_a_hard_linked_copy(
     run: Callable[..., Result], root: Path, tmp_path: Path
 ) -> None:
