@@ -15,6 +15,7 @@ __all__ = [
     "BlobCorruptError",
     "BlobNotFoundError",
     "BlobStoreError",
+    "BlobStoreTimeoutError",
     "CatalogError",
     "CatalogLockedError",
     "CatalogVersionError",
@@ -127,6 +128,12 @@ class BlobStoreError(ArchiveError, OSError):
 class TransientBlobStoreError(BlobStoreError):
     """A blob store failure that the same call may not meet again (a timeout, throttling, a
     dropped connection); nothing was changed by the failed call."""
+
+
+class BlobStoreTimeoutError(TransientBlobStoreError):
+    """The blob store did not answer within the deadline of the call (an object store that
+    accepts connections and stops answering); the message names the endpoint and the
+    deadline, and how to set another."""
 
 
 class PoolLayoutError(BlobStoreError):

@@ -221,6 +221,7 @@ class ArchiveManager:
         rebind: bool = False,
         read_only: bool | None = None,
         store: AbstractBlobStore | None = None,
+        catalog_only: bool = False,
     ) -> ArchiveManager:
         """Open the pool at ``root``, creating it (and migrating its catalog) if needed.
 
@@ -252,6 +253,13 @@ class ArchiveManager:
             store: Where the blobs are kept: any `AbstractBlobStore` (docs/architecture.md,
                 "Blob store contract"); default the filesystem store under ``root``.  The
                 pool identity file and a default SQLite catalog stay in ``root``.
+            catalog_only: Only the catalog will be read (listings, queries, statistics,
+                owners): open it read-only and touch nothing at the blob root, no identity
+                file and no journal (on an object store: not one request), so a store that
+                does not answer cannot hold these up.  The pool is read-only (every write
+                raises `ReadOnlyPoolError`: the pool's identity was not checked, so no write
+                may go through it); a load still reads its blobs (an object store's calls
+                then have their deadline).  `identity` is None.
 
         Raises:
             PoolNotFoundError: ``create`` is False and there is no pool (or, with
@@ -267,13 +275,31 @@ class ArchiveManager:
             CatalogError: the catalog cannot be opened, or its URL names a database other
                 than SQLite and PostgreSQL.
             InvalidInputError: ``store`` is not an `AbstractBlobStore`, or is a read-only
-                pool's store (it refuses writes) and ``read_only`` is not True.
+                pool's store (it refuses writes) and ``read_only`` is not True; or
+                ``catalog_only`` with ``create``-only work (``recover``, ``rebind``,
+                ``read_only=False``).
         """
         if read_only not in (None, True, False):
             raise InvalidInputError("read_only must be True, False or None (detect)")
         if read_only and (recover or rebind):
             what = "recover" if recover else "rebind"
             raise ReadOnlyPoolError(f"{what} writes the pool; it cannot run read-only")
+        if catalog_only:
+            if recover or rebind or read_only is False:
+                raise InvalidInputError(
+                    "catalog_only opens the pool read-only: it takes no recover, rebind or "
+                    "read_only=False"
+                )
+            return cls._open_catalog_only(
+                root,
+                catalog_url,
+                clock=clock,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+                busy_timeout_ms=busy_timeout_ms,
+                store=store,
+            )
         if store is not None and not isinstance(store, AbstractBlobStore):
             raise InvalidInputError(
                 "store must be an archive_manager.blobs.AbstractBlobStore, not "
@@ -534,6 +560,78 @@ class ArchiveManager:
             if not catalog.read_only:
                 adopt(catalog, pool.journal, pool.clock)
             return pool
+        except BaseException:
+            catalog.close()
+            raise
+
+    @classmethod
+    def _open_catalog_only(
+        cls,
+        root: str | os.PathLike[str],
+        catalog_url: str | None,
+        *,
+        clock: Callable[[], float] | None,
+        lease_ttl: timedelta | float,
+        chunk_size: int,
+        inline_limit: int,
+        busy_timeout_ms: int | None,
+        store: AbstractBlobStore | None,
+    ) -> ArchiveManager:
+        """`open` with ``catalog_only``: the catalog, read-only, and a store that refuses
+        writes and has sent nothing yet (see `open`)."""
+        reason = "it was opened to read the catalog only"
+        where: Path | ObjectRoot
+        if is_s3_url(root):
+            from .blobs.s3 import S3BlobStore, parse_s3_url
+
+            bucket, prefix = parse_s3_url(str(root))
+            url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+            if catalog_url is None:
+                raise InvalidInputError(
+                    f"a pool on an object store ({url}) needs an explicit catalog: pass "
+                    "catalog_url (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
+                )
+            if store is None:
+                # check_bucket=False: no request until a blob is read.
+                s3 = S3BlobStore.from_url(url, check_bucket=False)
+            elif isinstance(store, S3BlobStore) and store.url == url:
+                s3 = store
+            else:
+                raise InvalidInputError(
+                    f"the root {url} takes no store, or an S3BlobStore of that bucket and prefix"
+                )
+            s3 = s3.read_only(reason)
+            blobs: AbstractBlobStore = s3
+            where = s3.pool_root()  # the journal's writes are refused too
+            catalog_url_used, shown = catalog_url, url
+        else:
+            path = Path(root).expanduser().resolve()
+            catalog_url_used = catalog_url or default_catalog_url(path)
+            blobs = (
+                ReadOnlyBlobStore(path, reason)
+                if store is None
+                else read_only_store(store, path, reason)
+            )
+            where, shown = path, str(path)
+        dialect_of(catalog_url_used)
+        if not cls.exists(root, catalog_url):
+            raise PoolNotFoundError(f"no pool at {shown} (a read-only open never creates one)")
+        catalog = Catalog.open(
+            catalog_url_used,
+            busy_timeout_ms=busy_timeout_ms,
+            read_only=True,
+            read_only_reason=reason,
+        )
+        try:
+            return cls(
+                where,
+                catalog,
+                clock=clock or time.time,
+                lease_ttl=lease_ttl,
+                chunk_size=chunk_size,
+                inline_limit=inline_limit,
+                store=blobs,
+            )
         except BaseException:
             catalog.close()
             raise

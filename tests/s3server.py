@@ -25,12 +25,13 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ACCESS_KEY", "SECRET_KEY", "S3Server", "S3ServerUnavailable"]
+__all__ = ["ACCESS_KEY", "SECRET_KEY", "S3Server", "S3ServerUnavailable", "StallingEndpoint"]
 
 ACCESS_KEY = "archive-test"
 SECRET_KEY = "archive-test-secret-4a7e"  # throwaway, loopback only
@@ -182,4 +183,117 @@ class S3Server:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+
+class StallingEndpoint:
+    """An S3 endpoint that accepts connections and stops answering, in this process.
+
+    A TCP proxy on a free port of 127.0.0.1 in front of ``upstream`` (an `S3Server`'s
+    endpoint), forwarding both ways until `stall` is called; without an upstream it is
+    stalled from the start.  Stalled, it accepts connections and reads what is sent on them
+    (old connections and new) and never answers; `resume` forwards what comes after.
+    ``connections`` counts the connections accepted, ``stalled_requests`` the requests read
+    while stalled, and ``asked`` is set at the first of them.
+    """
+
+    def __init__(self, upstream: str | None = None) -> None:
+        self._upstream = None
+        if upstream is not None:
+            host, _, port = upstream.removeprefix("http://").partition(":")
+            self._upstream = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = int(self._listener.getsockname()[1])
+        self.stalled = threading.Event()
+        if upstream is None:
+            self.stalled.set()
+        self.asked = threading.Event()
+        self.connections = 0
+        self.stalled_requests = 0
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._start(self._accept)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stall(self) -> None:
+        """Stop answering: from now on nothing sent to this endpoint is forwarded."""
+        self.stalled.set()
+
+    def resume(self) -> None:
+        """Forward again what is sent from now on (what was swallowed stays unanswered)."""
+        self.stalled.clear()
+
+    def _start(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                self._sockets.append(conn)
+            self._start(self._serve, conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        with contextlib.suppress(OSError):
+            while True:
+                data = conn.recv(1 << 16)
+                if not data:
+                    break
+                if self.stalled.is_set() or self._upstream is None:
+                    with self._lock:
+                        self.stalled_requests += 1
+                    self.asked.set()
+                    continue  # swallowed: never answered
+                if upstream is None:
+                    upstream = socket.create_connection(self._upstream)
+                    with self._lock:
+                        self._sockets.append(upstream)
+                    self._start(self._pipe, upstream, conn)
+                upstream.sendall(data)
+        with contextlib.suppress(OSError):
+            conn.close()
+        if upstream is not None:
+            with contextlib.suppress(OSError):
+                upstream.close()
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                target.sendall(data)
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def __enter__(self) -> StallingEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -18,7 +18,11 @@ Semantics (argued in the architecture document):
 * transient failures (throttling, 5xx, timeouts, refused or dropped connections) are retried
   with bounded exponential backoff, then raised as `TransientBlobStoreError`; every other
   failure is a `BlobStoreError` naming the bucket and key.  No SDK exception and no
-  credential ever leaves this module (messages are built here, from the error code).
+  credential ever leaves this module (messages are built here, from the error code);
+* every call has a deadline (`DEFAULT_DEADLINE`, ``$ARCHIVE_MANAGER_S3_DEADLINE``): its tries
+  and the waits between them never add up past it, and a store that stops answering fails
+  the call with `BlobStoreTimeoutError` naming the endpoint and the deadline; for a while
+  after that, calls fail at once instead of waiting again (`_Silence`).
 
 The client is boto3, imported when the first store is made, never at module import: a pool on
 a filesystem never pays for it (see the architecture document for the measurements behind the
@@ -50,6 +54,7 @@ import xxhash
 from .._util.digest import Buffer
 from ..errors import (
     BlobStoreError,
+    BlobStoreTimeoutError,
     InvalidInputError,
     InvalidNameError,
     TransientBlobStoreError,
@@ -64,6 +69,8 @@ from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, Pu
 from .layout import BLOBS_DIR, blob_key, is_blob_name
 
 __all__ = [
+    "DEADLINE_ENV",
+    "DEFAULT_DEADLINE",
     "DELETE_BATCH",
     "MULTIPART_THRESHOLD",
     "PART_SIZE",
@@ -82,6 +89,12 @@ MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
 #: Keys per ``DeleteObjects`` request (S3's limit).
 DELETE_BATCH = 1000
+#: Seconds one call to the store may take over all its tries and the waits between them
+#: (docs/architecture.md, "Blobs on an object store", Deadlines);
+#: ``$ARCHIVE_MANAGER_S3_DEADLINE`` or ``S3BlobStore(deadline=)`` sets another.  A transfer
+#: whose bytes keep coming is not cut.
+DEFAULT_DEADLINE = 30.0
+DEADLINE_ENV = "ARCHIVE_MANAGER_S3_DEADLINE"
 
 _T = TypeVar("_T")
 # S3's rules for bucket names (the subset every provider accepts).
@@ -121,6 +134,45 @@ _DENIED_CODES = frozenset(
 )
 # Claims of an exclusive write older than this (a claimer killed mid-claim) are ignored.
 _CLAIM_TTL = 60.0
+# The errors of a store that did not answer in time (as `_classify` names them).
+_SILENT_CODES = frozenset({"ReadTimeoutError", "ConnectTimeoutError"})
+
+
+def _deadline_from(value: float | None) -> float:
+    """The deadline given, else ``$ARCHIVE_MANAGER_S3_DEADLINE``, else `DEFAULT_DEADLINE`.
+
+    Raises:
+        InvalidInputError: not a positive, finite number of seconds.
+    """
+    source = "deadline"
+    if value is None:
+        text = os.environ.get(DEADLINE_ENV, "").strip()
+        if not text:
+            return DEFAULT_DEADLINE
+        source = f"${DEADLINE_ENV}"
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+        raise InvalidInputError(
+            f"{source} must be a number of seconds above 0 and below 1e6, not {value!r:.40}"
+        )
+    return float(value)
+
+
+class _Silence:
+    """When the store last let a call run out its deadline without answering.
+
+    Until ``until`` (monotonic seconds), calls fail at once with the same error instead of
+    waiting out the deadline again: a failed save's rollback, GC's next batch or the next
+    of many reads would each wait it out, one after another, some under the catalog's
+    write lock.  Shared by a store and its read-only copies (one endpoint).
+    """
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        self.message = ""
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -172,6 +224,7 @@ class _Config:
     attempts: int
     backoff: float
     max_backoff: float
+    deadline: float
 
 
 def _classify(exc: BaseException) -> tuple[str, bool, int | None]:
@@ -300,23 +353,31 @@ class S3BlobStore(AbstractBlobStore):
         endpoint_url: str | None = None,
         region: str | None = None,
         profile: str | None = None,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 60.0,
+        connect_timeout: float = 4.0,
+        read_timeout: float = 10.0,
         attempts: int = 5,
         backoff: float = 0.1,
         max_backoff: float = 2.0,
+        deadline: float | None = None,
         check_bucket: bool = True,
     ) -> None:
         """Connect to ``bucket`` (checked to exist and to be readable unless
-        ``check_bucket=False``).
+        ``check_bucket=False``, which sends no request).
 
         ``attempts`` bounds the tries of one request that fails transiently; the waits between
         them grow from ``backoff`` seconds, doubling, up to ``max_backoff``, with jitter.
+        ``deadline`` (seconds; None: ``$ARCHIVE_MANAGER_S3_DEADLINE``, else
+        `DEFAULT_DEADLINE`) bounds one call over all its tries: a try waits at most
+        ``connect_timeout`` to connect and ``read_timeout`` for each answer (both cut so that
+        one try fits in the deadline), and no try begins that could end past it.
 
         Raises:
             InvalidNameError: a bucket or prefix S3 would refuse or that could escape.
+            InvalidInputError: ``attempts`` below 1, or a deadline that is not a positive
+                number of seconds.
             BlobStoreError: the bucket does not exist, the credentials are refused, or the
-                client cannot be configured (`TransientBlobStoreError`: unreachable).
+                client cannot be configured (`TransientBlobStoreError`: unreachable;
+                `BlobStoreTimeoutError`: no answer within the deadline).
             MissingDependencyError: boto3 is not installed.
         """
         if not _BUCKET.fullmatch(bucket) or ".." in bucket:
@@ -326,6 +387,10 @@ class S3BlobStore(AbstractBlobStore):
             _check_relative(prefix, "prefix")
         if attempts < 1:
             raise InvalidInputError("attempts must be at least 1")
+        deadline = _deadline_from(deadline)
+        # One try fits in the deadline: half of it at most to connect, the rest to answer.
+        connect_timeout = min(connect_timeout, deadline / 2)
+        read_timeout = min(read_timeout, deadline - connect_timeout)
         self.bucket = bucket
         self.prefix = prefix
         self._base = f"{prefix}/" if prefix else ""
@@ -342,9 +407,11 @@ class S3BlobStore(AbstractBlobStore):
             attempts=attempts,
             backoff=backoff,
             max_backoff=max_backoff,
+            deadline=deadline,
         )
         self._client = self._make_client()
         self._read_only: str | None = None
+        self._silence = _Silence()
         if check_bucket:
             self._call("check the bucket", None, lambda c: c.head_bucket(Bucket=self.bucket))
 
@@ -461,27 +528,58 @@ class S3BlobStore(AbstractBlobStore):
     def _named_key(self, name: str) -> str:
         return self._base + _check_relative(name, "name")
 
+    @property
+    def deadline(self) -> float:
+        """Seconds one call may take over all its tries (see the constructor)."""
+        return self._config.deadline
+
     def _call(self, what: str, key: str | None, op: Callable[[Any], _T]) -> _T:
-        """Run ``op(client)``, retrying transient failures with bounded, jittered backoff;
-        any failure comes out as `BlobStoreError` (`TransientBlobStoreError`), naming the
-        bucket and key, never the SDK's exception or the credentials."""
+        """Run ``op(client)``, retrying transient failures with bounded, jittered backoff
+        within the deadline; any failure comes out as `BlobStoreError`
+        (`TransientBlobStoreError`, `BlobStoreTimeoutError`), naming the bucket and key,
+        never the SDK's exception or the credentials."""
         cfg = self._config
+        silence = self._silence
+        started = time.monotonic()
+        if started < silence.until:
+            raise BlobStoreTimeoutError(silence.message)
+        # A try may take this long when the store accepts and does not answer.
+        one_try = cfg.connect_timeout + cfg.read_timeout
         delay = cfg.backoff
         for attempt in range(1, cfg.attempts + 1):
             try:
                 return op(self._client)
             except Exception as exc:
                 code, transient, status = _classify(exc)
-                if transient and attempt < cfg.attempts:
+                pause = random.uniform(delay / 2, delay)
+                # NOTE: no try begins that could end past the deadline (a store that
+                # answers nothing would otherwise hold the caller for tries x timeout: five
+                # minutes with the SDK's defaults, some of it under the catalog's lock).
+                fits = time.monotonic() - started + pause + one_try <= cfg.deadline
+                if transient and attempt < cfg.attempts and fits:
                     # The code only: an SDK message may hold a signed URL.
                     _log.info(
                         "s3 %s: %s (try %d of %d); retrying", what, code, attempt, cfg.attempts
                     )
-                    time.sleep(random.uniform(delay / 2, delay))
+                    time.sleep(pause)
                     delay = min(delay * 2, cfg.max_backoff)
                     continue
+                if code in _SILENT_CODES:
+                    error = self._timed_out(what, key, code, attempt)
+                    silence.message = str(error)
+                    silence.until = time.monotonic() + min(cfg.deadline, 60.0)
+                    raise error from None
                 raise self._error(what, key, code, transient, status, attempt) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _timed_out(self, what: str, key: str | None, code: str, tries: int) -> BlobStoreError:
+        where = f"s3://{self.bucket}/{key}" if key is not None else f"bucket {self.bucket!r}"
+        return BlobStoreTimeoutError(
+            f"cannot {what} at {where}: {self.endpoint} did not answer within the "
+            f"{self._config.deadline:g} s deadline ({tries} tr{'y' if tries == 1 else 'ies'}, "
+            f"{code}); check that the endpoint is up and reachable, or allow more time with "
+            f"${DEADLINE_ENV}"
+        )
 
     def _error(
         self, what: str, key: str | None, code: str, transient: bool, status: int | None, tries: int

@@ -31,6 +31,7 @@ __all__ = [
     "listing_options",
     "make_message_safe",
     "one_line",
+    "pass_catalog_pool",
     "pass_pool",
     "pass_state",
     "yes_option",
@@ -117,9 +118,11 @@ class PoolState:
         recover: bool = False,
         rebind: bool = False,
         read_only: bool = False,
+        catalog_only: bool = False,
     ) -> ArchiveManager:
         """The open pool (opened on first use, closed when the command ends); read-only when
-        ``read_only`` or ``--read-only`` says so, or when it cannot be written.
+        ``read_only`` or ``--read-only`` says so, or when it cannot be written; with
+        ``catalog_only``, opened for catalog reads alone (`open_catalog`).
 
         Raises:
             CliError: there is no pool here and ``create`` is False: a mistyped ``--root``
@@ -136,6 +139,7 @@ class PoolState:
                     recover=recover,
                     rebind=rebind,
                     read_only=True if (read_only or self.read_only) else None,
+                    catalog_only=catalog_only,
                 )
             except PoolNotFoundError as exc:
                 if recover or "catalog file" in str(exc):
@@ -147,6 +151,17 @@ class PoolState:
                     "create one with 'archive-manager init' or pass --root"
                 ) from exc
         return self._pool
+
+    def open_catalog(self) -> ArchiveManager:
+        """The pool, for a command that reads only the catalog (``ls``, ``query``, ``stats``,
+        ``owners``, ...).
+
+        On an object store it is opened without a request to the store
+        (`ArchiveManager.open` with ``catalog_only``): a store that does not answer holds
+        none of these commands up.  On a folder it opens as for every command: its identity
+        and journal are local files, and an older catalog is migrated on the way.
+        """
+        return self.open(catalog_only=isinstance(self.root, str))
 
     def close(self) -> None:
         """Close the pool if a command opened it."""
@@ -166,6 +181,17 @@ def pass_pool(f: F) -> F:
     def wrapper(pool_state: PoolState, /, *args: Any, **kwargs: Any) -> Any:
         # Positional-only: a command may have its own option named ``state``.
         return f(pool_state.open(), *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def pass_catalog_pool(f: F) -> F:
+    """`pass_pool` for a command that reads only the catalog (`PoolState.open_catalog`)."""
+
+    @pass_state
+    @functools.wraps(f)
+    def wrapper(pool_state: PoolState, /, *args: Any, **kwargs: Any) -> Any:
+        return f(pool_state.open_catalog(), *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 

@@ -22,6 +22,7 @@ from ._context import (
     json_option,
     listing_options,
     one_line,
+    pass_catalog_pool,
     pass_pool,
     pass_state,
     reward_key_option,
@@ -140,7 +141,7 @@ def ls(
     if listing is not None:
         found, reclaimed = listing.archives, listing.reclaimed
     else:
-        pool = pool_state.open()
+        pool = pool_state.open_catalog()
         found = pool.find(**filters)
         reclaimed = pool.payload_reclaimed([i.name for i in found if i.state == "released"])
     records = [
@@ -200,7 +201,7 @@ def _stats_line(stats: dict[str, float] | None, fmt: str) -> str:
 @click.command()
 @click.argument("name", shell_complete=complete_archive_name)
 @json_option
-@pass_pool
+@pass_catalog_pool
 def show(pool: ArchiveManager, name: str, as_json: bool) -> None:
     """Show one archive: its fields, chunks, owners and a metadata summary (catalog only)."""
     arc = pool.open_archive(name)
@@ -279,7 +280,7 @@ def _superseded_text(earlier: list[ArchiveInfo]) -> str:
 @click.command()
 @click.argument("name", shell_complete=complete_archive_name)
 @listing_options
-@pass_pool
+@pass_catalog_pool
 def keys(pool: ArchiveManager, name: str, as_json: bool, fmt: str) -> None:
     """List the sample key and task key of every sample, in archive order."""
     pairs = pool.open_archive(name).keys()
@@ -314,7 +315,7 @@ def keys(pool: ArchiveManager, name: str, as_json: bool, fmt: str) -> None:
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many samples.")
 @reward_key_option
 @listing_options
-@pass_pool
+@pass_catalog_pool
 def query(
     pool: ArchiveManager,
     task_key: str | None,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ._complete import complete_archive_name
-from ._context import json_option, pass_pool, reward_key_option
+from ._context import json_option, pass_catalog_pool, reward_key_option
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
 
@@ -64,7 +64,7 @@ def _group_name(group: Group) -> str:
 )
 @reward_key_option
 @json_option
-@pass_pool
+@pass_catalog_pool
 def groups(
     pool: ArchiveManager,
     name: str,
@@ -159,7 +159,7 @@ def groups(
 # min 1: --limit 0 printed "no prompt with rewards in both ranges", which is not what it meant
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @json_option
-@pass_pool
+@pass_catalog_pool
 def prompts(
     pool: ArchiveManager,
     task_key: str | None,

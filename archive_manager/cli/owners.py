@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ._complete import complete_archive_name
-from ._context import CliError, confirm, dry_run_option, json_option, pass_pool, yes_option
+from ._context import (
+    CliError,
+    confirm,
+    dry_run_option,
+    json_option,
+    pass_catalog_pool,
+    pass_pool,
+    yes_option,
+)
 from ._output import echo, echo_json, echo_table, human_size, local_time
 from ._params import DURATION, ROLLOUT_RANGE
 
@@ -360,7 +368,7 @@ def release_owner(
 
 @click.command()
 @json_option
-@pass_pool
+@pass_catalog_pool
 def owners(pool: ArchiveManager, as_json: bool) -> None:
     """The retention audit: per owner its archives, blobs and bytes (exclusive, shared)."""
     report = pool.owners()

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._context import CliError, PoolState, json_option, pass_pool, pass_state
+from ._context import CliError, PoolState, json_option, pass_catalog_pool, pass_state
 from ._output import echo, echo_fields, echo_json, human_size
 
 # NOTE: imported for typing only (docs/architecture.md, Start-up).
@@ -127,7 +127,7 @@ def db_upgrade(state: PoolState, as_json: bool) -> None:
 
 @click.command()
 @json_option
-@pass_pool
+@pass_catalog_pool
 def info(pool: ArchiveManager, as_json: bool) -> None:
     """Summarize the pool: archives by state, samples, blobs, bytes, dedup ratio."""
     summary = pool.info()

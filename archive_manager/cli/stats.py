@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._context import json_option, pass_pool, reward_key_option
+from ._context import json_option, pass_catalog_pool, reward_key_option
 from ._output import echo, echo_json, echo_table, human_size
 from ._params import ROLLOUT_RANGE
 from ._plot import check_plot_path, plot_stats
@@ -90,7 +90,7 @@ def _row(r: RolloutStats) -> list[object]:
 )
 @reward_key_option
 @json_option
-@pass_pool
+@pass_catalog_pool
 def stats(
     pool: ArchiveManager,
     rollout_id: tuple[int | None, int | None] | None,

@@ -30,6 +30,7 @@ from .._util.digest import Buffer, digest_of
 from .._util.failpoints import failpoint
 from .._util.holders import describe_holder, holder_is_dead, holder_status, this_process
 from .._util.names import LEASE_PREFIX, archive_owner, check_new_archive_name
+from ..blobs import AbstractBlobStore
 from ..catalog import (
     STATUS_LENGTH,
     CatalogUnreachableError,
@@ -189,7 +190,7 @@ class ArchiveWriter:
 
     Use it through `ArchiveManager.writer` as a context manager: a clean exit publishes, an
     exception rolls back (the lease is dropped and the blobs only this save wrote are
-    removed).  Memory stays bounded: at most one chunk is being built, one compressed and
+    removed, or left to GC when the store fails).  Memory stays bounded: at most one chunk is being built, one compressed and
     two pairs being stored or queued for the I/O thread (``_STORES_IN_FLIGHT``) at any time.
     """
 
@@ -623,7 +624,12 @@ class ArchiveWriter:
                 mark_live(conn, self._unmarked)
                 self._unmarked = []
             hold_blobs(conn, self._lease, [b.digest for b in blobs])
-            to_write = self._claim_rows(conn, blobs, now)
+            to_write, stored = self._claim_rows(conn, blobs, now)
+        # NOTE: the live rows' files are looked for after the commit, not inside it: on an
+        # object store each look is a request, and a store slow to answer held the catalog's
+        # write lock from every other writer (issue 36).  The hold committed above keeps GC
+        # from deleting any of them meanwhile, as it would inside the transaction.
+        to_write += _missing(store, stored)
         # Every blob claimed here is absent from the store, or being written by another save
         # with the same bytes: none needs the store's look for a stored copy.
         store.put_new([(blob.parts, blob.digest) for blob in to_write])
@@ -633,11 +639,16 @@ class ArchiveWriter:
             self._blob_kinds[blob.digest] = blob.kind
             self._blob_sizes[blob.digest] = blob.size
 
-    def _claim_rows(self, conn: Connection, blobs: list[_Blob], now: float) -> list[_Blob]:
+    def _claim_rows(
+        self, conn: Connection, blobs: list[_Blob], now: float
+    ) -> tuple[list[_Blob], list[_Blob]]:
         """Inside a write transaction: insert or take back the rows of ``blobs``; return the
-        blobs whose files must be written (absent, being written, or taken back from GC)."""
+        blobs whose files must be written (absent, being written, or taken back from GC) and
+        those recorded live, whose files the caller looks for once this commits (one that
+        went missing is written again)."""
         store = self._pool.store
         to_write: list[_Blob] = []
+        stored: list[_Blob] = []
         new: list[_Blob] = []
         rows = blob_rows(conn, [b.digest for b in blobs])
         for blob in _unique(blobs):
@@ -662,10 +673,11 @@ class ArchiveWriter:
                     .values(state="writing", created_at=now)
                 )
                 to_write.append(blob)
-            elif row.state == "writing" or not store.has(blob.digest):
-                # Another save may be writing it, or a file went missing: putting the same
-                # bytes again is idempotent and heals the pool.
+            elif row.state == "writing":
+                # Another save may be writing it: putting the same bytes again is idempotent.
                 to_write.append(blob)
+            else:
+                stored.append(blob)
         if new:
             # One executemany for the new rows (a chunk of R3 samples brings dozens of tensors).
             insert_rows(
@@ -675,7 +687,7 @@ class ArchiveWriter:
                 [(b.digest, b.size, b.kind, "writing", now) for b in new],
             )
             self._created.update(b.digest for b in new)
-        return to_write
+        return to_write, stored
 
     def _adopt_reference(self, source: Archive) -> None:
         """Share another archive's chunks and tensor blobs: hold them, copy its rows."""
@@ -733,13 +745,12 @@ class ArchiveWriter:
             check_lease(conn, self._lease, now=self._pool.clock())
             hold_blobs(conn, self._lease, digests)
             rows = blob_rows(conn, digests)
-            # The file too: a catalog restored from a backup keeps 'live' rows of blobs that
-            # GC deleted after the backup.
-            gone = [
-                d
-                for d in digests
-                if d not in rows or rows[d].state != "live" or not self._pool.store.has(d)
-            ]
+            gone = [d for d in digests if d not in rows or rows[d].state != "live"]
+        if not gone:
+            # The files too, once the holds committed (no store request inside the write
+            # transaction; see `_store`): a catalog restored from a backup keeps 'live' rows
+            # of blobs that GC deleted after the backup.
+            gone = [d for d in digests if not self._pool.store.has(d)]
         if gone:
             source.raise_reclaimed(f"{len(gone)} of its blobs are gone (first: {gone[0]})")
         for ordinal, digest, samples, size in chunks:
@@ -789,6 +800,8 @@ class ArchiveWriter:
                 conn, self.name, now=now, leases=False, supersede=self.supersede
             )
             manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
+            # The manifest is put after this commit whatever its row said (its save number
+            # makes it new): what `_claim_rows` says of it is not needed.
             self._claim_rows(conn, [manifest], now)
             self._blob_kinds[manifest.digest] = "manifest"
             self._blob_sizes[manifest.digest] = manifest.size
@@ -901,12 +914,26 @@ class ArchiveWriter:
                 orphans = [d for d in sorted(self._created) if in_place and not _held(conn, d)]
                 if orphans:
                     pin_write_lock(conn)
-                for digest in orphans:
-                    # Deleted under the write lock, as GC does, so no save can adopt it now.
-                    store.delete(digest)
-                    failpoint("save.rollback.after_unlink")
-                if orphans:
-                    conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(orphans)))
+                deleted: list[str] = []
+                try:
+                    for digest in orphans:
+                        # Deleted under the write lock, as GC does, so no save can adopt it now.
+                        store.delete(digest)
+                        deleted.append(digest)
+                        failpoint("save.rollback.after_unlink")
+                except OSError as exc:
+                    # The store failed (or stopped answering: the save may have failed for
+                    # that): the lease and the pending archive still go now, so the name is
+                    # free at once; the blobs not deleted keep their rows, held by nothing,
+                    # and GC reclaims them after its grace period.
+                    _log.info(
+                        "rollback of %r left %d blob(s) to gc: %s",
+                        self.name,
+                        len(orphans) - len(deleted),
+                        exc,
+                    )
+                if deleted:
+                    conn.execute(delete(blobs_table).where(blobs_table.c.digest.in_(deleted)))
         except ArchiveError:
             # The catalog is unreachable: the lease expires and GC clears what is left.
             # (BlobStore.put removes its own temp file on failure, so none is left here.)
@@ -1043,6 +1070,12 @@ def check_supersedable(conn: Connection, name: str, archive_id: int, *, supersed
             "gc); save with supersede=True to save this step again (the earlier archive stays "
             "on record as superseded)"
         )
+
+
+def _missing(store: AbstractBlobStore, blobs: list[_Blob]) -> list[_Blob]:
+    """Of ``blobs``, whose rows are live, those whose file ``store`` does not hold (a file
+    deleted behind the pool): putting the same bytes again heals the pool."""
+    return [blob for blob in blobs if not store.has(blob.digest)]
 
 
 def _held(conn: Connection, digest: str) -> bool:

@@ -177,6 +177,32 @@ def test_a_failed_put_fails_the_save_and_changes_nothing(
     assert_loads(pool, "b", tiny_rollout(seed=2))
 
 
+def test_a_failed_save_whose_blobs_cannot_be_deleted_still_frees_its_name(
+    memory_pool: ArchiveManager, clock: FakeClock
+) -> None:
+    """The store fails the save's manifest, then every delete (an object store that stopped
+    answering): the rollback still drops the lease and the pending archive, so the name is
+    free at once (it stayed taken until the lease lapsed: `SaveInFlightError` for a retry by
+    the same process), and leaves the blobs, held by nothing, to GC."""
+    pool = memory_pool
+    store = pool.store
+    assert isinstance(store, FaultyBlobStore)
+    store.fail("put", _timeout, match=lambda digest, head: head.startswith(MANIFEST_MAGIC))
+    store.fail("delete", _timeout, times=None)
+    with pytest.raises(TransientBlobStoreError):
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2)
+    assert pool.owners().saves == [] and pool.find(state=None) == []
+    left = sorted(store.inner.iter_digests())
+    assert left  # the chunks it wrote
+    store.clear()
+    pool.save("b", tiny_rollout(seed=2), rollout_id=2)
+    pool.open_archive("b").release()
+    clock.advance(HOUR)
+    pool.gc(grace=0)
+    assert sorted(store.inner.iter_digests()) == []
+    assert pool.verify(read_data=True).ok
+
+
 @pytest.mark.parametrize("op", ["list", "incomplete"])
 def test_gc_stops_on_a_store_error_while_listing(
     memory_pool: ArchiveManager, clock: FakeClock, op: str
