@@ -190,8 +190,8 @@ class StallingEndpoint:
     """An S3 endpoint that accepts connections and stops answering, in this process.
 
     A TCP proxy on a free port of 127.0.0.1 in front of ``upstream`` (an `S3Server`'s
-    endpoint), forwarding both ways until `stall` is called; without an upstream it is
-    stalled from the start.  Stalled, it accepts connections and reads what is sent on them
+    endpoint), forwarding both ways until `stall` is called (or a request begins as
+    `stall_at` said); without an upstream it is stalled from the start.  Stalled, it accepts connections and reads what is sent on them
     (old connections and new) and never answers; `resume` forwards what comes after.
     ``connections`` counts the connections accepted, ``stalled_requests`` the requests read
     while stalled, and ``asked`` is set at the first of them.
@@ -209,6 +209,7 @@ class StallingEndpoint:
         if upstream is None:
             self.stalled.set()
         self.asked = threading.Event()
+        self._trigger: bytes | None = None
         self.connections = 0
         self.stalled_requests = 0
         self._lock = threading.Lock()
@@ -224,6 +225,11 @@ class StallingEndpoint:
     def stall(self) -> None:
         """Stop answering: from now on nothing sent to this endpoint is forwarded."""
         self.stalled.set()
+
+    def stall_at(self, start: bytes) -> None:
+        """Stop answering at the first request that begins with ``start`` (``b"HEAD "``: the
+        first existence check), that request included."""
+        self._trigger = start
 
     def resume(self) -> None:
         """Forward again what is sent from now on (what was swallowed stays unanswered)."""
@@ -254,6 +260,8 @@ class StallingEndpoint:
                 data = conn.recv(1 << 16)
                 if not data:
                     break
+                if self._trigger is not None and data.startswith(self._trigger):
+                    self.stalled.set()
                 if self.stalled.is_set() or self._upstream is None:
                     with self._lock:
                         self.stalled_requests += 1

@@ -182,7 +182,7 @@ def test_a_save_waiting_on_the_store_holds_no_catalog_lock(
     s3_env: S3Server, bucket: str, catalog_url: str
 ) -> None:
     """A deduplicating save looks for each blob it already has (a HEAD each); the store stops
-    answering at the first look.  Meanwhile another writer begins a save and gives it up
+    answering at the first look (after the save checked the pool's identity, a GET).  Meanwhile another writer begins a save and gives it up
     (catalog-only transactions) within a 300 ms busy timeout: the looks are made outside the
     catalog's transactions (they held its write lock, and every other writer met
     CatalogLockedError).  The waiting save then fails with the deadline's error, publishes
@@ -196,7 +196,7 @@ def test_a_save_waiting_on_the_store_holds_no_catalog_lock(
             ArchiveManager.open(root, catalog_url=catalog_url, busy_timeout_ms=300) as other,
         ):
             pool.save("a", samples, rollout_id=1)
-            proxy.stall()
+            proxy.stall_at(b"HEAD ")
             failure: list[BaseException] = []
 
             def save_again() -> None:
