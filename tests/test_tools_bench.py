@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,8 +57,8 @@ def test_bench_quick_run_measures_every_operation_of_every_tool(tmp_path: Path) 
     seconds = result["seconds"]
     am_ops = {op for op, by in seconds.items() if "archive_manager" in by}
     assert am_ops == {
-        "save", "writer", "load_all", "load_arrays", "load_one", "load_task", "sample_metadata",
-        "find", "release_gc",
+        "save", "writer", "load_all", "load_arrays", "load_one", "load_one_open", "load_task",
+        "sample_metadata", "find", "release_gc",
     }  # fmt: skip
     assert {"torch", "raw"} <= set(seconds["save"]) and {"torch", "raw"} <= set(seconds["load_all"])
     assert all(s > 0 for by in seconds.values() for s in by.values())
@@ -100,6 +101,27 @@ def test_seed_save_writes_what_the_seed_wrote(tmp_path: Path) -> None:
     fields = dict((k, v) for k, v in tree[1][0][1][1])
     assert fields["tokens"] == ["list", samples[0].tokens]
     assert fields["status"] == ["status", samples[0].status.value]
+
+
+def test_bench_r3_workloads_use_what_they_load(tmp_path: Path) -> None:
+    """The R3 rows of issue 37: tensors and numpy arrays, each used after every tool's load;
+    straw, which stores JSON and tensors, sits out the numpy one."""
+    bench = _tool("bench")
+    for name, kind in (("r3-40", torch.Tensor), ("r3-40-numpy", np.ndarray)):
+        samples = bench.WORKLOADS[name].make(quick=True)
+        assert all(isinstance(s.rollout_routed_experts, kind) for s in samples)
+        assert bench.samples_nbytes(samples) > sum(s.rollout_routed_experts.nbytes for s in samples)
+    assert not bench.WORKLOADS["r3-40-numpy"].straw
+    used: list[int] = []
+
+    class Spy(np.ndarray):
+        def max(self, *args: Any, **kwargs: Any) -> Any:
+            used.append(self.size)
+            return super().max(*args, **kwargs)
+
+    spied = np.arange(6).view(Spy)
+    assert bench._used([{"a": spied, "b": [1, 2]}]) == [{"a": spied, "b": [1, 2]}]
+    assert used == [6]
 
 
 def test_bench_rejects_an_unknown_workload(
