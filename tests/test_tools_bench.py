@@ -231,8 +231,8 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     }
     memory = {"samples_nbytes": 100, "peak_above_baseline": {"am-save": 140 * k}}
     checks = bench.targets(results, memory)
-    assert len(checks) == 10
-    assert [ok for _, ok, _ in checks] == [good] * 10
+    assert len(checks) == 12
+    assert [ok for _, ok, _ in checks] == [good] * 12
 
 
 def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
