@@ -120,10 +120,10 @@ def test_an_interrupted_call_raises_and_publishes_nothing(
     before = snapshot_pool(pool)
     prepare = writer.prepare_sample
 
-    def interrupted(pool_: Any, sample: Any, position: int, *args: Any) -> Any:
+    def interrupted(pool_: Any, sample: Any, position: int, *args: Any, **kwargs: Any) -> Any:
         if position == 5:
             raise KeyboardInterrupt
-        return prepare(pool_, sample, position, *args)
+        return prepare(pool_, sample, position, *args, **kwargs)
 
     monkeypatch.setattr(writer, "prepare_sample", interrupted)
     pool.save_async_budget = 1  # the worker is already storing the first samples
