@@ -47,18 +47,23 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .codec import StoredNumbers, materialize_tensor_refs
 from .codec.dtypes import NotHeldError, check_dtypes, numbers_as
+from .codec.values import TEXT_FIELDS
 from .errors import InvalidInputError
 from .interop.export import selected_archives
 from .manager import ArchiveManager
 from .pool.archive import Archive
 from .pool.arrow import (
+    EVERYTHING,
+    KEY_COLUMNS,
     ArchiveSource,
     ChunkPlan,
+    Needs,
     Row,
     chunk_plan,
     column_name,
     decode_chunk_rows,
     fetch_chunk,
+    field_name,
 )
 
 __all__ = ["RolloutDataset", "RolloutIterableDataset", "pad_collate"]
@@ -107,6 +112,16 @@ class _PoolReader:
                 "dtypes= names the dtypes of tensors: as_tensors=False gives lists"
             )
         self.fields = None if fields is None else list(fields)
+        # NOTE: only the fields asked for are decoded (a replay of tokens, masks, log-probs
+        # and rewards skips prompt and response texts and some 30 other fields); a key item
+        # is no field, and an item ``x.shape`` is a field of that name (no shape items here)
+        self.needs: Needs = (
+            EVERYTHING
+            if fields is None
+            else Needs(
+                frozenset(field_name(f) for f in fields if f not in KEY_COLUMNS), False, False
+            )
+        )
         self.as_tensors = as_tensors
         try:
             #: ``[(archive, chunk plan)]``: one entry per chunk holding a selected sample
@@ -145,7 +160,7 @@ class _PoolReader:
     def read_unit(self, k: int) -> list[dict[str, Any]]:
         name, part = self.units[k]
         source = self.source(name)
-        rows = decode_chunk_rows(source, part, fetch_chunk(source, part))
+        rows = self.decode(source, part)
         return [self.item(source, row) for row in rows]
 
     def read_rows(self, k: int, rows: Sequence[int]) -> list[dict[str, Any]]:
@@ -156,10 +171,13 @@ class _PoolReader:
             return self.read_unit(k)
         source = self.source(name)
         part: ChunkPlan = (ordinal, digest, [entries[j] for j in rows])
-        return [
-            self.item(source, row)
-            for row in decode_chunk_rows(source, part, fetch_chunk(source, part))
-        ]
+        return [self.item(source, row) for row in self.decode(source, part)]
+
+    def decode(self, source: ArchiveSource, part: ChunkPlan) -> list[Row]:
+        """The rows of one chunk, with the fields the items need."""
+        names = self.needs.fields
+        texts = names is None or not names.isdisjoint(TEXT_FIELDS)
+        return decode_chunk_rows(source, part, fetch_chunk(source, part, texts), names)
 
     def item(self, source: ArchiveSource, row: Row) -> dict[str, Any]:
         out: dict[str, Any] = {

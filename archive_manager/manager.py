@@ -1819,7 +1819,8 @@ class ArchiveManager:
         """Export each published archive of ``rollout_ids`` (an int, a ``range`` or an
         inclusive ``(low, high)`` with optional ends, as `find` takes it; ``rollout_id``
         means the same) and evaluation flag to ``folder/<name>.<format>``;
-        ``progress(done, total)`` counts the stored bytes read."""
+        ``progress(done, total)`` counts the stored bytes read.  Parquet files get one
+        schema, so the folder reads as one table (`archive_manager.interop.export.export_many`)."""
         from .interop.export import export_many
 
         return export_many(

@@ -26,10 +26,13 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CATALOG_FIELDS",
     "MAX_REWARD_PARTS",
     "REPLAY_FIELDS",
+    "as_described",
     "check_reward_key",
     "describe_sample",
+    "inexact_fields",
     "metadata_problems",
     "rescored",
     "reward_component",
@@ -48,6 +51,11 @@ REPLAY_FIELDS = frozenset(
         "rollout_topk_log_probs",
     }
 )
+
+#: The sample fields whose stored value a description may record exactly (its type and
+#: value, as a load decodes the record): what an Arrow read of those columns answers from
+#: the catalog (docs/architecture.md, "Getting data out", "Columns from the catalog").
+CATALOG_FIELDS = ("reward", "status", "response_length", "index", "group_index")
 
 # Types whose values are neither tensors nor containers of them, skipped by exact type.
 # Starts with the plain types and learns others (enums, helper objects) as it meets them;
@@ -228,6 +236,38 @@ def rescored(description: dict[str, Any], reward_key: str | None) -> dict[str, A
         return description
     chosen = parts.get(reward_key) if reward_key is not None else None
     return {**description, "reward": chosen if type(chosen) in (int, float) else None}
+
+
+def as_described(description: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored description as `describe_sample` gives it: the writer's note for the Arrow
+    reads (``"inexact"``, see `inexact_fields`) left out."""
+    return {k: v for k, v in description.items() if k != "inexact"}
+
+
+def inexact_fields(description: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """The `CATALOG_FIELDS` whose value in ``description`` is not the value the record
+    stores (``stored``: the sample's stored top-level values of those fields, as
+    `codec.encode_sample(keep=...)` hands them back): a field the sample lacks, or whose
+    description is a conversion of it (a bool reward recorded as 0/1, a NaN as None, a
+    numpy scalar as a number, an enum status as its value where the record keeps the
+    member, a dict reward's scalar).  Exact: None, an exact ``int``, ``float`` (to the bit:
+    -0.0 is not 0.0) or ``str`` recorded as itself.  The writer keeps this list in the
+    description as ``"inexact"``; a description without it (an older save's) is exact
+    nowhere."""
+    out = []
+    for name in CATALOG_FIELDS:
+        if name not in stored or not _same_plain(description.get(name), stored[name]):
+            out.append(name)
+    return out
+
+
+def _same_plain(recorded: Any, value: Any) -> bool:
+    if value is None:
+        return recorded is None
+    kind = type(value)
+    if kind not in (int, float, str) or type(recorded) is not kind or recorded != value:
+        return False
+    return kind is not float or math.copysign(1.0, recorded) == math.copysign(1.0, value)
 
 
 def _fields_of(sample: Any) -> Mapping[Any, Any]:

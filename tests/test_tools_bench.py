@@ -300,3 +300,15 @@ def test_bench_native_quick_run_compares_both_paths() -> None:
     assert [r.split()[0] for r in rows[::2]] == ["realistic", "leaves"]
     assert all(r.endswith("(same digests)") for r in rows[::2])
     assert all("expansion bound" in r for r in rows[1::2])
+
+
+def test_bench_arrow_columns_quick_run_checks_every_read(tmp_path: Path) -> None:
+    done = _run(
+        TOOLS / "bench_arrow_columns.py", "--sizes", "16", "--repeat", "1", "--root", tmp_path,
+        "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)["rollout-16"]
+    assert figures["samples"] == 16
+    assert {"whole", "reward", "status", "keys", "tokens"} <= set(figures["seconds"])
+    assert figures["x_faster"]["whole"] == 1.0

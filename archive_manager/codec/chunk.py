@@ -380,9 +380,11 @@ class ChunkReader:
         count: int = self._count
         return count
 
-    def inflate(self, offsets: Iterable[int], *, texts_only: bool = False) -> None:
-        """Decompress these records (only their text parts with ``texts_only``) ahead of
-        `sample` or `fields`, which then only decode them.
+    def inflate(
+        self, offsets: Iterable[int], *, texts_only: bool = False, texts: bool = True
+    ) -> None:
+        """Decompress these records (only their text parts with ``texts_only``, all but
+        them without ``texts``) ahead of `sample` or `fields`, which then only decode them.
 
         One zstd call for all of them releases the GIL once, so a reader thread can inflate
         the next chunk while the caller decodes this one (one call per record made that
@@ -405,6 +407,8 @@ class ChunkReader:
                 continue
             for part, body, raw_len, method in parts:
                 if texts_only and part != "t" and self.version > 1:
+                    continue
+                if not texts and part == "t":
                     continue
                 if method != _ZSTD or (i, part) in self._inflated:
                     continue
@@ -510,14 +514,21 @@ class ChunkReader:
 
         return self._decode(i, decode)
 
-    def record(self, i: int) -> tuple[str | None, dict[str, Any], list[str] | None]:
+    def record(
+        self, i: int, names: Collection[str] | None = None
+    ) -> tuple[str | None, dict[str, Any], list[str] | None]:
         """The record at offset ``i`` as ``(class name, fields, converted)``, numeric list
-        fields as `StoredNumbers` (see `decode_record`); errors as `sample`."""
+        fields as `StoredNumbers` (see `decode_record`); errors as `sample`.  With ``names``,
+        only those top-level fields (the record's text part is not inflated unless one of
+        them is a text field)."""
 
         def decode() -> Any:
             self._verify(i)
-            parts = self._record(i)
-            return decode_record(parts["r"], self.loader, stored=True, text=parts.get("t"))
+            texts = names is None or any(n in TEXT_FIELDS for n in names)
+            parts = self._record(i, text=texts)
+            return decode_record(
+                parts["r"], self.loader, stored=True, text=parts.get("t"), names=names
+            )
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
 

@@ -1047,12 +1047,16 @@ class EncodedSample:
     ``text`` is the record's text part (its `TEXT_FIELDS`, laid out as a record of their own)
     and ``record`` the rest, whose tree marks where they were; ``text`` is empty when the
     sample has none of them (or a field name that is not a string), and ``record`` is then the
-    whole sample, as in a chunk of format version 1.
+    whole sample, as in a chunk of format version 1.  ``kept``: the values stored for the
+    top-level fields `encode_sample` was asked to keep (those the sample has), as a load
+    decodes them (a `Sample`'s status as its value): what the writer compares the catalog's
+    description with.
     """
 
     record: bytes
     tensor_blobs: dict[str, TensorBlob]
     text: bytes = b""
+    kept: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def key_text(key: Any) -> str:
@@ -1077,11 +1081,13 @@ def encode_sample(
     inline_limit: int = DEFAULT_INLINE_LIMIT,
     copy: bool = False,
     texts: Collection[str] = TEXT_FIELDS,
+    keep: Collection[str] = (),
 ) -> EncodedSample:
     """One sample as a record and its tensor blobs, ready for `RawChunk.add`.
 
     The top-level fields named in ``texts`` go to the record's text part (empty ``texts``:
-    a whole record, as chunk format version 1 stores it).
+    a whole record, as chunk format version 1 stores it).  The stored values of the fields
+    named in ``keep`` are handed back as ``kept`` (references, not copies).
 
     With ``copy``, no part of the result aliases the sample's memory (tensor blobs copy their
     bytes), so the caller may change the sample afterwards: what was encoded is what is stored.
@@ -1130,7 +1136,8 @@ def encode_sample(
     finally:
         if was_enabled:
             gc.enable()
-    return EncodedSample(_assemble(tree, record), tensor_blobs, text)
+    kept = {k: fields[k] for k in keep if k in fields}
+    return EncodedSample(_assemble(tree, record), tensor_blobs, text, kept)
 
 
 def _assemble(tree: Any, record: _Record) -> bytes:
@@ -1189,13 +1196,16 @@ def decode_record(
     stored: bool = False,
     text: memoryview | None = None,
     dtypes: Mapping[str, np.dtype] | None = None,
+    names: Collection[str] | None = None,
 ) -> tuple[str | None, dict[str, Any], list[str] | None]:
     """One record as `sample_to_record` output: ``(class name, fields, converted)``.
 
     ``text`` is the record's inflated text part (chunk format version 2), if it has one.
     With ``stored``, numeric list fields come back as `StoredNumbers` (the Arrow export
     builds its columns from them without a Python object per number); otherwise as
-    `decode_sample` gives them.  Raises as `decode_sample`.
+    `decode_sample` gives them.  With ``names``, only those top-level fields are decoded
+    (in the record's order; the arrays of the others are never touched), and ``text`` is
+    needed only when one of them is a text field.  Raises as `decode_sample`.
     """
     tree, arrays = _parse(rec)
     if type(tree) is not dict or type(tree.get("f")) is not dict:
@@ -1224,8 +1234,8 @@ def decode_record(
                 text_arrays, loader, as_arrays=as_arrays or stored, stored=stored, dtypes=dtypes
             )
             text_decoder.aliases = decoder.aliases
-            texts = text_decoder.fields(text_node)
-        fields = decoder.fields(tree["f"], texts)
+            texts = text_decoder.fields(text_node, names=names)
+        fields = decoder.fields(tree["f"], texts, names)
     if type(fields) is not dict:
         raise IntegrityError("record fields are not a mapping")
     return name, fields, converted
@@ -1315,17 +1325,25 @@ class _Decoder:
             raise IntegrityError("array descriptors reference more bytes than the record holds")
         return self.arrays[offset : offset + nbytes]
 
-    def fields(self, node: Any, texts: dict[str, Any] | None = None) -> Any:
+    def fields(
+        self,
+        node: Any,
+        texts: dict[str, Any] | None = None,
+        names: Collection[str] | None = None,
+    ) -> Any:
         """The sample's fields; with ``as_arrays``, numeric list fields as numpy arrays.
 
         ``texts``: the fields decoded from the record's text part, put where the tree marks
-        them (`_TEXT_NODE`); each must be marked once.
+        them (`_TEXT_NODE`); each must be marked once.  ``names``: only those fields (of a
+        text part: those it holds), in the tree's order.
         """
         if texts is not None:
             if type(node) is not dict or _TAG in node:
                 raise IntegrityError("record with a text part has no plain fields")
             out = {}
             for k, v in node.items():
+                if names is not None and k not in names:
+                    continue
                 if v == _TEXT_NODE:
                     if k not in texts:
                         raise IntegrityError(f"record's text part lacks field {k!r:.40}")
@@ -1335,6 +1353,8 @@ class _Decoder:
             if texts:
                 raise IntegrityError("record's text part holds fields its tree does not mark")
             return out
+        if names is not None and type(node) is dict and _TAG not in node:
+            node = {k: v for k, v in node.items() if k in names}
         if not self.as_arrays or type(node) is not dict:
             return self.decode(node)
         tag = node.get(_TAG)
@@ -1344,7 +1364,8 @@ class _Decoder:
             out = {}
             for k, v in node["v"]:
                 key = _hashable(self.decode(k))
-                out[key] = self._field(v, key)
+                if names is None or key in names:
+                    out[key] = self._field(v, key)
             return out
         return self.decode(node)
 

@@ -38,10 +38,16 @@ from ..lens.query import query_samples
 from ..lens.stats import narrow_rollout_bounds
 from ..pool.archive import Archive, ArchiveInfo, infos, open_archive
 from ..pool.arrow import (
+    KEY_COLUMNS,
+    SHAPE_SUFFIX,
+    TAIL_COLUMNS,
     ArchiveSource,
     ImportedRow,
     SchemaDrift,
     archive_batches,
+    check_columns,
+    column_name,
+    column_needs,
     conform,
     empty_batch,
     from_json_value,
@@ -50,10 +56,13 @@ from ..pool.arrow import (
     json_columns,
     json_rows,
     key_schema,
+    merge_schemas,
     pyarrow_module,
     rows_to_samples,
     select_columns,
+    selected_names,
     stream_schema,
+    with_json_column,
 )
 from ..pool.context import PoolContext
 from ..pool.listing import check_rollout_range, rollout_filter
@@ -112,10 +121,17 @@ def format_of(path: Path, given: str | None = None) -> str:
 _FILTERS = frozenset(inspect.signature(query_samples).parameters) - {"pool"} | {"rollout_ids"}
 
 
+#: The filters of `query_samples` that look at samples, not only at their archive.
+_SAMPLE_FILTERS = frozenset(
+    ("task_key", "sample_key", "status", "min_reward", "max_reward", "min_length", "max_length")
+) | {"limit"}
+
+
 def selected_archives(
     pool: PoolContext, names: Sequence[str] | None, filters: dict[str, Any]
-) -> list[tuple[str, list[int]]]:
-    """``[(archive, positions)]`` of the samples the query selects, in its order."""
+) -> list[tuple[str, list[int] | None]]:
+    """``[(archive, positions)]`` of the samples the query selects, in its order (positions
+    None: every sample of the archive)."""
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
         raise InvalidInputError("names must be a list of archive names")
     # find's spelling, rollout_id, is the same filter, so a query copied from find works here.
@@ -132,16 +148,47 @@ def selected_archives(
         filters.get("min_rollout_id"),
         filters.get("max_rollout_id"),
     )
-    rows = query_samples(pool, **filters)
     wanted = None if names is None else set(names)
-    out: list[tuple[str, list[int]]] = []
+    if all(filters.get(k) is None for k in _SAMPLE_FILTERS):
+        # NOTE: every sample of the archives selected: their names from the archives table,
+        # not a row (and a description parsed) per sample of the pool, which cost more than
+        # a catalog-only Arrow read of 1,024 samples (docs/performance.md)
+        query_samples(pool, **{**filters, "limit": 0})  # checks the filters, reads no sample
+        return [
+            (name, None)
+            for name in _archives_in_order(pool, filters)
+            if wanted is None or name in wanted
+        ]
+    rows = query_samples(pool, **filters)
+    out: list[tuple[str, list[int] | None]] = []
     for row in rows:
         if wanted is not None and row.archive not in wanted:
             continue
         if not out or out[-1][0] != row.archive:
             out.append((row.archive, []))
-        out[-1][1].append(row.position)
+        positions = out[-1][1]
+        assert positions is not None
+        positions.append(row.position)
     return out
+
+
+def _archives_in_order(pool: PoolContext, filters: dict[str, Any]) -> list[str]:
+    """The names of the archives the archive-level ``filters`` (rollout ids, evaluation,
+    state) select, in `query_samples`' order (rollout id, NULL last, then name)."""
+    a = archives_table
+    query = select(a.c.name)
+    state = filters.get("state", "published")
+    if state is not None:
+        query = query.where(a.c.state == state)
+    if filters.get("evaluation") is not None:
+        query = query.where(a.c.evaluation == bool(filters["evaluation"]))
+    if filters.get("min_rollout_id") is not None:
+        query = query.where(a.c.rollout_id >= filters["min_rollout_id"])
+    if filters.get("max_rollout_id") is not None:
+        query = query.where(a.c.rollout_id <= filters["max_rollout_id"])
+    order = (a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name)
+    with pool.catalog.read() as conn:
+        return list(conn.execute(query.order_by(*order)).scalars())
 
 
 def selected_batches(
@@ -149,21 +196,28 @@ def selected_batches(
     *,
     names: Sequence[str] | None = None,
     force_json: frozenset[str] = frozenset(),
+    columns: Sequence[str] | None = None,
     **filters: Any,
 ) -> Iterator[pa.RecordBatch]:
-    """Batches (one per chunk read) of the samples a query selects, each typed on its own."""
+    """Batches (one per chunk read) of the samples a query selects, each typed on its own;
+    with ``columns``, of what those need (`archive_batches`)."""
     for name, positions in selected_archives(pool, names, filters):
         source = open_archive(pool, name).arrow_source()
-        yield from archive_batches(source, positions=positions, force_json=force_json)
+        yield from archive_batches(
+            source, positions=positions, columns=columns, force_json=force_json
+        )
 
 
 def scan_schema(
-    pool: PoolContext, names: Sequence[str] | None, filters: dict[str, Any]
+    pool: PoolContext,
+    names: Sequence[str] | None,
+    filters: dict[str, Any],
+    columns: Sequence[str] | None = None,
 ) -> pa.Schema:
     """The schema every batch of a selection fits: a first pass over all of it, a chunk at
-    a time (as costly as reading it once more)."""
+    a time (as costly as reading it once more; of ``columns``, as costly as they are)."""
     schema: pa.Schema | None = None
-    for batch in selected_batches(pool, names=names, **filters):
+    for batch in selected_batches(pool, names=names, columns=columns, **filters):
         if schema is None:
             schema = stream_schema(batch.schema)
             continue
@@ -191,21 +245,34 @@ def arrow_reader(
     JSON, and a typed column of a later chunk turned into JSON where the first made it
     JSON); ``schema="scan"`` reads the selection once first to find a schema every batch
     fits, or pass a schema.  A later batch that does not fit raises `SchemaDrift`.
+
+    With ``columns`` (in that order, a tensor's shape column after it), only what they need
+    is read: key columns and the fields the catalog records exactly (reward, status...) come
+    from the catalog without reading a chunk; other fields are the only ones decoded
+    (docs/architecture.md, "Getting data out", "Reading only what the columns need").
     """
     pa = pyarrow_module()
+    check_columns(columns)
     if isinstance(schema, str):
         if schema != "scan":
             raise InvalidInputError('schema must be a pyarrow.Schema, "scan" or None')
-        schema = scan_schema(pool, names, filters)
+        schema = scan_schema(pool, names, filters, columns)
     if schema is not None and not isinstance(schema, pa.Schema):
         raise InvalidInputError('schema must be a pyarrow.Schema, "scan" or None')
+    if schema is not None and columns is not None:
+        schema = _needed_schema(schema, columns)
     force = frozenset() if schema is None else json_columns(schema)
-    batches = selected_batches(pool, names=names, force_json=force, **filters)
+    batches = selected_batches(pool, names=names, force_json=force, columns=columns, **filters)
     first = next(batches, None)
     if first is None:
         empty = schema if schema is not None else key_schema()
         return pa.RecordBatchReader.from_batches(_selected_schema(empty, columns), iter(()))
+    assert not isinstance(schema, str)  # "scan" was replaced by the scanned schema
     target = schema if schema is not None else stream_schema(first.schema)
+    if columns is not None and any(c not in target.names for c in columns):
+        # the message lists the columns a whole first batch has (rare: a misspelt name)
+        whole = next(selected_batches(pool, names=names, force_json=force, **filters))
+        _selected_schema(stream_schema(whole.schema), columns)
     out_schema = _selected_schema(target, columns)
 
     def stream() -> Iterator[Any]:
@@ -216,10 +283,24 @@ def arrow_reader(
     return pa.RecordBatchReader.from_batches(out_schema, stream())
 
 
+def _needed_schema(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The part of a whole schema (``schema=``: a scan's, a `SchemaDrift`'s) that the batches
+    of a read of ``columns`` hold (`column_needs`)."""
+    pa = pyarrow_module()
+    needs = column_needs(columns)
+    if needs.fields is None:
+        return schema
+    keep = set(KEY_COLUMNS) | (set(TAIL_COLUMNS) if needs.tail else set())
+    for field in needs.fields:
+        keep |= {column_name(field), column_name(field) + SHAPE_SUFFIX}
+    return pa.schema([f for f in schema if f.name in keep])
+
+
 def _selected_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
     pa = pyarrow_module()
-    empty = pa.RecordBatch.from_pylist([], schema=schema)
-    return select_columns(empty, columns).schema
+    if columns is None:
+        return schema
+    return pa.schema([schema.field(n) for n in selected_names(schema, columns)])
 
 
 # --------------------------------------------------------------------------- files
@@ -456,6 +537,12 @@ def export_many(
     evaluation flag) to ``folder/<name><suffix>``; ``progress(done, total)`` counts the
     stored bytes of the archives' chunk and tensor blobs read, as `export_archive`'s does.
 
+    Parquet files get one schema, so that the folder reads as one table (`pyarrow.dataset`,
+    DuckDB's ``read_parquet('folder/*.parquet')``, ``datasets``' parquet loader): the
+    files' schemas merged (`merge_schemas`: a field all None in one archive takes the type
+    it has in another, ints and floats become float64, a field of two kinds JSON), and each
+    file of another schema written again in it (`_one_schema`).
+
     Raises:
         ArchiveExistsError: a target exists and ``overwrite`` is False (checked for every
             archive before anything is written).
@@ -501,7 +588,88 @@ def export_many(
             exc.errno,
             exc.filename,
         ) from exc
+    if kind == "parquet" and len(done) > 1:
+        try:
+            _one_schema(arcs, done)
+        except OutputWriteError as exc:
+            # each file is whole (written through a temp file), in its own schema or the
+            # folder's
+            raise OutputWriteError(
+                f"{exc}; every archive was exported, but not every file has the folder's "
+                "one schema yet (export again to give it)",
+                exc.errno,
+                exc.filename,
+            ) from exc
     return done
+
+
+def _one_schema(arcs: list[Archive], paths: list[Path]) -> None:
+    """Give the Parquet files ``paths`` (of archives ``arcs``) one schema: their schemas
+    merged, and each file of another schema rewritten in it, through a temp file.
+
+    A file is rewritten from its own batches cast to the merged schema (`conform`: nulls
+    typed, ints as floats, typed values as JSON text); where they cannot be (a tensor
+    column made JSON) it is exported again from its archive with that schema, and a column
+    whose values the merged type cannot hold (an int past 2**53 among floats) is made JSON
+    for every file.
+    """
+    pq = _parquet()
+    schemas = [pq.read_schema(p) for p in paths]
+    merged = schemas[0]
+    for path, schema in zip(paths[1:], schemas[1:], strict=True):
+        merged = merge_schemas(merged, schema, _null_columns(path))
+    while True:
+        try:
+            for arc, path in zip(arcs, paths, strict=True):
+                if not pq.read_schema(path).equals(merged, check_metadata=True):
+                    _rewrite_in(arc, path, merged)
+            return
+        except SchemaDrift as drift:
+            if drift.column is None or drift.column not in merged.names:
+                raise
+            merged = with_json_column(merged, drift.column)
+
+
+def _null_columns(path: Path) -> set[str]:
+    """The columns of Parquet file ``path`` that hold a null."""
+    nulls: set[str] = set()
+    for batch in _parquet().ParquetFile(path).iter_batches(batch_size=1024):
+        nulls.update(
+            n for n, c in zip(batch.schema.names, batch.columns, strict=True) if c.null_count
+        )
+    return nulls
+
+
+def _rewrite_in(arc: Archive, path: Path, schema: pa.Schema) -> None:
+    """Write Parquet file ``path`` (archive ``arc``'s export) again in ``schema``.
+
+    Raises:
+        SchemaDrift: a value of the archive that ``schema`` cannot hold (``.column``).
+        OutputWriteError: the medium failed; ``path`` is as it was.
+    """
+    pq = _parquet()
+
+    def written(batches: Iterator[pa.RecordBatch]) -> Callable[[Output], None]:
+        def write(output: Output) -> None:
+            # only pyarrow's writes are the file's (`Output.writing`): reads keep their errors
+            with output.writing():
+                writer = pq.ParquetWriter(str(output.path), schema, **_parquet_options(schema))
+            try:
+                for batch in batches:
+                    fitted = conform(batch, schema)
+                    with output.writing():
+                        writer.write_batch(fitted)
+            finally:
+                with output.writing():
+                    writer.close()
+
+        return write
+
+    try:
+        write_output(path, written(pq.ParquetFile(path).iter_batches(batch_size=64)))
+    except SchemaDrift:
+        force = json_columns(schema)
+        write_output(path, written(archive_batches(arc.arrow_source(), force_json=force)))
 
 
 def _published(pool: PoolContext) -> list[ArchiveInfo]:

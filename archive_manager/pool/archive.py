@@ -246,13 +246,14 @@ class Archive:
 
     def sample_metadata(self) -> list[dict[str, Any]]:
         """`describe_sample` of every sample, from the catalog alone (no blob is read)."""
+        from ..metadata import as_described
+
         m = sample_metadata_table
         with self._pool.catalog.read() as conn:
-            return list(
-                conn.execute(
-                    select(m.c.description).where(m.c.archive_id == self._id).order_by(m.c.position)
-                ).scalars()
-            )
+            found = conn.execute(
+                select(m.c.description).where(m.c.archive_id == self._id).order_by(m.c.position)
+            ).scalars()
+            return [as_described(d) for d in found]
 
     def load_samples(
         self,
@@ -948,7 +949,11 @@ class Archive:
         "Getting data out"): ``archive``, ``position``, ``sample_key``, ``task_key``,
         ``rollout_id``, ``evaluation``, then a column per sample field, then
         ``archive_attrs``, ``sample_class``, ``sample_converted``, ``sample_shared``;
-        ``columns`` keeps those named.  Needs pyarrow (the ``data`` extra).
+        ``columns`` keeps those named, in that order (a tensor's ``.shape`` column after it),
+        and reads only what they need: key columns, and fields the catalog records exactly
+        (``reward``, ``status``, ...), from the catalog alone, other fields decoded alone
+        (docs/architecture.md, "Columns from the catalog").  Needs pyarrow (the ``data``
+        extra).
 
         Raises:
             InvalidInputError: ``columns`` names a column the archive does not have.

@@ -72,7 +72,14 @@ from ..errors import (
     LeaseExpiredError,
     SaveInFlightError,
 )
-from ..metadata import check_reward_key, describe_sample, rescored, reward_component
+from ..metadata import (
+    CATALOG_FIELDS,
+    check_reward_key,
+    describe_sample,
+    inexact_fields,
+    rescored,
+    reward_component,
+)
 from ..samples import (
     check_key_text,
     sample_key,
@@ -164,7 +171,9 @@ def prepare_sample(
     skey = check_key_text(sample_key(sample, position), "sample key")
     # NOTE: encoded before it is described, so the description only ever sees values the
     # codec accepted.
-    encoded = codec.encode_sample(sample, inline_limit=pool.inline_limit, copy=copy)
+    encoded = codec.encode_sample(
+        sample, inline_limit=pool.inline_limit, copy=copy, keep=CATALOG_FIELDS
+    )
     description = describe_sample(sample, reward_key=reward_key)
     if facts:
         unknown = set(facts) - _OVERRIDABLE_FACTS
@@ -174,6 +183,11 @@ def prepare_sample(
                 f"only {', '.join(sorted(_OVERRIDABLE_FACTS))}"
             )
         description.update(facts)
+    # which of its recorded values (facts given included) are the stored ones: an Arrow read
+    # of those columns answers from the catalog (docs/architecture.md, "Columns from the
+    # catalog")
+    description["inexact"] = inexact_fields(description, encoded.kept)
+    encoded.kept = {}  # the values are the caller's: not held while the chunk is built
     return PreparedSample(position, encoded, description, skey, key, text)
 
 

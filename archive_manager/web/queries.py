@@ -235,7 +235,14 @@ def entry_of(pool: ArchiveManager, name: str, position: int) -> dict[str, Any] |
             .outerjoin(m, (m.c.archive_id == e.c.archive_id) & (m.c.position == e.c.position))
             .where(e.c.archive_id == archive_id, e.c.position == position)
         ).one_or_none()
-    return None if row is None else dict(row._mapping)
+    if row is None:
+        return None
+    from ..metadata import as_described  # numpy and the codec: not at the viewer's start
+
+    entry = dict(row._mapping)
+    if entry["description"] is not None:
+        entry["description"] = as_described(entry["description"])
+    return entry
 
 
 def task_positions(

@@ -31,25 +31,32 @@ from .common import (
 from .imports import ImportedRow, imported_row, is_export, rows_to_samples
 from .json_values import from_json_value, to_json_value
 from .reading import (
+    EVERYTHING,
     ChunkPlan,
+    Needs,
     archive_batches,
+    catalog_values,
     chunk_plan,
+    column_needs,
     decode_chunk_rows,
     fetch_chunk,
     iter_chunk_rows,
 )
-from .schemas import conform, json_columns, merge_schemas, stream_schema
+from .schemas import conform, json_columns, merge_schemas, stream_schema, with_json_column
 from .sharing import _same_data, share_places, shared_places
 from .tables import (
     archive_table,
+    check_columns,
     conformed_batches,
     empty_batch,
     json_rows,
     key_schema,
     select_columns,
+    selected_names,
 )
 
 __all__ = [
+    "EVERYTHING",
     "FIELD_PREFIX",
     "KEY_COLUMNS",
     "RESERVED",
@@ -58,14 +65,18 @@ __all__ = [
     "ArchiveSource",
     "ChunkPlan",
     "ImportedRow",
+    "Needs",
     "Row",
     "SchemaDrift",
     "_same_data",
     "archive_batches",
     "archive_table",
     "build_batch",
+    "catalog_values",
+    "check_columns",
     "chunk_plan",
     "column_name",
+    "column_needs",
     "conform",
     "conformed_batches",
     "decode_chunk_rows",
@@ -83,8 +94,10 @@ __all__ = [
     "pyarrow_module",
     "rows_to_samples",
     "select_columns",
+    "selected_names",
     "share_places",
     "shared_places",
     "stream_schema",
     "to_json_value",
+    "with_json_column",
 ]

@@ -52,9 +52,14 @@ def field_name(column: str) -> str:
 
 
 def build_batch(
-    source: ArchiveSource, rows: list[Row], *, force_json: frozenset[str] = frozenset()
+    source: ArchiveSource,
+    rows: list[Row],
+    *,
+    force_json: frozenset[str] = frozenset(),
+    tail: bool = True,
 ) -> pa.RecordBatch:
-    """The rows of one chunk as a record batch."""
+    """The rows of one chunk as a record batch (without the `TAIL_COLUMNS` unless ``tail``:
+    a read of some columns that needs none of them)."""
     pa = pyarrow_module()
     n = len(rows)
     names: dict[str, None] = {}
@@ -97,7 +102,7 @@ def build_batch(
             raise UnencodableError(
                 f"archive {source.name!r}, sample field {key!r} cannot be typed: {exc}"
             ) from None
-    tail = [
+    tails = [
         ([attrs] * n, "archive_attrs"),
         ([r.cls for r in rows], "sample_class"),
         (
@@ -106,7 +111,7 @@ def build_batch(
         ),
         ([_shared_text(r.fields) for r in rows], "sample_shared"),
     ]
-    for values, name in tail:
+    for values, name in tails if tail else ():
         meta = {_KIND: b"json"} if name in _JSON_TAIL else None
         fields.append(pa.field(name, pa.string(), metadata=meta))
         arrays.append(pa.array(values, pa.string()))

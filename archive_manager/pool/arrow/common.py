@@ -91,11 +91,13 @@ class Row:
 
 
 class SchemaDrift(ArchiveError, ValueError):
-    """A batch's columns do not fit the schema of the batches before it."""
+    """A batch's columns do not fit the schema of the batches before it: ``schema`` holds
+    both (`merge_schemas`), ``column`` is the first that did not fit."""
 
-    def __init__(self, message: str, schema: pa.Schema) -> None:
+    def __init__(self, message: str, schema: pa.Schema, column: str | None = None) -> None:
         super().__init__(message)
         self.schema = schema
+        self.column = column
 
 
 def _torch_dtype_name(value: Any) -> str:

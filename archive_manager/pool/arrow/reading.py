@@ -6,18 +6,20 @@ on a thread, records decoded (numeric lists as `StoredNumbers`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from ...catalog import chunks_table, entries_table
+from ...catalog import chunks_table, entries_table, sample_metadata_table
 from ...codec import ChunkReader
-from ...codec.values import gc_paused
+from ...codec.values import TEXT_FIELDS, gc_paused
 from ...errors import IntegrityError
-from .columns import build_batch
-from .common import ArchiveSource, Row
+from ...metadata import CATALOG_FIELDS
+from .columns import build_batch, field_name
+from .common import KEY_COLUMNS, SHAPE_SUFFIX, TAIL_COLUMNS, ArchiveSource, Row
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -56,24 +58,94 @@ def chunk_plan(source: ArchiveSource, positions: Iterable[int] | None = None) ->
     return plan
 
 
-def fetch_chunk(source: ArchiveSource, part: ChunkPlan) -> ChunkReader:
-    """Read, check and inflate one chunk's records (no decoding: it releases the GIL)."""
+@dataclass(frozen=True)
+class Needs:
+    """What a read of some columns needs of each sample: the fields to decode (None: every
+    one, as ``sample_shared`` needs), whether the record's tree (``sample_class``,
+    ``sample_converted``), and whether the tail columns at all."""
+
+    fields: frozenset[str] | None
+    tree: bool
+    tail: bool
+
+
+#: A read of every column.
+EVERYTHING = Needs(None, True, True)
+_CATALOG_FIELDS = frozenset(CATALOG_FIELDS)
+
+
+def column_needs(columns: Sequence[str] | None) -> Needs:
+    """What a read of ``columns`` (None: all) needs (docs/architecture.md, "Getting data
+    out", "Reading only what the columns need")."""
+    if columns is None:
+        return EVERYTHING
+    fields: set[str] = set()
+    tree = tail = False
+    for column in columns:
+        if column in KEY_COLUMNS:
+            continue
+        if column in TAIL_COLUMNS:
+            if column == "sample_shared":  # the places of every field's shared values
+                return EVERYTHING
+            tail = True
+            tree = tree or column != "archive_attrs"
+            continue
+        fields.add(field_name(column))
+        if column.endswith(SHAPE_SUFFIX):  # a tensor's shape column (or a field so named)
+            fields.add(field_name(column[: -len(SHAPE_SUFFIX)]))
+    return Needs(frozenset(fields), tree, tail)
+
+
+def catalog_values(
+    source: ArchiveSource, fields: frozenset[str], positions: Iterable[int] | None = None
+) -> dict[int, dict[str, Any]]:
+    """Position -> the values of ``fields`` (`CATALOG_FIELDS`) as the catalog's
+    descriptions record them, for the samples whose description says it records every one
+    of them exactly (its ``"inexact"`` list names none of them): what decoding the record
+    would give, type and value (docs/architecture.md, "Columns from the catalog")."""
+    if not fields <= _CATALOG_FIELDS:
+        raise ValueError(f"not fields the catalog records: {sorted(fields - _CATALOG_FIELDS)}")
+    m = sample_metadata_table
+    wanted = None if positions is None else set(positions)
+    out: dict[int, dict[str, Any]] = {}
+    with source.context.catalog.read() as conn:
+        found = conn.execute(
+            select(m.c.position, m.c.description).where(m.c.archive_id == source.archive_id)
+        )
+        for position, description in found:
+            if wanted is not None and position not in wanted:
+                continue
+            inexact = description.get("inexact") if type(description) is dict else None
+            if type(inexact) is list and fields.isdisjoint(inexact):
+                out[position] = {f: description.get(f) for f in fields}
+    return out
+
+
+def fetch_chunk(source: ArchiveSource, part: ChunkPlan, texts: bool = True) -> ChunkReader:
+    """Read, check and inflate one chunk's records (no decoding: it releases the GIL);
+    without ``texts``, not their text parts."""
     ordinal, digest, entries = part
     reader = ChunkReader(
         source.read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=source.load_tensor
     )
-    reader.inflate([offset for *_, offset in entries])
+    reader.inflate([offset for *_, offset in entries], texts=texts)
     return reader
 
 
-def decode_chunk_rows(source: ArchiveSource, part: ChunkPlan, reader: ChunkReader) -> list[Row]:
-    """The records of one fetched chunk, decoded (numeric lists as `StoredNumbers`)."""
+def decode_chunk_rows(
+    source: ArchiveSource,
+    part: ChunkPlan,
+    reader: ChunkReader,
+    names: Collection[str] | None = None,
+) -> list[Row]:
+    """The records of one fetched chunk, decoded (numeric lists as `StoredNumbers`); with
+    ``names``, only those top-level fields of each."""
     ordinal = part[0]
     rows = []
     with gc_paused():
         for position, skey, tkey, offset in part[2]:
             try:
-                cls, fields, converted = reader.record(offset)
+                cls, fields, converted = reader.record(offset, names)
             except (IndexError, IntegrityError) as exc:
                 raise IntegrityError(
                     f"archive {source.name!r}, chunk {ordinal} (blob {reader.digest}): {exc}"
@@ -83,24 +155,53 @@ def decode_chunk_rows(source: ArchiveSource, part: ChunkPlan, reader: ChunkReade
 
 
 def iter_chunk_rows(
-    source: ArchiveSource, positions: Iterable[int] | None = None
+    source: ArchiveSource, positions: Iterable[int] | None = None, needs: Needs = EVERYTHING
 ) -> Iterator[list[Row]]:
-    """The archive's samples (or those at ``positions``) as decoded records, a chunk at a
-    time, in archive order; the next chunk is read and inflated while this one is used, so
-    at most two chunks are held (as `Archive.load_samples` reads)."""
+    """The archive's samples (or those at ``positions``) as records, a chunk at a time, in
+    archive order, holding what ``needs`` asks for: decoded, each chunk read and inflated
+    while the one before is used (at most two chunks held, as `Archive.load_samples`
+    reads); or, where no chunk needs reading (keys only, or `CATALOG_FIELDS` every sample
+    of the chunk has recorded exactly), from the catalog alone (class and converted None).
+    """
     plan = chunk_plan(source, positions)
     if not plan:
         return
-    pool = ThreadPoolExecutor(1, thread_name_prefix="archive-export")
+    known: dict[int, dict[str, Any]] = {}
+    if needs.fields and not needs.tree and needs.fields <= _CATALOG_FIELDS:
+        known = catalog_values(source, needs.fields, positions)
+    keys_only = needs.fields is not None and not needs.fields and not needs.tree
+
+    def from_catalog(part: ChunkPlan) -> bool:
+        return keys_only or (bool(known) and all(entry[0] in known for entry in part[2]))
+
+    texts = needs.fields is None or not needs.fields.isdisjoint(TEXT_FIELDS)
+    to_read = iter([part for part in plan if not from_catalog(part)])
+    pool: ThreadPoolExecutor | None = None
+    ahead: Future[ChunkReader] | None = None
+
+    def read_next() -> Future[ChunkReader] | None:
+        assert pool is not None
+        part = next(to_read, None)
+        return None if part is None else pool.submit(fetch_chunk, source, part, texts)
+
     try:
-        ahead: Future[ChunkReader] = pool.submit(fetch_chunk, source, plan[0])
-        for k, part in enumerate(plan):
+        for part in plan:
+            if from_catalog(part):
+                yield [
+                    Row(position, skey, tkey, None, dict(known.get(position, {})), None)
+                    for position, skey, tkey, _ in part[2]
+                ]
+                continue
+            if pool is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="archive-export")
+                ahead = read_next()
+            assert ahead is not None
             reader = ahead.result()
-            if k + 1 < len(plan):
-                ahead = pool.submit(fetch_chunk, source, plan[k + 1])
-            yield decode_chunk_rows(source, part, reader)
+            ahead = read_next()
+            yield decode_chunk_rows(source, part, reader, needs.fields)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def archive_batches(
@@ -110,7 +211,13 @@ def archive_batches(
     columns: Sequence[str] | None = None,
     force_json: frozenset[str] = frozenset(),
 ) -> Iterator[pa.RecordBatch]:
-    """One record batch per chunk read (each with its own inferred types; see `conform`)."""
-    for rows in iter_chunk_rows(source, positions):
-        batch = build_batch(source, rows, force_json=force_json)
-        yield batch if columns is None else batch.select(list(columns))
+    """One record batch per chunk read (each with its own inferred types; see `conform`).
+
+    With ``columns``, the batches hold the key columns and the columns of the fields those
+    need (`column_needs`: others are neither decoded nor built, and chunks are not read at
+    all where the catalog answers), for the caller to select from after `conform`: the
+    same values, types and metadata a whole batch has in those columns.
+    """
+    needs = column_needs(columns)
+    for rows in iter_chunk_rows(source, positions, needs):
+        yield build_batch(source, rows, force_json=force_json, tail=needs.tail)

@@ -75,6 +75,7 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         f"column {unfit!r} of a later chunk does not fit the type the first chunks gave it "
         '(pass schema="scan", or this error\'s .schema, as schema=)',
         merge_schemas(schema, batch.schema, nulls),
+        unfit,
     )
 
 
@@ -151,3 +152,17 @@ def merge_schemas(first: pa.Schema, later: pa.Schema, later_nulls: set[str]) -> 
 def json_columns(schema: pa.Schema) -> frozenset[str]:
     """The columns of ``schema`` that hold JSON text."""
     return frozenset(f.name for f in schema if _kind_of(f) == b"json")
+
+
+def with_json_column(schema: pa.Schema, name: str) -> pa.Schema:
+    """``schema`` with column ``name`` made JSON (a tensor's shape column names its tensor,
+    whose shape column goes with it): for a column whose values a promoted type cannot hold
+    (an int past 2**53 in a float64 column)."""
+    pa = pyarrow_module()
+    field = schema.field(name)
+    if _kind_of(field) == b"shape":
+        name = name[: -len(SHAPE_SUFFIX)]
+    json_field = pa.field(name, pa.string(), metadata={_KIND: b"json"})
+    return pa.schema(
+        [json_field if f.name == name else f for f in schema if f.name != name + SHAPE_SUFFIX]
+    )

@@ -106,38 +106,64 @@ def conformed_batches(
         return schema, batches
 
 
+def check_columns(columns: Sequence[str] | None) -> None:
+    """Raises `InvalidInputError` unless ``columns`` is None or a list of column names."""
+    if columns is not None and (
+        isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
+    ):
+        raise InvalidInputError("columns must be a list of column names")
+
+
+def selected_names(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
+    """The names of ``columns`` in ``schema``, in the order asked for, each tensor column's
+    shape column right after it (unless asked for itself).
+
+    Raises:
+        InvalidInputError: a column the schema does not have (the message lists them).
+    """
+    check_columns(columns)
+    names = schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise InvalidInputError(
+            f"no column {', '.join(map(repr, missing))}; the columns are {', '.join(names)}"
+        )
+    wanted: dict[str, None] = {}
+    for column in columns:
+        wanted[column] = None
+        shape = column + SHAPE_SUFFIX
+        if shape in names and shape not in columns:
+            wanted[shape] = None
+    return list(wanted)
+
+
 def select_columns(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
-    """The batch's ``columns`` (a tensor's shape column comes with it).
+    """The batch's ``columns``, in that order (see `selected_names`).
 
     Raises:
         InvalidInputError: a column the batch does not have (the message lists them).
     """
     if columns is None:
         return batch
-    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-        raise InvalidInputError("columns must be a list of column names")
-    names = batch.schema.names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise InvalidInputError(
-            f"no column {', '.join(map(repr, missing))}; the columns are {', '.join(names)}"
-        )
-    wanted = [
-        n
-        for n in names
-        if n in columns or (n.endswith(SHAPE_SUFFIX) and n[: -len(SHAPE_SUFFIX)] in columns)
-    ]
-    return batch.select(wanted)
+    return batch.select(selected_names(batch.schema, columns))
 
 
 def archive_table(source: ArchiveSource, columns: Sequence[str] | None = None) -> pa.Table:
-    """`Archive.to_arrow`: the whole archive as one table."""
+    """`Archive.to_arrow`: the whole archive as one table; with ``columns``, those columns,
+    read as `archive_batches` reads them (only what they need)."""
     pa = pyarrow_module()
-    schema, batches = conformed_batches(lambda force: archive_batches(source, force_json=force))
+    check_columns(columns)
+    schema, batches = conformed_batches(
+        lambda force: archive_batches(source, columns=columns, force_json=force)
+    )
     if schema is None:
         batches = [empty_batch(source)]
         schema = batches[0].schema
     table = pa.Table.from_batches(batches, schema=schema)
     if columns is None:
         return table
-    return table.select(select_columns(batches[0], columns).schema.names)
+    if any(c not in schema.names for c in columns):
+        # the message lists the columns a whole read has (rare: a misspelt name)
+        whole = archive_table(source) if batches[0].num_rows else table
+        return whole.select(selected_names(whole.schema, columns))
+    return table.select(selected_names(schema, columns))
