@@ -239,3 +239,21 @@ def test_unknown_columns_are_named_with_the_whole_reads_columns(arc_pool: Archiv
             read()
     with pytest.raises(InvalidInputError, match="list of column names"):
         arc.to_arrow("reward")  # type: ignore[arg-type]
+
+
+def test_reward_keys_and_long_task_keys_read_as_a_whole_read_does(tmp_path: Path) -> None:
+    """A dict reward picked by ``reward_key`` (the catalog records the part, the record the
+    dict) and a prompt too long for the catalog's key column (the catalog records its digest)
+    give the same columns read alone as in a whole read."""
+    prompt = "Solve: " + "x" * 400
+    samples = [
+        Sample(prompt=prompt, tokens=[1, 2, 3], response_length=1, reward={"acc": 1.0, "fmt": 0.5})
+        for _ in range(3)
+    ]
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
+        pool.save("r", samples, rollout_id=1, task_keys=[prompt] * 3, reward_key="acc")
+        arc = pool.open_archive("r")
+        whole, _ = _to_arrow(arc, None)
+        for columns in (["task_key"], ["reward"], ["sample_key", "task_key", "reward"]):
+            part, _ = _to_arrow(arc, columns)
+            _same(part, whole)
