@@ -30,6 +30,7 @@ from ..errors import (
     IntegrityError,
     InvalidInputError,
     InvalidNameError,
+    MissingDependencyError,
 )
 from ..lens.rewards import check_reward_key
 from ..lens.search import MAX_PATTERN, SEARCH_FIELDS
@@ -828,6 +829,11 @@ def _handle(exc: Exception) -> Any:
         return _error(410, "Released", str(exc))
     if isinstance(exc, IntegrityError):
         return _error(500, "Damaged data", str(exc))
+    if isinstance(exc, MissingDependencyError):
+        # Not the client's error (no 4xx) and nothing failed (no 500, which monitoring and
+        # retries read as a crash): this install lacks a feature, which 501 says; the page
+        # names the extra that brings it.
+        return _error(501, "Not available here", str(exc))
     if isinstance(exc, ArchiveError):
         return _error(500, "Error", str(exc))
     current_app.logger.exception("unexpected error on %s", request.path)

@@ -1097,6 +1097,25 @@ def test_charts_cope_with_the_largest_floats() -> None:
     assert wide.x_ticks and wide.lines[0].segments
 
 
+def test_a_tensor_sample_on_a_lean_install_is_a_501_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without torch the sample page of a sample holding a tensor showed the one-line "needs
+    PyTorch" message with status 500, as if the viewer had crashed: it is a 501 (this install
+    lacks the feature), HTML and JSON alike; a sample without tensors still shows."""
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("a", [{"tokens": torch.arange(4)}, {"tokens": [1, 2]}], rollout_id=1)
+        client = create_app(pool).test_client()
+        monkeypatch.setitem(sys.modules, "torch", None)  # a lean install: import torch fails
+        html = get(client, archive_url("a", "sample", "0"), 501).text
+        assert (
+            "this needs PyTorch, which is not installed; install the &#39;torch&#39; extra" in html
+        )
+        body = get_json(client, archive_url("a", "sample", "0") + "?format=json", 501)
+        assert body["status"] == 501 and "pip install -e '.[torch]'" in body["error"]
+        get(client, archive_url("a", "sample", "1"))
+
+
 def test_sample_fields_that_cannot_be_drawn_are_named_not_a_500(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
