@@ -70,13 +70,17 @@ def test_package_data_exists() -> None:
 
 
 def _copy_source(dest: Path) -> Path:
-    """The files a build reads, without build output the tree may hold (a built .so)."""
+    """The files a build reads, without build output the tree may hold (a built .so); the
+    suite's top-level files too, which setuptools would ship by default (tests/test*.py)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "*.egg-info", "build")
     dest.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy2(ROOT / name, dest / name)
     for name in ("archive_manager", "migrations"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    (dest / "tests").mkdir()
+    for test in (ROOT / "tests").glob("*.py"):
+        shutil.copy2(test, dest / "tests" / test.name)
     return dest
 
 
@@ -100,6 +104,9 @@ def test_the_sdist_carries_the_extensions_source(tmp_path: Path) -> None:
         "archive_manager/codec/_native.c",
         "archive_manager/codec/_native.pyi",
     } <= names
+    # The suite runs from a checkout (conftest, helpers, docs, tools): setuptools' default
+    # of shipping tests/test*.py alone gave five files that could not run (MANIFEST.in).
+    assert sorted(n for n in names if n.startswith("tests/")) == []
 
 
 @pytest.mark.skipif(
