@@ -387,6 +387,22 @@ def test_bench_startup_times_a_baseline_tree_alongside(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "holds no archive_manager" in refused.stderr
 
 
+def test_bench_startup_times_another_interpreter_alongside(tmp_path: Path) -> None:
+    # A lean venv's python in the same rounds (here this interpreter through a link in a
+    # folder named like a venv): its rows compared with its own bare python.
+    (tmp_path / "lean" / "bin").mkdir(parents=True)
+    other = tmp_path / "lean" / "bin" / "python"
+    other.symlink_to(sys.executable)
+    done = _python(
+        WORKTREE / "tools" / "bench_startup.py",
+        *("--runs", "1", "--archives", "2", "--json", "--other-python", other),
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["commands"]
+    assert {"python -c pass (lean)", "archive-manager ls (lean)", "archive-manager ls"} <= set(rows)
+    assert rows["python -c pass (lean)"]["ratio"] == 1.0
+
+
 def test_the_head_revision_constant_is_alembics_head() -> None:
     # Opens compare a catalog with HEAD_REVISION, not with what Alembic would parse.
     assert migrate.script_head_revision() == migrate.HEAD_REVISION

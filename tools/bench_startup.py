@@ -21,8 +21,13 @@ not what a user's start-up costs.  ``--no-bytecode-cache`` measures that case in
 earlier commit, e.g. ``git archive <commit> | tar -x -C TREE``), in the same rounds, so a
 change is measured before and after under one load; its rows end in ``(baseline)``.
 
+``--other-python PY`` times bare python and this tree's commands with another interpreter
+too (a lean virtual environment's, without torch: ``python3 -m venv lean &&
+lean/bin/pip install dist/rollout_archive_manager-*.whl``), in the same rounds; its rows
+end in ``(<its environment's folder name>)`` and are compared with its own bare python.
+
     python3 tools/bench_startup.py [--runs 21] [--archives 100] [--root DIR] [--json]
-                                   [--no-bytecode-cache] [--baseline TREE]
+                                   [--no-bytecode-cache] [--baseline TREE] [--other-python PY]
 """
 
 from __future__ import annotations
@@ -63,9 +68,11 @@ def make_pool(root: Path, archives: int) -> None:
 BASELINE = " (baseline)"
 
 
-def commands(root: Path, tree: Path = REPO) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Each measured command of the package in ``tree``: argv and extra environment."""
-    py = sys.executable
+def commands(
+    root: Path, tree: Path = REPO, py: str = sys.executable
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Each measured command of the package in ``tree`` run by ``py``: argv and extra
+    environment."""
     cli = [py, "-c", ENTRY, "--root", str(root)]
     tree_env = {"PYTHONPATH": str(tree)}
     measured: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -90,15 +97,29 @@ def commands(root: Path, tree: Path = REPO) -> dict[str, tuple[list[str], dict[s
     return {name: (argv, {**tree_env, **extra}) for name, (argv, extra) in measured.items()}
 
 
+BARE = "python -c pass"
+
+
+def other_suffix(python: str) -> str:
+    """The suffix of the rows of another interpreter: its environment's folder name."""
+    return f" ({Path(python).absolute().parent.parent.name})"
+
+
 def all_commands(
-    root: Path, baseline: Path | None = None
+    root: Path, baseline: Path | None = None, other_python: str | None = None
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Bare python, this tree's commands, and the baseline tree's (if any)."""
-    todo = {"python -c pass": ([sys.executable, "-c", "pass"], {})}
+    """Bare python, this tree's commands, the baseline tree's (if any), and bare python and
+    this tree's commands run by another interpreter (if any)."""
+    todo = {BARE: ([sys.executable, "-c", "pass"], {})}
     todo.update(commands(root))
     if baseline is not None:
         for name, command in commands(root, baseline).items():
             todo[name + BASELINE] = command
+    if other_python is not None:
+        suffix = other_suffix(other_python)
+        todo[BARE + suffix] = ([other_python, "-c", "pass"], {})
+        for name, command in commands(root, py=other_python).items():
+            todo[name + suffix] = command
     return todo
 
 
@@ -138,21 +159,30 @@ def time_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, f
 
 
 def measure(
-    root: Path, runs: int, pycache: Path | None, baseline: Path | None = None
+    root: Path,
+    runs: int,
+    pycache: Path | None,
+    baseline: Path | None = None,
+    other_python: str | None = None,
 ) -> dict[str, list[tuple[float, float]]]:
     cwd = Path(tempfile.mkdtemp(prefix="bench-startup-cwd-"))  # empty: nothing to import
     try:
-        return _measure(root, runs, pycache, baseline, cwd)
+        return _measure(root, runs, pycache, baseline, other_python, cwd)
     finally:
         shutil.rmtree(cwd, ignore_errors=True)
 
 
 def _measure(
-    root: Path, runs: int, pycache: Path | None, baseline: Path | None, cwd: Path
+    root: Path,
+    runs: int,
+    pycache: Path | None,
+    baseline: Path | None,
+    other_python: str | None,
+    cwd: Path,
 ) -> dict[str, list[tuple[float, float]]]:
     todo = {
         name: (argv, _env(extra, pycache))
-        for name, (argv, extra) in all_commands(root, baseline).items()
+        for name, (argv, extra) in all_commands(root, baseline, other_python).items()
     }
     for argv, env in todo.values():  # warm the page cache and .pyc files first
         time_once(argv, env, cwd)
@@ -163,13 +193,18 @@ def _measure(
     return times
 
 
-def summarize(times: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
-    """Per command: wall time (median, fastest, over and times bare python) and the median
-    CPU time, which a loaded machine inflates far less than the wall time."""
-    bare = statistics.median(wall for wall, _ in times["python -c pass"])
-    bare_cpu = statistics.median(cpu for _, cpu in times["python -c pass"])
+def summarize(
+    times: dict[str, list[tuple[float, float]]], other_python: str | None = None
+) -> dict[str, Any]:
+    """Per command: wall time (median, fastest, over and times bare python: the same
+    interpreter's) and the median CPU time, which a loaded machine inflates far less than
+    the wall time."""
+    suffix = None if other_python is None else other_suffix(other_python)
     rows = {}
     for name, runs in times.items():
+        own = BARE + suffix if suffix is not None and name.endswith(suffix) else BARE
+        bare = statistics.median(wall for wall, _ in times[own])
+        bare_cpu = statistics.median(cpu for _, cpu in times[own])
         values = [wall for wall, _ in runs]
         median = statistics.median(values)
         cpu = statistics.median(c for _, c in runs)
@@ -214,6 +249,10 @@ def main() -> None:
         help="another source tree of the package (holding archive_manager/) to time alongside",
     )
     parser.add_argument(
+        "--other-python",
+        help="another interpreter (a lean venv's python) whose start-up to time alongside",
+    )
+    parser.add_argument(
         "--no-bytecode-cache",
         action="store_true",
         help="run the children with the environment's bytecode settings as they are",
@@ -230,11 +269,13 @@ def main() -> None:
             root = work / "pool"
             make_pool(root, args.archives)
         pycache = None if args.no_bytecode_cache else work / "pycache"
-        result = summarize(measure(root, args.runs, pycache, args.baseline))
+        times = measure(root, args.runs, pycache, args.baseline, args.other_python)
+        result = summarize(times, args.other_python)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.update(runs=args.runs, archives=args.archives if args.root is None else None)
     result["baseline"] = None if args.baseline is None else str(args.baseline)
+    result["other_python"] = args.other_python
     result["bytecode_cache"] = not args.no_bytecode_cache
     result["load_average"] = list(os.getloadavg())
     result["cpus"] = os.cpu_count()
