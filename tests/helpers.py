@@ -449,12 +449,23 @@ def python_only() -> Iterator[None]:
     functions are held to)."""
     from archive_manager import codec
 
-    saved = (codec._native_numbers, codec._native_first_leaves, codec._native_dict_items)
+    saved = (
+        codec._native_numbers,
+        codec._native_first_leaves,
+        codec._native_dict_items,
+        codec._native_stored_list,
+    )
     codec._native_numbers = codec._native_first_leaves = codec._native_dict_items = None
+    codec._native_stored_list = None
     try:
         yield
     finally:
-        codec._native_numbers, codec._native_first_leaves, codec._native_dict_items = saved
+        (
+            codec._native_numbers,
+            codec._native_first_leaves,
+            codec._native_dict_items,
+            codec._native_stored_list,
+        ) = saved
 
 
 def python_array(value: list) -> tuple[str, bytes, bool] | None:

@@ -92,6 +92,7 @@ from .values import (
     _native_dict_items,
     _native_first_leaves,
     _native_numbers,
+    _native_stored_list,
     _number_array,
     _Record,
     decode_fields,

@@ -664,6 +664,159 @@ done:
     return out;
 }
 
+/* The list a stored numeric array decodes to: values._unshuffle(...).tolist(), without the
+ * array.  The stored dtypes it takes, by name; any other is the Python path's. */
+static const struct {
+    const char *name;
+    char kind; /* 'i' signed, 'u' unsigned, 'f' float */
+    int width;
+} STORED[] = {
+    {"int8", 'i', 1},  {"uint8", 'u', 1},  {"int16", 'i', 2},   {"uint16", 'u', 2},
+    {"int32", 'i', 4}, {"uint32", 'u', 4}, {"int64", 'i', 8},   {"uint64", 'u', 8},
+    {"float32", 'f', 4}, {"float64", 'f', 8},
+};
+#define N_STORED (sizeof(STORED) / sizeof(STORED[0]))
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* Item i, little-endian, from byte planes (plane j holds byte j of every item) or from
+ * consecutive items; width is a constant at every call, so each loop is specialised. */
+static ALWAYS_INLINE uint64_t
+stored_bits(const unsigned char *b, Py_ssize_t i, Py_ssize_t n, int width, int shuffled)
+{
+    uint64_t v = 0;
+    for (int j = 0; j < width; j++) {
+        v |= (uint64_t)b[shuffled ? (Py_ssize_t)j * n + i : i * width + j] << (8 * j);
+    }
+    return v;
+}
+
+/* One item as a Python number, as numpy's tolist makes it. */
+static ALWAYS_INLINE PyObject *
+stored_item(uint64_t v, char kind, int width)
+{
+    if (kind == 'f') {
+        if (width == 4) {
+            float f;
+            uint32_t u = (uint32_t)v;
+            memcpy(&f, &u, 4);
+            return PyFloat_FromDouble((double)f);
+        }
+        double d;
+        memcpy(&d, &v, 8);
+        return PyFloat_FromDouble(d);
+    }
+    if (kind == 'u') {
+        return PyLong_FromUnsignedLongLong(v);
+    }
+    /* sign-extend the item's width */
+    const int shift = 64 - 8 * width;
+    return PyLong_FromLongLong((long long)((int64_t)(v << shift) >> shift));
+}
+
+static ALWAYS_INLINE int
+fill_stored(PyObject *out, const unsigned char *b, Py_ssize_t n, char kind, int width,
+            int shuffled)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = stored_item(stored_bits(b, i, n, width, shuffled), kind, width);
+        if (item == NULL) {
+            return -1;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return 0;
+}
+
+static PyObject *
+stored_list(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "stored_list(data, dtype: str, shuffled)");
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8(args[1]);
+    if (name == NULL) {
+        return NULL;
+    }
+    int shuffled = PyObject_IsTrue(args[2]);
+    if (shuffled < 0) {
+        return NULL;
+    }
+    size_t k = 0;
+    while (k < N_STORED && strcmp(STORED[k].name, name) != 0) {
+        k++;
+    }
+    if (k == N_STORED) {
+        Py_RETURN_NONE;
+    }
+    const char kind = STORED[k].kind;
+    const int width = STORED[k].width;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (view.len % width) {
+        /* the Python path raises the damaged record's error */
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    const Py_ssize_t n = view.len / width;
+    const unsigned char *b = view.buf;
+    /* one item or one-byte items lay out the same either way */
+    shuffled = shuffled && width > 1;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int failed;
+    /* No Python code runs in the loops: nothing changes the buffer or the list under them. */
+    if (kind == 'f') {
+        failed = width == 4 ? (shuffled ? fill_stored(out, b, n, 'f', 4, 1)
+                                        : fill_stored(out, b, n, 'f', 4, 0))
+                            : (shuffled ? fill_stored(out, b, n, 'f', 8, 1)
+                                        : fill_stored(out, b, n, 'f', 8, 0));
+    }
+    else {
+        switch (width * 2 + shuffled) {
+        case 2:
+            failed = fill_stored(out, b, n, kind, 1, 0);
+            break;
+        case 4:
+            failed = fill_stored(out, b, n, kind, 2, 0);
+            break;
+        case 5:
+            failed = fill_stored(out, b, n, kind, 2, 1);
+            break;
+        case 8:
+            failed = fill_stored(out, b, n, kind, 4, 0);
+            break;
+        case 9:
+            failed = fill_stored(out, b, n, kind, 4, 1);
+            break;
+        case 16:
+            failed = fill_stored(out, b, n, kind, 8, 0);
+            break;
+        default:
+            failed = fill_stored(out, b, n, kind, 8, 1);
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (failed) {
+        /* the items not set yet are NULL, which a list's deallocation skips */
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"dict_items", (PyCFunction)(void (*)(void))dict_items, METH_FASTCALL,
      "dict_items(value, leaves, encode, again, where) -> dict | None\n\n"
@@ -676,6 +829,11 @@ static PyMethodDef methods[] = {
      "numbers(list) -> (dtype name, bytes, shuffled) | None\n\n"
      "A list of exact ints (within int64) or exact floats as the codec's narrowed,\n"
      "byte-shuffled array; None for any other list."},
+    {"stored_list", (PyCFunction)(void (*)(void))stored_list, METH_FASTCALL,
+     "stored_list(data, dtype, shuffled) -> list | None\n\n"
+     "The list of Python numbers a stored numeric array holds (its bytes little-endian,\n"
+     "in byte planes when shuffled), as numpy's tolist gives them; None for a dtype it\n"
+     "does not take or bytes that are not whole items."},
     {"texts_holding", (PyCFunction)(void (*)(void))texts_holding, METH_FASTCALL,
      "texts_holding(parts, needle, folded, also) -> list of indices\n\n"
      "The indices of the buffers in parts that hold needle (ASCII case folded when\n"

@@ -16,6 +16,9 @@ def dict_items(
     /,
 ) -> dict[str, object] | None: ...
 
+# A stored numeric array's items as Python numbers (tolist); None: a dtype it leaves to numpy.
+def stored_list(data: object, dtype: str, shuffled: object, /) -> list[object] | None: ...
+
 # The indices of parts holding needle (ASCII case-folded when folded) or any of also.
 def texts_holding(
     parts: object, needle: bytes, folded: bool, also: tuple[bytes, ...], /
