@@ -314,7 +314,7 @@ class Archive:
 
         # One GC pause over the whole load: pausing per chunk let each resume collect (and
         # traverse) everything decoded so far, quadratic in the archive's size.
-        with gc_paused():
+        with gc_paused(promote=True):
             self._decode_into(
                 decoded, ordinals, digests, by_chunk, arrays, materialize, shapes=shapes
             )
@@ -411,7 +411,7 @@ class Archive:
         from ..codec.values import gc_paused
 
         decoded: dict[tuple[int, int], Any] = {}
-        with gc_paused():
+        with gc_paused(promote=True):
             self._decode_into(
                 decoded, ordinals, digests, by_chunk, as_arrays, materialize, shapes=shapes
             )
@@ -635,7 +635,7 @@ class Archive:
                 run = next(runs, None)
                 ahead = None if run is None else reader.submit(self._fetch_run, run)
                 decoded: dict[tuple[int, int], Any] = {}
-                with gc_paused():
+                with gc_paused(promote=True):
                     self._decode_chunk(decoded, ordinal, chunk, offsets, as_arrays, materialize)
                 del chunk
                 for offset in offsets:
@@ -675,7 +675,7 @@ class Archive:
         from ..codec.values import gc_paused
 
         decoded: dict[tuple[int, int], Any] = {}
-        with gc_paused():
+        with gc_paused(promote=True):
             self._decode_into(decoded, ordinals, digests, by_chunk, False, False)
         return [decoded[at[p]] for p in positions]
 

@@ -4,6 +4,7 @@ data."""
 
 from __future__ import annotations
 
+import gc
 import math
 from types import SimpleNamespace
 
@@ -201,6 +202,31 @@ def test_a_keyed_load_reads_the_catalog_in_one_statement(pool, rollout, same_sam
         same_samples(got, samples)
     finally:
         event.remove(pool.catalog.engine, "before_cursor_execute", record)
+
+
+def test_a_load_hands_what_it_built_to_the_oldest_generation(pool, rollout) -> None:
+    """The lists a load makes are not left young: the next young collections would traverse
+    every number of every list to free nothing (docs/performance.md).  A process that froze
+    its objects (gc.freeze() before a fork) keeps them frozen."""
+    samples = rollout(70, seed=4)
+    arc = pool.save("g", samples, rollout_id=0)
+
+    def lists(loaded: list) -> list[list]:
+        return [v for s in loaded for v in vars(s).values() if type(v) is list and v]
+
+    for load in (arc.load_samples, lambda: list(arc.iter_samples())):
+        gc.collect()
+        got = load()
+        assert gc.isenabled()
+        oldest = {id(o) for o in gc.get_objects(generation=2)}
+        assert lists(got) and all(id(v) in oldest for v in lists(got))
+    kept = [object()]  # frozen: gc.get_objects() lists no frozen object
+    gc.freeze()
+    try:
+        got = arc.load_samples()
+        assert all(id(o) != id(kept) for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
 
 
 def test_keys_order_and_length(pool, rollout) -> None:
