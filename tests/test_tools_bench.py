@@ -269,6 +269,17 @@ def test_bench_async_save_quick_run(tmp_path: Path) -> None:
     assert set(figures["median_cpu_seconds"]) == set(figures["median_seconds"]) - {"async_total"}
 
 
+def test_bench_small_save_quick_run(tmp_path: Path) -> None:
+    done = _run(
+        TOOLS / "bench_small_save.py", "--rounds", "1", "--root", tmp_path, "--phases", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert set(figures["median_ms"]) == {"save1", "save8", "torch1", "torch8"}
+    assert figures["phases_ms_per_save"]["8"]["txn save.publish"]["count"] == 1
+    assert list(tmp_path.iterdir()) == []  # its temp pool removed
+
+
 def test_bench_search_quick_run(tmp_path: Path) -> None:
     done = _run(
         TOOLS / "bench_search.py", "--root", tmp_path / "pool", "--archives", "2",

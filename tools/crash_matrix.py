@@ -251,6 +251,20 @@ def _run_save(world: World) -> None:
         pool.save("inflight", _inflight_samples(), rollout_id=9)
 
 
+SMALL_SEED = 11
+
+
+def _prepare_small(world: World) -> None:
+    world.inflight = ("inflight", fingerprint(rollout(3, SMALL_SEED)))
+
+
+def _run_small(world: World) -> None:
+    # One chunk of new samples: claimed by the ownership transaction and written, with its
+    # tensor blobs, in the manifest's put (docs/architecture.md, "Save protocol").
+    with world.open() as pool:
+        pool.save("inflight", rollout(3, SMALL_SEED), rollout_id=9)
+
+
 def _run_stream(world: World) -> None:
     with world.open() as pool, pool.writer("inflight", rollout_id=9) as writer:
         for sample in _inflight_samples():
@@ -548,6 +562,12 @@ SCENARIOS = {
             "save", "pool.save of 12 samples (3 chunks, one deduplicated)", _prepare_save, _run_save
         ),
         Scenario("stream", "pool.writer adding the same 12 samples", _prepare_save, _run_stream),
+        Scenario(
+            "small_save",
+            "pool.save of 3 new samples (one chunk, written with the manifest)",
+            _prepare_small,
+            _run_small,
+        ),
         Scenario(
             "async_save",
             "pool.save_async of the same 12 samples, changed right after the call",

@@ -34,6 +34,7 @@ from .bulk import insert_rows
 from .engine import (
     BUSY_TIMEOUT_ENV,
     DEFAULT_BUSY_TIMEOUT_MS,
+    LAZY_COMMIT_OPTION,
     WRITE_OPTION,
     CatalogUnreachableError,
     check_local_filesystem,
@@ -314,12 +315,18 @@ class Catalog:
                         transaction.rollback()
 
     @contextmanager
-    def write(self, step: str | None = None) -> Iterator[Connection]:
+    def write(self, step: str | None = None, *, durable: bool = True) -> Iterator[Connection]:
         """A connection in a write transaction: committed on clean exit, else rolled back.
 
         ``step`` names the durable step the transaction is (``"save.publish"``, ...): its
         failpoints ``<step>.before_commit`` and ``<step>.after_commit`` (see `_failpoints`)
         bracket the commit.
+
+        ``durable=False`` commits without waiting for the disk (`LAZY_COMMIT_OPTION`): the
+        commit is seen by every connection at once and survives the process, but a power loss
+        before the catalog's next durable commit may undo it.  Only for a transaction whose
+        loss then leaves nothing depending on it (a save's lease: docs/architecture.md, "Save
+        protocol").
 
         On SQLite the transaction starts with ``BEGIN IMMEDIATE``, on PostgreSQL with the
         catalog's advisory write lock, so a second writer waits (up to the busy timeout) at
@@ -352,7 +359,7 @@ class Catalog:
             )
         self._local.writing = True
         try:
-            conn, transaction = self._begin_write()
+            conn, transaction = self._begin_write(durable)
             with conn, transaction:
                 yield conn
                 if step is not None:
@@ -362,7 +369,7 @@ class Catalog:
         if step is not None:
             failpoint(f"{step}.after_commit")
 
-    def _begin_write(self) -> tuple[Connection, RootTransaction]:
+    def _begin_write(self, durable: bool = True) -> tuple[Connection, RootTransaction]:
         """Connect and begin a write transaction, waiting out an unreachable server."""
         deadline = time.monotonic() + self._busy_timeout_ms / 1000
         delay = 0.05
@@ -370,7 +377,7 @@ class Catalog:
             conn: Connection | None = None
             try:
                 conn = self._engine.connect()
-                conn.execution_options(**{WRITE_OPTION: True})
+                conn.execution_options(**{WRITE_OPTION: True, LAZY_COMMIT_OPTION: not durable})
                 return conn, conn.begin()
             except CatalogUnreachableError:
                 # NOTE: safe to retry only because the caller's block has not run yet; the

@@ -39,7 +39,12 @@ from .._util.mounts import (
     read_mount_table,
 )
 from ..errors import CatalogError, UnsupportedFilesystemError
-from .dialects.base import WRITE_OPTION, CatalogDialect, CatalogUnreachableError
+from .dialects.base import (
+    LAZY_COMMIT_OPTION,
+    WRITE_OPTION,
+    CatalogDialect,
+    CatalogUnreachableError,
+)
 from .dialects.sqlite import (
     LockHolder,
     SQLiteDialect,
@@ -54,6 +59,7 @@ from .urls import catalog_identity, parse_url, public_url, shown_url, sqlite_pat
 __all__ = [
     "BUSY_TIMEOUT_ENV",
     "DEFAULT_BUSY_TIMEOUT_MS",
+    "LAZY_COMMIT_OPTION",
     "NETWORK_FILESYSTEMS",
     "WRITE_OPTION",
     "CatalogDialect",

@@ -120,15 +120,17 @@ def dead_pending_ids(conn: Connection, now: float, ids: Iterable[int] | None = N
 
 def in_flight(conn: Connection, now: float, digests: Sequence[str]) -> set[str]:
     """Of ``digests``, those a save in flight at ``now`` may be writing: held by a live
-    lease, or the manifest of a pending archive whose lease is live.
+    lease, or needed by a pending archive whose lease is live (its manifest, and the last
+    chunks its ownership transaction claimed).
 
-    NOTE: a save records the hold (or, for its manifest, its pending archive) in a committed
-    transaction before it begins the write, so an incomplete write listed before this query
+    NOTE: a save records the hold (or, for its manifest and last chunks, its pending
+    archive) in a committed transaction before it begins the write, so an incomplete write
+    listed before this query
     whose digest is not returned belongs to no live save: its save died, lapsed, or finished.
     Judging by its age alone once aborted a live save's multipart upload (an hour by the
     store's clock) and would remove a live temp file whose mtime a file server's clock set.
     """
-    lb, lt, a = lease_blobs_table, leases_table, archives_table
+    lb, lt, a, ab = lease_blobs_table, leases_table, archives_table, archive_blobs_table
     found: set[str] = set()
     for batch in batches(sorted(set(digests))):
         found.update(
@@ -140,9 +142,10 @@ def in_flight(conn: Connection, now: float, digests: Sequence[str]) -> set[str]:
         )
         found.update(
             conn.execute(
-                select(a.c.manifest_digest)
+                select(ab.c.digest)
+                .join(a, a.c.id == ab.c.archive_id)
                 .join(lt, lt.c.owner == a.c.lease_owner)
-                .where(a.c.state == "pending", a.c.manifest_digest.in_(batch), live_lease(now))
+                .where(a.c.state == "pending", ab.c.digest.in_(batch), live_lease(now))
             ).scalars()
         )
     return found

@@ -568,10 +568,15 @@ def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
             if row.state == "pending":
                 # Published in the journal's history after this catalog's copy was taken
                 # (a backup taken mid-save): the save's lease is long gone.
+                # Its publication marked live the blobs its ownership claimed 'writing' (the
+                # manifest, and the chunks claimed with it): they were durable before it.
                 values.update(lease_owner=None, published_at=decided.published_at)
+                needed = select(archive_blobs_table.c.digest).where(
+                    archive_blobs_table.c.archive_id == row.id
+                )
                 conn.execute(
                     update(b)
-                    .where(b.c.digest == manifest, b.c.state == "writing")
+                    .where(b.c.digest.in_(needed), b.c.state == "writing")
                     .values(state="live")
                 )
                 changes.append(f"{state} (was pending)")

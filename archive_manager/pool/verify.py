@@ -388,9 +388,10 @@ def _check_archives(snap: _Snapshot, report: VerifyReport) -> None:
                     )
                 )
             elif blob.state == "writing":
-                # A pending save's blob not yet written (its manifest is written after the
-                # ownership commit): the save is in flight, or dead and GC rolls it back; the
-                # blob's own notice says so.  Only a live blob's absence is damage.
+                # A pending save's blob not yet written (its manifest and last chunks are
+                # written after the ownership commit): the save is in flight, or dead and GC
+                # rolls it back; the blob's own notice says so.  Only a live blob's absence is
+                # damage.
                 continue
             elif digest not in files and digest not in moved:
                 what = "path holds no regular file" if digest in not_files else "file is missing"

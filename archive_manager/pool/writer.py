@@ -219,6 +219,7 @@ class ArchiveWriter:
         reference: Archive | None = None,
         supersede: bool = False,
         reward_key: str | None = None,
+        _lazy_renewal: bool = False,
     ) -> None:
         pool = context_of(pool)
         self._pool = pool
@@ -256,6 +257,11 @@ class ArchiveWriter:
         self._blob_sizes: dict[str, int] = {}
         self._created: set[str] = set()  # digests whose row this save inserted
         self._unmarked: list[str] = []  # written, not yet flipped to live
+        # The chunks `commit` packed itself, claimed by the ownership transaction, and those
+        # of their blobs it writes with the manifest (marked live at publication).
+        self._last: list[tuple[int, EncodedChunk]] = []
+        self._last_writes: list[_Blob] = []
+        self._last_stored: list[_Blob] = []  # recorded live: their files looked for
         self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
         self._next_ordinal = 0
         self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
@@ -270,7 +276,11 @@ class ArchiveWriter:
         # was opened must not get its blobs written to whatever is at its old place now.
         pool.check_in_place(f"saving {self.name!r}")
         now = pool.clock()
-        with pool.catalog.write("save.lease") as conn:
+        # NOTE: not waited for on the disk (docs/architecture.md, "Save protocol", step 1):
+        # every later step that depends on the lease begins with a durable commit of the
+        # catalog, which makes the lease durable too; a power loss before it leaves nothing
+        # that needs the lease.
+        with pool.catalog.write("save.lease", durable=False) as conn:
             free_name(conn, self.name, now=now, leases=True, supersede=supersede)
             insert_lease(
                 conn,
@@ -284,13 +294,19 @@ class ArchiveWriter:
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
         self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
         self._stop = threading.Event()
+        interval = max(pool.lease_ttl / 3, 0.05)
         self._heartbeat = threading.Thread(
             target=self._keep_alive,
-            args=(weakref.ref(self), self._stop, max(pool.lease_ttl / 3, 0.05)),
+            args=(weakref.ref(self), self._stop, interval),
             name="archive-lease",
             daemon=True,
         )
-        self._heartbeat.start()
+        # With ``_lazy_renewal`` (`save_samples`, which holds every sample and adds them in
+        # one go) the heartbeat starts only once the save has run for a renewal interval
+        # (`_start_renewal_if_due`): a small save ends long before and starts no thread.
+        self._renew_after = time.monotonic() + interval if _lazy_renewal else None
+        if self._renew_after is None:
+            self._heartbeat.start()
 
     # ---------------------------------------------------------------- public
 
@@ -376,21 +392,29 @@ class ArchiveWriter:
             self._check_open()
             if self._reference is not None:
                 self._adopt_reference(self._reference)
-            elif self._buffer.records:
-                self._flush()
-            self._wait()
-            # Again once the blobs are written (the pool may have gone while they were), and
-            # before the publication (below): an archive is published only over blobs that
-            # went to the pool this catalog indexes.
+            # The chunks not yet handed to the I/O thread (the last one or two) are claimed
+            # by the ownership transaction and written with the manifest (step 3).
+            self._last = self._last_chunks()
+            # Again once the earlier blobs are written (the pool may have gone while they
+            # were): nothing is claimed for a pool this catalog does not index.
             self._pool.check_in_place(f"publishing {self.name!r}")
             self._pool.journal.ready()
             archive_id, manifest = self._commit_ownership()
-            # NOTE: written after the ownership commit, which gave it its save number (the
-            # manifest module says why that number must come from the name's claim), and
-            # before publication, so a published archive always has its manifest on disk.
-            # Its save number makes it new: the ownership commit has just claimed its row.
-            self._pool.store.put_new([(manifest.parts, manifest.digest)])
+            # The live rows' files looked for after the commit, as step 2 does (the archive's
+            # ownership keeps GC from them meanwhile); one gone is written again.
+            self._last_writes += _missing(self._pool.store, self._last_stored)
+            # NOTE: written after the ownership commit, which gave the manifest its save
+            # number (the manifest module says why that number must come from the name's
+            # claim) and claimed the last chunks' rows, and before publication, so a
+            # published archive always has its manifest and every blob on disk.  Its save
+            # number makes the manifest new: the ownership commit has just claimed its row.
+            self._pool.store.put_new(
+                [(b.parts, b.digest) for b in self._last_writes]
+                + [(manifest.parts, manifest.digest)]
+            )
             failpoint("save.manifest.after_write")
+            # Again once every blob is written: an archive is published only over blobs that
+            # went to the pool this catalog indexes.
             self._pool.check_in_place(f"publishing {self.name!r}")
             record = self._publish(archive_id, manifest.digest)
         except BaseException:
@@ -467,15 +491,18 @@ class ArchiveWriter:
     def join_renewal(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the lease renewal to end (it ends by itself when
         the lease lapsed or a renewal was refused); True if it has ended."""
-        self._heartbeat.join(timeout)
+        if self._heartbeat.ident is not None:  # a lazily renewed save may not have one yet
+            self._heartbeat.join(timeout)
         return not self._heartbeat.is_alive()
 
     def stop_renewing(self) -> None:
         """Stop renewing the lease, as a paused (SIGSTOP) process does: the lease lapses after
         its TTL, GC then reclaims what it held, and a later commit fails with
         `LeaseExpiredError`.  For tests and drills of the save protocol."""
+        self._renew_after = None
         self._stop.set()
-        self._heartbeat.join()
+        if self._heartbeat.ident is not None:
+            self._heartbeat.join()
 
     def abandon(self) -> None:
         """Stop as a killed process would: no renewal, no further stores, no rollback.  What
@@ -497,13 +524,25 @@ class ArchiveWriter:
 
     # ---------------------------------------------------------------- internals
 
+    def _start_renewal_if_due(self) -> None:
+        """Start the heartbeat of a lazily renewed save once it has run a renewal interval.
+
+        NOTE: called before each sample is added, at each chunk and in `commit`, so the lease
+        goes unrenewed at most an interval plus one sample's encoding or the last chunks'
+        packing, well inside its TTL (three intervals)."""
+        if self._renew_after is not None and time.monotonic() >= self._renew_after:
+            self._renew_after = None
+            self._heartbeat.start()
+
     def _check_open(self) -> None:
+        self._start_renewal_if_due()
         if self._state != "open":
             raise ArchiveError(f"the writer of {self.name!r} is {self._state}")
         if self._failure is not None:
             raise self._failure
 
     def _shutdown(self) -> None:
+        self._renew_after = None  # never started after this
         self._stop.set()
         self._io.shutdown(wait=True)
         self._packer.shutdown(wait=True)
@@ -600,6 +639,27 @@ class ArchiveWriter:
         while self._pending:
             self._pending.popleft().result()
 
+    def _last_chunks(self) -> list[tuple[int, EncodedChunk]]:
+        """For `commit`: wait for the stores in flight, then pack the chunks that were not
+        handed to the I/O thread (the samples still buffered, and a chunk waiting for its
+        pair), and return them.
+
+        NOTE: packed here, on the caller's thread, when the packer has nothing of them
+        started: the caller would only wait for it, and a small save then starts no thread
+        (a thread start cost ~1.5 ms under load; docs/performance.md, "Small saves").
+        """
+        while self._pending:
+            self._pending.popleft().result()
+        last = [(ordinal, packed.result()) for ordinal, packed in self._batch]
+        self._batch = []
+        if self._buffer.records:
+            raw = self._buffer
+            self._buffer = codec.RawChunk([], {})
+            last.append((self._next_ordinal, raw.pack()))
+            self._next_ordinal += 1
+        self._start_renewal_if_due()
+        return last
+
     def _store_chunks(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
         """On the I/O thread: store these chunks (once packed) in one catalog transaction and
         one `put_many`; raise the error of the first whose packing failed.  After a store
@@ -617,13 +677,15 @@ class ArchiveWriter:
 
     def _store_packed(self, batch: list[tuple[int, Future[EncodedChunk]]]) -> None:
         encoded = [(ordinal, packed.result()) for ordinal, packed in batch]
-        blobs: list[_Blob] = []
-        for _, enc in encoded:
-            blobs.extend(
-                _Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values()
-            )
-            blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
+        blobs = _blobs_of(encoded)
         self._store(blobs)
+        self._note_stored(encoded, blobs)
+
+    def _note_stored(self, encoded: list[tuple[int, EncodedChunk]], blobs: list[_Blob]) -> None:
+        """Record the chunks ``encoded`` and their ``blobs`` as the archive's."""
+        for blob in blobs:
+            self._blob_kinds[blob.digest] = blob.kind
+            self._blob_sizes[blob.digest] = blob.size
         for ordinal, enc in encoded:
             self._chunks[ordinal] = (enc.digest, enc.samples, len(enc.data))
 
@@ -649,9 +711,6 @@ class ArchiveWriter:
         store.put_new([(blob.parts, blob.digest) for blob in to_write])
         with self._lock:
             self._unmarked.extend(b.digest for b in to_write)
-        for blob in blobs:
-            self._blob_kinds[blob.digest] = blob.kind
-            self._blob_sizes[blob.digest] = blob.size
 
     def _claim_rows(
         self, conn: Connection, blobs: list[_Blob], now: float
@@ -802,13 +861,21 @@ class ArchiveWriter:
         return _Blob(digest_of(data), [data], len(data), "manifest")
 
     def _commit_ownership(self) -> tuple[int, _Blob]:
-        """Step 4: claim the name with a save number, then, in the same commit, the archive
+        """Step 3: claim the rows of the last chunks' blobs (`_last`; those to write go to
+        `_last_writes`), the name with a save number, then, in the same commit, the archive
         (pending), its manifest's row, chunks, entries, metadata and ownership."""
         now = self._pool.clock()
+        last = self._last
+        blobs = _blobs_of(last)
         with self._lock, self._pool.catalog.write("save.ownership") as conn:
             check_lease(conn, self._lease, now=now)
             mark_live(conn, self._unmarked)
             self._unmarked = []
+            # Held by the lease until this commits, as step 2 holds them: a rollback (or GC,
+            # if this save dies) reclaims them alike.
+            hold_blobs(conn, self._lease, [b.digest for b in blobs])
+            self._last_writes, self._last_stored = self._claim_rows(conn, blobs, now)
+            self._note_stored(last, blobs)
             self._owned_at = now
             self._replaces = free_name(
                 conn, self.name, now=now, leases=False, supersede=self.supersede
@@ -861,11 +928,12 @@ class ArchiveWriter:
         return int(archive_id), manifest
 
     def _publish(self, archive_id: int, manifest_digest: str) -> Staged:
-        """Step 5: mark the manifest durable, make the archive visible, end the lease; stage
-        the publication's journal record (written once this commits)."""
+        """Step 5: mark the manifest and the last chunks' blobs durable, make the archive
+        visible, end the lease; stage the publication's journal record (written once this
+        commits)."""
         a = archives_table
         with self._lock, self._pool.catalog.write("save.publish") as conn:
-            mark_live(conn, [manifest_digest])
+            mark_live(conn, [*(b.digest for b in self._last_writes), manifest_digest])
             now = self._pool.clock()
             replaced = self._replaces
             if replaced is not None:
@@ -1224,6 +1292,15 @@ def _indexed_length(description: dict[str, Any]) -> int | None:
     return None
 
 
+def _blobs_of(encoded: list[tuple[int, EncodedChunk]]) -> list[_Blob]:
+    """The blobs of packed chunks: each one's tensor blobs, then the chunk itself."""
+    blobs: list[_Blob] = []
+    for _, enc in encoded:
+        blobs.extend(_Blob(t.digest, t.parts, t.size, "tensor") for t in enc.tensor_blobs.values())
+        blobs.append(_Blob(enc.digest, [enc.data], len(enc.data), "chunk"))
+    return blobs
+
+
 def _unique(blobs: list[_Blob]) -> list[_Blob]:
     seen: dict[str, _Blob] = {}
     for blob in blobs:
@@ -1289,6 +1366,7 @@ def save_samples(
             attrs=attrs,
             supersede=supersede,
             reward_key=reward_key,
+            _lazy_renewal=True,
         )
         # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored
         # before it does: the tensor blobs may reference the samples' memory instead of a

@@ -269,6 +269,47 @@ def test_begin_statements(catalog: Catalog) -> None:
         ]
 
 
+def _commit_setting(conn: Connection, dialect: str) -> str:
+    if dialect == "sqlite":
+        return {1: "NORMAL", 2: "FULL"}[
+            int(conn.exec_driver_sql("PRAGMA synchronous").scalar_one())
+        ]
+    return str(conn.exec_driver_sql("SHOW synchronous_commit").scalar_one())
+
+
+def test_a_lazy_write_is_the_only_one_not_waited_for(catalog: Catalog) -> None:
+    """``write(durable=False)`` (a save's lease) commits without waiting for the disk; the
+    pooled connection it used is durable again for the next transaction, write or read."""
+    dialect = catalog.dialect_name
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    with catalog.write() as conn:
+        durable = _commit_setting(conn, dialect)  # the server's own setting on PostgreSQL
+    assert dialect == "postgresql" or durable == "FULL"
+    event.listen(catalog.engine, "before_cursor_execute", record)
+    try:
+        with catalog.write(durable=False) as conn:
+            assert _commit_setting(conn, dialect) in ("NORMAL", "off")
+            add_archive(conn, "lazy")
+    finally:
+        event.remove(catalog.engine, "before_cursor_execute", record)
+    lazy = (
+        "PRAGMA synchronous = NORMAL"
+        if dialect == "sqlite"
+        else "SET LOCAL synchronous_commit = off"
+    )
+    assert lazy in statements
+    assert count_archives(catalog) == 1  # committed, seen by the next transaction
+    for _ in range(3):  # whichever pooled connection comes next
+        with catalog.write() as conn:
+            assert _commit_setting(conn, dialect) == durable
+        with catalog.read() as conn:
+            assert _commit_setting(conn, dialect) == durable
+
+
 def test_read_sees_one_snapshot(catalog: Catalog) -> None:
     with catalog.write() as conn:
         add_archive(conn, "a")

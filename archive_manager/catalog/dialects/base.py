@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from ...errors import ArchiveError, CatalogError
 
 __all__ = [
+    "LAZY_COMMIT_OPTION",
     "WRITE_OPTION",
     "CatalogDialect",
     "CatalogUnreachableError",
@@ -46,6 +47,13 @@ def compact_json(value: Any) -> str:
 WRITE_OPTION = "archive_manager_write"
 """Connection execution option: when true, the ``begin`` event emits ``BEGIN IMMEDIATE``
 (SQLite) or takes the `PG_WRITE_LOCK` advisory lock (PostgreSQL)."""
+
+LAZY_COMMIT_OPTION = "archive_manager_lazy_commit"
+"""Connection execution option, with `WRITE_OPTION`: the transaction's commit does not wait
+for the disk (SQLite ``synchronous = NORMAL`` for it, PostgreSQL ``synchronous_commit =
+off``).  It is made durable by the next durable commit of the catalog, whatever its
+connection, as both keep one log written in order (docs/architecture.md, "Save protocol",
+Durability of the lease)."""
 
 
 class CatalogUnreachableError(CatalogError):

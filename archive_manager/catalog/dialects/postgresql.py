@@ -42,6 +42,7 @@ from ...errors import (
 from ..models import metadata
 from ..urls import shown_url
 from .base import (
+    LAZY_COMMIT_OPTION,
     WRITE_OPTION,
     CatalogDialect,
     CatalogUnreachableError,
@@ -255,8 +256,13 @@ def _make_postgresql_engine(url: URL, timeout_ms: int, read_only: bool) -> Engin
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        write = conn.get_execution_options().get(WRITE_OPTION)
+        options = conn.get_execution_options()
+        write = options.get(WRITE_OPTION)
         conn.exec_driver_sql(write_begin if write else read_begin, execution_options=no_parameters)
+        if write and options.get(LAZY_COMMIT_OPTION):
+            # LOCAL: this transaction's commit only; the next durable commit flushes the WAL
+            # past it.
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: ExceptionContext) -> None:

@@ -17,6 +17,7 @@ writes, and refuses a write transaction at BEGIN (docs/architecture.md, Shared p
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sqlite3
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import Table, event, insert
-from sqlalchemy.engine import URL, Connection, Engine, create_engine
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, create_engine
 from sqlalchemy.engine.interfaces import ExceptionContext
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
@@ -43,7 +44,7 @@ from ..._util.sqlite_read import (
 )
 from ...errors import ArchiveError, CatalogError, CatalogLockedError, ReadOnlyPoolError
 from ..urls import sqlite_path
-from .base import WRITE_OPTION, CatalogDialect, compact_json, track_for_fork
+from .base import LAZY_COMMIT_OPTION, WRITE_OPTION, CatalogDialect, compact_json, track_for_fork
 
 __all__ = [
     "LockHolder",
@@ -348,7 +349,16 @@ def _make_sqlite_engine(url: URL, timeout_ms: int, read_only: bool) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get(WRITE_OPTION):
+        options = conn.get_execution_options()
+        # NOTE: SQLite refuses to change the level inside a transaction, so it is set before
+        # BEGIN, and set back at the next BEGIN of the connection (read or write), so a lazy
+        # commit never leaks into another transaction of the pooled connection.
+        lazy = bool(options.get(WRITE_OPTION) and options.get(LAZY_COMMIT_OPTION))
+        info = conn.connection.info
+        if info.get(LAZY_COMMIT_OPTION, False) != lazy:
+            conn.exec_driver_sql(f"PRAGMA synchronous = {'NORMAL' if lazy else 'FULL'}")
+            info[LAZY_COMMIT_OPTION] = lazy
+        if options.get(WRITE_OPTION):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         else:
             conn.exec_driver_sql("BEGIN")
@@ -519,15 +529,7 @@ class SQLiteDialect(CatalogDialect):
     ) -> int:
         # NOTE: tuples straight to the driver's executemany (measured: 100k entry rows in
         # 0.27 s instead of 0.38 s), as SQLAlchemy then builds no per-row parameter dict.
-        dialect = conn.dialect
-        compiled = insert(table).compile(dialect=dialect, column_keys=list(columns))
-        # The compiled statement lists columns in table order; map each row onto it.
-        order = [list(columns).index(key) for key in compiled.positiontup or ()]
-        processors = [
-            table.c[columns[i]].type.dialect_impl(dialect).bind_processor(dialect) for i in order
-        ]
-        plain = order == list(range(len(columns))) and not any(processors)
-        sql = str(compiled)
+        sql, order, processors, plain = _compiled_insert(table, tuple(columns), conn.dialect)
         total = 0
         while batch := list(islice(rows, batch_size)):
             if not plain:
@@ -535,3 +537,22 @@ class SQLiteDialect(CatalogDialect):
             conn.exec_driver_sql(sql, batch)
             total += len(batch)
         return total
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_insert(
+    table: Table, columns: tuple[str, ...], dialect: Dialect
+) -> tuple[str, list[int], list[Any], bool]:
+    """`bulk_insert`'s statement for these columns, compiled once per dialect.
+
+    NOTE: compiling it each time cost a small save ~4 ms of its CPU (seven inserts a save;
+    docs/performance.md, "Small saves").
+    """
+    compiled = insert(table).compile(dialect=dialect, column_keys=list(columns))
+    # The compiled statement lists columns in table order; map each row onto it.
+    order = [columns.index(key) for key in compiled.positiontup or ()]
+    processors = [
+        table.c[columns[i]].type.dialect_impl(dialect).bind_processor(dialect) for i in order
+    ]
+    plain = order == list(range(len(columns))) and not any(processors)
+    return str(compiled), order, processors, plain
