@@ -1449,6 +1449,7 @@ class ArchiveManager:
         # journal record went to a pool moved or unmounted meanwhile would be lost with a
         # lost catalog.
         self._context.check_in_place(f"retaining {name!r}")
+        floor = self._context.journal_floor()
         with self.catalog.write("retain") as conn:
             # Inside: a read-only pool is refused by the write gate first; a journal folder
             # that cannot take the record rolls the decision back.
@@ -1468,7 +1469,7 @@ class ArchiveManager:
             conn.execute(r.insert().values(owner=owner, archive_id=row.id, created_at=now))
             if row.manifest_digest is not None:
                 op = retain_op(owner, row.name, row.manifest_digest, at=now)
-                record = stage_record(conn, pool_id_of(conn), [op], now)
+                record = stage_record(conn, pool_id_of(conn), [op], now, floor=floor)
         # After the commit, before returning: docs/architecture.md, "Retention journal".
         write_committed(self.journal, record)
         return True
@@ -1498,6 +1499,7 @@ class ArchiveManager:
         r, a = retention_table, archives_table
         record = None
         self._context.check_in_place(f"releasing owner {owner!r}")  # as `retain`
+        floor = self._context.journal_floor()
         with self.catalog.write("release_owner") as conn:
             self.journal.ready()
             owner = stored_owner(conn, owner)
@@ -1517,7 +1519,7 @@ class ArchiveManager:
             if count:
                 now = self.clock()
                 op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
-                record = stage_record(conn, pool_id_of(conn), [op], now)
+                record = stage_record(conn, pool_id_of(conn), [op], now, floor=floor)
         # After the commit, before returning: docs/architecture.md, "Retention journal".
         write_committed(self.journal, record)
         return count

@@ -212,7 +212,7 @@ def clone_archives(pool: ArchiveManager, start: int, stop: int, batch: int = 250
                         for (_, sk, o, off), k in zip(t["entries"], keys, strict=True)
                     ],
                     metadata=[r.description for r in t["metadata"]],
-                    save_seq=next_save_seq(conn, now),
+                    save_seq=next_save_seq(conn, now, floor=0),
                 ).encode()
                 manifests.append((i, t, keys, data))
             # As a save: the manifest is durable before the commit that publishes it.
@@ -261,7 +261,7 @@ def clone_archives(pool: ArchiveManager, start: int, stop: int, batch: int = 250
                 # prompt groups the same positions under other task keys.
                 store_summaries(conn, [(archive_id, t["summary"])])
                 ops.append(publish_op(name_of(i), digest, at=now, owned_at=now))
-            staged = stage_record(conn, pool_id_of(conn), ops, now)
+            staged = stage_record(conn, pool_id_of(conn), ops, now, floor=0)
         write_committed(pool.journal, staged)
 
 

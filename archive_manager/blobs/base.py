@@ -98,8 +98,9 @@ class ObjectRoot(Protocol):
         """Write the object whole (visible only once complete); with ``exclusive`` only if
         none exists, of racing writers at most one succeeding (False for the others)."""
 
-    def list(self, folder: str) -> list[tuple[str, float]]:
-        """``(name, mtime)`` of the objects directly in ``folder``."""
+    def list(self, folder: str, *, after: str | None = None) -> list[tuple[str, float]]:
+        """``(name, mtime)`` of the objects directly in ``folder`` (only those whose names
+        sort after ``after``, when given)."""
 
     def delete(self, name: str) -> bool:
         """Delete the object; False if there was none."""

@@ -298,9 +298,10 @@ class S3Root:
         """Write the object ``name``; with ``exclusive``, only if none exists (False then)."""
         return self._store._write_named(name, data, exclusive=exclusive)
 
-    def list(self, folder: str) -> list[tuple[str, float]]:
-        """``(name, mtime)`` of the objects directly in ``folder`` (not below its subfolders)."""
-        return self._store._list_named(folder)
+    def list(self, folder: str, *, after: str | None = None) -> list[tuple[str, float]]:
+        """``(name, mtime)`` of the objects directly in ``folder`` (not below its subfolders),
+        only those whose names sort after ``after`` when given (the store skips the rest)."""
+        return self._store._list_named(folder, after=after)
 
     def delete(self, name: str) -> bool:
         """Delete the object ``name``; False if there was none."""
@@ -1048,7 +1049,7 @@ class S3BlobStore(AbstractBlobStore):
                     lambda c: c.delete_object(Bucket=self.bucket, Key=mine),
                 )
 
-    def _list_named(self, folder: str) -> list[tuple[str, float]]:
+    def _list_named(self, folder: str, *, after: str | None = None) -> list[tuple[str, float]]:
         base = self._named_key(folder) + "/"
         found: list[tuple[str, float]] = []
         token: str | None = None
@@ -1058,6 +1059,8 @@ class S3BlobStore(AbstractBlobStore):
                 kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base, "Delimiter": "/"}
                 if token is not None:
                     kwargs["ContinuationToken"] = token
+                elif after is not None:
+                    kwargs["StartAfter"] = base + after
                 page: dict[str, Any] = c.list_objects_v2(**kwargs)
                 return page
 

@@ -14,7 +14,8 @@ from sqlalchemy.engine import Connection, CursorResult, Row
 
 from .._util.constants import SAVE_SEQ
 from .._util.names import name_spellings
-from ..errors import LeaseExpiredError
+from .._util.pool_files import MAX_JOURNAL_SEQ
+from ..errors import CatalogError, LeaseExpiredError
 from .bulk import insert_rows
 from .models import (
     CURRENT_STATES,
@@ -250,19 +251,30 @@ def _store_seq(conn: Connection, seq: int) -> None:
         conn.execute(t.insert().values(key=SAVE_SEQ, value=str(seq)))
 
 
-def next_save_seq(conn: Connection, now: float) -> int:
-    """The next save number: above every number given before, and at least ``now`` in
-    microseconds (inside a write transaction, which serialises the callers).
+def next_save_seq(conn: Connection, now: float, *, floor: int) -> int:
+    """The next save number: above every number given before and above ``floor`` (the
+    journal's newest verified number, `pool.journal.Journal.high_water`), and at least
+    ``now`` in microseconds (inside a write transaction, which serialises the callers).
 
     NOTE: a counter alone would restart from an old value in a catalog restored from a
-    backup, and hand out numbers that manifests written after the backup already carry;
-    tied to the clock, numbers keep rising across a restore unless the clock went back by
-    more than the time since the backup (and `journal.adopt` raises the counter past the
-    journal's newest number at open).  The clock is a floor, never the order: after a
-    clock ahead (a VM before NTP stepped it back) numbers go on from the last one, so no
-    number says when a decision was made, only in which order (records carry their time).
+    backup (or a lagging replica after a failover), and hand out numbers below those that
+    decisions made after the backup already carry: the floor, read from the journal before
+    every decision, keeps numbers rising past them.  The clock is a floor too, never the
+    order: after a clock ahead (a VM before NTP stepped it back) numbers go on from the last
+    one, so no number says when a decision was made, only in which order (records carry
+    their time).
+
+    Raises:
+        CatalogError: the number would pass the journal format's limit (`MAX_JOURNAL_SEQ`):
+            a record named past it would be no journal file, so the decision is refused.
     """
-    seq = max(stored_save_seq(conn) + 1, int(now * 1_000_000))
+    seq = max(stored_save_seq(conn) + 1, floor + 1, int(now * 1_000_000))
+    if seq > MAX_JOURNAL_SEQ:
+        raise CatalogError(
+            f"the pool's decision counter would pass the journal format's limit ({seq} > "
+            f"{MAX_JOURNAL_SEQ}): nothing was changed; a journal file numbered near the "
+            "limit (journal/ in the blob root) moved it there; report it"
+        )
     _store_seq(conn, seq)
     return seq
 

@@ -1001,6 +1001,7 @@ def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:
     # Before the transaction (an object store's look is a request): a release whose record
     # went to a pool moved or unmounted meanwhile would be lost with a lost catalog.
     pool.check_in_place("release")
+    floor = pool.journal_floor()
     with pool.catalog.write("release") as conn:
         # Inside: a read-only pool is refused by the write gate first; a journal folder
         # that cannot take the record rolls the release back.
@@ -1026,7 +1027,7 @@ def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:
                 if row.manifest_digest is not None:
                     ops.append(release_op(row.name, row.manifest_digest, at=now))
         if ops:
-            record = stage_record(conn, pool_id_of(conn), ops, now)
+            record = stage_record(conn, pool_id_of(conn), ops, now, floor=floor)
     # After the commit, before returning: docs/architecture.md, "Retention journal".
     write_committed(pool.journal, record)
     return released

@@ -53,6 +53,11 @@ class PoolContext:
         GC's deletions)."""
         check_identity(self.root, self.identity, what=what)
 
+    def journal_floor(self) -> int:
+        """Before a decision's transaction (a listing may be a request): the number the
+        decision's must exceed, the journal's newest verified one (`Journal.high_water`)."""
+        return self.journal.high_water(self.identity.pool_id if self.identity else None)
+
 
 class HasContext(Protocol):
     """An open pool as its users hold it (`ArchiveManager`): public constructors such as

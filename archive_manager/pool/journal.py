@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,7 @@ from ..catalog import (
     retention_table,
     set_pool_info,
 )
-from ..catalog.queries import next_save_seq, raise_save_seq, stored_save_seq
+from ..catalog.queries import next_save_seq, stored_save_seq
 from ..errors import ArchiveError, JournalDamagedError, PoolLayoutError
 
 __all__ = [
@@ -151,13 +152,17 @@ def _encode_json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, ensure_ascii=True, allow_nan=False).encode()
 
 
-def stage_record(conn: Connection, pool_id: str, ops: list[dict[str, Any]], now: float) -> Staged:
+def stage_record(
+    conn: Connection, pool_id: str, ops: list[dict[str, Any]], now: float, *, floor: int
+) -> Staged:
     """Inside a write transaction: number and encode a record of ``ops`` and index it in the
-    catalog; write it with `Journal.write` once the transaction committed."""
+    catalog; write it with `Journal.write` once the transaction committed.  ``floor``: the
+    journal's high-water mark (`Journal.high_water`, taken before the transaction), which
+    the number must exceed."""
     for op in ops:
         if op.get("op") not in OPS:
             raise ValueError(f"unknown journal op {op!r}")
-    seq = next_save_seq(conn, now)
+    seq = next_save_seq(conn, now, floor=floor)
     data = _encode_json(
         {
             "format": _FORMAT,
@@ -267,8 +272,9 @@ class CatalogPosition:
         """Whether the catalog's state includes ``entry`` (or something newer supersedes it)."""
         if self.checkpoint is not None:
             if entry.kind == "ckpt":
-                # NOTE: numbers only rise, and every catalog's counter is raised past the
-                # journal's newest number at open (`adopt`), so another history never issues
+                # NOTE: numbers only rise, every decision is numbered past the journal's
+                # newest intact file (`Journal.high_water`), and GC, which checkpoints,
+                # refuses a catalog behind the journal, so another history never issues
                 # this catalog's checkpoint number; two GCs of one catalog may each
                 # checkpoint at the same number (nothing was decided in between).
                 return entry.seq <= self.checkpoint.seq
@@ -335,6 +341,75 @@ class Journal:
     def __init__(self, root: Path) -> None:
         self._root = root
         self.folder = root / JOURNAL_DIR
+        self._init_floor()
+
+    def _init_floor(self) -> None:
+        self._floor = 0
+        self._rejected: set[Entry] = set()
+        self._floor_lock = threading.Lock()
+
+    @property
+    def floor(self) -> int:
+        """The highest number this process has found on an intact journal file of this pool
+        (its own records included): every number it gives must exceed it."""
+        return self._floor
+
+    def note_counter(self, seq: int) -> None:
+        """The catalog's counter is at ``seq``: journal files up to it need no reading before
+        a decision (its numbers are past them whatever the files hold)."""
+        self._raise_floor(seq)
+
+    def _raise_floor(self, seq: int) -> None:
+        with self._floor_lock:
+            self._floor = max(self._floor, seq)
+
+    def _after(self, seq: int) -> list[Entry]:
+        """The journal files numbered above ``seq``, oldest first."""
+        folder = self._checked(create=False)
+        if folder is None:
+            return []
+        # Names are zero-padded: a string comparison skips the rest without parsing them.
+        bound = f"{seq:020d}~"
+        found = (_parse(n) for n in os.listdir(folder) if n[:21] > bound)
+        return sorted(e for e in found if e is not None and e.seq > seq)
+
+    def high_water(self, pool_id: str | None) -> int:
+        """Before a decision's transaction: the number of the newest intact journal file of
+        this pool, which the decision's number must exceed (`stage_record`'s ``floor``).
+
+        NOTE: the catalog's counter alone is not enough: a catalog restored from a backup
+        while this process kept the pool open, or a PostgreSQL failover to a lagging replica,
+        holds a counter below records already in the journal (a host whose clock ran ahead
+        numbers far ahead), and a decision numbered below them would be replayed before them
+        by a rebuild.  Only files read and verified (digest, format, number, pool id) count:
+        a stray name, however high, never moves the counter.  Usually one listing: files
+        already verified, rejected, or this process's own are not read again.
+
+        Raises:
+            JournalDamagedError: the newest file numbered above the floor cannot be read by
+                this account (it may be a decision: the number could not be put after it).
+        """
+        for entry in reversed(self._after(self._floor)):
+            if entry in self._rejected:
+                continue
+            try:
+                self.read(entry, pool_id)
+            except FileNotFoundError:
+                continue  # superseded by a checkpoint meanwhile: that one is listed too
+            except PermissionError as exc:
+                raise JournalDamagedError(
+                    f"journal file {entry.name} cannot be read by this account "
+                    f"({exc.strerror or exc}) and is newer than this catalog's last decision: "
+                    "this decision, which must be numbered after it, is refused; have its "
+                    "owner or root make it readable ('archive-manager init --shared-group "
+                    "GROUP' for a group-shared pool, or chmod a+r)"
+                ) from exc
+            except JournalDamagedError:
+                self._rejected.add(entry)  # names are digests: the same name stays damaged
+                continue
+            self._raise_floor(entry.seq)
+            break
+        return self._floor
 
     def _checked(self, *, create: bool) -> Path | None:
         """The folder, refusing a symlink or a non-folder in its place (a link could lead
@@ -373,6 +448,7 @@ class Journal:
         # share: read by every member whatever this writer's umask (a 0400 record would
         # hide a decision from another member's rebuild).
         write_atomic(folder / staged.name, staged.data, mode=0o444, share=True)
+        self._raise_floor(staged.seq)
         failpoint("journal.after_write")
 
     def entries(self) -> list[Entry]:
@@ -488,6 +564,13 @@ class ObjectJournal(Journal):
         self._objects = root
         self.folder = Path(JOURNAL_DIR)  # for messages only; nothing is read through it
         self._root = Path(".")
+        self._init_floor()
+
+    def _after(self, seq: int) -> list[Entry]:
+        """The journal objects numbered above ``seq`` (one short listing: the store starts
+        it after that number)."""
+        found = (_parse(n) for n, _ in self._objects.list(JOURNAL_DIR, after=f"{seq:020d}~"))
+        return sorted(e for e in found if e is not None and e.seq > seq)
 
     def ready(self) -> None:
         """Nothing to prepare: a journal object needs no folder."""
@@ -496,6 +579,7 @@ class ObjectJournal(Journal):
         """Write a committed record or checkpoint (one PUT: durable and whole when it returns)."""
         failpoint("journal.before_write")
         self._objects.write(f"{JOURNAL_DIR}/{staged.name}", staged.data)
+        self._raise_floor(staged.seq)
         failpoint("journal.after_write")
 
     def entries(self) -> list[Entry]:
@@ -984,6 +1068,9 @@ def adopt(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> boo
     from .identity import UNINDEXED_BLOBS
 
     with catalog.read() as conn:
+        # Files up to the catalog's counter need no reading before a decision: its numbers
+        # are past them already (`Journal.high_water` reads only the newer ones).
+        journal.note_counter(stored_save_seq(conn))
         if get_pool_info(conn, UNINDEXED_BLOBS) is not None:
             return False
         position = get_pool_info(conn, JOURNAL_CHECKPOINT)
@@ -995,18 +1082,6 @@ def adopt(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -> boo
         # Unlistable (a symlink in its place: PoolLayoutError): reading the pool needs no
         # journal; every decision checks the folder first and refuses.
         return False
-    highest = max((e.seq for e in entries), default=0)
-    with catalog.read() as conn:
-        behind_counter = highest > stored_save_seq(conn)
-    if behind_counter:
-        # A catalog restored from a backup, or one whose counter a clock ahead moved on
-        # (`next_save_seq`): its next numbers must come after the newest journal file's, or
-        # a replay would put its decisions before older ones.  Followed whoever's clock
-        # wrote it and whatever this host's clock says: numbers are an order, not a time,
-        # and a name past `MAX_JOURNAL_SEQ` is no journal file's, so nothing drags the
-        # counter to its end.
-        with catalog.write() as conn:
-            raise_save_seq(conn, highest)
     if position is not None and stamped == pool_id:
         return False
     if position is None and entries:

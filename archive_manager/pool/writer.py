@@ -399,6 +399,7 @@ class ArchiveWriter:
             # were): nothing is claimed for a pool this catalog does not index.
             self._pool.check_in_place(f"publishing {self.name!r}")
             self._pool.journal.ready()
+            self._pool.journal_floor()  # read again in both transactions below
             archive_id, manifest = self._commit_ownership()
             # The live rows' files looked for after the commit, as step 2 does (the archive's
             # ownership keeps GC from them meanwhile); one gone is written again.
@@ -880,7 +881,9 @@ class ArchiveWriter:
             self._replaces = free_name(
                 conn, self.name, now=now, leases=False, supersede=self.supersede
             )
-            manifest = self._manifest(save_seq=next_save_seq(conn, now), created_at=now)
+            manifest = self._manifest(
+                save_seq=next_save_seq(conn, now, floor=self._pool.journal.floor), created_at=now
+            )
             # The manifest is put after this commit whatever its row said (its save number
             # makes it new): what `_claim_rows` says of it is not needed.
             self._claim_rows(conn, [manifest], now)
@@ -969,7 +972,7 @@ class ArchiveWriter:
                 owned_at=self._owned_at,
                 supersedes=replaced.manifest if replaced is not None else None,
             )
-            return stage_record(conn, pool_id_of(conn), [op], now)
+            return stage_record(conn, pool_id_of(conn), [op], now, floor=self._pool.journal.floor)
 
     def _rollback(self) -> None:
         """Drop the lease; delete the blobs this save created that nothing else holds."""

@@ -30,7 +30,7 @@ from helpers import (
     tiny_rollout,
 )
 from sqlalchemy import select
-from test_recovery import CatalogBackup, lose_catalog
+from test_recovery import CatalogBackup, lose_catalog, sqlite_copy
 
 from archive_manager import ArchiveManager
 from archive_manager.catalog import archives_table, journal_table, retention_table
@@ -499,7 +499,7 @@ def test_the_cli_rebuilds_owners_and_resolves(tmp_path: Path) -> None:
 
 
 def test_the_counter_follows_every_journal_number_in_its_range(tmp_path: Path) -> None:
-    """At open the pool's counter is raised past the newest journal number, however far ahead
+    """Before a decision the pool's counter is raised past the newest journal number, however far ahead
     of this host's clock (a catalog restored on a host whose clock is behind, or a counter a
     clock ahead moved on, keeps numbering after what it lacks): a record two days ahead is
     followed and applied, a damaged one is reported for its bytes, never for its number; a
@@ -529,8 +529,10 @@ def test_the_counter_follows_every_journal_number_in_its_range(tmp_path: Path) -
     (root / JOURNAL_DIR / junk).write_bytes(b"{}")
     beyond = f"{MAX_JOURNAL_SEQ + 1:020d}-{'0' * 32}.rec"
     (root / JOURNAL_DIR / beyond).write_bytes(b"{}")
-    with ArchiveManager.open(root, clock=clock) as pool, pool.catalog.read() as conn:
-        counter = stored_save_seq(conn)
+    with ArchiveManager.open(root, clock=clock) as pool:
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2)  # a decision reads the journal
+        with pool.catalog.read() as conn:
+            counter = stored_save_seq(conn)
     assert far + 1 <= counter < MAX_JOURNAL_SEQ
     for path in root.glob("catalog.db*"):
         path.unlink()
@@ -624,6 +626,141 @@ def test_two_hosts_whose_clocks_disagree_lose_no_decision(tmp_path: Path, backen
             report = pool.rebuild_catalog()
             assert not report.journal_damaged and not report.unresolved
             assert facts(pool) == before
+
+
+def test_a_job_open_across_a_catalog_restore_numbers_after_the_journal(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """A job keeps the pool open while a host two days ahead drops a checkpoint's hold and the
+    catalog is then restored from a backup taken before it: the job's later decisions (the
+    checkpoint retaining another archive, which the job then releases) must be numbered
+    after the record of the host ahead, which the restored counter is below.  Numbered from
+    the catalog alone they came first in the rebuild's replay, which dropped the new hold,
+    and GC reclaimed an archive a checkpoint retained."""
+    root, clock = tmp_path / "pool", FakeClock()
+    backup = CatalogBackup(backend, root, backend.url(root), tmp_path / "catalog.backup")
+    with open_on(backend, root, clock=clock) as job:
+        job.save("x", tiny_rollout(seed=1), rollout_id=1)
+        job.save("y", tiny_rollout(seed=2), rollout_id=2)
+        assert job.retain("checkpoint:1", "x")
+        backup.take()
+        with open_on(backend, root, clock=FakeClock(EPOCH + 2 * 86_400)) as ahead:
+            assert ahead.release_owner("checkpoint:1") == 1
+        if backend.server is None:
+            # In place, under the open job (SQLite's backup API onto the live file).
+            sqlite_copy(tmp_path / "catalog.backup", root / "catalog.db")
+        else:
+            backup.restore()
+        clock.advance(60)
+        assert job.retain("checkpoint:1", "y")
+        assert job.release(["y"]).released == ["y"]
+    with open_on(backend, root, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert not report.journal_damaged and not report.unresolved
+        assert owners_of(pool, "x") == ["archive:x"]
+        assert owners_of(pool, "y") == ["checkpoint:1"]
+        pool.gc(grace=0)
+        assert_loads(pool, "y", tiny_rollout(seed=2))
+
+
+def test_a_stray_name_near_the_limit_never_moves_the_counter(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """A junk file named just below `MAX_JOURNAL_SEQ` in journal/: the counter followed its
+    name unread, the pool's next records were named past the limit (strays to `verify`, to
+    the rebuild nothing), and after a lost catalog the rebuild with --resolve silently
+    dropped a retain and a release.  Only a file read and verified moves the counter."""
+    from archive_manager._util.pool_files import MAX_JOURNAL_SEQ
+
+    root = tmp_path / "pool"
+    with open_on(backend, root) as pool:
+        pool.save("a", tiny_rollout(seed=1), rollout_id=1)
+    junk = f"{MAX_JOURNAL_SEQ - 2:020d}-{'ab' * 16}.rec"
+    (root / JOURNAL_DIR / junk).write_bytes(b"junk")
+    with open_on(backend, root) as pool:
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2)
+        assert pool.retain("checkpoint:1", "a")
+        assert pool.release(["a"]).released == ["a"]
+        assert {f.kind for f in pool.verify().notices} == set()
+    ours = [p for p in journal_files(root) if p.name != junk]
+    assert all(int(p.name[:20]) < MAX_JOURNAL_SEQ // 2 for p in ours)
+    with recover(backend, root) as pool:
+        report = pool.rebuild_catalog(resolve=True)
+        assert list(report.journal_damaged) == [junk]
+        assert owners_of(pool, "a") == ["checkpoint:1"]
+        pool.gc(grace=0)
+        assert_loads(pool, "a", tiny_rollout(seed=1))
+
+
+def test_a_verified_record_at_the_limit_refuses_decisions_loudly(tmp_path: Path) -> None:
+    """A record whose bytes match its name (xxh3 is no secret) numbered at the format's
+    limit: the counter follows it, and the next decision, which would be named past the
+    limit (no journal file), is refused with one line, changing nothing."""
+    from archive_manager._util.pool_files import MAX_JOURNAL_SEQ
+    from archive_manager.errors import CatalogError
+
+    root, clock = tmp_path / "pool", FakeClock()
+    with ArchiveManager.open(root, clock=clock) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        pool_id = pool.identity.pool_id  # type: ignore[union-attr]
+        manifest = _manifest_of(pool, "a")
+    record = {
+        "format": "archive_manager.journal",
+        "version": 1,
+        "kind": "record",
+        "pool_id": pool_id,
+        "seq": MAX_JOURNAL_SEQ,
+        "at": clock(),
+        "ops": [journal.retain_op("job:end", "a", manifest, at=clock())],
+    }
+    plant(root, MAX_JOURNAL_SEQ, json.dumps(record, sort_keys=True).encode())
+    with ArchiveManager.open(root, clock=clock) as pool:
+        before = snapshot_pool(pool)
+        with pytest.raises(CatalogError, match="limit"):
+            pool.retain("job:next", "a")
+        assert snapshot_pool(pool) == before
+
+
+def test_a_newer_record_this_account_cannot_read_refuses_the_decision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record newer than the catalog's counter that this account may not read might be a
+    decision this one must follow: refused in one line (never numbered below it), and a
+    decision goes through once it is readable.  (EACCES raised by the journal's reader, as
+    root, which runs CI, opens any file.)"""
+    root, clock = tmp_path / "pool", FakeClock()
+    with ArchiveManager.open(root, clock=clock) as pool:
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        pool_id = pool.identity.pool_id  # type: ignore[union-attr]
+        manifest = _manifest_of(pool, "a")
+    seq = int(clock() * 1_000_000) + 10**9
+    record = {
+        "format": "archive_manager.journal",
+        "version": 1,
+        "kind": "record",
+        "pool_id": pool_id,
+        "seq": seq,
+        "at": clock(),
+        "ops": [journal.retain_op("job:other", "a", manifest, at=clock())],
+    }
+    path = plant(root, seq, json.dumps(record, sort_keys=True).encode())
+    read = Journal.read
+    hidden = True
+
+    def denied(self: Journal, entry: journal.Entry, pool_id: str | None) -> dict[str, Any]:
+        if hidden and entry.name == path.name:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read(self, entry, pool_id)
+
+    monkeypatch.setattr(Journal, "read", denied)
+    with ArchiveManager.open(root, clock=clock) as pool:
+        before = snapshot_pool(pool)
+        with pytest.raises(journal.JournalDamagedError, match="cannot be read"):
+            pool.retain("job:next", "a")
+        assert snapshot_pool(pool) == before
+        hidden = False
+        assert pool.retain("job:next", "a")
+        assert pool.journal.floor > seq
 
 
 def owners_of(pool: ArchiveManager, name: str) -> list[str]:
