@@ -75,6 +75,7 @@ from .pool.identity import (
     PoolIdentity,
     bind_pool,
     check_pool_read_only,
+    check_sqlite_copy,
     read_identity,
     safe_url,
 )
@@ -385,6 +386,11 @@ class ArchiveManager:
             )
         if rebind:
             _own_sqlite_catalog(url)
+        else:
+            # Before the catalog is opened (it may migrate): a copy's open writes nothing.
+            catalog_file = sqlite_path(url)
+            if catalog_file is not None:
+                check_sqlite_copy(path, catalog_file)
         made = _missing_folders(path)
         path.mkdir(parents=True, exist_ok=True)
         if store is None:

@@ -72,6 +72,7 @@ __all__ = [
     "bind_pool",
     "check_identity",
     "check_pool_read_only",
+    "check_sqlite_copy",
     "read_identity",
     "safe_url",
 ]
@@ -285,12 +286,15 @@ def _bind_once(
         recorded = Path(s.recorded_root)  # type: ignore[arg-type]
         if _same_folder(recorded, root):
             return f  # one folder reached by two paths (a symlink, a bind mount)
-        if explicit_url and not recorded.exists():
+        if explicit_url and not _holds_pool(recorded):
             # One pool seen at another mount point (each machine mounts the shared blob
             # root where it likes): the ids prove it is this pool; the recorded path, which
             # other machines still use, is left as it is.
             return f
-    if moved and (explicit_url or Path(s.recorded_root).exists()):  # type: ignore[arg-type]
+    # NOTE: the recorded folder is looked into, not only for: a move leaves an empty folder
+    # there where the old path is a mount point (or made again), and that is a move, not a
+    # copy (a rebind the "copy" refusal advises would give the real pool a new identity).
+    if moved and (explicit_url or _holds_pool(Path(s.recorded_root))):  # type: ignore[arg-type]
         _refuse_other_root(s, root, shown, explicit_url=explicit_url)
     if c is not None and f is not None:
         if c.same_as(f):
@@ -588,6 +592,87 @@ def _refuse_object_copy(root: ObjectRoot, s: _State, shown: str) -> None:
             "its saves would publish archives whose blobs only the copy has. To use the copy "
             "as a pool of its own, open it with a new, empty catalog and recover=True "
             "('archive-manager rebuild-catalog'), which gives it a catalog of its own"
+        )
+
+
+def _holds_pool(folder: Path) -> bool:
+    """Whether the folder a catalog records still holds a pool: an identity (or its spare),
+    or anything at all (an identity deleted beside blobs).  Absent or empty (a mount point
+    left behind by a move, an unmounted disk): it does not, and the pool was moved."""
+    try:
+        if read_identity(folder) is not None:
+            return True
+        with os.scandir(folder) as found:
+            return any(True for _ in found)
+    except FileNotFoundError:
+        return False
+    except (OSError, PoolIdentityError):
+        return True  # unreadable or damaged: never taken for "moved"
+
+
+def _recorded_root_read_only(file: Path) -> str | None:
+    """The ``blob_root`` a SQLite catalog file records, read without writing anything (no
+    migration, no ``-wal``/``-shm`` created); None when it cannot be read so."""
+    import sqlite3
+
+    logs = any(Path(f"{file}{side}").exists() for side in ("-wal", "-shm"))
+    # immutable: touches no file and takes no lock, exact when there is no log beside it;
+    # with one, a read-only open that reads the log (the -shm exists already).
+    mode = "mode=ro" if logs else "immutable=1"
+    try:
+        conn = sqlite3.connect(f"{file.as_uri()}?{mode}", uri=True, timeout=1.0)
+        try:
+            row = conn.execute("SELECT value FROM pool_info WHERE key = 'blob_root'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row is not None and row[0] is not None else None
+
+
+def check_sqlite_copy(root: Path, file: Path) -> None:
+    """Before a writable open touches the SQLite catalog ``file`` of the folder ``root`` (its
+    migration included): refuse a copy of another pool, writing nothing.
+
+    NOTE: the identity check of `bind_pool` runs on an open catalog, after its migration: a
+    copy made with ``cp -al`` (rsnapshot, ``rsync --link-dest``) shares the catalog's inode
+    with the original, so the refused open had already migrated the original's catalog, with
+    ``-wal``/``-shm`` of its own beside a database another process may be writing.  And where
+    the original's path was gone from this machine, the copy was taken for the pool moved and
+    wrote its own path into the shared catalog.  So: a catalog recording another folder that
+    still holds this pool is a copy; a hard-linked catalog recording another folder is never
+    written by an open (only a rebind, which replaces the linked file first).
+
+    Raises:
+        PoolIdentityError: a copy, or a hard-linked catalog of a pool recorded elsewhere.
+    """
+    try:
+        st = file.stat()
+    except OSError:
+        return
+    recorded = _recorded_root_read_only(file)
+    if recorded is None or recorded == str(root):
+        return
+    other = Path(recorded)
+    if _same_folder(other, root):
+        return
+    if _holds_pool(other):
+        mine = read_identity(root)
+        theirs = read_identity(other) if other.is_dir() else None
+        if mine is not None and mine.same_as(theirs):
+            raise PoolIdentityError(
+                f"the pool at {root} is a copy of the pool at {recorded} (same identity); "
+                "nothing was written; to use the copy as a pool of its own, run "
+                f"'archive-manager --root {root} rebind' (ArchiveManager.open(root, "
+                "rebind=True)), which gives it a new identity"
+            )
+    if st.st_nlink > 1:
+        raise PoolIdentityError(
+            f"the catalog {file} records the pool at {recorded} and is a hard link shared "
+            f"with another file ({st.st_nlink} names: a copy made with 'cp -al' or 'rsync "
+            "--link-dest'?): opening it here would write the other pool's catalog through "
+            f"it. Nothing was written; run 'archive-manager --root {root} rebind' to make "
+            "this copy a pool of its own, or open it read-only"
         )
 
 

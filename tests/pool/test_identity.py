@@ -462,6 +462,77 @@ def test_rebind_of_a_hard_linked_copy_leaves_the_original_alone(
         backend.server.drop_database(url)
 
 
+def _every_byte(folder: Path) -> dict[str, str]:
+    """Every file under ``folder``, its catalog included: its content's hash."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("recorded", ["the original", "absent"])
+def test_a_refused_open_of_a_hard_linked_copy_writes_nothing(tmp_path: Path, recorded: str) -> None:
+    """``cp -al`` of a pool whose catalog is at an older revision: the copy's open migrated
+    the catalog (the original's inode) before its identity check refused it, with a
+    ``-wal``/``-shm`` of its own beside a database the original may be writing.  Where the
+    recorded path is gone (the fixture as shipped), the copy was taken for the pool moved and
+    wrote its own path into the shared catalog.  Refused before any write, the original left
+    byte for byte as it was."""
+    import sqlite3
+    import tarfile
+
+    with tarfile.open(DATA / "pool-r5.tar.gz") as tar:  # revision 0005: an open migrates it
+        tar.extractall(tmp_path, filter="data")
+    root, copy = tmp_path / "pool-r5", tmp_path / "snapshot"
+    if recorded == "the original":
+        db = sqlite3.connect(root / "catalog.db")
+        with db:
+            db.execute("UPDATE pool_info SET value = ? WHERE key = 'blob_root'", (str(root),))
+        db.close()
+    subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+    before = _every_byte(root)
+    match = "is a copy of the pool" if recorded == "the original" else "hard link"
+    with pytest.raises(PoolIdentityError, match=match):
+        ArchiveManager.open(copy)
+    assert _every_byte(root) == before
+    assert sorted(p.name for p in copy.glob("catalog.db*")) == ["catalog.db"]
+    if recorded == "the original":
+        with ArchiveManager.open(root) as pool:  # the original opens (and migrates) as ever
+            assert pool.identity is not None
+
+
+@pytest.mark.parametrize("backend_kind", ["own catalog", "external catalog"])
+def test_a_pool_moved_away_from_an_empty_mount_point_is_followed(
+    tmp_path: Path, backend: Backend, backend_kind: str
+) -> None:
+    """A pool moved to a new disk, its old path left as an empty folder (the old mount
+    point, or made again): it was called a copy ("run rebind", which would give the real
+    pool a new identity) or, with an external catalog, "two pools must not share one
+    catalog".  The recorded folder is looked into: empty is moved, and the moved pool opens;
+    the empty old path still looks unmounted."""
+    if backend_kind == "own catalog" and backend.name == "postgresql":
+        pytest.skip("a SQLite catalog inside the pool")
+    root, moved = tmp_path / "pool", tmp_path / "new-disk"
+    url = backend.url(root) if backend_kind == "external catalog" else None
+    if backend_kind == "external catalog" and url is None:
+        url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    samples = tiny_rollout()
+    with ArchiveManager.open(root, catalog_url=url) as pool:
+        pool.save("a", samples, rollout_id=1)
+        ident = pool.identity
+    root.rename(moved)
+    root.mkdir()  # the old mount point, left empty
+    with ArchiveManager.open(moved, catalog_url=url) as pool:
+        assert pool.identity is not None and pool.identity.same_as(ident)
+        assert_loads(pool, "a", samples)
+        pool.save("b", tiny_rollout(seed=2), rollout_id=2)
+    if url is not None:
+        with pytest.raises(PoolRootMissingError, match="looks unmounted"):
+            ArchiveManager.open(root, catalog_url=url)
+        assert list(root.iterdir()) == []
+
+
 @pytest.mark.parametrize("point", ["identity.rebind.before_commit", "identity.rebind.after_commit"])
 def test_a_rebind_of_a_hard_linked_copy_killed_midway_leaves_the_original_alone(
     tmp_path: Path, point: str
