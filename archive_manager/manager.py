@@ -37,6 +37,7 @@ from .catalog import (
     Catalog,
     archives_table,
     entries_table,
+    get_pool_info,
     retention_table,
 )
 from .catalog.engine import (
@@ -629,6 +630,20 @@ class ArchiveManager:
             read_only_reason=reason,
         )
         try:
+            if not isinstance(where, Path):
+                # NOTE: no request is sent here, so the store cannot say whether this prefix
+                # holds the pool: a catalog recording another one answered for any prefix
+                # (a typo listed the pool's archives).  A pool moved to another prefix is
+                # followed by an open that uses the store.
+                with catalog.read() as conn:
+                    recorded = get_pool_info(conn, "blob_root")
+                if recorded is not None and recorded != shown:
+                    raise PoolIdentityError(
+                        f"the catalog {safe_url(catalog_url_used)} records the pool at "
+                        f"{recorded}, not {shown}: nothing was read; give --root {recorded} "
+                        "(if the pool was moved here, run a verb that reads blobs, such as "
+                        "'verify', once: it follows the move)"
+                    )
             return cls(
                 where,
                 catalog,

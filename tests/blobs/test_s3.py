@@ -303,6 +303,31 @@ def test_a_copy_of_a_pool_prefix_is_refused_with_the_originals_catalog(
         ArchiveManager.open(copy, catalog_url=catalog_url)
 
 
+def test_a_catalog_only_open_of_another_prefix_is_refused(
+    s3_env: S3Server, bucket: str, catalog_url: str
+) -> None:
+    """``ls``, ``info`` and ``stats`` open catalog-only (no request to the store), and with a
+    mistyped prefix they listed the catalog's archives as if that prefix held them.  The
+    catalog's recorded root is compared with the one given (still no request): refused in
+    one line, and the right prefix answers."""
+    from click.testing import CliRunner
+
+    from archive_manager.cli import cli
+
+    root = _root(bucket)
+    with ArchiveManager.open(root, catalog_url=catalog_url) as pool:
+        pool.save("a", _samples(4), rollout_id=0)
+    typo = f"{root}-typo"
+    with pytest.raises(PoolIdentityError, match="records the pool at"):
+        ArchiveManager.open(typo, catalog_url=catalog_url, catalog_only=True)
+    for verb in (["ls"], ["info"], ["stats"]):
+        result = CliRunner().invoke(cli, ["--root", typo, "--catalog-url", catalog_url, *verb])
+        assert result.exit_code != 0, (verb, result.output)
+        assert "records the pool at" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(cli, ["--root", root, "--catalog-url", catalog_url, "ls"])
+    assert result.exit_code == 0 and "a" in result.output
+
+
 def test_a_pool_moved_to_another_prefix_while_open_gets_no_write(
     s3_env: S3Server, bucket: str, catalog_url: str
 ) -> None:
