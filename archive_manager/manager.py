@@ -30,6 +30,7 @@ from ._util.names import (
     check_owner,
     name_spellings,
 )
+from ._util.permissions import share_like_parent
 from .blobs import AbstractBlobStore, BlobStore
 from .blobs.base import ObjectRoot, is_s3_url
 from .blobs.readonly import ReadOnlyBlobStore, read_only_store
@@ -394,6 +395,10 @@ class ArchiveManager:
                 check_sqlite_copy(path, catalog_file)
         made = _missing_folders(path)
         path.mkdir(parents=True, exist_ok=True)
+        for folder in reversed(made):
+            # As every folder below it: a umask 077 in a setgid group folder made the root
+            # 2700, and the group was locked out of a pool `verify` called shared.
+            share_like_parent(folder)
         if store is None:
             # Made again now that the root exists, so that the store has seen it: a store
             # never makes a root it saw again (the pool moved or unmounted while open).

@@ -127,3 +127,33 @@ def test_every_file_the_pool_writes_has_its_sharing_mode_whatever_the_umask(
         if mode & wanted != wanted:
             wrong[path] = f"{oct(stat.S_IMODE(mode))}, wanted at least {oct(wanted)}"
     assert not wrong, wrong
+
+
+def test_a_root_made_in_a_shared_folder_gets_its_sharing_mode_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    """A pool created under umask 077 inside a setgid group folder (the team's folder): every
+    folder below the root got the group's bits, the root itself none (2700), so the group
+    could not enter a pool that `verify` called shared."""
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o2770)
+    root = team / "runs" / "pool"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; os.umask(0o077); from archive_manager import ArchiveManager; "
+            "ArchiveManager.open(sys.argv[1]).close()",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        check=False,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    for folder in (root.parent, root, root / "blobs", root / "journal"):
+        mode = stat.S_IMODE(os.stat(folder).st_mode)
+        assert mode & FOLDER_BITS == FOLDER_BITS, (folder, oct(mode))
