@@ -405,10 +405,22 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
     0.09 s with it on these only); zstd makes the file a quarter smaller than snappy for
     about the same time.
     """
-    return {
-        "compression": "zstd",
-        "use_dictionary": [n for n in schema.names if n in _DICTIONARY],
-    }
+    dictionary = [n for n in schema.names if n in _DICTIONARY]
+    # NOTE: and the items of integer tensor and array columns: R3's routed expert ids (a few
+    # hundred distinct values, 125 MB of int32 for 40 samples) wrote in 1.28 s to 27.9 MB
+    # dictionary-encoded, 2.07 s to 39.7 MB plain.  A column of too many distinct values
+    # falls back to plain once its dictionary passes pyarrow's page limit (1 MiB).
+    pa = pyarrow_module()
+    for field in schema:
+        kind = (field.metadata or {}).get(b"archive_manager.kind")
+        if (
+            kind in (b"tensor", b"ndarray")
+            and pa.types.is_list(field.type)
+            and pa.types.is_integer(field.type.value_type)
+        ):
+            # Parquet's path to a list's items (pyarrow writes the compliant nested form)
+            dictionary.append(f"{field.name}.list.element")
+    return {"compression": "zstd", "use_dictionary": dictionary}
 
 
 def _parquet() -> Any:

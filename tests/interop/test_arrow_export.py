@@ -136,6 +136,26 @@ def test_parquet_and_jsonl_round_trips_keep_keys_facts_and_samples(
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_parquet_dictionary_encodes_integer_tensors_only_where_values_repeat(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """Routed expert ids (few distinct values) are dictionary-encoded: a smaller file,
+    written faster (docs/performance.md); token ids and log-probs are not."""
+    path = pool.export("odd", tmp_path / "odd.parquet")
+    meta = pq.ParquetFile(path).metadata
+    encodings = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            encodings.setdefault(column.path_in_schema, set()).update(column.encodings)
+    assert "RLE_DICTIONARY" in encodings["rollout_routed_experts.list.element"]
+    assert "RLE_DICTIONARY" not in encodings["tokens.list.element"]
+    assert "RLE_DICTIONARY" not in encodings["rollout_log_probs.list.element"]
+    back = pool.import_table(path, name="back")
+    assert_same_samples(back.load_samples(), pool.open_archive("odd").load_samples())
+
+
 def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(
     pool: ArchiveManager, tmp_path: Path
 ) -> None:

@@ -50,7 +50,7 @@ WRITERS = {
 
 @pytest.fixture(scope="module")
 def pool_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A pool of two archives, the first of which exports to more than 40 KB in every
+    """A pool of two archives, the first of which exports to more than 24 KB in every
     format (and draws a larger figure)."""
     root = tmp_path_factory.mktemp("exports") / "pool"
     with ArchiveManager.open(root) as pool:
@@ -151,10 +151,10 @@ def _file_size_limit(limit: int) -> Iterator[None]:
 
 
 def test_a_file_size_limit_is_one_line_and_leaves_nothing(pool_root: Path, tmp_path: Path) -> None:
-    """EFBIG from the kernel once a file passes 40 KB (needs no privilege, unlike a mount)."""
+    """EFBIG from the kernel once a file passes 24 KB (needs no privilege, unlike a mount)."""
     out = tmp_path / "out"
     out.mkdir()
-    with _file_size_limit(40_000):
+    with _file_size_limit(24_000):
         results = run_calls(str(pool_root), out, _calls(out))
     _check(results, out, "this process's file size limit (EFBIG)")
 
