@@ -228,11 +228,22 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
             pt_bytes=100,
         ),
         "r3": {"seconds": {"save": {"archive_manager": 1.0 * k, "raw": 0.65}}},
+        # issue 37's R3 rows: the load and the Parquet export against pyarrow by hand
+        "r3-40": {
+            "seconds": {
+                "load_all": {"archive_manager": 0.4 * k, "torch": 1.0},
+                "export": {"archive_manager": 0.5 * k, "pyarrow": 1.0},
+            }
+        },
     }
+    # and the S3 save against the local save of the same run
+    results["realistic-1024"]["seconds"]["save_s3"] = {"archive_manager": 1.1 * k, "local": 1.0}
     memory = {"samples_nbytes": 100, "peak_above_baseline": {"am-save": 140 * k}}
     checks = bench.targets(results, memory)
-    assert len(checks) == 12
-    assert [ok for _, ok, _ in checks] == [good] * 12
+    assert len(checks) == 15
+    assert [ok for _, ok, _ in checks] == [good] * 15
+    texts = " ".join(text for text, _, _ in checks)
+    assert "Parquet export >= 1.5x pyarrow" in texts and "S3 save <= 1.25x" in texts
 
 
 def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:

@@ -21,7 +21,12 @@ On the same generated workloads (docs/architecture.md "Workload", seeded), side 
   Python into the seed codec's tagged JSON tree, one publication per 64-sample chunk, the index
   published, retained under an owner and written as a fsynced JSON report;
 * the disk's limit: one write + fsync of as many bytes as archive_manager stored, and one read
-  of them.
+  of them;
+* on the R3 workloads (r3-40, r3-40-numpy), the Parquet export: ``pool.export`` against pyarrow
+  written by hand (`pyarrow_export`: load, ``to_dict``, ``Table.from_pylist``, ``write_table``);
+* on realistic-1024 (``--no-s3`` skips it), ``pool.save`` to S3 through a ``juicefs gateway``
+  on loopback (tests/s3server.py) against the same save to a local folder, by turns
+  (`measure_s3`; the gateway shares the client's cores: read the ratio).
 
 Every timing is the median of ``--repeat`` runs (tools alternate within each round, so noise
 from other processes spreads over all of them); ratios are peer time / archive_manager time
@@ -100,6 +105,8 @@ class Workload:
     quick: dict[str, Any]
     # straw and the seed store JSON and torch tensors: no numpy arrays
     straw: bool = True
+    # issue 37's R3 export row: pool.export against pyarrow written by hand
+    export: bool = False
 
     def make(self, quick: bool) -> list:
         """Generate the samples (seeded: every run and every child gets the same ones)."""
@@ -154,6 +161,7 @@ WORKLOADS = {
                 "response_max": 128,
                 "r3_layers": 48,
             },
+            export=True,
         ),
         Workload(
             "r3-40-numpy",
@@ -174,6 +182,7 @@ WORKLOADS = {
                 "r3_numpy": True,
             },
             straw=False,
+            export=True,
         ),
     )
 }
@@ -290,6 +299,27 @@ class StrawSaved:
     ref: Any
     json_ordinals: list[int]
     tensor_ordinals: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+def pyarrow_export(pool: ArchiveManager, name: str, path: Path) -> None:
+    """The Parquet export a user writes by hand: load, ``to_dict``, ``pa.Table.from_pylist``,
+    ``pq.write_table`` (pyarrow's defaults).  Fixes a user has to make for it to run at all:
+    slime's empty ``apply_chat_template_kwargs`` dict as JSON text (Parquet has no empty
+    struct), and each tensor or numpy array flattened with its shape in a column of its own
+    (pyarrow takes one-dimensional arrays only), as `pool.export` writes them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [s.to_dict() for s in pool.open_archive(name).load_samples(materialize=True)]
+    for row in rows:
+        row["apply_chat_template_kwargs"] = json.dumps(row["apply_chat_template_kwargs"])
+        for key, value in list(row.items()):
+            if isinstance(value, torch.Tensor):
+                value = value.numpy()
+            if isinstance(value, np.ndarray) and value.ndim != 1:
+                row[key] = value.reshape(-1)
+                row[f"{key}.shape"] = list(value.shape)
+    pq.write_table(pa.Table.from_pylist(rows), path)
 
 
 def straw_save(samples: list, root: Path) -> StrawSaved:
@@ -667,6 +697,17 @@ def measure(
                 seconds, meta = _timed(lambda: pool.open_archive("rollout-0").sample_metadata())
                 assert len(meta) == len(samples)
                 record("sample_metadata", "archive_manager", seconds)
+            if workload.export:
+                # Each side once untimed first: pyarrow's Parquet modules load on first use.
+                for n in range(repeat + 1):
+                    seconds, _ = _timed(
+                        lambda: pool.export("rollout-0", work / "am.parquet", overwrite=True)
+                    )
+                    if n:
+                        record("export", "archive_manager", seconds)
+                    seconds, _ = _timed(lambda: pyarrow_export(pool, "rollout-0", work / "pa.pq"))
+                    if n:
+                        record("export", "pyarrow", seconds)
         finally:
             if straw_store is not None:
                 straw_store.close()
@@ -697,6 +738,43 @@ def measure(
             "raw": am_bytes,
         },
     }
+
+
+def measure_s3(samples: list, repeat: int, work: Path) -> tuple[dict[str, float] | None, str]:
+    """Issue 37's S3 row: ``pool.save`` to ``s3://`` (a ``juicefs gateway`` on loopback,
+    tests/s3server.py) against the same save to a local folder, by turns in each round, each
+    with its catalog in SQLite on the local disk (as tools/bench_s3.py); medians.  The
+    gateway shares this machine's cores with the client, so the ratio, not the time, is what
+    to read.  (None, why) where the gateway cannot start."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from s3server import S3Server, S3ServerUnavailable
+
+    try:
+        server = S3Server.start()
+    except S3ServerUnavailable as exc:
+        return None, f"S3 row skipped: {exc}"
+    saved_env = dict(os.environ)
+    times: dict[str, list[float]] = {"archive_manager": [], "local": []}
+    try:
+        os.environ.update(server.env())
+        bucket = server.create_bucket("bench")
+        for r in range(repeat):
+            for tool, root in (
+                ("archive_manager", f"s3://{bucket}/run{r}"),
+                ("local", str(work / f"s3-local-{r}")),
+            ):
+                url = f"sqlite:///{work}/s3-{tool}-{r}.db"
+                with ArchiveManager.open(root, catalog_url=url) as pool:
+                    seconds, _ = _timed_write(
+                        lambda p=pool: p.save("rollout-0", samples, rollout_id=0)
+                    )
+                times[tool].append(seconds)
+                shutil.rmtree(work / f"s3-local-{r}", ignore_errors=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        server.__exit__(None, None, None)
+    return {tool: _median(ts) for tool, ts in times.items()}, ""
 
 
 # ------------------------------------------------------------------------------------------
@@ -828,6 +906,8 @@ OPS = [
     ("sample_metadata", "sample_metadata() of every sample"),
     ("find", "find(task_key=...)"),
     ("release_gc", "release() + gc(grace=0)"),
+    ("export", "Parquet export (pool.export / pyarrow by hand: load, to_dict, write_table)"),
+    ("save_s3", "save to S3 (juicefs gateway on loopback; local: the same save to a folder)"),
 ]
 TOOLS = [
     ("archive_manager", "archive_manager"),
@@ -835,6 +915,8 @@ TOOLS = [
     ("straw", "straw"),
     ("seed", "straw seed"),
     ("raw", "raw disk"),
+    ("pyarrow", "pyarrow by hand"),
+    ("local", "local save"),
 ]
 
 
@@ -868,6 +950,8 @@ def report(r: dict) -> str:
             mbs = (r["bytes"]["raw"] if tool == "raw" else r["nbytes"]) / 1e6 / s
             if tool == "archive_manager":
                 note = ""
+            elif tool == "local":
+                note = f"S3 save takes {mine / s:.2f}x the local save's time" if mine else ""
             elif tool == "raw":
                 note = f"{s / mine * 100:.0f}% of raw speed" if mine else ""
             else:
@@ -954,6 +1038,18 @@ def targets(results: dict[str, dict], memory: dict | None) -> list[tuple[str, bo
                     f"{r:.2f}x",
                 )
             )
+    for name in ("r3-40", "r3-40-numpy"):
+        s = results.get(name, {}).get("seconds", {}).get("export")
+        if s:
+            r = s["pyarrow"] / s["archive_manager"]
+            out.append(
+                (f"{name} Parquet export >= 1.5x pyarrow by hand (issue 37)", r >= 1.5,
+                 f"{r:.2f}x")
+            )  # fmt: skip
+    s3 = (real or {}).get("seconds", {}).get("save_s3")
+    if s3:
+        r = s3["archive_manager"] / s3["local"]
+        out.append(("S3 save <= 1.25x the local save (issue 37)", r <= 1.25, f"{r:.2f}x"))
     if memory:
         r = memory["peak_above_baseline"]["am-save"] / memory["samples_nbytes"]
         out.append(("save peak memory <= 1.5x the samples' size", r <= 1.5, f"{r:.2f}x"))
@@ -1000,6 +1096,11 @@ def main() -> int:
         action="store_true",
         help="skip the straw-backed seed's save (about 20 s a run on realistic-1024)",
     )
+    ap.add_argument(
+        "--no-s3",
+        action="store_true",
+        help="skip the S3 save row (realistic-1024: a juicefs gateway started on loopback)",
+    )
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -1035,6 +1136,12 @@ def main() -> int:
             results[name] = measure(
                 WORKLOADS[name], args.quick, repeat, work, keys, seed=not args.no_seed
             )
+            if name == "realistic-1024" and not args.no_s3:
+                s3, why = measure_s3(WORKLOADS[name].make(args.quick), repeat, work)
+                if s3 is None:
+                    print(why)
+                else:
+                    results[name]["seconds"]["save_s3"] = s3
             shutil.rmtree(work, ignore_errors=True)
             print(report(results[name]), flush=True)
         if not args.no_memory:
