@@ -135,10 +135,19 @@ class SampleRow:
     # The part of a dict reward read as ``reward``: the key the query was given, else the one
     # the archive was saved with (None: none).
     reward_key: str | None = None
+    # Which archive and pool the row is of, so `load_rows` refuses to read another one: ids
+    # are reassigned by a catalog rebuild, and another pool's catalog gives the same ids
+    # to its own archives (None in rows made by hand: not checked).
+    manifest_digest: str | None = field(default=None, repr=False, compare=False)
+    pool_id: str | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly view."""
-        return {k: v for k, v in self.__dict__.items() if k != "archive_id"}
+        return {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
+
+
+# `SampleRow`'s fields that locate it for `load_rows`, left out of its JSON view.
+_INTERNAL = frozenset({"archive_id", "manifest_digest", "pool_id"})
 
 
 class SampleRows(list[SampleRow]):
@@ -306,6 +315,7 @@ def query_samples(
             m.c.response_length,
             m.c.description,
             a.c.reward_key if reward_key is None else literal(reward_key),
+            a.c.manifest_digest,
         )
         .select_from(e)
         .join(a, a.c.id == e.c.archive_id)
@@ -398,6 +408,7 @@ def query_samples(
             # NULL rollout ids last on both backends, as every listing.
             order = (a.c.rollout_id.is_(None), a.c.rollout_id, a.c.name, e.c.position)
             rows = list(conn.execute(query.order_by(*order)).all())
+        pool_id = pool.identity.pool_id if pool.identity is not None else None
         return SampleRows(
             (
                 SampleRow(
@@ -413,11 +424,17 @@ def query_samples(
                     metadata=row[10],
                     archive_id=row[0],
                     reward_key=row[11],
+                    manifest_digest=row[12],
+                    pool_id=pool_id,
                 )
                 for row in rows
             ),
             pool,
         )
+
+
+# What locates a row's archive: its name, catalog id and manifest digest, as the query gave.
+_RowArchive = tuple[str, int | None, str | None]
 
 
 def load_rows(
@@ -431,14 +448,18 @@ def load_rows(
     archives), in the rows' order: each chunk holding one of them is read once
     (`Archive.load_positions`); a row given twice comes back as the same object twice.
 
-    Every row is checked against the catalog before any blob is read: its archive (the one
-    the query found, by its catalog id; by name for a row without one) must be published, or
-    released with its payload still there, and hold the row's sample key at its position.
+    Every row is checked against the catalog before any blob is read: it must be of this
+    pool (a row of another pool's query is refused), and its archive (the one the query
+    found: by its catalog id while that id still gives the archive of the row's name and
+    manifest, else by its name) must be the archive the row was found in (its manifest), be
+    published, or released with its payload still there, and hold the row's sample key at
+    its position.
 
     Raises:
-        InvalidInputError: ``rows`` holds something other than a `SampleRow`, or a row does
-            not match its archive (a row made by hand, or one from before a catalog rebuild
-            whose archive's name now holds other samples).
+        InvalidInputError: ``rows`` holds something other than a `SampleRow`, a row of
+            another pool, or a row that does not match its archive (a row made by hand, or
+            one whose archive's name holds another archive now: saved again after a forget,
+            or renumbered by a catalog rebuild and saved again since).
         ArchiveNotFoundError: a row's archive is not in the pool, or is still pending.
         ArchiveReleasedError: a row's archive was released and GC reclaimed its payload.
         IntegrityError: a needed blob is missing or damaged.
@@ -446,6 +467,7 @@ def load_rows(
     if isinstance(rows, (str, bytes, SampleRow)) or not isinstance(rows, Iterable):
         raise InvalidInputError("rows must be an iterable of the SampleRow that query returns")
     wanted = list(rows)
+    this_pool = pool.identity.pool_id if pool.identity is not None else None
     for row in wanted:
         if not isinstance(row, SampleRow):
             raise InvalidInputError(
@@ -456,21 +478,43 @@ def load_rows(
         # number beyond its range instead of finding nothing.
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < 2**31:
             raise InvalidInputError(f"a row's position must be an int >= 0, not {position!r:.40}")
+        if row.pool_id is not None and this_pool is not None and row.pool_id != this_pool:
+            raise InvalidInputError(
+                f"a row of archive {row.archive!r} was found by a query of another pool "
+                f"(pool id {row.pool_id}, this pool's is {this_pool}): load rows with the "
+                "pool whose query returned them"
+            )
     # The rows of each archive, archives in the order the rows first name them.
-    by_archive: dict[tuple[str, int | None], list[SampleRow]] = {}
+    by_archive: dict[_RowArchive, list[SampleRow]] = {}
     for row in wanted:
-        by_archive.setdefault((row.archive, row.archive_id), []).append(row)
+        by_archive.setdefault((row.archive, row.archive_id, row.manifest_digest), []).append(row)
     a, e = archives_table, entries_table
-    archives: dict[tuple[str, int | None], Archive] = {}
+    archives: dict[_RowArchive, Archive] = {}
     with pool.catalog.read() as conn:
-        for (name, archive_id), its_rows in by_archive.items():
-            # By its id while the catalog has it (the archive the query found, whatever
-            # name holds later), else by its name (a catalog rebuilt since gives new ids).
+        for (name, archive_id, digest), its_rows in by_archive.items():
+            # By its id while the catalog gives that id to this archive (the archive the
+            # query found, whatever the name holds later), else by its name: a catalog
+            # rebuilt since the query numbered the archives anew.
             found = None
             if archive_id is not None:
                 found = conn.execute(select(a).where(a.c.id == archive_id)).one_or_none()
+                if found is not None and (
+                    found.name != name or (digest is not None and found.manifest_digest != digest)
+                ):
+                    found = None
             if found is None:
-                found = conn.execute(select(a).where(a.c.name == name)).one_or_none()
+                named = conn.execute(
+                    select(a).where(a.c.name == name, a.c.state != "superseded")
+                ).all()
+                # The archive the name points at, else its pending save.
+                current = [r for r in named if r.state in ("published", "released")]
+                found = (current or named)[0] if named else None
+                if found is not None and digest is not None and found.manifest_digest != digest:
+                    raise InvalidInputError(
+                        f"archive {name!r} is not the archive {len(its_rows)} of the rows given "
+                        "were found in: the name holds another archive now (saved again since "
+                        "the query); query again"
+                    )
             if found is None or found.state not in ("published", "released"):
                 raise ArchiveNotFoundError(
                     f"archive {name!r} of {len(its_rows)} of the rows given is not in the pool"
@@ -493,7 +537,7 @@ def load_rows(
                         f"{row.position} (its sample there is {keys.get(row.position)!r}): the "
                         "row is not one of this archive's; query again"
                     )
-            archives[name, archive_id] = archive
+            archives[name, archive_id, digest] = archive
         gone = reclaimed_names(conn, sorted({arc.name for arc in archives.values()}))
     for key, its_rows in by_archive.items():
         if archives[key].name in gone:
@@ -502,11 +546,11 @@ def load_rows(
                 f"{len(its_rows)} of the rows given are its samples"
                 + (f"; {others} other archive(s) of the rows are reclaimed too" if others else "")
             )
-    samples: dict[tuple[str, int | None], list[Any]] = {}
+    samples: dict[_RowArchive, list[Any]] = {}
     for key, its_rows in by_archive.items():
         samples[key] = archives[key].load_positions(
             [r.position for r in its_rows], as_arrays=as_arrays, materialize=materialize
         )
     # Each archive's samples in its rows' order; taken back in the order of all rows.
     taken = {key: iter(loaded) for key, loaded in samples.items()}
-    return [next(taken[row.archive, row.archive_id]) for row in wanted]
+    return [next(taken[row.archive, row.archive_id, row.manifest_digest]) for row in wanted]

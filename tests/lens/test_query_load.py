@@ -164,3 +164,50 @@ def test_rows_that_do_not_match_the_pool_are_refused(
         with pytest.raises(InvalidInputError):
             pool.load(bad)  # type: ignore[arg-type]
     assert not store.reads
+
+
+def test_rows_of_another_pool_are_refused(
+    counted: tuple[ArchiveManager, CountingStore], tmp_path: Path, backend: Backend
+) -> None:
+    """Another pool's catalog gives the same ids to its own archives: its rows are refused,
+    not answered with this pool's samples of that id."""
+    pool, store = counted
+    with open_on(backend, tmp_path / "other", chunk_size=CHUNK) as other:
+        other.save("elsewhere", tiny_rollout(10, seed=9), rollout_id=0)
+        rows = other.query(rollout_ids=0)
+        assert {r.archive_id for r in rows} <= {r.archive_id for r in pool.query(rollout_ids=0)}
+        store.reads.clear()
+        with pytest.raises(InvalidInputError, match="another pool"):
+            pool.load(rows)
+        assert not store.reads
+
+
+def test_rows_from_before_a_catalog_rebuild_load_their_own_archive(tmp_path: Path) -> None:
+    """A rebuilt catalog numbers the archives anew: a row still reads the archive of its name
+    and manifest, and is refused once that name holds another archive."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root, chunk_size=CHUNK) as pool:
+        for name in ("zeta", "alpha", "mid"):
+            pool.save(name, [{"index": i, "prompt": f"{name} {i}"} for i in range(3)], rollout_id=1)
+        rows = pool.query(rollout_ids=1)
+        expected = [s["prompt"] for s in pool.load(rows)]
+    assert [p.split()[0] for p in expected] == [r.archive for r in rows]
+    for path in root.glob("catalog.db*"):
+        path.unlink()
+    with ArchiveManager.open(root, recover=True, chunk_size=CHUNK) as pool:
+        pool.rebuild_catalog()
+        ids = {i.name: i.id for i in pool.find()}
+        assert any(ids[r.archive] != r.archive_id for r in rows)  # renumbered
+        assert [s["prompt"] for s in pool.load(rows)] == expected
+        pool.release(["alpha"])
+        pool.save(
+            "alpha",
+            [{"index": i, "prompt": f"new {i}"} for i in range(3)],
+            rollout_id=1,
+            supersede=True,
+        )
+        with pytest.raises(InvalidInputError, match="'alpha' is not the archive 3 of the rows"):
+            pool.load(rows)
+        assert [s["prompt"] for s in pool.load([r for r in rows if r.archive != "alpha"])] == [
+            p for p in expected if not p.startswith("alpha")
+        ]
