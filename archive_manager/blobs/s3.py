@@ -145,18 +145,20 @@ def _deadline_from(value: float | None) -> float:
         InvalidInputError: not a positive, finite number of seconds.
     """
     source = "deadline"
+    given: object = value
     if value is None:
         text = os.environ.get(DEADLINE_ENV, "").strip()
         if not text:
             return DEFAULT_DEADLINE
-        source = f"${DEADLINE_ENV}"
+        # The message quotes the text as given ("abc"), not what parsing made of it.
+        source, given = f"${DEADLINE_ENV}", text
         try:
             value = float(text)
         except ValueError:
             value = float("nan")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
         raise InvalidInputError(
-            f"{source} must be a number of seconds above 0 and below 1e6, not {value!r:.40}"
+            f"{source} must be a number of seconds above 0 and below 1e6, not {given!r:.40}"
         )
     return float(value)
 

@@ -94,8 +94,11 @@ def test_a_bad_deadline_is_refused(
     s3_env: S3Server, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
     monkeypatch.setenv(s3mod.DEADLINE_ENV, value)
-    with pytest.raises(InvalidInputError, match=re.escape(f"${s3mod.DEADLINE_ENV} must be")):
+    with pytest.raises(
+        InvalidInputError, match=re.escape(f"${s3mod.DEADLINE_ENV} must be")
+    ) as info:
         S3BlobStore("some-bucket", "p", check_bucket=False)
+    assert str(info.value).endswith(f"not {value!r}")  # the text given, not what parsing made
     monkeypatch.delenv(s3mod.DEADLINE_ENV)
     given: Any = value if value == "abc" else float(value)
     with pytest.raises(InvalidInputError, match="deadline must be"):
