@@ -20,6 +20,7 @@ not import it.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -85,6 +86,7 @@ class _PoolReader:
         as_tensors: bool,
         dtypes: Any,
         query: dict[str, Any],
+        shared: bool = False,
     ) -> None:
         if isinstance(pool_or_root, ArchiveManager):
             self.root: str = str(pool_or_root.root)
@@ -126,10 +128,24 @@ class _PoolReader:
         try:
             #: ``[(archive, chunk plan)]``: one entry per chunk holding a selected sample
             self.units: list[tuple[str, ChunkPlan]] = []
-            for name, positions in selected_archives(pool.context, None, query):
-                arc = pool.open_archive(name)
-                for part in chunk_plan(arc.arrow_source(), positions):
-                    self.units.append((name, part))
+            if shared and torch.distributed.get_rank() != 0:
+                # NOTE: rank 0's index, not a query of this rank's own: a step published
+                # between the ranks' queries would give them different selections, so
+                # different lengths, and the longer rank would wait in an all-reduce the
+                # others never make (and samples would fall to no rank).
+                self.units = _share_index(None)
+            else:
+                try:
+                    for name, positions in selected_archives(pool.context, None, query):
+                        arc = pool.open_archive(name)
+                        for part in chunk_plan(arc.arrow_source(), positions):
+                            self.units.append((name, part))
+                except Exception as exc:
+                    if shared:  # the other ranks wait for the index: tell them why none comes
+                        _share_index(None, f"{type(exc).__name__}: {exc}")
+                    raise
+                if shared:
+                    _share_index(self.units)
         finally:
             if owned:
                 pool.close()
@@ -298,7 +314,10 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
     (``drop_last=False``), or ``floor(N / world_size)``, the tail dropped (``drop_last=True``);
     rank ``r`` takes the ``r``-th contiguous block (fewer chunks read per rank than a stride).
     ``rank`` and ``world_size`` default to torch.distributed's when it is initialised, else 0
-    and 1.
+    and 1. Taken from torch.distributed, every rank uses rank 0's selection, broadcast when
+    the dataset is built (a collective: build it on every rank), so a step published while
+    the ranks build it changes no rank's length; with ``rank``/``world_size`` given, each rank
+    queries itself.
 
     DataLoader workers each collate their own batches, so a rank's batch count would depend
     on how its samples fell to the workers. Give ``batch_size`` (the DataLoader's): the rank's
@@ -331,8 +350,10 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         batch_size: int | None = None,
         **query: Any,
     ) -> None:
+        shared = False
         if rank is None and world_size is None and _distributed():
             rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            shared = world_size > 1
         rank = 0 if rank is None else rank
         world_size = 1 if world_size is None else world_size
         for value, what in (
@@ -353,7 +374,9 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
             raise InvalidInputError("batch_size must be an int >= 1 (the DataLoader's) or None")
         if type(drop_last) is not bool:
             raise InvalidInputError("drop_last must be True or False")
-        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, dtypes, query)
+        self._reader = _PoolReader(
+            pool_or_root, catalog_url, fields, as_tensors, dtypes, query, shared
+        )
         self.shuffle = bool(shuffle)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -487,6 +510,39 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
             else:
                 del held[key]
                 yield item
+
+
+def _share_index(
+    units: list[tuple[str, ChunkPlan]] | None, error: str | None = None
+) -> list[tuple[str, ChunkPlan]]:
+    """Rank 0's index (``units``, or the ``error`` its query raised) handed to every rank of
+    torch.distributed's default group; what rank 0 sent, on every rank.  JSON in a byte
+    tensor, never a pickle (`broadcast_object_list` unpickles what it receives)."""
+    dist = torch.distributed
+    # NCCL moves CUDA tensors only; gloo and MPI (and a "cpu:gloo,cuda:nccl" group) take CPU.
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    if dist.get_rank() == 0:
+        sent = {"units": units} if error is None else {"error": error}
+        payload = json.dumps(sent, separators=(",", ":")).encode()
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+        dist.broadcast(size, src=0)
+        dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device), src=0)
+        return units or []
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    got = json.loads(data.cpu().numpy().tobytes())
+    if "error" in got:
+        raise InvalidInputError(f"rank 0 could not select the dataset's samples: {got['error']}")
+    return [
+        (str(name), (int(ordinal), str(digest), [(int(p), str(k), t, int(o)) for p, k, t, o in es]))
+        for name, (ordinal, digest, es) in got["units"]
+    ]
 
 
 def _spawning() -> bool:

@@ -51,7 +51,7 @@ def _rank_main(rank: int, world: int, spec_path: str) -> None:
         world_size=world,
         timeout=timedelta(seconds=GROUP_TIMEOUT_S),
     )
-    results = []
+    results: list[Any] = [_race(rank, world, spec["race"])] if "race" in spec else []
     for case_id, case in enumerate(spec["cases"]):
         data = RolloutIterableDataset(
             case["pool"],
@@ -85,10 +85,61 @@ def _rank_main(rank: int, world: int, spec_path: str) -> None:
     dist.destroy_process_group()
 
 
-def _run_ranks(tmp_path: Path, cases: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _race(rank: int, world: int, race: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0 selects the samples, then a step matching the query is published, then rank 1
+    builds its dataset: every rank must replay what rank 0 selected."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    import archive_manager.data as data_module
+    from archive_manager import ArchiveManager
+
+    if rank == 0:
+        select = data_module.selected_archives
+
+        def select_then_publish(*args: Any, **kwargs: Any) -> Any:
+            found = select(*args, **kwargs)
+            # stands in for the rollout engine, publishing the next step meanwhile
+            with ArchiveManager.open(race["pool"]) as pool:
+                late = [{"index": i, "reward": 0.0} for i in range(race["late"])]
+                pool.save("rollout-000101", late, rollout_id=101)
+            with open(race["fifo"], "w") as fifo:
+                fifo.write("published")
+            return found
+
+        data_module.selected_archives = select_then_publish  # type: ignore[assignment]
+    else:
+        with open(race["fifo"]) as fifo:  # blocks until rank 0 has queried and published
+            fifo.read()
+    data = data_module.RolloutIterableDataset(
+        race["pool"],
+        rollout_ids=(100, None),
+        fields=["archive", "position"],
+        as_tensors=False,
+        batch_size=16,
+    )
+    loader = DataLoader(data, batch_size=16, collate_fn=list)
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([len(loader)]))
+    out: dict[str, Any] = {"total": data.total, "lengths": [int(n) for n in lengths]}
+    batches = []
+    if len(set(out["lengths"])) == 1:  # else the longer rank would wait in an all-reduce
+        for batch in loader:
+            probe = torch.ones(1)
+            dist.all_reduce(probe)
+            batches.append([[s["archive"], s["position"]] for s in batch])
+    return {**out, "batches": batches}
+
+
+def _run_ranks(
+    tmp_path: Path, cases: list[dict[str, Any]], **extra: Any
+) -> list[list[dict[str, Any]]]:
     spec = tmp_path / "spec.json"
     spec.write_text(
-        json.dumps({"init_file": str(tmp_path / "group"), "out": str(tmp_path), "cases": cases})
+        json.dumps(
+            {"init_file": str(tmp_path / "group"), "out": str(tmp_path), "cases": cases, **extra}
+        )
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ranks = [
@@ -228,6 +279,28 @@ def test_shuffle_buffer_is_a_function_of_seed_and_epoch(tmp_path: Path) -> None:
     plain = RolloutIterableDataset(pool, shuffle=True, seed=1).shard()
     assert [k for k, _ in plain] != [k for k, _ in order(1, 0)]
     assert sum(a[0] != b[0] for a, b in zip(order(1, 0), order(1, 0)[1:], strict=False)) > 20
+
+
+def test_a_step_published_while_the_ranks_build_changes_no_rank(tmp_path: Path) -> None:
+    """Each rank queried the catalog itself: rank 0 saw one step (100 samples, 4 batches),
+    a step was published, rank 1 saw both (164, 6 batches) and waited in the 5th all-reduce,
+    and samples of the first step went to no rank. Every rank now replays rank 0's index."""
+    from archive_manager import ArchiveManager
+
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root, chunk_size=7) as pool:
+        samples = [{"index": i, "reward": 1.0} for i in range(100)]
+        pool.save("rollout-000100", samples, rollout_id=100)
+    os.mkfifo(tmp_path / "published")
+    (tmp_path / "run").mkdir()
+    race = {"pool": str(root), "fifo": str(tmp_path / "published"), "late": 64}
+    got = [r[0] for r in _run_ranks(tmp_path / "run", [], race=race)]
+    assert [g["total"] for g in got] == [100, 100]
+    assert got[0]["lengths"] == got[1]["lengths"] == [4, 4]
+    seen = {tuple(s) for g in got for b in g["batches"] for s in b}
+    assert seen == {("rollout-000100", i) for i in range(100)}
+    with ArchiveManager.open(root) as pool:  # the step was published (rank 0 just missed it)
+        assert len(pool.open_archive("rollout-000101")) == 64
 
 
 if __name__ == "__main__":
