@@ -190,6 +190,8 @@ class ArchiveManager:
         self._root = root
         self._stats_cache: StatsCache | None = None  # made by the first `stats`
         self._background: BackgroundSaves | None = None  # made by the first `save_async`
+        # The SQLite catalog file a recover open made, until a rebuild into it completed.
+        self._made_catalog: Path | None = None
         if store is None:
             if not isinstance(root, Path):
                 raise InvalidInputError(f"the pool at {root} is on an object store: pass its store")
@@ -403,11 +405,16 @@ class ArchiveManager:
             # Made again now that the root exists, so that the store has seen it: a store
             # never makes a root it saw again (the pool moved or unmounted while open).
             blobs = BlobStore(path)
+        made_catalog = _absent_sqlite_file(url) if recover else None
         # None: a catalog this process may not write (a SQLite file or folder, a PostgreSQL
         # role that may only read) opens read-only even where the blob root is writable.
-        catalog = Catalog.open(
-            url, busy_timeout_ms=busy_timeout_ms, read_only=None if read_only is None else False
-        )
+        try:
+            catalog = Catalog.open(
+                url, busy_timeout_ms=busy_timeout_ms, read_only=None if read_only is None else False
+            )
+        except BaseException:
+            _remove_sqlite_files(made_catalog)
+            raise
         if catalog.read_only:
             catalog.close()
             if recover or rebind:
@@ -454,10 +461,12 @@ class ArchiveManager:
                 store=blobs,
             )
             pool._context = replace(pool._context, identity=identity)
+            pool._made_catalog = made_catalog
             adopt(catalog, pool.journal, pool.clock)
             return pool
         except BaseException:
             catalog.close()
+            _remove_sqlite_files(made_catalog)
             # A refused open leaves no folder behind (a catalog elsewhere that records a
             # pool, say, refuses a root that is not there): removed only while empty.
             for folder in made:
@@ -511,6 +520,7 @@ class ArchiveManager:
                 f"the root {url} takes no store, or an S3BlobStore of that bucket and prefix"
             )
         root = blobs.pool_root()
+        made_catalog: Path | None = None
         if read_only is True:
             if not cls.exists(url, catalog_url):
                 raise PoolNotFoundError(f"no pool at {url} (a read-only open never creates one)")
@@ -530,9 +540,14 @@ class ArchiveManager:
                 raise PoolNotFoundError(
                     f"nothing to recover at {url}: it holds no pool identity and no blobs"
                 )
-            catalog = Catalog.open(
-                catalog_url, busy_timeout_ms=busy_timeout_ms, read_only=read_only
-            )
+            made_catalog = _absent_sqlite_file(catalog_url) if recover else None
+            try:
+                catalog = Catalog.open(
+                    catalog_url, busy_timeout_ms=busy_timeout_ms, read_only=read_only
+                )
+            except BaseException:
+                _remove_sqlite_files(made_catalog)
+                raise
         try:
             # reads `blobs` when called: the read-only copy below, if one is made
             list_blobs = lambda n: list(itertools.islice(blobs.iter_digests(), n))  # noqa: E731
@@ -569,11 +584,13 @@ class ArchiveManager:
                 store=blobs,
             )
             pool._context = replace(pool._context, identity=identity)
+            pool._made_catalog = made_catalog
             if not catalog.read_only:
                 adopt(catalog, pool.journal, pool.clock)
             return pool
         except BaseException:
             catalog.close()
+            _remove_sqlite_files(made_catalog)
             raise
 
     @classmethod
@@ -1700,7 +1717,22 @@ class ArchiveManager:
         from .pool.recovery import rebuild_catalog
 
         self._refuse_if_read_only("rebuild_catalog")
-        return rebuild_catalog(self._context, progress=progress, resolve=resolve)
+        try:
+            report = rebuild_catalog(self._context, progress=progress, resolve=resolve)
+        except BaseException:
+            if self._made_catalog is not None:
+                # A rebuild of a lost catalog that failed (a full disk, `ulimit -f`) left a
+                # partial one, which reads as "no pool here, run init" instead of "catalog
+                # lost, rebuild it": the pool is left as this open found it, and closed.
+                # Nothing published is lost: a save that went through the partial catalog
+                # meanwhile has its manifest and journal records, which the next rebuild reads.
+                made, self._made_catalog = self._made_catalog, None
+                with contextlib.suppress(Exception):
+                    self.close()
+                _remove_sqlite_files(made)
+            raise
+        self._made_catalog = None
+        return report
 
     def import_pt(
         self,
@@ -1924,6 +1956,21 @@ def _missing_catalog(root: Path, url: str, store: AbstractBlobStore) -> PoolIden
         "recover=True), then rebuild_catalog()); if the pool's catalog is elsewhere, pass its "
         "URL (--catalog-url / $ARCHIVE_MANAGER_CATALOG_URL)"
     )
+
+
+def _absent_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite catalog ``url`` that does not exist (yet); None otherwise."""
+    file = sqlite_path(url)
+    return file if file is not None and not os.path.lexists(file) else None
+
+
+def _remove_sqlite_files(file: Path | None) -> None:
+    """Remove a SQLite catalog file this process made, with its ``-wal``/``-shm``/``-journal``."""
+    if file is None:
+        return
+    for path in (file, *(file.with_name(file.name + end) for end in ("-wal", "-shm", "-journal"))):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def _own_sqlite_catalog(url: str) -> None:

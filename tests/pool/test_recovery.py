@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -394,3 +395,59 @@ def test_a_name_saved_again_after_a_restore_does_not_lose_the_published_archive(
         pool.gc(grace=0)
         gone = [d for d in first_chunks if not pool.store.has(d)]
         assert gone == [], f"GC deleted {len(gone)} chunks of the published rollout_7"
+
+
+_REBUILD_UNDER_A_FILE_SIZE_LIMIT = """
+import os, resource, signal, sys
+from archive_manager import ArchiveManager
+from archive_manager.errors import ArchiveError
+
+root, when = sys.argv[1], sys.argv[2]
+
+
+def limit(size):
+    # `ulimit -f`: a write past `size` bytes fails with EFBIG (SIGXFSZ would kill instead).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+
+
+if when == "open":
+    limit(8192)  # below the size of the catalog's empty tables
+try:
+    pool = ArchiveManager.open(root, recover=True)
+    if when == "rebuild":
+        files = [os.path.join(root, "catalog.db" + end) for end in ("", "-wal")]
+        limit(max(os.path.getsize(f) for f in files if os.path.exists(f)) + 4096)
+    pool.rebuild_catalog()
+except (ArchiveError, OSError) as exc:
+    print("failed:", exc)
+else:
+    print("rebuilt")
+"""
+
+
+@pytest.mark.parametrize("when", ["open", "rebuild"])
+def test_a_rebuild_that_fails_leaves_the_lost_catalog_lost(tmp_path: Path, when: str) -> None:
+    """`ulimit -f` (or a full disk) during `rebuild-catalog` of a lost SQLite catalog left a
+    partial `catalog.db`, and the pool then read as "no pool here, create one with init"
+    instead of "catalog missing, run rebuild-catalog".  A failed rebuild, in its open or
+    in the rebuild itself, leaves no catalog file; the next rebuild restores everything."""
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        for i in range(8):
+            pool.save(f"r{i}", tiny_rollout(30, seed=i), rollout_id=i)
+    for end in ("", "-wal", "-shm"):
+        (root / f"catalog.db{end}").unlink(missing_ok=True)
+    run = subprocess.run(
+        [sys.executable, "-c", _REBUILD_UNDER_A_FILE_SIZE_LIMIT, str(root), when],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.startswith("failed:"), run.stdout + run.stderr
+    assert not [p.name for p in root.iterdir() if p.name.startswith("catalog.db")]
+    with pytest.raises(ArchiveError, match=r"is missing.*rebuild-catalog"):
+        ArchiveManager.open(root, create=False)
+    with ArchiveManager.open(root, recover=True) as pool:
+        pool.rebuild_catalog()
+        assert {a.name for a in pool.find()} == {f"r{i}" for i in range(8)}
