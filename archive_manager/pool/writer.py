@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import threading
 import time
 import uuid
@@ -441,7 +442,18 @@ class ArchiveWriter:
                 pending.exception()
         finally:
             self._shutdown()
-        self._rollback()
+        if not self._rollback():
+            failure = sys.exc_info()[1]
+            if isinstance(failure, ArchiveError) and [type(a) for a in failure.args] == [str]:
+                # Called while the save's own error propagates: a catalog that failed the save
+                # (a full disk, `ulimit -f`) fails its rollback too, and that error's "nothing
+                # was committed" spoke of its own transaction, not of what the save left.
+                failure.args = (
+                    f"{failure.args[0]}; the save of {self.name!r} could not be rolled back "
+                    "either: its lease and pending archive (and any blobs it wrote) stay in "
+                    f"the catalog until the lease lapses (within {self._pool.lease_ttl:g} s), "
+                    "then 'archive-manager gc' reclaims them",
+                )
 
     @property
     def lease(self) -> str:
@@ -974,8 +986,11 @@ class ArchiveWriter:
             )
             return stage_record(conn, pool_id_of(conn), [op], now, floor=self._pool.journal.floor)
 
-    def _rollback(self) -> None:
-        """Drop the lease; delete the blobs this save created that nothing else holds."""
+    def _rollback(self) -> bool:
+        """Drop the lease; delete the blobs this save created that nothing else holds.
+
+        Returns False when the catalog could not be written: the lease and a pending archive
+        stay until the lease lapses."""
         store = self._pool.store
         try:
             # NOTE: blobs are unlinked only from the pool opened: at a root that moved or was
@@ -1022,7 +1037,8 @@ class ArchiveWriter:
         except ArchiveError:
             # The catalog is unreachable: the lease expires and GC clears what is left.
             # (BlobStore.put removes its own temp file on failure, so none is left here.)
-            pass
+            return False
+        return True
 
 
 @dataclass(frozen=True)

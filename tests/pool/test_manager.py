@@ -205,6 +205,30 @@ def test_writer_rolls_back_on_exception(pool, rollout, snapshot, blob_files_of, 
     same_samples(pool.save("w", samples, rollout_id=1).load_samples(), samples)
 
 
+def test_a_save_whose_rollback_fails_says_what_it_left(
+    pool, rollout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog that fails a save (`ulimit -f`, a full disk) fails its rollback too; the
+    error said "nothing was committed" while the save's lease and pending archive stayed
+    committed until the lease lapsed.  It now says what is left and what reclaims it."""
+    write = pool.catalog.write
+
+    def failing_write(step: str | None = None, **options: object):  # type: ignore[no-untyped-def]
+        if step == "save.rollback":
+            raise CatalogError("the catalog file could not be written (disk I/O error)")
+        return write(step, **options)
+
+    with pytest.raises(CatalogError) as info, pool.writer("w", rollout_id=1) as w:
+        w.add(rollout(5, seed=8)[0])
+        w.wait_stored()
+        monkeypatch.setattr(pool.catalog, "write", failing_write)
+        raise CatalogError("the catalog file could not be written (disk I/O error)")
+    message = str(info.value)
+    assert "could not be rolled back" in message and "'archive-manager gc'" in message
+    monkeypatch.undo()
+    assert len(lease_rows(pool)) == 1  # what the message says is left
+
+
 def test_writer_rollback_keeps_blobs_others_need(pool, rollout, same_samples, blob_files_of):
     samples = rollout(70, seed=7)
     pool.save("a", samples, rollout_id=0)

@@ -17,6 +17,7 @@ writes, and refuses a write transaction at BEGIN (docs/architecture.md, Shared p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -261,6 +262,21 @@ def _error_code(exc: BaseException) -> int | None:
     return None if code is None else code & 0xFF
 
 
+def _file_size_limit_hint(database: str) -> str:
+    """Why a write may have failed, where this process's file size limit (``ulimit -f``) is
+    what stopped one of the catalog's files: SQLite reports EFBIG as a bare I/O error."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return ""
+    for end in ("", "-wal", "-journal"):
+        with contextlib.suppress(OSError):
+            if os.path.getsize(database + end) + 65536 >= limit:
+                return f" (the file size limit, EFBIG: ulimit -f allows {limit} bytes)"
+    return ""
+
+
 def _translate_sqlite_error(
     exc: BaseException, database: str, busy_timeout_ms: int, *, read_only: bool = False
 ) -> ArchiveError | None:
@@ -287,8 +303,9 @@ def _translate_sqlite_error(
         )
     if code == _SQLITE_IOERR or "disk I/O error" in message:
         return CatalogError(
-            f"the catalog file {database} could not be read or written: {message}; nothing "
-            "was committed (check the disk and its free space)"
+            f"the catalog file {database} could not be read or written: {message}"
+            f"{_file_size_limit_hint(database)}; this transaction was not committed (check "
+            "the disk and its free space)"
         )
     if read_only and (code == _SQLITE_READONLY or "readonly database" in message):
         return ReadOnlyPoolError(
