@@ -10,7 +10,8 @@ the catalog's index when pickled; each process opens the pool itself, read-only,
 use.  An item is a dict keyed like an Arrow export's columns (``archive``, ``position``,
 ``sample_key``, ``task_key``, ``rollout_id``, ``evaluation``, then the sample's fields, a
 reserved name prefixed ``field.``); numeric lists are tensors (``as_tensors``: ints int64,
-floats float32, whatever their values, or the dtypes ``dtypes`` names), tensors and arrays
+floats float32, whatever their values, or the dtypes ``dtypes`` names; an empty list, which
+records no dtype, float32 or the dtype named), tensors and arrays
 come in the dtype and shape they were saved in, tensor blobs are loaded, so an item crosses
 process boundaries as it is.
 
@@ -231,6 +232,10 @@ class _PoolReader:
             # ``dtypes`` names.  A copy of its own: the record's bytes are read-only.
             want = self.dtypes.get(key) or (_INT64 if array.dtype.kind in "iu" else _FLOAT32)
             return torch.from_numpy(numbers_as(array, want, key))
+        if type(value) is list and not value and self.as_tensors:
+            # An empty list records no dtype: the one asked for, else torch.tensor([])'s
+            # (float32); `pad_collate` pads it into its batch's dtype.
+            return torch.from_numpy(np.empty(0, dtype=self.dtypes.get(key) or _FLOAT32))
         return materialize_tensor_refs(value)
 
     def close(self) -> None:
@@ -561,7 +566,8 @@ def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, A
     """A batch of dataset items as one dict: ``tokens`` padded with ``pad_id`` (right) into
     ``[B, T]`` with ``attention_mask`` (1 on real tokens; an item's own ``attention_mask``
     is kept and padded with 0 instead); ``loss_mask`` and
-    ``rollout_log_probs`` padded with 0 into ``[B, R]``; other 1-d tensors padded with 0;
+    ``rollout_log_probs`` padded with 0 into ``[B, R]``; other 1-d tensors padded with 0 (an
+    empty one, which has no dtype of its own, in the dtype of the items that have values);
     numbers as a tensor; anything else as a list.
 
     Raises:
@@ -577,6 +583,10 @@ def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, A
         values = [item[key] for item in batch]
         if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
             fill = pad_id if key == "tokens" else 0
+            # An empty item (an aborted sample's mask) has a dtype of no values: the batch
+            # takes the dtype of its items that have some.
+            dtype = next((v.dtype for v in values if v.numel()), values[0].dtype)
+            values = [v if v.dtype == dtype else v.to(dtype) for v in values]
             out[key] = torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=fill)
             # NOTE: an item that brings its own attention_mask (packed or left-padded
             # samples) keeps it: it was padded like any 1-d tensor above.

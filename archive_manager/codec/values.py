@@ -1414,6 +1414,11 @@ class _Decoder:
                 if self.stored:
                     return numbers.view(StoredNumbers)
                 return numbers if want is None else numbers_as(numbers, want, key)
+        elif type(value) is list and not self.stored:
+            # NOTE: an empty list records no dtype (it has no values to take one from): an
+            # empty array of the dtype asked for, else np.array([])'s (float64), so that a
+            # replay's torch.from_numpy takes an aborted sample's empty mask as a full one.
+            return np.empty(0, dtype=np.float64 if want is None else want)
         return value
 
     def decode(self, node: Any) -> Any:

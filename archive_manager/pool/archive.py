@@ -275,8 +275,9 @@ class Archive:
         ``loss_mask``, ``rollout_log_probs``, ...) comes back as ``np.array(that list)``
         instead: the same values as int64 or float64, a writable array of its own.  That skips
         creating a Python object per number, which is most of a load's time (and memory);
-        ``torch.from_numpy`` then makes a tensor without a copy.  Lists nested deeper (in
-        ``metadata``, say), empty lists and lists of anything else stay lists.  ``dtypes``
+        ``torch.from_numpy`` then makes a tensor without a copy.  An empty list (which
+        records no dtype) is an empty array of the dtype ``dtypes`` names, else float64.
+        Lists nested deeper (in ``metadata``, say) and lists of anything else stay lists.  ``dtypes``
         (with ``as_arrays=True``) keeps them narrow: ``{"loss_mask": "int8", "tokens":
         "int32", "rollout_log_probs": "float32"}`` (numpy or torch dtypes, or their names)
         gives those fields in those dtypes, whatever their values: ints must fit (else

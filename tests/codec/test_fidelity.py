@@ -503,11 +503,14 @@ def any_samples(draw: st.DrawFn) -> Any:
 
 
 def expected_arrays(sample: Any) -> Any:
-    """What ``as_arrays=True`` returns: numeric list fields as ``np.array(that list)``."""
+    """What ``as_arrays=True`` returns: numeric list fields as ``np.array(that list)``, an
+    empty list too (float64: it records no dtype)."""
     _, fields = sample_to_fields(sample)
     out = {}
     for key, value in fields.items():
-        if type(value) is list and value:
+        if type(value) is list and not value:
+            value = np.array(value)
+        elif type(value) is list:
             kinds = set(map(type, value))
             if kinds == {int} and min(value) >= -(2**63) and max(value) < 2**63:
                 value = np.array(value, dtype=np.int64)

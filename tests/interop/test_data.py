@@ -257,6 +257,42 @@ def test_every_rollout_filter_takes_the_same_forms(
     assert {dataset[i]["archive"] for i in range(len(dataset))} == want
 
 
+def test_an_empty_numeric_list_is_an_empty_tensor_and_pads_into_its_batch(
+    tmp_path: Path,
+) -> None:
+    """An aborted sample (empty loss mask and log-probs) gave [] items, and pad_collate then
+    returned the batch's fields as Python lists. An empty list is an empty tensor: of the
+    dtype ``dtypes`` names, else torch.tensor([])'s float32; a batch pads it into the dtype
+    of its items that have values."""
+    samples = [
+        {"tokens": [5, 6, 7], "loss_mask": [1, 1], "rollout_log_probs": [-0.1, -0.2]},
+        {"tokens": [5], "loss_mask": [], "rollout_log_probs": []},
+    ]
+    root = tmp_path / "pool"
+    with ArchiveManager.open(root) as pool:
+        pool.save("s", samples, rollout_id=0)
+    fields = ["tokens", "loss_mask", "rollout_log_probs"]
+    item = RolloutDataset(root, fields=fields)[1]
+    assert item["loss_mask"].dtype == item["rollout_log_probs"].dtype == torch.float32
+    assert item["loss_mask"].shape == (0,)
+    item = RolloutDataset(root, fields=fields, dtypes={"loss_mask": "int8"})[1]
+    assert item["loss_mask"].dtype == torch.int8 and item["loss_mask"].shape == (0,)
+    data = RolloutIterableDataset(root, fields=fields, batch_size=2)
+    (batch,) = DataLoader(data, batch_size=2, collate_fn=pad_collate)
+    assert batch["loss_mask"].dtype == torch.int64
+    assert batch["loss_mask"].tolist() == [[1, 1], [0, 0]]
+    assert batch["rollout_log_probs"].dtype == torch.float32
+    assert batch["rollout_log_probs"].shape == (2, 2)
+    # an empty item first in its batch takes the dtype of the others as well
+    (first,) = DataLoader(
+        RolloutDataset(root, fields=fields), batch_size=2, sampler=[1, 0], collate_fn=pad_collate
+    )
+    assert first["loss_mask"].dtype == torch.int64 and first["loss_mask"].tolist() == [
+        [0, 0],
+        [1, 1],
+    ]
+
+
 def test_items_have_one_dtype_per_field_whatever_the_values(tmp_path: Path) -> None:
     """Issue 35: log-prob tensors came back float32 or float64 as their values happened to
     be float32-exact or not (and a DataLoader batch then mixed the two); tensors and arrays

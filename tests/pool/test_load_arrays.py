@@ -82,7 +82,6 @@ def codec_module_rollout() -> list:
 @pytest.mark.parametrize(
     "value",
     [
-        [],
         [True, False] * 8,
         [1, 2.5] * 8,
         [2**70] * 8,
@@ -442,8 +441,33 @@ def test_dtypes_leave_tensors_arrays_and_other_values_as_saved() -> None:
     assert back["t"].dtype == torch.int16 and torch.equal(back["t"], t)
     assert back["a"].dtype == np.float16 and back["a"].shape == (2, 3)
     assert np.array_equal(back["a"], a)
-    assert (back["s"], back["n"], back["e"]) == ("text", [[1, 2]], [])
+    assert (back["s"], back["n"]) == ("text", [[1, 2]])
     assert back["v"].dtype == np.int8 and back["v"].tolist() == [1, 2, 3]
+
+
+def test_an_empty_list_is_an_empty_array_of_the_dtype_asked_for(open_pool) -> None:
+    """An aborted sample's empty loss mask and log-probs came back as [] beside the arrays of
+    the others (a replay's torch.from_numpy failed on them). An empty list records no dtype:
+    the one ``dtypes`` names, else np.array([])'s; nested empty lists stay lists."""
+    samples = [
+        {"mask": [1, 0], "lp": [-0.5, -0.25], "meta": {"ids": []}},
+        {"mask": [], "lp": [], "meta": {"ids": []}},
+    ]
+    arc = open_pool().save("aborted", samples, rollout_id=0)
+    narrow = {"mask": "int8", "lp": "float32"}
+    for back in (
+        arc.load_samples(as_arrays=True, dtypes=narrow)[1],
+        arc.load_sample(1, as_arrays=True, dtypes=narrow),
+        list(arc.iter_samples(as_arrays=True, dtypes=narrow))[1],
+    ):
+        assert type(back["mask"]) is np.ndarray and back["mask"].dtype == np.int8
+        assert type(back["lp"]) is np.ndarray and back["lp"].dtype == np.float32
+        assert back["mask"].shape == back["lp"].shape == (0,)
+        assert back["meta"] == {"ids": []}
+        assert torch.from_numpy(back["mask"]).dtype == torch.int8
+    plain = arc.load_samples(as_arrays=True)[1]
+    assert_array_of(plain["mask"], [])  # float64, as np.array([])
+    assert arc.load_samples()[1]["mask"] == []  # lists as saved without as_arrays
 
 
 @pytest.mark.parametrize(
