@@ -315,46 +315,64 @@ def test_listings_page_over_the_records_of_a_name(pool: ArchiveManager) -> None:
 def test_a_resumed_run_saves_its_steps_again_as_the_usage_recipe_does(
     pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/usage.md, "Resuming a run": the lost run saved steps 0-5 and died saving step 6;
-    the new run resumes from the checkpoint of step 4 and saves steps 4-7 again."""
+    """docs/usage.md, "Resuming a run": run A saved steps 0-5 and died saving step 6; run B,
+    a new run in the same pool, saves steps 0-2; A resumes from the checkpoint of step 4 and
+    saves steps 4-7 again. The recipe released every step from ``start`` on, so B (start 0)
+    released and superseded A's steps; it releases only its own run's."""
     from helpers import die_before_publish
     from sqlalchemy import update
 
     from archive_manager._util.holders import this_process
     from archive_manager.catalog import leases_table
 
-    def rollout(step: int, run: int) -> list[Any]:
-        samples = tiny_rollout(3, seed=10 * run + step, rollout_id=step)
+    def rollout(step: int, attempt: int) -> list[Any]:
+        samples = tiny_rollout(3, seed=10 * attempt + step, rollout_id=step)
         for s in samples:
-            s.reward = float(run)
+            s.reward = float(attempt)
         return samples
 
-    def save_rollout(step: int, samples: list[Any]) -> None:
+    def save_rollout(run: str, step: int, samples: list[Any]) -> None:
         # The recipe's loop, less its wait for a lease this process cannot judge.
-        pool.save(f"rollout-{step:06d}", samples, rollout_id=step, supersede=True)
+        name = f"{run}.rollout-{step:06d}"
+        pool.save(name, samples, rollout_id=step, attrs={"run": run}, supersede=True)
+
+    def resume(run: str, start: int) -> None:  # the recipe's release, as written
+        pool.release(
+            [
+                i.name
+                for i in pool.find(rollout_id=(start, None))
+                if i.name.startswith(f"{run}.")
+                and (pool.open_archive(i.name).attrs or {}).get("run") == run
+            ]
+        )
 
     for step in range(6):
-        save_rollout(step, rollout(step, run=1))
-    die_before_publish(pool, "rollout-000006", rollout(6, run=1), monkeypatch)
+        save_rollout("A", step, rollout(step, attempt=1))
+    die_before_publish(pool, "A.rollout-000006", rollout(6, attempt=1), monkeypatch)
     with pool.catalog.write() as conn:  # the lost run's process is gone
         dead = {**this_process(), "pid": 2**22 + 12345}
         conn.execute(update(leases_table).values(holder=dead))
 
+    resume("B", 0)
+    for step in range(3):
+        save_rollout("B", step, rollout(step, attempt=3))
+    assert pool.find(state="superseded") == [] and pool.find(state="released") == []
+
     start = 4
-    pool.release([i.name for i in pool.find(rollout_id=(start, None))])
+    resume("A", start)
     for step in range(start, 8):
-        save_rollout(step, rollout(step, run=2))
+        save_rollout("A", step, rollout(step, attempt=2))
 
     rows = pool.stats()
-    assert [(r.rollout_id, r.archives, r.samples) for r in rows] == [(i, 1, 3) for i in range(8)]
-    assert [r.reward_mean for r in rows] == [1.0] * 4 + [2.0] * 4
+    assert [(r.rollout_id, r.archives) for r in rows] == [(i, 2 if i < 3 else 1) for i in range(8)]
     for step in range(8):
-        states = [i.state for i in pool.history(f"rollout-{step:06d}")]
+        name = f"A.rollout-{step:06d}"
+        states = [i.state for i in pool.history(name)]
         assert states == (["superseded", "published"] if step in (4, 5) else ["published"])
-        assert_same_samples(
-            pool.open_archive(f"rollout-{step:06d}").load_samples(),
-            rollout(step, run=2 if step >= start else 1),
-        )
+        expected = rollout(step, attempt=2 if step >= start else 1)
+        assert_same_samples(pool.open_archive(name).load_samples(), expected)
+    for step in range(3):
+        assert [i.state for i in pool.history(f"B.rollout-{step:06d}")] == ["published"]
     assert pool.owners().saves == [] and pool.verify().ok
 
 
