@@ -553,7 +553,9 @@ def export_many(
     DuckDB's ``read_parquet('folder/*.parquet')``, ``datasets``' parquet loader): the
     files' schemas merged (`merge_schemas`: a field all None in one archive takes the type
     it has in another, ints and floats become float64, a field of two kinds JSON), and each
-    file of another schema written again in it (`_one_schema`).
+    file of another schema written again in it (`_one_schema`).  The Parquet files earlier
+    exports left in ``folder`` (an incremental export of later rollouts) are of that table
+    too: merged with and, where their schema differs, written again in the merged one.
 
     Raises:
         ArchiveExistsError: a target exists and ``overwrite`` is False (checked for every
@@ -600,9 +602,12 @@ def export_many(
             exc.errno,
             exc.filename,
         ) from exc
-    if kind == "parquet" and len(done) > 1:
+    # Earlier exports into the folder (an export of rollouts 0..99 last week, 100..199
+    # now) are of the table too: merged with, and written again in its schema if need be.
+    earlier = _earlier_exports(out, done) if kind == "parquet" and done else []
+    if kind == "parquet" and len(done) + len(earlier) > 1:
         try:
-            _one_schema(arcs, done)
+            _one_schema([*[None] * len(earlier), *arcs], [*earlier, *done])
         except OutputWriteError as exc:
             # each file is whole (written through a temp file), in its own schema or the
             # folder's
@@ -615,9 +620,28 @@ def export_many(
     return done
 
 
-def _one_schema(arcs: list[Archive], paths: list[Path]) -> None:
-    """Give the Parquet files ``paths`` (of archives ``arcs``) one schema: their schemas
-    merged, and each file of another schema rewritten in it, through a temp file.
+def _earlier_exports(folder: Path, written: list[Path]) -> list[Path]:
+    """The Parquet files of ``folder`` that an earlier export wrote (recognised by the
+    columns every export has, as an import recognises them), other than ``written``."""
+    pq = _parquet()
+    ours = {str(p) for p in written}
+    found = []
+    for path in sorted(folder.glob("*.parquet")):
+        if str(path) in ours or not path.is_file():
+            continue
+        try:
+            names = set(pq.read_schema(path).names)
+        except (OSError, ValueError):  # not Parquet (pyarrow's ArrowInvalid is a ValueError)
+            continue
+        if {"archive", "position", "sample_key", "sample_class"} <= names:
+            found.append(path)
+    return found
+
+
+def _one_schema(arcs: list[Archive | None], paths: list[Path]) -> None:
+    """Give the Parquet files ``paths`` (of archives ``arcs``; None: an earlier export's
+    file, whose archive this export did not read) one schema: their schemas merged, and each
+    file of another schema rewritten in it, through a temp file.
 
     A file is rewritten from its own batches cast to the merged schema (`conform`: nulls
     typed, ints as floats, typed values as JSON text); where they cannot be (a tensor
@@ -652,11 +676,14 @@ def _null_columns(path: Path) -> set[str]:
     return nulls
 
 
-def _rewrite_in(arc: Archive, path: Path, schema: pa.Schema) -> None:
-    """Write Parquet file ``path`` (archive ``arc``'s export) again in ``schema``.
+def _rewrite_in(arc: Archive | None, path: Path, schema: pa.Schema) -> None:
+    """Write Parquet file ``path`` (archive ``arc``'s export, or an earlier export's file
+    for None) again in ``schema``.
 
     Raises:
         SchemaDrift: a value of the archive that ``schema`` cannot hold (``.column``).
+        InvalidInputError: an earlier export's file that only its archive could write in
+            ``schema`` (a tensor column made JSON); ``path`` is as it was.
         OutputWriteError: the medium failed; ``path`` is as it was.
     """
     pq = _parquet()
@@ -679,7 +706,14 @@ def _rewrite_in(arc: Archive, path: Path, schema: pa.Schema) -> None:
 
     try:
         write_output(path, written(pq.ParquetFile(path).iter_batches(batch_size=64)))
-    except SchemaDrift:
+    except SchemaDrift as drift:
+        if arc is None:
+            raise InvalidInputError(
+                f"{path} (an earlier export in the folder) cannot be written in the folder's "
+                f"schema from its own columns (column {drift.column!r}); the files of this "
+                "export were written: export into an empty folder, or move the earlier "
+                "files out and export their rollouts again with these"
+            ) from None
         force = json_columns(schema)
         write_output(path, written(archive_batches(arc.arrow_source(), force_json=force)))
 

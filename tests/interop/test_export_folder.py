@@ -111,3 +111,28 @@ def test_the_cli_folder_export_reads_as_one_table(pool: ArchiveManager, tmp_path
     assert table.num_rows == 18
     assert pa.types.is_string(table.schema.field("big").type)  # 2**60 + i is no float64
     assert table.column("big").to_pylist()[:2] == [str(2**60), str(2**60 + 1)]
+
+
+def test_a_later_export_into_the_folder_keeps_one_schema(
+    pool: ArchiveManager, tmp_path: Path
+) -> None:
+    """Exporting rollouts 0..1 and later 2..2 into one folder wrote files of two schemas
+    (step 2's tensor column and new types): pyarrow.dataset dropped columns in silence and
+    datasets refused the folder. The earlier files are merged with, and written again."""
+    folder = tmp_path / "out"
+    first = pool.export_many(folder, format="parquet", rollout_ids=(0, 1))
+    (folder / "notes.parquet").write_bytes(b"not parquet")  # not an export: left alone
+    later = pool.export_many(folder, format="parquet", rollout_ids=(2, None))
+    assert [p.name for p in later] == ["step-2.parquet"]
+    paths = [*first, *later]
+    schemas = [pq.read_schema(p) for p in paths]
+    assert all(s.equals(schemas[0], check_metadata=True) for s in schemas)
+    whole = tmp_path / "whole"
+    assert pq.read_schema(pool.export_many(whole, format="parquet")[0]).names == schemas[0].names
+    table = ds.dataset(paths, format="parquet").to_table()
+    assert table.num_rows == 18 and "extra" in table.column_names
+    loaded = datasets.load_dataset(
+        "parquet", data_files=sorted(map(str, paths)), split="train", cache_dir=str(tmp_path / "hf")
+    )
+    assert loaded.num_rows == 18
+    assert (folder / "notes.parquet").read_bytes() == b"not parquet"
