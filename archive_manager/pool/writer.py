@@ -1087,7 +1087,7 @@ def free_name(
             raise SaveInFlightError(
                 f"archive {name!r} already exists as a pending save: a save of that name is in "
                 f"flight or crashed ({lease.owner}, held by {describe_holder(lease.holder)}, "
-                f"{status}, lapses at {lapses} local time unless renewed); wait for it to "
+                f"{status}, lapses at {lapses} unless renewed); wait for it to "
                 "finish, or, if it crashed, run 'archive-manager gc' once its lease lapsed to "
                 "roll it back",
                 name=name,

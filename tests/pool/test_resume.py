@@ -170,6 +170,9 @@ def test_a_pending_writer_of_this_process_keeps_the_name(
     assert (error.name, error.lease, error.holder) == ("x", lease.owner, this_process())
     assert (error.holder_status, error.expires_at) == ("alive", lease.expires_at)
     assert ", alive, lapses at" in str(error) and "\n" not in str(error)
+    # the lapse in this machine's zone, named once ("... UTC local time" named two)
+    shown = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(lease.expires_at))
+    assert f"lapses at {shown} unless renewed" in str(error)
     assert _state(pool, "x") == "pending"
     assert len(_lease_rows(pool, "x")) == 1
 
