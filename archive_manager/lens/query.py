@@ -25,8 +25,8 @@ from ..catalog import (
 )
 from ..catalog.engine import shown_url
 from ..catalog.queries import IN_BATCH, ArchiveKey, archives_in_order, batches
-from ..errors import ArchiveNotFoundError, InvalidInputError
-from ..pool.archive import Archive, reclaimed_names
+from ..errors import ArchiveNotFoundError, ArchiveReleasedError, InvalidInputError
+from ..pool.archive import Archive, payload_gone, reclaimed_names
 from ..pool.context import PoolContext
 from ..pool.summary import ArchiveSummary, read_summaries
 from ..samples import check_key_text, check_task_key
@@ -452,8 +452,8 @@ def load_rows(
     pool (a row of another pool's query is refused), and its archive (the one the query
     found: by its catalog id while that id still gives the archive of the row's name and
     manifest, else by its name) must be the archive the row was found in (its manifest), be
-    published, or released with its payload still there, and hold the row's sample key at
-    its position.
+    published, or released or superseded with its payload still there, and hold the row's
+    sample key at its position.
 
     Raises:
         InvalidInputError: ``rows`` holds something other than a `SampleRow`, a row of
@@ -461,7 +461,8 @@ def load_rows(
             one whose archive's name holds another archive now: saved again after a forget,
             or renumbered by a catalog rebuild and saved again since).
         ArchiveNotFoundError: a row's archive is not in the pool, or is still pending.
-        ArchiveReleasedError: a row's archive was released and GC reclaimed its payload.
+        ArchiveReleasedError: a row's archive was released (or superseded) and GC reclaimed
+            its payload.
         IntegrityError: a needed blob is missing or damaged.
     """
     if isinstance(rows, (str, bytes, SampleRow)) or not isinstance(rows, Iterable):
@@ -490,6 +491,7 @@ def load_rows(
         by_archive.setdefault((row.archive, row.archive_id, row.manifest_digest), []).append(row)
     a, e = archives_table, entries_table
     archives: dict[_RowArchive, Archive] = {}
+    superseded: set[_RowArchive] = set()  # rows' archives that their name no longer names
     with pool.catalog.read() as conn:
         for (name, archive_id, digest), its_rows in by_archive.items():
             # By its id while the catalog gives that id to this archive (the archive the
@@ -515,7 +517,9 @@ def load_rows(
                         "were found in: the name holds another archive now (saved again since "
                         "the query); query again"
                     )
-            if found is None or found.state not in ("published", "released"):
+            # A superseded archive (found by its id only) loads while its payload is there,
+            # as a released one does: the rows are of the archive the query found.
+            if found is None or found.state not in ("published", "released", "superseded"):
                 raise ArchiveNotFoundError(
                     f"archive {name!r} of {len(its_rows)} of the rows given is not in the pool"
                     + ("" if found is None else f" (it is {found.state})")
@@ -538,9 +542,20 @@ def load_rows(
                         "row is not one of this archive's; query again"
                     )
             archives[name, archive_id, digest] = archive
-        gone = reclaimed_names(conn, sorted({arc.name for arc in archives.values()}))
+            if found.state == "superseded" and payload_gone(conn, found.id):
+                raise ArchiveReleasedError(
+                    f"archive {name!r} (id {found.id}) of {len(its_rows)} of the rows given "
+                    "was superseded (the name was saved again) and garbage collection "
+                    "reclaimed its payload; its catalog rows remain for inspection "
+                    "('history'); query again for the archive the name holds now"
+                )
+            if found.state == "superseded":
+                superseded.add((name, archive_id, digest))
+        gone = reclaimed_names(
+            conn, sorted({arc.name for k, arc in archives.items() if k not in superseded})
+        )
     for key, its_rows in by_archive.items():
-        if archives[key].name in gone:
+        if key not in superseded and archives[key].name in gone:
             others = len(gone) - 1
             archives[key].raise_reclaimed(
                 f"{len(its_rows)} of the rows given are its samples"

@@ -211,3 +211,22 @@ def test_rows_from_before_a_catalog_rebuild_load_their_own_archive(tmp_path: Pat
         assert [s["prompt"] for s in pool.load([r for r in rows if r.archive != "alpha"])] == [
             p for p in expected if not p.startswith("alpha")
         ]
+
+
+def test_rows_of_a_superseded_archive_load_it_until_gc_reclaims_it(
+    counted: tuple[ArchiveManager, CountingStore],
+) -> None:
+    """The rows are of the archive the query found: once its name was saved again, they
+    loaded nothing ("not in the pool (it is superseded)", although `history` lists it)."""
+    pool, store = counted
+    rows = pool.query(rollout_ids=1)
+    expected = [canon(s) for s in pool.load(rows)]
+    pool.open_archive("r1").release()
+    pool.save("r1", tiny_rollout(10, seed=7, rollout_id=1), rollout_id=1, supersede=True)
+    assert [canon(s) for s in pool.load(rows)] == expected
+    assert [canon(s) for s in pool.query(rollout_ids=1).load()] != expected  # the new one
+    pool.gc(grace=0)
+    store.reads.clear()
+    with pytest.raises(ArchiveReleasedError, match=r"'r1' \(id \d+\) of 10 .* was superseded"):
+        pool.load(rows)
+    assert not store.reads
