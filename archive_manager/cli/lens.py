@@ -113,6 +113,12 @@ def groups(
         f"{len(found)} group(s), {flat} with zero reward variance"
         + (f"; rewards read with the key {used!r}" if used is not None else "")
     )
+    if group_by not in (None, "task_key", "group_index") and all(g.field is None for g in found):
+        # A mistyped field (--group-by lable) puts every sample in one "(ungrouped)" group.
+        echo(
+            f"note: no sample of {name!r} has a value for {group_by!r}: all are ungrouped "
+            "(is the field's name right?)"
+        )
     unscored = sum(g.unscored for g in found)
     if unscored:
         echo(

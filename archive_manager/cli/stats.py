@@ -141,6 +141,12 @@ def stats(
         note = unscored_note(rows, reward_key)
         if note:
             echo(note)
+        if group_by not in (None, "task_key", "group_index") and not any(r.groups for r in rows):
+            # A mistyped field (--group-by lable) groups nothing, which reads as no groups.
+            echo(
+                f"note: no two rewarded samples share a value of {group_by!r}, so no group "
+                "is counted: is the field's name right?"
+            )
     if plot is not None:
         # With --json, stdout holds only the JSON document.
         if rows:

@@ -925,6 +925,13 @@ def test_groups_and_stats_group_by(
     )
     assert "group_by" in failed(run("groups", "slime", "--group-by", "a..b"))
     assert "group_by" in failed(run("stats", "--group-by", ""))
+    # a field no sample has (a typo) groups nothing: said, not one silent "(ungrouped)"
+    typo = ok(run("groups", "slime", "--group-by", "metadata.rm_tpye")).stdout
+    assert "(ungrouped)" in typo and "no sample of 'slime' has a value for" in typo
+    assert "has a value" not in ok(run("groups", "slime", "--group-by", "metadata.rm_type")).stdout
+    typo = ok(run("stats", "--rollout-id", "5", "--group-by", "metadata.rm_tpye")).stdout
+    assert "no two rewarded samples share a value of 'metadata.rm_tpye'" in typo
+    assert "share a value" not in ok(run("stats", "--group-by", "metadata.rm_type")).stdout
 
 
 def test_reward_key_on_the_lens_verbs_and_at_import(
