@@ -15,6 +15,7 @@ import json
 import random
 import struct
 import tracemalloc
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -39,7 +40,11 @@ from archive_manager.codec import (
     encode_tensor_blob,
     materialize_tensor_refs,
 )
-from archive_manager.errors import IntegrityError, UnsupportedFormatError
+from archive_manager.errors import (
+    IntegrityError,
+    UnregisteredClassWarning,
+    UnsupportedFormatError,
+)
 from archive_manager.samples import Sample
 
 pytestmark = pytest.mark.timeout(60)
@@ -309,7 +314,11 @@ def test_bit_flips_in_chunks_stay_in_their_record(
         for bit in {pos % 8, rng.randrange(8)}:
             data = bytearray(enc.data)
             data[pos] ^= 1 << bit
-            out = decode_all(bytes(data), loader)
+            with warnings.catch_warnings():
+                # A v1 record has no checksum of its own: a flip in a class name decodes as a
+                # class nobody registered, which is said (and the record is a dict).
+                warnings.simplefilter("ignore", UnregisteredClassWarning)
+                out = decode_all(bytes(data), loader)
             if pos < end:
                 continue  # header or index: anything but a foreign exception goes
             for i, (offset, stored, _, _) in enumerate(entries):
@@ -500,7 +509,11 @@ def test_descriptors_cannot_alias_one_array_many_times() -> None:
 )
 def test_malformed_trees(tree: bytes) -> None:
     with bounded_memory():
-        result = sample_of(tree)
+        if b"no.such.Class" in tree:
+            with pytest.warns(UnregisteredClassWarning, match="no.such.Class"):
+                result = sample_of(tree)
+        else:
+            result = sample_of(tree)
     assert isinstance(result, (dict, Sample, *OK_ERRORS)), type(result)
     if b"bogus" in tree or b"__class__" in tree or b"effective" in tree:
         assert isinstance(result, UnsupportedFormatError)
