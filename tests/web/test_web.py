@@ -119,6 +119,9 @@ def client(viewer_pool: ArchiveManager) -> Any:
 
 def get(client: Any, url: str, status: int = 200) -> Any:
     response = client.get(url)
+    # Buffered, then closed: a static file's response holds the file open until closed.
+    response.get_data()
+    response.close()
     assert response.status_code == status, (url, response.status_code, response.text[:500])
     return response
 
@@ -134,12 +137,13 @@ def archive_url(name: str, *rest: str) -> str:
 
 
 class BlobReads:
-    """Counts the blob store's reads of one pool (chunks through get, tensors through open)."""
+    """Counts the blob store's reads of one pool (chunks through get, tensors through open or
+    open_private: a tensor blob is read in place where the store can map it)."""
 
     def __init__(self, pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch) -> None:
         self.get: list[str] = []
         self.open: list[str] = []
-        for method, log in (("get", self.get), ("open", self.open)):
+        for method, log in (("get", self.get), ("open", self.open), ("open_private", self.open)):
             real = getattr(pool.store, method)
 
             def counted(digest: str, *a: Any, _real: Any = real, _log: Any = log, **k: Any) -> Any:
@@ -597,7 +601,7 @@ def test_static_files_ship_in_the_package(client: Any) -> None:
     assert "http://" not in html.split("<main>")[0] and "https://" not in html  # no CDN
     # No request becomes a path outside the package's static folder.
     for url in ("/static/../app.py", "/static/..%2Fapp.py", "/static/%2e%2e/%2e%2e/catalog.db"):
-        assert client.get(url).status_code == 404, url
+        assert get(client, url, 404).status_code == 404, url
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -831,6 +835,7 @@ def test_serve_as_a_real_process(tmp_path: Path) -> None:
         assert data["total"] == 4
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(url + "archive/missing", timeout=30)
+        info.value.close()  # the error holds the response (and its socket) open
         assert info.value.code == 404
 
 
@@ -863,6 +868,7 @@ def test_only_the_bound_host_names_are_answered(
     for url in urls:
         for host in ("localhost", "localhost:8000", "127.0.0.1:8000", "[::1]:8000", "LocalHost."):
             response = app.get(url, headers={"Host": host, "Origin": evil})
+            response.close()  # a static file's response holds the file open until closed
             assert response.status_code in (200, 404), (url, host, response.status_code)
             assert not [h for h in response.headers if h[0].lower().startswith("access-control")]
         for host in FOREIGN_HOSTS:
