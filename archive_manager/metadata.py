@@ -18,8 +18,9 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._util.lazy_torch import is_tensor, tensor_class, torch_module
+from ._util.reward_keys import check_reward_key, reward_component
 from .codec import TensorRef
-from .errors import InvalidInputError, MetadataError, UnencodableError
+from .errors import MetadataError, UnencodableError
 from .samples import is_queue_key
 
 if TYPE_CHECKING:
@@ -191,40 +192,6 @@ def _describe_other_reward(described: dict[str, Any], reward: Any, reward_key: s
     if type(reward) is float or _one_number(reward) is not None:
         return  # a number, NaN or infinite: not a reward of another kind
     described["reward_type"] = type(reward).__name__
-
-
-def reward_component(key: object) -> str | None:
-    """``key`` if it can name a part of a dict reward in the catalog (a non-empty str of at
-    most 255 characters and UTF-8 bytes, no NUL), else None."""
-    if type(key) is not str or not key or len(key) > 255 or "\x00" in key:
-        return None
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        return None
-    return key if size <= 255 else None
-
-
-def check_reward_key(reward_key: object) -> str | None:
-    """A reward key as given: None or the name of a part of a dict reward.
-
-    Raises:
-        InvalidInputError: not a str, empty, over 255 characters or UTF-8 bytes, or holding
-            NUL or a lone surrogate.
-    """
-    if reward_key is None:
-        return None
-    if not isinstance(reward_key, str):
-        raise InvalidInputError(
-            f"reward_key must be a str (the key of a dict reward), not {type(reward_key).__name__}"
-        )
-    key = reward_component(str.__str__(reward_key))
-    if key is None:
-        raise InvalidInputError(
-            f"reward_key {reward_key!r:.80} cannot name a part of a reward: give a non-empty "
-            "key of at most 255 characters"
-        )
-    return key
 
 
 def rescored(description: dict[str, Any], reward_key: str | None) -> dict[str, Any]:

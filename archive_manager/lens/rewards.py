@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import case, select
 from sqlalchemy.sql import ColumnElement
 
+from .._util.reward_keys import check_reward_key
 from ..catalog import sample_metadata_table, sample_rewards_table
-from ..metadata import check_reward_key
 from ..pool.summary import unscored_flag
 
 __all__ = ["check_reward_key", "reward_column"]

@@ -100,7 +100,7 @@ def check_rollout_range(rollout_ids: object, param: str = "rollout_ids") -> Roll
     for end in bounds or ():
         if end is not None and not -(2**63) <= end < 2**63:
             raise InvalidInputError(
-                f"{param}: rollout id {end} is out of range: rollout ids are 64-bit signed ints"
+                f"{param}: rollout id {end} does not fit in 64 bits (rollout ids are signed 64-bit ints)"
             )
     return bounds
 
