@@ -44,6 +44,7 @@ from ..errors import (
     InvalidInputError,
     MissingDependencyError,
     UnsupportedFormatError,
+    UnsupportedVersionError,
 )
 
 if TYPE_CHECKING:
@@ -105,11 +106,11 @@ def check_verl_version(version: str) -> str:
     """Return ``version`` if this module supports it.
 
     Raises:
-        MissingDependencyError: another verl release is installed.
+        UnsupportedVersionError: another verl release is installed.
     """
     low, high = SUPPORTED_VERL
     if not low <= _version_tuple(version) < high:
-        raise MissingDependencyError(
+        raise UnsupportedVersionError(
             f"archive_manager.integrations.verl supports verl 0.9 (0.9.1 or a later 0.9 "
             f"release); verl {version} is installed"
         )

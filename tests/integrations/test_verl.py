@@ -33,9 +33,9 @@ from archive_manager import ArchiveManager
 from archive_manager.errors import (
     ArchiveRetainedError,
     InvalidInputError,
-    MissingDependencyError,
     UnencodableError,
     UnsupportedFormatError,
+    UnsupportedVersionError,
 )
 from archive_manager.integrations import verl as av
 
@@ -229,9 +229,9 @@ def test_refusals_write_nothing(pool: Any, monkeypatch: pytest.MonkeyPatch) -> N
         av.save_batch(pool, bad, step=2)  # refused before the step's archive is released
     assert [(i.name, i.state) for i in pool.find(state=None)] == [("step-000002", "published")]
     monkeypatch.setattr(verl, "__version__", "0.8.5")
-    with pytest.raises(MissingDependencyError, match=r"verl 0\.8\.5"):
+    with pytest.raises(UnsupportedVersionError, match=r"verl 0\.8\.5"):
         av.save_batch(pool, batch, step=3)
-    with pytest.raises(MissingDependencyError, match=r"verl 0\.8\.5"):
+    with pytest.raises(UnsupportedVersionError, match=r"verl 0\.8\.5"):
         av.load_batch(pool, "step-000002")
     monkeypatch.undo()
     pool.save("plain", [{"x": 1}], rollout_id=1)
