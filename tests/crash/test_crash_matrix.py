@@ -86,13 +86,13 @@ def test_raise_fires_at_the_nth_hit_once(tmp_path: Path) -> None:
     _failpoints.configure("save.blobs.before_commit=raise@2")
     with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
         with pytest.raises(_failpoints.FailpointError, match=r"save\.blobs\.before_commit"):
-            pool.save("a", tiny_rollout(6), rollout_id=1)
+            pool.save("a", tiny_rollout(40), rollout_id=1)
         assert _failpoints.hits("save.blobs.before_commit") >= 2  # later chunks may race on
         with pytest.raises(ArchiveNotFoundError):
             pool.open_archive("a")
         # Fired once: the same save now goes through.
-        pool.save("a", tiny_rollout(6), rollout_id=1)
-        assert len(pool.open_archive("a").load_samples()) == 6
+        pool.save("a", tiny_rollout(40), rollout_id=1)
+        assert len(pool.open_archive("a").load_samples()) == 40
 
 
 def test_the_environment_variable_kills_a_real_process(tmp_path: Path) -> None:
