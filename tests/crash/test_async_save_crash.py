@@ -50,8 +50,9 @@ print("not killed")
 
 def test_a_process_killed_during_its_second_background_save(tmp_path: Path) -> None:
     root = tmp_path / "pool"
-    # Each save of 12 samples in chunks of 4 commits its blobs twice (a pair, then one):
-    # the second commit is the second save's first (a small save packs its last chunks with its manifest, so the first save commits blobs once), killed just after it.
+    # A save of 12 samples in chunks of 4 commits its blobs once before its manifest (a small
+    # save packs its last chunks with it): the second commit is the second save's, killed
+    # just after it.
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
