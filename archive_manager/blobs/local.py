@@ -689,24 +689,7 @@ class LocalBlobStore(AbstractBlobStore):
         """A read-only memory map of ``digest`` for lazy reads, verified unless ``verify=False``
         (a missing or mismatching blob is tried again for `read_retry` seconds)."""
 
-        def attempt() -> memoryview:
-            fd = self._open_fd(digest)
-            try:
-                if os.fstat(fd).st_size == 0:
-                    view = memoryview(b"")  # mmap cannot map 0 bytes
-                else:
-                    view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
-            finally:
-                os.close(fd)  # the map holds its own reference to the file
-            if verify:
-                try:
-                    _mismatch(digest, view)
-                except _Stale:
-                    view.release()
-                    raise
-            return view
-
-        return self._retried(digest, attempt)
+        return self._mapped(digest, mmap.ACCESS_READ, verify)
 
     def open_private(self, digest: str) -> memoryview:
         """A private copy-on-write memory map of ``digest``, verified: the caller may write
@@ -722,20 +705,28 @@ class LocalBlobStore(AbstractBlobStore):
         if not self._maps_privately():
             return super().open_private(digest)
 
+        return self._mapped(digest, mmap.ACCESS_COPY, True)
+
+    def _mapped(self, digest: str, access: int, verify: bool) -> memoryview:
+        """A memory map of ``digest`` with ``access`` (read-only, or private copy-on-write),
+        verified unless ``verify`` is False, tried again for `read_retry` seconds."""
+
         def attempt() -> memoryview:
             fd = self._open_fd(digest)
             try:
                 if os.fstat(fd).st_size == 0:
-                    view = memoryview(bytearray())  # mmap cannot map 0 bytes
+                    # mmap cannot map 0 bytes; a private view stays writable, as its map is
+                    view = memoryview(b"" if access == mmap.ACCESS_READ else bytearray())
                 else:
-                    view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
+                    view = memoryview(mmap.mmap(fd, 0, access=access))
             finally:
                 os.close(fd)  # the map holds its own reference to the file
-            try:
-                _mismatch(digest, view)
-            except _Stale:
-                view.release()
-                raise
+            if verify:
+                try:
+                    _mismatch(digest, view)
+                except _Stale:
+                    view.release()
+                    raise
             return view
 
         return self._retried(digest, attempt)
