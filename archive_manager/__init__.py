@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # NOTE: the public names are imported on first use (PEP 562): every CLI call and every TAB
 # completion imports this package, and the modules behind these names pull in SQLAlchemy,
-# numpy and zstandard, which `--help` never needs (docs/architecture.md, Start-up).
+# numpy and zstandard, which `--help` never needs (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from .codec import TensorRef, materialize_tensor_refs
     from .compat import RolloutArchive

@@ -1,5 +1,5 @@
 """PyTorch datasets over a pool: the samples a query selects, read a chunk at a time
-(docs/architecture.md, "Getting data out").
+(docs/architecture/getting-data-out.md, "Getting data out").
 
 `RolloutDataset` is map-style (item ``i`` reads only its chunk, with a small chunk cache);
 `RolloutIterableDataset` streams chunk by chunk, split across distributed ranks as

@@ -55,8 +55,8 @@ class ArchiveExistsError(ArchiveError, FileExistsError):
 
 class SaveInFlightError(ArchiveExistsError):
     """The name is held by a pending save that may be alive: in flight, or crashed where this
-    process cannot prove it dead (docs/architecture.md, "Save protocol", Resuming a killed
-    save).  The message names the lease, its holder and when the lease lapses.
+    process cannot prove it dead (docs/architecture/save-protocol.md, "Save protocol", Resuming a
+    killed save).  The message names the lease, its holder and when the lease lapses.
 
     Attributes:
         name: the archive name.
@@ -91,7 +91,7 @@ class SaveInFlightError(ArchiveExistsError):
 class ArchiveRetainedError(ArchiveExistsError):
     """A save of a name asked to supersede the archive the name points at (or would reuse a
     released name) while owners still retain that archive (its own owner, while it is
-    published): the message names them (docs/architecture.md, "Superseding a name").
+    published): the message names them (docs/architecture/save-protocol.md, "Superseding a name").
 
     Attributes:
         name: the archive name.
@@ -118,7 +118,8 @@ class PoolNotFoundError(ArchiveError, FileNotFoundError):
 
 
 class BlobStoreError(ArchiveError, OSError):
-    """The blob store could not do what was asked (docs/architecture.md, "Blob store contract").
+    """The blob store could not do what was asked (docs/architecture/blob-store-contract.md, "Blob
+    store contract").
 
     Stores that do not sit on the OS (an object store) raise it, or a subclass, where the
     filesystem store lets the OS's own `OSError` through; both are `OSError`, which is what
@@ -228,8 +229,8 @@ class PoolRootMissingError(PoolIdentityError, OSError):
     """The pool is not at its blob root any more, or not yet: the root was moved, deleted or
     unmounted since it was opened, or it is an empty folder (a mount point whose mount
     failed) where the catalog records a pool.  Refused before anything was written there
-    (docs/architecture.md, "Pool identity"); an `OSError` too, so that a blob store may raise
-    it where its contract says failures of the medium are `OSError`."""
+    (docs/architecture/pool-identity.md, "Pool identity"); an `OSError` too, so that a blob store
+    may raise it where its contract says failures of the medium are `OSError`."""
 
 
 class ForeignCatalogError(CatalogError):
@@ -273,8 +274,8 @@ class GcAbortedError(ArchiveError):
 class NativeFallbackWarning(RuntimeWarning):
     """The codec's C extension could not be imported: numeric lists are converted in Python.
 
-    Warned once, at import; the bytes written are the same, only slower (docs/architecture.md,
-    "Native list conversion").
+    Warned once, at import; the bytes written are the same, only slower
+    (docs/architecture/samples-and-values.md, "Native list conversion").
     """
 
 

@@ -97,7 +97,7 @@ from .pool.listing import listing_filter, rollout_filter
 # NOTE: the modules that encode, decode, collect, verify or export (and so import the codec:
 # numpy, zstandard), and those of one verb (stats, the RL lens, retention plans, the pool
 # summary, .pt imports, group sharing), are imported by the methods that use them: opening
-# a pool and reading its catalog needs none of them (docs/architecture.md, Start-up).
+# a pool and reading its catalog needs none of them (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ._util.permissions import SharedReport
     from .lens.groups import Group, PromptChange, PromptRollout
@@ -198,7 +198,7 @@ class ArchiveManager:
             store = BlobStore(root)
         register_exit_hook()  # an interpreter exits after the saves save_async handed off
         # Everything below this facade takes the context, never the facade
-        # (docs/architecture.md, Layers); `open` adds the identity once it is checked.
+        # (docs/architecture/index.md, "Layers"); `open` adds the identity once it is checked.
         self._context = PoolContext(
             root=root,
             catalog=catalog,
@@ -232,7 +232,7 @@ class ArchiveManager:
 
         Args:
             root: The blob root; created if missing.  ``s3://bucket/prefix``: a pool on an
-                S3-compatible object store (docs/architecture.md, "Blobs on an object
+                S3-compatible object store (docs/architecture/object-stores.md, "Blobs on an object
                 store"), which needs ``catalog_url``.
             catalog_url: A SQLAlchemy URL; default ``sqlite:///<root>/catalog.db``.
             clock: Seconds since the epoch; injectable so tests of leases and grace periods
@@ -252,12 +252,13 @@ class ArchiveManager:
             read_only: Only read the pool: create, migrate and write nothing, not even a
                 ``-wal``/``-shm`` or temp file; every write (save, release, retain, gc,
                 rebuild) raises `ReadOnlyPoolError` before it changes anything
-                (docs/architecture.md, Shared pools).  None (the default): read-only when this
-                process cannot write an existing pool (a read-only mount, no write permission
-                on its folders or catalog file, a PostgreSQL role that may only read).
-            store: Where the blobs are kept: any `AbstractBlobStore` (docs/architecture.md,
-                "Blob store contract"); default the filesystem store under ``root``.  The
-                pool identity file and a default SQLite catalog stay in ``root``.
+                (docs/architecture/shared-pools.md, "Shared pools").  None (the default): read-only
+                when this process cannot write an existing pool (a read-only mount, no write
+                permission on its folders or catalog file, a PostgreSQL role that may only read).
+            store: Where the blobs are kept: any `AbstractBlobStore`
+                (docs/architecture/blob-store-contract.md, "Blob store contract"); default the
+                filesystem store under ``root``.  The pool identity file and a default SQLite
+                catalog stay in ``root``.
             catalog_only: Only the catalog will be read (listings, queries, statistics,
                 owners): open it read-only and touch nothing at the blob root, no identity
                 file and no journal (on an object store: not one request), so a store that
@@ -365,7 +366,7 @@ class ArchiveManager:
                 store=store,
             )
         # recover=True: this open writes next, so a SQLite catalog whose writer died leaving
-        # only its log is recovered to tell (docs/architecture.md, Shared pools).
+        # only its log is recovered to tell (docs/architecture/shared-pools.md, "Shared pools").
         if not (create or recover or rebind) and not cls.exists(path, catalog_url, recover=True):
             damaged = _damaged_sqlite_file(url)
             if damaged is not None:
@@ -491,8 +492,8 @@ class ArchiveManager:
         read_only: bool | None,
         store: AbstractBlobStore | None,
     ) -> ArchiveManager:
-        """`open` for a pool on an S3-compatible object store (docs/architecture.md, "Blobs on
-        an object store"): the identity and the retention journal are objects under the
+        """`open` for a pool on an S3-compatible object store (docs/architecture/object-stores.md,
+        "Blobs on an object store"): the identity and the retention journal are objects under the
         prefix, the catalog is wherever ``catalog_url`` says (never in the bucket)."""
         from .blobs.s3 import S3BlobStore, parse_s3_url
 
@@ -802,7 +803,8 @@ class ArchiveManager:
 
     @property
     def journal(self) -> Journal:
-        """The pool's retention journal (docs/architecture.md, Retention journal)."""
+        """The pool's retention journal (docs/architecture/retention-journal.md, "Retention
+        journal")."""
         return self._context.journal
 
     @property
@@ -856,7 +858,7 @@ class ArchiveManager:
         the group, and `BlobStore` gives them the group's write bit); the SQLite catalog file
         (and its ``-wal``/``-shm``) gets the group's read and write bits; blob files stay
         read-only for everyone.  Idempotent: run it again to repair what `verify` reports
-        (docs/architecture.md, Shared pools).
+        (docs/architecture/shared-pools.md, "Shared pools").
 
         Raises:
             InvalidInputError: no such group.
@@ -933,7 +935,7 @@ class ArchiveManager:
         queries, groups, listings, the viewer).  Without it, a released name whose payload
         gc reclaimed is taken back the same way; a released one whose payload is still
         stored, or a published one, is refused.  A save killed at any point leaves the
-        earlier archive or the new one current, never neither (docs/architecture.md,
+        earlier archive or the new one current, never neither (docs/architecture/save-protocol.md,
         "Superseding a name").
 
         ``reward_key`` names the part of a dict reward that is each sample's reward (slime's
@@ -1144,9 +1146,9 @@ class ArchiveManager:
         created at or after that time (a naive datetime is local time).  ``limit`` returns
         at most that many; ``after`` (an archive's name, the last of the previous page)
         starts after that archive: keyset paging, as cheap on the last page as on the first
-        (docs/architecture.md, "Summaries and paging").  A name with several archives (its
-        superseded ones, a save of it pending) is never split over two pages: a page ends
-        before them, or holds them all when they alone exceed ``limit``.
+        (docs/architecture/summaries-and-paging.md, "Summaries and paging").  A name with several
+        archives (its superseded ones, a save of it pending) is never split over two pages: a page
+        ends before them, or holds them all when they alone exceed ``limit``.
 
         Raises:
             InvalidInputError: a filter of the wrong type or out of range.
@@ -1172,8 +1174,8 @@ class ArchiveManager:
         if f.task_key is not None:
             # NOTE: an uncorrelated IN, read once from the (task_key, archive_id) index: as a
             # correlated EXISTS, SQLite probed each archive's entries by primary key once
-            # they were a WITHOUT ROWID table (3 s at 10,000 archives; docs/architecture.md,
-            # "Summaries and paging").
+            # they were a WITHOUT ROWID table (3 s at 10,000 archives;
+            # docs/architecture/summaries-and-paging.md, "Summaries and paging").
             query = query.where(
                 a.c.id.in_(select(e.c.archive_id).where(e.c.task_key == f.task_key))
             )
@@ -1195,7 +1197,7 @@ class ArchiveManager:
         """Every archive the name ``name`` has pointed at, oldest first: those it superseded
         (state ``superseded``, with `ArchiveInfo.superseded_by` and ``superseded_at``), then
         the one it points at now, then a save of it in flight (pending), if any.  From the
-        catalog alone (docs/architecture.md, "Superseding a name").
+        catalog alone (docs/architecture/save-protocol.md, "Superseding a name").
 
         Raises:
             ArchiveNotFoundError: no archive has had that name.
@@ -1333,7 +1335,7 @@ class ArchiveManager:
         Rows come by rollout id (rollouts without one last), training before evaluation.
         ``limit`` returns at most that many; ``after`` (``(rollout_id, evaluation)`` of the
         last row of the previous page) starts after that row: keyset paging, reading only the
-        page's archives (docs/architecture.md, "Summaries and paging").
+        page's archives (docs/architecture/summaries-and-paging.md, "Summaries and paging").
 
         The prompt-group figures count groups as `groups` does: by task key, else by
         ``group_index``; ``group_by`` names the one field to group by instead (as in
@@ -1443,7 +1445,7 @@ class ArchiveManager:
         ``"response"`` or ``"all"``) contains ``pattern``, a literal or, with ``regex``, a
         regular expression bounded by ``timeout`` seconds; at most ``limit`` (up to 10,000)
         matches in archive and position order, each with its keys, reward and the matched
-        line.  Reads only the text fields of each record (docs/architecture.md, "Search").
+        line.  Reads only the text fields of each record (docs/architecture/search.md, "Search").
         A search that reaches ``timeout`` is no error: it returns what it found, with
         `SearchResult.timed_out` set.
 
@@ -1513,7 +1515,8 @@ class ArchiveManager:
             if row.manifest_digest is not None:
                 op = retain_op(owner, row.name, row.manifest_digest, at=now)
                 record = stage_record(conn, pool_id_of(conn), [op], now, floor=floor)
-        # After the commit, before returning: docs/architecture.md, "Retention journal".
+        # After the commit, before returning: docs/architecture/retention-journal.md, "Retention
+        # journal".
         write_committed(self.journal, record)
         return True
 
@@ -1563,7 +1566,8 @@ class ArchiveManager:
                 now = self.clock()
                 op = release_owner_op(owner, [(n, d) for n, d in held if d is not None], at=now)
                 record = stage_record(conn, pool_id_of(conn), [op], now, floor=floor)
-        # After the commit, before returning: docs/architecture.md, "Retention journal".
+        # After the commit, before returning: docs/architecture/retention-journal.md, "Retention
+        # journal".
         write_committed(self.journal, record)
         return count
 
@@ -1750,7 +1754,8 @@ class ArchiveManager:
 
         The dump is read with ``weights_only=True``; one that needs full unpickling (which can
         run code) is refused unless ``trust_pickle``.  What the file records is restored, and
-        an argument given here wins over it (docs/architecture.md, "Exports and imports"):
+        an argument given here wins over it (docs/architecture/getting-data-out.md, "Exports and
+        imports"):
 
         * ``name``: the exported archive's name, else the file's stem;
         * ``rollout_id``: the dump's ``rollout_id`` (None when it is not an int);
@@ -2094,9 +2099,9 @@ def _fuse_read_only(root: Path) -> str | None:
 
     NOTE: a FUSE client mounted read-only (``juicefs mount --read-only``, ``s3fs -o ro``...)
     may leave the kernel's mount read-write: statvfs shows no ST_RDONLY and access(2) says
-    "writable"; only each write fails with EROFS (docs/architecture.md, Shared pools).  A
-    setattr that changes nothing (the folder's own times) is the cheapest request the client
-    itself must answer; EPERM (someone else's folder) tells nothing and is no verdict.
+    "writable"; only each write fails with EROFS (docs/architecture/shared-pools.md, "Shared
+    pools").  A setattr that changes nothing (the folder's own times) is the cheapest request the
+    client itself must answer; EPERM (someone else's folder) tells nothing and is no verdict.
     """
     table = read_mount_table()
     if table is None:

@@ -55,7 +55,8 @@ REPLAY_FIELDS = frozenset(
 
 #: The sample fields whose stored value a description may record exactly (its type and
 #: value, as a load decodes the record): what an Arrow read of those columns answers from
-#: the catalog (docs/architecture.md, "Getting data out", "Columns from the catalog").
+#: the catalog (docs/architecture/getting-data-out.md, "Getting data out", "Columns from the
+#: catalog").
 CATALOG_FIELDS = ("reward", "status", "response_length", "index", "group_index")
 
 # Types whose values are neither tensors nor containers of them, skipped by exact type.

@@ -5,7 +5,8 @@
 behaviour) so that rollouts saved from slime load back as the objects slime expects.
 
 Loading never imports or instantiates a class by name: only classes in this module's
-registry are rebuilt, anything else comes back as a plain dict (docs/architecture.md, "Safety rules").
+registry are rebuilt, anything else comes back as a plain dict (docs/architecture/safety-rules.md,
+"Safety rules").
 """
 
 from __future__ import annotations
@@ -325,7 +326,7 @@ def register_sample_class(cls: type[_T], name: str | None = None) -> type[_T]:
     if type(cls) not in _PLAIN_METACLASSES:
         # NOTE: a load reads the class's attributes (its fields, MRO, namespace), and a custom
         # metaclass's __getattribute__/__getattr__ would run then (as enums: see
-        # docs/architecture.md, "Samples and values")
+        # docs/architecture/samples-and-values.md, "Samples and values")
         raise UnencodableError(
             f"{_qualified(cls)} has the custom metaclass {type(cls).__qualname__}, whose code "
             "loading would run; it cannot be registered as a sample class"
@@ -406,7 +407,7 @@ def _strip_queue(fields: dict[Any, Any], declared: frozenset[str] = frozenset())
     NOTE: mutates and returns ``fields``; callers pass a dict they own.  The joined-keys test
     is a fast path: this runs for every sample on every save and load.  A field the class
     declares is its data, whatever its name: only attributes a queue attached at run time are
-    live queue state (docs/architecture.md, "Samples and values").
+    live queue state (docs/architecture/samples-and-values.md, "Samples and values").
     """
     try:
         # str subclasses joined too: a false hit only takes the exact test below
@@ -425,8 +426,8 @@ def _sample_owned(cls: type) -> frozenset[str]:
 
     NOTE: a dataclass subclass reuses its bases' `dataclasses.Field` objects and makes a new
     one for a field it declares again (``status: str``): that field is the subclass's own, a
-    plain field of its declared type, never turned into a `Sample.Status` (docs/architecture.md,
-    "Samples and values").
+    plain field of its declared type, never turned into a `Sample.Status`
+    (docs/architecture/samples-and-values.md, "Samples and values").
     """
     mine = _dataclass_fields(cls)
     return frozenset(k for k in _SAMPLE_OWNED if mine.get(k) is _dataclass_fields(Sample)[k])
@@ -473,7 +474,8 @@ def sample_to_record(obj: Any) -> tuple[str | None, dict[str, Any], list[str] | 
             or it would not load as saved: a dataclass field without a value, a field that
             is a property or another data descriptor (setting it back would run its code),
             an enum-typed field holding a non-member that would load as a member, or a
-            member that would not load as itself (docs/architecture.md, "Samples and values").
+            member that would not load as itself (docs/architecture/samples-and-values.md, "Samples
+            and values").
     """
     if isinstance(obj, Mapping):
         if isinstance(obj, dict) and type(obj) is not dict:
@@ -636,7 +638,7 @@ def _same_stored(a: Any, b: Any) -> bool:
     if kind is tuple:
         return len(a) == len(b) and all(map(_same_stored, a, b))
     # A numpy scalar; numpy is not imported for the test: a value cannot be one unless some
-    # module imported numpy (docs/architecture.md, Start-up).
+    # module imported numpy (docs/architecture/start-up.md, "Start-up").
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(a, numpy.generic):
         return bool(a.dtype == b.dtype and a.tobytes() == b.tobytes())
@@ -760,8 +762,8 @@ def fields_to_sample(
 
     Instances are rebuilt without calling the class's ``__init__``, ``__post_init__``,
     ``__setattr__`` or any descriptor's ``__set__``: the stored values are put into the
-    instance's ``__dict__`` and slots as they are (docs/architecture.md, "Samples and
-    values"), so a ``__post_init__`` that normalises fields does not run twice, a property
+    instance's ``__dict__`` and slots as they are (docs/architecture/samples-and-values.md, "Samples
+    and values"), so a ``__post_init__`` that normalises fields does not run twice, a property
     setter does not run, and ``init=False`` fields and frozen classes load as saved.  A field
     the stored fields lack (saved by an older version of the class) gets its default.
 
@@ -1107,7 +1109,7 @@ def _resolve_node(node: ast.expr, scopes: list[dict[str, Any]]) -> Any:
 
 #: The frameworks' own sample classes (module and qualified name): saved without a call to
 #: `register_sample_class`, and rebuilt on load when the loading process has imported their
-#: module; a load never imports one (docs/architecture.md, "Samples and values").
+#: module; a load never imports one (docs/architecture/samples-and-values.md, "Samples and values").
 FRAMEWORK_SAMPLE_CLASSES = frozenset({"slime.utils.types.Sample", "vime.utils.types.Sample"})
 
 _ENUMS: dict[str, type[enum.Enum]] = {}

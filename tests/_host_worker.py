@@ -23,8 +23,8 @@ Usage: python _host_worker.py MODE ROOT CATALOG_URL [ARGS...]
 
 Each result line also says ``read_retry``, the store's bound (seconds; 5 on this FUSE mount
 unless ``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` says otherwise), and ``reads_retried``, how many
-blob reads of this process met a stale cache and succeeded on a later try (docs/architecture.md,
-"Shared pools").
+blob reads of this process met a stale cache and succeeded on a later try
+(docs/architecture/shared-pools.md, "Shared pools").
 
 The check: GC twice (grace 60 s, after the clock's skew); then every expected archive loads
 with its fingerprint, every name listed as ``absent`` is not found, no lease, pending

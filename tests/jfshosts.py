@@ -47,8 +47,8 @@ WORKTREE = Path(__file__).resolve().parents[1]
 
 #: Metadata caches off.  Not the default: the hosts mount with JuiceFS's own defaults (1 s
 #: attribute, entry and directory caches), as an operator would, and the pool's reads get past
-#: what those caches show (docs/architecture.md, "Shared pools": a blob another host just
-#: renamed over looks missing for up to a second; before reads were retried a reload right
+#: what those caches show (docs/architecture/shared-pools.md, "Shared pools": a blob another host
+#: just renamed over looks missing for up to a second; before reads were retried a reload right
 #: after publishing failed so about 1 run in 5 under load).  ``$ARCHIVE_MANAGER_JFS_CACHES=off``
 #: (or ``TwoHosts.start(caches=False)``) mounts with these instead.
 CONSISTENT_METADATA = (

@@ -133,3 +133,86 @@ def test_the_api_page_shows_every_public_member_of_the_pool() -> None:
     assert not missing, f"add to docs/api.md: {missing}"
     first = page.index("ArchiveManager.open\n")
     assert first < page.index("ArchiveManager.save\n") < page.index("ArchiveManager.root\n")
+
+
+# A citation of the architecture names a page and a section of it: `docs/architecture/<page>.md,
+# "Section"` in code, tests, tools and docs (or a link `(architecture/<page>.md), "Section"` in
+# the site's pages), the name broken across comment lines where it is long.  A bold paragraph
+# label ("**Native list conversion.**") counts as a section: the pages name their parts so.
+_CITATION = re.compile(
+    r'architecture/([a-z0-9-]+)\.md(?:#[\w-]*)?\)?`?,?(?:\s*\n\s*(?:#:?|//|\*)?)?\s*"([^"]{1,80})"'
+)
+_BREAK = re.compile(r"\s*\n\s*(?:#:?|//|\*)?\s*")
+_HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
+_LABEL = re.compile(r"^\s*(?:[-*] )?\*\*([^*]+?)\.?\*\*", re.M)
+_CITING = ("archive_manager", "tests", "tools", "migrations", "docs", ".ci")
+
+
+def architecture_sections(docs: Path) -> dict[str, set[str]]:
+    """Every page of docs/architecture/ and the names a citation may give of its parts."""
+    sections: dict[str, set[str]] = {}
+    for page in sorted((docs / "architecture").glob("*.md")):
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+        # "Layers (imports point down only)" is cited as "Layers"
+        names = {
+            n for m in _HEADING.finditer(text) for n in (m.group(1), m.group(1).split(" (")[0])
+        }
+        sections[page.name] = names | {m.group(1) for m in _LABEL.finditer(text)}
+    return sections
+
+
+def bad_architecture_citations(where: str, text: str, sections: dict[str, set[str]]) -> list[str]:
+    """The citations in ``text`` of a page that does not exist, or of a section its page lacks;
+    and every mention of the single file the architecture was before it was split."""
+    bad = [
+        f"{where}: docs/architecture.md is split" for _ in re.finditer(r"architecture\.md", text)
+    ]
+    for m in _CITATION.finditer(text):
+        page, name = m.group(1) + ".md", _BREAK.sub(" ", m.group(2)).strip()
+        if page not in sections:
+            bad.append(f"{where}: no page docs/architecture/{page}")
+        elif name not in sections[page]:
+            bad.append(f"{where}: docs/architecture/{page} has no section {name!r}")
+    return bad
+
+
+def test_every_architecture_citation_names_a_section_of_its_page() -> None:
+    sections = architecture_sections(ROOT / "docs")
+    assert "index.md" in sections and "Layers (imports point down only)" in sections["index.md"]
+    files = [
+        ROOT / n for n in ("README.md", "CHANGELOG.md", "pyproject.toml", "setup.py", "mkdocs.yml")
+    ]
+    for top in _CITING:
+        files += (p for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".c", ".md", ""))
+    bad: list[str] = []
+    cited = 0
+    for path in files:
+        # this file cites missing sections on purpose, in the test below
+        if not path.is_file() or path.name == "mermaid.min.js" or path == Path(__file__):
+            continue
+        text = path.read_text(errors="replace")
+        cited += len(_CITATION.findall(text))
+        bad += bad_architecture_citations(str(path.relative_to(ROOT)), text, sections)
+    assert not bad, "\n".join(bad)
+    assert cited > 300, "the citations were not found: the check checks nothing"
+
+
+def test_a_citation_of_a_missing_section_or_page_is_found() -> None:
+    sections = {"search.md": {"Search", "Patterns"}, "index.md": {"Words"}}
+    page = "docs/architecture/search.md"
+    assert (
+        bad_architecture_citations(
+            "a.py", f'# ({page}, "Search") and ({page},\n# "Patterns")', sections
+        )
+        == []
+    )
+    assert bad_architecture_citations("a.py", f'# ({page},\n# "Save protocol")', sections) == [
+        "a.py: docs/architecture/search.md has no section 'Save protocol'"
+    ]
+    assert bad_architecture_citations(
+        "a.md", '[x](architecture/gc.md), "GC protocol"', sections
+    ) == ["a.md: no page docs/architecture/gc.md"]
+    old = "docs/architecture" + ".md"
+    assert bad_architecture_citations("a.py", f'({old}, "Search")', sections) == [
+        "a.py: docs/architecture.md is split"
+    ]

@@ -1,4 +1,4 @@
-"""The layering of docs/architecture.md ("Layers") holds: no module imports upward.
+"""The layering of docs/architecture/index.md ("Layers") holds: no module imports upward.
 
 The table in that section is the one place the ranks are kept; this test parses it, then every
 module of the package with `ast`, and follows every import: at module level, inside
@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "archive_manager"
-DOC = REPO / "docs" / "architecture.md"
+DOC = REPO / "docs" / "architecture" / "index.md"
 # A row of the table starts with its modules: `gc.py`, `catalog/`, several joined by ", ".
 _MODULE_TOKEN = re.compile(r"^[\w.]+(?:\.py|/),?$")
 
@@ -124,7 +124,9 @@ def upward_imports(imports: list[Import], ranks: dict[str, int]) -> list[str]:
             continue  # inside one module or one package
         for unit in (imp.source, imp.target):
             if unit not in ranks:
-                bad.append(f"{imp.where}: {unit} is not in docs/architecture.md's Layers table")
+                bad.append(
+                    f"{imp.where}: {unit} is not in docs/architecture/index.md's Layers table"
+                )
         if imp.source not in ranks or imp.target not in ranks:
             continue
         if imp.target == "testing":
@@ -154,7 +156,7 @@ def test_every_module_is_in_the_table(ranks: dict[str, int]) -> None:
 def test_the_components_stack_as_the_architecture_says(ranks: dict[str, int]) -> None:
     # The facade builds the PoolContext and sits above every component that takes it; the
     # lens and the interop read through the pool's protocols, never the other way round
-    # (docs/architecture.md, Layers).
+    # (docs/architecture/index.md, "Layers").
     assert ranks["pool"] < ranks["lens"] < ranks["interop"] < ranks["manager"]
     for ground in ("blobs", "catalog", "codec", "samples", "_util", "errors"):
         assert ranks[ground] < ranks["pool"]
@@ -175,7 +177,7 @@ TOP_LEVEL_MODULES = {
 
 
 def test_folders_are_components() -> None:
-    """A new module goes into the component it belongs to (docs/architecture.md, Layers),
+    """A new module goes into the component it belongs to (docs/architecture/index.md, "Layers"),
     not flat beside the public modules."""
     flat = {p.stem for p in PACKAGE.glob("*.py")}
     assert sorted(flat - TOP_LEVEL_MODULES) == []
@@ -216,5 +218,5 @@ def test_a_module_missing_from_the_table_fails(tmp_path: Path, ranks: dict[str, 
     (package / "__init__.py").write_text("")
     (package / "newthing.py").write_text("from .errors import ArchiveError\n")
     assert upward_imports(package_imports(package), ranks) == [
-        "archive_manager/newthing.py:1: newthing is not in docs/architecture.md's Layers table"
+        "archive_manager/newthing.py:1: newthing is not in docs/architecture/index.md's Layers table"
     ]

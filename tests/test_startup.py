@@ -1,5 +1,5 @@
-"""Start-up: no verb imports what it does not need (docs/architecture.md, Layers and
-Start-up).
+"""Start-up: no verb imports what it does not need (docs/architecture/index.md, "Layers", and
+docs/architecture/start-up.md, "Start-up").
 
 Importing torch costs seconds, more than any catalog verb; it used to be imported by
 ``import archive_manager`` and so by every CLI call and every TAB completion.  SQLAlchemy and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end benchmark: archive_manager against the tools people use today, in one run.
 
-On the same generated workloads (docs/architecture.md "Workload", seeded), side by side:
+On the same generated workloads (docs/architecture/workload.md "Workload", seeded), side by side:
 
 * archive_manager, through its public API: ``pool.save``; ``pool.writer`` (streaming);
   ``open_archive`` + ``load_samples()`` of all samples (tensor refs materialized, so every

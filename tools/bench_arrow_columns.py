@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Arrow reads of some columns against a whole read (docs/architecture.md, "Getting data out",
-"Columns from the catalog").
+"""Arrow reads of some columns against a whole read (docs/architecture/getting-data-out.md, "Getting
+data out", "Columns from the catalog").
 
 Saves realistic rollouts (``archive_manager.interop.synthetic``: 512-token prompts,
 1400-4200-token responses; ``--sizes`` samples each, one archive per size, streamed through

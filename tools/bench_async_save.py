@@ -2,8 +2,8 @@
 """How long `pool.save_async` blocks the training loop, against a synchronous `pool.save`
 (docs/performance.md, "Saving in the background").
 
-On the realistic rollout (``make_rollout(1024)``, docs/architecture.md "Workload"), each round
-times, in one process:
+On the realistic rollout (``make_rollout(1024)``, docs/architecture/workload.md "Workload"), each
+round times, in one process:
 
 * ``pool.save``: the whole synchronous save;
 * ``pool.save_async``: the time until it returns (the caller is blocked that long), and until

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Catalog and protocol benchmark: the save/load figures of the catalog issue, in one run.
 
-* ``pool.save`` of the realistic 1024-sample rollout (docs/architecture.md "Workload") against the bare codec +
+* ``pool.save`` of the realistic 1024-sample rollout (docs/architecture/workload.md "Workload")
+against the bare codec +
   blob store writing the same samples (`tools/bench_codec.py`'s write path) — the catalog's
   overhead;
 * loading one sample by key from that archive (median over random keys, fresh ``Archive``

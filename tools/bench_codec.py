@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Codec benchmark: this codec + blob store against torch.save/torch.load and the raw disk.
 
-Workload (docs/architecture.md "Workload", seeded): 1024 samples in groups of 8 sharing a 512-token prompt,
-responses 1400-4200 tokens; tokens, loss_mask and rollout_log_probs as Python lists, reward,
-status, metadata.  ``--r3`` adds int32 routed-expert tensors ``[T-1, 48, 8]`` per sample.
+Workload (docs/architecture/workload.md "Workload", seeded): 1024 samples in groups of 8 sharing a
+512-token prompt, responses 1400-4200 tokens; tokens, loss_mask and rollout_log_probs as Python
+lists, reward, status, metadata.  ``--r3`` adds int32 routed-expert tensors ``[T-1, 48, 8]`` per
+sample.
 
 Measured, in one run, medians of ``--repeat`` runs:
   * archive_manager: encode chunks of 64 samples + compress + hash + write every blob (temp,

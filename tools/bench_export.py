@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parquet export benchmark: `ArchiveManager.export` against the obvious hand-written path.
 
-Workload (docs/architecture.md "Workload", seeded): the realistic 1024-sample rollout of
+Workload (docs/architecture/workload.md "Workload", seeded): the realistic 1024-sample rollout of
 `make_rollout` (groups of 8 sharing a 512-token prompt, responses 1400-4200 tokens).
 
 Measured in one run, each path in its own fresh process (so peak memory is its own), median

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What the retention journal costs a decision (docs/architecture.md, "Retention journal").
+"""What the retention journal costs a decision (docs/architecture/retention-journal.md, "Retention
+journal").
 
 Times `retain`, `Archive.release` and `release_owner` on a pool of small archives, and, in the
 same calls, the part spent writing the journal record (the file, its two fsyncs); counts the

@@ -9,7 +9,7 @@ wall and CPU seconds and checks that both wrote the same chunk digests.
 
 Workloads: ``realistic`` (tools/bench.py's rollout: make_rollout, seed 1) and ``leaves``
 (lists of short float lists, big ints and short strings: the values the expansion bound
-counts one by one, docs/architecture.md "Native list conversion").
+counts one by one, docs/architecture/samples-and-values.md "Native list conversion").
 
 ``--bound`` also times `encode_sample` with the expansion bound's accounting in Python, with
 its leaf marks in C (as shipped), and switched off, to show what the accounting costs.

@@ -1,6 +1,6 @@
 """Benchmark: one-key loads by ranged reads against whole-chunk reads, on S3 and on the local
-disk, at several chunk sizes, in one run (docs/architecture.md, "Reading", "Ranged reads of a
-few records"; issue 20).
+disk, at several chunk sizes, in one run (docs/architecture/reading.md, "Reading", "Ranged reads of
+a few records"; issue 20).
 
 Workload: the 1024-sample rollout of ``tools/bench.py`` saved at each chunk size on a pool on
 S3 (a ``juicefs gateway`` on loopback, `tests/s3server.py`) and on a local folder; then

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Replay benchmark: `RolloutIterableDataset` against a Dataset over slime's ``.pt`` dumps.
 
-Workload (docs/architecture.md "Workload", seeded): ``--rollouts`` (8) realistic rollouts of
-``--samples`` (256) samples each (groups of 8 sharing a 512-token prompt, responses
+Workload (docs/architecture/workload.md "Workload", seeded): ``--rollouts`` (8) realistic rollouts
+of ``--samples`` (256) samples each (groups of 8 sharing a 512-token prompt, responses
 1400-4200 tokens), saved into one pool and dumped as slime's ``.pt`` files
 (``Archive.export_pt``, ``{"rollout_id", "samples": [dict]}``).
 

@@ -1,5 +1,5 @@
 """Benchmark: a pool on S3 against a pool on the local disk and against the raw client, in one
-run (docs/architecture.md, "Blobs on an object store"; issue 20, part 2).
+run (docs/architecture/object-stores.md, "Blobs on an object store"; issue 20, part 2).
 
 Workload: the realistic 1024-sample rollout of ``tools/bench.py`` (`make_rollout`, seed 1).
 Columns:

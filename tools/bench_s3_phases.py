@@ -1,6 +1,6 @@
 """Where an S3 save's time goes: wall time in each stage of the save pipeline, for a pool on S3
-and on the local disk, beside the raw upload of the same bytes (docs/architecture.md, "Blobs
-on an object store", Benchmark; issue 20).
+and on the local disk, beside the raw upload of the same bytes (docs/architecture/object-stores.md,
+"Blobs on an object store", Benchmark; issue 20).
 
 Workload: the 1024-sample rollout of ``tools/bench_s3.py``.  The writer's stages are wrapped
 with timers (summed over calls, per stage; stages run on three threads, so they overlap):

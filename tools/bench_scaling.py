@@ -6,10 +6,10 @@ the top), on SQLite and on PostgreSQL (``--backends``; PostgreSQL through the th
 server of ``tests/pgserver.py``).  The pool grows in place from one size to the next.
 
 **The fill.**  A handful of *template* archives are saved for real (``pool.save``: the
-shape of docs/architecture.md "Workload", 4-token prompts, 4-8-token responses, each template
-its own seed).  Every other archive is a *clone* of one template, written by `clone_archives`
-in batches through the catalog: the same rows a save of those samples under its own name,
-rollout id and task keys (``task_keys=``, one prompt group of 8 per key) would commit (its
+shape of docs/architecture/workload.md "Workload", 4-token prompts, 4-8-token responses, each
+template its own seed).  Every other archive is a *clone* of one template, written by
+`clone_archives` in batches through the catalog: the same rows a save of those samples under its own
+name, rollout id and task keys (``task_keys=``, one prompt group of 8 per key) would commit (its
 archive row, chunks, entries with its own task keys, sample metadata, blob list, owner and
 summary), its own manifest blob written before the publishing commit, and the publication
 records of the retention journal.  Chunk blobs are shared with the template, as a reference

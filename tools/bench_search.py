@@ -3,7 +3,7 @@
 samples (102,400 samples), against the other design, a full-text index in the catalog.
 
 The pool: ``--archives`` distinct rollouts from `archive_manager.interop.synthetic` (the "large"
-shape of docs/architecture.md "Workload": 512-token prompts, 1400-4200-token responses of
+shape of docs/architecture/workload.md "Workload": 512-token prompts, 1400-4200-token responses of
 about 4 characters a token, token ids, loss masks and log-probs), one seed each, so no chunk
 is shared and a scan reads every byte.  Routed-expert tensors are left out: at real sizes
 (1.5 KB a token) they are tensor blobs of their own, which a search never reads.  ``--root``

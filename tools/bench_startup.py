@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-up time of the CLI against a bare interpreter (docs/architecture.md, Layers).
+"""Start-up time of the CLI against a bare interpreter (docs/architecture/index.md, "Layers").
 
 Runs, each in a fresh process and interleaved round by round (so a burst of load elsewhere
 hits every command alike): ``python -c pass``, ``import archive_manager``,

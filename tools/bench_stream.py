@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Memory and time of scanning one archive: `Archive.iter_samples` against `load_samples`
-(docs/architecture.md, "Reading"), numeric lists as lists, as int64/float64 arrays
+(docs/architecture/reading.md, "Reading"), numeric lists as lists, as int64/float64 arrays
 (``as_arrays=True``) and as narrow arrays (``dtypes=``: int32 token ids, int8 loss masks,
 float32 log-probs).
 

@@ -10,9 +10,9 @@ others none).
 
 Targets: pool page and stats < 200 ms, archive page < 100 ms, sample page < 50 ms.
 
-The pool is built cheaply: ``--bases`` realistic rollouts (docs/architecture.md "Workload" shapes: 512-token
-prompts, 1400-4200-token responses, a routed-expert tensor per sample stored as its own
-blob), and every other archive a reference to one of them (it shares their chunks, and has
+The pool is built cheaply: ``--bases`` realistic rollouts (docs/architecture/workload.md "Workload"
+shapes: 512-token prompts, 1400-4200-token responses, a routed-expert tensor per sample stored as
+its own blob), and every other archive a reference to one of them (it shares their chunks, and has
 its own catalog rows: entries and sample metadata).  ``--root`` reuses a pool built before.
 """
 

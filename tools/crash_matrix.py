@@ -11,7 +11,8 @@ released archive of its name, retain, release, release_owner, gc, rebuild_catalo
    (published archives, one released, one held by an extra owner, an orphan file and a stale
    temp file where the operation is gc), and the operation runs in a forked child process
    armed to die there (``kill``: SIGKILL, or ``raise`` with ``--action raise``);
-3. the parent reopens the pool and checks the invariants of docs/architecture.md:
+3. the parent reopens the pool and checks the invariants of the save and GC protocols
+(docs/architecture/save-protocol.md, docs/architecture/gc-protocol.md):
 
    - ``intact``: every archive published and owned before loads identical (before any gc);
    - ``atomic``: the archive in flight is wholly published (loads identical) or invisible
@@ -260,7 +261,7 @@ def _prepare_small(world: World) -> None:
 
 def _run_small(world: World) -> None:
     # One chunk of new samples: claimed by the ownership transaction and written, with its
-    # tensor blobs, in the manifest's put (docs/architecture.md, "Save protocol").
+    # tensor blobs, in the manifest's put (docs/architecture/save-protocol.md, "Save protocol").
     with world.open() as pool:
         pool.save("inflight", rollout(3, SMALL_SEED), rollout_id=9)
 

@@ -2,7 +2,7 @@
 
 The one implementation for every file the library writes whole in the pool or beside a run
 (the identity file, journal records and checkpoints, the seed facade's pointer files;
-docs/architecture.md, Safety rules).  Blobs have their own batched path
+docs/architecture/safety-rules.md, "Safety rules").  Blobs have their own batched path
 (`archive_manager.blobs`: writeback started early, 16 fsyncs before the renames, read-only
 files), and files written for people outside the pool (exports, figures) theirs
 (`output.py`: streamed, errors of the medium made one line); both share only `fsync_dir`.
@@ -118,8 +118,8 @@ def write_atomic(
 
     ``share``: a file of the pool that others read (a journal file, the identity file):
     it gets the read bits of ``mode`` for every class its folder lets in, whatever the
-    umask (docs/architecture.md, Shared pools).  Without it the umask applies, as to any
-    file the caller writes (exports, pointer files).
+    umask (docs/architecture/shared-pools.md, "Shared pools").  Without it the umask applies, as to
+    any file the caller writes (exports, pointer files).
 
     With ``exclusive``, the file is only created, never replaced: it is linked into place,
     which fails when the name exists (then False is returned and nothing changed), so two

@@ -1,6 +1,6 @@
 """Values the CLI and the facade's signatures need before the library's modules are imported: they live here, below everything,
 so that parsing a command line (``--help``, a TAB completion) imports no SQLAlchemy
-(docs/architecture.md, Start-up)."""
+(docs/architecture/start-up.md, "Start-up")."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ Alembic's own head).
 NOTE: every open compares the catalog's revision with the head.  Asking Alembic for it
 imports Alembic (with Mako and Pygments: about a fifth of the modules a CLI verb loaded) and
 parses every migration script; an up-to-date catalog, the common case, needs neither
-(docs/architecture.md, Layers, on start-up).  Alembic is imported only to migrate or to
+(docs/architecture/start-up.md, "Start-up").  Alembic is imported only to migrate or to
 judge a revision other than this one."""
 
 VERSION_TABLE = "archive_manager_version"

@@ -41,7 +41,7 @@ def _commit(step: str, what: str) -> dict[str, str]:
 
 
 POINTS: dict[str, str] = {
-    # save (docs/architecture.md "Save protocol"), in protocol order
+    # save (docs/architecture/save-protocol.md "Save protocol"), in protocol order
     **_commit("save.lease", "save step 1, the lease"),
     **_commit("save.blobs", "save step 2, holding a chunk's blobs under the lease"),
     "blob.after_temp_write": "a blob's temp file written and fsynced, not yet renamed",
@@ -59,19 +59,21 @@ POINTS: dict[str, str] = {
     **_commit("retain", "retain: an extra owner's row"),
     **_commit("release", "Archive.release: dropping the archive's own owner"),
     **_commit("release_owner", "release_owner: dropping every row of an owner"),
-    # the retention journal (docs/architecture.md "Retention journal"): a decision's record
-    # is written after its transaction commits (publish, retain, release, release_owner)
+    # the retention journal (docs/architecture/retention-journal.md "Retention journal"): a
+    # decision's record is written after its transaction commits (publish, retain, release,
+    # release_owner)
     "journal.before_write": "a decision committed in the catalog, its journal record not written",
     "journal.after_write": "a journal record durable (file and folder synced), call not returned",
     **_commit("journal.checkpoint", "a journal checkpoint made the catalog's position"),
     **_commit("rebuild.journal", "rebuild_catalog: the journal's owners and states applied"),
-    # GC (docs/architecture.md "GC protocol")
+    # GC (docs/architecture/gc-protocol.md "GC protocol")
     **_commit("gc.plan", "gc plan: leases expired, dead saves rolled back, blobs marked deleting"),
     "gc.after_unlink": "gc: a deleting blob unlinked, its row not yet deleted",
     **_commit("gc.delete", "gc: a batch of unlinked blobs' rows deleted"),
     "gc.orphan.after_unlink": "gc: an orphan file (no catalog row) unlinked",
-    # pool identity (docs/architecture.md "Pool identity"); the identity file is written
-    # before ``identity.bind`` commits and after ``identity.adopt``/``identity.rebind`` commit
+    # pool identity (docs/architecture/pool-identity.md "Pool identity"); the identity file is
+    # written before ``identity.bind`` commits and after ``identity.adopt``/``identity.rebind``
+    # commit
     **_commit("identity.bind", "a new or older pool's identity: file written, catalog's row"),
     **_commit("identity.adopt", "recover: an empty catalog takes over a pool's blob root"),
     **_commit("identity.rebind", "rebind: a copied pool's new identity in its catalog"),

@@ -1,5 +1,5 @@
-"""Who holds a save's lease, and whether that holder is provably dead (docs/architecture.md,
-"Save protocol", Resuming a killed save).
+"""Who holds a save's lease, and whether that holder is provably dead
+(docs/architecture/save-protocol.md, "Save protocol", Resuming a killed save).
 
 A save records its process in its lease row: host name, pid and the process's start time
 (Linux: field 22 of ``/proc/<pid>/stat``, clock ticks after boot; elsewhere None), so that a

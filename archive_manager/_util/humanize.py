@@ -1,5 +1,5 @@
 """Numbers and times for people (sizes in binary units, short durations, local times), shared
-by the CLI and the web viewer; the viewer must not import the CLI (docs/architecture.md,
+by the CLI and the web viewer; the viewer must not import the CLI (docs/architecture/index.md,
 "Layers")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""torch, imported only where a tensor is encoded or decoded (docs/architecture.md, Layers).
+"""torch, imported only where a tensor is encoded or decoded (docs/architecture/index.md, "Layers").
 
 Importing torch takes three seconds or more, which every CLI verb and every ``import
 archive_manager`` paid while torch was imported at module level; none of them needs it unless

@@ -1,8 +1,8 @@
 """Files written outside the pool, for people and other programs: exports and figures.
 
-One path for all of them (docs/architecture.md, "Getting data out"): a temp file beside the
-target, created like any file a program makes (``0666`` less the umask), filled, fsynced and
-renamed over the target; on any failure the temp file is removed and the target is left as
+One path for all of them (docs/architecture/getting-data-out.md, "Getting data out"): a temp file
+beside the target, created like any file a program makes (``0666`` less the umask), filled, fsynced
+and renamed over the target; on any failure the temp file is removed and the target is left as
 it was.  A failure of where the file goes (a full disk, a quota, a file size limit, a
 read-only filesystem, no permission, an I/O error) is raised as `OutputWriteError`, one line
 naming the file and what to do, also when a library hides the OS's error inside its own

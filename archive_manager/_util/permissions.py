@@ -1,5 +1,5 @@
 """Group-shared pools: several accounts of one group save into, release from and collect one
-pool (docs/architecture.md, Shared pools).
+pool (docs/architecture/shared-pools.md, "Shared pools").
 
 What such a pool needs on the filesystem, and why:
 
@@ -160,7 +160,7 @@ def share_new_catalog(catalog_file: str | os.PathLike[str]) -> None:
 
 def _folders(root: Path) -> list[Path]:
     """The pool's folders that exist: root, blobs/ and its two fan-out levels, tmp/,
-    journal/ (docs/architecture.md, "Retention journal") and its damaged/."""
+    journal/ (docs/architecture/retention-journal.md, "Retention journal") and its damaged/."""
     found = [root]
     for top in (root / "blobs", root / "tmp", root / "journal", root / "journal" / "damaged"):
         if top.is_dir() and not top.is_symlink():
@@ -180,7 +180,7 @@ def _folders(root: Path) -> list[Path]:
 
 def _member_read_files(root: Path) -> list[Path]:
     """The files every member must read that exist: the identity file and its spare
-    (docs/architecture.md, "Pool identity"), and the retention journal's records and
+    (docs/architecture/pool-identity.md, "Pool identity"), and the retention journal's records and
     checkpoints (GC, verify and rebuild replay them)."""
     found = [root / "archive-pool.json", root / "blobs" / ".archive-pool.json"]
     journal = root / "journal"  # not its damaged/: evidence kept for the operator only

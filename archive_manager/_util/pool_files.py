@@ -1,10 +1,10 @@
 """The pool's own small files, read with the standard library alone: the identity file
-(docs/architecture.md, "Pool identity") and the names of the retention journal's files
-(docs/architecture.md, "Retention journal").
+(docs/architecture/pool-identity.md, "Pool identity") and the names of the retention journal's files
+(docs/architecture/retention-journal.md, "Retention journal").
 
 `identity` and `journal` write and judge them; the SQLite listing (`_sqlite_listing`), which
-must not import SQLAlchemy, checks them before it trusts a catalog (docs/architecture.md,
-Start-up).
+must not import SQLAlchemy, checks them before it trusts a catalog (docs/architecture/start-up.md,
+"Start-up").
 """
 
 from __future__ import annotations

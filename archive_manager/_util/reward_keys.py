@@ -1,7 +1,7 @@
 """The names of a dict reward's parts (docs/lens.md, "Rewards"): what a reward key may be.
 
 Apart from `archive_manager.metadata` so that the catalog verbs (``stats``, ``query``) check a
-``--reward-key`` without importing the codec (docs/architecture.md, Start-up)."""
+``--reward-key`` without importing the codec (docs/architecture/start-up.md, "Start-up")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""How a process that must write nothing opens a SQLite catalog file (docs/architecture.md,
-Shared pools): which read mode (`sqlite_read_mode`), the URI (`reader_uri`), the connection
-(`connect_reader`) and its read transaction (`begin_read_snapshot`).
+"""How a process that must write nothing opens a SQLite catalog file
+(docs/architecture/shared-pools.md, "Shared pools"): which read mode (`sqlite_read_mode`), the URI
+(`reader_uri`), the connection (`connect_reader`) and its read transaction (`begin_read_snapshot`).
 
 Standard library only: the catalog's SQLite dialect reads through these, and so do the
 CLI's archive-name completion and the SQLite listing (`_sqlite_listing`), which must not
-import SQLAlchemy (docs/architecture.md, Start-up).
+import SQLAlchemy (docs/architecture/start-up.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ __all__ = [
     "sqlite_read_mode",
 ]
 
-# Bytes of a WAL file's header: a shorter -wal holds no commit (docs/architecture.md, Shared
-# pools).
+# Bytes of a WAL file's header: a shorter -wal holds no commit (docs/architecture/shared-pools.md,
+# "Shared pools").
 _WAL_HEADER = 32
 
 
 def sqlite_read_mode(path: str | os.PathLike[str]) -> str:
     """How a reader that must write nothing opens the SQLite catalog ``path``: ``"ro"`` or
-    ``"immutable"`` (docs/architecture.md, Shared pools).
+    ``"immutable"`` (docs/architecture/shared-pools.md, "Shared pools").
 
     NOTE: SQLite reads a WAL database it may not write only if its ``-wal`` and ``-shm``
     files already exist, or as ``immutable`` (https://www.sqlite.org/wal.html#readonly,

@@ -1,5 +1,5 @@
-"""Blob stores: content-addressed, immutable blobs behind one interface (docs/architecture.md,
-"Blob store contract").
+"""Blob stores: content-addressed, immutable blobs behind one interface
+(docs/architecture/blob-store-contract.md, "Blob store contract").
 
 * `AbstractBlobStore` (`base`): the interface and its error contract, with `Capabilities`,
   `BlobStat` and `IncompleteWrite`;

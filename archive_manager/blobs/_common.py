@@ -1,5 +1,5 @@
 """What every blob store does the same way: turn data into byte views, hash it, and word the
-errors of the contract (docs/architecture.md, "Blob store contract")."""
+errors of the contract (docs/architecture/blob-store-contract.md, "Blob store contract")."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def missing(digest: str) -> BlobNotFoundError:
 
 def read_only_refusal(where: object, reason: str, what: str) -> ReadOnlyPoolError:
     """The error of a read-only pool's store refusing ``what`` (one wording for the folder
-    store, a store passed in and the S3 copy; docs/architecture.md, "Shared pools")."""
+    store, a store passed in and the S3 copy; docs/architecture/shared-pools.md, "Shared pools")."""
     return ReadOnlyPoolError(
         f"the pool at {where} is read-only here ({reason}): refusing to {what}; nothing was changed"
     )

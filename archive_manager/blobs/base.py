@@ -1,4 +1,4 @@
-"""The blob store interface (docs/architecture.md, "Blob store contract").
+"""The blob store interface (docs/architecture/blob-store-contract.md, "Blob store contract").
 
 Everything above the blob store (the writer, GC, verify, recovery, the read side) goes
 through `AbstractBlobStore` and nothing else: no module above it builds a blob's path, opens a
@@ -87,9 +87,10 @@ class IncompleteWrite:
 class ObjectRoot(Protocol):
     """A pool root on an object store (``s3://bucket/prefix``: `blobs.s3.S3Root`): the pool's
     few named objects besides its blobs (the identity, the retention journal) are read and
-    written through it, as a filesystem root holds them as files (docs/architecture.md,
-    "Blobs on an object store").  Names are ``/``-separated and relative to the root; the
-    root refuses one that could lead out of it.  ``str(root)`` is its URL."""
+    written through it, as a filesystem root holds them as files
+    (docs/architecture/object-stores.md, "Blobs on an object store").  Names are ``/``-separated and
+    relative to the root; the root refuses one that could lead out of it.  ``str(root)`` is its
+    URL."""
 
     def read(self, name: str) -> bytes | None:
         """The object's bytes; None if there is none."""
@@ -132,7 +133,7 @@ class AbstractBlobStore(abc.ABC):
 
     def put_new(self, items: Sequence[PutItem], *, workers: int | None = None) -> list[str]:
         """`put_many` for blobs the caller's catalog holds no stored copy of (a save's new
-        rows, docs/architecture.md "Save protocol", step 2).
+        rows, docs/architecture/save-protocol.md "Save protocol", step 2).
 
         A store may write these without first looking for a stored copy: on an object store
         that look is a round trip per blob, paid by every save for nothing.  A copy that is

@@ -1,5 +1,5 @@
-"""Where a blob lives: the one mapping from a digest to its location (docs/architecture.md,
-"Blob store contract").
+"""Where a blob lives: the one mapping from a digest to its location
+(docs/architecture/blob-store-contract.md, "Blob store contract").
 
 A blob of digest ``d`` is at ``<d[0:2]>/<d[2:4]>/<d>`` below the store's top: two levels of
 256 fan-out folders keep every folder small (a pool of 10 million blobs has ~150 files per

@@ -1,5 +1,5 @@
 """The filesystem blob store: immutable files named by the xxh3-128 digest of their bytes
-(docs/architecture.md, "Blob store contract").
+(docs/architecture/blob-store-contract.md, "Blob store contract").
 
 A blob lives at ``<root>/blobs/<d[0:2]>/<d[2:4]>/<d>`` (`layout`); writes go through
 ``<root>/tmp``.  The store knows nothing of the catalog: it writes, reads, verifies, lists
@@ -26,8 +26,8 @@ pool (``tmp/`` linked to a shared scratch folder would have GC sweep that folder
 A read that finds its blob missing, its bytes not hashing to its digest, or its file handle
 stale (ESTALE) opens the path again, with a bounded backoff, before it raises that error
 (`read_retry`): on a shared filesystem another host's GC and a writer may just have replaced the
-file, and this host's metadata caches show the old state for a moment (docs/architecture.md,
-"Shared pools").
+file, and this host's metadata caches show the old state for a moment
+(docs/architecture/shared-pools.md, "Shared pools").
 """
 
 from __future__ import annotations
@@ -274,10 +274,11 @@ def _read_retry_from_env() -> float | None:
 
 
 def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None) -> float:
-    """How long a read of a blob under ``root`` keeps trying (seconds; docs/architecture.md,
-    "Shared pools"): ``value``, else ``$ARCHIVE_MANAGER_BLOB_READ_RETRY``, else
-    `DEFAULT_SHARED_READ_RETRY` when ``root`` is on a networked or FUSE filesystem and 0 on a
-    local one, whose one kernel's caches are never stale (a blob missing there is missing).
+    """How long a read of a blob under ``root`` keeps trying (seconds;
+    docs/architecture/shared-pools.md, "Shared pools"): ``value``, else
+    ``$ARCHIVE_MANAGER_BLOB_READ_RETRY``, else `DEFAULT_SHARED_READ_RETRY` when ``root`` is on a
+    networked or FUSE filesystem and 0 on a local one, whose one kernel's caches are never stale (a
+    blob missing there is missing).
 
     Raises:
         InvalidInputError: the value (or the variable) is not a number of seconds >= 0.
@@ -323,8 +324,8 @@ class LocalBlobStore(AbstractBlobStore):
         self._private_maps: bool | None = None  # `_maps_privately`, decided at first use
         # Checked now, a bad value (given or in the variable) is refused at open: found at
         # the first read that needs a retry, it replaced that read's BlobNotFoundError or
-        # IntegrityError and stopped `verify` (docs/architecture.md, "Shared pools").  The
-        # mount table is read only when a read first needs a retry (the common read never does).
+        # IntegrityError and stopped `verify` (docs/architecture/shared-pools.md, "Shared pools").
+        # The mount table is read only when a read first needs a retry (the common read never does).
         self._read_retry = (
             _read_retry_from_env()
             if read_retry is None
@@ -345,7 +346,8 @@ class LocalBlobStore(AbstractBlobStore):
         NOTE: each try opens the path afresh (a held descriptor would keep the old file): on a
         shared filesystem another host's GC may have unlinked the blob and a writer renamed a
         new copy in, and this host's entry and attribute caches show the old state until they
-        expire (docs/architecture.md, "Shared pools").  The bound keeps real damage reported.
+        expire (docs/architecture/shared-pools.md, "Shared pools").  The bound keeps real damage
+        reported.
         """
         started = deadline = delay = 0.0
         tries = 0
@@ -394,7 +396,7 @@ class LocalBlobStore(AbstractBlobStore):
         NOTE: never the root, ``blobs/`` or ``tmp/`` once this store has seen it: one missing
         now went away with its pool (moved, deleted, a mount gone and its empty mount point
         left at the path), and a put that made it again wrote a phantom pool there, whose
-        blobs the catalog then published (docs/architecture.md, "Pool identity").  (A
+        blobs the catalog then published (docs/architecture/pool-identity.md, "Pool identity").  (A
         store of a folder not made yet, used on its own, makes it at its first put; a pool's
         open makes the root of a new pool.)
 
@@ -584,7 +586,7 @@ class LocalBlobStore(AbstractBlobStore):
         # NOTE: a write is skipped only on an open file: on a shared filesystem (a FUSE
         # client, NFS) a stat may answer from this host's cache for a file another host's GC
         # has since unlinked, and the blob would then never be written anywhere. An open goes
-        # to the filesystem (docs/architecture.md, "Shared pools").
+        # to the filesystem (docs/architecture/shared-pools.md, "Shared pools").
         if not self._opens(digest):
             return digest, self._begin(digest, views)
         _check_size(digest, st.st_size, views)
@@ -697,7 +699,7 @@ class LocalBlobStore(AbstractBlobStore):
         On a networked or FUSE root, where another host could change the file under the
         map, a copy (`AbstractBlobStore.open_private`).
 
-        NOTE: a tensor loaded from a blob uses this map as its memory (docs/architecture.md,
+        NOTE: a tensor loaded from a blob uses this map as its memory (docs/architecture/reading.md,
         "Reading"): a copy of 120 MB of routed-expert ids cost more than `torch.load`.  The
         file is never written again (blobs are immutable; GC unlinks, which keeps a mapped
         file's pages), so only damage from outside (truncation) could fault a later read.
@@ -758,7 +760,7 @@ class LocalBlobStore(AbstractBlobStore):
         """The first ``n`` bytes of ``digest``, unverified, and *not* tried again (BlobNotFoundError
         at once): its callers, GC's and `rebuild_catalog`'s probes of row-less files, take a
         file gone for nothing to do, and waiting `read_retry` for each made a GC on a shared
-        root wait 5 s per orphan another host had just removed (docs/architecture.md,
+        root wait 5 s per orphan another host had just removed (docs/architecture/shared-pools.md,
         "Shared pools")."""
         if n < 0:
             raise ValueError("n must be >= 0")

@@ -1,5 +1,6 @@
 """The in-memory blob store: the filesystem store's twin for tests, with the same contract
-(docs/architecture.md, "Blob store contract") and nothing kept past the process."""
+(docs/architecture/blob-store-contract.md, "Blob store contract") and nothing kept past the
+process."""
 
 from __future__ import annotations
 

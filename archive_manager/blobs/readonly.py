@@ -1,5 +1,5 @@
-"""`ReadOnlyBlobStore`: the blob store of a pool opened read-only (docs/architecture.md,
-Shared pools).
+"""`ReadOnlyBlobStore`: the blob store of a pool opened read-only
+(docs/architecture/shared-pools.md, "Shared pools").
 
 It reads, verifies and lists as `BlobStore` does and refuses every write (put, delete, temp
 file removal) with `ReadOnlyPoolError` before touching anything: the second gate after

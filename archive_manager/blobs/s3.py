@@ -1,5 +1,6 @@
-"""The S3 blob store: blobs as objects of an S3-compatible bucket (docs/architecture.md, "Blob
-store contract" and "Blobs on an object store").
+"""The S3 blob store: blobs as objects of an S3-compatible bucket
+(docs/architecture/blob-store-contract.md, "Blob store contract", and
+docs/architecture/object-stores.md, "Blobs on an object store").
 
 A blob of digest ``d`` is the object ``<prefix>/blobs/<d[0:2]>/<d[2:4]>/<d>`` (`layout`); the
 pool's few other files (the identity, the retention journal) are objects under ``<prefix>/``
@@ -90,7 +91,7 @@ PART_SIZE = 16 << 20
 #: Keys per ``DeleteObjects`` request (S3's limit).
 DELETE_BATCH = 1000
 #: Seconds one call to the store may take over all its tries and the waits between them
-#: (docs/architecture.md, "Blobs on an object store", Deadlines);
+#: (docs/architecture/object-stores.md, "Blobs on an object store", Deadlines);
 #: ``$ARCHIVE_MANAGER_S3_DEADLINE`` or ``S3BlobStore(deadline=)`` sets another.  A transfer
 #: whose bytes keep coming is not cut.
 DEFAULT_DEADLINE = 30.0
@@ -506,7 +507,7 @@ class S3BlobStore(AbstractBlobStore):
         `ReadOnlyPoolError` before any request; ``reason`` says why, in the error.
 
         NOTE: the second gate after `Catalog.write`, as `ReadOnlyBlobStore` is for a folder
-        (docs/architecture.md, "Shared pools"): code that reaches ``pool.store`` or
+        (docs/architecture/shared-pools.md, "Shared pools"): code that reaches ``pool.store`` or
         ``pool.root`` directly writes nothing.  A copy, so that a store the caller passed in
         stays writable for the caller's other pools.
         """
@@ -874,8 +875,8 @@ class S3BlobStore(AbstractBlobStore):
         up to ``workers`` threads: S3 reports a missing key deleted too) come first, then one
         ``DeleteObjects`` request per `DELETE_BATCH` keys instead of a DELETE each.  On an
         error, a batch may be partly deleted and later batches are not (GC keeps such rows
-        'deleting' and finishes them next time; docs/architecture.md, "Blobs on an object
-        store").
+        'deleting' and finishes them next time; docs/architecture/object-stores.md, "Blobs on an
+        object store").
         """
         self._writable("delete blobs")
         keys = list(dict.fromkeys(self._key(d) for d in digests))
@@ -1009,8 +1010,8 @@ class S3BlobStore(AbstractBlobStore):
         ``<name>.claims/<uuid>``, lists the claims, and backs off if another live claim is
         as old as its own (the server's clock orders them), or if the object appeared
         meanwhile.  A claim that saw no older one was written before any later claimer
-        listed, so that claimer sees it and backs off (docs/architecture.md, "Blobs on an
-        object store").
+        listed, so that claimer sees it and backs off (docs/architecture/object-stores.md, "Blobs on
+        an object store").
         """
         if self._head(key, "look up a pool object") is not None:
             return False

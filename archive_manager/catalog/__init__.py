@@ -9,8 +9,8 @@ Usage::
             conn.execute(select(archives_table)).all()
 
 ``Catalog.open(url, read_only=True)`` only reads: it creates and migrates nothing, and
-`Catalog.write` raises `ReadOnlyPoolError` before anything begins (docs/architecture.md,
-Shared pools).
+`Catalog.write` raises `ReadOnlyPoolError` before anything begins
+(docs/architecture/shared-pools.md, "Shared pools").
 
 The catalog knows nothing of blob files; it only indexes them.
 """
@@ -204,8 +204,8 @@ class Catalog:
                 ``$ARCHIVE_MANAGER_BUSY_TIMEOUT_MS`` or uses 30 s.
             check_filesystem: Refuse a SQLite file on a network filesystem.
             read_only: Only read: create, migrate and write nothing, and refuse every
-                `write` (docs/architecture.md, Shared pools).  None: read-only when this
-                process cannot write the catalog (a SQLite file or folder it may not write,
+                `write` (docs/architecture/shared-pools.md, "Shared pools").  None: read-only when
+                this process cannot write the catalog (a SQLite file or folder it may not write,
                 a PostgreSQL role without INSERT, UPDATE and DELETE on the catalog's tables).
             read_only_reason: Why the caller asked for ``read_only`` (for messages).
 
@@ -325,8 +325,8 @@ class Catalog:
         ``durable=False`` commits without waiting for the disk (`LAZY_COMMIT_OPTION`): the
         commit is seen by every connection at once and survives the process, but a power loss
         before the catalog's next durable commit may undo it.  Only for a transaction whose
-        loss then leaves nothing depending on it (a save's lease: docs/architecture.md, "Save
-        protocol").
+        loss then leaves nothing depending on it (a save's lease:
+        docs/architecture/save-protocol.md, "Save protocol").
 
         On SQLite the transaction starts with ``BEGIN IMMEDIATE``, on PostgreSQL with the
         catalog's advisory write lock, so a second writer waits (up to the busy timeout) at

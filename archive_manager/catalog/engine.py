@@ -4,14 +4,14 @@ engines are made, and what every dialect shares (busy timeout, filesystem check)
 Each supported database is a `CatalogDialect` in its own module (`dialects.sqlite`,
 `dialects.postgresql`): its engine takes the one write lock at the start of every write
 transaction (SQLite ``BEGIN IMMEDIATE``, PostgreSQL an advisory lock), so writers take turns
-and the save and GC protocols' correctness argument (docs/architecture.md) holds on each; its
-``handle_error`` event turns the driver's errors into `CatalogError`; it tells read-only
-catalogs apart and does bulk inserts its own fast way.  Any other database is refused
-(`dialect_of`): a plain engine would run without the write lock.
+and the save and GC protocols' correctness argument (docs/architecture/save-protocol.md and
+docs/architecture/gc-protocol.md) holds on each; its ``handle_error`` event turns the driver's
+errors into `CatalogError`; it tells read-only catalogs apart and does bulk inserts its own fast
+way.  Any other database is refused (`dialect_of`): a plain engine would run without the write lock.
 
 A reader's engine (``read_only=True``) never writes: SQLite opens the file ``mode=ro`` or
 ``immutable=1`` as `sqlite_read_mode` decides, PostgreSQL reads in READ ONLY transactions
-(docs/architecture.md, Shared pools).
+(docs/architecture/shared-pools.md, "Shared pools").
 
 NOTE: no retry of serialization failures or deadlocks (SQLSTATE 40001, 40P01). With one lock
 taken first by every writer, two archive_manager writers never hold row locks at once, so
@@ -134,10 +134,10 @@ def check_local_filesystem(folder: str | os.PathLike[str], mount_table: str | No
 
 # --- the registry of supported catalog databases -----------------------------------------
 
-# docs/architecture.md, "Safety rules": the catalog serialises writers.  A database is added
-# here with its dialect module, or not at all.
+# docs/architecture/safety-rules.md, "Safety rules": the catalog serialises writers.  A database is
+# added here with its dialect module, or not at all.
 # NOTE: each dialect's module is imported when a URL first names its database: a SQLite
-# pool never imports the PostgreSQL one (docs/architecture.md, Start-up).
+# pool never imports the PostgreSQL one (docs/architecture/start-up.md, "Start-up").
 _DIALECT_CLASSES: dict[str, Callable[[], type[CatalogDialect]]] = {
     "sqlite": lambda: SQLiteDialect,
     "postgresql": lambda: (

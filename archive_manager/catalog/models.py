@@ -3,7 +3,7 @@
 Timestamps are UTC epoch seconds (``Float``); the API layer converts them. The tables are
 SQLAlchemy Core ``Table`` objects: every statement of the library is Core, and the ORM's
 import (a third of SQLAlchemy's, paid by every CLI verb) bought nothing but the declarations
-(docs/architecture.md, Start-up).
+(docs/architecture/start-up.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ archives_table = Table(
     # NOTE: unique among the archives a name points at, not among all rows (revision 0010):
     # a name saved again with ``supersede=True`` keeps its earlier archive, superseded, and
     # a superseding save's pending row stands beside the released archive it replaces
-    # (docs/architecture.md, "Superseding a name").
+    # (docs/architecture/save-protocol.md, "Superseding a name").
     Column("name", _NAME, nullable=False),
     Column("rollout_id", BigInteger),
     Column("evaluation", Boolean, nullable=False),
@@ -166,7 +166,8 @@ archives_table = Table(
     Index("ix_archives_name_pending", "name", unique=True, **_where("state = 'pending'")),
     Index(None, "rollout_id"),
     # Listings and the sample-query walk page through (state, rollout id, name) in order
-    # (docs/architecture.md, "Summaries and paging"); it replaces (state, rollout_id).
+    # (docs/architecture/summaries-and-paging.md, "Summaries and paging"); it replaces (state,
+    # rollout_id).
     Index(None, "state", "rollout_id", "name"),
     # Ids appear in logs and reports; never hand a deleted archive's id to a new one.
     sqlite_autoincrement=True,
@@ -198,8 +199,8 @@ entries_table = Table(
     Index(None, "task_key", "archive_id"),
     Index(None, "sample_key", "archive_id"),
     # Stored in primary-key order: no hidden rowid beside (archive_id, position), nor an
-    # automatic index repeating it (revision 0006; docs/architecture.md, "Summaries and
-    # paging").  PostgreSQL ignores the option.
+    # automatic index repeating it (revision 0006; docs/architecture/summaries-and-paging.md,
+    # "Summaries and paging").  PostgreSQL ignores the option.
     sqlite_with_rowid=False,
 )
 
@@ -249,7 +250,8 @@ task_texts_table = Table(
 
 archive_summaries_table = Table(
     # What the statistics need of one archive's samples, computed once when its rows are
-    # written (``archive_manager/summary.py``; docs/architecture.md, "Summaries and paging").
+    # written (``archive_manager/summary.py``; docs/architecture/summaries-and-paging.md, "Summaries
+    # and paging").
     "archive_summaries",
     metadata,
     _archive_fk(),
@@ -281,7 +283,8 @@ archive_summaries_table = Table(
 archive_sketches_table = Table(
     # The quantile sketches of one archive's rewards and response lengths, merged when
     # several archives share a rollout id; apart from its summary, whose row they made ten
-    # times larger (revision 0007; docs/architecture.md, "Summaries and paging").
+    # times larger (revision 0007; docs/architecture/summaries-and-paging.md, "Summaries and
+    # paging").
     "archive_sketches",
     metadata,
     _archive_fk(),
@@ -322,8 +325,9 @@ leases_table = Table(
     Column("created_at", Float, nullable=False),
     Column("archive_name", _NAME),
     # The process that holds a save's lease: {"host", "pid", "start"} (revision 0008), so a
-    # new save of the name can tell a crashed save from one in flight (docs/architecture.md,
-    # "Save protocol"); null for GC's leases and those of older versions.
+    # new save of the name can tell a crashed save from one in flight
+    # (docs/architecture/save-protocol.md, "Save protocol"); null for GC's leases and those of older
+    # versions.
     Column("holder", JSON),
 )
 
@@ -338,8 +342,9 @@ lease_blobs_table = Table(
 
 journal_table = Table(
     # A retention record this catalog committed since its last journal checkpoint
-    # (docs/architecture.md, "Retention journal"): a record file on disk that is not here,
-    # and not older than the checkpoint, is one this catalog never saw (it is behind the pool).
+    # (docs/architecture/retention-journal.md, "Retention journal"): a record file on disk that is
+    # not here, and not older than the checkpoint, is one this catalog never saw (it is behind the
+    # pool).
     "journal",
     metadata,
     Column("seq", BigInteger, primary_key=True, autoincrement=False),

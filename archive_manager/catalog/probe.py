@@ -90,8 +90,8 @@ def _read_header(path: Path) -> bytes | SqliteProbe:
 
 def _connect(path: Path, timeout_s: float, *, recover: bool) -> sqlite3.Connection:
     """A connection that reads ``path`` in a read transaction begun, writing nothing to it
-    (a reader's URI: docs/architecture.md, Shared pools), or, with ``recover``, one that may
-    first recover a log only a writable open can read."""
+    (a reader's URI: docs/architecture/shared-pools.md, "Shared pools"), or, with ``recover``, one
+    that may first recover a log only a writable open can read."""
     timeout_ms = int(timeout_s * 1000)
     try:
         mode: str | None = sqlite_read_mode(path)

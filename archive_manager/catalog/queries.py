@@ -312,8 +312,9 @@ def archives_in_order(
 
     NOTE: two statements, the archives with a rollout id then those without, each ordered
     by plain columns, so the ``(state, rollout_id, name)`` index yields the rows in order and
-    a page reads only its rows however deep it is (docs/architecture.md, "Summaries and
-    paging"); ``ORDER BY rollout_id IS NULL`` would sort every matching archive per page.
+    a page reads only its rows however deep it is (docs/architecture/summaries-and-paging.md,
+    "Summaries and paging"); ``ORDER BY rollout_id IS NULL`` would sort every matching archive per
+    page.
     """
     a = archives_table
     rows: list[Row[Any]] = []

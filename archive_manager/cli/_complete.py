@@ -4,12 +4,13 @@ Click asks a parameter's ``shell_complete`` while it parses a partial command li
 resilient mode: the group's callback does not run, so the pool is found from the root
 context's parsed ``--root`` / ``--catalog-url`` (flag, environment or default), as the verb
 itself would find it.  Completion reads the catalog only, through a read-only open: it
-creates, migrates and writes nothing, and never imports torch (docs/architecture.md, Layers).
+creates, migrates and writes nothing, and never imports torch (docs/architecture/index.md,
+"Layers").
 
 A SQLite catalog is read with the standard library's ``sqlite3``, opened as the library's
 readers open it (`sqlite_read_mode`: nothing created or written, not even -wal/-shm), without
 SQLAlchemy or the library: a completion is a hint the user waits for at each TAB, and the
-library's import costs more than the whole answer (docs/architecture.md, Start-up).  Any
+library's import costs more than the whole answer (docs/architecture/start-up.md, "Start-up").  Any
 other catalog, or a SQLite file that cannot be read that way, goes through a read-only open.
 """
 
@@ -56,8 +57,8 @@ def _names_from_sqlite(file: Path) -> list[tuple[str, int | None, str]] | None:
         return []  # no catalog: no pool here, nothing to offer
     try:
         # NOTE: not a plain mode=ro open: on a WAL file without -wal/-shm that creates both,
-        # and beside a dead writer's it rebuilds the wal-index in -shm (docs/architecture.md,
-        # Shared pools).
+        # and beside a dead writer's it rebuilds the wal-index in -shm
+        # (docs/architecture/shared-pools.md, "Shared pools").
         conn = sqlite3.connect(reader_uri(file, sqlite_read_mode(file)), uri=True, timeout=0.5)
     except (sqlite3.Error, ArchiveError):
         return None

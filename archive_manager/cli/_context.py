@@ -17,7 +17,8 @@ from ..errors import ArchiveError, PoolNotFoundError
 from ._output import terminal_safe
 
 # NOTE: the manager is imported when a command opens the pool, not when the CLI loads:
-# ``--help`` and TAB completion must not import SQLAlchemy (docs/architecture.md, Start-up).
+# ``--help`` and TAB completion must not import SQLAlchemy (docs/architecture/start-up.md,
+# "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
 

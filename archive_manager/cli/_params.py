@@ -118,8 +118,8 @@ ROLLOUT_RANGE = RolloutRange()
 
 class PoolRoot(_ParamType):
     """``--root``: a folder (a `Path`), or ``s3://bucket/prefix`` kept as it is (a pool on an
-    object store, docs/architecture.md, "Blobs on an object store"); a Path would fold its
-    ``//``."""
+    object store, docs/architecture/object-stores.md, "Blobs on an object store"); a Path would fold
+    its ``//``."""
 
     name = "root"
 

@@ -1,5 +1,5 @@
 """Drift figures for ``archive-manager stats --plot``: presentation, so it lives with the CLI
-(docs/architecture.md, "Layers"); the numbers come from `archive_manager.lens.stats`."""
+(docs/architecture/index.md, "Layers"); the numbers come from `archive_manager.lens.stats`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .._util.output import Output, write_output
 from ..errors import InvalidInputError, MissingDependencyError, extra_hint
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..lens.stats import RolloutStats
 

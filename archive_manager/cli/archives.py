@@ -43,7 +43,7 @@ from ._params import ROLLOUT_RANGE, SINCE
 
 # NOTE: the library's modules are imported for typing only, or inside the verb that runs:
 # loading the CLI (``--help``, a TAB completion) must not import SQLAlchemy or numpy
-# (docs/architecture.md, Start-up).
+# (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
     from ..pool.archive import ArchiveInfo
@@ -136,7 +136,7 @@ def ls(
     )
     # NOTE: a SQLite catalog is read with sqlite3 when the pool is plainly as an open would
     # leave it; anything else (and every error) goes through the open: SQLAlchemy alone
-    # cost ls more than the 0.3 s start-up target (docs/architecture.md, Start-up).
+    # cost ls more than the 0.3 s start-up target (docs/architecture/start-up.md, "Start-up").
     listing = read_listing(pool_state.root, pool_state.catalog_url, **filters)
     if listing is not None:
         found, reclaimed = listing.archives, listing.reclaimed

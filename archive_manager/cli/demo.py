@@ -18,7 +18,7 @@ from ..samples import Sample
 from ._context import CliError, PoolState, one_line, pass_state
 from ._output import echo_fields, echo_table, human_duration, human_size
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
 
@@ -31,7 +31,7 @@ _STEPS = 8
 # Routing replay ("R3") tensors on the last rollout: [tokens - 1, layers, topk] int32, kept
 # small so the demo stays quick while showing a real tensor field.
 _R3_LAYERS, _R3_TOPK = 4, 2
-# Typical shapes (docs/architecture.md, "Workload").
+# Typical shapes (docs/architecture/workload.md, "Workload").
 _PROMPT_LEN, _RESPONSE_MIN, _RESPONSE_MAX = 512, 1400, 4200
 _TASK_KEY = "rollout-1/group-3"
 _SAMPLE_KEY = "sample:5"

@@ -12,7 +12,7 @@ from ._context import json_option, pass_catalog_pool, reward_key_option
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..lens.groups import Group
     from ..manager import ArchiveManager

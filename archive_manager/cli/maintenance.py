@@ -29,7 +29,7 @@ from ._output import (
 )
 from ._params import DURATION, check_subset
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
     from ..pool.gc import GcReport

@@ -20,7 +20,7 @@ from ._context import (
 from ._output import echo, echo_json, echo_table, human_size, local_time
 from ._params import DURATION, ROLLOUT_RANGE
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
     from ..pool.retention import ForgetPlan, ReleasePlan

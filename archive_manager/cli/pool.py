@@ -9,7 +9,7 @@ import click
 from ._context import CliError, PoolState, json_option, pass_catalog_pool, pass_state
 from ._output import echo, echo_fields, echo_json, human_size
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager, CatalogStatus
 

@@ -20,7 +20,8 @@ from ._context import json_option, pass_pool
 from ._output import echo, echo_fields, echo_json, terminal_safe
 
 # NOTE: numpy, the codec and the manager are imported by the verb, not by the module: loading
-# the CLI (``--help``, a TAB completion) must not import them (docs/architecture.md, Start-up).
+# the CLI (``--help``, a TAB completion) must not import them (docs/architecture/start-up.md,
+# "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
 

@@ -11,7 +11,7 @@ from ._context import json_option, pass_pool
 from ._output import echo, echo_json, echo_table
 from ._params import ROLLOUT_RANGE
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
 

@@ -13,7 +13,7 @@ from ._output import echo, echo_json, echo_table, human_size
 from ._params import ROLLOUT_RANGE
 from ._plot import check_plot_path, plot_stats
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..lens.stats import RolloutStats
     from ..manager import ArchiveManager

@@ -15,7 +15,7 @@ from ._context import CliError, json_option, pass_pool, save_reward_key_option
 from ._output import counted, echo, echo_json, human_size, progress_reporter
 from ._params import ROLLOUT_RANGE
 
-# NOTE: imported for typing only (docs/architecture.md, Start-up).
+# NOTE: imported for typing only (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     from ..manager import ArchiveManager
 

@@ -1,6 +1,6 @@
 """Samples <-> chunk bytes, tensor blobs and blob framing.  No catalog, no file I/O, no pickle.
 
-One module per seam (docs/architecture.md, Layers):
+One module per seam (docs/architecture/index.md, "Layers"):
 
 * `framing`: the header every blob starts with, blob kinds, bounded zstd frames, the
   manifest blob's bytes;

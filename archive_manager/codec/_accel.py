@@ -1,5 +1,6 @@
-"""The native list conversion and search prefilter, when they are there (docs/architecture.md,
-"Native list conversion" and "Search").
+"""The native list conversion and search prefilter, when they are there
+(docs/architecture/samples-and-values.md, "Native list conversion", and docs/architecture/search.md,
+"Search").
 
 `native_numbers`, `native_first_leaves`, `native_dict_items` and `native_texts_holding` are the
 functions of

@@ -1,4 +1,5 @@
-/* The codec's numeric-list conversion in C (docs/architecture.md, "Native list conversion").
+/* The codec's numeric-list conversion in C (docs/architecture/samples-and-values.md, "Native list
+ * conversion").
  *
  * numbers(list) turns a list of exact ints (within int64) or exact floats into exactly the
  * (dtype name, bytes, shuffled) that the pure-Python path of archive_manager.codec.values
@@ -7,8 +8,9 @@
  * returns None and the Python path decides.  No Python code runs while the list is read
  * (only exact ints and floats are looked at), so the list cannot change under the loop.
  *
- * texts_holding(parts, needle, folded, also) is the search's prefilter (docs/architecture.md,
- * "Search"): which of a chunk's text parts hold the needle's bytes, searched without the GIL.
+ * texts_holding(parts, needle, folded, also) is the search's prefilter
+ * (docs/architecture/search.md, "Search"): which of a chunk's text parts hold the needle's bytes,
+ * searched without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -196,10 +198,10 @@ numbers(PyObject *module, PyObject *list)
 }
 
 /* The bound accounting of a list or tuple of plain leaves, done as _Encoder._items would do it
- * (docs/architecture.md, "Native list conversion"): encode() returns each such leaf as it is,
- * and _again() marks a str, float or int that the tree writes out at its first appearance
- * (leaves[id] = -1).  Only first appearances are taken here: a leaf met before (in `leaves`,
- * or twice in this list), a NaN, a long string, an int beyond int64 or any other value
+ * (docs/architecture/samples-and-values.md, "Native list conversion"): encode() returns each such
+ * leaf as it is, and _again() marks a str, float or int that the tree writes out at its first
+ * appearance (leaves[id] = -1).  Only first appearances are taken here: a leaf met before (in
+ * `leaves`, or twice in this list), a NaN, a long string, an int beyond int64 or any other value
  * returns False with `leaves` as it was, and the Python path does the whole list. */
 enum { SKIP, MARK, OTHER };
 
@@ -386,7 +388,7 @@ key_changed(PyObject *k, Py_ssize_t *visited, Py_ssize_t size)
 }
 
 /* _Encoder._dict's loop over a dict of str keys, done as the Python path does it
- * (docs/architecture.md, "Native list conversion"):
+ * (docs/architecture/samples-and-values.md, "Native list conversion"):
  *   dict_items(value, leaves, encode, again, where) -> dict | None
  * None, with `leaves` as it was, when a key is not an exact str or the dict holds the tag
  * "$t" (the Python path writes a map).  Otherwise first the keys, when `again` is not None (a
@@ -506,7 +508,7 @@ fail:
     return NULL;
 }
 
-/* The search's prefilter (docs/architecture.md, "Search"): which of a chunk's inflated text
+/* The search's prefilter (docs/architecture/search.md, "Search"): which of a chunk's inflated text
  * parts hold a needle's bytes, searched with the GIL released so that the other scan thread
  * inflates or reads meanwhile.  Exactly the rule of archive_manager.codec.chunk._holding_py:
  * a part is kept when it holds `needle` (compared after ASCII lower-casing of the part when

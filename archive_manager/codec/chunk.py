@@ -1,6 +1,6 @@
 """The chunk format: up to a chunk's worth of consecutive samples of one archive in one blob.
 
-Chunk blob layout (little-endian; docs/architecture.md, "Chunk format")::
+Chunk blob layout (little-endian; docs/architecture/chunk-format.md, "Chunk format")::
 
     magic "AMCHUNK\\0" | version u16 (2) | flags u16 | n u32 | n x (offset u64,
     text stored u64, text raw u64, rest stored u64, rest raw u64, text method u8,
@@ -131,7 +131,7 @@ _texts_holding = native_texts_holding or _holding_py
 
 @dataclass(frozen=True)
 class BytesNeedle:
-    """Bytes a record must hold to be decoded by a search (docs/architecture.md, "Search"):
+    """Bytes a record must hold to be decoded by a search (docs/architecture/search.md, "Search"):
     ``needle`` (searched ASCII case-folded when ``folded``, then given lower-case), or any
     of ``also`` byte for byte.  A `Needle`; `ChunkReader.search_texts` searches a chunk's
     text parts for it in one C call that releases the GIL."""

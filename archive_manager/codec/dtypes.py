@@ -1,5 +1,5 @@
 """Numeric lists as arrays of a dtype the caller names (``as_arrays=True, dtypes=...``;
-docs/architecture.md, "Reading", "Dtypes of numeric lists").
+docs/architecture/reading.md, "Reading", "Dtypes of numeric lists").
 
 A list of Python ints or floats has no dtype of its own (the record stores the narrowest one
 its values fit, which changes with the values), so a reader that wants a fixed, narrow dtype

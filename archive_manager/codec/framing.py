@@ -35,8 +35,8 @@ CHUNK_MAGIC = b"AMCHUNK\x00"
 TENSOR_MAGIC = b"AMTENSR\x00"
 MANIFEST_MAGIC = b"AMMANIF\x00"
 #: The newest blob format version this library writes: chunks of version 2 hold each record's
-#: text part apart (docs/architecture.md, "Chunk format").  Tensor and manifest blobs, whose
-#: layout did not change, are still written as version 1: their bytes (and digests) stay what
+#: text part apart (docs/architecture/chunk-format.md, "Chunk format").  Tensor and manifest blobs,
+#: whose layout did not change, are still written as version 1: their bytes (and digests) stay what
 #: every release wrote, and releases that read only version 1 read them.
 FORMAT_VERSION = 2
 #: The version tensor and manifest blobs are written and read at.

@@ -4,7 +4,7 @@ needs its values, and `materialize_tensor_refs` swaps every proxy in a sample fo
 Shape and dtype come from the chunk's tree, so describing a sample never reads a tensor blob.
 
 Where training code hands a value to torch rather than calling it, a `TensorRef` gives its
-tensor (docs/architecture.md, "Lazy tensors"): ``torch.as_tensor`` and ``torch.tensor``
+tensor (docs/architecture/reading.md, "Lazy tensors"): ``torch.as_tensor`` and ``torch.tensor``
 through ``__dlpack__``, ``default_collate`` through torch's collate registry, and pickling
 (``pickle``, ``torch.save``, ``copy.deepcopy``, a DataLoader worker sending a sample) as the
 tensor itself, so neither the loader nor the pool it reads (an engine, a connection) is ever

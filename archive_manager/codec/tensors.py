@@ -6,7 +6,7 @@ Tensors at most the inline limit are kept inside their chunk's record instead (s
 `values`), with the same dtype names and the same limits.
 
 torch is imported by the first function here that is given or asked for a tensor
-(docs/architecture.md, Layers): the dtype tables are built then, not at import.
+(docs/architecture/index.md, "Layers"): the dtype tables are built then, not at import.
 """
 
 from __future__ import annotations

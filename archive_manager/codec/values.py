@@ -5,7 +5,7 @@ fields as tagged JSON (``{"$t": tag, ...}`` nodes for what JSON cannot hold as i
 bulky values (numeric lists, long strings, tensors, numpy arrays) are binary arrays after it,
 referenced by offset and length.  Tensors above the inline limit become tensor blobs
 (`tensors`) and are decoded as lazy `TensorRef` proxies (`tensor_ref`).  What is refused and
-why: docs/architecture.md, "Samples and values".
+why: docs/architecture/samples-and-values.md, "Samples and values".
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ _MIN_RAW_STR = 512
 _TAG = "$t"
 _STR_ONLY = {str}
 #: The top-level fields a chunk of format version 2 stores in a record's text part, apart from
-#: the rest, so that a search inflates only them (docs/architecture.md, "Chunk format").
+#: the rest, so that a search inflates only them (docs/architecture/chunk-format.md, "Chunk
+#: format").
 TEXT_FIELDS = ("prompt", "response")
 # The rest part's node where a field moved to the text part was: keeps the fields' order.
 _TEXT_NODE = {_TAG: "text"}
@@ -95,15 +96,15 @@ _NEG_BIG_INT = -_BIG_INT
 # NOTE: a sample is stored as a tree, so a sub-list, tuple or dict that it holds several times
 # (a DAG, not a cycle) is written out once per path to it.  ``v = [v, v]`` repeated 40 times is
 # 2**40 lists: past this many items written again for repeated containers, the save is refused
-# (docs/architecture.md, "Samples and values").
+# (docs/architecture/samples-and-values.md, "Samples and values").
 _MAX_REPEATED_ITEMS = 1 << 20
 # NOTE: items are not the whole cost: a leaf held in many places (a string, an int, a
 # float, a tensor, a numpy array, a dict key) is written again in each, views of one buffer
 # (``a[:]``, ``t.view(-1)``, each a new object) write its bytes again, and the elements of a
 # zero-stride view (``np.broadcast_to``, ``Tensor.expand``: a few bytes in memory, terabytes
 # expanded) are written out one by one.  Every byte a record (and its tensor blobs) would
-# hold beyond the memory the sample itself holds is bounded too (docs/architecture.md,
-# "Samples and values").
+# hold beyond the memory the sample itself holds is bounded too
+# (docs/architecture/samples-and-values.md, "Samples and values").
 _MAX_EXTRA_BYTES = 1 << 28
 # A leaf written in at most this many bytes is no bigger than the reference that holds it
 # (None, bools, ints of up to 8 digits, strings of one character): not counted.
@@ -450,8 +451,8 @@ class _Encoder:
         self._enter(values)
         index = -1
         try:
-            # Plain leaves met for the first time (docs/architecture.md, "Native list
-            # conversion"): encode() returns them as they are; the C side marks them in
+            # Plain leaves met for the first time (docs/architecture/samples-and-values.md, "Native
+            # list conversion"): encode() returns them as they are; the C side marks them in
             # `leaves` as _again() would, and leaves any other list to the loop below.
             if _native_first_leaves is not None and _native_first_leaves(values, self.leaves):
                 return list(values)
@@ -468,9 +469,9 @@ class _Encoder:
         key: Any = None
         try:
             if _native_dict_items is not None:
-                # The C loop (docs/architecture.md, "Native list conversion") does what the
-                # one below does for a dict of str keys, calling back for what is not a
-                # first-met plain leaf; None: a map, for the Python path.
+                # The C loop (docs/architecture/samples-and-values.md, "Native list conversion")
+                # does what the one below does for a dict of str keys, calling back for what is not
+                # a first-met plain leaf; None: a map, for the Python path.
                 where: list[Any] = [None]
                 try:
                     out = _native_dict_items(
@@ -543,8 +544,8 @@ class _Encoder:
 
     def _array(self, value: list[Any]) -> dict[str, Any] | None:
         """A numeric list as one binary array, or None when it is not one."""
-        # The C conversion (docs/architecture.md, "Native list conversion") writes what the
-        # Python paths below write; a list it does not take is theirs to decide.
+        # The C conversion (docs/architecture/samples-and-values.md, "Native list conversion")
+        # writes what the Python paths below write; a list it does not take is theirs to decide.
         fast = _native_numbers(value) if _native_numbers is not None else None
         if fast is None:
             fast = _marshalled_numbers(value)
@@ -874,8 +875,8 @@ class _AddressRanges:
     disjoint address ranges their views span, and the bytes written from them.
 
     What is written beyond the addresses spanned is written again, however many objects lent
-    the views (docs/architecture.md, "Samples and values").  The ranges stay valid while the
-    sample is encoded: the encoder keeps every tensor and array it wrote alive.
+    the views (docs/architecture/samples-and-values.md, "Samples and values").  The ranges stay
+    valid while the sample is encoded: the encoder keeps every tensor and array it wrote alive.
     """
 
     __slots__ = ("charged", "ends", "held", "starts", "written")
@@ -1153,7 +1154,7 @@ def encode_sample(
             # NOTE: added to the tree of `Sample` records (format version 1 unchanged; a
             # reader of an older release ignores it): the fields stored converted, so that a
             # None status or a dict in ``spec_info`` loads as it was saved
-            # (docs/architecture.md, "Samples and values").
+            # (docs/architecture/samples-and-values.md, "Samples and values").
             tree["s"] = converted
     except UnencodableError as exc:
         raise error_at(exc, "sample field ") from None

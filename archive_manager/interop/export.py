@@ -1,6 +1,6 @@
 """Getting data out and back in: a pool-wide Arrow stream over a sample query, Parquet and
 JSONL files of an archive (or of many, one file each), and imports of such files, this
-library's or another framework's (docs/architecture.md, "Getting data out").
+library's or another framework's (docs/architecture/getting-data-out.md, "Getting data out").
 
 Every file is written to a temp file beside its target and renamed into place, so a failed
 export leaves no partial file, and a full disk, a read-only folder or a missing permission
@@ -249,7 +249,8 @@ def arrow_reader(
     With ``columns`` (in that order, a tensor's shape column after it), only what they need
     is read: key columns and the fields the catalog records exactly (reward, status...) come
     from the catalog without reading a chunk; other fields are the only ones decoded
-    (docs/architecture.md, "Getting data out", "Reading only what the columns need").
+    (docs/architecture/getting-data-out.md, "Getting data out", "Reading only what the columns
+    need").
     """
     pa = pyarrow_module()
     check_columns(columns)
@@ -795,8 +796,8 @@ def _jsonl_rows_in(path: Path) -> Iterator[dict[str, Any]]:
             try:
                 row = json.loads(line)
             # ValueError: also an int past Python's digit limit; RecursionError: nesting
-            # deeper than the parser's stack (hostile input, docs/architecture.md "Exports
-            # and imports")
+            # deeper than the parser's stack (hostile input, docs/architecture/getting-data-out.md
+            # "Exports and imports")
             except (ValueError, RecursionError) as exc:
                 raise UnsupportedFormatError(
                     f"{path}, line {number} is not JSON (is it a JSONL file?): {exc}"

@@ -3,8 +3,9 @@ them safely for `ArchiveManager.import_pt`, and the archive's facts an export ad
 
 An export by `Archive.export_pt` carries one more top-level key, ``"archive_manager"``
 (`FACTS_KEY`): the archive's name, evaluation flag and attrs, and per sample its sample key,
-task key and stored class, so an import gives the archive back whole (docs/architecture.md,
-"Exports and imports").  slime reads only ``rollout_id`` and ``samples`` and ignores it.
+task key and stored class, so an import gives the archive back whole
+(docs/architecture/getting-data-out.md, "Exports and imports").  slime reads only ``rollout_id`` and
+``samples`` and ignores it.
 """
 
 from __future__ import annotations

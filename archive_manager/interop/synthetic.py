@@ -1,5 +1,5 @@
-"""Seeded synthetic rollouts shaped like real ones (docs/architecture.md, "Workload"), for demos, tests and
-benchmarks.  Nothing is downloaded; the same seed always gives the same rollout."""
+"""Seeded synthetic rollouts shaped like real ones (docs/architecture/workload.md, "Workload"), for
+demos, tests and benchmarks.  Nothing is downloaded; the same seed always gives the same rollout."""
 
 from __future__ import annotations
 

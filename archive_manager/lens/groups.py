@@ -1,5 +1,5 @@
-"""The RL lens from the catalog alone (docs/architecture.md, "The RL lens"): prompt groups of
-one archive, a prompt's history across rollouts, and the prompts whose reward changed most
+"""The RL lens from the catalog alone (docs/architecture/rl-lens.md, "The RL lens"): prompt groups
+of one archive, a prompt's history across rollouts, and the prompts whose reward changed most
 between two rollout ranges.
 
 A *group* is the samples of one archive that share a task key (the N completions of one

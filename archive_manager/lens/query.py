@@ -225,7 +225,8 @@ def _walk(
     a million samples, linear beyond.  Here the archives are read in listing order (the
     ``(state, rollout_id, name)`` index, keyset pages), those whose stored summary proves
     they hold no match are skipped, and the samples of a few archives at a time are read by
-    primary key until ``limit`` rows are found (docs/architecture.md, "Summaries and paging").
+    primary key until ``limit`` rows are found (docs/architecture/summaries-and-paging.md,
+    "Summaries and paging").
     """
     found: list[Sequence[Any]] = []
     after: ArchiveKey | None = None
@@ -373,7 +374,7 @@ def query_samples(
         archive_query = archive_query.where(a.c.state == state)
     else:
         # Every state of the archives names point at (and pending saves): an archive a name
-        # pointed at before it was saved again counts nowhere (docs/architecture.md,
+        # pointed at before it was saved again counts nowhere (docs/architecture/save-protocol.md,
         # "Superseding a name"), unless asked for by its state.
         query = query.where(a.c.state != "superseded")
         archive_query = archive_query.where(a.c.state != "superseded")

@@ -1,9 +1,9 @@
-"""Text search over the samples of a pool (docs/architecture.md, "Search"): the prompt and
+"""Text search over the samples of a pool (docs/architecture/search.md, "Search"): the prompt and
 response of every sample of the published archives chosen, scanned chunk by chunk.
 
 The scan reads only the text fields of each record (`ChunkReader.fields`): of a chunk of
-format version 2, only each record's text part is inflated (docs/architecture.md, "Chunk
-format"); of a version 1 chunk the whole record, whose tree is then parsed.  Token ids,
+format version 2, only each record's text part is inflated (docs/architecture/chunk-format.md,
+"Chunk format"); of a version 1 chunk the whole record, whose tree is then parsed.  Token ids,
 log-probs and tensors are never decoded, and tensor blobs never read.  Every chunk is read through the blob store, so what a
 search sees is checked against its digest like any load.  Memory stays bounded: at most a
 few chunks are in flight, and at most ``limit`` matches are kept.
@@ -407,7 +407,7 @@ def _prefilter(pattern: str, regex: bool, ignore_case: bool) -> BytesNeedle | No
     and control characters (`_UNSTORED`): of a literal holding those, its longest piece
     without them is looked for.  Records without the bytes (most, for a rare pattern) are
     skipped before their tree is parsed: that parse cost as much as the inflation
-    (docs/architecture.md, "Search").  A case-folded literal's longest ASCII piece is looked
+    (docs/architecture/search.md, "Search").  A case-folded literal's longest ASCII piece is looked
     for in the bytes ASCII lower-cased, and a record holding a character `re.IGNORECASE`
     folds to one of its letters from beyond ASCII (rare: ``K``, ``ſ``, ``İ``, ``ı``) is
     always kept.  A regular expression's is the longest string its matches hold

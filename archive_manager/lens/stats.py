@@ -3,9 +3,9 @@
 For every rollout id and evaluation flag: samples, mean / p50 / p90 reward, mean and p90
 response length, the share of truncated samples, the share of each status, and bytes.
 Each archive's figures were computed once, when its rows were written, and stored in
-``archive_summaries`` (`archive_manager.pool.summary`; docs/architecture.md, "Summaries and
-paging"): a call reads one small row per archive and merges the rows of each rollout (exact
-quantiles for a rollout of one archive; merged sketches, within a stated rank bound, for
+``archive_summaries`` (`archive_manager.pool.summary`; docs/architecture/summaries-and-paging.md,
+"Summaries and paging"): a call reads one small row per archive and merges the rows of each rollout
+(exact quantiles for a rollout of one archive; merged sketches, within a stated rank bound, for
 several).  The sample-level computation (`summarize_samples`, `build_stats`: pure functions
 over sample rows) stays as the reference the stored summaries are tested against.  A
 `StatsCache` keeps each rollout's merged summary until the set of its archives changes.
@@ -598,8 +598,8 @@ def rollout_stats(
 ) -> list[RolloutStats]:
     """The statistics of every rollout id and evaluation flag of ``pool`` (catalog only).
 
-    Reads one stored summary per archive (docs/architecture.md, "Summaries and paging");
-    the sketches only of rollouts that hold several archives, whose quantiles are merged
+    Reads one stored summary per archive (docs/architecture/summaries-and-paging.md, "Summaries and
+    paging"); the sketches only of rollouts that hold several archives, whose quantiles are merged
     (`archive_manager.pool.summary.merge_quantile`).
 
     Args:
@@ -662,8 +662,9 @@ def rollout_stats(
             page = set(_keys_after(conn, where, start, limit))
             chosen = page if chosen is None else chosen & page
         if chosen is not None:
-            # A page reads the archives of its rollout-id span only (docs/architecture.md,
-            # "Summaries and paging"); rows of the span not asked for are dropped below.
+            # A page reads the archives of its rollout-id span only
+            # (docs/architecture/summaries-and-paging.md, "Summaries and paging"); rows of the span
+            # not asked for are dropped below.
             numbered = [k[0] for k in chosen if k[0] is not None]
             span = []
             if numbered:
@@ -693,7 +694,8 @@ def rollout_stats(
         merged: dict[_Group, list[Sequence[Any]]] = {}
         for key, group in () if resample else groups.items():
             # NOTE: a rollout of one archive, the common case, is its stored row as it is:
-            # nothing to merge or cache (docs/architecture.md, "Summaries and paging").
+            # nothing to merge or cache (docs/architecture/summaries-and-paging.md, "Summaries and
+            # paging").
             if len(group) == 1 and group[0][_AT["archive_id"]] is not None:
                 done[key] = _one_archive(key, group[0])
             else:

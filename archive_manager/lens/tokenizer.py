@@ -1,4 +1,4 @@
-"""Token ids as text pieces, with a tokenizer the user has on disk (docs/architecture.md,
+"""Token ids as text pieces, with a tokenizer the user has on disk (docs/architecture/rl-lens.md,
 "Tokens as text").
 
 A pool stores token ids, not the tokenizer that made them.  `load_tokenizer` reads a local

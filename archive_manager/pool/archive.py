@@ -55,7 +55,7 @@ from .listing import ArchiveInfo, utc_time
 
 # NOTE: the codec (numpy, zstandard) and the Arrow and .pt exports are imported by the
 # methods that read or export samples: listing and inspecting archives needs only the
-# catalog (docs/architecture.md, Start-up).
+# catalog (docs/architecture/start-up.md, "Start-up").
 if TYPE_CHECKING:
     import numpy as np
     import pandas
@@ -85,7 +85,7 @@ _PAGE = 4096
 # chunk blob of at least `_RANGED_MIN_SIZE` (a store of local files) or
 # `_RANGED_MIN_SIZE_REMOTE` bytes (an object store: each read is a request); more records or
 # a smaller chunk read the whole blob, verified against its digest (measured:
-# docs/architecture.md, "Reading").
+# docs/architecture/reading.md, "Reading").
 _RANGED_MAX_RECORDS = 4
 _RANGED_MIN_SIZE = 256 << 10
 _RANGED_MIN_SIZE_REMOTE = 8 << 20
@@ -182,7 +182,7 @@ class Archive:
     @property
     def state(self) -> str:
         """``"published"`` or ``"released"``, read afresh from the catalog (``"superseded"``
-        once its name was saved again: docs/architecture.md, "Superseding a name")."""
+        once its name was saved again: docs/architecture/save-protocol.md, "Superseding a name")."""
         with self._pool.catalog.read() as conn:
             return str(self.row(conn).state)
 
@@ -268,7 +268,7 @@ class Archive:
 
         Only the chunks holding the selected samples are read, each once; tensor blobs stay
         lazy (`TensorRef`) until touched, or are read now with ``materialize=True`` (then
-        every tensor is a ``torch.Tensor``: see docs/architecture.md, "Lazy tensors").
+        every tensor is a ``torch.Tensor``: see docs/architecture/reading.md, "Lazy tensors").
 
         Numeric lists come back as lists, equal to the saved ones.  With ``as_arrays=True``,
         every field that is a list of ints (within int64) or of floats (``tokens``,
@@ -282,7 +282,7 @@ class Archive:
         "int32", "rollout_log_probs": "float32"}`` (numpy or torch dtypes, or their names)
         gives those fields in those dtypes, whatever their values: ints must fit (else
         `InvalidInputError`), floats are rounded as ``np.asarray(list, dtype)`` rounds them
-        (docs/architecture.md, "Reading").  Tensors and numpy arrays always come back in the
+        (docs/architecture/reading.md, "Reading").  Tensors and numpy arrays always come back in the
         dtype and shape they were saved in.
 
         Raises:
@@ -625,7 +625,7 @@ class Archive:
         if run is None:
             return
         # NOTE: one chunk read ahead, as `_decode_into` does, and no more: that is the bound
-        # on memory (docs/architecture.md, "Reading").  The GC pause covers each chunk's
+        # on memory (docs/architecture/reading.md, "Reading").  The GC pause covers each chunk's
         # decoding only: the caller's code runs between the yields.
         reader = ThreadPoolExecutor(1, thread_name_prefix="archive-stream")
         try:
@@ -751,7 +751,7 @@ class Archive:
 
     def _ranged_pays(self, size: int, wanted: int) -> bool:
         """Whether ``wanted`` records of a chunk blob of ``size`` bytes are read by ranged
-        reads rather than whole (docs/architecture.md, "Reading": measured)."""
+        reads rather than whole (docs/architecture/reading.md, "Reading": measured)."""
         local = self._pool.store.capabilities.local_paths
         return wanted <= _RANGED_MAX_RECORDS and size >= (
             _RANGED_MIN_SIZE if local else _RANGED_MIN_SIZE_REMOTE
@@ -917,8 +917,8 @@ class Archive:
             attrs = pt_native(self.attrs)
         except UnencodableError as exc:
             raise error_at(exc, f"cannot export {self.name!r}: attrs ") from None
-        # The facts ride along under a key of their own: docs/architecture.md, "Exports and
-        # imports".  slime reads only rollout_id and samples.
+        # The facts ride along under a key of their own: docs/architecture/getting-data-out.md,
+        # "Exports and imports".  slime reads only rollout_id and samples.
         facts = facts_block(
             name=self.name,
             evaluation=self.evaluation,
@@ -946,15 +946,15 @@ class Archive:
         )
 
     def to_arrow(self, columns: Sequence[str] | None = None) -> pyarrow.Table:
-        """The archive as a `pyarrow.Table`, one row per sample (docs/architecture.md,
-        "Getting data out"): ``archive``, ``position``, ``sample_key``, ``task_key``,
-        ``rollout_id``, ``evaluation``, then a column per sample field, then
-        ``archive_attrs``, ``sample_class``, ``sample_converted``, ``sample_shared``;
+        """The archive as a `pyarrow.Table`, one row per sample
+        (docs/architecture/getting-data-out.md, "Getting data out"): ``archive``, ``position``,
+        ``sample_key``, ``task_key``, ``rollout_id``, ``evaluation``, then a column per sample
+        field, then ``archive_attrs``, ``sample_class``, ``sample_converted``, ``sample_shared``;
         ``columns`` keeps those named, in that order (a tensor's ``.shape`` column after it),
         and reads only what they need: key columns, and fields the catalog records exactly
         (``reward``, ``status``, ...), from the catalog alone, other fields decoded alone
-        (docs/architecture.md, "Columns from the catalog").  Needs pyarrow (the ``data``
-        extra).
+        (docs/architecture/getting-data-out.md, "Columns from the catalog").  Needs pyarrow (the
+        ``data`` extra).
 
         Raises:
             InvalidInputError: ``columns`` names a column the archive does not have.
@@ -1029,7 +1029,8 @@ def release_archives(pool: PoolContext, ids: Sequence[int]) -> list[str]:
                     ops.append(release_op(row.name, row.manifest_digest, at=now))
         if ops:
             record = stage_record(conn, pool_id_of(conn), ops, now, floor=floor)
-    # After the commit, before returning: docs/architecture.md, "Retention journal".
+    # After the commit, before returning: docs/architecture/retention-journal.md, "Retention
+    # journal".
     write_committed(pool.journal, record)
     return released
 
@@ -1109,7 +1110,7 @@ def pt_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | None = 
     `_PT_INT_MAX`, which the codec stores faithfully; an export must load with it (and import
     back equal), so numpy becomes its torch/Python equivalents and huge ints are refused.
     One array held in several places of ``value`` becomes one tensor (``tensors``: by id),
-    as a load gives one array (docs/architecture.md, "Samples and values").
+    as a load gives one array (docs/architecture/samples-and-values.md, "Samples and values").
     """
     if tensors is None:
         tensors = {}
@@ -1140,7 +1141,7 @@ def pt_native(value: Any, *, top: bool = True, tensors: dict[int, Any] | None = 
 
             raise error_at(exc, key_text(key) if top else f"[{key_text(key)}]") from None
         return out
-    import numpy as np  # only an export reaches here (docs/architecture.md, Start-up)
+    import numpy as np  # only an export reaches here (docs/architecture/start-up.md, "Start-up")
 
     if isinstance(value, np.ndarray):
         # the array is kept alive by ``value``, so its id is not reused meanwhile
@@ -1175,7 +1176,7 @@ _SLIME_HELPERS = {
 def _check_slime_readable(fields: dict[str, Any], converted: Sequence[str]) -> None:
     """Refuse a `Sample` that slime's ``from_dict`` (what `import_pt` reads a dump with)
     would not give back: it reads a None status as pending and a helper from its counters
-    only (docs/architecture.md, "Samples and values")."""
+    only (docs/architecture/samples-and-values.md, "Samples and values")."""
     from ..codec.values import error_at
 
     if fields.get("status", ...) is None:

@@ -1,5 +1,5 @@
-"""Saves handed off to a background thread (`ArchiveManager.save_async`; docs/architecture.md,
-"Saving in the background").
+"""Saves handed off to a background thread (`ArchiveManager.save_async`;
+docs/architecture/save-protocol.md, "Saving in the background").
 
 The caller's thread takes the snapshot: each sample is prepared as `ArchiveWriter.add` would
 prepare it (`writer.prepare_sample`: keys checked, values encoded into a record and tensor
@@ -35,8 +35,8 @@ from .archive import Archive
 from .context import PoolContext
 
 # NOTE: the writer (and so the codec: numpy, zstandard) is imported where a save is handed
-# over: opening a pool imports this module to register the exit hook (docs/architecture.md,
-# Start-up).
+# over: opening a pool imports this module to register the exit hook (docs/architecture/start-up.md,
+# "Start-up").
 if TYPE_CHECKING:
     from .writer import PreparedSample
 

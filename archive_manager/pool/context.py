@@ -2,7 +2,7 @@
 
 The facade (`ArchiveManager`) builds one when a pool is opened and hands it down; GC, verify,
 the writer, the read side, recovery and the catalog-only questions take it instead of the
-facade, so no module below `manager.py` imports it (docs/architecture.md, Layers).  The
+facade, so no module below `manager.py` imports it (docs/architecture/index.md, "Layers").  The
 attribute names are the facade's own, so ``pool.store`` reads the same either side.
 """
 

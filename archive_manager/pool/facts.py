@@ -1,7 +1,7 @@
 """The facts block an archive's ``.pt`` export carries beside slime's ``rollout_id`` and
 ``samples``: the archive's name, evaluation flag and attrs, and per sample its keys and stored
-class, so that an import gives the archive back whole (docs/architecture.md, "Exports and
-imports").  `Archive.export_pt` writes it; `interop.ptdump` reads it back.
+class, so that an import gives the archive back whole (docs/architecture/getting-data-out.md,
+"Exports and imports").  `Archive.export_pt` writes it; `interop.ptdump` reads it back.
 """
 
 from __future__ import annotations

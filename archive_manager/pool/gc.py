@@ -1,4 +1,4 @@
-"""Garbage collection (docs/architecture.md, "GC protocol"): a plan, then its execution.
+"""Garbage collection (docs/architecture/gc-protocol.md, "GC protocol"): a plan, then its execution.
 
 The plan recomputes reachability in full every run: a blob is kept while an owned archive's
 rows name it or a live lease holds it (`reachability.retained`, the one home of that rule).
@@ -7,8 +7,8 @@ the shell around it does the I/O in this order:
 
 1. list the blob store's blobs and incomplete writes (any error stops GC before it deletes
    anything, and so does a symlink in place of ``blobs/``, ``tmp/`` or a fan-out folder: the
-   filesystem store never lists or unlinks through one; see docs/architecture.md, "Blob store
-   contract");
+   filesystem store never lists or unlinks through one; see
+   docs/architecture/blob-store-contract.md, "Blob store contract");
 2. one transaction: drop expired leases, roll back pending saves whose lease is gone, mark
    ``deleting`` every unretained blob older than the grace period, after checking that no
    owned archive's chunk or manifest is among them (a broken invariant stops GC);
@@ -223,7 +223,7 @@ def _per_archive(
 
 @dataclass
 class GcPlan:
-    """One GC's decisions (docs/architecture.md, "GC protocol"): taken in the plan
+    """One GC's decisions (docs/architecture/gc-protocol.md, "GC protocol"): taken in the plan
     transaction, which also marks them unless it is a dry run; `apply` then carries them out.
     A dry run is the plan alone."""
 
@@ -315,7 +315,8 @@ def plan(pool: PoolContext, *, grace: float, mark: bool) -> GcPlan:
     try:
         files = list(store.iter_stat())
         temps = store.incomplete_writes()
-    # Every store's failure is an OSError (docs/architecture.md, "Blob store contract").
+    # Every store's failure is an OSError (docs/architecture/blob-store-contract.md, "Blob store
+    # contract").
     except OSError as exc:
         raise GcAbortedError(
             f"gc stopped before deleting anything: cannot list blobs: {exc}"
@@ -469,8 +470,8 @@ def _refuse_if_behind(pool: PoolContext, files: list[tuple[str, int, float]]) ->
 
 def _refuse_if_behind_journal(pool: PoolContext) -> None:
     """Stop if the retention journal holds decisions the catalog lacks, or a rebuild left
-    damaged journal files for an operator to decide on (docs/architecture.md, "Retention
-    journal").
+    damaged journal files for an operator to decide on (docs/architecture/retention-journal.md,
+    "Retention journal").
 
     NOTE: a catalog behind the journal (restored from a backup, a lagging replica) may lack
     the publication of an archive it still holds as pending, the release of an archive or an

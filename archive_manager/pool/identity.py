@@ -1,5 +1,5 @@
-"""Pool identity: which catalog and which blob root form one pool (docs/architecture.md,
-"Pool identity").
+"""Pool identity: which catalog and which blob root form one pool
+(docs/architecture/pool-identity.md, "Pool identity").
 
 A pool gets a random ``pool_id`` when it is created, and the catalog that serves it a random
 ``catalog_id``.  Both are recorded twice: in the catalog (``pool_info``) and in the small file
@@ -77,8 +77,8 @@ __all__ = [
     "safe_url",
 ]
 
-#: The spare's name below an object-store root (docs/architecture.md, "Blobs on an object
-#: store"): where the filesystem keeps it, below ``blobs/``, which the blob listing skips.
+#: The spare's name below an object-store root (docs/architecture/object-stores.md, "Blobs on an
+#: object store"): where the filesystem keeps it, below ``blobs/``, which the blob listing skips.
 _SPARE_OBJECT = f"blobs/{SPARE_FILE}"
 # How many blob files an identity-less catalog must index before it may claim their root.
 _SAMPLE = 64
@@ -415,7 +415,8 @@ def check_pool_read_only(
     catalog: Catalog, root: Root, *, url: str, list_blobs: Callable[[int], list[str]]
 ) -> PoolIdentity:
     """`bind_pool` for a reader: check that ``catalog`` and ``root`` are one pool's, writing
-    nothing (docs/architecture.md, Pool identity and Shared pools).
+    nothing (docs/architecture/pool-identity.md, "Pool identity", and
+    docs/architecture/shared-pools.md, "Shared pools").
 
     Both sides must name one pool (or the root's identity file was lost and the catalog
     indexes its blobs).  Where they are, the recorded root is not compared: a reader sees the
@@ -693,7 +694,7 @@ def _refuse_other_root(s: _State, root: Root, shown: str, *, explicit_url: bool)
 def check_identity(root: Root, expected: PoolIdentity | None, *, what: str = "gc") -> None:
     """Refuse ``what`` (a write: a save's blobs or publication, a retention decision, GC's
     deletions) unless ``root`` still holds the pool this process opened as ``expected``
-    (docs/architecture.md, "Pool identity": is this the pool I opened).
+    (docs/architecture/pool-identity.md, "Pool identity": is this the pool I opened).
 
     A pool moved, renamed or deleted while a process has it open, a mount that went away
     (its empty mount point left at the path), an object-store prefix moved or deleted, or a

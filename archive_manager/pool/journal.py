@@ -1,6 +1,6 @@
-"""The retention journal (docs/architecture.md, "Retention journal"): every ownership decision,
-kept in the pool's blob root as well as in the catalog, so that a lost or restored catalog
-can be rebuilt with exactly the owners, states and release times it had.
+"""The retention journal (docs/architecture/retention-journal.md, "Retention journal"): every
+ownership decision, kept in the pool's blob root as well as in the catalog, so that a lost or
+restored catalog can be rebuilt with exactly the owners, states and release times it had.
 
 A decision (an archive published, an owner added, an archive released, an owner dropped) is
 staged inside the catalog transaction that makes it: the transaction takes the next number
@@ -239,7 +239,7 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
         "at": now,
         "archives": {m: a.as_json() for m, a in sorted(state.archives.items())},
     }
-    import zstandard  # imported on use (docs/architecture.md, Start-up)
+    import zstandard  # imported on use (docs/architecture/start-up.md, "Start-up")
 
     data = _CKPT_MAGIC + zstandard.ZstdCompressor(level=3).compress(_encode_json(doc))
     staged = Staged(seq, _digest(data), data, "ckpt")
@@ -553,7 +553,7 @@ class Journal:
 class ObjectJournal(Journal):
     """The journal of a pool on an object store: the same files, as objects
     ``<prefix>/journal/<name>`` read and written through the pool's `ObjectRoot`
-    (docs/architecture.md, "Blobs on an object store").
+    (docs/architecture/object-stores.md, "Blobs on an object store").
 
     An object PUT is atomic (visible whole or not at all) and durable when it returns, so a
     write needs no temp file, fsync or rename, and there are no temp files to sweep.  There is
@@ -635,7 +635,7 @@ def decode(entry: Entry, data: bytes, pool_id: str | None) -> dict[str, Any]:
     Raises:
         JournalDamagedError: damaged, not a journal file, or another pool's.
     """
-    import zstandard  # imported on use (docs/architecture.md, Start-up)
+    import zstandard  # imported on use (docs/architecture/start-up.md, "Start-up")
 
     if _digest(data) != entry.digest:
         raise JournalDamagedError(
@@ -778,7 +778,7 @@ def apply_record(state: JournalState, doc: dict[str, Any]) -> None:
             a.published_at = at
             a.partial = False
             if op.get("supersedes") is not None:
-                # The released archive the name pointed at (docs/architecture.md,
+                # The released archive the name pointed at (docs/architecture/save-protocol.md,
                 # "Superseding a name"); known even when its own records were lost.
                 earlier = _manifest(op["supersedes"])
                 old = state.archives.get(earlier)
@@ -888,7 +888,7 @@ def publish_op(
 ) -> dict[str, Any]:
     """An archive published, retained by its own owner since ``owned_at``; ``supersedes``:
     the manifest of the released archive the name pointed at before, superseded by it
-    (docs/architecture.md, "Superseding a name")."""
+    (docs/architecture/save-protocol.md, "Superseding a name")."""
     op = {"op": "publish", "archive": name, "manifest": manifest, "at": at, "owned_at": owned_at}
     if supersedes is not None:
         # NOTE: an optional key, which readers of earlier versions pass over: they see a
@@ -999,7 +999,7 @@ def removable(entries: list[Entry], newest: Entry) -> list[Entry]:
 def write_committed(journal: Journal, staged: Staged | None) -> None:
     """Write a record its transaction committed.  A failure is logged, not raised: the
     decision is made, the catalog holds the record's bytes, and the next GC writes the file
-    from them (docs/architecture.md, "Retention journal")."""
+    from them (docs/architecture/retention-journal.md, "Retention journal")."""
     if staged is None:
         return
     try:

@@ -2,7 +2,7 @@
 archive as listings show it) and the listing's filters checked and normalised
 (`listing_filter`), which the catalog's query (`ArchiveManager.find`) and the SQLite listing
 read with the standard library (`_sqlite_listing`) both take, so the two cannot disagree on
-what a filter means or which input is refused (docs/architecture.md, Start-up).
+what a filter means or which input is refused (docs/architecture/start-up.md, "Start-up").
 
 No SQLAlchemy here: ``archive-manager ls`` imports this module without it.
 """

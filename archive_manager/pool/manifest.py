@@ -1,5 +1,5 @@
-"""The archive manifest (docs/architecture.md, "Manifests"): one small blob per archive that
-describes it whole, so that the catalog can be rebuilt from the blob root alone.
+"""The archive manifest (docs/architecture/save-protocol.md, "Manifests"): one small blob per
+archive that describes it whole, so that the catalog can be rebuilt from the blob root alone.
 
 Built by the writer, encoded by the codec's blob framing, read back and validated by
 recovery; the format lives here only.  A manifest carries ``save_seq``, the number the

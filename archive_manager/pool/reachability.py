@@ -1,5 +1,5 @@
 """What is retained: the one rule GC deletes by and verify, the owners audit and release plans
-report by (docs/architecture.md, "GC protocol").
+report by (docs/architecture/gc-protocol.md, "GC protocol").
 
 A blob is retained while
 

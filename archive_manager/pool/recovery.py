@@ -1,5 +1,5 @@
-"""Catalog recovery (docs/architecture.md, "Recovery"): restore the archives the catalog lacks
-from the manifest blobs under the blob root (`ArchiveManager.rebuild_catalog`).
+"""Catalog recovery (docs/architecture/recovery.md, "Recovery"): restore the archives the catalog
+lacks from the manifest blobs under the blob root (`ArchiveManager.rebuild_catalog`).
 
 Manifests are the source of truth for what an archive is; the catalog is an index over them.
 The rebuild is *incremental*: it looks only at blob files that have no catalog row (a lost
@@ -81,9 +81,9 @@ class RebuildReport:
     blobs: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
     unknown_files: list[str] = field(default_factory=list)
-    # The retention journal (docs/architecture.md, "Retention journal"): what it brought to
-    # archives the catalog had (name -> what changed), the archives it knows were released
-    # and reclaimed (nothing to restore), and the journal files it could not use.
+    # The retention journal (docs/architecture/retention-journal.md, "Retention journal"): what it
+    # brought to archives the catalog had (name -> what changed), the archives it knows were
+    # released and reclaimed (nothing to restore), and the journal files it could not use.
     journal_applied: bool = False
     brought_forward: dict[str, list[str]] = field(default_factory=dict)
     reclaimed: list[str] = field(default_factory=list)
@@ -154,7 +154,7 @@ def rebuild_catalog(
         # The journal's published archive of a name (or one an owner retains) wins over
         # manifests it does not know (a save of that name that never published); then the
         # save order: a save of the name later than the journal's released archive of it
-        # superseded that one (docs/architecture.md, "Superseding a name").
+        # superseded that one (docs/architecture/save-protocol.md, "Superseding a name").
         group = sorted(by_name[name], key=lambda md: _rank(journal, md), reverse=True)
         # The first that can be restored (its blobs all there) is the one the name points
         # at; past one the journal has published (or an owner retains), none is tried.
@@ -524,7 +524,7 @@ def _own_owner_renamed(decided: ArchiveState, name: str) -> dict[str, float]:
 
 def _bring_forward(pool: PoolContext, report: RebuildReport) -> Replay:
     """Give the archives the catalog has the owners, states and times the journal records,
-    in one transaction (docs/architecture.md, "Recovery"); return the replay it used.
+    in one transaction (docs/architecture/recovery.md, "Recovery"); return the replay it used.
 
     The journal is read again under the write lock: every decision commits under it, and the
     catalog holds the bytes of each record it committed, so a decision made while the rebuild

@@ -1,6 +1,7 @@
-"""What owners retain (docs/architecture.md, "GC protocol"): the owners audit
+"""What owners retain (docs/architecture/gc-protocol.md, "GC protocol"): the owners audit
 (`ArchiveManager.owners`), what releasing an owner would free (`ArchiveManager.release_plan`)
-and retention policies (`ArchiveManager.forget`, docs/architecture.md, "Retention policies").
+and retention policies (`ArchiveManager.forget`, docs/architecture/gc-protocol.md, "Retention
+policies").
 
 Both only read, and both count as GC does: the rule of what is retained lives in
 `archive_manager.pool.reachability`, and this module only attributes it to owners.
@@ -124,8 +125,8 @@ class OwnerUsage:
 
 @dataclass
 class SaveLease:
-    """A save's lease and the process that holds it (docs/architecture.md, "Save protocol",
-    Resuming a killed save): what a new save of ``archive`` would meet."""
+    """A save's lease and the process that holds it (docs/architecture/save-protocol.md, "Save
+    protocol", Resuming a killed save): what a new save of ``archive`` would meet."""
 
     lease: str
     archive: str | None
@@ -484,7 +485,7 @@ def _plan_releases(
 ) -> None:
     """Fill ``plan.release`` from ``(archive id, item)`` pairs: each item's other owners, and
     the blobs and bytes nothing retains once they all let go, by GC's own rule
-    (docs/architecture.md, "GC protocol")."""
+    (docs/architecture/gc-protocol.md, "GC protocol")."""
     r, ab, b = retention_table, archive_blobs_table, blobs_table
     ids = [i for i, _ in release]
     holders: dict[int, list[str]] = defaultdict(list)

@@ -1,6 +1,6 @@
 """`ArchiveManager.find` and `payload_reclaimed` for a SQLite catalog, read with the standard
 library's ``sqlite3`` and written nowhere: what ``archive-manager ls`` needs, without
-SQLAlchemy (docs/architecture.md, Start-up).
+SQLAlchemy (docs/architecture/start-up.md, "Start-up").
 
 `read_listing` answers only when the pool is plainly as a writable open would leave it
 unchanged: every check below passes, or it returns None and the caller takes

@@ -1,5 +1,6 @@
 """Per-archive summaries: what the statistics need of one archive's samples, computed once when
-its rows are written and kept in ``archive_summaries`` (docs/architecture.md, "Summaries").
+its rows are written and kept in ``archive_summaries`` (docs/architecture/summaries-and-paging.md,
+"Summaries").
 
 An archive never changes once written, so its sample count, status counts, reward and
 response-length figures and prompt-group figures are facts: `ArchiveManager.stats` over N
@@ -115,7 +116,7 @@ def group_index_of(description: Any) -> int | None:
 
 
 def group_key_of(task_key: str | None, description: Any) -> str | int | None:
-    """The prompt group of one sample by the lens's rule (docs/architecture.md, "The RL
+    """The prompt group of one sample by the lens's rule (docs/architecture/rl-lens.md, "The RL
     lens"): its task key; without one, the ``group_index`` its description holds (slime
     marks a prompt's completions so and saves no task key); else None, ungrouped.  A key (a
     str) and an index (an int) never collide as dict keys."""

@@ -255,7 +255,8 @@ def _snapshot(pool: PoolContext) -> _Snapshot:
         ).all()
         leases = {row.owner: row.expires_at for row in lease_rows}
         holders = {row.owner: row.holder for row in lease_rows}
-        # As GC counts it (docs/architecture.md, "GC protocol"): one rule, in reachability.
+        # As GC counts it (docs/architecture/gc-protocol.md, "GC protocol"): one rule, in
+        # reachability.
         retained = retained_digests(conn, now)
         dead = dead_pending_ids(conn, now)
 
@@ -443,7 +444,7 @@ def _check_archives(snap: _Snapshot, report: VerifyReport) -> None:
 
 def _pending_text(snap: _Snapshot, archive_id: int, row: Any) -> str:
     """A pending save, its lease's holder and whether that process is alive (docs/
-    architecture.md, "Save protocol", Resuming a killed save)."""
+    architecture/save-protocol.md, "Save protocol", Resuming a killed save)."""
     text = f"archive {row.name!r} is pending"
     if archive_id in snap.dead:
         return text + " and its lease expired; gc rolls it back"
@@ -514,7 +515,7 @@ def _read_data(
 def _check_permissions(pool: PoolContext, report: VerifyReport) -> None:
     """Folders and a catalog file of a group-shared pool that would lock a member out."""
     # A notice, not damage: nothing is lost, but another member of a group-shared pool is
-    # locked out until the bits are fixed (docs/architecture.md, Shared pools).
+    # locked out until the bits are fixed (docs/architecture/shared-pools.md, "Shared pools").
     catalog_file = sqlite_path(pool.catalog_url)
     own_catalog = catalog_file is not None and catalog_file.absolute().parent == pool.root
     for message in shared_problems(
@@ -526,7 +527,7 @@ def _check_permissions(pool: PoolContext, report: VerifyReport) -> None:
 
 
 def _check_journal(pool: PoolContext, report: VerifyReport, *, read_data: bool) -> None:
-    """The retention journal against the catalog (docs/architecture.md, "Retention
+    """The retention journal against the catalog (docs/architecture/retention-journal.md, "Retention
     journal"); with ``read_data``, every journal file still in use is read and checked."""
     problem, notice = report.problems.append, report.notices.append
     found = audit(pool.catalog, pool.journal)

@@ -1,5 +1,5 @@
-"""The save protocol (docs/architecture.md, "Save protocol"): lease, blobs, ownership, manifest,
-publish.
+"""The save protocol (docs/architecture/save-protocol.md, "Save protocol"): lease, blobs, ownership,
+manifest, publish.
 
 Every step that makes something durable is ordered so that a process killed anywhere leaves
 either a published archive whose every blob is owned and present, or nothing visible (an
@@ -108,7 +108,7 @@ _UNSET: Any = object()
 # Stores (of a pair of chunks each) handed to the I/O thread and not yet finished.  Two, so
 # that the caller builds on while a pair uploads and the next pair is queued behind it: with
 # one, the caller waited for each store and the I/O thread then waited for the next pair, the
-# two alternating (docs/architecture.md, "Blobs on an object store", Benchmark).
+# two alternating (docs/architecture/object-stores.md, "Blobs on an object store", Benchmark).
 _STORES_IN_FLIGHT = 2
 _CHUNKS_PER_STORE = 2  # chunks claimed in one transaction
 # A failed lease renewal is retried after 0.1 s, then 0.2 s, ... at most 2 s apart: a catalog
@@ -185,8 +185,8 @@ def prepare_sample(
             )
         description.update(facts)
     # which of its recorded values (facts given included) are the stored ones: an Arrow read
-    # of those columns answers from the catalog (docs/architecture.md, "Columns from the
-    # catalog")
+    # of those columns answers from the catalog (docs/architecture/getting-data-out.md, "Columns
+    # from the catalog")
     description["inexact"] = inexact_fields(description, encoded.kept)
     encoded.kept = {}  # the values are the caller's: not held while the chunk is built
     return PreparedSample(position, encoded, description, skey, key, text)
@@ -229,8 +229,8 @@ class ArchiveWriter:
             raise InvalidInputError("supersede must be True or False")
         self.supersede = supersede
         # The released archive the name points at, which this save supersedes when it
-        # publishes (docs/architecture.md, "Superseding a name"): found by the ownership
-        # transaction, checked again by the publication's.
+        # publishes (docs/architecture/save-protocol.md, "Superseding a name"): found by the
+        # ownership transaction, checked again by the publication's.
         self._replaces: _Replaced | None = None
         self.rollout_id = check_rollout_id(rollout_id)
         if not isinstance(evaluation, bool):
@@ -277,8 +277,8 @@ class ArchiveWriter:
         # was opened must not get its blobs written to whatever is at its old place now.
         pool.check_in_place(f"saving {self.name!r}")
         now = pool.clock()
-        # NOTE: not waited for on the disk (docs/architecture.md, "Save protocol", step 1):
-        # every later step that depends on the lease begins with a durable commit of the
+        # NOTE: not waited for on the disk (docs/architecture/save-protocol.md, "Save protocol",
+        # step 1): every later step that depends on the lease begins with a durable commit of the
         # catalog, which makes the lease durable too; a power loss before it leaves nothing
         # that needs the lease.
         with pool.catalog.write("save.lease", durable=False) as conn:
@@ -424,7 +424,8 @@ class ArchiveWriter:
             raise
         self._state = "committed"
         try:
-            # After the commit, before returning: docs/architecture.md, "Retention journal".
+            # After the commit, before returning: docs/architecture/retention-journal.md, "Retention
+            # journal".
             write_committed(self._pool.journal, record)
         finally:
             self._shutdown()
@@ -520,8 +521,8 @@ class ArchiveWriter:
     def abandon(self) -> None:
         """Stop as a killed process would: no renewal, no further stores, no rollback.  What
         the save left (its lease, its blobs, a pending archive) is what a crash leaves, and GC
-        clears it once the lease lapsed (docs/architecture.md, "Save protocol").  For tests
-        and drills; `abort` is the way to give a save up."""
+        clears it once the lease lapsed (docs/architecture/save-protocol.md, "Save protocol").  For
+        tests and drills; `abort` is the way to give a save up."""
         self.stop_renewing()
         self._shutdown()
         self._state = "abandoned"
@@ -635,9 +636,9 @@ class ArchiveWriter:
         """Hand the chunks of `_batch` to the I/O thread, to be stored in one transaction.
 
         NOTE: one transaction per chunk cost a commit and ~2.5 ms of the GIL each, taken
-        from the encoder; pairs halve that (docs/architecture.md, "Save protocol", step 2).
-        The pairs are made here, on the caller's thread (chunks 0+1, 2+3, ...; a chunk stored
-        alone only when `_wait` drains: commit, `wait_stored`), so the failpoints are reached
+        from the encoder; pairs halve that (docs/architecture/save-protocol.md, "Save protocol",
+        step 2). The pairs are made here, on the caller's thread (chunks 0+1, 2+3, ...; a chunk
+        stored alone only when `_wait` drains: commit, `wait_stored`), so the failpoints are reached
         the same number of times in every run, as the crash matrix needs.  The I/O thread
         never waits for a chunk still to come: it did once, and the interpreter, which joins
         that thread at exit, hung for good in a process that left its writer open after an
@@ -954,8 +955,9 @@ class ArchiveWriter:
             if replaced is not None:
                 # NOTE: in the publication's transaction, so that the name points at the
                 # earlier archive until this commits and at this one after: a crash leaves
-                # one of the two current, never neither nor both (docs/architecture.md,
-                # "Superseding a name").  Checked again: an owner may have come meanwhile.
+                # one of the two current, never neither nor both
+                # (docs/architecture/save-protocol.md, "Superseding a name").  Checked again: an
+                # owner may have come meanwhile.
                 check_supersedable(conn, self.name, replaced.id, supersede=True)
                 conn.execute(
                     update(a)
@@ -1053,9 +1055,9 @@ def free_name(
     conn: Connection, name: str, *, now: float, leases: bool, supersede: bool = False
 ) -> _Replaced | None:
     """Inside a save's write transaction: check that ``name`` is free for a new save, rolling
-    back a crashed save of it (docs/architecture.md, "Save protocol", Resuming a killed save);
-    return the released archive the name points at, which the save supersedes when it
-    publishes (docs/architecture.md, "Superseding a name"), or None.
+    back a crashed save of it (docs/architecture/save-protocol.md, "Save protocol", Resuming a
+    killed save); return the released archive the name points at, which the save supersedes when it
+    publishes (docs/architecture/save-protocol.md, "Superseding a name"), or None.
 
     A pending archive of that name whose lease is gone or lapsed (a dead pending save, as GC
     rolls back) or whose holder is provably dead (`holder_is_dead`: its process, on this host,
@@ -1125,9 +1127,9 @@ def free_name(
 
 def check_supersedable(conn: Connection, name: str, archive_id: int, *, supersede: bool) -> None:
     """Refuse a save of ``name`` unless the archive ``archive_id`` it points at may be
-    superseded (docs/architecture.md, "Superseding a name"): it is released, no owner retains
-    it, and either ``supersede`` was asked or gc reclaimed its payload (nothing of the earlier
-    archive can be read any more, so a plain save takes the name back).
+    superseded (docs/architecture/save-protocol.md, "Superseding a name"): it is released, no owner
+    retains it, and either ``supersede`` was asked or gc reclaimed its payload (nothing of the
+    earlier archive can be read any more, so a plain save takes the name back).
 
     Raises:
         ArchiveRetainedError: an owner retains it (its own owner while it is published): the
@@ -1240,8 +1242,8 @@ def insert_contents(
         [(archive_id, i, *part) for i, found in parts if found for part in found],
     )
     # The archive's summary, from the very values just indexed: a save, a reference save and
-    # a catalog rebuild all come through here (docs/architecture.md, "Summaries and paging").
-    # Its prompt groups are those `groups` lists: by task key, else by group_index.
+    # a catalog rebuild all come through here (docs/architecture/summaries-and-paging.md, "Summaries
+    # and paging"). Its prompt groups are those `groups` lists: by task key, else by group_index.
     task_keys = {position: task_key for position, _, task_key, _, _ in entries}
     store_summaries(
         conn,

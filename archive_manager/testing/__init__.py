@@ -1,5 +1,5 @@
 """Test support shipped with the package, for archive_manager's own tests and for anyone who
-writes a blob store (docs/architecture.md, "Blob store contract"):
+writes a blob store (docs/architecture/blob-store-contract.md, "Blob store contract"):
 
 * `FaultyBlobStore` (`faults`): wraps any store and fails chosen calls, or damages reads;
 * `archive_manager.testing.blob_store.BlobStoreContract`: the tests every store must pass; a

@@ -1,5 +1,5 @@
-"""The blob store contract suite (docs/architecture.md, "Blob store contract"), shipped with
-the package as zarr ships its store tests: every store passes it.
+"""The blob store contract suite (docs/architecture/blob-store-contract.md, "Blob store contract"),
+shipped with the package as zarr ships its store tests: every store passes it.
 
 A test module subclasses `BlobStoreContract` and gives it a ``store`` fixture that returns a
 new, empty store, and, if its store can be damaged behind its back, a ``damage`` method::

@@ -1,8 +1,8 @@
 """A blob store that fails on purpose: `FaultyBlobStore` wraps any store and makes chosen calls
 raise, or return damaged bytes (as restic's error backend does for its tests).
 
-Tests inject faults at the blob store's interface (docs/architecture.md, "Blob store
-contract") instead of patching a store's private functions, so they hold for every store and
+Tests inject faults at the blob store's interface (docs/architecture/blob-store-contract.md, "Blob
+store contract") instead of patching a store's private functions, so they hold for every store and
 survive a change of its internals::
 
     store = FaultyBlobStore(BlobStore(root))

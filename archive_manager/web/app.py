@@ -64,7 +64,7 @@ _POOL_KEY = "archive_manager.pool"
 _TOKENIZER_KEY = "archive_manager.tokenizer"
 _HOSTS_KEY = "archive_manager.hosts"
 #: Matches one search page lists at most, and the seconds it may run (a viewer's worker
-#: must not be held by a runaway regular expression: docs/architecture.md, "Search").
+#: must not be held by a runaway regular expression: docs/architecture/search.md, "Search").
 MAX_SEARCH_LIMIT = 1000
 SEARCH_TIMEOUT = 20.0
 MAX_PER_PAGE = 1000
@@ -304,7 +304,8 @@ def pool_page() -> Any:
     reward_key = _reward_key()
     page, per_page = _page()
     # The "next" link names the page's last archive: deep pages by keyset, not by offset
-    # (docs/architecture.md, "Summaries and paging"); ``page`` then only numbers the page.
+    # (docs/architecture/summaries-and-paging.md, "Summaries and paging"); ``page`` then only
+    # numbers the page.
     after = _text("after")
     listing = archive_page(
         pool,
@@ -318,8 +319,9 @@ def pool_page() -> Any:
     summary = pool.info()
     # The statistics of the rollouts of the archives the page lists, not of every rollout of
     # the pool (the stats page pages through them all): at 10,000 rollouts the whole table
-    # was most of the page's time, and the JSON held every rollout (docs/architecture.md,
-    # "Summaries and paging").  Only the page's charts need every rollout.
+    # was most of the page's time, and the JSON held every rollout
+    # (docs/architecture/summaries-and-paging.md, "Summaries and paging").  Only the page's charts
+    # need every rollout.
     listed = {(a.rollout_id, a.evaluation) for a in listing.archives}
 
     def charts() -> dict[str, Any]:

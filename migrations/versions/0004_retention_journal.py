@@ -5,10 +5,10 @@ Revises: 0003
 Create Date: 2026-12-02
 
 Ownership decisions (publish, retain, release, release_owner) are also written as small
-record files under ``<root>/journal/`` (docs/architecture.md, "Retention journal"). The
-catalog keeps each record it committed since its last checkpoint (number, digest, bytes), so
-that a record file it does not know shows that the catalog is behind the pool (restored from a
-backup, a lagging replica), and a record file that was never written can be written again.
+record files under ``<root>/journal/`` (docs/architecture/retention-journal.md, "Retention
+journal"). The catalog keeps each record it committed since its last checkpoint (number, digest,
+bytes), so that a record file it does not know shows that the catalog is behind the pool (restored
+from a backup, a lagging replica), and a record file that was never written can be written again.
 A new table: nothing to copy on SQLite.
 """
 

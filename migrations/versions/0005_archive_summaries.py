@@ -5,9 +5,9 @@ Revises: 0004
 Create Date: 2026-12-02
 
 ``archive_summaries`` holds what the statistics need of each archive's samples, computed once
-(docs/architecture.md, "Summaries and paging"): ``stats`` over N archives reads N small rows
-instead of every sample.  The summary of every archive already in the catalog is computed
-from its sample rows when the upgrade reaches revision 0011 (one pass, in the upgrade's
+(docs/architecture/summaries-and-paging.md, "Summaries and paging"): ``stats`` over N archives reads
+N small rows instead of every sample.  The summary of every archive already in the catalog is
+computed from its sample rows when the upgrade reaches revision 0011 (one pass, in the upgrade's
 transaction); an upgrade emitted as SQL text (``alembic upgrade --sql``) cannot, and the
 statistics then compute the missing ones from the sample rows on every call, as before.
 

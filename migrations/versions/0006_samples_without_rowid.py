@@ -8,10 +8,10 @@ Both tables are keyed by ``(archive_id, position)``.  As rowid tables, SQLite ke
 twice: in the table (behind a hidden rowid) and in an automatic unique index, about 15 bytes
 a sample each.  A WITHOUT ROWID table is stored in its primary key's order, so the automatic
 indexes go and the other indexes point at ``(archive_id, position)`` instead of a rowid
-(docs/architecture.md, "Summaries and paging", on the catalog's size).  Every row, column and
-index stays as it was; the upgrade copies both tables once (SQLite's "move and copy": minutes
-at ten million samples, in the upgrade's transaction).  PostgreSQL has no rowid: nothing
-changes there.
+(docs/architecture/summaries-and-paging.md, "Summaries and paging", on the catalog's size).  Every
+row, column and index stays as it was; the upgrade copies both tables once (SQLite's "move and
+copy": minutes at ten million samples, in the upgrade's transaction).  PostgreSQL has no rowid:
+nothing changes there.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ Create Date: 2026-12-02
 
 Two sketches of 1 KiB each made a summary row ten times larger than its figures: on SQLite a
 summary took most of a 4 KiB page, and ``stats`` over 10,000 archives read 40 MB to use 2 MB
-(docs/architecture.md, "Summaries and paging").  ``archive_sketches`` holds them, read only
-to merge the quantiles of several archives of one rollout id.  The upgrade moves every sketch;
-the summary (and sketches) of every archive that has none (the archives of a catalog older
-than revision 0005) is computed by revision 0011.
+(docs/architecture/summaries-and-paging.md, "Summaries and paging").  ``archive_sketches`` holds
+them, read only to merge the quantiles of several archives of one rollout id.  The upgrade moves
+every sketch; the summary (and sketches) of every archive that has none (the archives of a catalog
+older than revision 0005) is computed by revision 0011.
 """
 
 from __future__ import annotations

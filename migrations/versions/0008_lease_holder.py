@@ -6,8 +6,8 @@ Create Date: 2026-12-07
 
 ``leases.holder`` is ``{"host", "pid", "start"}`` (the process's start time, Linux only), so a
 new save of a name held by a pending save can tell a crashed save (its process gone, on this
-host) from one in flight, roll the crashed one back and proceed (docs/architecture.md, "Save
-protocol").  Leases taken before the upgrade have none and are waited out as before.
+host) from one in flight, roll the crashed one back and proceed (docs/architecture/save-protocol.md,
+"Save protocol").  Leases taken before the upgrade have none and are waited out as before.
 """
 
 from __future__ import annotations

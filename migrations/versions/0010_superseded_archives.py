@@ -7,8 +7,8 @@ Create Date: 2026-12-08
 ``pool.save(name, ..., supersede=True)`` saves a step again under a name whose archive was
 released; the earlier archive stays on record as ``superseded`` (``superseded_by``: the id
 of the archive that took its name, ``superseded_at``: when), and only the archive the name
-points at counts (docs/architecture.md, "Superseding a name").  So ``archives.name`` is no
-longer unique: two partial unique indexes take its place, one over the archives a name points
+points at counts (docs/architecture/save-protocol.md, "Superseding a name").  So ``archives.name``
+is no longer unique: two partial unique indexes take its place, one over the archives a name points
 at (``published``, ``released``) and one over pending saves (a superseding save's pending row
 stands beside the released archive it replaces until it publishes), with a plain index for
 lookups.  The state check gains ``superseded``.

@@ -1,6 +1,6 @@
 """The read-only gate of stores (`S3BlobStore.read_only`, the folder store's;
-docs/architecture.md "Shared pools"), against a real S3 server (`tests/s3server.py`): every
-public path of a read-only pool, in process and through the CLI, writes nothing (the bucket's
+docs/architecture/shared-pools.md "Shared pools"), against a real S3 server (`tests/s3server.py`):
+every public path of a read-only pool, in process and through the CLI, writes nothing (the bucket's
 keys, ETags and multipart uploads and the catalog's bytes compared before and after);
 `put_new` is refused; the read-only copy shares nothing mutable with the caller's store, which
 a writable open then refuses; one wording for the refusal.

@@ -1,5 +1,5 @@
 """Blob reads that survive a shared filesystem's stale metadata caches (issue 20;
-docs/architecture.md, "Shared pools").
+docs/architecture/shared-pools.md, "Shared pools").
 
 On JuiceFS with its default 1 s caches, or NFS, a host can see a blob as missing, or read an
 old file's bytes, for a moment after another host's GC removed it and a writer renamed a new

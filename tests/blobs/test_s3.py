@@ -1,7 +1,7 @@
 """The S3 blob store against a real S3-compatible server (`juicefs gateway`, see
 `tests/s3server.py`): the shipped contract suite, pools on S3 through `ArchiveManager` with
-the catalog on SQLite and on PostgreSQL, bad input and faults (docs/architecture.md, "Blobs on
-an object store").
+the catalog on SQLite and on PostgreSQL, bad input and faults (docs/architecture/object-stores.md,
+"Blobs on an object store").
 
 Skipped when ``juicefs`` is missing, unless ``ARCHIVE_MANAGER_REQUIRE_S3=1`` (CI), which
 makes a missing server a failure.
@@ -450,8 +450,8 @@ def test_replaced_object_is_detected(s3_env: S3Server, bucket: str) -> None:
 
 
 def test_a_save_uploads_its_new_blobs_without_a_head(s3_env: S3Server, bucket: str) -> None:
-    # The catalog already says which blobs are new (docs/architecture.md, "Blobs on an object
-    # store"): a HEAD before each PUT was a round trip per blob for nothing.
+    # The catalog already says which blobs are new (docs/architecture/object-stores.md, "Blobs on an
+    # object store"): a HEAD before each PUT was a round trip per blob for nothing.
     samples = _samples()
     with ArchiveManager.open(_root(bucket), catalog_url=_sqlite_url(), chunk_size=16) as pool:
         sent: list[tuple[str, str]] = []

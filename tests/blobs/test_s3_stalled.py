@@ -1,5 +1,5 @@
-"""An object store that accepts connections and stops answering (docs/architecture.md, "Blobs
-on an object store", Deadlines): every call gives up within its deadline with one clear
+"""An object store that accepts connections and stops answering (docs/architecture/object-stores.md,
+"Blobs on an object store", Deadlines): every call gives up within its deadline with one clear
 error, catalog-only verbs never ask the store, and a save waiting on it holds no catalog lock.
 
 The stalling endpoint is in this process (`s3server.StallingEndpoint`); pools are made on the

@@ -1,7 +1,7 @@
-"""A save's uploads through `put_new` (without the existence probe, docs/architecture.md
-"Blobs on an object store"), with real engines: an S3 server (`tests/s3server.py`), processes
-killed with SIGKILL, GC racing saves, objects replaced behind the pool's back, wrappers and
-third-party stores written before `put_new`.
+"""A save's uploads through `put_new` (without the existence probe,
+docs/architecture/object-stores.md "Blobs on an object store"), with real engines: an S3 server
+(`tests/s3server.py`), processes killed with SIGKILL, GC racing saves, objects replaced behind the
+pool's back, wrappers and third-party stores written before `put_new`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fault-injecting blob store (`archive_manager.testing.FaultyBlobStore`), and a pool on a
 store other than the filesystem's: `ArchiveManager.open(store=...)`, and the error contract
-GC relies on (docs/architecture.md, "Blob store contract")."""
+GC relies on (docs/architecture/blob-store-contract.md, "Blob store contract")."""
 
 from __future__ import annotations
 

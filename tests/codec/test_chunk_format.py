@@ -1,4 +1,4 @@
-"""Chunk format version 2 (docs/architecture.md, "Chunk format", issue 19 item 4): each
+"""Chunk format version 2 (docs/architecture/chunk-format.md, "Chunk format", issue 19 item 4): each
 record's prompt and response in a text part of their own, an xxh3-64 per record, and chunks
 of version 1 (every pool saved before) read, searched and migrated byte for byte.
 

@@ -6,7 +6,7 @@ with an extra attribute in ``spec_info``/``prefix_cache_info``, and a registered
 with enum fields.  Its records have no ``"s"`` list, so they are read through slime's
 ``from_dict`` rules, exactly as that release read them; only the NaN-valued enum member,
 which that release loaded as a bare float (a fidelity bug), now loads as the member it saved
-(docs/architecture.md, "Samples and values").
+(docs/architecture/samples-and-values.md, "Samples and values").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The expansion bound (README, "What you save is what you load"; docs/architecture.md,
-"Samples and values"): every byte a save would write again counts against the bound (256 MiB,
-lowered to 1 MiB here by ``small_bound``), past which the save is refused with
-`UnencodableError` and the pool is unchanged: short strings, ints, floats and dict keys held
-many times, views of one buffer (numpy, torch, ``__array_interface__``, DLPack, borrowed
+"""The expansion bound (README, "What you save is what you load";
+docs/architecture/samples-and-values.md, "Samples and values"): every byte a save would write again
+counts against the bound (256 MiB, lowered to 1 MiB here by ``small_bound``), past which the save is
+refused with `UnencodableError` and the pool is unchanged: short strings, ints, floats and dict keys
+held many times, views of one buffer (numpy, torch, ``__array_interface__``, DLPack, borrowed
 memory counted by address), zero-stride and strided views; what memory already holds, small
 views and repeated tensors still save.  Each test failed on the code it was written against,
 for the reason its docstring gives ("Claim N" names the claim of the fix it broke).

@@ -3,8 +3,8 @@ test per item, and Hypothesis round trips of the values those cases used through
 and out of a pool: ``save``, the streaming writer (with the producer changing its samples after
 ``add``), ``load_sample``, ``load_samples(as_arrays=True)``, ``export_pt``/``import_pt`` and the
 viewer's JSON.  A value is either stored and loads equal, or refused at save time with an
-`UnencodableError` naming the field, leaving the pool as it was (docs/architecture.md, "Samples
-and values").
+`UnencodableError` naming the field, leaving the pool as it was
+(docs/architecture/samples-and-values.md, "Samples and values").
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_dataclass_values_that_cannot_load_as_saved_are_refused(fpool: ArchiveMa
     refused_and_unchanged(fpool, [Unset()], r"'later' of .*Unset has no value")
     refused_and_unchanged(fpool, [Tagged(color="red")], r"'color' .* would load as Color.RED")
     # a member of an enum the class declares is stored anywhere, as itself (registering
-    # Tagged registered Color: docs/architecture.md, "Samples and values")
+    # Tagged registered Color: docs/architecture/samples-and-values.md, "Samples and values")
     name = new_name()
     fpool.save(name, [Tagged(anything=Color.BLUE)], rollout_id=1)
     assert fpool.open_archive(name).load_samples()[0].anything is Color.BLUE
@@ -277,8 +277,8 @@ def test_shared_sub_lists_are_stored_as_copies_within_a_bound(fpool: ArchiveMana
 
 
 def test_the_same_tensor_twice_is_stored_once_and_loads_as_one(fpool: ArchiveManager) -> None:
-    """Decided since (docs/architecture.md, "Samples and values"): one tensor (or view) held
-    in several places of a sample loads as one tensor held in those places; equal tensors
+    """Decided since (docs/architecture/samples-and-values.md, "Samples and values"): one tensor (or
+    view) held in several places of a sample loads as one tensor held in those places; equal tensors
     that were distinct objects load as distinct tensors."""
     small, big = torch.arange(4), torch.arange(1000)
     name = new_name()
@@ -561,8 +561,9 @@ def slime_readable(sample: Any) -> bool:
 
 def view_groups(value: Any) -> list[int]:
     """For each tensor and array in ``value`` (in order), the position of the first one that
-    is the same view of the same buffer: what loads as one object (docs/architecture.md,
-    "Samples and values").  Loaded values share by identity, saved ones by view."""
+    is the same view of the same buffer: what loads as one object
+    (docs/architecture/samples-and-values.md, "Samples and values").  Loaded values share by
+    identity, saved ones by view."""
     found: list[Any] = []
 
     def key(x: Any) -> Any:
@@ -631,8 +632,9 @@ def test_every_value_save_accepts_loads_equal_everywhere(
             and not isinstance(sample, OwnStatus)
             and type(sample.status) is str
         ):
-            # A status given as its value loads as the member (docs/architecture.md,
-            # "Samples and values"), as slime's own from_dict makes it.
+            # A status given as its value loads as the member
+            # (docs/architecture/samples-and-values.md, "Samples and values"), as slime's own
+            # from_dict makes it.
             sample.status = Sample.Status(sample.status)
     arc = fpool.open_archive(name)
     loaded = load_all(fpool, name)

@@ -1,5 +1,5 @@
-"""The frameworks' own sample objects, saved as they are (docs/architecture.md, "Samples and
-values"): slime's and vime's ``Sample`` (nested ``Status`` enum, ``SpecInfo`` and
+"""The frameworks' own sample objects, saved as they are (docs/architecture/samples-and-values.md,
+"Samples and values"): slime's and vime's ``Sample`` (nested ``Status`` enum, ``SpecInfo`` and
 ``PrefixCacheInfo`` dataclasses, tensors, numpy arrays, PIL images, bytes, extra attributes),
 registered dataclasses and enums anywhere inside a field, and what a load gives a process that
 registered nothing.

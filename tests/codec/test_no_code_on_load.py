@@ -1,6 +1,6 @@
 """Loading runs none of the user's code (README, "What you save is what you load";
-docs/architecture.md, "Samples and values"): no constructor, property setter, descriptor,
-``__setattr__`` hook, evaluated annotation, enum hook or metaclass; enum classes a plain
+docs/architecture/samples-and-values.md, "Samples and values"): no constructor, property setter,
+descriptor, ``__setattr__`` hook, evaluated annotation, enum hook or metaclass; enum classes a plain
 lookup cannot rebuild are refused at save; ``_queue_``-prefixed dataclass fields and
 `Sample`'s helpers load as documented.  Each test failed on the code it was written against,
 for the reason its docstring gives ("Claim N" names the claim of the fix it broke).

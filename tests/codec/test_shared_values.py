@@ -1,6 +1,6 @@
-"""Shared values (README, "What you save is what you load"; docs/architecture.md, "Samples and
-values"): one tensor or array held in several places of a sample is stored once and loads as
-one object, through `load_samples`, Parquet and JSONL exports and `import_table` (the
+"""Shared values (README, "What you save is what you load"; docs/architecture/samples-and-values.md,
+"Samples and values"): one tensor or array held in several places of a sample is stored once and
+loads as one object, through `load_samples`, Parquet and JSONL exports and `import_table` (the
 ``sample_shared`` column, bounded and checked against its row), and `export_pt`/`import_pt`;
 alias indices a record cannot hold are integrity errors; one NaN object held twice loads as
 documented.  Each test failed on the code it was written against, for the reason its
@@ -288,8 +288,8 @@ def test_one_nan_object_held_as_a_key_and_a_value_loads_as_two_nans_as_documente
     name = f"nan{next(_names)}"
     pool.save(name, [sample], rollout_id=1)
     (back,) = pool.open_archive(name).load_samples()
-    # Decided (docs/architecture.md, "Mapping keys"): scalars are values, so the entry is
-    # there but only an equal-by-identity key finds it; the sample is otherwise whole.
+    # Decided (docs/architecture/samples-and-values.md, "Mapping keys"): scalars are values, so the
+    # entry is there but only an equal-by-identity key finds it; the sample is otherwise whole.
     assert back["m"].get(back["keys"][0]) is None
     ((key, value),) = back["m"].items()
     assert math.isnan(key) and value == "x" and math.isnan(back["keys"][0])

@@ -1,7 +1,7 @@
 """Types are kept or refused, never downgraded (README, "What you save is what you load";
-docs/architecture.md, "Samples and values"): ndarray and Tensor subclasses are refused at
-save, tensors are stored as data, a memory-mapped array as its data, a `Sample` subclass keeps
-the types of the fields it declares again, a dict subclass sample keeps its type or is
+docs/architecture/samples-and-values.md, "Samples and values"): ndarray and Tensor subclasses are
+refused at save, tensors are stored as data, a memory-mapped array as its data, a `Sample` subclass
+keeps the types of the fields it declares again, a dict subclass sample keeps its type or is
 refused.  Each test failed on the code it was written against, for the reason its docstring
 gives ("Claim N" names the claim of the fix it broke).
 """

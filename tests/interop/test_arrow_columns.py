@@ -1,5 +1,5 @@
-"""Arrow reads of some columns read only what those need (docs/architecture.md, "Getting data
-out", "Columns from the catalog"): `Archive.to_arrow(columns=)` and
+"""Arrow reads of some columns read only what those need (docs/architecture/getting-data-out.md,
+"Getting data out", "Columns from the catalog"): `Archive.to_arrow(columns=)` and
 `ArchiveManager.arrow_reader(columns=)` give exactly the columns a whole read gives, key
 columns and the fields the catalog records exactly come from the catalog without reading a
 chunk, other fields are the only ones decoded."""

@@ -1,5 +1,5 @@
-"""Getting data out (docs/architecture.md, "Getting data out"): `Archive.to_arrow`, the
-pool-wide Arrow stream, Parquet/JSONL exports read back by pyarrow, pandas, DuckDB and
+"""Getting data out (docs/architecture/getting-data-out.md, "Getting data out"): `Archive.to_arrow`,
+the pool-wide Arrow stream, Parquet/JSONL exports read back by pyarrow, pandas, DuckDB and
 Hugging Face datasets, round trips through export and import, imports of other frameworks'
 files, and bad input."""
 

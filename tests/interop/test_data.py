@@ -1,5 +1,5 @@
-"""PyTorch datasets over a pool (docs/architecture.md, "Getting data out"): map-style and
-iterable, sharded across workers and ranks, pickled without connections, in a real
+"""PyTorch datasets over a pool (docs/architecture/getting-data-out.md, "Getting data out"):
+map-style and iterable, sharded across workers and ranks, pickled without connections, in a real
 DataLoader with two workers; and pad_collate."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A folder export (`ArchiveManager.export_many`, ``archive-manager export --rollout-id A..B
-DIR``) writes one schema for every Parquet file (docs/architecture.md, "Getting data out"), so
-`pyarrow.dataset`, DuckDB and Hugging Face ``datasets`` read the folder as one table, whatever
-fields and types each archive's samples hold; each file still imports back as its archive."""
+DIR``) writes one schema for every Parquet file (docs/architecture/getting-data-out.md, "Getting
+data out"), so `pyarrow.dataset`, DuckDB and Hugging Face ``datasets`` read the folder as one table,
+whatever fields and types each archive's samples hold; each file still imports back as its
+archive."""
 
 from __future__ import annotations
 

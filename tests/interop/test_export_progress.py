@@ -1,6 +1,7 @@
 """An export's progress: the library counts the stored bytes it read, and ``archive-manager
 export`` draws them as a byte bar with an ETA on a terminal, and nothing when stderr is not a
-terminal, with ``--json`` or with ``-q`` (docs/architecture.md, Getting data out)."""
+terminal, with ``--json`` or with ``-q`` (docs/architecture/getting-data-out.md, "Getting data
+out")."""
 
 from __future__ import annotations
 

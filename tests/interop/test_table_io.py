@@ -1,6 +1,6 @@
-"""Table files in and out (docs/architecture.md, "Exports and imports"): a JSONL or Parquet file
-the import cannot take is one clear error naming the file (and its row), writing nothing; an
-export never replaces what it should not, takes any legal archive name and round-trips
+"""Table files in and out (docs/architecture/getting-data-out.md, "Exports and imports"): a JSONL or
+Parquet file the import cannot take is one clear error naming the file (and its row), writing
+nothing; an export never replaces what it should not, takes any legal archive name and round-trips
 non-finite floats; the CLI refuses options it would otherwise ignore.  Each test's docstring
 says what went wrong before its fix."""
 

@@ -1,5 +1,5 @@
-"""The retention journal (docs/architecture.md, "Retention journal"): a lost or restored
-catalog is rebuilt with exactly the owners, states and release times it had.
+"""The retention journal (docs/architecture/retention-journal.md, "Retention journal"): a lost or
+restored catalog is rebuilt with exactly the owners, states and release times it had.
 
 Every test runs on SQLite and on a real PostgreSQL server (the ``backend`` fixture); backups
 are SQLite's online backup API and ``pg_dump``/``pg_restore``, as an operator takes them.

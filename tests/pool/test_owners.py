@@ -353,7 +353,8 @@ def test_release_plan_counts_what_a_dead_pending_save_shares(
 ) -> None:
     # A dead pending save retains nothing (GC rolls it back before it deletes): a release
     # plan must not count it as a holder of the blobs it shares with the released archive,
-    # or it under-reports what the next GC reclaims (docs/architecture.md, "GC protocol").
+    # or it under-reports what the next GC reclaims (docs/architecture/gc-protocol.md, "GC
+    # protocol").
     samples = tiny_rollout()
     pool.save("a", samples, rollout_id=1)
     die_before_publish(pool, "p", samples, monkeypatch)  # same chunks and tensors: shared

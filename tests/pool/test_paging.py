@@ -1,5 +1,5 @@
 """Listings that page by keyset (find, ls, the viewer's pool page) and sample queries that walk
-the archives in order (docs/architecture.md, "Summaries and paging")."""
+the archives in order (docs/architecture/summaries-and-paging.md, "Summaries and paging")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""One-key loads by ranged reads (docs/architecture.md, "Reading"): a few records of a version 2
-chunk are read as the header and index, then each record, checked against its xxh3-64; a
+"""One-key loads by ranged reads (docs/architecture/reading.md, "Reading"): a few records of a
+version 2 chunk are read as the header and index, then each record, checked against its xxh3-64; a
 damaged record, a damaged index entry or a truncated blob raise `IntegrityError` naming chunk
 and record while a neighbour still loads; the samples are those of the whole-chunk path;
 version 1 chunks keep the whole verified read.

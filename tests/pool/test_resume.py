@@ -3,8 +3,8 @@
 A save records its process (host name, pid, start time) in its lease row.  A new save of a
 name held by a pending save whose process is provably dead (this host, the pid gone or
 another process now) rolls that save back in its own write transaction and proceeds; any
-other holder keeps the name, and the error names it (docs/architecture.md, "Save protocol",
-Resuming a killed save).  Issue 35, item 1.
+other holder keeps the name, and the error names it (docs/architecture/save-protocol.md, "Save
+protocol", Resuming a killed save).  Issue 35, item 1.
 """
 
 from __future__ import annotations

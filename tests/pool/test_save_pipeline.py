@@ -1,6 +1,6 @@
-"""The save pipeline's costs (docs/architecture.md, "Save protocol"): chunks claimed in pairs
-(one catalog transaction for two chunks, counted by the failpoint's hits), the chunks left at
-commit claimed by the ownership transaction, no garbage collection during `pool.save`."""
+"""The save pipeline's costs (docs/architecture/save-protocol.md, "Save protocol"): chunks claimed
+in pairs (one catalog transaction for two chunks, counted by the failpoint's hits), the chunks left
+at commit claimed by the ownership transaction, no garbage collection during `pool.save`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Many users, one pool (issue 21; docs/architecture.md, Shared pools): read-only readers and
-group-shared writers.
+"""Many users, one pool (issue 21; docs/architecture/shared-pools.md, "Shared pools"): read-only
+readers and group-shared writers.
 
 * A pool opened read-only (asked for, or detected: a read-only mount, no write permission, a
   PostgreSQL role that may only read) answers every read and writes nothing, not a byte;

@@ -1,6 +1,6 @@
-"""The pool's sharing mode whatever the writer's umask (docs/architecture.md, Shared pools):
-every folder the pool creates gets the access its parent grants, and every file it writes for
-others to read (journal records and checkpoints, the identity file and its spare, a new
+"""The pool's sharing mode whatever the writer's umask (docs/architecture/shared-pools.md, "Shared
+pools"): every folder the pool creates gets the access its parent grants, and every file it writes
+for others to read (journal records and checkpoints, the identity file and its spare, a new
 catalog file and its ``-wal``/``-shm``) is readable by every class its folder lets in.
 
 Issue 36, case 6: in a group-shared pool, a member with umask 077 wrote journal records 0400

@@ -43,7 +43,8 @@ class ChunkCounter:
                 counter.alive.add(self)
 
         # archive.py imports ChunkReader from the codec package where it reads a chunk
-        # (docs/architecture.md, Start-up): replaced there, every reader it makes is counted.
+        # (docs/architecture/start-up.md, "Start-up"): replaced there, every reader it makes is
+        # counted.
         monkeypatch.setattr(codec_module, "ChunkReader", Counted)
 
 

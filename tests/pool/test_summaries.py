@@ -333,7 +333,8 @@ def test_a_pool_of_revision_0005_keeps_its_samples_without_rowids(tmp_path: Path
 
 def test_json_columns_are_stored_without_blanks(pool: ArchiveManager) -> None:
     """Each sample's description (and every JSON column) is stored as compact JSON text: a
-    tenth of a sample's catalog row less (docs/architecture.md, "Summaries and paging")."""
+    tenth of a sample's catalog row less (docs/architecture/summaries-and-paging.md, "Summaries and
+    paging")."""
     # 600 samples go to PostgreSQL through COPY, 5 through one INSERT: both serialize.
     pool.save(
         "many",

@@ -1,4 +1,4 @@
-"""Saving a step again under its name (docs/architecture.md, "Superseding a name").
+"""Saving a step again under its name (docs/architecture/save-protocol.md, "Superseding a name").
 
 A run resumed from an earlier checkpoint regenerates a step it had saved: once the earlier
 archive of that name is released, ``pool.save(name, ..., supersede=True)`` saves it again.

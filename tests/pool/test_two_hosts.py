@@ -1,12 +1,13 @@
-"""Two hosts, one pool, on a real distributed filesystem (issue 20; docs/architecture.md,
-Shared pools): a JuiceFS volume mounted through FUSE in two mount namespaces at the same path
-(tests/jfshosts.py), the catalog on the session's throwaway PostgreSQL server.
+"""Two hosts, one pool, on a real distributed filesystem (issue 20;
+docs/architecture/shared-pools.md, "Shared pools"): a JuiceFS volume mounted through FUSE in two
+mount namespaces at the same path (tests/jfshosts.py), the catalog on the session's throwaway
+PostgreSQL server.
 
 * The dedup race across hosts: both hosts save the same content over and over (plain and
   streaming saves, some released at once, a verify after each) while a GC loop runs on one.
   The hosts mount with JuiceFS's default 1 s metadata caches, so a host may see a blob the
-  other just rewrote as missing: the store's reads try again (docs/architecture.md, "Shared
-  pools"); ``$ARCHIVE_MANAGER_JFS_CACHES=off`` mounts with the caches off instead.
+  other just rewrote as missing: the store's reads try again (docs/architecture/shared-pools.md,
+  "Shared pools"); ``$ARCHIVE_MANAGER_JFS_CACHES=off`` mounts with the caches off instead.
 * A host crash: host b publishes an archive, then dies (its processes frozen, its FUSE client
   SIGKILLed, its processes killed) part way through a streaming save; host a's GC past lease
   and grace then finds nothing published lost or changed, the dead host's save invisible,

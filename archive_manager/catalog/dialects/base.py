@@ -2,7 +2,7 @@
 
 The registry of the supported ones is `catalog.engine`'s; a dialect module
 (`dialects.sqlite`, `dialects.postgresql`) imports only this module and `catalog.urls`
-(docs/architecture.md, "Layers").
+(docs/architecture/index.md, "Layers").
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def compact_json(value: Any) -> str:
     NOTE: every engine's ``json_serializer``: each sample's metadata row holds a JSON
     description of about 180 bytes, 19 of them blanks, a tenth of its row; compact, a sample
     costs about 20 bytes less catalog on SQLite and 24 on PostgreSQL, whose rows are aligned
-    to 8 bytes (docs/architecture.md, "Summaries and paging").  Rows written before keep
-    their blanks; JSON reads them alike.
+    to 8 bytes (docs/architecture/summaries-and-paging.md, "Summaries and paging").  Rows written
+    before keep their blanks; JSON reads them alike.
     """
     return json.dumps(value, separators=(",", ":"))
 
@@ -52,8 +52,8 @@ LAZY_COMMIT_OPTION = "archive_manager_lazy_commit"
 """Connection execution option, with `WRITE_OPTION`: the transaction's commit does not wait
 for the disk (SQLite ``synchronous = NORMAL`` for it, PostgreSQL ``synchronous_commit =
 off``).  It is made durable by the next durable commit of the catalog, whatever its
-connection, as both keep one log written in order (docs/architecture.md, "Save protocol",
-Durability of the lease)."""
+connection, as both keep one log written in order (docs/architecture/save-protocol.md, "Save
+protocol", Durability of the lease)."""
 
 
 class CatalogUnreachableError(CatalogError):
@@ -68,7 +68,7 @@ class CatalogUnreachableError(CatalogError):
 
 class CatalogDialect(ABC):
     """What one database needs so that the save and GC protocols hold on it
-    (docs/architecture.md, "Safety rules": the catalog serialises writers).
+    (docs/architecture/safety-rules.md, "Safety rules": the catalog serialises writers).
 
     A database is supported with all of it or not at all: an engine whose ``begin`` event
     takes the one write lock for writers (``WRITE_OPTION``) and whose ``handle_error`` event
@@ -84,8 +84,8 @@ class CatalogDialect(ABC):
     @abstractmethod
     def make_engine(self, url: URL, busy_timeout_ms: int, *, read_only: bool) -> Engine:
         """The catalog's engine: writers serialised at ``begin``, errors translated; a
-        reader's engine (``read_only``) writes nothing at all (docs/architecture.md, Shared
-        pools)."""
+        reader's engine (``read_only``) writes nothing at all (docs/architecture/shared-pools.md,
+        "Shared pools")."""
 
     @abstractmethod
     def translate_error(

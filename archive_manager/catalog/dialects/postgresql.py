@@ -1,23 +1,24 @@
 """The PostgreSQL catalog: writers serialised by one advisory lock, readers on snapshots.
 
 PostgreSQL gets SQLite's semantics on purpose, so that the save and GC protocols' correctness
-argument (docs/architecture.md) carries over word for word: every write transaction first takes one
-transaction-scoped advisory lock (`PG_WRITE_LOCK`), so writers take turns exactly as under
-``BEGIN IMMEDIATE``, waiting up to the busy timeout (``lock_timeout``); writers run at READ
-COMMITTED, so each statement after the lock sees every commit made before it; readers get one
-REPEATABLE READ snapshot per transaction and never wait for writers. As for SQLite, the
-driver's own BEGIN is off and the ``begin`` event sends ours (with the lock: one round trip).
+argument (docs/architecture/save-protocol.md and docs/architecture/gc-protocol.md) carries over word
+for word: every write transaction first takes one transaction-scoped advisory lock
+(`PG_WRITE_LOCK`), so writers take turns exactly as under ``BEGIN IMMEDIATE``, waiting up to the
+busy timeout (``lock_timeout``); writers run at READ COMMITTED, so each statement after the lock
+sees every commit made before it; readers get one REPEATABLE READ snapshot per transaction and never
+wait for writers. As for SQLite, the driver's own BEGIN is off and the ``begin`` event sends ours
+(with the lock: one round trip).
 
 A process stopped inside a write transaction (Ctrl-Z, a suspended batch job, a debugger)
 holds the write lock until it resumes. PostgreSQL bounds that: every write transaction sets
 ``idle_in_transaction_session_timeout`` (`idle_in_transaction_timeout_ms`: half the busy
 timeout), so the server ends a session that sits idle inside one and other writers go on; the
 stopped process finds its transaction gone when it resumes, and a save's lease fences out
-the rest (docs/architecture.md, "Save protocol"). A transaction that unlinks blob files under the lock
-calls `pin_write_lock` first, because other writers rely on those unlinks happening while it
-holds the lock.
+the rest (docs/architecture/save-protocol.md, "Save protocol"). A transaction that unlinks blob
+files under the lock calls `pin_write_lock` first, because other writers rely on those unlinks
+happening while it holds the lock.
 
-A reader's transactions are READ ONLY (docs/architecture.md, Shared pools).
+A reader's transactions are READ ONLY (docs/architecture/shared-pools.md, "Shared pools").
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _make_postgresql_engine(url: URL, timeout_ms: int, read_only: bool) -> Engin
         f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK:d})"
     )
     # A reader's transactions are READ ONLY as well: the server itself refuses any write that
-    # got past `Catalog.write`'s gate (docs/architecture.md, Shared pools).
+    # got past `Catalog.write`'s gate (docs/architecture/shared-pools.md, "Shared pools").
     read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ" + (" READ ONLY" if read_only else "")
     no_parameters = {"no_parameters": True}  # several statements: the simple query protocol
 

@@ -12,7 +12,8 @@ busy timeout runs out, `CatalogLockedError` names the processes holding the lock
 
 A reader's engine (``read_only=True``) never writes: it opens the file ``mode=ro`` or
 ``immutable=1`` as `sqlite_read_mode` decides, without the WAL switch or any pragma that
-writes, and refuses a write transaction at BEGIN (docs/architecture.md, Shared pools).
+writes, and refuses a write transaction at BEGIN (docs/architecture/shared-pools.md, "Shared
+pools").
 """
 
 from __future__ import annotations

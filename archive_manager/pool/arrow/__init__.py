@@ -1,5 +1,5 @@
 """Archives as Arrow record batches, and Arrow tables back into samples
-(docs/architecture.md, "Getting data out").
+(docs/architecture/getting-data-out.md, "Getting data out").
 
 One row per sample: the keys and facts the catalog knows (`KEY_COLUMNS`), then one column per
 sample field.  Numeric list fields become list columns of the narrowest exact type, built

@@ -1,6 +1,6 @@
 """Records as Arrow columns: a column per sample field, its kind read from the batch's values.
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations
@@ -200,8 +200,9 @@ def _list_column(
 
 
 def _narrowest(values: np.ndarray, kind: str) -> np.ndarray:
-    """``values`` in the narrowest dtype that holds each exactly (docs/architecture.md,
-    "Getting data out": the column type is the narrowest over all its rows)."""
+    """``values`` in the narrowest dtype that holds each exactly
+    (docs/architecture/getting-data-out.md, "Getting data out": the column type is the narrowest
+    over all its rows)."""
     if kind == "ints":
         return values.astype(_narrow_ints_dtype(values), copy=False)
     if values.dtype == np.float32:

@@ -1,7 +1,7 @@
 """What every part of the Arrow export shares: the key and tail columns, column metadata keys, the
 source of an archive's rows, a row, `SchemaDrift`, and pyarrow on first use.
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations

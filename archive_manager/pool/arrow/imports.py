@@ -1,6 +1,6 @@
 """Arrow tables and JSON rows back into samples (this library's exports and other tables).
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Values as plain JSON, tagged where JSON would lose them, and back (the JSON columns and JSONL).
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def to_json_value(value: Any) -> Any:
 
     One tensor or array held in several places (it loads as one object) is written out at
     each place, so the bytes written again count against the save's own expansion bound
-    (docs/architecture.md, "Samples and values"): what the save bounded stays bounded here.
+    (docs/architecture/samples-and-values.md, "Samples and values"): what the save bounded stays
+    bounded here.
 
     Raises:
         UnencodableError: a value JSON cannot hold even tagged (a complex number), or one

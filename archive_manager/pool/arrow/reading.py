@@ -1,7 +1,7 @@
 """Reading an archive's records for the Arrow export: the catalog's chunk plan, chunks read ahead
 on a thread, records decoded (numeric lists as `StoredNumbers`).
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ _CATALOG_FIELDS = frozenset(CATALOG_FIELDS)
 
 
 def column_needs(columns: Sequence[str] | None) -> Needs:
-    """What a read of ``columns`` (None: all) needs (docs/architecture.md, "Getting data
-    out", "Reading only what the columns need")."""
+    """What a read of ``columns`` (None: all) needs (docs/architecture/getting-data-out.md, "Getting
+    data out", "Reading only what the columns need")."""
     if columns is None:
         return EVERYTHING
     fields: set[str] = set()
@@ -102,7 +102,8 @@ def catalog_values(
     """Position -> the values of ``fields`` (`CATALOG_FIELDS`) as the catalog's
     descriptions record them, for the samples whose description says it records every one
     of them exactly (its ``"inexact"`` list names none of them): what decoding the record
-    would give, type and value (docs/architecture.md, "Columns from the catalog")."""
+    would give, type and value (docs/architecture/getting-data-out.md, "Columns from the
+    catalog")."""
     if not fields <= _CATALOG_FIELDS:
         raise ValueError(f"not fields the catalog records: {sorted(fields - _CATALOG_FIELDS)}")
     m = sample_metadata_table

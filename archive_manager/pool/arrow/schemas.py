@@ -1,6 +1,6 @@
 """One schema per stream: casting a batch to the schema so far, merging schemas when it cannot.
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations

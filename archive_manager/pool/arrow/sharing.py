@@ -1,7 +1,7 @@
 """The ``sample_shared`` column: the places of one tensor or array held in several places of a
 sample, and giving those places one object again on import.
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def shared_places(fields: dict[str, Any]) -> list[list[list[Any]]] | None:
     """The places of each tensor or numpy array that a sample's fields hold more than once
-    (it loads as one object: docs/architecture.md, "Samples and values"), for the
+    (it loads as one object: docs/architecture/samples-and-values.md, "Samples and values"), for the
     ``sample_shared`` column: ``[[place, place, ...], ...]``, a place being the field name
     then a step per container, a list's or tuple's index or a dict's item ordinal (its keys
     may be anything a mapping key can be).  None when nothing is held twice.

@@ -1,6 +1,6 @@
 """Whole tables and streams: key-only schemas, JSONL rows, conformed batches, column selection.
 
-(docs/architecture.md, "Getting data out".)
+(docs/architecture/getting-data-out.md, "Getting data out".)
 """
 
 from __future__ import annotations
