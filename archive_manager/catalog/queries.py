@@ -367,7 +367,7 @@ def task_texts_of(
 ) -> dict[str, str]:
     """The whole text of each of ``keys`` that is the digest of a long text (`task_texts`),
     of archive ``archive_id`` or, without it, of any archive (one text has one key)."""
-    from ..samples import TASK_TEXT_PREFIX
+    from ..samples.keys import TASK_TEXT_PREFIX
 
     t = task_texts_table
     wanted = sorted({k for k in keys if k is not None and k.startswith(TASK_TEXT_PREFIX)})

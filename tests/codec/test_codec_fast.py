@@ -30,7 +30,7 @@ from helpers import python_array, python_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive_manager import codec, samples
+from archive_manager import codec
 from archive_manager.codec import (
     _accel,
     build_chunk,
@@ -47,6 +47,7 @@ from archive_manager.samples import (
     register_sample_class,
     sample_to_record,
 )
+from archive_manager.samples import records as samples
 
 
 class Colour(enum.IntEnum):

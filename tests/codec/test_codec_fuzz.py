@@ -511,7 +511,7 @@ def test_descriptors_cannot_alias_one_array_many_times() -> None:
 def test_malformed_trees(tree: bytes) -> None:
     with bounded_memory():
         if b"no.such.Class" in tree:
-            from archive_manager import samples
+            from archive_manager.samples import records as samples
 
             samples._MISSING_SAID.discard("no.such.Class")  # said once per process
             with pytest.warns(UnregisteredClassWarning, match="no.such.Class"):

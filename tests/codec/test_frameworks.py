@@ -295,7 +295,7 @@ def test_a_load_rebuilds_a_framework_class_only_where_its_module_is_loaded(
 
 
 def test_an_unregistered_class_warns_once_and_loads_as_a_dict(tmp_path: Path) -> None:
-    from archive_manager import samples
+    from archive_manager.samples import records as samples
 
     @dataclasses.dataclass
     class Gone:

@@ -514,7 +514,7 @@ class _Looked:
 
 
 def test_dataclass_state_copies_dict_only_when_it_is_the_loop() -> None:
-    from archive_manager.samples import _dataclass_state
+    from archive_manager.samples.records import _dataclass_state
 
     plain = _Ordered()
     plain.extra = [1]  # type: ignore[attr-defined]
@@ -533,7 +533,7 @@ def test_dataclass_state_copies_dict_only_when_it_is_the_loop() -> None:
 
 def test_dataclass_state_still_refuses_an_attribute_a_property_shadows() -> None:
     from archive_manager.errors import UnencodableError
-    from archive_manager.samples import _dataclass_state
+    from archive_manager.samples.records import _dataclass_state
 
     @dataclasses.dataclass
     class Shadowed:

@@ -1,12 +1,12 @@
-"""The `Sample` dataclass, the registry of storable sample classes, and sample/task keys.
+"""Sample objects to stored records and back: the registry of storable classes (`Sample`,
+registered dataclasses, the frameworks' own sample classes, their enums) and the adapters
+that turn an object into fields and rebuild it on load.
 
-`Sample` mirrors slime's ``slime.utils.types.Sample`` (same field names, defaults, nested
-``Status`` enum and ``SpecInfo``/``PrefixCacheInfo`` helpers, same ``to_dict``/``from_dict``
-behaviour) so that rollouts saved from slime load back as the objects slime expects.
-
-Loading never imports or instantiates a class by name: only classes in this module's
-registry are rebuilt, anything else comes back as a plain dict (docs/architecture/safety-rules.md,
-"Safety rules").
+One job, kept in one module because its parts call each other (registering a class plans its
+rebuild; rebuilding a value consults the registry): the boundary at which a load decides what
+it may construct.  Loading never imports or instantiates a class by name: only classes in this
+registry are rebuilt, anything else comes back as a plain dict
+(docs/architecture/safety-rules.md, "Safety rules").
 """
 
 from __future__ import annotations
@@ -24,269 +24,28 @@ import types
 import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
-from .errors import (
-    InvalidInputError,
+from ..errors import (
     InvalidNameError,
     UnencodableError,
     UnregisteredClassWarning,
     UnsupportedFormatError,
 )
-
-__all__ = [
-    "FRAMEWORK_SAMPLE_CLASSES",
-    "QUEUE_PREFIX",
-    "SAMPLE_CLASS_NAME",
-    "Sample",
-    "check_key_text",
-    "check_task_key",
-    "enum_to_record",
-    "fields_to_sample",
-    "is_queue_key",
-    "long_task_key",
-    "record_to_enum",
-    "record_to_value",
-    "register_sample_class",
-    "registered_class",
-    "registered_name",
-    "sample_key",
-    "sample_to_fields",
-    "sample_to_record",
-    "task_key_and_text",
-    "task_key_of",
-    "value_to_record",
-]
-
-#: Attributes and keys with this prefix are a rollout queue's live control state: never stored.
-QUEUE_PREFIX = "_queue_"
-
-#: The registry name of `Sample`.
-SAMPLE_CLASS_NAME = "archive_manager.Sample"
+from .sample import (
+    QUEUE_PREFIX,
+    SAMPLE_CLASS_NAME,
+    Sample,
+    _dataclass_fields,
+    _sample_owned,
+    _sample_values,
+)
 
 _T = TypeVar("_T")
 
-#: The fields of `Sample` that a record stores converted (a `Sample.Status` as its value, a
-#: helper as its fields and extra attributes), in a subclass too unless it declares them anew.
-_SAMPLE_OWNED = ("status", "spec_info", "prefix_cache_info")
-
-
-@dataclass
-class Sample:
-    """One generated rollout sample, field for field like slime's ``Sample``.
-
-    Every field has a default.  The class has no ``__slots__``, so attributes that other
-    frameworks add at run time live in ``__dict__`` and survive `to_dict`/`from_dict`.
-    Beyond upstream slime it carries the top-k and top-p log-prob replay fields that
-    forks of slime use (``rollout_topk_*``, ``rollout_top_p_log_probs``), all ``None`` by
-    default.
-    """
-
-    group_index: int | None = None
-    index: int | None = None
-    # slime falls back to ``index`` when this is None; sibling samples split from one
-    # rollout execution share it.
-    rollout_id: int | None = None
-    # prompt
-    prompt: str | list[dict[str, str]] = ""
-    tokens: list[int] = field(default_factory=list)
-    multimodal_inputs: dict[str, Any] | None = None
-    multimodal_train_inputs: dict[str, Any] | None = None
-    multimodal_train_input_id: str | None = None
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    # response
-    response: str = ""
-    response_length: int = 0
-    label: str | None = None
-    reward: float | dict[str, Any] | None = None
-    loss_mask: list[int] | None = None
-    weight_versions: list[str] = field(default_factory=list)
-    rollout_log_probs: list[float] | None = None
-    # top-k replay: ``[response_length, k]`` ids (integer) and log-probs (float)
-    rollout_topk_token_ids: Any = None
-    rollout_topk_log_probs: Any = None
-    # ragged top-p replay: the ids kept for response token i are
-    # ``rollout_top_p_token_ids[offsets[i]:offsets[i + 1]]``
-    rollout_top_p_token_ids: Any = None
-    rollout_top_p_token_offsets: Any = None
-    rollout_top_p_log_probs: Any = None
-    # routing replay: ``[len(tokens) - 1, num_layers, topk]`` integers, or a list of chunks
-    rollout_routed_experts: Any = None
-    remove_sample: bool = False
-    teacher_log_probs: list[float] | None = None
-    mopd_teacher_log_probs: dict[str, list[float]] | None = None
-
-    class Status(enum.Enum):
-        """How generation of the sample ended."""
-
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        # Recoverable failure (tool call, external API, parsing); partial output may be valid.
-        FAILED = "failed"
-
-    status: Status = Status.PENDING
-
-    metadata: dict[str, Any] = field(default_factory=dict)
-    generate_function_path: str | None = None
-    custom_rm_path: str | None = None
-    # used during training, e.g. which loss applies to this sample
-    train_metadata: dict[str, Any] | None = None
-    # consistent-hashing router key
-    session_id: str | None = None
-    # seconds spent outside generation
-    non_generation_time: float = 0.0
-
-    @dataclass
-    class SpecInfo:
-        """Speculative-decoding counters accumulated over a sample's generation."""
-
-        spec_accept_token_num: int = 0
-        spec_draft_token_num: int = 0
-        spec_verify_ct: int = 0
-        completion_token_num: int = 0
-
-        @property
-        def spec_accept_rate(self) -> float:
-            """Accepted over drafted tokens (0.0 when nothing was drafted)."""
-            if self.spec_draft_token_num <= 0:
-                return 0.0
-            return self.spec_accept_token_num / self.spec_draft_token_num
-
-        @property
-        def spec_accept_length(self) -> float:
-            """Completion tokens per verification step (0.0 before any step)."""
-            if self.spec_verify_ct <= 0:
-                return 0.0
-            return self.completion_token_num / self.spec_verify_ct
-
-        def add(self, meta_info: Mapping[str, Any]) -> None:
-            """Accumulate the counters of one engine response's ``meta_info``."""
-            self.spec_accept_token_num += meta_info.get("spec_accept_token_num", 0)
-            self.spec_draft_token_num += meta_info.get("spec_draft_token_num", 0)
-            self.spec_verify_ct += meta_info.get("spec_verify_ct", 0)
-            # the engine reports it as "completion_tokens"
-            self.completion_token_num += meta_info.get("completion_tokens", 0)
-
-        def to_dict(self) -> dict[str, int]:
-            """The counters as a plain dict."""
-            return dict(self.__dict__)
-
-        @classmethod
-        def from_dict(cls, data: Mapping[str, Any]) -> Sample.SpecInfo:
-            """Rebuild from `to_dict` output; missing counters are 0, unknown keys ignored."""
-            return cls(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(cls)})
-
-    spec_info: SpecInfo = field(default_factory=SpecInfo)
-
-    @dataclass
-    class PrefixCacheInfo:
-        """Prefix-cache counters accumulated over a sample's generation."""
-
-        cached_tokens: int = 0
-        total_prompt_tokens: int = 0
-
-        @property
-        def prefix_cache_hit_rate(self) -> float:
-            """Cached over prompt tokens (0.0 when there was no prompt)."""
-            if self.total_prompt_tokens <= 0:
-                return 0.0
-            return self.cached_tokens / self.total_prompt_tokens
-
-        def add(self, meta_info: Mapping[str, Any]) -> None:
-            """Accumulate the counters of one engine response's ``meta_info``."""
-            self.cached_tokens += meta_info.get("cached_tokens", 0)
-            self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
-
-        def to_dict(self) -> dict[str, int]:
-            """The counters as a plain dict."""
-            return dict(self.__dict__)
-
-        @classmethod
-        def from_dict(cls, data: Mapping[str, Any]) -> Sample.PrefixCacheInfo:
-            """Rebuild from `to_dict` output; missing counters are 0, unknown keys ignored."""
-            return cls(**{f.name: data.get(f.name, 0) for f in dataclasses.fields(cls)})
-
-    prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field and extra attribute; status as its string, helpers as dicts.
-
-        Values are not copied (like slime): tensors and lists are shared with the sample.
-        """
-        value = self.__dict__.copy()
-        if isinstance(self.status, enum.Enum):
-            value["status"] = self.status.value
-        if isinstance(self.spec_info, Sample.SpecInfo):
-            value["spec_info"] = self.spec_info.to_dict()
-        if isinstance(self.prefix_cache_info, Sample.PrefixCacheInfo):
-            value["prefix_cache_info"] = self.prefix_cache_info.to_dict()
-        return value
-
-    @classmethod
-    def from_dict(cls: type[_T], data: Mapping[str, Any]) -> _T:
-        """Inverse of `to_dict`: status string to enum, unknown keys set as attributes.
-
-        A missing or None status means pending.  Called on a subclass, it builds the
-        subclass.
-
-        Raises:
-            ValueError: the status string is not one of `Sample.Status`.
-        """
-        data = _sample_values(dict(data), _sample_owned(cls))  # type: ignore[arg-type]  # a class is hashable
-        init_names = _init_names(cls)  # type: ignore[arg-type]  # a class is hashable
-        sample = cls(**{k: v for k, v in data.items() if k in init_names})
-        for key, value in data.items():
-            if key not in init_names:
-                setattr(sample, key, value)
-        return sample
-
-    def get_reward_value(self, args: Any) -> Any:
-        """The scalar reward: ``reward``, or ``reward[args.reward_key]`` when a key is set."""
-        reward_key = getattr(args, "reward_key", None)
-        if not reward_key:
-            return self.reward
-        return self.reward[reward_key]  # type: ignore[index]
-
-    @property
-    def effective_response_length(self) -> int:
-        """Response tokens that count for the loss (all of them without a loss mask)."""
-        if self.loss_mask is None:
-            return self.response_length
-        return int(sum(self.loss_mask))
-
-
-def _sample_values(
-    data: dict[str, Any], owned: frozenset[str] = frozenset(_SAMPLE_OWNED)
-) -> dict[str, Any]:
-    """`Sample.to_dict` output (a dict the caller owns) with status and helpers as objects.
-
-    Only the ``owned`` fields (those a subclass keeps as `Sample` declares them) are
-    converted: a subclass that declares ``status: str`` keeps its string.
-    """
-    if "status" in owned:
-        status = data.get("status")
-        data["status"] = Sample.Status.PENDING if status is None else Sample.Status(status)
-    if "spec_info" in owned:
-        spec_info = data.get("spec_info")
-        if spec_info is None or isinstance(spec_info, Mapping):
-            data["spec_info"] = Sample.SpecInfo.from_dict(spec_info or {})
-    if "prefix_cache_info" in owned:
-        prefix = data.get("prefix_cache_info")
-        if prefix is None or isinstance(prefix, Mapping):
-            data["prefix_cache_info"] = Sample.PrefixCacheInfo.from_dict(prefix or {})
-    return data
-
 
 # --------------------------------------------------------------------------- registry
-
-
-@functools.cache
-def _init_names(cls: type) -> frozenset[str]:
-    # Cached: dataclasses.fields() walks the class on every call and from_dict runs per sample.
-    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 _CLASSES: dict[str, type] = {}
@@ -417,24 +176,6 @@ def _strip_queue(fields: dict[Any, Any], declared: frozenset[str] = frozenset())
     if QUEUE_PREFIX in joined:
         for key in [k for k in fields if is_queue_key(k) and k not in declared]:
             del fields[key]
-    return fields
-
-
-@functools.cache
-def _sample_owned(cls: type) -> frozenset[str]:
-    """The `_SAMPLE_OWNED` fields the `Sample` subclass ``cls`` keeps as `Sample` declares them.
-
-    NOTE: a dataclass subclass reuses its bases' `dataclasses.Field` objects and makes a new
-    one for a field it declares again (``status: str``): that field is the subclass's own, a
-    plain field of its declared type, never turned into a `Sample.Status`
-    (docs/architecture/samples-and-values.md, "Samples and values").
-    """
-    mine = _dataclass_fields(cls)
-    return frozenset(k for k in _SAMPLE_OWNED if mine.get(k) is _dataclass_fields(Sample)[k])
-
-
-def _dataclass_fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
-    fields: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(cls)}
     return fields
 
 
@@ -1365,159 +1106,3 @@ def record_to_enum(name: str, value: Any) -> Any:
 
 # after the functions registering uses
 register_sample_class(Sample, SAMPLE_CLASS_NAME)
-
-
-# --------------------------------------------------------------------------- keys
-
-
-def _get(obj: Any, key: str) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    return getattr(obj, key, None)
-
-
-def sample_key(obj_or_fields: Any, position: int) -> str:
-    """``"sample:<index>"`` when the sample has a non-None ``index``, else ``"position:<n>"``.
-
-    Not unique: samples that share an index share a key.
-    """
-    index = _get(obj_or_fields, "index")
-    if index is None:
-        return f"position:{position}"
-    try:
-        return f"sample:{index}"
-    except ValueError:  # an int of over 4,300 digits has no str
-        raise InvalidInputError("a sample index is too large to make a sample key") from None
-
-
-MAX_KEY_BYTES = 255
-"""Sample and task keys are catalog columns of 255 characters; PostgreSQL enforces that."""
-
-
-def check_key_text(key: str, what: str) -> str:
-    """Return ``key`` if the catalog can store it on every backend, else raise.
-
-    Raises:
-        InvalidInputError: over `MAX_KEY_BYTES` UTF-8 bytes, not encodable (a lone
-            surrogate), or holding NUL, which PostgreSQL text cannot hold.
-    """
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"{what} {key!r:.80} is not valid unicode text") from None
-    if size > MAX_KEY_BYTES:
-        raise InvalidInputError(f"{what} is {size} bytes long; the limit is {MAX_KEY_BYTES}")
-    if "\x00" in key:
-        raise InvalidInputError(f"{what} {key!r:.80} holds a NUL character")
-    return key
-
-
-TASK_TEXT_PREFIX = "sha256:"
-"""How the task key of a long text begins: ``sha256:`` and the hex SHA-256 of its UTF-8."""
-
-MAX_TASK_TEXT_BYTES = 1 << 20
-"""The longest text a task key may be (UTF-8 bytes): a prompt, not a document."""
-
-
-def task_key_and_text(task_key: object) -> tuple[str | None, str | None]:
-    """The task key the catalog stores for ``task_key``, and the full text when it is the
-    digest of a long one: ``(key, None)`` for a key that fits the catalog's column, and
-    ``("sha256:<hex>", text)`` for a str over `MAX_KEY_BYTES` UTF-8 bytes (a real prompt; an
-    int that long is refused),
-    so one text is one key in every archive and its text is kept beside (`check_task_key`).
-
-    Raises:
-        InvalidInputError: as `check_task_key`.
-    """
-    import numbers  # stdlib, imported already by the metadata a save describes
-
-    if task_key is None:
-        return None, None
-    if isinstance(task_key, str):
-        text = str.__str__(task_key)  # a str subclass as plain text: drivers bind types
-    # NOTE: numpy's bool is no `numbers.Integral`; Python's is, and is refused.
-    elif isinstance(task_key, numbers.Integral) and not isinstance(task_key, bool):
-        # Checked like any key: a 300-digit int made a key PostgreSQL's column refused.
-        try:
-            text = str(int(task_key))
-        except ValueError:  # over 4,300 digits
-            raise InvalidInputError("a task key int is too large to be a key") from None
-    else:
-        what = type(task_key).__name__
-        raise InvalidInputError(
-            f"a task key must be a str, an int or None, not {what} ({task_key!r:.40}); a "
-            "float or a bool names no task: give its text (str(...)) if it is one"
-        )
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"task key {text!r:.80} is not valid unicode text") from None
-    if size <= MAX_KEY_BYTES or not isinstance(task_key, str):
-        # An int of over 255 digits names no prompt: refused as before (only text is kept).
-        return check_key_text(text, "task key"), None
-    if size > MAX_TASK_TEXT_BYTES:
-        raise InvalidInputError(
-            f"task key is {size} bytes long; a text of up to {MAX_TASK_TEXT_BYTES} bytes "
-            "is kept whole (its key is its digest)"
-        )
-    if "\x00" in text:
-        raise InvalidInputError(f"task key {text!r:.80} holds a NUL character")
-    return long_task_key(text), text
-
-
-def long_task_key(text: str) -> str:
-    """The task key of a text over `MAX_KEY_BYTES` bytes: ``sha256:`` and the hex SHA-256 of
-    its UTF-8 (71 characters)."""
-    import hashlib
-
-    return TASK_TEXT_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def check_task_key(task_key: object) -> str | None:
-    """A task key is text or None; the catalog stores it as text.
-
-    Accepted: a str, and a str subclass (``numpy.str_``) as its plain text; an int or another
-    integer (``numpy.int64``, any `numbers.Integral` but bool) as its decimal text, so
-    ``42``, ``np.int64(42)`` and ``"42"`` are one task key.  A text over `MAX_KEY_BYTES`
-    UTF-8 bytes (a whole prompt) is keyed by its digest (`task_key_and_text`): the save keeps
-    its text beside, and a lookup by the text finds it.
-
-    Raises:
-        InvalidInputError: another type (a bool, a float, bytes), or text the catalog cannot
-            hold (a lone surrogate, NUL, over `MAX_TASK_TEXT_BYTES`).
-    """
-    return task_key_and_text(task_key)[0]
-
-
-def task_key_of(obj: Any) -> str | None:
-    """The id of the rollout task that produced ``obj`` as text, or None.
-
-    Its ``task_key`` attribute or key if set; else the ``task_id`` of its
-    ``_queue_receipt`` or ``_queue_lease`` (a mapping or an object).  What `check_task_key`
-    accepts, and only that: a str subclass (``numpy.str_``) is its plain text, an int or
-    ``numpy.int64`` its decimal text; a long text stays whole (the save keys it by its
-    digest and keeps it).  Pass the original sample: stored fields have no ``_queue_*``.
-
-    Raises:
-        InvalidInputError: the id is a float, a bool or another object: refused, as in
-            ``task_keys`` (a float id 1.0 and 1 would be two keys, True the key "True").
-    """
-    import numbers
-
-    candidates = [("its task_key", _get(obj, "task_key"))]
-    for attr in ("_queue_receipt", "_queue_lease"):
-        handle = _get(obj, attr)
-        if handle is not None:
-            candidates.append((f"the task_id of its {attr}", _get(handle, "task_id")))
-    for where, key in candidates:
-        if key is None:
-            continue
-        if isinstance(key, str):
-            return str.__str__(key)
-        if isinstance(key, numbers.Integral) and not isinstance(key, bool):
-            return task_key_and_text(key)[0]  # its decimal text, checked as such
-        raise InvalidInputError(
-            f"a sample's task key ({where}) is a {type(key).__name__} ({key!r:.40}): a task "
-            "key must be a str or an int; give its text (str(...)) if it names a task"
-        )
-    return None
