@@ -31,9 +31,8 @@ from ._util.names import (
     name_spellings,
 )
 from ._util.permissions import share_like_parent
-from .blobs import AbstractBlobStore, BlobStore
+from .blobs import AbstractBlobStore, BlobStore, ReadOnlyView
 from .blobs.base import ObjectRoot, is_s3_url
-from .blobs.readonly import ReadOnlyBlobStore, read_only_store
 from .catalog import (
     Catalog,
     archives_table,
@@ -311,13 +310,12 @@ class ArchiveManager:
                 "store must be an archive_manager.blobs.AbstractBlobStore, not "
                 f"{type(store).__name__}"
             )
-        refusing = getattr(store, "read_only_reason", None) if store is not None else None
-        if refusing is not None and read_only is not True:
+        if store is not None and store.read_only and read_only is not True:
             # A reader's store (pool.store of a read-only pool) under a writable catalog would
             # let every save and gc begin in the catalog, then fail at the blobs.
             raise InvalidInputError(
-                f"the store passed in refuses writes ({refusing}): open the pool with "
-                "read_only=True, or pass a writable store"
+                f"the store passed in refuses writes ({store.read_only_reason}): open the pool "
+                "with read_only=True, or pass a writable store"
             )
         if is_s3_url(root):
             return cls._open_object_store(
@@ -513,14 +511,14 @@ class ArchiveManager:
                 "and recover=True instead"
             )
         if store is None:
-            blobs = S3BlobStore.from_url(url)
-        elif isinstance(store, S3BlobStore) and store.url == url:
+            blobs: AbstractBlobStore = S3BlobStore.from_url(url)
+        elif _s3_store_of(store, url):
             blobs = store  # a store configured by the caller (endpoint, timeouts, retries)
         else:
             raise InvalidInputError(
                 f"the root {url} takes no store, or an S3BlobStore of that bucket and prefix"
             )
-        root = blobs.pool_root()
+        root: ObjectRoot = blobs.pool_root()  # type: ignore[attr-defined]
         made_catalog: Path | None = None
         if read_only is True:
             if not cls.exists(url, catalog_url):
@@ -558,10 +556,11 @@ class ArchiveManager:
                         f"recover writes the pool, whose catalog is read-only here "
                         f"({catalog.read_only_reason})"
                     )
-                # The second gate, as ReadOnlyBlobStore is for a folder: pool.store and
-                # pool.root refuse writes too (a copy: a store passed in stays writable).
-                blobs = blobs.read_only(catalog.read_only_reason or "read-only")
-                root = blobs.pool_root()
+                # The second gate, as on a folder: pool.store and pool.root refuse writes
+                # too (a view: a store passed in stays writable).
+                if not blobs.read_only:
+                    blobs = blobs.read_only_view(catalog.read_only_reason or "read-only", where=url)
+                root = blobs.pool_root()  # type: ignore[attr-defined]
                 identity = check_pool_read_only(
                     catalog, root, url=catalog_url, list_blobs=list_blobs
                 )
@@ -623,25 +622,20 @@ class ArchiveManager:
                 )
             if store is None:
                 # check_bucket=False: no request until a blob is read.
-                s3 = S3BlobStore.from_url(url, check_bucket=False)
-            elif isinstance(store, S3BlobStore) and store.url == url:
+                s3: AbstractBlobStore = S3BlobStore.from_url(url, check_bucket=False)
+            elif _s3_store_of(store, url):
                 s3 = store
             else:
                 raise InvalidInputError(
                     f"the root {url} takes no store, or an S3BlobStore of that bucket and prefix"
                 )
-            s3 = s3.read_only(reason)
-            blobs: AbstractBlobStore = s3
-            where = s3.pool_root()  # the journal's writes are refused too
+            blobs: AbstractBlobStore = s3 if s3.read_only else s3.read_only_view(reason, where=url)
+            where = blobs.pool_root()  # type: ignore[attr-defined]  # its writes are refused
             catalog_url_used, shown = catalog_url, url
         else:
             path = Path(root).expanduser().resolve()
             catalog_url_used = catalog_url or default_catalog_url(path)
-            blobs = (
-                ReadOnlyBlobStore(path, reason)
-                if store is None
-                else read_only_store(store, path, reason)
-            )
+            blobs = _read_only_store(store, path, reason)
             where, shown = path, str(path)
         dialect_of(catalog_url_used)
         if not cls.exists(root, catalog_url):
@@ -702,14 +696,9 @@ class ArchiveManager:
             url, busy_timeout_ms=busy_timeout_ms, read_only=True, read_only_reason=reason
         )
         try:
-            # The second gate, as on S3: the filesystem store refuses writes itself, and a
-            # store given by the caller is seen through a view that refuses them (the
-            # caller's store stays writable); pool.store writes nothing either way.
-            blobs = (
-                ReadOnlyBlobStore(path, reason)
-                if store is None
-                else read_only_store(store, path, reason)
-            )
+            # The second gate, as on S3: the store is seen through a view that refuses
+            # writes (a store given by the caller stays writable); pool.store writes nothing.
+            blobs = _read_only_store(store, path, reason)
             identity = check_pool_read_only(
                 catalog,
                 path,
@@ -2075,6 +2064,23 @@ def _damaged_sqlite_file(url: str) -> Path | None:
     except CatalogError:
         damaged = True
     return Path(file) if damaged else None
+
+
+def _s3_store_of(store: AbstractBlobStore, url: str) -> bool:
+    """Whether ``store`` is an S3 store of ``url``, or a read-only view of one (a reader's
+    ``pool.store`` passed to another read-only open)."""
+    from .blobs.s3 import S3BlobStore
+
+    shown = store.store if isinstance(store, ReadOnlyView) else store
+    return isinstance(shown, S3BlobStore) and shown.url == url
+
+
+def _read_only_store(store: AbstractBlobStore | None, path: Path, reason: str) -> AbstractBlobStore:
+    """The store of a pool on a folder opened read-only: ``store`` (else the folder's own)
+    seen through a view that refuses every write; a store that refuses writes already is
+    used as it is."""
+    blobs = BlobStore(path) if store is None else store
+    return blobs if blobs.read_only else blobs.read_only_view(reason, where=path)
 
 
 def _unwritable(root: Path) -> str | None:

@@ -6,7 +6,9 @@
 * `layout`: the one mapping from a digest to its location, ``ab/cd/abcd…``;
 * `LocalBlobStore` (`local`, also named `BlobStore`, the pool's default): files on a POSIX
   filesystem under the pool root, written durably;
-* `MemoryBlobStore` (`memory`): a dict, for tests.
+* `MemoryBlobStore` (`memory`): a dict, for tests;
+* `ReadOnlyView` (`readonly`): any store with every write refused, as a pool opened read-only
+  sees it (`AbstractBlobStore.read_only_view`).
 
 The contract suite every store passes, and a fault-injecting wrapper, are in
 `archive_manager.testing`.
@@ -18,6 +20,7 @@ from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, Pu
 from .layout import blob_key
 from .local import BlobStore, LocalBlobStore
 from .memory import MemoryBlobStore
+from .readonly import ReadOnlyView
 
 __all__ = [
     "AbstractBlobStore",
@@ -28,5 +31,6 @@ __all__ = [
     "LocalBlobStore",
     "MemoryBlobStore",
     "PutItem",
+    "ReadOnlyView",
     "blob_key",
 ]

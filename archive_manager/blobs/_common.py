@@ -67,8 +67,9 @@ def missing(digest: str) -> BlobNotFoundError:
 
 
 def read_only_refusal(where: object, reason: str, what: str) -> ReadOnlyPoolError:
-    """The error of a read-only pool's store refusing ``what`` (one wording for the folder
-    store, a store passed in and the S3 copy; docs/architecture/shared-pools.md, "Shared pools")."""
+    """The error of a read-only pool's store refusing ``what`` (one wording for every store's
+    read-only view and an object store's read-only root; docs/architecture/shared-pools.md,
+    "Shared pools")."""
     return ReadOnlyPoolError(
         f"the pool at {where} is read-only here ({reason}): refusing to {what}; nothing was changed"
     )

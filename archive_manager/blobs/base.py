@@ -26,6 +26,11 @@ What a put guarantees: when it returns, every blob it names is durable and reada
 process of the pool; when it raises, no blob of another content is visible under any digest,
 and what it left behind (a temp file) is an incomplete write that `sweep_incomplete` removes.
 Blobs are immutable: a put of a stored digest checks the stored size and changes nothing.
+
+Read-only is part of the interface: every store says whether it refuses writes
+(`AbstractBlobStore.read_only`, `read_only_reason`), and `read_only_view` gives any store as a
+read-only pool sees it (`readonly.ReadOnlyView`: every write refused with `ReadOnlyPoolError`
+before it reaches the store, every read the store's own).
 """
 
 from __future__ import annotations
@@ -34,9 +39,12 @@ import abc
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from .._util.digest import Buffer
+
+if TYPE_CHECKING:
+    from .readonly import ReadOnlyView
 
 __all__ = [
     "AbstractBlobStore",
@@ -120,6 +128,33 @@ class AbstractBlobStore(abc.ABC):
 
     #: What the store can do; a class attribute of each store (a wrapper sets its own).
     capabilities: Capabilities
+    #: The store's own members beyond this interface that only read (the filesystem store's
+    #: ``root`` and ``path``): a read-only view of the store offers these and no other, since
+    #: any other may write.  A wrapper sets its inner store's.
+    read_extras: frozenset[str] = frozenset()
+
+    # ------------------------------------------------------------------ read-only
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why this store refuses every write (a read-only view: `read_only_view`), or None:
+        it writes (the default)."""
+        return None
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this store refuses every write (see `read_only_reason`)."""
+        return self.read_only_reason is not None
+
+    def read_only_view(self, reason: str, *, where: object = None) -> ReadOnlyView:
+        """This store as a pool opened read-only sees it: every read is this store's, every
+        write (a put, a delete, an incomplete write's removal) is refused with
+        `ReadOnlyPoolError` before it reaches the store, whose ``reason`` and ``where`` (the
+        pool's root, for the message) it names.  This store stays as it was (writable for
+        its other users).  A view of a view shows the same store, with the new reason."""
+        from .readonly import ReadOnlyView
+
+        return ReadOnlyView(self, reason, where=where)
 
     # ------------------------------------------------------------------ writing
 

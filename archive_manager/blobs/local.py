@@ -310,6 +310,7 @@ class LocalBlobStore(AbstractBlobStore):
     """
 
     capabilities = Capabilities(mmap=True, local_paths=True, persistent=True)
+    read_extras = frozenset({"root", "path", "temp_files", "read_retry"})
 
     def __init__(self, root: str | os.PathLike[str], *, read_retry: float | None = None) -> None:
         # Absolute and normalised, so a later chdir cannot move the store and `remove_temp`

@@ -20,6 +20,7 @@ class MemoryBlobStore(AbstractBlobStore):
     """Blobs in a dict of this process.  Its puts are atomic, so it has no incomplete writes."""
 
     capabilities = Capabilities(mmap=False, local_paths=False, persistent=False)
+    read_extras = frozenset({"temp_files"})
 
     def __init__(self) -> None:
         # digest -> (bytes, time of the put)

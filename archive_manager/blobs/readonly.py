@@ -1,43 +1,92 @@
-"""`ReadOnlyBlobStore`: the blob store of a pool opened read-only
-(docs/architecture/shared-pools.md, "Shared pools").
+"""`ReadOnlyView`: any blob store as a pool opened read-only sees it
+(docs/architecture/blob-store-contract.md, "Blob store contract";
+docs/architecture/shared-pools.md, "Shared pools").
 
-It reads, verifies and lists as `BlobStore` does and refuses every write (put, delete, temp
-file removal) with `ReadOnlyPoolError` before touching anything: the second gate after
-`Catalog.write`, for a write path that would reach the files first.  `ReadOnlyStoreView` is
-that gate around a store the caller passed in.
+Every read is the store's own; every write of the interface (put, put_many, put_new, delete,
+delete_many, removal and sweep of incomplete writes) is refused with `ReadOnlyPoolError`
+before it reaches the store: the second gate after `Catalog.write`, for a write path that
+would reach the files or the bucket first.  One wrapper for every backend, made by
+`AbstractBlobStore.read_only_view`; `ReadOnlyRoot` is the same gate for a pool root on an
+object store (its identity and journal objects).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from .._util.digest import Buffer
-from . import BlobStore
 from ._common import read_only_refusal
-from .base import AbstractBlobStore, BlobStat, IncompleteWrite, PutItem
+from .base import AbstractBlobStore, BlobStat, IncompleteWrite, ObjectRoot, PutItem
 
-__all__ = ["ReadOnlyBlobStore", "ReadOnlyStoreView"]
+__all__ = ["ReadOnlyRoot", "ReadOnlyView"]
 
 
-class _RefusesWrites:
-    """Every write of the blob-store interface refused with `ReadOnlyPoolError` before it
-    reaches a file or a request: the one gate both read-only stores below share."""
+class ReadOnlyView(AbstractBlobStore):
+    """``store`` with every write refused (see the module docstring); ``reason`` says why and
+    ``where`` names the pool (its root or URL) in the refusal.
 
-    reason: str
+    NOTE: a view, not a copy: the store stays writable for its other users (a store the caller
+    passed to a read-only open serves their other pools).  Of the store's own members beyond
+    the interface only those it names as reads (`AbstractBlobStore.read_extras`) pass through,
+    and ``pool_root()`` of a store that has one, as a `ReadOnlyRoot`; any other, which may
+    write, is not there.
+    """
 
-    def _where(self) -> object:
-        raise NotImplementedError
+    _store: AbstractBlobStore
+    _reason: str
+    _where: object
+
+    def __init__(self, store: AbstractBlobStore, reason: str, *, where: object = None) -> None:
+        if isinstance(store, ReadOnlyView):
+            # A view of a view shows the same store: one gate, whatever the nesting.
+            where = store._where if where is None else where
+            store = store._store
+        self._store = store
+        self._reason = reason
+        self._where = where
+        self.capabilities = store.capabilities
+        self.read_extras = store.read_extras
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyView({self._store!r}, {self._reason!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        # Private names never: one looked up on a copy being made (``_store`` not set yet)
+        # must not recurse, and a store's private members may write.
+        if not name.startswith("_"):
+            if name in self._store.read_extras:
+                return getattr(self._store, name)
+            if name == "pool_root" and hasattr(self._store, "pool_root"):
+                return self._pool_root
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute {name!r} (a read-only store offers reads only)"
+        )
+
+    @property
+    def store(self) -> AbstractBlobStore:
+        """The store this view shows."""
+        return self._store
 
     @property
     def read_only_reason(self) -> str:
-        """Why this store refuses writes."""
-        return self.reason
+        """Why this view refuses writes."""
+        return self._reason
+
+    def read_only_view(self, reason: str, *, where: object = None) -> ReadOnlyView:
+        """A view of the same store with another reason (see `AbstractBlobStore.read_only_view`)."""
+        return ReadOnlyView(self, reason, where=where)
+
+    def _pool_root(self) -> ReadOnlyRoot:
+        pool_root: Callable[[], ObjectRoot] = self._store.pool_root  # type: ignore[attr-defined]
+        return ReadOnlyRoot(pool_root(), self._reason)
 
     def _refuse(self, what: str) -> NoReturn:
-        raise read_only_refusal(self._where(), self.reason, what)
+        raise read_only_refusal(
+            self._store if self._where is None else self._where, self._reason, what
+        )
+
+    # ------------------------------------------------------------------ writes: refused
 
     def put(self, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
         """Refused: `ReadOnlyPoolError`."""
@@ -56,7 +105,7 @@ class _RefusesWrites:
         self._refuse("delete a blob")
 
     def delete_many(self, digests: Iterable[str]) -> int:
-        """Refused: `ReadOnlyPoolError`."""
+        """Refused: `ReadOnlyPoolError` (``digests`` is not consumed)."""
         self._refuse("delete blobs")
 
     def remove_incomplete(self, write: IncompleteWrite) -> bool:
@@ -67,55 +116,7 @@ class _RefusesWrites:
         """Refused: `ReadOnlyPoolError`."""
         self._refuse("sweep incomplete writes")
 
-
-class ReadOnlyBlobStore(_RefusesWrites, BlobStore):
-    """A `BlobStore` that only reads; ``reason`` says why (for the error)."""
-
-    def __init__(
-        self, root: str | os.PathLike[str], reason: str, *, read_retry: float | None = None
-    ) -> None:
-        super().__init__(root, read_retry=read_retry)
-        self.reason = reason
-
-    def _where(self) -> object:
-        return self.root
-
-    def remove_temp(self, path: str | os.PathLike[str]) -> bool:
-        """Refused: `ReadOnlyPoolError`."""
-        self._refuse("remove a temp file")
-
-
-class ReadOnlyStoreView(_RefusesWrites, AbstractBlobStore):
-    """A store the caller passed to a read-only open, as that pool sees it: reads go to the
-    store, every write of the interface (put, put_many, put_new, delete, delete_many, removal
-    and sweep of incomplete writes) is refused with `ReadOnlyPoolError` before it is reached.
-
-    NOTE: a view, not the store: the caller's store stays writable for their other pools.
-    Of the store's own extras only reading ones pass through (`root`, `path`, `temp_files`,
-    `read_retry`, as `BlobStore` has them); any other, which may write, is not there.
-    """
-
-    _EXTRAS = frozenset({"root", "path", "temp_files", "read_retry"})
-
-    def __init__(self, store: AbstractBlobStore, where: object, reason: str) -> None:
-        self._store = store
-        self._place = where
-        self.reason = reason
-        self.capabilities = store.capabilities
-
-    def __repr__(self) -> str:
-        return f"ReadOnlyStoreView({self._store!r})"
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ReadOnlyStoreView._EXTRAS:
-            return getattr(self._store, name)
-        raise AttributeError(
-            f"{type(self).__name__} has no attribute {name!r} (a read-only pool's store "
-            "offers reads only)"
-        )
-
-    def _where(self) -> object:
-        return self._place
+    # ------------------------------------------------------------------ reads: the store's
 
     def get(self, digest: str) -> bytes:
         """The store's `get`."""
@@ -166,9 +167,43 @@ class ReadOnlyStoreView(_RefusesWrites, AbstractBlobStore):
         return self._store.incomplete_writes()
 
 
-def read_only_store(store: AbstractBlobStore, where: Path | str, reason: str) -> AbstractBlobStore:
-    """``store`` as a pool opened read-only sees it (see `ReadOnlyStoreView`); a store that
-    refuses writes already is used as it is."""
-    if isinstance(store, (ReadOnlyBlobStore, ReadOnlyStoreView)):
-        return store
-    return ReadOnlyStoreView(store, where, reason)
+class ReadOnlyRoot:
+    """A pool root on an object store (`ObjectRoot`) with its writes refused: what
+    ``pool.root`` is for a pool on S3 opened read-only, so that the identity and the journal
+    are read and never written.  ``str(root)`` is the root's URL."""
+
+    def __init__(self, root: ObjectRoot, reason: str) -> None:
+        self._root = root
+        self._reason = reason
+
+    def __str__(self) -> str:
+        return str(self._root)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyRoot({self._root!r}, {self._reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReadOnlyRoot) and str(other) == str(self)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def read(self, name: str) -> bytes | None:
+        """The root's `read`."""
+        return self._root.read(name)
+
+    def list(self, folder: str, *, after: str | None = None) -> list[tuple[str, float]]:
+        """The root's `list`."""
+        return self._root.list(folder, after=after)
+
+    def other(self, url: str) -> ObjectRoot:
+        """The root's `other` (only looked at: every write refused there too)."""
+        return self._root.other(url)
+
+    def write(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Refused: `ReadOnlyPoolError`."""
+        raise read_only_refusal(self._root, self._reason, "write a pool object")
+
+    def delete(self, name: str) -> bool:
+        """Refused: `ReadOnlyPoolError`."""
+        raise read_only_refusal(self._root, self._reason, "delete a pool object")

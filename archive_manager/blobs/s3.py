@@ -64,10 +64,18 @@ from ._common import check_size as _check_size
 from ._common import corrupt as _corrupt
 from ._common import missing as _missing
 from ._common import prepare as _prepare
-from ._common import read_only_refusal as _read_only_refusal
 from ._common import verify as _verify
-from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem, is_s3_url
+from .base import (
+    AbstractBlobStore,
+    BlobStat,
+    Capabilities,
+    IncompleteWrite,
+    ObjectRoot,
+    PutItem,
+    is_s3_url,
+)
 from .layout import BLOBS_DIR, blob_key, is_blob_name
+from .readonly import ReadOnlyRoot
 
 __all__ = [
     "DEADLINE_ENV",
@@ -310,10 +318,14 @@ class S3Root:
         """Delete the object ``name``; False if there was none."""
         return self._store._delete_named(name)
 
-    def other(self, url: str) -> S3Root:
+    def other(self, url: str) -> ObjectRoot:
         """The root at ``url`` (another ``s3://bucket/prefix``) on this root's endpoint, with
-        its settings, to be looked at only: it refuses every write."""
-        return S3Root(self._store.sibling(url))
+        its settings, to be looked at only: it refuses every write (a `ReadOnlyRoot`).
+
+        Raises:
+            InvalidNameError: ``url`` is not a valid ``s3://bucket/prefix``.
+        """
+        return ReadOnlyRoot(S3Root(self._store._at(url)), "it is another root, only looked at")
 
 
 _LOADER: Any = None
@@ -348,6 +360,7 @@ class S3BlobStore(AbstractBlobStore):
     """
 
     capabilities = Capabilities(mmap=False, local_paths=False, persistent=True)
+    read_extras = frozenset({"url", "endpoint", "bucket", "prefix", "deadline"})
 
     def __init__(
         self,
@@ -414,7 +427,6 @@ class S3BlobStore(AbstractBlobStore):
             deadline=deadline,
         )
         self._client = self._make_client()
-        self._read_only: str | None = None
         self._silence = _Silence()
         if check_bucket:
             self._call("check the bucket", None, lambda c: c.head_bucket(Bucket=self.bucket))
@@ -485,44 +497,20 @@ class S3BlobStore(AbstractBlobStore):
         """The pool's root on the bucket (identity and journal objects)."""
         return S3Root(self)
 
-    def sibling(self, url: str) -> S3BlobStore:
+    def _at(self, url: str) -> S3BlobStore:
         """The store of another ``s3://bucket/prefix`` on this store's endpoint, with this
-        store's settings and client, refusing every write (it is only looked at: is the pool
-        a catalog records still there?); no request is made.
+        store's settings and client; no request is made (`S3Root.other` shows its root
+        read-only).
 
         Raises:
             InvalidNameError: ``url`` is not a valid ``s3://bucket/prefix``.
         """
         bucket, prefix = parse_s3_url(url)
-        view = copy.copy(self)
-        view.bucket, view.prefix = bucket, prefix
-        view._base = f"{prefix}/" if prefix else ""
-        view._blobs = f"{view._base}{BLOBS_DIR}/"
-        view._read_only = "it is another root, only looked at"
-        return view
-
-    def read_only(self, reason: str) -> S3BlobStore:
-        """This store for a pool opened read-only: the same client and settings, and every
-        write (a put, a delete, an abort, a pool object written or deleted) refused with
-        `ReadOnlyPoolError` before any request; ``reason`` says why, in the error.
-
-        NOTE: the second gate after `Catalog.write`, as `ReadOnlyBlobStore` is for a folder
-        (docs/architecture/shared-pools.md, "Shared pools"): code that reaches ``pool.store`` or
-        ``pool.root`` directly writes nothing.  A copy, so that a store the caller passed in
-        stays writable for the caller's other pools.
-        """
-        view = copy.copy(self)
-        view._read_only = reason
-        return view
-
-    @property
-    def read_only_reason(self) -> str | None:
-        """Why this store refuses writes (a copy made by `read_only`), or None."""
-        return self._read_only
-
-    def _writable(self, what: str) -> None:
-        if self._read_only is not None:
-            raise _read_only_refusal(self.url, self._read_only, what)
+        other = copy.copy(self)
+        other.bucket, other.prefix = bucket, prefix
+        other._base = f"{prefix}/" if prefix else ""
+        other._blobs = f"{other._base}{BLOBS_DIR}/"
+        return other
 
     # ------------------------------------------------------------------ requests
 
@@ -668,7 +656,6 @@ class S3BlobStore(AbstractBlobStore):
         return self._put(data, digest, look=True)
 
     def _put(self, data: Buffer | Sequence[Buffer], digest: str | None, *, look: bool) -> str:
-        self._writable("write a blob")
         views, digest = _prepare(data, digest)
         key = self._key(digest)
         found = self._head(key, "look up a blob") if look else None
@@ -762,7 +749,6 @@ class S3BlobStore(AbstractBlobStore):
         return self._put_all(items, 4 if workers is None else workers, look=False)
 
     def _put_all(self, items: Sequence[PutItem], workers: int, *, look: bool) -> list[str]:
-        self._writable("write blobs")
         # put_many goes through `put` as it did before put_new: a subclass's put (metering,
         # logging) sees each item.
         put = self.put if look else functools.partial(self._put, look=False)
@@ -861,7 +847,6 @@ class S3BlobStore(AbstractBlobStore):
     def delete(self, digest: str) -> bool:
         """Delete ``digest``'s object; False if it was not there (S3 does not say, so a HEAD
         asks first)."""
-        self._writable("delete a blob")
         key = self._key(digest)
         if self._head(key, "look up a blob") is None:
             return False
@@ -878,7 +863,6 @@ class S3BlobStore(AbstractBlobStore):
         'deleting' and finishes them next time; docs/architecture/object-stores.md, "Blobs on an
         object store").
         """
-        self._writable("delete blobs")
         keys = list(dict.fromkeys(self._key(d) for d in digests))
         if not keys:
             return 0
@@ -948,18 +932,10 @@ class S3BlobStore(AbstractBlobStore):
             if not key_marker:
                 return found
 
-    def sweep_incomplete(self, older_than: float) -> int:
-        """`AbstractBlobStore.sweep_incomplete`; refused before the listing on a read-only
-        store (`read_only`)."""
-        self._writable("sweep incomplete writes")
-        return super().sweep_incomplete(older_than)
-
     def remove_incomplete(self, write: IncompleteWrite) -> bool:
         """Abort the multipart upload ``write`` names; False if it is gone or is not one of
         this store's (a name that does not parse, a key outside ``<prefix>/blobs/``)."""
         import botocore.exceptions as bx
-
-        self._writable("remove an incomplete write")
 
         name, _, upload_id = write.name.rpartition("#")
         parts = name.split("/")
@@ -991,7 +967,6 @@ class S3BlobStore(AbstractBlobStore):
         return self._get(self._named_key(name), "read a pool object")
 
     def _write_named(self, name: str, data: bytes, *, exclusive: bool) -> bool:
-        self._writable("write a pool object")
         key = self._named_key(name)
         if exclusive:
             return self._create_exclusive(name, key, data)
@@ -1075,7 +1050,6 @@ class S3BlobStore(AbstractBlobStore):
                 return found
 
     def _delete_named(self, name: str) -> bool:
-        self._writable("delete a pool object")
         key = self._named_key(name)
         if self._head(key, "look up a pool object") is None:
             return False

@@ -1,12 +1,21 @@
-"""The blob store contract suite (docs/architecture/blob-store-contract.md, "Blob store contract"),
-shipped with the package as zarr ships its store tests: every store passes it.
+"""The blob store contract suite (docs/architecture/blob-store-contract.md, "Blob store
+contract"), shipped with the package as zarr ships its store tests: every store passes both
+of its parts.
 
-A test module subclasses `BlobStoreContract` and gives it a ``store`` fixture that returns a
-new, empty store, and, if its store can be damaged behind its back, a ``damage`` method::
+* `BlobStoreContract`: what a store does (puts, verified and ranged reads, listing, deleting,
+  incomplete writes, the errors);
+* `ReadOnlyStoreContract`: the store seen through its read-only view
+  (`AbstractBlobStore.read_only_view`): every write refused with `ReadOnlyPoolError` and
+  nothing changed on the store's medium, every read what the store itself answers.
 
-    from archive_manager.testing.blob_store import BlobStoreContract
+A test module subclasses both and gives them a ``store`` fixture that returns a new, empty
+store, and, where its store allows, a ``damage`` method (make a blob hold other bytes behind
+the store's back), ``leave_incomplete`` (leave a crashed writer's incomplete write) and
+``medium`` (what the store holds as its medium shows it: files, a bucket's objects)::
 
-    class TestMyStore(BlobStoreContract):
+    from archive_manager.testing.blob_store import BlobStoreContract, ReadOnlyStoreContract
+
+    class TestMyStore(BlobStoreContract, ReadOnlyStoreContract):
         @pytest.fixture
         def store(self, tmp_path):
             return MyStore(tmp_path)
@@ -23,6 +32,7 @@ import array
 import itertools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,14 +42,24 @@ from hypothesis import strategies as st
 
 from .._util.digest import digest_of
 from ..blobs import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite
+from ..blobs.base import ObjectRoot
 from ..errors import (
     BlobCorruptError,
     BlobNotFoundError,
     IntegrityError,
     InvalidNameError,
+    ReadOnlyPoolError,
 )
 
-__all__ = ["ABSENT", "BAD_DIGESTS", "READ_OPS", "BlobStoreContract", "flip_bit"]
+__all__ = [
+    "ABSENT",
+    "BAD_DIGESTS",
+    "READ_OPS",
+    "WRITE_OPS",
+    "BlobStoreContract",
+    "ReadOnlyStoreContract",
+    "flip_bit",
+]
 
 BAD_DIGESTS = [
     "../../etc/passwd",
@@ -417,3 +437,187 @@ class BlobStoreContract:
             return
         assert store.path(digest).read_bytes() == b"on a disk"
         assert store.path(digest).is_relative_to(store.root)
+
+
+#: Every write of the interface, as ``(name, call)``: ``call(view, stored, incomplete)`` with a
+#: digest the store holds and an incomplete write it lists (or a made-up one).
+WRITE_OPS: list[tuple[str, Any]] = [
+    ("put", lambda v, d, w: v.put(b"a new blob")),
+    ("put of a stored blob", lambda v, d, w: v.put(v.get(d))),
+    ("put with a given digest", lambda v, d, w: v.put(b"given", digest_of(b"given"))),
+    ("put with an invalid digest", lambda v, d, w: v.put(b"x", "../../etc/passwd")),
+    ("put_many", lambda v, d, w: v.put_many([(b"one", None), (b"two", None)], workers=2)),
+    ("put_new", lambda v, d, w: v.put_new([(b"three", None)])),
+    ("put_new of a stored blob", lambda v, d, w: v.put_new([(v.get(d), d)])),
+    ("delete", lambda v, d, w: v.delete(d)),
+    ("delete of an absent blob", lambda v, d, w: v.delete(ABSENT)),
+    ("delete of an invalid digest", lambda v, d, w: v.delete("../../etc/passwd")),
+    ("delete_many", lambda v, d, w: v.delete_many([d, ABSENT])),
+    ("remove_incomplete", lambda v, d, w: v.remove_incomplete(w)),
+    ("sweep_incomplete", lambda v, d, w: v.sweep_incomplete(time.time() + 3600)),
+]
+
+
+class ReadOnlyStoreContract:
+    """A store seen through its read-only view: every write refused before it reaches the
+    store, nothing changed, every read the store's own; subclasses provide `store` and, where
+    they can, `damage`, `leave_incomplete` and `medium`."""
+
+    REASON = "a contract test"
+
+    @pytest.fixture
+    def store(self) -> AbstractBlobStore:
+        """A new, empty store (a subclass overrides this fixture)."""
+        raise NotImplementedError
+
+    def damage(self, store: AbstractBlobStore, digest: str, data: bytes) -> None:
+        """As `BlobStoreContract.damage`."""
+        pytest.skip(f"{type(store).__name__} cannot be damaged behind its back")
+
+    def leave_incomplete(self, store: AbstractBlobStore, digest: str) -> bool:
+        """Leave an incomplete write of ``digest`` behind the store's back, as a writer killed
+        mid-put would; False where the store can have none (this default)."""
+        return False
+
+    def medium(self, store: AbstractBlobStore) -> Any:
+        """What ``store`` holds, as its medium shows it (a subclass looks at the files, or at
+        the bucket's objects and uploads); here through the store's own listing."""
+        return (
+            sorted((d, size, mtime, store.get(d)) for d, size, mtime in store.iter_stat()),
+            sorted((w.name, w.mtime, w.digest) for w in store.incomplete_writes()),
+        )
+
+    @pytest.fixture
+    def filled(self, store: Any) -> tuple[Any, list[str], IncompleteWrite]:
+        """``store`` holding a few blobs (one empty, one of 100 kB) and, where it can, an
+        incomplete write; the stored digests; an incomplete write it lists (else a made-up
+        one)."""
+        digests = store.put_many([(b"", None), (b"small", None), (os.urandom(100_000), None)])
+        digests.append(store.put([b"in ", b"parts"]))
+        left = self.leave_incomplete(store, digest_of(b"never finished"))
+        writes = store.incomplete_writes()
+        if left:
+            assert writes, "leave_incomplete left nothing the store lists"
+        write = writes[0] if writes else IncompleteWrite("gone.tmp", 0.0)
+        return store, digests, write
+
+    def test_a_store_writes_until_seen_through_its_view(self, store: Any) -> None:
+        assert store.read_only is False and store.read_only_reason is None
+        view = store.read_only_view(self.REASON)
+        assert isinstance(view, AbstractBlobStore)
+        assert view.read_only is True and view.read_only_reason == self.REASON
+        assert view.capabilities == store.capabilities
+        # A view, not a copy: the store still writes, and the view reads what it wrote.
+        assert store.read_only is False
+        digest = store.put(b"written after the view was made")
+        assert view.get(digest) == b"written after the view was made"
+
+    @pytest.mark.parametrize(("name", "call"), WRITE_OPS, ids=[n for n, _ in WRITE_OPS])
+    def test_every_write_is_refused_and_changes_nothing(
+        self, filled: tuple[Any, list[str], IncompleteWrite], name: str, call: Any
+    ) -> None:
+        store, digests, write = filled
+        view = store.read_only_view(self.REASON, where="the contract's pool")
+        before = self.medium(store)
+        with pytest.raises(ReadOnlyPoolError) as caught:
+            call(view, digests[-1], write)
+        message = str(caught.value)
+        assert "the contract's pool" in message and f"({self.REASON})" in message, message
+        assert "nothing was changed" in message, message
+        assert self.medium(store) == before
+
+    def test_refusals_come_before_anything_is_looked_at(self, store: Any) -> None:
+        # Not the names' check, not the iterator, not the data: the gate first.
+        view = store.read_only_view(self.REASON)
+        names = iter(["../../etc", ABSENT])
+        with pytest.raises(ReadOnlyPoolError):
+            view.delete_many(names)
+        assert list(names) == ["../../etc", ABSENT]
+        with pytest.raises(ReadOnlyPoolError):
+            view.put(object())
+        with pytest.raises(ReadOnlyPoolError):
+            view.remove_incomplete(None)
+
+    def test_reads_through_the_view_are_the_stores(
+        self, filled: tuple[Any, list[str], IncompleteWrite]
+    ) -> None:
+        store, digests, _ = filled
+        view = store.read_only_view(self.REASON)
+        for digest in digests:
+            data = store.get(digest)
+            assert view.get(digest) == data
+            assert bytes(view.open(digest)) == data == bytes(view.open(digest, verify=False))
+            assert view.open(digest).readonly
+            private = view.open_private(digest)
+            assert bytes(private) == data and not private.readonly
+            assert view.read_range(digest, 2, 3) == data[2:5] == store.read_range(digest, 2, 3)
+            assert view.read_head(digest, 4) == data[:4]
+            assert view.stat(digest) == store.stat(digest)
+            assert view.size(digest) == len(data)
+            assert view.has(digest)
+            view.check(digest)
+        assert sorted(view.iter_stat()) == sorted(store.iter_stat())
+        assert sorted(view.iter_digests()) == sorted(digests) == sorted(view)
+        assert view.incomplete_writes() == store.incomplete_writes()
+        assert not view.has(ABSENT)
+        with pytest.raises(BlobNotFoundError, match=ABSENT):
+            view.get(ABSENT)
+        with pytest.raises(InvalidNameError):
+            view.get("../../etc/passwd")
+
+    def test_damage_reads_as_damage_through_the_view(self, store: Any) -> None:
+        data = b"0123456789" * 10
+        digest = store.put(data)
+        self.damage(store, digest, flip_bit(data, 7))
+        view = store.read_only_view(self.REASON)
+        for op in (view.get, view.open, view.check, view.open_private):
+            with pytest.raises(BlobCorruptError, match=digest):
+                op(digest)
+        assert view.read_range(digest, 0, 10) == flip_bit(data, 7)[:10]
+
+    def test_a_view_of_a_view_shows_the_same_store(self, store: Any) -> None:
+        view = store.read_only_view(self.REASON)
+        again = view.read_only_view("twice")
+        assert again.read_only_reason == "twice" and view.read_only_reason == self.REASON
+        digest = store.put(b"seen by both")
+        assert again.get(digest) == view.get(digest) == b"seen by both"
+        for each in (view, again):
+            with pytest.raises(ReadOnlyPoolError):
+                each.put(b"refused")
+        assert not store.has(digest_of(b"refused"))
+
+    def test_only_the_stores_reading_members_pass_through(self, store: Any) -> None:
+        view = store.read_only_view(self.REASON)
+        interface = set(dir(AbstractBlobStore)) | set(AbstractBlobStore.__annotations__)
+        own = {n for n in dir(store) if not n.startswith("_")} - interface
+        for name in own - set(store.read_extras) - {"pool_root"}:
+            # A member the store does not name as a read may write: the view does not offer it.
+            assert not hasattr(view, name), name
+        for name in store.read_extras:
+            assert hasattr(view, name), name
+        if store.capabilities.local_paths:
+            digest = store.put(b"on a disk")
+            assert view.root == store.root and view.path(digest) == store.path(digest)
+
+    def test_the_pool_root_of_a_view_writes_nothing(self, store: Any) -> None:
+        """A store with a pool root (an object store's: identity, journal) gives its view's
+        root with every write refused too."""
+        if not hasattr(store, "pool_root"):
+            assert not hasattr(store.read_only_view(self.REASON), "pool_root")
+            return
+        store.pool_root().write("contract/note", b"there")
+        root: ObjectRoot = store.read_only_view(self.REASON).pool_root()
+        assert str(root) == str(store.pool_root())
+        before = self.medium(store), store.pool_root().list("contract")
+        writes: list[Callable[[], object]] = [
+            lambda: root.write("contract/note", b"changed"),
+            lambda: root.write("contract/new", b"new", exclusive=True),
+            lambda: root.delete("contract/note"),
+        ]
+        for write in writes:
+            with pytest.raises(ReadOnlyPoolError, match="nothing was changed"):
+                write()
+        assert (self.medium(store), store.pool_root().list("contract")) == before
+        assert root.read("contract/note") == b"there"
+        assert [name for name, _ in root.list("contract")] == ["note"]
+        assert store.pool_root().delete("contract/note")

@@ -109,6 +109,7 @@ class FaultyBlobStore(AbstractBlobStore):
     def __init__(self, inner: AbstractBlobStore) -> None:
         self.inner = inner
         self.capabilities = inner.capabilities
+        self.read_extras = inner.read_extras
         self.faults: list[Fault] = []
         self.calls: Counter[str] = Counter()
         # The writer puts from an I/O thread while GC or a reader may call from another.
@@ -121,6 +122,11 @@ class FaultyBlobStore(AbstractBlobStore):
         if name == "inner":  # not set yet (a copy being made): never recurse
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """``inner``'s: a read-only store stays read-only behind the faults."""
+        return self.inner.read_only_reason
 
     # ------------------------------------------------------------------ planning faults
 

@@ -18,7 +18,11 @@ from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore
 from archive_manager.blobs import local as blobs
 from archive_manager.errors import IntegrityError, InvalidNameError
 from archive_manager.testing import FaultyBlobStore
-from archive_manager.testing.blob_store import BAD_DIGESTS, BlobStoreContract
+from archive_manager.testing.blob_store import (
+    BAD_DIGESTS,
+    BlobStoreContract,
+    ReadOnlyStoreContract,
+)
 
 
 def _damage_in_memory(store: MemoryBlobStore, digest: str, data: bytes) -> None:
@@ -32,7 +36,24 @@ def _damage_file(store: BlobStore, digest: str, data: bytes) -> None:
     path.chmod(0o444)
 
 
-class TestMemoryBlobStore(BlobStoreContract):
+def _leave_temp_file(store: BlobStore, digest: str) -> bool:
+    """A temp file of ``digest`` as a writer killed mid-put leaves it."""
+    (store.root / "tmp").mkdir(exist_ok=True)
+    (store.root / "tmp" / f"{digest}.1.killed.tmp").write_bytes(b"half a blob")
+    return True
+
+
+def _files(store: BlobStore) -> dict[str, tuple[bytes, int, int]]:
+    """Every file and folder under the store's root: bytes, mode and mtime (nanoseconds)."""
+    found = {}
+    for path in sorted(store.root.rglob("*")):
+        st = path.lstat()
+        data = path.read_bytes() if path.is_file() else b""
+        found[str(path.relative_to(store.root))] = (data, st.st_mode, st.st_mtime_ns)
+    return found
+
+
+class TestMemoryBlobStore(BlobStoreContract, ReadOnlyStoreContract):
     @pytest.fixture
     def store(self) -> MemoryBlobStore:
         return MemoryBlobStore()
@@ -45,7 +66,7 @@ class TestMemoryBlobStore(BlobStoreContract):
         assert store.temp_files() == []
 
 
-class TestFaultyBlobStore(BlobStoreContract):
+class TestFaultyBlobStore(BlobStoreContract, ReadOnlyStoreContract):
     """The fault-injecting wrapper, with no fault planned, is a store like the one it wraps."""
 
     @pytest.fixture(params=["memory", "local"])
@@ -59,14 +80,25 @@ class TestFaultyBlobStore(BlobStoreContract):
         else:
             _damage_file(store.inner, digest, data)
 
+    def leave_incomplete(self, store, digest) -> bool:
+        return not isinstance(store.inner, MemoryBlobStore) and _leave_temp_file(
+            store.inner, digest
+        )
 
-class TestBlobStore(BlobStoreContract):
+
+class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> BlobStore:
         return BlobStore(tmp_path / "pool")
 
     def damage(self, store, digest, data) -> None:
         _damage_file(store, digest, data)
+
+    def leave_incomplete(self, store, digest) -> bool:
+        return _leave_temp_file(store, digest)
+
+    def medium(self, store):
+        return _files(store)
 
     def test_layout(self, store, tmp_path: Path) -> None:
         digest = store.put(b"where am I")

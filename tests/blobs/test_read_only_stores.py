@@ -1,9 +1,10 @@
-"""The read-only gate of stores (`S3BlobStore.read_only`, the folder store's;
-docs/architecture/shared-pools.md "Shared pools"), against a real S3 server (`tests/s3server.py`):
-every public path of a read-only pool, in process and through the CLI, writes nothing (the bucket's
-keys, ETags and multipart uploads and the catalog's bytes compared before and after);
-`put_new` is refused; the read-only copy shares nothing mutable with the caller's store, which
-a writable open then refuses; one wording for the refusal.
+"""The read-only gate of a pool's store (`AbstractBlobStore.read_only_view`, on a folder and
+on S3; docs/architecture/shared-pools.md "Shared pools"), against a real S3 server (`tests/s3server.py`):
+every public path of a read-only pool, in process and through the CLI, writes nothing (the
+bucket's keys, ETags and multipart uploads and the catalog's bytes compared before and after);
+`put_new` is refused; the view leaves the caller's store writable, and a writable open refuses
+a reader's store; one wording for the refusal.  (The view of each store alone is held by the
+contract suite, `ReadOnlyStoreContract`.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from s3server import S3Server
 from test_s3 import _prefix, _samples
 
 from archive_manager import ArchiveManager
+from archive_manager.blobs import AbstractBlobStore, ReadOnlyView
 from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.errors import ArchiveError, InvalidInputError, ReadOnlyPoolError
 
@@ -77,11 +79,14 @@ def _snapshot(server: S3Server, bucket: str, pool: _Pool) -> tuple[Any, ...]:
     return objects, uploads, files
 
 
-def _record_writes(store: S3BlobStore) -> list[str]:
-    """The mutating requests sent through ``store``'s client (shared with its copies)."""
+def _record_writes(store: AbstractBlobStore) -> list[str]:
+    """The mutating requests sent through the client of ``store`` (an S3 store, or a read-only
+    view of one)."""
+    shown = store.store if isinstance(store, ReadOnlyView) else store
+    assert isinstance(shown, S3BlobStore)
     sent: list[str] = []
     for op in _MUTATING:
-        store._client.meta.events.register(
+        shown._client.meta.events.register(
             f"before-call.s3.{op}", lambda op=op, **_: sent.append(op)
         )
     return sent
@@ -196,7 +201,7 @@ def test_every_public_path_of_a_read_only_s3_pool_writes_nothing(
     with ArchiveManager.open(
         s3_pool.root, catalog_url=s3_pool.url, read_only=True, store=store
     ) as pool:
-        sent = _record_writes(pool.store)  # type: ignore[arg-type]
+        sent = _record_writes(pool.store)
         errors = _every_public_path(pool, tmp_path)
     assert sent == []
     assert _snapshot(s3_env, bucket, s3_pool) == before
@@ -376,7 +381,7 @@ def test_a_postgresql_reader_role_on_s3_writes_nothing_to_the_bucket(
         for read_only in (None, False):
             with ArchiveManager.open(root, url, read_only=read_only) as pool:
                 assert pool.read_only, read_only
-                sent = _record_writes(pool.store)  # type: ignore[arg-type]
+                sent = _record_writes(pool.store)
                 assert len(pool.open_archive("a").load_samples()) == 8
                 assert pool.verify(read_data=True).ok
                 messages = []
@@ -405,43 +410,43 @@ def test_a_postgresql_reader_role_on_s3_writes_nothing_to_the_bucket(
 # --------------------------------------------------------------------------- copies
 
 
-def test_the_read_only_copy_and_the_original_share_nothing_mutable(
-    s3_env: S3Server, bucket: str
-) -> None:
+def test_the_read_only_view_of_an_s3_store_sends_no_write(s3_env: S3Server, bucket: str) -> None:
     store = S3BlobStore(bucket, _prefix())
-    view = store.read_only("a test")
-    again = view.read_only("twice")
-    assert store._read_only is None and view._read_only == "a test"
-    assert again._read_only == "twice" and view._read_only == "a test"
-    # The original writes, the copies refuse, in either order.
-    with pytest.raises(ReadOnlyPoolError, match=r"read-only here \(a test\)"):
+    sent = _record_writes(store)
+    view = store.read_only_view("a test", where=store.url)
+    # The original writes, the view refuses before any request, in either order.
+    with pytest.raises(ReadOnlyPoolError, match=rf"{store.url} is read-only here \(a test\)"):
         view.put(b"v" * 64)
+    assert sent == []
     digest = store.put(b"v" * 64)
-    with pytest.raises(ReadOnlyPoolError):
-        view.delete(digest)
-    with pytest.raises(ReadOnlyPoolError):
-        again.put_many([(b"w" * 64, None)] * 3, workers=3)
+    sent.clear()
+    for write in (
+        lambda: view.delete(digest),
+        lambda: view.put_many([(b"w" * 64, None)] * 3, workers=3),
+        lambda: view.sweep_incomplete(time.time() + 3600),
+        lambda: view.pool_root().write("note", b"x"),
+        lambda: copy.copy(view).put(b"x" * 64),  # a shallow copy, as a caller might make
+    ):
+        with pytest.raises(ReadOnlyPoolError):
+            write()
+    assert sent == []
+    # Reads go through the store's own client and settings.
     assert view.get(digest) == store.get(digest) == b"v" * 64
+    assert (view.url, view.bucket, view.deadline) == (store.url, store.bucket, store.deadline)
     assert store.delete(digest)
-    # Every attribute of the copy is the original's, but the gate; the settings are frozen.
-    assert set(vars(view)) == set(vars(store))
-    assert {k: v for k, v in vars(view).items() if k != "_read_only"} == {
-        k: v for k, v in vars(store).items() if k != "_read_only"
-    }
-    with pytest.raises(AttributeError):
-        view._config.attempts = 1  # type: ignore[misc]
-    # The gate comes first: before names are checked or an iterator is consumed.
-    names = iter(["../../etc", digest])
-    with pytest.raises(ReadOnlyPoolError):
-        view.delete_many(names)
-    assert list(names) == ["../../etc", digest]
-    # A shallow copy of the view (copy.copy, as a caller might) stays read-only.
-    with pytest.raises(ReadOnlyPoolError):
-        copy.copy(view).put(b"x" * 64)
-    # The view's root writes nothing either; the original's root still writes.
-    with pytest.raises(ReadOnlyPoolError):
-        view.pool_root().write("note", b"x")
     assert store.pool_root().write("note", b"x") and store.pool_root().delete("note")
+    # The root a catalog records elsewhere (`S3Root.other`, read to see whether the pool is
+    # still there) is only looked at, from the store and from its view.
+    elsewhere = f"s3://{bucket}/{_prefix()}"
+    S3BlobStore.from_url(elsewhere).pool_root().write("archive-pool.json", b"{}")
+    sent.clear()
+    for other in (store.pool_root().other(elsewhere), view.pool_root().other(elsewhere)):
+        assert str(other) == elsewhere and other.read("archive-pool.json") == b"{}"
+        with pytest.raises(ReadOnlyPoolError, match="another root, only looked at"):
+            other.write("archive-pool.json", b"changed")
+        with pytest.raises(ReadOnlyPoolError):
+            other.delete("archive-pool.json")
+    assert sent == []
 
 
 # --------------------------------------------------------------------------- filesystem
@@ -457,8 +462,7 @@ def test_a_read_only_filesystem_pool_writes_nothing_through_its_store(
 ) -> None:
     # Break (store passed in), fixed: the filesystem reader used a caller's store as it was,
     # so pool.store deleted a published archive's chunk and swept a live writer's temp file,
-    # though the open was read_only=True (S3 gates a passed-in store since c37c811).  Now
-    # seen through ReadOnlyStoreView.
+    # though the open was read_only=True.  Now seen through its read-only view.
     from archive_manager.blobs import BlobStore
 
     with ArchiveManager.open(tmp_path, chunk_size=4) as pool:
@@ -545,7 +549,7 @@ def test_a_read_only_store_refuses_put_new(tmp_path: Path) -> None:
     assert after == before
 
 
-# Fixed: S3BlobStore.read_only, the second gate a read-only open now puts on pool.store.
+# Fixed: the read-only view, the second gate a read-only open puts on pool.store.
 def test_a_read_only_s3_pool_refuses_put_new(s3_env: S3Server, bucket: str, tmp_path: Path) -> None:
     root, url = _root(bucket), _sqlite(tmp_path)
     with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:

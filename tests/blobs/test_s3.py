@@ -46,7 +46,7 @@ from archive_manager.errors import (
     TransientBlobStoreError,
 )
 from archive_manager.interop.synthetic import make_rollout
-from archive_manager.testing.blob_store import BlobStoreContract, flip_bit
+from archive_manager.testing.blob_store import BlobStoreContract, ReadOnlyStoreContract, flip_bit
 
 REQUIRE_S3_ENV = "ARCHIVE_MANAGER_REQUIRE_S3"
 
@@ -97,13 +97,33 @@ def _fast(**kwargs: Any) -> dict[str, Any]:
     return {"attempts": 3, "backoff": 0.02, "max_backoff": 0.1, "connect_timeout": 2.0, **kwargs}
 
 
-class TestS3BlobStore(BlobStoreContract):
+class TestS3BlobStore(BlobStoreContract, ReadOnlyStoreContract):
     @pytest.fixture
     def store(self, s3_env: S3Server, bucket: str) -> S3BlobStore:
         return S3BlobStore(bucket, _prefix())
 
     def damage(self, store: Any, digest: str, data: bytes) -> None:
         store._client.put_object(Bucket=store.bucket, Key=store._key(digest), Body=data)
+
+    def leave_incomplete(self, store: Any, digest: str) -> bool:
+        """A multipart upload a writer killed mid-upload left."""
+        store._client.create_multipart_upload(Bucket=store.bucket, Key=store._key(digest))
+        return True
+
+    def medium(self, store: Any) -> Any:
+        """The prefix's objects (key, ETag, size, time) and multipart uploads, as the server
+        lists them."""
+        client = store._client
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=store.bucket, Prefix=store.prefix + "/"
+        )
+        objects = sorted(
+            (o["Key"], o["ETag"], o["Size"], o["LastModified"])
+            for page in pages
+            for o in page.get("Contents", ())
+        )
+        uploads = client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix + "/")
+        return objects, sorted((u["Key"], u["UploadId"]) for u in uploads.get("Uploads", ()))
 
 
 # --------------------------------------------------------------------------- pools on S3
