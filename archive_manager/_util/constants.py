@@ -48,7 +48,7 @@ def default_catalog_url(root: Path) -> str:
 
 
 # --- facts of the catalog's schema that its readers check before reading (the SQLite
-# listing, `_sqlite_listing`, reads them without SQLAlchemy; the catalog package re-exports
+# listing, `pool/sqlite_listing.py`, reads them without SQLAlchemy; the catalog package re-exports
 # them) ----------------------------------------------------------------------------------
 
 HEAD_REVISION = "0012"

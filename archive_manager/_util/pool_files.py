@@ -2,7 +2,7 @@
 (docs/architecture/pool-identity.md, "Pool identity") and the names of the retention journal's files
 (docs/architecture/retention-journal.md, "Retention journal").
 
-`identity` and `journal` write and judge them; the SQLite listing (`_sqlite_listing`), which
+`identity` and `journal` write and judge them; the SQLite listing (`pool/sqlite_listing.py`), which
 must not import SQLAlchemy, checks them before it trusts a catalog (docs/architecture/start-up.md,
 "Start-up").
 """

@@ -3,7 +3,7 @@
 (`reader_uri`), the connection (`connect_reader`) and its read transaction (`begin_read_snapshot`).
 
 Standard library only: the catalog's SQLite dialect reads through these, and so do the
-CLI's archive-name completion and the SQLite listing (`_sqlite_listing`), which must not
+CLI's archive-name completion and the SQLite listing (`pool/sqlite_listing.py`), which must not
 import SQLAlchemy (docs/architecture/start-up.md, "Start-up").
 """
 

@@ -250,7 +250,7 @@ task_texts_table = Table(
 
 archive_summaries_table = Table(
     # What the statistics need of one archive's samples, computed once when its rows are
-    # written (``archive_manager/summary.py``; docs/architecture/summaries-and-paging.md, "Summaries
+    # written (``archive_manager/pool/summary.py``; docs/architecture/summaries-and-paging.md, "Summaries
     # and paging").
     "archive_summaries",
     metadata,

@@ -1,7 +1,7 @@
 """What `ArchiveManager.find` lists, in one place below the catalog: `ArchiveInfo` (one
 archive as listings show it) and the listing's filters checked and normalised
 (`listing_filter`), which the catalog's query (`ArchiveManager.find`) and the SQLite listing
-read with the standard library (`_sqlite_listing`) both take, so the two cannot disagree on
+read with the standard library (`pool/sqlite_listing.py`) both take, so the two cannot disagree on
 what a filter means or which input is refused (docs/architecture/start-up.md, "Start-up").
 
 No SQLAlchemy here: ``archive-manager ls`` imports this module without it.

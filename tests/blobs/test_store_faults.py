@@ -126,11 +126,6 @@ def test_the_wrapper_shows_the_inner_store(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def memory_pool(tmp_path: Path, clock: FakeClock) -> Iterator[ArchiveManager]:
     with ArchiveManager.open(
         tmp_path / "pool", store=FaultyBlobStore(MemoryBlobStore()), clock=clock

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "archive_manager"
 sys.path.insert(0, str(TOOLS))
 import crash_matrix  # noqa: E402  (a script in tools/, imported as a module)
 from _matrix import LOST, SUPERSEDE, assert_all_hold  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _disarmed() -> Iterator[None]:
-    _failpoints.configure(None)
-    yield
-    _failpoints.configure(None)
 
 
 def _points_in_code() -> set[str]:

@@ -4,20 +4,12 @@ kills (``tools/crash_matrix.py``; the kill matrix is in test_crash_matrix.py).""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _matrix import LOST, SUPERSEDE, assert_all_hold, crash_matrix
 
 from archive_manager._util import failpoints as _failpoints
-
-
-@pytest.fixture(autouse=True)
-def _disarmed() -> Iterator[None]:
-    _failpoints.configure(None)
-    yield
-    _failpoints.configure(None)
 
 
 @pytest.mark.slow

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _matrix import assert_all_hold, crash_matrix
 
 from archive_manager._util import failpoints as _failpoints
-
-
-@pytest.fixture(autouse=True)
-def _disarmed() -> Iterator[None]:
-    _failpoints.configure(None)
-    yield
-    _failpoints.configure(None)
 
 
 @pytest.mark.slow

@@ -407,7 +407,7 @@ HOSTILE_OWNERS = [
 @pytest.fixture
 def hostile_pool(tmp_path: Path) -> Iterator[tuple[ArchiveManager, PoolSnapshot]]:
     """A SQLite pool and its snapshot: these refusals happen before the catalog is asked
-    anything, so one backend suffices (the rollbacks are covered on both by test_manager)."""
+    anything, so one backend suffices (the rollbacks are covered on both by test_save.py)."""
     with ArchiveManager.open(tmp_path / "pool") as pool:
         pool.save("a", tiny_rollout(), rollout_id=1)
         pool.retain("checkpoint:keep", "a")

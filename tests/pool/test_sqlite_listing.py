@@ -1,4 +1,4 @@
-"""The SQLite listing (`_sqlite_listing.read_listing`): ``ls`` read with sqlite3 gives exactly
+"""The SQLite listing (`pool/sqlite_listing.py`, `read_listing`): ``ls`` read with sqlite3 gives exactly
 what the full open's `ArchiveManager.find` and `payload_reclaimed` give, and answers nothing
 (None: the full open decides) whenever the pool is not plainly as an open would leave it; it
 never writes to the pool (docs/architecture/start-up.md, "Start-up").

@@ -1,4 +1,4 @@
-"""Per-archive summaries (archive_manager/summary.py): stored at save, by the upgrade and by a
+"""Per-archive summaries (archive_manager/pool/summary.py): stored at save, by the upgrade and by a
 catalog rebuild, and equal to the sample-level computation they replace."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Already covered elsewhere, and not repeated here: `BlobStore.put` failing midway
 or when interrupted leaves no temp file (test_blobs.py); `Catalog.open` on a garbage or
 truncated file, or at a newer revision or format (test_catalog.py,
 test_catalog_migrations.py); a writer whose chunk write failed refuses to go on
-(test_manager.py); the write lock held past the busy timeout at the `Catalog` level, on
+(test_save.py); the write lock held past the busy timeout at the `Catalog` level, on
 SQLite and PostgreSQL (test_catalog.py, test_catalog_postgresql.py).
 """
 
