@@ -553,12 +553,14 @@ class ArchiveManager:
         """`save`, handed to a background thread: returns a `concurrent.futures.Future` that
         resolves to the archive `save` returns, or fails with the error `save` raises.
 
-        The samples are taken when this is called: each is encoded on the caller's thread
-        (the codec's copy of its values), so the caller may reuse or change the samples,
-        their dicts, lists, tensors and arrays as soon as this returns.  The save itself
-        (blobs, ownership, manifest, publication) then runs on the pool's worker thread, one
-        save at a time in the order they were handed over, under the save protocol
-        unchanged: a process killed before a save published leaves nothing visible.
+        The samples are taken when this is called: each is copied on the caller's thread as
+        far as the caller could change it (its numeric lists as the arrays the codec stores,
+        on several threads; lists, dicts, tensors and arrays; `codec.snapshot`), so the
+        caller may reuse or change the samples, their dicts, lists, tensors and arrays as
+        soon as this returns.  The encoding and the save itself (blobs, ownership, manifest,
+        publication) then run on the pool's worker thread, one save at a time in the order
+        they were handed over, under the save protocol unchanged: a process killed before a
+        save published leaves nothing visible.
 
         Bytes in flight are bounded by `save_async_budget`: past it, this waits until the
         worker has taken enough (backpressure).  A failure is set on the future; one whose
@@ -602,7 +604,7 @@ class ArchiveManager:
 
     @property
     def save_async_budget(self) -> int:
-        """Bytes of samples `save_async` may hold, encoded, waiting for the worker (1 GiB by
+        """Bytes of samples `save_async` may hold, taken, waiting for the worker (1 GiB by
         default); a call that would exceed it waits.  Settable."""
         from .pool.background import DEFAULT_BUDGET
 

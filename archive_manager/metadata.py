@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._util.lazy_torch import is_tensor, tensor_class, torch_module
 from ._util.reward_keys import check_reward_key, reward_component
-from .codec import TensorRef
+from .codec import TakenList, TensorRef
 from .errors import MetadataError, UnencodableError
 from .samples import is_queue_key
 
@@ -135,6 +135,10 @@ def describe_sample(sample: Any, *, reward_key: str | None = None) -> dict[str, 
                 _add_tensor(tensors, key, value)
             elif key in REPLAY_FIELDS:
                 lengths[key] = len(value)
+        elif cls is TakenList:
+            # a numeric list as `save_async` took it (codec.snapshot): described as the list
+            if key in REPLAY_FIELDS:
+                lengths[key] = len(value)
         elif cls is dict:
             if value:
                 _add_mapping(tensors, key, value)
@@ -192,7 +196,7 @@ def _describe_other_reward(described: dict[str, Any], reward: Any, reward_key: s
         return
     if type(reward) is float or _one_number(reward) is not None:
         return  # a number, NaN or infinite: not a reward of another kind
-    described["reward_type"] = type(reward).__name__
+    described["reward_type"] = "list" if type(reward) is TakenList else type(reward).__name__
 
 
 def rescored(description: dict[str, Any], reward_key: str | None) -> dict[str, Any]:

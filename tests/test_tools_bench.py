@@ -274,10 +274,13 @@ def test_bench_async_save_quick_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout)
     assert set(figures["median_seconds"]) == {
-        "save", "blocked", "async_total", "prepare", "copy", "numbers",
+        "save", "blocked", "async_total", "beside_total", "take", "prepare", "numbers", "fill",
     }  # fmt: skip
     assert all(len(v) == 1 and v[0] > 0 for v in figures["seconds"].values())
-    assert set(figures["median_cpu_seconds"]) == set(figures["median_seconds"]) - {"async_total"}
+    assert set(figures["median_cpu_seconds"]) == set(figures["median_seconds"]) - {
+        "async_total", "beside_total",
+    }  # fmt: skip
+    assert figures["loop_slowdown"] > 0
 
 
 def test_bench_small_save_quick_run(tmp_path: Path) -> None:

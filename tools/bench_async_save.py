@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How long `pool.save_async` blocks the training loop, against a synchronous `pool.save`
-(docs/performance.md, "Saving in the background").
+"""How long `pool.save_async` blocks the training loop, against a synchronous `pool.save`,
+and how much the save it hands off slows a loop running beside it (docs/performance.md,
+"Saving in the background").
 
 On the realistic rollout (``make_rollout(1024)``, docs/architecture/workload.md "Workload"), each
 round times, in one process:
@@ -8,18 +9,23 @@ round times, in one process:
 * ``pool.save``: the whole synchronous save;
 * ``pool.save_async``: the time until it returns (the caller is blocked that long), and until
   its future resolves (end to end);
-* the snapshots a background save could take on the caller's thread, without saving:
-  ``prepare`` (what `save_async` does: every sample encoded, its values copied, and
-  described, `writer.prepare_sample`), ``copy`` (a structural copy: every list, dict, tensor
-  and array copied, each sample object copied) and ``numbers`` (only reading every number of
-  every numeric list once, `codec._native.numbers`: a floor for any snapshot of those lists).
+* the same with a CPU-bound Python loop run right after the call until the future resolves:
+  the loop's speed against the same loop alone (the worker holds the GIL while it encodes);
+* the snapshots, without saving: ``take`` (what `save_async` takes now,
+  `codec.snapshot.take_samples`: the copy, each numeric list converted to its array on
+  ``codec.snapshot.THREADS`` threads), ``prepare`` (what it took before: every sample encoded
+  on the caller's thread, `writer.prepare_sample`), and two floors: ``numbers`` (only reading
+  every number of every numeric list once, `codec._native.numbers`, one thread: the least any
+  snapshot of those lists costs on one thread) and ``fill`` (converting the same lists on the
+  snapshot's threads alone, without the rest of the copy).
 
 Before each timed save the previous archive is released and collected (``gc(grace=0)``) and
-``os.sync()`` runs, untimed, so every save writes its blobs anew; the order of the two saves
+``os.sync()`` runs, untimed, so every save writes its blobs anew; the order of the saves
 alternates between rounds.  Medians of ``--rounds`` are printed with the load average before
 and after.  Beside wall time, CPU time: the process's during a synchronous save (every thread
-of it), the caller thread's during ``save_async`` and each snapshot; on a machine shared with
-other jobs the CPU figures are the steadier ones (wall time then counts the waits for a core).
+of it), the caller thread's and the process's during ``save_async`` and each snapshot; on a
+machine shared with other jobs the CPU figures are the steadier ones (wall time then counts
+the waits for a core).
 
     python3 tools/bench_async_save.py [--samples 1024] [--rounds 5] [--root DIR] [--json]
 """
@@ -27,7 +33,6 @@ other jobs the CPU figures are the steadier ones (wall time then counts the wait
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -42,46 +47,41 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
 from archive_manager import ArchiveManager  # noqa: E402
-from archive_manager.codec.values import gc_paused  # noqa: E402
+from archive_manager.codec import snapshot  # noqa: E402
+from archive_manager.codec.values import TakenList, gc_paused  # noqa: E402
 from archive_manager.interop.synthetic import make_rollout  # noqa: E402
 from archive_manager.pool.writer import prepare_sample  # noqa: E402
 
 
-def structural_copy(value: Any) -> Any:
-    """A copy sharing nothing mutable with ``value`` (the "copy" snapshot)."""
-    kind = type(value)
-    if kind is list:
-        if value and type(value[0]) in (int, float):
-            return value.copy()  # numbers are immutable: the list is what must be copied
-        return [structural_copy(v) for v in value]
-    if kind is dict:
-        return {k: structural_copy(v) for k, v in value.items()}
-    if kind is tuple:
-        return tuple(structural_copy(v) for v in value)
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        other = copy.copy(value)
-        other.__dict__ = structural_copy(value.__dict__)
-        return other
-    return value
+def numeric_lists(samples: list[Any]) -> list[list[Any]]:
+    return [v for sample in samples for v in vars(sample).values() if type(v) is list and v]
 
 
-def read_numbers(samples: list[Any]) -> None:
+def read_numbers(lists: list[list[Any]]) -> None:
     from archive_manager.codec._accel import native_numbers as numbers
 
     if numbers is None:
         raise SystemExit("the C extension is not built: no 'numbers' floor")
-    for sample in samples:
-        for value in vars(sample).values():
-            if type(value) is list and value:
-                numbers(value)
+    for value in lists:
+        numbers(value)
+
+
+def fill_lists(lists: list[list[Any]]) -> None:
+    pending = []
+    for value in lists:
+        taken = TakenList()
+        taken.length = len(value)
+        pending.append((value, taken))
+    snapshot.fill(pending)
+
+
+def spin(n: int = 200_000) -> int:
+    """A CPU-bound step of pure Python (a training loop's own work, holding the GIL)."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
 
 
 def timed(
@@ -104,11 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     samples = make_rollout(args.samples, seed=1)
+    lists = numeric_lists(samples)
     load_before = os.getloadavg()
     base = Path(tempfile.mkdtemp(prefix="bench-async-", dir=args.root))
-    keys = ("save", "blocked", "async_total", "prepare", "copy", "numbers")
+    keys = ("save", "blocked", "async_total", "beside_total", "take", "prepare", "numbers", "fill")
     times: dict[str, list[float]] = {k: [] for k in keys}
-    cpu: dict[str, list[float]] = {k: [] for k in keys if k != "async_total"}
+    cpu: dict[str, list[float]] = {
+        k: [] for k in ("save", "blocked", "take", "prepare", "numbers", "fill")
+    }
+    process: dict[str, list[float]] = {k: [] for k in ("blocked", "take", "fill")}
+    steps: dict[str, list[float]] = {"alone": [], "beside": []}
     with ArchiveManager.open(base / "pool") as pool:
 
         def fresh() -> None:
@@ -127,71 +132,111 @@ def main(argv: list[str] | None = None) -> int:
 
         def async_save(r: int) -> None:
             fresh()
-            start, start_cpu = time.perf_counter(), time.thread_time()
+            start, start_cpu, start_process = (
+                time.perf_counter(),
+                time.thread_time(),
+                time.process_time(),
+            )
             future = pool.save_async(f"a{r}", samples, rollout_id=r)
             times["blocked"].append(time.perf_counter() - start)
             cpu["blocked"].append(time.thread_time() - start_cpu)
+            process["blocked"].append(time.process_time() - start_process)
             future.result()
             times["async_total"].append(time.perf_counter() - start)
+
+        def beside(r: int) -> None:
+            """A loop of `spin` steps from the call until the future resolves."""
+            fresh()
+            for _ in range(5):
+                steps["alone"].append(timed(spin)[0])
+            start = time.perf_counter()
+            future = pool.save_async(f"b{r}", samples, rollout_id=r)
+            while True:  # one step at least: a tiny save may be done at once
+                steps["beside"].append(timed(spin)[0])
+                if future.done():
+                    break
+            future.result()
+            times["beside_total"].append(time.perf_counter() - start)
+
+        def take() -> None:
+            with gc_paused():
+                snapshot.take_samples(samples)
 
         def prepare() -> None:
             with gc_paused():
                 for i, sample in enumerate(samples):
                     prepare_sample(pool.context, sample, i)
 
-        def structural() -> None:
-            with gc_paused():
-                structural_copy(samples)
-
+        saves = (sync_save, async_save, beside)
         for r in range(args.rounds):
-            for save in (sync_save, async_save) if r % 2 == 0 else (async_save, sync_save):
+            for save in saves if r % 2 == 0 else saves[::-1]:
                 save(r)
             for key, fn in (
+                ("take", take),
                 ("prepare", prepare),
-                ("copy", structural),
-                ("numbers", lambda: read_numbers(samples)),
+                ("numbers", lambda: read_numbers(lists)),
+                ("fill", lambda: fill_lists(lists)),
             ):
+                start_process = time.process_time()
                 wall, used = timed(fn)
                 times[key].append(wall)
                 cpu[key].append(used)
+                if key in process:
+                    process[key].append(time.process_time() - start_process)
     shutil.rmtree(base)
     load_after = os.getloadavg()
     medians = {k: statistics.median(v) for k, v in times.items()}
     cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
+    process_medians = {k: statistics.median(v) for k, v in process.items()}
+    step_medians = {k: statistics.median(v) for k, v in steps.items()}
     figures = {
         "samples": args.samples,
         "rounds": args.rounds,
+        "threads": snapshot.THREADS,
         "load_before": load_before,
         "load_after": load_after,
         "median_seconds": medians,
         "median_cpu_seconds": cpu_medians,
+        "median_process_cpu_seconds": process_medians,
+        "median_step_seconds": step_medians,
         "seconds": times,
         "cpu_seconds": cpu,
         "blocked_share": medians["blocked"] / medians["save"],
         "blocked_cpu_share": cpu_medians["blocked"] / cpu_medians["save"],
+        "loop_slowdown": step_medians["beside"] / step_medians["alone"],
     }
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
     print(
-        f"realistic rollout of {args.samples} samples, medians of {args.rounds}; load average "
-        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after"
+        f"realistic rollout of {args.samples} samples, medians of {args.rounds}; "
+        f"{snapshot.THREADS} snapshot threads; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after"
     )
     save, save_cpu = medians["save"], cpu_medians["save"]
     rows = [
         ("pool.save (synchronous)", "save"),
         ("pool.save_async: caller blocked", "blocked"),
         ("pool.save_async: until its future resolves", "async_total"),
-        ("snapshot 'prepare' (what save_async takes)", "prepare"),
-        ("snapshot 'copy' (lists, dicts, tensors copied)", "copy"),
-        ("floor: reading every number once", "numbers"),
+        ("  the same, a CPU-bound loop beside it", "beside_total"),
+        ("snapshot 'take' (what save_async takes)", "take"),
+        ("snapshot 'prepare' (what it took before)", "prepare"),
+        ("floor: reading every number once, 1 thread", "numbers"),
+        ("floor: the numeric lists alone, its threads", "fill"),
     ]
-    print(f"{'':48}{'wall':>9}  {'of a save':>9}  {'CPU':>9}  {'of a save':>9}")
+    print(f"{'':48}{'wall':>9}  {'of a save':>9}  {'CPU':>9}  {'of a save':>9}  {'process':>9}")
     for label, key in rows:
         line = f"{label:48}{medians[key] * 1e3:6.1f} ms  {medians[key] / save:9.1%}"
         if key in cpu_medians:
             line += f"  {cpu_medians[key] * 1e3:6.1f} ms  {cpu_medians[key] / save_cpu:9.1%}"
+        if key in process_medians:
+            line += f"  {process_medians[key] * 1e3:6.1f} ms"
         print(line)
+    print(
+        f"a CPU-bound loop's step: {step_medians['alone'] * 1e3:.1f} ms alone, "
+        f"{step_medians['beside'] * 1e3:.1f} ms while the background save runs "
+        f"({figures['loop_slowdown']:.2f}x)"
+    )
     return 0
 
 

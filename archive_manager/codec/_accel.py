@@ -24,9 +24,12 @@ from ..errors import NativeFallbackWarning
 __all__ = [
     "NO_NATIVE_ENV",
     "native_dict_items",
+    "native_fill_taken",
     "native_first_leaves",
     "native_numbers",
     "native_stored_list",
+    "native_take_dict",
+    "native_take_object",
     "native_texts_holding",
 ]
 
@@ -83,3 +86,25 @@ def _load_decoder() -> StoredListFn | None:
 
 
 native_stored_list = _load_decoder()
+
+TakeDictFn = Callable[..., "int | None"]
+TakeObjectFn = Callable[..., "tuple[Any, int] | None"]
+FillTakenFn = Callable[[list[Any], int], list[int]]
+
+
+def _load_snapshot() -> tuple[TakeDictFn, TakeObjectFn, FillTakenFn] | tuple[None, None, None]:
+    # NOTE: looked up apart, as `stored_list`: an extension built from an older checkout
+    # lacks them, and then `save_async`'s snapshot runs in Python (codec/snapshot.py).
+    if native_numbers is None:
+        return None, None, None
+    from . import _native
+
+    take_dict = getattr(_native, "take_dict", None)
+    take_object = getattr(_native, "take_object", None)
+    fill_taken = getattr(_native, "fill_taken", None)
+    if take_dict is None or take_object is None or fill_taken is None:
+        return None, None, None
+    return take_dict, take_object, fill_taken
+
+
+native_take_dict, native_take_object, native_fill_taken = _load_snapshot()

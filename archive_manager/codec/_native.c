@@ -18,6 +18,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The narrowing order of values._INT_NARROWING: the first that holds [lo, hi] wins. */
@@ -35,7 +36,7 @@ static const struct {
 #define N_NARROWING (sizeof(NARROWING) / sizeof(NARROWING[0]))
 
 /* Byte plane j of the result holds byte j (little-endian) of every item: the layout of
- * _Record.add_shuffled, whether or not the flag says shuffled (one item or one-byte items
+ * values._shuffled, whether or not the flag says shuffled (one item or one-byte items
  * lay out the same either way). */
 static void
 planes(unsigned char *out, const uint64_t *bits, Py_ssize_t n, int width)
@@ -57,7 +58,7 @@ result(const char *name, const uint64_t *bits, Py_ssize_t n, int width)
         return NULL;
     }
     planes((unsigned char *)PyBytes_AS_STRING(data), bits, n, width);
-    /* add_shuffled: shuffled only when wider than a byte and more than one item */
+    /* values._shuffled: shuffled only when wider than a byte and more than one item */
     PyObject *shuffled = (width > 1 && n > 1) ? Py_True : Py_False;
     return Py_BuildValue("(sNO)", name, data, shuffled);
 }
@@ -819,6 +820,613 @@ stored_list(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* ---- Snapshots for save_async (docs/architecture/save-protocol.md, "Saving in the
+ * background"; codec/snapshot.py) ----
+ *
+ * take_dict(value, out, memo, taken_cls, take, pending, same, plain) -> nbytes | None
+ *   _Taker._fill's loop, as the Python loop does it: the empty dict `out` gets the keys of
+ *   `value` (exact str; for any other key None is returned, `out` still empty, and the Python
+ *   loop does it), each with a plain leaf kept as it is (None, bool, int, float, str, bytes,
+ *   a value whose exact type is in the set `same`), a list of at least
+ *   values._MIN_ARRAY_LEN items whose first is an exact int or float (memo[id(list)], or a
+ *   new taken_cls(len) put there and (list, taken) appended to pending), a dict of str keys
+ *   or an object of a class `plain` maps to its declared field names (memo[id(value)], or a
+ *   new copy put there and filled by this loop: _Taker._dict, _Taker._object), or
+ *   take(value) for anything else.  nbytes: 16 per entry plus the len of each str and bytes
+ *   kept.
+ *
+ * take_object(value, memo, taken_cls, take, pending, same, plain) -> (copy, nbytes) | None
+ *   The same loop's copy of an object of a class in `plain` (_Taker._object), or None when
+ *   its class is not there or the Python path is to take it.
+ *
+ * fill_taken(pending, threads) -> list of indices
+ *   Give each pending TakenList what numbers(list) gives its list (dtype, data, shuffled);
+ *   the indices of the entries whose list numbers() does not take.  The lists are read on
+ *   `threads` threads (this one included) while this thread holds the GIL, so no Python code
+ *   runs anywhere meanwhile: the lists and their items cannot change.  The other threads read
+ *   exact ints held in one digit and exact floats only, through no Python API; any other list
+ *   is left to this thread, which converts it with numbers(). */
+
+#define MIN_ARRAY_LEN 8 /* values._MIN_ARRAY_LEN */
+static PyObject *queue_prefix; /* samples.QUEUE_PREFIX, "_queue_" (made at import) */
+#define MAX_TAKE_DEPTH 100
+static int take_depth = 0; /* as dict_depth: bounds the C stack of nested take_dict calls */
+
+static PyObject *attr_dtype, *attr_data, *attr_shuffled, *attr_length; /* interned at import */
+
+typedef struct {
+    PyObject *memo, *taken_cls, *take, *pending, *same, *plain;
+    Py_ssize_t nbytes;
+} take_ctx;
+
+static PyObject *
+taken_list(take_ctx *c, PyObject *list)
+{
+    PyObject *key = PyLong_FromVoidPtr(list); /* what id() returns */
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *known = PyDict_GetItemWithError(c->memo, key);
+    if (known != NULL || PyErr_Occurred()) {
+        Py_DECREF(key);
+        return Py_XNewRef(known);
+    }
+    PyObject *n = PyLong_FromSsize_t(PyList_GET_SIZE(list));
+    PyObject *taken = n == NULL ? NULL : PyObject_CallNoArgs(c->taken_cls);
+    if (taken != NULL && PyObject_SetAttr(taken, attr_length, n) < 0) {
+        Py_CLEAR(taken);
+    }
+    Py_XDECREF(n);
+    PyObject *entry = taken == NULL ? NULL : PyTuple_Pack(2, list, taken);
+    int failed = entry == NULL || PyDict_SetItem(c->memo, key, taken) < 0 ||
+                 PyList_Append(c->pending, entry) < 0;
+    Py_DECREF(key);
+    Py_XDECREF(entry);
+    if (failed) {
+        Py_XDECREF(taken);
+        return NULL;
+    }
+    return taken;
+}
+
+static int take_into(take_ctx *c, PyObject *value, PyObject *out);
+
+/* A dict met in the loop: its copy (memo[id(dict)], or a new one put there and filled by the
+ * loop); NULL without an error when the Python path is to take it (a key not an exact str,
+ * nesting past MAX_TAKE_DEPTH). */
+static PyObject *
+take_nested(take_ctx *c, PyObject *value)
+{
+    PyObject *key = PyLong_FromVoidPtr(value);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *known = PyDict_GetItemWithError(c->memo, key);
+    if (known != NULL || PyErr_Occurred() || take_depth >= MAX_TAKE_DEPTH) {
+        Py_DECREF(key);
+        return Py_XNewRef(known);
+    }
+    PyObject *out = PyDict_New();
+    int status = -1;
+    if (out != NULL && PyDict_SetItem(c->memo, key, out) == 0) {
+        if (Py_EnterRecursiveCall(" while taking a dict") == 0) {
+            take_depth++;
+            status = take_into(c, value, out);
+            take_depth--;
+            Py_LeaveRecursiveCall();
+        }
+        if (status == 1 && PyDict_DelItem(c->memo, key) < 0) {
+            status = -1; /* the Python path must not find this copy in the memo */
+        }
+    }
+    Py_DECREF(key);
+    if (status != 0) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Whether `key` names live queue state the class does not declare (samples.is_queue_key):
+ * 1, 0, or -1 on error. */
+static int
+queue_key(PyObject *key, PyObject *declared)
+{
+    if (!PyUnicode_Check(key)) {
+        return 0;
+    }
+    Py_ssize_t starts = PyUnicode_Tailmatch(key, queue_prefix, 0, PY_SSIZE_T_MAX, -1);
+    if (starts != 1) {
+        return (int)starts; /* 0, or -1 on error */
+    }
+    int known = PySet_Contains(declared, key);
+    return known < 0 ? -1 : !known;
+}
+
+/* An object of a class in `plain` (a dataclass whose fields are plain attributes:
+ * _Taker._object): its copy (memo[id(value)], or a new object of its class, made as
+ * object.__new__ makes it, over a copy of its __dict__ without undeclared queue state); NULL
+ * without an error when the Python path is to take it. */
+static PyObject *
+take_object(take_ctx *c, PyObject *value, PyObject *declared)
+{
+    PyObject *key = PyLong_FromVoidPtr(value);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *known = PyDict_GetItemWithError(c->memo, key);
+    if (known != NULL || PyErr_Occurred() || take_depth >= MAX_TAKE_DEPTH) {
+        Py_DECREF(key);
+        return Py_XNewRef(known);
+    }
+    PyObject *state = PyObject_GenericGetDict(value, NULL);
+    PyObject *copy = NULL, *fields = NULL, *source = NULL, *out = NULL;
+    int status = -1;
+    if (state == NULL) {
+        goto done;
+    }
+    if (!PyDict_CheckExact(state) || !PyAnySet_Check(declared)) {
+        status = 1; /* the Python path */
+        goto done;
+    }
+    source = Py_NewRef(state);
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(state, &pos, &k, &v)) {
+        int queue = queue_key(k, declared);
+        if (queue < 0) {
+            goto done;
+        }
+        if (queue) {
+            /* left out, as sample_to_record leaves it out */
+            Py_SETREF(source, PyDict_New());
+            if (source == NULL) {
+                goto done;
+            }
+            pos = 0;
+            while (PyDict_Next(state, &pos, &k, &v)) {
+                queue = queue_key(k, declared);
+                if (queue < 0 || (!queue && PyDict_SetItem(source, k, v) < 0)) {
+                    goto done;
+                }
+            }
+            break;
+        }
+    }
+    PyObject *no_args = PyTuple_New(0);
+    copy = no_args == NULL ? NULL : PyBaseObject_Type.tp_new(Py_TYPE(value), no_args, NULL);
+    Py_XDECREF(no_args);
+    fields = copy == NULL ? NULL : PyDict_New();
+    if (fields == NULL || PyDict_SetItem(c->memo, key, copy) < 0) {
+        goto done;
+    }
+    if (Py_EnterRecursiveCall(" while taking an object") == 0) {
+        take_depth++;
+        status = take_into(c, source, fields);
+        take_depth--;
+        Py_LeaveRecursiveCall();
+    }
+    if (status == 1 && PyDict_DelItem(c->memo, key) < 0) {
+        status = -1; /* the Python path must not find this copy in the memo */
+    }
+    if (status == 0 && PyObject_GenericSetDict(copy, fields, NULL) < 0) {
+        status = -1;
+    }
+    if (status == 0) {
+        out = Py_NewRef(copy);
+    }
+done:
+    Py_DECREF(key);
+    Py_XDECREF(state);
+    Py_XDECREF(source);
+    Py_XDECREF(copy);
+    Py_XDECREF(fields);
+    return out; /* NULL: an error, or (none set) the Python path's */
+}
+
+/* The loop over `value` into the empty dict `out`: 0, -1 on error, 1 when a key is not an
+ * exact str (`out` untouched, nothing counted). */
+static int
+take_into(take_ctx *c, PyObject *value, PyObject *out)
+{
+    Py_ssize_t size = PyDict_GET_SIZE(value);
+    Py_ssize_t pos = 0, visited = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(value, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k)) {
+            return 1;
+        }
+    }
+    c->nbytes += 16 * size;
+    pos = 0;
+    while (PyDict_Next(value, &pos, &k, &v)) {
+        if (++visited > size || !PyUnicode_CheckExact(k)) {
+            PyErr_SetString(PyExc_RuntimeError, "dictionary keys changed during iteration");
+            return -1;
+        }
+        Py_INCREF(k);
+        Py_INCREF(v);
+        PyObject *item;
+        if (v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v)) {
+            item = Py_NewRef(v);
+        }
+        else if (PyUnicode_CheckExact(v)) {
+            c->nbytes += PyUnicode_GET_LENGTH(v);
+            item = Py_NewRef(v);
+        }
+        else if (PyBytes_CheckExact(v)) {
+            c->nbytes += PyBytes_GET_SIZE(v);
+            item = Py_NewRef(v);
+        }
+        else if (PyList_CheckExact(v) && PyList_GET_SIZE(v) >= MIN_ARRAY_LEN &&
+                 (PyLong_CheckExact(PyList_GET_ITEM(v, 0)) ||
+                  PyFloat_CheckExact(PyList_GET_ITEM(v, 0)))) {
+            item = taken_list(c, v);
+        }
+        else {
+            int kept = PySet_Contains(c->same, (PyObject *)Py_TYPE(v));
+            PyObject *declared = kept == 0 ? PyDict_GetItemWithError(c->plain,
+                                                                     (PyObject *)Py_TYPE(v))
+                                           : NULL;
+            if (kept == 1) {
+                item = Py_NewRef(v);
+            }
+            else {
+                item = kept == 0 && PyDict_CheckExact(v) ? take_nested(c, v)
+                       : declared != NULL                ? take_object(c, v, declared)
+                                                         : NULL;
+                if (item == NULL && !PyErr_Occurred()) {
+                    item = PyObject_CallOneArg(c->take, v);
+                }
+                if (item != NULL && PyDict_GET_SIZE(value) != size) {
+                    Py_CLEAR(item);
+                    PyErr_SetString(PyExc_RuntimeError,
+                                    "dictionary changed size during iteration");
+                }
+            }
+        }
+        int failed = item == NULL || PyDict_SetItem(out, k, item) < 0;
+        Py_XDECREF(item);
+        Py_DECREF(v);
+        Py_DECREF(k);
+        if (failed) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+take_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t first, const char *usage)
+{
+    if (nargs != first + 6 || !PyDict_CheckExact(args[first]) ||
+        !PyList_CheckExact(args[first + 3]) || !PyAnySet_CheckExact(args[first + 4]) ||
+        !PyDict_CheckExact(args[first + 5])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+take_object_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (take_args(args, nargs, 1,
+                  "take_object(value, memo dict, taken class, take, pending list, same set, "
+                  "plain dict)") < 0) {
+        return NULL;
+    }
+    PyObject *declared = PyDict_GetItemWithError(args[6], (PyObject *)Py_TYPE(args[0]));
+    if (declared == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    take_ctx c = {args[1], args[2], args[3], args[4], args[5], args[6], 0};
+    PyObject *copy = take_object(&c, args[0], declared);
+    if (copy == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(Nn)", copy, c.nbytes);
+}
+
+static PyObject *
+take_dict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (take_args(args, nargs, 2,
+                  "take_dict(dict, empty dict, memo dict, taken class, take, pending list, "
+                  "same set, plain dict)") < 0) {
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) ||
+        PyDict_GET_SIZE(args[1]) != 0) {
+        PyErr_SetString(PyExc_TypeError, "take_dict takes a dict and an empty dict");
+        return NULL;
+    }
+    if (take_depth >= MAX_TAKE_DEPTH) {
+        Py_RETURN_NONE; /* the Python loop */
+    }
+    take_ctx c = {args[2], args[3], args[4], args[5], args[6], args[7], 0};
+    if (Py_EnterRecursiveCall(" while taking a dict")) {
+        return NULL;
+    }
+    take_depth++;
+    int status = take_into(&c, args[0], args[1]);
+    take_depth--;
+    Py_LeaveRecursiveCall();
+    if (status < 0) {
+        return NULL;
+    }
+    if (status == 1) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromSsize_t(c.nbytes);
+}
+
+enum { TAKE_PENDING, TAKE_DONE, TAKE_OTHER, TAKE_ON_MAIN };
+
+typedef struct {
+    PyObject **items; /* the list's items: no Python code runs while they are read */
+    Py_ssize_t n;
+    unsigned char *out; /* the data's bytes object's buffer, n * 4 bytes */
+    int status;
+    int width;
+    const char *name;
+} take_entry;
+
+typedef struct {
+    take_entry *entries;
+    Py_ssize_t count;
+    Py_ssize_t next; /* the next entry a thread takes (atomic) */
+    Py_ssize_t max_n;
+} take_batch;
+
+typedef struct {
+    take_batch *batch;
+    PyThread_type_lock done; /* released when the thread has converted its last entry */
+} take_helper;
+
+static void
+convert_entry(take_entry *e, uint64_t *bits, uint32_t *singles)
+{
+    PyObject **items = e->items;
+    const Py_ssize_t n = e->n;
+    if (Py_IS_TYPE(items[0], &PyLong_Type)) {
+        int64_t lo = 0, hi = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = items[i];
+            long long v;
+            if (!Py_IS_TYPE(item, &PyLong_Type)) {
+                e->status = TAKE_OTHER;
+                return;
+            }
+            if (!compact_value(item, &v)) {
+                e->status = TAKE_ON_MAIN; /* numbers() reads it through the API */
+                return;
+            }
+            lo = (i == 0 || v < lo) ? v : lo;
+            hi = (i == 0 || v > hi) ? v : hi;
+            bits[i] = (uint64_t)v;
+        }
+        for (size_t k = 0; k < N_NARROWING; k++) {
+            if (NARROWING[k].lo <= lo && hi <= NARROWING[k].hi) {
+                e->name = NARROWING[k].name;
+                e->width = NARROWING[k].width;
+                break;
+            }
+        }
+    }
+    else {
+        int all_single = 1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = items[i];
+            if (!Py_IS_TYPE(item, &PyFloat_Type)) {
+                e->status = TAKE_OTHER;
+                return;
+            }
+            double d = PyFloat_AS_DOUBLE(item);
+            memcpy(&bits[i], &d, 8);
+            all_single &= exact_single(d, &singles[i]);
+        }
+        if (all_single) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                bits[i] = singles[i];
+            }
+        }
+        e->name = all_single ? "float32" : "float64";
+        e->width = all_single ? 4 : 8;
+    }
+    if (e->width > 4) {
+        e->status = TAKE_ON_MAIN; /* no room: its bytes object holds 4 bytes an item */
+        return;
+    }
+    planes(e->out, bits, n, e->width);
+    e->status = TAKE_DONE;
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TAKE_NEXT(batch) __atomic_fetch_add(&(batch)->next, 1, __ATOMIC_RELAXED)
+#define TAKE_MAX_THREADS 16
+#else
+#define TAKE_NEXT(batch) ((batch)->next++)
+#define TAKE_MAX_THREADS 1 /* no atomics known here: this thread alone */
+#endif
+
+static void
+run_entries(take_batch *batch, uint64_t *bits, uint32_t *singles)
+{
+    for (;;) {
+        Py_ssize_t i = TAKE_NEXT(batch);
+        if (i >= batch->count) {
+            return;
+        }
+        convert_entry(&batch->entries[i], bits, singles);
+    }
+}
+
+/* A helper thread: no Python thread state, no Python API; plain malloc. */
+static void
+take_helper_main(void *arg)
+{
+    take_helper *h = arg;
+    uint64_t *bits = malloc((size_t)h->batch->max_n * sizeof(uint64_t));
+    uint32_t *singles = malloc((size_t)h->batch->max_n * sizeof(uint32_t));
+    if (bits != NULL && singles != NULL) {
+        run_entries(h->batch, bits, singles); /* else it takes none: the others do them */
+    }
+    free(bits);
+    free(singles);
+    PyThread_release_lock(h->done);
+}
+
+
+static int
+set_taken(PyObject *taken, PyObject *name, PyObject *data, PyObject *shuffled)
+{
+    if (PyObject_SetAttr(taken, attr_dtype, name) < 0 ||
+        PyObject_SetAttr(taken, attr_data, data) < 0 ||
+        PyObject_SetAttr(taken, attr_shuffled, shuffled) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "fill_taken(pending list, threads)");
+        return NULL;
+    }
+    PyObject *pending = args[0];
+    long threads = PyLong_AsLong(args[1]);
+    if (threads == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const Py_ssize_t count = PyList_GET_SIZE(pending);
+    /* the pending list and the lists in it are this call's while it runs (held below) */
+    PyObject *held = PyList_GetSlice(pending, 0, count);
+    PyObject **data = PyMem_Calloc((size_t)count + 1, sizeof(PyObject *));
+    take_entry *entries = PyMem_Calloc((size_t)count + 1, sizeof(take_entry));
+    PyObject *bad = NULL;
+    uint64_t *bits = NULL;
+    uint32_t *singles = NULL;
+    if (held == NULL || data == NULL || entries == NULL) {
+        if (held != NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    take_batch batch = {entries, count, 0, 1};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = PyList_GET_ITEM(held, i);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(entry, 0)) ||
+            PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 0)) < 1) {
+            PyErr_SetString(PyExc_TypeError, "pending entries are (non-empty list, taken)");
+            goto done;
+        }
+        PyObject *list = PyTuple_GET_ITEM(entry, 0);
+        Py_ssize_t n = PyList_GET_SIZE(list);
+        /* room for the items at 4 bytes (token ids, masks, float32 log-probs: at most that);
+         * a list of wider items is converted by numbers() below */
+        data[i] = PyBytes_FromStringAndSize(NULL, n * 4);
+        if (data[i] == NULL) {
+            goto done;
+        }
+        entries[i].items = PySequence_Fast_ITEMS(list);
+        entries[i].n = n;
+        entries[i].out = (unsigned char *)PyBytes_AS_STRING(data[i]);
+        batch.max_n = n > batch.max_n ? n : batch.max_n;
+    }
+    bits = PyMem_Malloc((size_t)batch.max_n * sizeof(uint64_t));
+    singles = PyMem_Malloc((size_t)batch.max_n * sizeof(uint32_t));
+    if (bits == NULL || singles == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    take_helper helpers[TAKE_MAX_THREADS];
+    int started = 0;
+    for (long t = 1; t < threads && t < TAKE_MAX_THREADS && t < count; t++) {
+        helpers[started].batch = &batch;
+        helpers[started].done = PyThread_allocate_lock();
+        if (helpers[started].done == NULL) {
+            break;
+        }
+        PyThread_acquire_lock(helpers[started].done, WAIT_LOCK);
+        if (PyThread_start_new_thread(take_helper_main, &helpers[started]) ==
+            PYTHREAD_INVALID_THREAD_ID) {
+            PyThread_free_lock(helpers[started].done);
+            break; /* fewer threads: this one converts what they do not */
+        }
+        started++;
+    }
+    run_entries(&batch, bits, singles);
+    for (int t = 0; t < started; t++) {
+        PyThread_acquire_lock(helpers[t].done, WAIT_LOCK);
+        PyThread_release_lock(helpers[t].done);
+        PyThread_free_lock(helpers[t].done);
+    }
+    bad = PyList_New(0);
+    for (Py_ssize_t i = 0; bad != NULL && i < count; i++) {
+        take_entry *e = &entries[i];
+        PyObject *entry = PyList_GET_ITEM(held, i);
+        PyObject *taken = PyTuple_GET_ITEM(entry, 1);
+        int failed = 0;
+        if (e->status == TAKE_DONE) {
+            if (_PyBytes_Resize(&data[i], e->n * e->width) < 0) {
+                failed = 1;
+            }
+            else {
+                PyObject *name = PyUnicode_InternFromString(e->name);
+                PyObject *shuffled = (e->width > 1 && e->n > 1) ? Py_True : Py_False;
+                failed = name == NULL || set_taken(taken, name, data[i], shuffled) < 0;
+                Py_XDECREF(name);
+            }
+        }
+        else {
+            PyObject *got = e->status == TAKE_ON_MAIN
+                                ? numbers(NULL, PyTuple_GET_ITEM(entry, 0))
+                                : Py_NewRef(Py_None);
+            if (got == NULL) {
+                failed = 1;
+            }
+            else if (got == Py_None) {
+                PyObject *index = PyLong_FromSsize_t(i);
+                failed = index == NULL || PyList_Append(bad, index) < 0;
+                Py_XDECREF(index);
+            }
+            else {
+                failed = set_taken(taken, PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1),
+                                   PyTuple_GET_ITEM(got, 2)) < 0;
+            }
+            Py_XDECREF(got);
+        }
+        if (failed) {
+            Py_CLEAR(bad);
+        }
+    }
+done:
+    if (data != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_XDECREF(data[i]);
+        }
+    }
+    PyMem_Free(data);
+    PyMem_Free(entries);
+    PyMem_Free(bits);
+    PyMem_Free(singles);
+    Py_XDECREF(held);
+    return bad;
+}
+
 static PyMethodDef methods[] = {
     {"dict_items", (PyCFunction)(void (*)(void))dict_items, METH_FASTCALL,
      "dict_items(value, leaves, encode, again, where) -> dict | None\n\n"
@@ -831,6 +1439,18 @@ static PyMethodDef methods[] = {
      "numbers(list) -> (dtype name, bytes, shuffled) | None\n\n"
      "A list of exact ints (within int64) or exact floats as the codec's narrowed,\n"
      "byte-shuffled array; None for any other list."},
+    {"take_dict", (PyCFunction)(void (*)(void))take_dict, METH_FASTCALL,
+     "take_dict(value, out, memo, taken_cls, take, pending, same, plain) -> nbytes | None\n\n"
+     "codec.snapshot's loop over a dict of str keys, into out; None when the Python loop\n"
+     "must do it."},
+    {"take_object", (PyCFunction)(void (*)(void))take_object_entry, METH_FASTCALL,
+     "take_object(value, memo, taken_cls, take, pending, same, plain) -> (copy, nbytes) | None\n\n"
+     "codec.snapshot's copy of an object of a class in plain; None when the Python path\n"
+     "must take it."},
+    {"fill_taken", (PyCFunction)(void (*)(void))fill_taken, METH_FASTCALL,
+     "fill_taken(pending, threads) -> list of indices\n\n"
+     "Give each pending (list, TakenList) what numbers(list) gives, reading the lists on\n"
+     "up to `threads` threads; the indices of those numbers() does not take."},
     {"stored_list", (PyCFunction)(void (*)(void))stored_list, METH_FASTCALL,
      "stored_list(data, dtype, shuffled) -> list | None\n\n"
      "The list of Python numbers a stored numeric array holds (its bytes little-endian,\n"
@@ -852,6 +1472,15 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
+    queue_prefix = PyUnicode_InternFromString("_queue_");
+    attr_dtype = PyUnicode_InternFromString("dtype");
+    attr_data = PyUnicode_InternFromString("data");
+    attr_shuffled = PyUnicode_InternFromString("shuffled");
+    attr_length = PyUnicode_InternFromString("length");
+    if (queue_prefix == NULL || attr_dtype == NULL || attr_data == NULL ||
+        attr_shuffled == NULL || attr_length == NULL) {
+        return NULL;
+    }
     for (int c = 0; c < 256; c++) {
         SAME[c] = (unsigned char)c;
         FOLD[c] = (unsigned char)(('A' <= c && c <= 'Z') ? c - 'A' + 'a' : c);

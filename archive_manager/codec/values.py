@@ -64,6 +64,7 @@ __all__ = [
     "TEXT_FIELDS",
     "EncodedSample",
     "StoredNumbers",
+    "TakenList",
     "decode_fields",
     "decode_record",
     "decode_sample",
@@ -156,6 +157,73 @@ _INT_NARROWING = [
 ]
 
 
+class TakenList:
+    """A numeric list as a snapshot took it (`archive_manager.codec.snapshot`): the array the
+    codec stores for it (``dtype``, ``data``, ``shuffled``: what `list_array` gives), and its
+    length.  The encoder writes it as it writes the list; `describe_sample` reads its length
+    as the list's."""
+
+    # NOTE: no __init__ (one call fewer per list taken): ``length`` is set when it is made,
+    # the rest once the snapshot converted the list (codec.snapshot.fill)
+    __slots__ = ("data", "dtype", "length", "shuffled")
+    data: Buffer
+    dtype: str
+    length: int
+    shuffled: bool
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.data).nbytes
+
+
+def list_array(value: list[Any]) -> tuple[str, Buffer, bool] | None:
+    """A list of at least `_MIN_ARRAY_LEN` items as ``(dtype name, bytes, shuffled)``: the
+    array a record stores for it, or None when it is no numeric list (the encoder writes its
+    items then)."""
+    # The C conversion (docs/architecture/samples-and-values.md, "Native list conversion")
+    # writes what the Python paths below write; a list it does not take is theirs to decide.
+    fast = _native_numbers(value) if _native_numbers is not None else None
+    if fast is None:
+        fast = _marshalled_numbers(value)
+    if fast is not None:
+        return fast
+    # Exact types, not isinstance: bools, IntEnums and numpy scalars must not turn into
+    # plain numbers.  list.count of one type beats set(map(type, ...)) by 2x here.
+    kinds = list(map(type, value))
+    kind = kinds[0]
+    if kinds.count(kind) == len(kinds):
+        if kind is int:
+            # struct.pack(*list) converts 3x faster than array.array or np.array.
+            try:
+                ints = np.frombuffer(struct.pack(f"<{len(value)}q", *value), np.int64)
+            except struct.error:
+                return None  # beyond int64: JSON keeps any size exact
+            narrow = _narrow_ints_dtype(ints)
+            return (narrow.name, *_shuffled(ints.astype(narrow, copy=False)))
+        if kind is float:
+            floats = np.frombuffer(struct.pack(f"<{len(value)}d", *value), np.float64)
+            # NOTE: out-of-range values and signalling NaNs warn on the cast (an error
+            # under -W error); they just fail the bit-exact check below.
+            with np.errstate(over="ignore", invalid="ignore"):
+                singles = floats.astype(np.float32)
+            # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
+            if np.array_equal(singles.astype(np.float64).view(np.int64), floats.view(np.int64)):
+                return ("float32", *_shuffled(singles))
+            return ("float64", *_shuffled(floats))
+    return None
+
+
+def _shuffled(arr: np.ndarray) -> tuple[bytes, bool]:
+    """A 1-d numeric array's bytes, in byte planes when wider than a byte (helps zstd)."""
+    itemsize = arr.dtype.itemsize
+    if itemsize > 1 and arr.size > 1:
+        return arr.view(np.uint8).reshape(-1, itemsize).T.tobytes(), True
+    return arr.tobytes(), False
+
+
 class _Record:
     """Collects one sample's arrays while its tree is built."""
 
@@ -182,18 +250,6 @@ class _Record:
         self.arrays.append(data)
         self.size += nbytes
         return offset, nbytes
-
-    def add_shuffled(self, arr: np.ndarray) -> dict[str, Any]:
-        """Store a 1-d numeric array, byte-shuffled when wider than a byte (helps zstd)."""
-        itemsize = arr.dtype.itemsize
-        if itemsize > 1 and arr.size > 1:
-            data = arr.view(np.uint8).reshape(-1, itemsize).T.tobytes()
-            shuffled = True
-        else:
-            data = arr.tobytes()
-            shuffled = False
-        offset, nbytes = self.add(data)
-        return {"o": offset, "n": nbytes, "s": shuffled}
 
 
 class _Encoder:
@@ -250,6 +306,8 @@ class _Encoder:
             return self._list(value)
         if t is dict:
             return self._dict(value)
+        if t is TakenList:
+            return self._taken(value)
         if t is tuple:
             return {_TAG: "tuple", "v": self._items(value)}
         if is_tensor(value):
@@ -544,43 +602,23 @@ class _Encoder:
 
     def _array(self, value: list[Any]) -> dict[str, Any] | None:
         """A numeric list as one binary array, or None when it is not one."""
-        # The C conversion (docs/architecture/samples-and-values.md, "Native list conversion")
-        # writes what the Python paths below write; a list it does not take is theirs to decide.
-        fast = _native_numbers(value) if _native_numbers is not None else None
-        if fast is None:
-            fast = _marshalled_numbers(value)
-        if fast is not None:
-            dtype, data, shuffled = fast
-            offset, nbytes = self.record.add(data)
-            return {_TAG: "list", "d": dtype, "o": offset, "n": nbytes, "s": shuffled}
-        # Exact types, not isinstance: bools, IntEnums and numpy scalars must not turn into
-        # plain numbers.  list.count of one type beats set(map(type, ...)) by 2x here.
-        kinds = list(map(type, value))
-        kind = kinds[0]
-        if kinds.count(kind) == len(kinds):
-            if kind is int:
-                # struct.pack(*list) converts 3x faster than array.array or np.array.
-                try:
-                    ints = np.frombuffer(struct.pack(f"<{len(value)}q", *value), np.int64)
-                except struct.error:
-                    return None  # beyond int64: JSON keeps any size exact
-                narrow = _narrow_ints_dtype(ints)
-                return {
-                    _TAG: "list",
-                    "d": narrow.name,
-                    **self.record.add_shuffled(ints.astype(narrow, copy=False)),
-                }
-            if kind is float:
-                floats = np.frombuffer(struct.pack(f"<{len(value)}d", *value), np.float64)
-                # NOTE: out-of-range values and signalling NaNs warn on the cast (an error
-                # under -W error); they just fail the bit-exact check below.
-                with np.errstate(over="ignore", invalid="ignore"):
-                    singles = floats.astype(np.float32)
-                # Bit-exact: nan payloads, -0.0 and inf survive only if every bit returns.
-                if np.array_equal(singles.astype(np.float64).view(np.int64), floats.view(np.int64)):
-                    return {_TAG: "list", "d": "float32", **self.record.add_shuffled(singles)}
-                return {_TAG: "list", "d": "float64", **self.record.add_shuffled(floats)}
-        return None
+        got = list_array(value)
+        if got is None:
+            return None
+        dtype, data, shuffled = got
+        offset, nbytes = self.record.add(data)
+        return {_TAG: "list", "d": dtype, "o": offset, "n": nbytes, "s": shuffled}
+
+    def _taken(self, value: TakenList) -> dict[str, Any]:
+        """A numeric list a snapshot took (`TakenList`): its array, as `_list` writes it."""
+        offset, nbytes = self.record.add(value.data)
+        key = id(value)
+        if key in self.seen:
+            self._count(value, key)
+            self._extra(nbytes)
+        else:
+            self.seen.add(key)
+        return {_TAG: "list", "d": value.dtype, "o": offset, "n": nbytes, "s": value.shuffled}
 
     def _tensor(self, value: torch.Tensor) -> Any:
         _check_storable(value)
@@ -927,7 +965,7 @@ _FLOAT_CODES = b"g"
 def _marshalled_numbers(value: list[Any]) -> tuple[str, bytes, bool] | None:
     """A list of exact ints (int32 range) or exact floats as a narrowed, shuffled array.
 
-    Returns ``(dtype name, bytes, shuffled)`` laid out exactly as `_Record.add_shuffled` lays
+    Returns ``(dtype name, bytes, shuffled)`` laid out exactly as `_shuffled` lays
     out the narrowed array, or None for any other list (the general path decides then).
 
     NOTE: marshal converts a list in one C loop and accepts only exact types (a bool, an

@@ -1,24 +1,28 @@
 """Saves handed off to a background thread (`ArchiveManager.save_async`;
 docs/architecture/save-protocol.md, "Saving in the background").
 
-The caller's thread takes the snapshot: each sample is prepared as `ArchiveWriter.add` would
-prepare it (`writer.prepare_sample`: keys checked, values encoded into a record and tensor
-blobs that alias nothing of the sample, description made), so the caller may reuse or change
-its samples as soon as `BackgroundSaves.submit` returns.  One worker thread per pool then
-runs the save protocol on the prepared samples (`ArchiveWriter.add_prepared`, `commit`), one
-save at a time, in the order the saves were handed over: what is durable, owned and visible,
-and when, is exactly what `save` makes it.
+The caller's thread takes the snapshot: a copy of each sample that encodes as the sample
+does at the call (`codec.snapshot.take_samples`: its numeric lists converted to the arrays a
+record stores, on several threads, the rest copied around its immutable leaves, tensors and
+arrays cloned), so the caller may reuse or change its samples as soon as
+`BackgroundSaves.submit` returns.  A sample the copy does not take is encoded right there
+instead (`writer.prepare_sample`, which copies what it stores).  One worker thread per pool
+then encodes and describes the copies (`writer.prepare_sample`, without copying again) and
+runs the save protocol on them (`ArchiveWriter.add_prepared`, `commit`), one save at a time,
+in the order the saves were handed over: what is durable, owned and visible, and when, is
+exactly what `save` makes it.
 
-Memory is bounded by a budget of bytes in flight: the prepared samples handed over and not
-yet taken by the worker's writer.  A caller that would exceed it waits until the worker has
-taken enough (backpressure), except the caller of the save the worker is on when the worker
-has nothing of it left to take: that one always goes on, so two callers can never wait on
-each other.  The worker's writer holds at most a few chunks more, as any save does.
+Memory is bounded by a budget of bytes in flight: the copies (and samples prepared) handed
+over and not yet taken by the worker's writer.  A caller that would exceed it waits until the
+worker has taken enough (backpressure), except the caller of the save the worker is on when
+the worker has nothing of it left to take: that one always goes on, so two callers can never
+wait on each other.  The worker's writer holds at most a few chunks more, as any save does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -44,9 +48,9 @@ __all__ = ["DEFAULT_BUDGET", "BackgroundSaves", "SaveFuture", "register_exit_hoo
 
 _log = logging.getLogger("archive_manager")
 
-#: Bytes of prepared samples in flight, by default: the realistic 1,024-sample rollout
-#: prepares to about 45 MB, so a couple of dozen such saves, or one rollout with 1 GiB of
-#: routed-expert tensors, before a caller waits.
+#: Bytes of samples in flight, by default: the realistic 1,024-sample rollout's copies hold
+#: about 40 MB (its numeric lists as arrays, texts, containers), so a couple of dozen such
+#: saves, or one rollout with 1 GiB of routed-expert tensors, before a caller waits.
 DEFAULT_BUDGET = 1 << 30
 
 
@@ -87,6 +91,38 @@ class SaveFuture(Future[Archive]):
         return super().exception(timeout)
 
 
+#: Samples taken at a time (`codec.snapshot.take_samples` converts their numeric lists
+#: together, on several threads) before they are handed over one by one.
+_BATCH = 128
+
+#: No task key given: the sample's own (`writer.prepare_sample` reads it).
+_UNSET: Any = object()
+
+
+@dataclass(eq=False, slots=True)
+class _Taken:
+    """A sample as the caller's thread took it (`codec.snapshot.take_samples`), for the worker
+    to prepare: a copy that encodes as the sample did, its position, its task key when it was
+    given or read from what the copy left out, and the bytes it holds."""
+
+    sample: Any
+    position: int
+    task_key: Any
+    nbytes: int
+
+    def prepare(self, pool: PoolContext, reward_key: str | None) -> PreparedSample:
+        from .writer import prepare_sample
+
+        # NOTE: without copying: the copy is the worker's alone
+        if self.task_key is _UNSET:
+            return prepare_sample(
+                pool, self.sample, self.position, copy=False, reward_key=reward_key
+            )
+        return prepare_sample(
+            pool, self.sample, self.position, self.task_key, copy=False, reward_key=reward_key
+        )
+
+
 @dataclass(eq=False)
 class _Job:
     """One save handed over: its arguments, the samples prepared so far, and how it stands."""
@@ -100,7 +136,7 @@ class _Job:
     reward_key: str | None
     # A save of a reference archive (no samples): the whole save, run on the worker.
     direct: Callable[[], Archive] | None = None
-    items: deque[PreparedSample] = field(default_factory=deque)
+    items: deque[PreparedSample | _Taken] = field(default_factory=deque)
     sealed: bool = False  # every sample was handed over (or the snapshot failed)
     stalled: bool = False  # its caller waited for room: the worker must start on it
     failure: BaseException | None = None  # the snapshot's error: the save must not publish
@@ -120,16 +156,18 @@ class BackgroundSaves:
         self._budget = _check_budget(budget)
         self._cond = threading.Condition()
         self._jobs: deque[_Job] = deque()  # handed over and not finished; the worker's first
-        self._held = 0  # bytes of the prepared samples in `_Job.items`
+        self._held = 0  # bytes of the samples in `_Job.items` (copies or prepared)
         self._worker: threading.Thread | None = None
         self._failed: list[SaveFuture] = []  # kept for `close` until it reports them
+        self._taking: _Job | None = None  # the save whose next sample the worker waits for
         self._closed = False
         self._abandoned = False  # the pool was dropped: failures are logged, not kept
         _live.add(self)
 
     @property
     def budget(self) -> int:
-        """Bytes of prepared samples that may wait for the worker before a caller waits."""
+        """Bytes of samples handed over (copies or prepared) that may wait for the worker
+        before a caller waits."""
         return self._budget
 
     @budget.setter
@@ -140,7 +178,7 @@ class BackgroundSaves:
 
     @property
     def in_flight(self) -> int:
-        """Bytes of prepared samples now waiting for the worker."""
+        """Bytes of samples handed over now waiting for the worker."""
         with self._cond:
             return self._held
 
@@ -211,27 +249,42 @@ class BackgroundSaves:
     def _snapshot(
         self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
     ) -> None:
+        from ..codec.snapshot import take_samples
         from ..codec.values import gc_paused
         from ..metadata import check_reward_key
+        from ..samples import task_key_of
         from .writer import prepare_sample
 
         keys = _checked(samples, task_keys)
-        reward_key = check_reward_key(job.reward_key)
+        job.reward_key = check_reward_key(job.reward_key)
         assert samples is not None  # checked
-        # NOTE: no garbage collection while preparing, as `save` does (writer.save_samples):
-        # the records built hold no cycles, and a full collection walks the caller's heap.
+        # NOTE: no garbage collection while taking, as `save` does (writer.save_samples): the
+        # copies hold no cycles a collection could free, and a full one walks the caller's heap.
         with gc_paused():
-            for position, sample in enumerate(samples):
-                if keys is None:
-                    prepared = prepare_sample(self._pool, sample, position, reward_key=reward_key)
-                else:
-                    prepared = prepare_sample(
-                        self._pool, sample, position, keys[position], reward_key=reward_key
-                    )
-                if not self._hand_over(job, prepared):
-                    return  # the worker gave the save up; its future says why
+            remaining = iter(samples)
+            position = 0
+            while batch := list(itertools.islice(remaining, _BATCH)):
+                for sample, got in zip(batch, take_samples(batch), strict=True):
+                    task_key = _UNSET if keys is None else keys[position]
+                    item: PreparedSample | _Taken
+                    if got is not None:
+                        taken, nbytes, queue = got
+                        if queue and task_key is _UNSET:
+                            task_key = task_key_of(sample)  # read from what the copy left out
+                        item = _Taken(taken, position, task_key, nbytes)
+                    elif task_key is _UNSET:
+                        item = prepare_sample(
+                            self._pool, sample, position, reward_key=job.reward_key
+                        )
+                    else:
+                        item = prepare_sample(
+                            self._pool, sample, position, task_key, reward_key=job.reward_key
+                        )
+                    if not self._hand_over(job, item):
+                        return  # the worker gave the save up; its future says why
+                    position += 1
 
-    def _hand_over(self, job: _Job, prepared: PreparedSample) -> bool:
+    def _hand_over(self, job: _Job, prepared: PreparedSample | _Taken) -> bool:
         """Queue ``prepared`` for the worker once the budget has room; False if the worker
         gave the save up."""
         size = prepared.nbytes
@@ -251,7 +304,10 @@ class BackgroundSaves:
                 return False
             job.items.append(prepared)
             self._held += size
-            self._cond.notify_all()
+            if self._taking is job:
+                # NOTE: only then: a wake-up the worker does not need takes the GIL from the
+                # caller, whose time here is what `save_async` blocks
+                self._cond.notify_all()
             return True
 
     def _seal(self, job: _Job, failure: BaseException | None) -> None:
@@ -299,22 +355,26 @@ class BackgroundSaves:
             attrs=job.attrs, supersede=job.supersede, reward_key=job.reward_key,
         )  # fmt: skip
         try:
-            while (prepared := self._take(job)) is not None:
-                writer.add_prepared(prepared)
+            while (item := self._take(job)) is not None:
+                writer.add_prepared(
+                    item.prepare(self._pool, job.reward_key) if isinstance(item, _Taken) else item
+                )
             return writer.commit()
         except BaseException:
             writer.abort()
             raise
 
-    def _take(self, job: _Job) -> PreparedSample | None:
-        """The next prepared sample of ``job``; None once all were taken.
+    def _take(self, job: _Job) -> PreparedSample | _Taken | None:
+        """The next sample of ``job``, prepared or taken; None once all were taken.
 
         Raises:
             BaseException: the snapshot's error (the save is then rolled back).
         """
         with self._cond:
             while not job.items and not job.sealed:
+                self._taking = job
                 self._cond.wait()
+            self._taking = None
             if job.failure is not None:
                 raise job.failure
             if not job.items:

@@ -114,18 +114,23 @@ def test_returns_a_future_that_resolves_to_the_archive(gated) -> None:
 def test_an_interrupted_call_raises_and_publishes_nothing(
     gated, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from archive_manager.pool import writer
+    from archive_manager.codec import snapshot
+    from archive_manager.pool import background
 
     pool, _ = gated
     before = snapshot_pool(pool)
-    prepare = writer.prepare_sample
+    take = snapshot.take_samples
+    batches = 0
 
-    def interrupted(pool_: Any, sample: Any, position: int, *args: Any, **kwargs: Any) -> Any:
-        if position == 5:
+    def interrupted(samples: Any) -> Any:
+        nonlocal batches
+        batches += 1
+        if batches == 2:
             raise KeyboardInterrupt
-        return prepare(pool_, sample, position, *args, **kwargs)
+        return take(samples)
 
-    monkeypatch.setattr(writer, "prepare_sample", interrupted)
+    monkeypatch.setattr(background, "_BATCH", 4)
+    monkeypatch.setattr(snapshot, "take_samples", interrupted)
     pool.save_async_budget = 1  # the worker is already storing the first samples
     with pytest.raises(KeyboardInterrupt):
         pool.save_async("a", tiny_rollout(12), rollout_id=1)

@@ -1,0 +1,234 @@
+"""The snapshot `save_async` takes on the caller's thread (`codec.snapshot.take_samples`):
+the copy encodes, byte for byte, and is described as the sample was when it was taken,
+whatever the caller does to the sample afterwards; what it cannot copy that way it leaves to
+the encoder (None).  Held for the C loops and the Python ones, on one thread and several.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_rollout
+
+from archive_manager import ArchiveManager, Sample, register_sample_class
+from archive_manager.codec import snapshot
+from archive_manager.codec.values import TakenList, list_array
+from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool.writer import PreparedSample, prepare_sample
+from archive_manager.samples import task_key_of
+
+
+class Shade(enum.Enum):
+    DARK = "dark"
+
+
+@dataclasses.dataclass
+class Note:
+    text: str
+    scores: list[float]
+    _queue_mark: str = "declared"  # a field the class declares: stored, whatever its name
+
+
+register_sample_class(Note)
+register_sample_class(Shade)
+
+
+@pytest.fixture(params=["native", "python"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "native":
+        if snapshot.native_fill_taken is None:
+            pytest.skip("the C extension is not built")
+    else:
+        for name in ("native_take_dict", "native_take_object", "native_fill_taken"):
+            monkeypatch.setattr(snapshot, name, None)
+    yield request.param
+
+
+@pytest.fixture(params=[1, 3])
+def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(snapshot, "THREADS", request.param)
+    return int(request.param)
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[ArchiveManager]:
+    with ArchiveManager.open(tmp_path / "pool") as opened:
+        yield opened
+
+
+def encoded(prepared: PreparedSample) -> tuple[Any, ...]:
+    e = prepared.encoded
+    blobs = {d: b"".join(bytes(p) for p in b.parts) for d, b in e.tensor_blobs.items()}
+    return (
+        e.record,
+        e.text,
+        blobs,
+        prepared.description,
+        prepared.sample_key,
+        prepared.task_key,
+        prepared.task_text,
+    )
+
+
+def from_copy(pool: ArchiveManager, sample: Any, copy: tuple[Any, int, bool], i: int) -> Any:
+    """What the worker prepares from a copy (`background._Taken.prepare`)."""
+    taken, _, queue = copy
+    if queue:
+        return encoded(prepare_sample(pool.context, taken, i, task_key_of(sample), copy=False))
+    return encoded(prepare_sample(pool.context, taken, i, copy=False))
+
+
+def rich(i: int) -> Sample:
+    """A sample holding every kind of value the copy takes, shared and nested."""
+    s = tiny_rollout(1, seed=i)[0]
+    shared = [float(j) / 3 for j in range(9)]
+    s.metadata = {
+        "step": i,
+        "nested": {"deep": {"ids": list(range(20))}, "again": shared},
+        "again": shared,  # one list in two places: one array node, written twice
+        "lists": [[1, 2, 3], ["a", None, True], (4.5, "b")],
+        "big": [2**40 + j for j in range(10)],  # int64, beyond one CPython digit
+        "doubles": [0.1 * j for j in range(12)],  # not float32-exact: float64
+        "specials": [float("nan"), -0.0, float("inf"), 1.5, 2.5, 3.5, 4.5, 5.5],
+        "bools": [True, False] * 5,
+        "blob": b"\x00\x01" * 40,
+        "mutable": bytearray(b"xyz"),
+        "shade": Shade.DARK,
+        "scalar": np.float32(1.25),
+        "note": Note("n", [0.5] * 10),
+        "empty": [],
+        (1, "tuple key"): "value",
+        7: "int key",
+    }
+    s.rollout_routed_experts = torch.arange(24, dtype=torch.int32).reshape(6, 2, 2) + i
+    s.multimodal_inputs = {"pixels": np.arange(12, dtype=np.uint8) * i}
+    s.spec_info.spec_draft_token_num = 4 + i
+    s._queue_receipt = {"task_id": f"task-{i}"}  # type: ignore[attr-defined]
+    return s
+
+
+def samples_of_every_kind() -> list[Any]:
+    out: list[Any] = []
+    out += make_rollout(6, seed=1, prompt_len=16, response_min=8, response_max=40)
+    out += make_rollout(3, seed=2, prompt_len=8, response_min=4, response_max=12, r3_layers=2)
+    out += make_rollout(
+        3, seed=3, prompt_len=8, response_min=4, response_max=12, r3_layers=2, r3_numpy=True
+    )
+    out += make_rollout(3, seed=4, prompt_len=8, response_min=4, response_max=12, as_dict=True)
+    out += [rich(i) for i in range(4)]
+    out.append({"tokens": list(range(30)), "_queue_lease": object(), "reward": [0.5] * 8})
+    return out
+
+
+def test_a_copy_encodes_as_the_sample_did(pool: ArchiveManager, mode: str, threads: int) -> None:
+    samples = samples_of_every_kind()
+    copies = snapshot.take_samples(samples)
+    expected = [encoded(prepare_sample(pool.context, s, i)) for i, s in enumerate(samples)]
+    for i, (sample, copy) in enumerate(zip(samples, copies, strict=True)):
+        assert copy is not None
+        assert from_copy(pool, sample, copy, i) == expected[i], f"sample {i}"
+
+
+def test_the_copy_holds_nothing_the_caller_changes(
+    pool: ArchiveManager, mode: str, threads: int
+) -> None:
+    samples, twins = [rich(i) for i in range(3)], [rich(i) for i in range(3)]
+    copies = snapshot.take_samples(samples)
+    for s in samples:  # what a loop reusing its buffers does right after handing them over
+        s.tokens[0] = -1
+        s.loss_mask.clear()
+        s.rollout_log_probs[:] = [0.0]
+        s.metadata["nested"]["deep"]["ids"].append(99)
+        s.metadata["again"][0] = 42.0
+        s.metadata["lists"][0].append(4)
+        s.metadata["mutable"][0] = 0
+        s.metadata["note"].scores[0] = 9.0
+        s.rollout_routed_experts.fill_(-7)
+        s.multimodal_inputs["pixels"][:] = 3
+        s.spec_info.spec_draft_token_num = 0
+        s.reward = 123.0
+        s._queue_receipt["task_id"] = "changed"  # type: ignore[attr-defined]
+    for i, copy in enumerate(copies):
+        assert copy is not None
+        assert from_copy(pool, twins[i], copy, i) == encoded(
+            prepare_sample(pool.context, twins[i], i)
+        )
+
+
+def view_of_a_tensor() -> Sample:
+    s = tiny_rollout(1)[0]
+    base = torch.arange(20, dtype=torch.float32)
+    s.multimodal_inputs = {"a": base[2:], "b": base}
+    return s
+
+
+def two_tensors_over_one_array() -> Sample:
+    s = tiny_rollout(1)[0]
+    array = np.arange(20, dtype=np.int64)
+    s.multimodal_inputs = {"a": torch.from_numpy(array), "b": array}
+    return s
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        view_of_a_tensor,
+        two_tensors_over_one_array,
+        lambda: {**tiny_rollout(1)[0].to_dict(), "arr": np.arange(10)[::2]},
+        lambda: {"tokens": torch.nn.Parameter(torch.ones(3))},
+        lambda: {"meta": OrderedDict(a=1)},
+        lambda: {"meta": {"x": object()}},
+        lambda: OrderedDict(tokens=[1] * 10),
+        lambda: object(),
+        lambda: {"index": list(range(10))},  # a list where the save reads a key
+        # numbers first, yet no array: the encoder writes them item by item
+        lambda: {"tokens": [1, 2.0, 3, 4, 5, 6, 7, 8, 9]},
+        lambda: {"tokens": [2**70] * 9},
+    ],
+)
+def test_what_it_does_not_copy_is_left_to_the_encoder(make: Any, mode: str) -> None:
+    assert snapshot.take_samples([make(), tiny_rollout(1)[0]])[0] is None
+
+
+def test_nesting_too_deep_is_left_to_the_encoder(mode: str) -> None:
+    deep: Any = [1]
+    for _ in range(5000):
+        deep = {"d": [deep]}
+    got = snapshot.take_samples([{"tokens": [1] * 8, "deep": deep}, {"tokens": [2] * 8}])
+    assert got[0] is None and got[1] is not None
+
+
+def test_the_numeric_lists_of_a_batch_convert_as_the_encoder_converts(
+    mode: str, threads: int
+) -> None:
+    rng = np.random.default_rng(5)
+    lists: list[list[Any]] = [
+        rng.integers(0, 150_000, size=3000).tolist(),  # token ids: uint32
+        [1] * 2500,  # a mask: int8
+        (-rng.exponential(0.3, size=2000)).astype(np.float32).tolist(),  # float32-exact
+        rng.random(100).tolist(),  # float64
+        rng.integers(-(2**50), 2**50, size=50).tolist(),  # int64: beyond one digit
+        [2**64] + [1] * 10,  # beyond int64: no array
+        [1, 2, 3, 4, 5, 6, 7, 8.0],  # mixed: no array
+        [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, None],  # a None: no array
+        list(range(-5, 300)),  # int16
+    ] * 7
+    pending = []
+    for values in lists:
+        taken = TakenList()
+        taken.length = len(values)
+        pending.append((values, taken))
+    bad = snapshot.fill(pending)
+    assert bad == [i for i, values in enumerate(lists) if list_array(values) is None]
+    for i, (values, taken) in enumerate(pending):
+        if i not in bad:
+            assert (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(values)
+            assert len(taken) == len(values)
