@@ -173,10 +173,16 @@ class Host:
             self._end(proc)
 
     def close(self) -> None:
-        """End this host's processes, unmount (``juicefs umount``), end its client."""
+        """End this host's processes and close their pipes, unmount (``juicefs umount``), end
+        its client."""
         for proc in self.procs:
             if proc.poll() is None:
                 self._end(proc)
+            # A pipe left open is a ResourceWarning when its object is collected.
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):  # stdin's flush, to a process gone
+                        stream.close()
         if self.alive:
             subprocess.run(
                 [*self.prefix(), "juicefs", "umount", "--force", str(self.mount_point)],

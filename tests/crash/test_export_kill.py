@@ -38,21 +38,22 @@ def test_an_export_killed_before_its_rename_leaves_the_target_as_it_was(
         pool.save("a", tiny_rollout(8), rollout_id=1)
     out = tmp_path / f"a{suffix}"
     out.write_bytes(b"the previous export")
-    child = subprocess.Popen(
+    # The with-block closes the pipe whatever happens (an unclosed one is a ResourceWarning).
+    with subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(root), "a", str(out)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "renaming"
-        temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-        assert len(temps) == 1 and temps[0].stat().st_size > 0  # written, fsynced, not renamed
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait()
+    ) as child:
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "renaming"
+            temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            assert len(temps) == 1 and temps[0].stat().st_size > 0  # written, fsynced, not renamed
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
     assert out.read_bytes() == b"the previous export"
     with ArchiveManager.open(root) as pool:
         assert pool.verify().ok

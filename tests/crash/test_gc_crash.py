@@ -83,30 +83,32 @@ def _kill_gc_at(root: Path, delay: float) -> str:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     )
-    child = subprocess.Popen(
+    # The with-block closes the pipes whatever happens (an unclosed one is a ResourceWarning).
+    with subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(root)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
         text=True,
-    )
-    try:
-        ready, _, _ = select_module.select([child.stdout], [], [], 120)
-        assert ready, "the GC child did not start"
-        line = child.stdout.readline().strip()  # type: ignore[union-attr]
-        assert line == "ready", (line, child.stderr.read())  # type: ignore[union-attr]
-        time.sleep(delay)
-        child.kill()
-        child.wait(timeout=60)
-        rest = child.stdout.read().strip()  # type: ignore[union-attr]
-        err = child.stderr.read()  # type: ignore[union-attr]
-        assert child.returncode in (-9, 0), err
-        assert child.returncode == -9 or rest == "done", (rest, err)
-        return rest or "killed"
-    finally:
-        if child.poll() is None:
+    ) as child:
+        assert child.stdout is not None and child.stderr is not None
+        try:
+            ready, _, _ = select_module.select([child.stdout], [], [], 120)
+            assert ready, "the GC child did not start"
+            line = child.stdout.readline().strip()
+            assert line == "ready", (line, child.stderr.read())
+            time.sleep(delay)
             child.kill()
-            child.wait()
+            child.wait(timeout=60)
+            rest = child.stdout.read().strip()
+            err = child.stderr.read()
+            assert child.returncode in (-9, 0), err
+            assert child.returncode == -9 or rest == "done", (rest, err)
+            return rest or "killed"
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 @pytest.mark.timeout(280)

@@ -188,7 +188,11 @@ def test_set_epoch_reshuffles_with_persistent_workers(tmp_path: Path) -> None:
     DataLoader(persistent_workers=True) every epoch reads the chunks in epoch 0's order."""
     with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
         pool.save("a", tiny_rollout(16), rollout_id=1)
-    data = RolloutIterableDataset(tmp_path / "pool", fields=["position"], shuffle=True, seed=0)
+    # batch_size=1: the loaders below yield one sample per item, which the dataset is told
+    # (without it, two workers make it warn that len(loader) may undercount batches).
+    data = RolloutIterableDataset(
+        tmp_path / "pool", fields=["position"], shuffle=True, seed=0, batch_size=1
+    )
     loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True)
     orders = []
     for epoch in range(2):
