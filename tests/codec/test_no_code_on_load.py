@@ -22,11 +22,11 @@ from helpers import refused, round_trip, snapshot_pool
 from archive_manager import ArchiveManager, Sample
 from archive_manager.errors import ArchiveError, UnencodableError
 from archive_manager.samples import (
-    _ENUM_FIELDS,
     fields_to_sample,
     register_sample_class,
     registered_name,
 )
+from archive_manager.samples.records import _ENUM_FIELDS
 
 _names = itertools.count()
 

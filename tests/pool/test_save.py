@@ -15,7 +15,6 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, ArchiveWriter, Sample
-from archive_manager import manager as manager_module
 from archive_manager.catalog import Catalog, blobs_table, leases_table
 from archive_manager.catalog.engine import catalog_identity, make_engine, public_url, shown_url
 from archive_manager.errors import (
@@ -29,6 +28,7 @@ from archive_manager.errors import (
     PoolNotFoundError,
     UnencodableError,
 )
+from archive_manager.pool import opening as opening_module
 
 
 def lease_rows(pool) -> list:
@@ -673,7 +673,7 @@ def test_repr_and_errors_of_a_pool_hide_the_password(tmp_path, monkeypatch) -> N
     def broken(engine):
         raise sa_exc.OperationalError("SELECT version_num", {}, Exception("boom"))
 
-    monkeypatch.setattr(manager_module, "current_revision", broken)
+    monkeypatch.setattr(opening_module, "current_revision", broken)
     with pytest.raises(CatalogError, match="boom") as info:
         ArchiveManager.catalog_status(tmp_path / "pool", SECRET_URLS[0])
     assert "s3cret" not in str(info.value) and "db-host" in str(info.value)
