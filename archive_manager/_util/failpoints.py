@@ -9,7 +9,8 @@ the library is imported (or a test calls `configure`)::
     ARCHIVE_MANAGER_FAILPOINTS="blob.after_rename=raise@2;gc.after_unlink=kill@3"
 
 An action is ``kill`` (SIGKILL to this process: nothing runs after it, as in a power cut or an
-OOM kill), ``raise`` (`FailpointError`, to exercise the error paths) or ``sleep:SECONDS``;
+OOM kill), ``raise`` (`FailpointError`, to exercise the error paths), ``sigint`` (SIGINT to
+this process: Ctrl-C, a KeyboardInterrupt in the main thread right there) or ``sleep:SECONDS``;
 ``@N`` fires it at the N-th time the point is reached (1-based) instead of the first.  A point
 fires once.  Unknown point names are refused, so a typo cannot make a crash test pass by
 testing nothing.  Off, a point costs one test of an empty dict.
@@ -82,6 +83,10 @@ POINTS: dict[str, str] = {
     **_commit("rebuild.archive", "rebuild_catalog: one archive restored from its manifest"),
     **_commit("rebuild.blobs", "rebuild_catalog: a batch of row-less blob files indexed"),
     **_commit("rebuild.finish", "rebuild_catalog: done; GC allowed again, save numbers raised"),
+    # background saves (docs/architecture/save-protocol.md "Saving in the background"): where a
+    # Ctrl-C must leave no save half started (the ``sigint`` action)
+    "save_async.import": "save_async importing what a save runs (numpy, the writer): none registered",
+    "save_async.register": "save_async registered its save (worker started), snapshot not taken",
 }
 
 
@@ -131,9 +136,9 @@ def _parse(spec: str) -> dict[str, _Arm]:
             if not seconds >= 0:
                 raise InvalidInputError(f"{ENV}: {item!r}: sleep takes seconds >= 0")
             action = "sleep"
-        if action not in ("kill", "raise", "sleep"):
+        if action not in ("kill", "raise", "sigint", "sleep"):
             raise InvalidInputError(
-                f"{ENV}: {item!r}: the action must be kill, raise or sleep:SECONDS"
+                f"{ENV}: {item!r}: the action must be kill, raise, sigint or sleep:SECONDS"
             )
         armed[name] = _Arm(action, seconds, at)
     return armed
@@ -173,6 +178,9 @@ def _fire(name: str) -> None:
         time.sleep(60)  # the signal is delivered asynchronously; never run past the point
     elif arm.action == "raise":
         raise FailpointError(f"failpoint {name} fired")
+    elif arm.action == "sigint":
+        # the handler (KeyboardInterrupt) runs in the main thread before its next bytecode
+        signal.raise_signal(signal.SIGINT)
     else:
         time.sleep(arm.seconds)
 

@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._util.failpoints import failpoint
 from ..errors import ArchiveError, InvalidInputError
 from ..samples import task_key_and_text
 from .archive import Archive
@@ -91,6 +92,10 @@ class SaveFuture(Future[Archive]):
         return super().exception(timeout)
 
 
+#: How long the worker waits for its caller before it looks again (a wake-up lost to a
+#: second Ctrl-C in the caller's `_seal` costs this, not a hang).
+_POLL = 1.0
+
 #: Samples taken at a time (`codec.snapshot.take_samples` converts their numeric lists
 #: together, on several threads) before they are handed over one by one.
 _BATCH = 128
@@ -137,9 +142,11 @@ class _Job:
     # A save of a reference archive (no samples): the whole save, run on the worker.
     direct: Callable[[], Archive] | None = None
     items: deque[PreparedSample | _Taken] = field(default_factory=deque)
-    sealed: bool = False  # every sample was handed over (or the snapshot failed)
+    registered: bool = False  # queued for the worker (`BackgroundSaves._register`)
+    # set once every sample was handed over, ``(None,)``, or the snapshot failed or was
+    # interrupted, ``(its error,)``: the save must not publish then
+    outcome: tuple[BaseException | None] | None = None
     stalled: bool = False  # its caller waited for room: the worker must start on it
-    failure: BaseException | None = None  # the snapshot's error: the save must not publish
     dropped: bool = False  # the worker gave the save up: the caller stops preparing
 
 
@@ -216,35 +223,54 @@ class BackgroundSaves:
         # as an executor's running task cannot; it ends published or failed.
         future.set_running_or_notify_cancel()
         job = _Job(name, future, rollout_id, evaluation, attrs, supersede, reward_key, direct)
-        with self._cond:
-            if self._closed:
-                raise ArchiveError(f"the pool is closed: save_async of {name!r} refused")
-            if threading.current_thread() is self._worker:
-                raise ArchiveError(
-                    f"save_async of {name!r} from a callback of another background save: it "
-                    "would wait for the thread that runs it"
-                )
-            self._jobs.append(job)
-            _callers.add(threading.current_thread())
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._run, name="archive-save-async", daemon=False
-                )
-                self._worker.start()
+        if direct is None:
+            # NOTE: before the save is registered: the first call imports numpy and the
+            # writer, and a Ctrl-C there must leave nothing behind (the worker would import
+            # them again mid-save, or wait for a snapshot that never comes).
+            _import_what_a_save_runs()
         try:
+            self._register(job)
+            failpoint("save_async.register")
             if direct is None:
                 self._snapshot(job, samples, task_keys)
         except Exception as exc:
+            if not job.registered:
+                raise  # refused (the pool is closed): nothing to roll back
             self._seal(job, exc)
         except BaseException as exc:
-            # Interrupted (Ctrl-C): the caller sees it here, so `close` does not raise it
-            # again; the worker rolls the save back.
+            # Interrupted (Ctrl-C), wherever: the caller sees it here, so `close` does not
+            # raise it again; a save registered is sealed failed and the worker rolls it back
+            # (sealing one that was not is harmless).
             future.observed = True
             self._seal(job, exc)
             raise
         else:
             self._seal(job, None)
         return future
+
+    def _register(self, job: _Job) -> None:
+        """Queue ``job`` for the worker, starting the worker first if there is none.
+
+        NOTE: ordered so that an interrupt at any point (``Thread.start`` waits, and a wait
+        can raise KeyboardInterrupt) leaves either no job queued or a job the caller seals:
+        the worker is started, then made the pool's, then given the job; a worker started
+        whose start was interrupted is no one's and ends at once (`_run`).
+        """
+        with self._cond:
+            if self._closed:
+                raise ArchiveError(f"the pool is closed: save_async of {job.name!r} refused")
+            if threading.current_thread() is self._worker:
+                raise ArchiveError(
+                    f"save_async of {job.name!r} from a callback of another background save: "
+                    "it would wait for the thread that runs it"
+                )
+            if self._worker is None:
+                worker = threading.Thread(target=self._run, name="archive-save-async", daemon=False)
+                worker.start()  # it waits for this lock before it looks for a job
+                self._worker = worker
+            self._jobs.append(job)
+            job.registered = True
+            _callers.add(threading.current_thread())
 
     def _snapshot(
         self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
@@ -311,18 +337,23 @@ class BackgroundSaves:
             return True
 
     def _seal(self, job: _Job, failure: BaseException | None) -> None:
+        # NOTE: one store, before the lock: a second Ctrl-C while this waits for the lock
+        # cannot leave the job unsealed (the worker's waits time out and look again)
+        job.outcome = (failure,)
         with self._cond:
-            job.failure = failure
-            job.sealed = True
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ the worker
 
     def _run(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._cond:
-                if not self._jobs:
-                    self._worker = None
+                if self._worker is not me or not self._jobs:
+                    # no save left; or a worker whose start was interrupted (`_register`),
+                    # which is no one's: the pool's own worker runs the saves
+                    if self._worker is me:
+                        self._worker = None
                     self._cond.notify_all()
                     return
                 job = self._jobs[0]
@@ -348,8 +379,10 @@ class BackgroundSaves:
         # for room: before that it would take the GIL from the caller's snapshot, which is
         # the time a training loop is blocked (measured: tools/bench_async_save.py).
         with self._cond:
-            while not job.sealed and not job.stalled:
-                self._cond.wait()
+            while job.outcome is None and not job.stalled:
+                self._cond.wait(_POLL)
+        if job.outcome is not None and job.outcome[0] is not None and not job.items:
+            raise job.outcome[0]  # failed (or interrupted) before any sample was handed over
         writer = ArchiveWriter(
             self._pool, job.name, rollout_id=job.rollout_id, evaluation=job.evaluation,
             attrs=job.attrs, supersede=job.supersede, reward_key=job.reward_key,
@@ -371,12 +404,12 @@ class BackgroundSaves:
             BaseException: the snapshot's error (the save is then rolled back).
         """
         with self._cond:
-            while not job.items and not job.sealed:
+            while not job.items and job.outcome is None:
                 self._taking = job
-                self._cond.wait()
+                self._cond.wait(_POLL)
             self._taking = None
-            if job.failure is not None:
-                raise job.failure
+            if job.outcome is not None and job.outcome[0] is not None:
+                raise job.outcome[0]
             if not job.items:
                 return None
             prepared = job.items.popleft()
@@ -442,6 +475,14 @@ class BackgroundSaves:
             + ")"
         )
         return exc
+
+
+def _import_what_a_save_runs() -> None:
+    """Import the snapshot's and the worker's modules (the codec and numpy, the writer)."""
+    from ..codec import snapshot  # noqa: F401
+
+    failpoint("save_async.import")
+    from . import writer  # noqa: F401
 
 
 def _check_budget(value: object) -> int:

@@ -437,3 +437,46 @@ def test_a_forked_child_exits_without_waiting_for_the_parents_saves(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     with ArchiveManager.open(tmp_path / "pool") as pool:
         assert [a.name for a in pool.find()] == ["a0"]
+
+
+INTERRUPTED = """
+import sys
+from archive_manager import ArchiveManager, Sample
+
+pool = ArchiveManager.open(sys.argv[1], chunk_size=4)
+assert "numpy" not in sys.modules  # the first save_async imports it
+samples = [Sample(index=i, tokens=list(range(20)), reward=1.0) for i in range(6)]
+try:
+    pool.save_async("a", samples, rollout_id=1)
+except KeyboardInterrupt:
+    print("interrupted")
+pool.close()  # hung on a save registered and never sealed
+print("closed")
+"""
+
+
+@pytest.mark.parametrize("point", ["save_async.import", "save_async.register"])
+def test_ctrl_c_in_the_first_call_leaves_no_save_and_no_hung_pool(
+    tmp_path: Path, point: str
+) -> None:
+    """SIGINT while the first `save_async` imports numpy and the writer, or right after it
+    registered its save: the call raises KeyboardInterrupt, `close` and the interpreter's
+    exit return, the pool is as it was, and the name saves at once."""
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool:
+        before = snapshot_pool(pool)
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, str(tmp_path / "pool")],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang fails here
+        env={
+            "PYTHONPATH": str(REPO),
+            "PATH": "/usr/bin:/bin",
+            "ARCHIVE_MANAGER_FAILPOINTS": f"{point}=sigint",
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["interrupted", "closed"]
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool:
+        assert snapshot_pool(pool) == before
+        assert pool.save_async("a", tiny_rollout(4), rollout_id=1).result().name == "a"
