@@ -252,7 +252,14 @@ class RolloutDataset(Dataset):  # type: ignore[type-arg]
     Numeric list fields are tensors (``as_tensors``) of int64 or float32, whatever their
     values; ``dtypes`` (``{"loss_mask": torch.int8}``: torch or numpy dtypes, by item key)
     names others (ints must fit, floats are rounded; see `codec.dtypes`).  Tensors and
-    arrays come in the dtype and shape they were saved in."""
+    arrays come in the dtype and shape they were saved in.
+
+    Under torch.distributed (initialised, more than one process), every rank takes rank 0's
+    selection, broadcast when the dataset is built, as `RolloutIterableDataset` does: a
+    `DistributedSampler` over it then splits the same ``len`` and the same items on every
+    rank, even if a step was published while the ranks built it.  That is a collective: build
+    it on every process of the default group, or pass ``share_index=False`` (each process
+    then queries the catalog itself)."""
 
     def __init__(
         self,
@@ -263,11 +270,15 @@ class RolloutDataset(Dataset):  # type: ignore[type-arg]
         as_tensors: bool = True,
         dtypes: Mapping[str, Any] | None = None,
         cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        share_index: bool | None = None,
         **query: Any,
     ) -> None:
         if isinstance(cache_chunks, bool) or not isinstance(cache_chunks, int) or cache_chunks < 1:
             raise InvalidInputError("cache_chunks must be an int >= 1")
-        self._reader = _PoolReader(pool_or_root, catalog_url, fields, as_tensors, dtypes, query)
+        shared = _shares_index(share_index, None)
+        self._reader = _PoolReader(
+            pool_or_root, catalog_url, fields, as_tensors, dtypes, query, shared
+        )
         self._index = [
             (k, j) for k, (_, part) in enumerate(self._reader.units) for j in range(len(part[2]))
         ]
@@ -319,10 +330,13 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
     (``drop_last=False``), or ``floor(N / world_size)``, the tail dropped (``drop_last=True``);
     rank ``r`` takes the ``r``-th contiguous block (fewer chunks read per rank than a stride).
     ``rank`` and ``world_size`` default to torch.distributed's when it is initialised, else 0
-    and 1. Taken from torch.distributed, every rank uses rank 0's selection, broadcast when
-    the dataset is built (a collective: build it on every rank), so a step published while
-    the ranks build it changes no rank's length; with ``rank``/``world_size`` given, each rank
-    queries itself.
+    and 1. Under torch.distributed (initialised, more than one process) and a ``world_size``
+    above 1, given or taken, every rank uses rank 0's selection (rank 0 of the default
+    group), broadcast when the dataset is built, so a step published while the ranks build it
+    changes no rank's length.  That is a collective: build it on every process of the default
+    group (data-parallel ranks given as ``rank``/``world_size`` under tensor parallelism
+    included), or pass ``share_index=False`` (each process then queries the catalog itself:
+    select a range that can no longer grow).
 
     DataLoader workers each collate their own batches, so a rank's batch count would depend
     on how its samples fell to the workers. Give ``batch_size`` (the DataLoader's): the rank's
@@ -353,12 +367,11 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
         world_size: int | None = None,
         drop_last: bool = False,
         batch_size: int | None = None,
+        share_index: bool | None = None,
         **query: Any,
     ) -> None:
-        shared = False
         if rank is None and world_size is None and _distributed():
             rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-            shared = world_size > 1
         rank = 0 if rank is None else rank
         world_size = 1 if world_size is None else world_size
         for value, what in (
@@ -379,6 +392,7 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
             raise InvalidInputError("batch_size must be an int >= 1 (the DataLoader's) or None")
         if type(drop_last) is not bool:
             raise InvalidInputError("drop_last must be True or False")
+        shared = _shares_index(share_index, world_size)
         self._reader = _PoolReader(
             pool_or_root, catalog_url, fields, as_tensors, dtypes, query, shared
         )
@@ -548,6 +562,35 @@ def _share_index(
         (str(name), (int(ordinal), str(digest), [(int(p), str(k), t, int(o)) for p, k, t, o in es]))
         for name, (ordinal, digest, es) in got["units"]
     ]
+
+
+def _shares_index(share_index: object, world_size: int | None) -> bool:
+    """Whether a dataset takes rank 0's index (`_share_index`): ``share_index`` if True or
+    False, else whether torch.distributed runs more than one process and the dataset's
+    ``world_size`` (None: the map-style dataset, split by a sampler) is above 1.
+
+    NOTE: every dataset whose layout a rank decides from its length and items (a sampler's
+    split, the iterable's blocks) shares the index the same way, however the ranks were
+    given: a rank querying on its own could see a step the others did not.
+
+    Raises:
+        InvalidInputError: ``share_index`` is not a bool or None, or True without
+            torch.distributed initialised.
+    """
+    if share_index is not None and type(share_index) is not bool:
+        raise InvalidInputError("share_index must be True, False or None")
+    if share_index is False:
+        return False
+    if not _distributed():
+        if share_index:
+            raise InvalidInputError(
+                "share_index=True takes rank 0's index over torch.distributed, which is not "
+                "initialised"
+            )
+        return False
+    if share_index:
+        return True
+    return torch.distributed.get_world_size() > 1 and (world_size is None or world_size > 1)
 
 
 def _spawning() -> bool:

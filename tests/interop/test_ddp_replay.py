@@ -51,7 +51,7 @@ def _rank_main(rank: int, world: int, spec_path: str) -> None:
         world_size=world,
         timeout=timedelta(seconds=GROUP_TIMEOUT_S),
     )
-    results: list[Any] = [_race(rank, world, spec["race"])] if "race" in spec else []
+    results: list[Any] = [_race(rank, world, race) for race in spec.get("races", [])]
     for case_id, case in enumerate(spec["cases"]):
         data = RolloutIterableDataset(
             case["pool"],
@@ -87,16 +87,18 @@ def _rank_main(rank: int, world: int, spec_path: str) -> None:
 
 def _race(rank: int, world: int, race: dict[str, Any]) -> dict[str, Any]:
     """Rank 0 selects the samples, then a step matching the query is published, then rank 1
-    builds its dataset: every rank must replay what rank 0 selected."""
+    builds its dataset: every rank must replay what rank 0 selected, whichever dataset and
+    however it learnt the ranks (``race["kind"]``: the iterable dataset with the ranks taken
+    from torch.distributed or given, the map-style one under a DistributedSampler)."""
     import torch
     import torch.distributed as dist
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, DistributedSampler
 
     import archive_manager.data as data_module
     from archive_manager import ArchiveManager
 
+    select = data_module.selected_archives
     if rank == 0:
-        select = data_module.selected_archives
 
         def select_then_publish(*args: Any, **kwargs: Any) -> Any:
             found = select(*args, **kwargs)
@@ -112,17 +114,27 @@ def _race(rank: int, world: int, race: dict[str, Any]) -> dict[str, Any]:
     else:
         with open(race["fifo"]) as fifo:  # blocks until rank 0 has queried and published
             fifo.read()
-    data = data_module.RolloutIterableDataset(
-        race["pool"],
-        rollout_ids=(100, None),
-        fields=["archive", "position"],
-        as_tensors=False,
-        batch_size=16,
-    )
-    loader = DataLoader(data, batch_size=16, collate_fn=list)
+    query: dict[str, Any] = {
+        "rollout_ids": (100, None),
+        "fields": ["archive", "position"],
+        "as_tensors": False,
+    }
+    try:
+        if race["kind"] == "map":
+            mapped = data_module.RolloutDataset(race["pool"], **query)
+            sampler = DistributedSampler(mapped, num_replicas=world, rank=rank, shuffle=False)
+            loader = DataLoader(mapped, batch_size=16, sampler=sampler, collate_fn=list)
+            total = len(mapped)
+        else:
+            ranks = {"rank": rank, "world_size": world} if race["kind"] == "given" else {}
+            data = data_module.RolloutIterableDataset(race["pool"], batch_size=16, **ranks, **query)
+            loader = DataLoader(data, batch_size=16, collate_fn=list)
+            total = data.total
+    finally:
+        data_module.selected_archives = select  # type: ignore[assignment]
     lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(lengths, torch.tensor([len(loader)]))
-    out: dict[str, Any] = {"total": data.total, "lengths": [int(n) for n in lengths]}
+    out: dict[str, Any] = {"total": total, "lengths": [int(n) for n in lengths]}
     batches = []
     if len(set(out["lengths"])) == 1:  # else the longer rank would wait in an all-reduce
         for batch in loader:
@@ -284,23 +296,47 @@ def test_shuffle_buffer_is_a_function_of_seed_and_epoch(tmp_path: Path) -> None:
 def test_a_step_published_while_the_ranks_build_changes_no_rank(tmp_path: Path) -> None:
     """Each rank queried the catalog itself: rank 0 saw one step (100 samples, 4 batches),
     a step was published, rank 1 saw both (164, 6 batches) and waited in the 5th all-reduce,
-    and samples of the first step went to no rank. Every rank now replays rank 0's index."""
+    and samples of the first step went to no rank. Every rank now replays rank 0's index:
+    the iterable dataset with the ranks taken from torch.distributed (which alone shared it
+    before) or given as ``rank``/``world_size``, and the map-style dataset under a
+    DistributedSampler."""
     from archive_manager import ArchiveManager
 
-    root = tmp_path / "pool"
-    with ArchiveManager.open(root, chunk_size=7) as pool:
-        samples = [{"index": i, "reward": 1.0} for i in range(100)]
-        pool.save("rollout-000100", samples, rollout_id=100)
-    os.mkfifo(tmp_path / "published")
+    kinds = ["taken", "given", "map"]
+    races = []
+    for kind in kinds:
+        root = tmp_path / kind
+        with ArchiveManager.open(root, chunk_size=7) as pool:
+            samples = [{"index": i, "reward": 1.0} for i in range(100)]
+            pool.save("rollout-000100", samples, rollout_id=100)
+        os.mkfifo(tmp_path / f"{kind}.published")
+        races.append(
+            {"pool": str(root), "fifo": str(tmp_path / f"{kind}.published"), "late": 64}
+            | {"kind": kind}
+        )
     (tmp_path / "run").mkdir()
-    race = {"pool": str(root), "fifo": str(tmp_path / "published"), "late": 64}
-    got = [r[0] for r in _run_ranks(tmp_path / "run", [], race=race)]
-    assert [g["total"] for g in got] == [100, 100]
-    assert got[0]["lengths"] == got[1]["lengths"] == [4, 4]
-    seen = {tuple(s) for g in got for b in g["batches"] for s in b}
-    assert seen == {("rollout-000100", i) for i in range(100)}
-    with ArchiveManager.open(root) as pool:  # the step was published (rank 0 just missed it)
-        assert len(pool.open_archive("rollout-000101")) == 64
+    results = _run_ranks(tmp_path / "run", [], races=races)
+    for k, kind in enumerate(kinds):
+        got = [results[r][k] for r in range(WORLD)]
+        assert [g["total"] for g in got] == [100, 100], kind
+        assert got[0]["lengths"] == got[1]["lengths"] == [4, 4], kind
+        seen = {tuple(s) for g in got for b in g["batches"] for s in b}
+        assert seen == {("rollout-000100", i) for i in range(100)}, kind
+        with ArchiveManager.open(tmp_path / kind) as pool:  # published (rank 0 just missed it)
+            assert len(pool.open_archive("rollout-000101")) == 64
+
+
+def test_share_index_is_checked_and_needs_torch_distributed(tmp_path: Path) -> None:
+    from archive_manager.data import RolloutDataset, RolloutIterableDataset
+    from archive_manager.errors import InvalidInputError
+
+    pool = _pool(tmp_path / "steps", [10], 4)
+    for make in (RolloutDataset, RolloutIterableDataset):
+        with pytest.raises(InvalidInputError, match="not initialised"):
+            make(pool, share_index=True)
+        with pytest.raises(InvalidInputError, match="share_index"):
+            make(pool, share_index=1)
+        assert len(make(pool, share_index=False)) == 10
 
 
 if __name__ == "__main__":
