@@ -374,7 +374,8 @@ class ArchiveWriter:
         )
         self._metadata.append(prepared.description)
         self._buffer.add(prepared.encoded)
-        self._hand_over()
+        if self._working():
+            self._hand_over()
         if len(self._buffer.records) >= self._pool.chunk_size:
             try:
                 self._flush()
@@ -646,6 +647,18 @@ class ArchiveWriter:
         """
         batch, self._batch = self._batch, []
         self._pending.append(self._io.submit(self._store_chunks, batch))
+
+    def _working(self) -> bool:
+        """Whether a chunk of this save is being packed or stored on another thread.
+
+        NOTE: the GIL is handed over only then (`codec.GilHandOver`): with no other thread of
+        the save running nobody takes it, and the hand-over's sleep gives the core away to
+        any other process that wants it, which on a loaded machine cost a small save ~2.5 ms
+        a hand-over (docs/performance.md, "Small saves").
+        """
+        return any(not stored.done() for stored in self._pending) or any(
+            not packed.done() for _, packed in self._batch
+        )
 
     def _wait(self) -> None:
         if self._batch:

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from archive_manager import ArchiveManager
+from archive_manager import ArchiveManager, codec
 from archive_manager._util import failpoints as _failpoints
 from archive_manager.catalog import lease_blobs_table
+from archive_manager.codec import chunk as chunk_module
 from archive_manager.errors import UnencodableError
 from archive_manager.pool import writer as writer_module
 
@@ -76,6 +77,36 @@ def test_a_small_save_starts_no_thread(
     assert started == []
     monkeypatch.setattr(threading.Thread, "start", start)
     assert arc.load_samples() == _samples(CHUNK - 1)
+
+
+def test_the_gil_is_handed_over_only_while_a_chunk_is_in_flight(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encoding hands the GIL over (a sleep) so that the packer and the I/O thread get it; with
+    neither running nobody takes it, and the sleep gave the core to other processes (a small
+    save lost ~2.5 ms a hand-over on a loaded machine; docs/performance.md, "Small saves")."""
+    monkeypatch.setattr(chunk_module, "_HAND_OVER_EVERY", -1.0)  # due at every sample
+    handed: list[int] = []
+    monkeypatch.setattr(codec.GilHandOver, "__call__", lambda self: handed.append(1))
+    samples = _samples(CHUNK + 1)
+    pool.save("a", samples[: CHUNK - 1], rollout_id=1)
+    assert handed == []
+    # A chunk still packing on the packer: the next sample hands the GIL over.
+    release = threading.Event()
+    pack = codec.RawChunk.pack
+
+    def held(self: codec.RawChunk, **kwargs: Any) -> codec.EncodedChunk:
+        release.wait(60)
+        return pack(self, **kwargs)
+
+    monkeypatch.setattr(codec.RawChunk, "pack", held)
+    writer = pool.writer("b", rollout_id=1)
+    for sample in samples:
+        writer.add(sample)
+    assert handed == [1]
+    release.set()
+    writer.commit()
+    assert pool.open_archive("b").load_samples() == samples
 
 
 def test_a_slow_pool_save_still_renews_its_lease(
