@@ -10,17 +10,19 @@ files), and files written for people outside the pool (exports, figures) theirs
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .permissions import readable_bits
 
-__all__ = ["fsync_dir", "temp_for", "write_atomic"]
+__all__ = ["fsync_dir", "in_parallel", "temp_for", "write_atomic"]
 
 # A filesystem without hard links (some FUSE and object-store mounts) says so with these.
 _NO_LINKS = frozenset(
@@ -96,6 +98,71 @@ def fsync_dir(folder: Path, *, strict: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+# Threads that wait on the disk for `in_parallel`: made on first use, kept for the process's
+# life (idle, they cost nothing; a thread start cost ~1.5 ms of a small save under load).
+_SYNC_THREADS = 8
+_sync_lock = threading.Lock()
+_sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _forget_sync_pool() -> None:
+    # A child of fork has none of the parent's threads: work handed to the parent's pool
+    # would wait for ever.
+    global _sync_pool, _sync_lock
+    _sync_pool = None
+    _sync_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_sync_pool)
+
+
+def _sync_threads() -> concurrent.futures.ThreadPoolExecutor:
+    global _sync_pool
+    with _sync_lock:
+        if _sync_pool is None:
+            _sync_pool = concurrent.futures.ThreadPoolExecutor(
+                _SYNC_THREADS, thread_name_prefix="archive-sync"
+            )
+        return _sync_pool
+
+
+def in_parallel(calls: Sequence[Callable[[], object]]) -> None:
+    """Run ``calls`` (fsyncs, each waiting on the disk with the GIL released) at the same time:
+    the first on the calling thread, the others on the process's sync threads; return once
+    every one has ended, raising the error of one that failed, if any did.
+
+    NOTE: fsyncs made one after another each wait for their own flush of the disk's cache
+    (1-4 ms on this project's VM); made together, the filesystem commits and flushes them
+    as one (five folder fsyncs: ~20 ms in turn, ~1-2 ms together; docs/performance.md,
+    "Small saves").  Where no thread can be had (the interpreter is exiting), they run in
+    turn.
+    """
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    futures: list[concurrent.futures.Future[object]] = []
+    try:
+        pool = _sync_threads()
+        for call in calls[1:]:
+            futures.append(pool.submit(call))
+    except RuntimeError:  # no new work after interpreter shutdown began
+        rest = calls[1 + len(futures) :]
+    else:
+        rest = []
+    first: BaseException | None = None
+    for call in (calls[0], *rest):
+        try:
+            call()
+        except BaseException as exc:
+            first = first or exc
+    for future in futures:
+        first = first or future.exception()
+    if first is not None:
+        raise first
 
 
 def temp_for(path: Path) -> Path:

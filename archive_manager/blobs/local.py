@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
+import functools
 import logging
 import math
 import mmap
@@ -52,7 +53,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from .._util.atomic import fsync_dir
+from .._util.atomic import fsync_dir, in_parallel
 from .._util.digest import Buffer, check_digest, is_digest
 from .._util.failpoints import failpoint
 from .._util.mounts import filesystem_type, is_network_filesystem, read_mount_table
@@ -185,6 +186,17 @@ class _Pending:
     fd: int
     tmp: Path
     target: Path
+
+
+def _fsync_dirs(folders: Iterable[Path]) -> None:
+    """`_fsync_dir` of each of ``folders``, all at once (`in_parallel`)."""
+    in_parallel([functools.partial(_fsync_dir, folder) for folder in sorted(folders)])
+
+
+def _unlink_temp(pending: _Pending) -> None:
+    """Remove the temp file of ``pending``, whose descriptor is closed already."""
+    with contextlib.suppress(OSError):
+        os.unlink(pending.tmp)
 
 
 def _abandon(pending: _Pending) -> None:
@@ -390,9 +402,10 @@ class LocalBlobStore(AbstractBlobStore):
         """The pool root holding ``blobs/`` and ``tmp/``."""
         return self._root
 
-    def _make_folder(self, folder: Path) -> None:
+    def _make_folder(self, folder: Path, unsynced: set[Path] | None = None) -> None:
         """Create ``folder`` (``tmp/`` or a fan-out folder) and its missing parents below the
-        root, syncing each parent that gains an entry.
+        root, syncing each parent that gains an entry (or, with ``unsynced``, adding it there
+        for the caller to sync before it reports the blob durable).
 
         NOTE: never the root, ``blobs/`` or ``tmp/`` once this store has seen it: one missing
         now went away with its pool (moved, deleted, a mount gone and its empty mount point
@@ -415,7 +428,7 @@ class LocalBlobStore(AbstractBlobStore):
                 "made again, so that no blob goes outside the pool; reopen the pool where it "
                 "is now"
             )
-        self._make_folder(folder.parent)
+        self._make_folder(folder.parent, unsynced)
         try:
             os.mkdir(folder)
         except FileExistsError:
@@ -423,7 +436,10 @@ class LocalBlobStore(AbstractBlobStore):
         else:
             share_like_parent(folder)  # a group-shared pool stays shared (permissions.py)
         # Synced even if a concurrent writer made it: ours may be the rename that depends on it.
-        _fsync_dir(folder.parent)
+        if unsynced is None:
+            _fsync_dir(folder.parent)
+        else:
+            unsynced.add(folder.parent)
 
     def path(self, digest: str) -> Path:
         """The file of ``digest``; InvalidNameError unless it is a canonical digest."""
@@ -471,7 +487,7 @@ class LocalBlobStore(AbstractBlobStore):
         (5 MB each) 20-40% faster than writing and fsyncing each in turn.  A batch holds one
         open file per blob; when the process runs out of descriptors, that batch is written one
         blob at a time.  Each directory that gained entries is synced once at the end rather
-        than once per blob.  Every blob is durable when this returns.
+        than once per blob, all of them together.  Every blob is durable when this returns.
 
         Raises:
             As `put`.  When an item fails, the batch's other temp files are removed, or, once
@@ -483,7 +499,6 @@ class LocalBlobStore(AbstractBlobStore):
         if len(items) <= _BATCH and _total_bytes(items) <= _INLINE_BYTES:
             return self._put_inline(items)
         digests: list[str] = []
-        dirs: set[Path] = set()
         # Temp files staged and not yet handed to `_finish` (which then owns them): whatever
         # stops this call, even KeyboardInterrupt, they are closed and removed at the end.
         staged: set[_Pending] = set()
@@ -496,10 +511,14 @@ class LocalBlobStore(AbstractBlobStore):
                     staged.add(pending)
             return digest, pending
 
+        # Folders made (whose parents gained an entry) and folders renamed into, all synced
+        # together at the end (`in_parallel`).
+        dirs: set[Path] = set()
+
         def finish(pending: _Pending) -> None:
             with lock:
                 staged.discard(pending)
-            self._finish(pending, sync_dir=False)
+            self._finish(pending, sync_dir=False, unsynced=dirs)
 
         pool = concurrent.futures.ThreadPoolExecutor(min(workers, len(items)))
         try:
@@ -531,20 +550,21 @@ class LocalBlobStore(AbstractBlobStore):
                 for pending in staged:
                     _abandon(pending)
                 staged.clear()
-        for folder in sorted(dirs):
-            _fsync_dir(folder)
+        _fsync_dirs(dirs)
         if dirs:
             failpoint("blob.after_dir_sync")
         return digests
 
     def _put_inline(self, items: Sequence[PutItem]) -> list[str]:
         """`put_many`'s two phases on the calling thread, for a few small blobs (a small save's
-        chunk and manifest): each written, then each synced and renamed, then each folder
-        synced once.
+        chunk and manifest): each written, then all synced, then each renamed, then each
+        folder synced once.
 
-        NOTE: threads gain nothing on a few kilobytes and cost a start each (~1.5 ms under
-        load); the fsyncs following one another stay cheap, as the first commits the
-        filesystem's journal for the others' writes too (docs/performance.md, "Small saves").
+        NOTE: writing threads gain nothing on a few kilobytes and cost a start each (~1.5 ms
+        under load).  The temp files are synced together, then renamed, then every folder
+        that gained an entry (the renames' and those of folders made) is synced together:
+        fsyncs made together cost the disk one flush where each in turn costs one
+        (`in_parallel`; docs/performance.md, "Small saves").
         """
         results: list[tuple[str, _Pending | None]] = []
         try:
@@ -555,19 +575,27 @@ class LocalBlobStore(AbstractBlobStore):
                 if pending is not None:
                     _abandon(pending)
             raise
-        for i, (_, pending) in enumerate(results):
-            if pending is None:
-                continue
+        begun = [pending for _, pending in results if pending is not None]
+        try:
             try:
-                self._finish(pending, sync_dir=False)
+                in_parallel([functools.partial(os.fsync, pending.fd) for pending in begun])
+            finally:
+                for pending in begun:
+                    with contextlib.suppress(OSError):
+                        os.close(pending.fd)
+        except BaseException:
+            for pending in begun:
+                _unlink_temp(pending)
+            raise
+        dirs = {self.path(digest).parent for digest, _ in results}
+        for i, pending in enumerate(begun):
+            try:
+                self._finish(pending, sync_dir=False, unsynced=dirs, synced=True)
             except BaseException:
-                for _, later in results[i + 1 :]:
-                    if later is not None:
-                        _abandon(later)
+                for later in begun[i + 1 :]:
+                    _unlink_temp(later)
                 raise
-        dirs = sorted({self.path(digest).parent for digest, _ in results})
-        for folder in dirs:
-            _fsync_dir(folder)
+        _fsync_dirs(dirs)
         failpoint("blob.after_dir_sync")
         return [digest for digest, _ in results]
 
@@ -627,19 +655,30 @@ class LocalBlobStore(AbstractBlobStore):
             raise
         return _Pending(fd, tmp, self.path(digest))
 
-    def _finish(self, pending: _Pending, *, sync_dir: bool = True) -> None:
-        """fsync the temp file, then rename it to its blob's name; on failure, remove it."""
+    def _finish(
+        self,
+        pending: _Pending,
+        *,
+        sync_dir: bool = True,
+        unsynced: set[Path] | None = None,
+        synced: bool = False,
+    ) -> None:
+        """fsync the temp file (unless ``synced``: the caller synced and closed it), then
+        rename it to its blob's name; on failure, remove it.  With ``unsynced``, the folders
+        this made or renamed into are added there, not synced (the caller syncs them)."""
         tmp, target = pending.tmp, pending.target
         try:
-            try:
-                # Data durable before the rename: the name must never point at unsynced bytes.
-                os.fsync(pending.fd)
-            finally:
-                os.close(pending.fd)
+            if not synced:
+                try:
+                    # Data durable before the rename: the name must never point at unsynced
+                    # bytes.
+                    os.fsync(pending.fd)
+                finally:
+                    os.close(pending.fd)
             failpoint("blob.after_temp_write")
             # Again: a fan-out folder made or replaced since `_stage` looked must not be a link.
             _check_folders((self._blobs, target.parent.parent, target.parent), target.name)
-            self._make_folder(target.parent)
+            self._make_folder(target.parent, unsynced)
             self._seen.update((self._root, self._blobs))
             # Atomic; concurrent writers of one digest replace identical bytes with identical bytes.
             os.rename(tmp, target)
@@ -648,7 +687,9 @@ class LocalBlobStore(AbstractBlobStore):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        if sync_dir:
+        if unsynced is not None:
+            unsynced.add(target.parent)
+        elif sync_dir:
             _fsync_dir(target.parent)
             failpoint("blob.after_dir_sync")
 

@@ -295,6 +295,43 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         folders = {store.path(d).parent for d in (first, second, digest_of(b"three"))}
         assert folders <= set(synced)
 
+    def test_a_few_small_blobs_are_synced_together(self, store, monkeypatch) -> None:
+        """A small save's chunk and manifest (`put_new` of a few small blobs): their temp
+        files are synced at the same time, then every folder that gained an entry, as
+        fsyncs made together cost the disk one flush where made in turn they cost one each
+        (docs/architecture/blob-store-contract.md).  Each fsync waits (10 s at most) for a
+        second one of its kind to begin: only fsyncs made together overlap."""
+        import threading
+
+        cond = threading.Condition()
+        started = {"file": 0, "folder": 0}
+        running = {"file": 0, "folder": 0}
+        most = {"file": 0, "folder": 0}
+        fsync = os.fsync
+
+        def watched(fd: int) -> None:
+            kind = "folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+            with cond:
+                started[kind] += 1
+                running[kind] += 1
+                most[kind] = max(most[kind], running[kind])
+                cond.notify_all()
+                cond.wait_for(lambda: started[kind] >= 2, timeout=10)
+            try:
+                fsync(fd)
+            finally:
+                with cond:
+                    running[kind] -= 1
+
+        store.put(b"an earlier blob")  # tmp/ made (and its folder synced) before
+        items = [(b"a chunk" * 100, None), (b"its manifest", None)]
+        monkeypatch.setattr(os, "fsync", watched)
+        digests = store.put_new(items)
+        monkeypatch.undo()
+        assert most == {"file": 2, "folder": most["folder"]} and most["folder"] >= 2
+        assert [store.get(d) for d in digests] == [data for data, _ in items]
+        assert store.temp_files() == []
+
     def test_put_many_past_one_batch(self, store, monkeypatch) -> None:
         kicked: list[int] = []
         monkeypatch.setattr(blobs, "_start_writeback", lambda fd: kicked.append(fd))

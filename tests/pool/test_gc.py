@@ -487,10 +487,10 @@ class _GcBeforeRename(LocalBlobStore):
 
     hook: Callable[[], None] | None = None
 
-    def _finish(self, pending: Any, *, sync_dir: bool = True) -> None:
+    def _finish(self, pending: Any, **options: Any) -> None:
         if self.hook is not None:
             self.hook()
-        super()._finish(pending, sync_dir=sync_dir)
+        super()._finish(pending, **options)
 
 
 def test_gc_never_removes_a_temp_file_a_save_in_flight_writes(

@@ -64,7 +64,9 @@ def test_a_small_save_starts_no_thread(
     """A save of fewer samples than a chunk packs and writes its chunk on the caller's thread
     and ends before its lease needs renewing: no heartbeat, packer, I/O or store thread is
     started (each start cost ~1.5 ms of a small save on a loaded machine;
-    docs/performance.md, "Small saves")."""
+    docs/performance.md, "Small saves").  The threads that sync files together are the
+    process's, started by its first save and kept."""
+    pool.save("first", _samples(CHUNK - 1), rollout_id=1)
     started: list[str] = []
     start = threading.Thread.start
 
