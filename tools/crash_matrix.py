@@ -944,6 +944,7 @@ def check(world: World) -> dict[str, bool | None]:
             and again.temp_files == 0
             and files == rows
             and not pool.store.temp_files()
+            and not _journal_temps(pool)
             and not any(p.exists() for p in world.plant)
             and not (reclaim & rows)
         )
@@ -951,6 +952,15 @@ def check(world: World) -> dict[str, bool | None]:
         checks["verify"] = report.ok and not report.notices
         checks["owned"] = _owned_intact(pool, world, published)
     return checks
+
+
+def _journal_temps(pool: ArchiveManager) -> list[str]:
+    """Temp files left in the journal folder (a record begun in a transaction that never
+    committed, or committed and not yet renamed): gc sweeps them."""
+    folder = pool.journal.folder
+    if not folder.is_absolute() or not folder.is_dir():  # an object store's journal: no temps
+        return []
+    return [n for n in os.listdir(folder) if n.startswith(".") and n.endswith(".tmp")]
 
 
 def _one_current(pool: ArchiveManager, inflight: tuple[str, str], earlier: str) -> bool:

@@ -45,7 +45,7 @@ import xxhash
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
-from .._util.atomic import fsync_dir, write_atomic
+from .._util.atomic import AtomicWrite, fsync_dir, write_atomic
 from .._util.constants import JOURNAL_CHECKPOINT, JOURNAL_POOL
 from .._util.digest import is_digest
 from .._util.failpoints import failpoint
@@ -80,6 +80,7 @@ __all__ = [
     "JournalDamagedError",
     "JournalState",
     "ObjectJournal",
+    "RecordWrite",
     "Staged",
     "adopt",
     "audit",
@@ -88,6 +89,7 @@ __all__ = [
     "checkpoint",
     "journal_for",
     "maintain",
+    "place_committed",
     "pool_id_of",
     "publish_op",
     "release_op",
@@ -451,6 +453,21 @@ class Journal:
         self._raise_floor(staged.seq)
         failpoint("journal.after_write")
 
+    def begin_write(self, staged: Staged) -> RecordWrite:
+        """Inside the transaction that stages ``staged``, just before its commit: start
+        writing the record's temp file (synced on a sync thread while the commit waits on the
+        disk); `RecordWrite.place` makes it the record once the transaction committed.
+
+        NOTE: the record file still appears only after the commit (only its temp file, which
+        no reader takes for a record, before it), and is durable before the call returns; its
+        fsync no longer follows the commit's (docs/architecture/retention-journal.md,
+        "Retention journal")."""
+        folder = self._checked(create=True)
+        assert folder is not None
+        return _LocalRecordWrite(
+            self, staged, AtomicWrite(folder / staged.name, staged.data, mode=0o444, share=True)
+        )
+
     def entries(self) -> list[Entry]:
         """Every journal file with a well-formed name, oldest first (temp files and other
         names are left out: see `strays`)."""
@@ -574,6 +591,11 @@ class ObjectJournal(Journal):
 
     def ready(self) -> None:
         """Nothing to prepare: a journal object needs no folder."""
+
+    def begin_write(self, staged: Staged) -> RecordWrite:
+        """Nothing to start: the record is one PUT, made by `RecordWrite.place` after the
+        commit."""
+        return RecordWrite(self, staged)
 
     def write(self, staged: Staged) -> None:
         """Write a committed record or checkpoint (one PUT: durable and whole when it returns)."""
@@ -994,6 +1016,58 @@ def removable(entries: list[Entry], newest: Entry) -> list[Entry]:
         return []
     keep = max(older)
     return [e for e in entries if e.seq <= keep.seq and e not in (keep, newest)]
+
+
+class RecordWrite:
+    """A record whose transaction is committing (`Journal.begin_write`): `place` writes it
+    once the transaction committed, `discard` forgets it when it did not."""
+
+    def __init__(self, journal: Journal, staged: Staged) -> None:
+        self.journal = journal
+        self.staged = staged
+
+    def place(self) -> None:
+        """Write the record (its transaction committed); raises as `Journal.write`."""
+        self.journal.write(self.staged)
+
+    def discard(self) -> None:
+        """The transaction did not commit: nothing of the record may stay."""
+
+
+class _LocalRecordWrite(RecordWrite):
+    """A record of a journal folder whose temp file is being written (`Journal.begin_write`)."""
+
+    def __init__(self, journal: Journal, staged: Staged, temp: AtomicWrite) -> None:
+        super().__init__(journal, staged)
+        self._temp = temp
+
+    def place(self) -> None:
+        failpoint("journal.before_write")
+        self._temp.place()
+        self.journal._raise_floor(self.staged.seq)
+        failpoint("journal.after_write")
+
+    def discard(self) -> None:
+        self._temp.discard()
+
+
+def place_committed(pending: RecordWrite | None) -> None:
+    """`write_committed` of a record begun with `Journal.begin_write`: a failure is logged,
+    not raised, and its temp file removed."""
+    if pending is None:
+        return
+    try:
+        pending.place()
+    except BaseException as exc:
+        pending.discard()
+        if not isinstance(exc, (OSError, ArchiveError)):
+            raise
+        _log.warning(
+            "journal record %s was not written (%s); the catalog holds it, and the next gc "
+            "writes it",
+            pending.staged.name,
+            exc,
+        )
 
 
 def write_committed(journal: Journal, staged: Staged | None) -> None:

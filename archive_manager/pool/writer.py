@@ -89,7 +89,7 @@ from ..samples import (
 )
 from .archive import Archive, open_archive, payload_gone
 from .context import HasContext, PoolContext, context_of
-from .journal import Staged, pool_id_of, publish_op, stage_record, write_committed
+from .journal import RecordWrite, place_committed, pool_id_of, publish_op, stage_record
 from .listing import check_rollout_id
 from .manifest import MANIFEST_FORMAT, MANIFEST_VERSION, Manifest
 from .summary import group_key_of, store_summaries, summarize_archive
@@ -264,6 +264,7 @@ class ArchiveWriter:
         self._last_writes: list[_Blob] = []
         self._last_stored: list[_Blob] = []  # recorded live: their files looked for
         self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
+        self._record: RecordWrite | None = None  # the publication's journal record, begun
         self._next_ordinal = 0
         self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
         # Chunks packing or packed that wait for the next one to be stored with (see `_flush`).
@@ -419,15 +420,17 @@ class ArchiveWriter:
             # Again once every blob is written: an archive is published only over blobs that
             # went to the pool this catalog indexes.
             self._pool.check_in_place(f"publishing {self.name!r}")
-            record = self._publish(archive_id, manifest.digest)
+            self._publish(archive_id, manifest.digest)
         except BaseException:
+            if self._record is not None:
+                self._record.discard()
             self.abort()
             raise
         self._state = "committed"
         try:
             # After the commit, before returning: docs/architecture/retention-journal.md, "Retention
             # journal".
-            write_committed(self._pool.journal, record)
+            place_committed(self._record)
         finally:
             self._shutdown()
         self.archive = open_archive(self._pool, self.name)
@@ -956,10 +959,10 @@ class ArchiveWriter:
             conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == self._lease))
         return int(archive_id), manifest
 
-    def _publish(self, archive_id: int, manifest_digest: str) -> Staged:
+    def _publish(self, archive_id: int, manifest_digest: str) -> None:
         """Step 5: mark the manifest and the last chunks' blobs durable, make the archive
-        visible, end the lease; stage the publication's journal record (written once this
-        commits)."""
+        visible, end the lease; stage the publication's journal record (`_record`: its temp
+        file written while this commits, placed once it committed)."""
         a = archives_table
         with self._lock, self._pool.catalog.write("save.publish") as conn:
             mark_live(conn, [*(b.digest for b in self._last_writes), manifest_digest])
@@ -999,7 +1002,9 @@ class ArchiveWriter:
                 owned_at=self._owned_at,
                 supersedes=replaced.manifest if replaced is not None else None,
             )
-            return stage_record(conn, pool_id_of(conn), [op], now, floor=self._pool.journal.floor)
+            staged = stage_record(conn, pool_id_of(conn), [op], now, floor=self._pool.journal.floor)
+            # The last statement of the transaction: its temp file is synced beside the commit.
+            self._record = self._pool.journal.begin_write(staged)
 
     def _rollback(self) -> bool:
         """Drop the lease; delete the blobs this save created that nothing else holds.

@@ -338,6 +338,50 @@ def test_a_process_killed_between_its_commit_and_its_record(
         assert facts(pool) == before
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fd through /proc")
+def test_a_publication_record_is_synced_beside_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save's publication record is written and synced while its transaction commits (its
+    temp file begun as the transaction's last step), not after the commit: the two waits on
+    the disk overlap (docs/architecture/retention-journal.md, "Retention journal").  The
+    record's fsync holds until the commit ended, and the commit waits (at most 10 s) for that
+    fsync to begin: it begins before the commit ends only if it was started beside it."""
+    import threading
+
+    from archive_manager import catalog as catalog_module
+
+    began, committed = threading.Event(), threading.Event()
+    seen: list[bool] = []
+    fsync, failpoint = os.fsync, catalog_module.failpoint
+
+    def watched_fsync(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if f"/{JOURNAL_DIR}/." in name and name.endswith(".tmp"):
+            began.set()
+            committed.wait(10)
+        fsync(fd)
+
+    def watched_failpoint(point: str) -> None:
+        if point == "save.publish.before_commit":
+            began.wait(10)
+        elif point == "save.publish.after_commit":
+            seen.append(began.is_set())
+            committed.set()
+        failpoint(point)
+
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        monkeypatch.setattr(os, "fsync", watched_fsync)
+        monkeypatch.setattr(catalog_module, "failpoint", watched_failpoint)
+        pool.save("a", tiny_rollout(), rollout_id=1)
+        monkeypatch.undo()
+        assert seen == [True]
+        assert [
+            p.name for p in (tmp_path / "pool" / JOURNAL_DIR).iterdir() if p.name.endswith(".tmp")
+        ] == []
+        assert "journal-gap" not in {f.kind for f in pool.verify().notices}
+
+
 def test_a_record_file_never_written_comes_from_the_catalog(
     tmp_path: Path, backend: Backend
 ) -> None:
