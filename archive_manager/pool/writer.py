@@ -253,6 +253,11 @@ class ArchiveWriter:
         self._hand_over = codec.GilHandOver()
         # `save_samples` holds its samples until the save returns: it may skip the copy.
         self._copy = True
+        # How many samples the save adds, when known (`save_samples`): the pair holding the
+        # last chunk is then not stored on its own but claimed by the ownership transaction
+        # and written with the manifest (one transaction and one round of fsyncs less at the
+        # end of the save, where nothing overlaps them).
+        self._expected: int | None = None
         self._chunks: dict[int, tuple[str, int, int]] = {}
         self._blob_kinds: dict[str, str] = {}
         self._blob_sizes: dict[str, int] = {}
@@ -633,7 +638,7 @@ class ArchiveWriter:
             self._pending.popleft().result()
         while len(self._pending) >= _STORES_IN_FLIGHT:
             self._pending.popleft().result()
-        if len(self._batch) >= _CHUNKS_PER_STORE:
+        if len(self._batch) >= _CHUNKS_PER_STORE and len(self._entries) != self._expected:
             self._submit_batch()
 
     def _submit_batch(self) -> None:
@@ -1411,6 +1416,7 @@ def save_samples(
         # before it does: the tensor blobs may reference the samples' memory instead of a
         # copy (a memcpy of every big tensor would cost pool.save, the headline number).
         writer._copy = False
+        writer._expected = len(samples)
         try:
             for i, sample in enumerate(samples):
                 if task_keys is None:

@@ -48,14 +48,28 @@ def _blob_transactions() -> int:
 
 
 # The chunk filled last, if it waits for its pair, is claimed by the ownership transaction: a
-# save of one chunk (n=2) has no blob transaction of its own.
-@pytest.mark.parametrize(("n", "transactions"), [(1, 0), (2, 0), (4, 1), (10, 2), (12, 3)])
+# save of one chunk (n=2) has no blob transaction of its own.  `pool.save` knows its samples:
+# the pair holding its last chunk is claimed there too (n=4, n=12).
+@pytest.mark.parametrize(("n", "transactions"), [(1, 0), (2, 0), (4, 0), (10, 2), (12, 2)])
 def test_a_save_claims_its_chunks_in_pairs(pool: ArchiveManager, n: int, transactions: int) -> None:
     samples = _samples(n)
     arc = pool.save("a", samples, rollout_id=1)
     assert _blob_transactions() == transactions
     assert arc.load_samples() == samples
     assert pool.verify(read_data=True).ok
+
+
+@pytest.mark.parametrize(("n", "transactions"), [(4, 1), (10, 2), (12, 3)])
+def test_a_streaming_writer_stores_every_full_pair(
+    pool: ArchiveManager, n: int, transactions: int
+) -> None:
+    """A writer does not know which sample is its last: every pair is stored as it fills."""
+    samples = _samples(n)
+    with pool.writer("a", rollout_id=1) as writer:
+        for sample in samples:
+            writer.add(sample)
+    assert _blob_transactions() == transactions
+    assert pool.open_archive("a").load_samples() == samples
 
 
 def test_a_small_save_starts_no_thread(
