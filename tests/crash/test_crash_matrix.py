@@ -31,6 +31,17 @@ import crash_matrix  # noqa: E402  (a script in tools/, imported as a module)
 from _matrix import LOST, SUPERSEDE, assert_all_hold  # noqa: E402
 
 
+def _on_a_catalog(func: ast.expr) -> bool:
+    """Whether ``func`` is a catalog's ``write`` (``catalog.write``, ``self._pool.catalog.write``,
+    ``context_of(pool).catalog.write``): an `ObjectRoot`'s ``root.write("name", data)`` writes
+    an object, and names no failpoint."""
+    if not isinstance(func, ast.Attribute):
+        return False
+    owner = func.value
+    name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+    return name.endswith("catalog")
+
+
 def _points_in_code() -> set[str]:
     """Every point the package marks: ``failpoint("x")`` and ``catalog.write("step")``."""
     found: set[str] = set()
@@ -47,7 +58,7 @@ def _points_in_code() -> set[str]:
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
             if name == "failpoint":
                 found.add(arg.value)
-            elif name == "write":
+            elif name == "write" and _on_a_catalog(func):
                 found |= {f"{arg.value}.before_commit", f"{arg.value}.after_commit"}
     return found
 
