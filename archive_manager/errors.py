@@ -13,6 +13,7 @@ __all__ = [
     "ArchiveReleasedError",
     "ArchiveRetainedError",
     "BlobCorruptError",
+    "BlobDigestMismatchError",
     "BlobNotFoundError",
     "BlobStoreError",
     "BlobStoreTimeoutError",
@@ -174,6 +175,12 @@ class BlobNotFoundError(IntegrityError, FileNotFoundError):
 class BlobCorruptError(IntegrityError):
     """A stored blob does not hash to its digest, has another size than the data put again
     under that digest, or is no blob at all (a FIFO or a symlink in its place)."""
+
+
+class BlobDigestMismatchError(BlobCorruptError):
+    """A verified read found a blob's bytes not hashing to its digest: damage, or on a shared
+    filesystem an old copy a stale cache still shows, which `blobs.retry.RetryingReads`
+    reads again before it raises this."""
 
 
 class JournalDamagedError(IntegrityError):

@@ -25,7 +25,7 @@ from ._util.names import (
     check_owner,
     name_spellings,
 )
-from .blobs import AbstractBlobStore, BlobStore
+from .blobs import AbstractBlobStore, local_pool_store
 from .blobs.base import ObjectRoot
 from .catalog import (
     Catalog,
@@ -169,7 +169,7 @@ class ArchiveManager:
         if store is None:
             if not isinstance(root, Path):
                 raise InvalidInputError(f"the pool at {root} is on an object store: pass its store")
-            store = BlobStore(root)
+            store = local_pool_store(root)
         register_exit_hook()  # an interpreter exits after the saves save_async handed off
         # Everything below this facade takes the context, never the facade
         # (docs/architecture/index.md, "Layers"); `open` adds the identity once it is checked.
@@ -231,8 +231,9 @@ class ArchiveManager:
                 permission on its folders or catalog file, a PostgreSQL role that may only read).
             store: Where the blobs are kept: any `AbstractBlobStore`
                 (docs/architecture/blob-store-contract.md, "Blob store contract"); default the
-                filesystem store under ``root``.  The pool identity file and a default SQLite
-                catalog stay in ``root``.
+                filesystem store under ``root``, its reads retried on a shared filesystem
+                (`blobs.local_pool_store`; a store passed in is used as given).  The pool
+                identity file and a default SQLite catalog stay in ``root``.
             catalog_only: Only the catalog will be read (listings, queries, statistics,
                 owners): open it read-only and touch nothing at the blob root, no identity
                 file and no journal (on an object store: not one request), so a store that

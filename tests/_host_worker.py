@@ -45,7 +45,7 @@ from typing import Any
 
 from archive_manager import ArchiveManager
 from archive_manager._util.digest import digest_of
-from archive_manager.blobs import LocalBlobStore
+from archive_manager.blobs import local_pool_store
 from archive_manager.catalog import archives_table, blobs_table, leases_table
 from archive_manager.errors import ArchiveError, ArchiveNotFoundError, UnsupportedFilesystemError
 from archive_manager.interop.synthetic import make_rollout
@@ -192,7 +192,7 @@ def refuse_sqlite(root: str) -> str:
 def blob_ops(root: str) -> None:
     for line in sys.stdin:
         cmd = json.loads(line)
-        store = LocalBlobStore(root, read_retry=cmd.get("retry"))
+        store = local_pool_store(root, read_retry=cmd.get("retry"))
         data = cmd["data"].encode() * 1000
         out: dict[str, Any] = {}
         started = time.monotonic()

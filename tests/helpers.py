@@ -34,6 +34,7 @@ import archive_manager.manager as manager_module
 import archive_manager.pool.writer as writer_module
 from archive_manager import ArchiveManager, ArchiveWriter, TensorRef
 from archive_manager._util.names import check_archive_name, check_owner
+from archive_manager.blobs import LocalBlobStore, RetryingReads
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -292,6 +293,15 @@ def owned_blobs(pool: ArchiveManager) -> set[str]:
                 select(ab.c.digest).join(r, r.c.archive_id == ab.c.archive_id).distinct()
             ).scalars()
         )
+
+
+def folder_store(pool: ArchiveManager) -> LocalBlobStore:
+    """The filesystem store of a writable pool on a folder, behind its read retry wrapper
+    (`local_pool_store`): a test that makes the store fail patches this one, whose every call
+    the wrapper makes (a patch of ``pool.store.delete`` would not see GC's ``delete_many``)."""
+    store = pool.store
+    assert isinstance(store, RetryingReads) and isinstance(store.inner, LocalBlobStore), store
+    return store.inner
 
 
 def make_writable(path: Path) -> None:

@@ -1,9 +1,9 @@
 """Which filesystem holds a path, from the mount table: a pure parser plus a thin reader.
 
 Below every other module (docs/architecture/index.md, "Layers"): the catalog refuses a SQLite file
-on a networked filesystem (`catalog.engine.check_local_filesystem`), the filesystem blob store
-retries reads there (`blobs.local`, docs/architecture/shared-pools.md "Shared pools"), and the
-manager probes FUSE mounts that refuse writes.
+on a networked filesystem (`catalog.engine.check_local_filesystem`), a pool's blob reads are
+retried there (`blobs.local.resolve_read_retry`, docs/architecture/shared-pools.md "Shared
+pools"), and the manager probes FUSE mounts that refuse writes.
 """
 
 from __future__ import annotations

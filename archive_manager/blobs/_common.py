@@ -8,7 +8,13 @@ from collections.abc import Sequence
 import xxhash
 
 from .._util.digest import Buffer, check_digest, digest_of
-from ..errors import BlobCorruptError, BlobNotFoundError, IntegrityError, ReadOnlyPoolError
+from ..errors import (
+    BlobCorruptError,
+    BlobDigestMismatchError,
+    BlobNotFoundError,
+    IntegrityError,
+    ReadOnlyPoolError,
+)
 
 __all__ = ["check_size", "corrupt", "missing", "prepare", "verify", "views_of"]
 
@@ -54,9 +60,9 @@ def verify(digest: str, data: Buffer) -> None:
         raise corrupt(digest, memoryview(data).nbytes, actual)
 
 
-def corrupt(digest: str, size: int, actual: str) -> BlobCorruptError:
+def corrupt(digest: str, size: int, actual: str) -> BlobDigestMismatchError:
     """The error for a blob whose ``size`` stored bytes hash to ``actual``."""
-    return BlobCorruptError(
+    return BlobDigestMismatchError(
         f"blob {digest} is corrupt or truncated: its {size} bytes hash to {actual}"
     )
 

@@ -13,7 +13,8 @@ The contract, for every method that takes a digest:
   `FileNotFoundError`); `has` says False and `delete` False instead;
 * stored bytes that do not hash to their digest, or something that is not a blob in a blob's
   place, raise `BlobCorruptError` (an `IntegrityError`) naming the digest, from every
-  verified read (`get`, `open`, `check`) and from a put that finds the blob stored with
+  verified read (`get`, `open`, `check`; the first as `BlobDigestMismatchError`, which
+  `retry.RetryingReads` tries again) and from a put that finds the blob stored with
   another size; unverified reads (`open(verify=False)`, `read_range`) return the bytes as
   stored;
 * a failure of the medium raises `OSError`: the filesystem store lets the OS's error through

@@ -23,11 +23,11 @@ pool (``tmp/`` linked to a shared scratch folder would have GC sweep that folder
   `delete` unlinks whatever non-directory is at the blob's path (a symlink itself, never its
   target); listings and the temp sweep see regular files only.
 
-A read that finds its blob missing, its bytes not hashing to its digest, or its file handle
-stale (ESTALE) opens the path again, with a bounded backoff, before it raises that error
-(`read_retry`): on a shared filesystem another host's GC and a writer may just have replaced the
-file, and this host's metadata caches show the old state for a moment
-(docs/architecture/shared-pools.md, "Shared pools").
+Every read opens the blob's path afresh (no descriptor is kept between calls), so that a read
+tried again after a stale metadata cache showed it missing or old sees the file now there: a
+pool on a folder gets its store as `local_pool_store`, this store behind
+`blobs.retry.RetryingReads` with the bound that follows the root's filesystem
+(`resolve_read_retry`; docs/architecture/shared-pools.md, "Shared pools").
 """
 
 from __future__ import annotations
@@ -37,19 +37,16 @@ import contextlib
 import ctypes
 import errno
 import functools
-import logging
-import math
 import mmap
 import os
 import secrets
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import xxhash
 
@@ -76,17 +73,16 @@ from ._common import verify as _verify
 from ._common import views_of
 from .base import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite, PutItem
 from .layout import BLOBS_DIR, FANOUT_NAMES, TEMP_DIR, fanout, is_blob_name
+from .retry import RetryingReads, check_seconds
 
 __all__ = [
     "DEFAULT_SHARED_READ_RETRY",
     "READ_RETRY_ENV",
     "BlobStore",
     "LocalBlobStore",
+    "local_pool_store",
     "resolve_read_retry",
 ]
-
-_T = TypeVar("_T")
-_log = logging.getLogger("archive_manager")
 
 #: Seconds a read of a missing or mismatching blob keeps trying on a networked or FUSE root.
 #: JuiceFS keeps attributes and entries 1 s by default and NFS its file attributes 3-60 s
@@ -97,11 +93,6 @@ _log = logging.getLogger("archive_manager")
 DEFAULT_SHARED_READ_RETRY = 5.0
 #: The variable that sets the bound for every store that is not given one (seconds, >= 0).
 READ_RETRY_ENV = "ARCHIVE_MANAGER_BLOB_READ_RETRY"
-# The first pause, doubled after each try up to the last.  NOTE: a short cap: with 1 s it took
-# 1.6 s to read a blob past JuiceFS's 1 s entry cache (tries at 0.75 s and 1.55 s); with
-# 0.25 s, about 1.1 s, and a 5 s bound costs a missing blob about 20 lookups.
-_RETRY_FIRST = 0.05
-_RETRY_MAX = 0.25
 
 # Read/write/hash granularity: large enough for full disk throughput, small enough for memory.
 _BLOCK = 8 << 20
@@ -244,29 +235,6 @@ def _start_writeback(fd: int) -> None:
         _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
-class _Stale(Exception):
-    """A read met what a stale metadata cache can show (never leaves this module): ``error``
-    is what the read raises if trying again does not get past it."""
-
-    def __init__(self, error: IntegrityError | OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _mismatch(digest: str, data: Buffer) -> None:
-    """`_Stale` carrying the BlobCorruptError unless ``data`` hashes to ``digest``."""
-    try:
-        _verify(digest, data)
-    except BlobCorruptError as exc:
-        raise _Stale(exc) from None
-
-
-def _check_seconds(value: float, what: str) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise InvalidInputError(f"{what} must be a finite number of seconds >= 0, not {value!r}")
-    return float(value)
-
-
 def _read_retry_from_env() -> float | None:
     """``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` in seconds, or None when it is unset or empty.
 
@@ -282,7 +250,7 @@ def _read_retry_from_env() -> float | None:
         raise InvalidInputError(
             f"{READ_RETRY_ENV} must be a number of seconds, not {raw!r}"
         ) from None
-    return _check_seconds(seconds, READ_RETRY_ENV)
+    return check_seconds(seconds, READ_RETRY_ENV)
 
 
 def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None) -> float:
@@ -296,7 +264,7 @@ def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None)
         InvalidInputError: the value (or the variable) is not a number of seconds >= 0.
     """
     if value is not None:
-        return _check_seconds(value, "read_retry")
+        return check_seconds(value, "read_retry")
     seconds = _read_retry_from_env()
     if seconds is not None:
         return seconds
@@ -309,22 +277,41 @@ def resolve_read_retry(root: str | os.PathLike[str], value: float | None = None)
     return 0.0
 
 
-class LocalBlobStore(AbstractBlobStore):
-    """Blobs on a (possibly shared) POSIX filesystem under ``root``; folders are made lazily.
-
-    ``read_retry`` bounds, in seconds, how long a read that finds its blob missing or not
-    matching its digest keeps opening it again before it raises (`resolve_read_retry`:
-    by default 5 s on a networked or FUSE root, 0 on a local disk, decided at the first such
-    read; ``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` is read when the store is made).
+def local_pool_store(
+    root: str | os.PathLike[str], *, read_retry: float | None = None
+) -> RetryingReads:
+    """The store of a pool on the folder ``root``: a `LocalBlobStore` whose reads are tried
+    again (`RetryingReads`) for ``read_retry`` seconds, by default `resolve_read_retry`'s: 5 s
+    on a networked or FUSE root, 0 on a local disk, decided at the first read that needs it
+    (the mount table is read then, never on the common read).
+    ``$ARCHIVE_MANAGER_BLOB_READ_RETRY`` is read now.
 
     Raises:
         InvalidInputError: ``read_retry`` or the variable is not a number of seconds >= 0.
     """
+    # NOTE: checked now, a bad value (given or in the variable) is refused when the pool opens:
+    # found at the first read that needed a retry, it replaced that read's BlobNotFoundError
+    # or IntegrityError and stopped `verify` (docs/architecture/shared-pools.md, "Shared pools").
+    seconds = (
+        _read_retry_from_env() if read_retry is None else check_seconds(read_retry, "read_retry")
+    )
+    store = LocalBlobStore(root)
+    if seconds is not None:
+        return RetryingReads(store, seconds)
+    return RetryingReads(store, functools.partial(resolve_read_retry, store.root))
+
+
+class LocalBlobStore(AbstractBlobStore):
+    """Blobs on a (possibly shared) POSIX filesystem under ``root``; folders are made lazily.
+
+    Its reads are not tried again: on a shared filesystem use `local_pool_store` (what a pool
+    on a folder uses), or wrap it in `RetryingReads`.
+    """
 
     capabilities = Capabilities(mmap=True, local_paths=True, persistent=True)
-    read_extras = frozenset({"root", "path", "temp_files", "read_retry"})
+    read_extras = frozenset({"root", "path", "temp_files"})
 
-    def __init__(self, root: str | os.PathLike[str], *, read_retry: float | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         # Absolute and normalised, so a later chdir cannot move the store and `remove_temp`
         # can compare paths textually.
         self._root = Path(os.path.abspath(root))
@@ -335,64 +322,6 @@ class LocalBlobStore(AbstractBlobStore):
         # never makes one of them again (`_make_folder`).
         self._seen = {f for f in (self._root, self._blobs, self._tmp) if f.is_dir()}
         self._private_maps: bool | None = None  # `_maps_privately`, decided at first use
-        # Checked now, a bad value (given or in the variable) is refused at open: found at
-        # the first read that needs a retry, it replaced that read's BlobNotFoundError or
-        # IntegrityError and stopped `verify` (docs/architecture/shared-pools.md, "Shared pools").
-        # The mount table is read only when a read first needs a retry (the common read never does).
-        self._read_retry = (
-            _read_retry_from_env()
-            if read_retry is None
-            else _check_seconds(read_retry, "read_retry")
-        )
-
-    @property
-    def read_retry(self) -> float:
-        """Seconds a read of a missing or mismatching blob keeps trying (see the class)."""
-        if self._read_retry is None:
-            self._read_retry = resolve_read_retry(self._root)
-        return self._read_retry
-
-    def _retried(self, digest: str, attempt: Callable[[], _T]) -> _T:
-        """``attempt()``, again after a pause while it meets a missing blob, a digest mismatch
-        or ESTALE, until `read_retry` seconds have passed; then that error.
-
-        NOTE: each try opens the path afresh (a held descriptor would keep the old file): on a
-        shared filesystem another host's GC may have unlinked the blob and a writer renamed a
-        new copy in, and this host's entry and attribute caches show the old state until they
-        expire (docs/architecture/shared-pools.md, "Shared pools").  The bound keeps real damage
-        reported.
-        """
-        started = deadline = delay = 0.0
-        tries = 0
-        while True:
-            try:
-                value = attempt()
-            except _Stale as stale:
-                error: IntegrityError | OSError = stale.error
-            except BlobNotFoundError as exc:
-                error = exc
-            except OSError as exc:
-                if exc.errno != errno.ESTALE:
-                    raise
-                error = exc
-            else:
-                if tries:
-                    _log.info(
-                        "blob %s read on try %d, %.2f s after the first (a stale metadata "
-                        "cache of a shared filesystem)",
-                        digest,
-                        tries + 1,
-                        time.monotonic() - started,
-                    )
-                return value
-            now = time.monotonic()
-            if not tries:
-                started, deadline, delay = now, now + self.read_retry, _RETRY_FIRST
-            if now >= deadline:
-                raise error
-            tries += 1
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, _RETRY_MAX)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self._root)!r})"
@@ -718,20 +647,16 @@ class LocalBlobStore(AbstractBlobStore):
         return fd
 
     def get(self, digest: str) -> bytes:
-        """The verified bytes of ``digest``; BlobNotFoundError or IntegrityError on damage
-        (after `read_retry` seconds of trying again)."""
-
-        def attempt() -> bytes:
-            with open(self._open_fd(digest), "rb") as f:
-                data = f.read()
-            _mismatch(digest, data)
-            return data
-
-        return self._retried(digest, attempt)
+        """The verified bytes of ``digest``; BlobNotFoundError or BlobCorruptError on
+        damage."""
+        with open(self._open_fd(digest), "rb") as f:
+            data = f.read()
+        _verify(digest, data)
+        return data
 
     def open(self, digest: str, *, verify: bool = True) -> memoryview:
-        """A read-only memory map of ``digest`` for lazy reads, verified unless ``verify=False``
-        (a missing or mismatching blob is tried again for `read_retry` seconds)."""
+        """A read-only memory map of ``digest`` for lazy reads, verified unless
+        ``verify=False``."""
 
         return self._mapped(digest, mmap.ACCESS_READ, verify)
 
@@ -753,27 +678,23 @@ class LocalBlobStore(AbstractBlobStore):
 
     def _mapped(self, digest: str, access: int, verify: bool) -> memoryview:
         """A memory map of ``digest`` with ``access`` (read-only, or private copy-on-write),
-        verified unless ``verify`` is False, tried again for `read_retry` seconds."""
-
-        def attempt() -> memoryview:
-            fd = self._open_fd(digest)
+        verified unless ``verify`` is False."""
+        fd = self._open_fd(digest)
+        try:
+            if os.fstat(fd).st_size == 0:
+                # mmap cannot map 0 bytes; a private view stays writable, as its map is
+                view = memoryview(b"" if access == mmap.ACCESS_READ else bytearray())
+            else:
+                view = memoryview(mmap.mmap(fd, 0, access=access))
+        finally:
+            os.close(fd)  # the map holds its own reference to the file
+        if verify:
             try:
-                if os.fstat(fd).st_size == 0:
-                    # mmap cannot map 0 bytes; a private view stays writable, as its map is
-                    view = memoryview(b"" if access == mmap.ACCESS_READ else bytearray())
-                else:
-                    view = memoryview(mmap.mmap(fd, 0, access=access))
-            finally:
-                os.close(fd)  # the map holds its own reference to the file
-            if verify:
-                try:
-                    _mismatch(digest, view)
-                except _Stale:
-                    view.release()
-                    raise
-            return view
-
-        return self._retried(digest, attempt)
+                _verify(digest, view)
+            except BlobCorruptError:
+                view.release()  # a read tried again must not leave the old file mapped
+                raise
+        return view
 
     def _maps_privately(self) -> bool:
         """Whether `open_private` maps files: the root is on a local filesystem."""
@@ -784,26 +705,18 @@ class LocalBlobStore(AbstractBlobStore):
         return self._private_maps
 
     def read_range(self, digest: str, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes of ``digest`` from ``offset``, unverified (a missing blob is
-        tried again for `read_retry` seconds)."""
+        """Up to ``length`` bytes of ``digest`` from ``offset``, unverified."""
         if offset < 0 or length < 0:
             raise ValueError("offset and length must be >= 0")
-
-        def attempt() -> bytes:
-            fd = self._open_fd(digest)
-            try:
-                return os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
-
-        return self._retried(digest, attempt)
+        fd = self._open_fd(digest)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
 
     def read_head(self, digest: str, n: int) -> bytes:
-        """The first ``n`` bytes of ``digest``, unverified, and *not* tried again (BlobNotFoundError
-        at once): its callers, GC's and `rebuild_catalog`'s probes of row-less files, take a
-        file gone for nothing to do, and waiting `read_retry` for each made a GC on a shared
-        root wait 5 s per orphan another host had just removed (docs/architecture/shared-pools.md,
-        "Shared pools")."""
+        """The first ``n`` bytes of ``digest``, unverified (`RetryingReads` does not try it
+        again: a probe of a row-less file takes a file gone for nothing to do)."""
         if n < 0:
             raise ValueError("n must be >= 0")
         fd = self._open_fd(digest)
@@ -865,23 +778,19 @@ class LocalBlobStore(AbstractBlobStore):
         return True
 
     def check(self, digest: str) -> None:
-        """Rehash ``digest`` in 8 MiB reads; BlobCorruptError or BlobNotFoundError on damage
-        (after `read_retry` seconds of trying again)."""
-
-        def attempt() -> None:
-            hasher = xxhash.xxh3_128()
-            size = 0
-            with open(self._open_fd(digest), "rb", buffering=0) as f:
-                # NOTE: a buffer sized to the file: allocating 8 MiB per small blob made
-                # rehashing 100,000 small blobs 5x slower than a plain read-and-hash loop.
-                buf = memoryview(bytearray(min(os.fstat(f.fileno()).st_size, _BLOCK) or 1))
-                while n := f.readinto(buf):
-                    hasher.update(buf[:n])
-                    size += n
-            if hasher.hexdigest() != digest:
-                raise _Stale(_corrupt(digest, size, hasher.hexdigest()))
-
-        self._retried(digest, attempt)
+        """Rehash ``digest`` in 8 MiB reads; BlobCorruptError or BlobNotFoundError on
+        damage."""
+        hasher = xxhash.xxh3_128()
+        size = 0
+        with open(self._open_fd(digest), "rb", buffering=0) as f:
+            # NOTE: a buffer sized to the file: allocating 8 MiB per small blob made
+            # rehashing 100,000 small blobs 5x slower than a plain read-and-hash loop.
+            buf = memoryview(bytearray(min(os.fstat(f.fileno()).st_size, _BLOCK) or 1))
+            while n := f.readinto(buf):
+                hasher.update(buf[:n])
+                size += n
+        if hasher.hexdigest() != digest:
+            raise _corrupt(digest, size, hasher.hexdigest())
 
     def iter_digests(self) -> Iterator[str]:
         """Digests of the canonical files ``blobs/ab/cd/abcd…``; anything else is ignored."""

@@ -25,7 +25,7 @@ from sqlalchemy import exc as sa_exc
 from .._util.atomic import fsync_dir
 from .._util.constants import default_catalog_url
 from .._util.permissions import share_like_parent
-from ..blobs import AbstractBlobStore, BlobStore, ReadOnlyView
+from ..blobs import AbstractBlobStore, ReadOnlyView, local_pool_store
 from ..blobs.base import ObjectRoot, is_s3_url
 from ..catalog import Catalog, get_pool_info
 from ..catalog.engine import (
@@ -165,7 +165,7 @@ def open_pool(
     path = Path(root).expanduser().resolve()
     url = catalog_url or default_catalog_url(path)
     dialect_of(url)  # an unsupported database is refused before anything is created
-    blobs = BlobStore(path) if store is None else store
+    blobs = local_pool_store(path) if store is None else store
     if not (recover or rebind):
         missing = _missing_catalog(path, url, blobs)
         if missing is not None:
@@ -228,7 +228,7 @@ def open_pool(
     if store is None:
         # Made again now that the root exists, so that the store has seen it: a store
         # never makes a root it saw again (the pool moved or unmounted while open).
-        blobs = BlobStore(path)
+        blobs = local_pool_store(path)
     made_catalog = _absent_sqlite_file(url) if recover else None
     # None: a catalog this process may not write (a SQLite file or folder, a PostgreSQL
     # role that may only read) opens read-only even where the blob root is writable.
@@ -668,7 +668,7 @@ def _read_only_store(store: AbstractBlobStore | None, path: Path, reason: str) -
     """The store of a pool on a folder opened read-only: ``store`` (else the folder's own)
     seen through a view that refuses every write; a store that refuses writes already is
     used as it is."""
-    blobs = BlobStore(path) if store is None else store
+    blobs = local_pool_store(path) if store is None else store
     return blobs if blobs.read_only else blobs.read_only_view(reason, where=path)
 
 

@@ -45,6 +45,7 @@ from ..blobs import AbstractBlobStore, BlobStat, Capabilities, IncompleteWrite
 from ..blobs.base import ObjectRoot
 from ..errors import (
     BlobCorruptError,
+    BlobDigestMismatchError,
     BlobNotFoundError,
     IntegrityError,
     InvalidNameError,
@@ -385,6 +386,8 @@ class BlobStoreContract:
             with pytest.raises(BlobCorruptError, match=digest) as info:
                 op(digest)
             assert isinstance(info.value, IntegrityError)
+            # What a read retry tries again (`RetryingReads`): bytes not hashing to the digest.
+            assert isinstance(info.value, BlobDigestMismatchError)
 
     def test_put_over_a_damaged_blob_of_other_size_is_a_corrupt_blob_error(
         self, store: Any

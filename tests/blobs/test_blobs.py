@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from archive_manager._util.digest import digest_of
-from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore
+from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore, RetryingReads
 from archive_manager.blobs import local as blobs
 from archive_manager.errors import IntegrityError, InvalidNameError
 from archive_manager.testing import FaultyBlobStore
@@ -488,6 +488,24 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         assert store.get(digest) == expected
         assert stat.S_IMODE(store.path(digest).stat().st_mode) == 0o444
         assert store.temp_files() == []
+
+
+class TestRetryingReads(BlobStoreContract, ReadOnlyStoreContract):
+    """The read retry wrapper around the filesystem store (what a pool on a folder uses) is a
+    store like the one it wraps; a damaged blob is reported once the (short) bound passed."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> RetryingReads:
+        return RetryingReads(BlobStore(tmp_path / "pool"), 0.05)
+
+    def damage(self, store, digest, data) -> None:
+        _damage_file(store.inner, digest, data)
+
+    def leave_incomplete(self, store, digest) -> bool:
+        return _leave_temp_file(store.inner, digest)
+
+    def medium(self, store):
+        return _files(store.inner)
 
 
 def _payload(size: int) -> bytes:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import FakeClock, assert_loads, tiny_rollout, wall_clock
+from helpers import FakeClock, assert_loads, folder_store, tiny_rollout, wall_clock
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, materialize_tensor_refs
@@ -512,15 +512,16 @@ def test_files_that_vanish_during_gc_are_skipped(
         *digests_of(pool, "gone", "manifest"),
         digest_of(b"orphan"),
     }
-    real_listing = pool.store.iter_stat
+    store = folder_store(pool)
+    real_listing = store.iter_stat
 
     def iter_stat() -> Iterator[tuple[str, int, float]]:
         for digest, size, mtime in real_listing():
             yield digest, size, mtime
             if digest in vanishing:
-                pool.store.delete(digest)
+                store.delete(digest)
 
-    real_delete = pool.store.delete
+    real_delete = store.delete
 
     def delete(digest: str) -> bool:
         # A store whose delete says "gone" with FileNotFoundError rather than False.
@@ -528,8 +529,8 @@ def test_files_that_vanish_during_gc_are_skipped(
             raise FileNotFoundError(2, "No such file or directory", digest)
         return True
 
-    monkeypatch.setattr(pool.store, "iter_stat", iter_stat)
-    monkeypatch.setattr(pool.store, "delete", delete)
+    monkeypatch.setattr(store, "iter_stat", iter_stat)
+    monkeypatch.setattr(store, "delete", delete)
     report = pool.gc(grace=0)
     assert report.orphans == 1 and report.blobs == len(digests_of(pool, "gone", "chunk")) + len(
         vanishing - {digest_of(b"orphan")}

@@ -27,21 +27,22 @@ REPO = Path(__file__).resolve().parents[2]
 _CHILD = r"""
 import sys, time
 from archive_manager import ArchiveManager
+from archive_manager.blobs import LocalBlobStore
 from archive_manager.pool import gc as gc_module
 
 pool = ArchiveManager.open(sys.argv[1], chunk_size=4, inline_limit=64)
-real_delete = pool.store.delete
+real_delete = LocalBlobStore.delete
 real_check = gc_module._check_invariant
 
-def slow_delete(digest):
+def slow_delete(store, digest):
     time.sleep(0.004)
-    return real_delete(digest)
+    return real_delete(store, digest)
 
 def slow_check(conn, digests):
     time.sleep(0.03)
     real_check(conn, digests)
 
-pool.store.delete = slow_delete
+LocalBlobStore.delete = slow_delete  # the pool's store wraps one (RetryingReads)
 gc_module._check_invariant = slow_check
 print("ready", flush=True)
 pool.gc(grace=0)

@@ -386,14 +386,14 @@ def test_catalog_locked_in_the_middle_of_a_save(
     the pool exactly as it was."""
     pool, holder = locked_pool
     before = snapshot_pool(pool)
-    real_put_many = pool.store.put_many
+    real_put_new = pool.store.put_new
 
-    def put_many_then_lock(*args: Any, **kwargs: Any) -> list[str]:
-        out = real_put_many(*args, **kwargs)
+    def put_new_then_lock(*args: Any, **kwargs: Any) -> list[str]:
+        out = real_put_new(*args, **kwargs)
         holder.lock()
         return out
 
-    monkeypatch.setattr(pool.store, "put_many", put_many_then_lock)
+    monkeypatch.setattr(pool.store, "put_new", put_new_then_lock)
     with pytest.raises(CatalogLockedError):
         pool.save("b", tiny_rollout(24, seed=7), rollout_id=2)
     monkeypatch.undo()

@@ -23,6 +23,7 @@ from helpers import (
     blob_names,
     blob_sizes,
     die_before_publish,
+    folder_store,
     owned_blobs,
     tiny_rollout,
     wall_clock,
@@ -31,7 +32,7 @@ from sqlalchemy import delete, select, update
 
 from archive_manager import ArchiveManager
 from archive_manager._util.digest import is_digest
-from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore
+from archive_manager.blobs.local import READ_RETRY_ENV, LocalBlobStore, local_pool_store
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -421,13 +422,13 @@ def test_stray_files_are_never_touched(
     clock.advance(100 * HOUR)
 
     deleted: list[str] = []
-    real = pool.store.delete
+    real = folder_store(pool).delete
 
     def delete_(d: str) -> bool:
         deleted.append(d)
         return real(d)
 
-    pool.store.delete = delete_  # type: ignore[method-assign]
+    folder_store(pool).delete = delete_  # type: ignore[method-assign]
     before = files_under(pool.root)
     report = pool.gc(grace=0)
     assert report.orphans == 1
@@ -551,7 +552,7 @@ def _broken_listing(pool: ArchiveManager, clock: FakeClock) -> Any:
 
 
 def _listing_fails_midway(pool: ArchiveManager, clock: FakeClock) -> Any:
-    real = pool.store.iter_stat
+    real = folder_store(pool).iter_stat
 
     def iter_stat() -> Iterator[tuple[str, int, float]]:
         for i, item in enumerate(real()):
@@ -576,7 +577,7 @@ def test_listing_error_aborts_before_anything_is_deleted(
     busy_pool(pool, clock, monkeypatch)
     before = snapshot(pool)
     name, broken = breakage(pool, clock)
-    monkeypatch.setattr(pool.store, name, broken)
+    monkeypatch.setattr(folder_store(pool), name, broken)
     for dry_run in (True, False):
         with pytest.raises(GcAbortedError):
             pool.gc(grace=0, dry_run=dry_run)
@@ -662,7 +663,7 @@ def test_unlink_error_leaves_the_rest_for_the_next_gc(
     def refuse(digest: str) -> bool:
         raise PermissionError(13, "Permission denied", str(pool.store.path(digest)))
 
-    monkeypatch.setattr(pool.store, "delete", refuse)
+    monkeypatch.setattr(folder_store(pool), "delete", refuse)
     with pytest.raises(GcAbortedError):
         pool.gc(grace=0)
     monkeypatch.undo()
@@ -747,7 +748,7 @@ def test_gc_deletes_only_canonical_digests(
 ) -> None:
     busy_pool(pool, clock, monkeypatch)
     deleted: list[str] = []
-    real = pool.store.delete
+    real = folder_store(pool).delete
 
     def delete_(d: str) -> bool:
         assert is_digest(d), d
@@ -755,14 +756,14 @@ def test_gc_deletes_only_canonical_digests(
         return real(d)
 
     removed_temps: list[Path] = []
-    real_temp = pool.store.remove_temp
+    real_temp = folder_store(pool).remove_temp
 
     def remove_temp(p: Any) -> bool:
         removed_temps.append(Path(p))
         return real_temp(p)
 
-    monkeypatch.setattr(pool.store, "delete", delete_)
-    monkeypatch.setattr(pool.store, "remove_temp", remove_temp)
+    monkeypatch.setattr(folder_store(pool), "delete", delete_)
+    monkeypatch.setattr(folder_store(pool), "remove_temp", remove_temp)
     report = pool.gc(grace=0)
     assert len(deleted) == len(set(deleted)) == report.blobs + report.orphans
     assert [p.parent for p in removed_temps] == [pool.root / "tmp"]
@@ -812,7 +813,7 @@ def test_gc_does_not_wait_for_each_orphan_that_vanished(
     with ArchiveManager.open(root) as pool:
         pool.save("a", [{"x": 1}], rollout_id=1)
     ghosts = [f"{i:032x}" for i in range(1, 4)]
-    with ArchiveManager.open(root, store=LocalBlobStore(root, read_retry=2.0)) as pool:
+    with ArchiveManager.open(root, store=local_pool_store(root, read_retry=2.0)) as pool:
         listed = pool.store.iter_stat
 
         def with_ghosts() -> Iterator[tuple[str, int, float]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import canon, owned_blobs, tiny_rollout
+from helpers import canon, folder_store, owned_blobs, tiny_rollout
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager
@@ -83,7 +83,7 @@ def _saver(root: str, url: str | None, index: int, race: _Race, variants: int, o
         held: list[tuple[str, int]] = []  # kept archives and the save count when kept
         saved = released = references = checked = taken_back = 0
         with _open(root, url) as pool:
-            real_delete = pool.store.delete
+            real_delete = folder_store(pool).delete
 
             def delete(digest: str) -> bool:
                 # A saver unlinks only when it takes back a blob that GC marked 'deleting'.
@@ -91,7 +91,7 @@ def _saver(root: str, url: str | None, index: int, race: _Race, variants: int, o
                 taken_back += 1
                 return real_delete(digest)
 
-            pool.store.delete = delete  # type: ignore[method-assign]
+            folder_store(pool).delete = delete  # type: ignore[method-assign]
             race.barrier.wait(timeout=120)
             while not race.stop.is_set():
                 if held and rng.random() < REFERENCE:
@@ -145,7 +145,7 @@ def _collector(root: str, url: str | None, race: _Race, out: str) -> None:
         problems: list[str] = []
         with _open(root, url) as pool:
             content = set()
-            real_delete = pool.store.delete
+            real_delete = folder_store(pool).delete
 
             def delete(digest: str) -> bool:
                 nonlocal content_deleted
@@ -154,7 +154,7 @@ def _collector(root: str, url: str | None, race: _Race, out: str) -> None:
                     race.content_deleted.value = content_deleted
                 return real_delete(digest)
 
-            pool.store.delete = delete  # type: ignore[method-assign]
+            folder_store(pool).delete = delete  # type: ignore[method-assign]
             rng = random.Random(99)
             real_execute = gc_module._execute
 

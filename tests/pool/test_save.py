@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import blob_files
+from helpers import blob_files, folder_store
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
@@ -451,7 +451,7 @@ def test_failed_chunk_write_poisons_the_writer(
     """
     before = snapshot(pool)
     samples = rollout(n_samples, seed=15)
-    real_put_many = pool.store.put_many
+    real_put_many = folder_store(pool).put_many
     calls = {"n": 0}
 
     def flaky_put_many(items, **options):
@@ -460,7 +460,7 @@ def test_failed_chunk_write_poisons_the_writer(
             raise OSError(28, "No space left on device")
         return real_put_many(items, **options)
 
-    monkeypatch.setattr(pool.store, "put_many", flaky_put_many)
+    monkeypatch.setattr(folder_store(pool), "put_many", flaky_put_many)
     w = pool.writer("w", rollout_id=0)
     failures = []
     for sample in samples:  # a producer that logs errors and carries on
@@ -485,7 +485,7 @@ def test_a_store_queued_behind_a_failed_one_claims_nothing(
 
     before = snapshot(pool)
     queued = threading.Event()
-    real_put_many = pool.store.put_many
+    real_put_many = folder_store(pool).put_many
     calls = {"put_many": 0, "claims": 0}
 
     def failing_first(items, **options):
@@ -510,7 +510,7 @@ def test_a_store_queued_behind_a_failed_one_claims_nothing(
         calls["claims"] += 1
         return real_claim(self, conn, blobs, now)
 
-    monkeypatch.setattr(pool.store, "put_many", failing_first)
+    monkeypatch.setattr(folder_store(pool), "put_many", failing_first)
     monkeypatch.setattr(writer_mod.ArchiveWriter, "_submit_batch", submit)
     monkeypatch.setattr(writer_mod.ArchiveWriter, "_claim_rows", claim)
     with pytest.raises(OSError, match="No space"), pool.writer("w", rollout_id=0) as w:

@@ -256,18 +256,18 @@ def test_save_in_flight_before_its_manifest_is_written_is_no_problem(
     """Between the ownership commit (archive pending, manifest row 'writing') and the manifest
     write, the archive needs a blob whose file does not exist yet: a save in flight, not
     damage (the dedup race's verify met exactly this)."""
-    real_put_many = pool.store.put_many
+    real_put_new = pool.store.put_new
 
-    def put_many(items: Any) -> Any:
+    def put_new(items: Any, **kwargs: Any) -> Any:
         items = list(items)
         if any(blob_kind(pool, digest) == "manifest" for _, digest in items):
             raise Killed
-        return real_put_many(items)
+        return real_put_new(items, **kwargs)
 
     def abort(self: ArchiveWriter) -> None:
         self.abandon()  # a dead process renews nothing and rolls nothing back
 
-    monkeypatch.setattr(pool.store, "put_many", put_many)
+    monkeypatch.setattr(pool.store, "put_new", put_new)
     monkeypatch.setattr(ArchiveWriter, "abort", abort)
     with pytest.raises(Killed):
         pool.save("p", tiny_rollout(), rollout_id=0)
