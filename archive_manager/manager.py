@@ -1194,7 +1194,7 @@ class ArchiveManager:
 
     def gc(
         self,
-        grace: timedelta | float = timedelta(hours=1),
+        grace: timedelta | float | str = timedelta(hours=1),
         dry_run: bool = False,
         *,
         progress: Callable[[int, int], None] | None = None,

@@ -41,11 +41,11 @@ import os
 import select
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from archive_manager import ArchiveManager
 from archive_manager._util.digest import digest_of
-from archive_manager.blobs import local_pool_store
+from archive_manager.blobs import LocalBlobStore, local_pool_store
 from archive_manager.catalog import archives_table, blobs_table, leases_table
 from archive_manager.errors import ArchiveError, ArchiveNotFoundError, UnsupportedFilesystemError
 from archive_manager.interop.synthetic import make_rollout
@@ -162,19 +162,22 @@ def check(root: str, url: str, expected: dict[str, Any], skew: float) -> dict[st
         out["absent"] = absent
         with pool.catalog.read() as conn:
             out["leftovers"] = len(
-                conn.execute(leases_table.select()).all()
-                + conn.execute(
-                    archives_table.select().where(archives_table.c.state == "pending")
-                ).all()
-                + conn.execute(
-                    blobs_table.select().where(blobs_table.c.state.in_(("writing", "deleting")))
-                ).all()
+                [
+                    *conn.execute(leases_table.select()).all(),
+                    *conn.execute(
+                        archives_table.select().where(archives_table.c.state == "pending")
+                    ).all(),
+                    *conn.execute(
+                        blobs_table.select().where(blobs_table.c.state.in_(("writing", "deleting")))
+                    ).all(),
+                ]
             )
             rows = set(
                 conn.execute(blobs_table.select().with_only_columns(blobs_table.c.digest)).scalars()
             )
         out["files_are_rows"] = set(pool.store.iter_digests()) == rows
-        out["temp_files"] = len(list(pool.store.temp_files()))
+        store = cast(LocalBlobStore, pool.store)  # the folder store, behind its read retry
+        out["temp_files"] = len(list(store.temp_files()))
         report = pool.verify(read_data=True)
         out["verify"] = [p.message for p in report.problems] + [n.message for n in report.notices]
         out["blobs_checked"] = report.blobs_checked

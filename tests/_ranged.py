@@ -51,7 +51,11 @@ class Reads:
 
         store.get = counted_get  # type: ignore[method-assign]
         store.read_range = counted_range  # type: ignore[method-assign]
-        self._undo = lambda: (delattr(store, "get"), delattr(store, "read_range"))
+
+        def undo() -> None:
+            del store.get, store.read_range  # the class's methods again
+
+        self._undo = undo
 
     def close(self) -> None:
         self._undo()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -346,7 +346,7 @@ class BlobFiles:
 
     def delete(self, digest: str) -> None:
         """Unlink a blob file behind the catalog's back."""
-        path = self.pool.store.path(digest)
+        path = local_store(self.pool).path(digest)
         make_writable(path)
         path.unlink()
 
@@ -364,11 +364,18 @@ class BlobFiles:
 
     def flip_bit(self, digest: str, offset: int | None = None) -> None:
         """Flip one bit of a blob file in place (default: in its middle)."""
-        path = self.pool.store.path(digest)
+        path = local_store(self.pool).path(digest)
         make_writable(path)
         data = bytearray(path.read_bytes())
         data[len(data) // 2 if offset is None else offset] ^= 0x10
         path.write_bytes(bytes(data))
+
+
+def local_store(pool: ArchiveManager) -> LocalBlobStore:
+    """The pool's filesystem store, for a test that reaches behind the store interface to its
+    files (`LocalBlobStore.path`, `LocalBlobStore.temp_files`): the store itself, or a wrapper
+    that passes those calls through to it (`RetryingReads`, a test's `FaultyBlobStore`)."""
+    return cast(LocalBlobStore, pool.store)
 
 
 def table_rows(pool: ArchiveManager) -> dict[str, list[tuple]]:
@@ -406,7 +413,7 @@ def snapshot_pool(pool: ArchiveManager) -> PoolSnapshot:
     """Take a `PoolSnapshot` of ``pool``."""
     return PoolSnapshot(
         blobs=blob_files(pool.root),
-        temp=sorted(str(p) for p, _ in pool.store.temp_files()),
+        temp=sorted(str(p) for p, _ in local_store(pool).temp_files()),
         rows=table_rows(pool),
         journal=sorted(p.name for p in (pool.root / "journal").glob("*")),
     )

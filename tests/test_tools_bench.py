@@ -84,7 +84,7 @@ def test_seed_save_writes_what_the_seed_wrote(tmp_path: Path) -> None:
 
     from archive_manager.interop.synthetic import make_rollout
 
-    samples = make_rollout(70, seed=2)
+    samples: Any = make_rollout(70, seed=2)
     bench.seed_save(samples, tmp_path / "r.json")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["format"] == "vime.straw-debug"
@@ -195,7 +195,7 @@ def test_bench_scaling_keeps_a_postgresql_pool(tmp_path: Path, pg_server: Any) -
 
 def test_samples_nbytes_counts_raw_array_sizes() -> None:
     bench = _tool("bench")
-    s = Sample(tokens=[1, 2, 3], response="héllo", loss_mask=[1, 1], reward=1.0)
+    s: Any = Sample(tokens=[1, 2, 3], response="héllo", loss_mask=[1, 1], reward=1.0)
     s.extra = torch.zeros(4, 2, dtype=torch.int32)
     base = bench.samples_nbytes([Sample()])
     # 3 tokens (8 bytes each) instead of none, "héllo" is 6 UTF-8 bytes, a 2-item mask instead

@@ -10,6 +10,7 @@ import os
 import random
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -287,7 +288,12 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         first, second = store.put(b"one"), store.put(b"two")
         synced: list[Path] = []
         real = blobs._fsync_dir
-        monkeypatch.setattr(blobs, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+
+        def fsync_dir(path: Path) -> None:
+            synced.append(path)
+            real(path)
+
+        monkeypatch.setattr(blobs, "_fsync_dir", fsync_dir)
         store.put(b"one")
         assert synced == [store.path(first).parent]
         synced.clear()
@@ -410,7 +416,8 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         real_first_failure = blobs._first_failure
         calls = []
 
-        def interrupted(futures: list) -> None:
+        def interrupted(futures: list[Any]) -> BaseException | None:
+
             calls.append(len(futures))
             if len(calls) == 3:  # second batch, staging
                 concurrent.futures.wait(futures)
@@ -534,7 +541,7 @@ def test_a_store_written_before_put_new_still_saves(tmp_path: Path) -> None:
             calls.append(len(items))
             return super().put_many(items)
 
-    samples = make_rollout(40, seed=5)
+    samples: list[Any] = make_rollout(40, seed=5)
     root = tmp_path / "pool"
     with ArchiveManager.open(root, store=OldStore(root), chunk_size=16) as pool:
         archive = pool.save("a", samples, rollout_id=1)

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,8 @@ def test_a_read_only_open_reads_and_writes_nothing(s3_env: S3Server, bucket: str
         # either (the catalog's gate alone let pool.store.put_new upload; review rev20).
         chunk = archive.chunks()[0]["digest"]
         upload = IncompleteWrite(f"blobs/{chunk[:2]}/{chunk[2:4]}/{chunk}#no-such-upload", 0.0)
-        for what, write in (
+        s3_root: Any = pool.root  # an S3 pool's root is its S3Root (typed as the folder's Path)
+        refusals: list[tuple[str, Callable[[], object]]] = [
             ("write a blob", lambda: pool.store.put(b"x" * 100)),
             ("write blobs", lambda: pool.store.put_many([(b"y" * 100, None)])),
             ("write blobs", lambda: pool.store.put_new([(b"z" * 100, None)])),
@@ -227,11 +228,12 @@ def test_a_read_only_open_reads_and_writes_nothing(s3_env: S3Server, bucket: str
             ("delete blobs", lambda: pool.store.delete_many([chunk])),
             ("sweep incomplete writes", lambda: pool.store.sweep_incomplete(time.time())),
             ("remove an incomplete write", lambda: pool.store.remove_incomplete(upload)),
-            ("write a pool object", lambda: pool.root.write("journal/x.rec", b"{}")),
-            ("delete a pool object", lambda: pool.root.delete("archive-pool.json")),
-        ):
+            ("write a pool object", lambda: s3_root.write("journal/x.rec", b"{}")),
+            ("delete a pool object", lambda: s3_root.delete("archive-pool.json")),
+        ]
+        for what, refused in refusals:
             with pytest.raises(ReadOnlyPoolError, match=f"refusing to {what}; nothing"):
-                write()
+                refused()
         assert pool.store.has(chunk)
     after = {
         item["Key"]: item["ETag"]
@@ -767,7 +769,9 @@ def _keys(server: S3Server, bucket: str, prefix: str) -> list[str]:
 
 
 def _manifest_digest(pool: ArchiveManager) -> str:
-    return pool.open_archive("a").manifest_digest
+    digest = pool.open_archive("a").manifest_digest
+    assert digest is not None
+    return digest
 
 
 def _no_secret(exc: BaseException) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import FakeClock, assert_loads, folder_store, tiny_rollout, wall_clock
+from helpers import FakeClock, assert_loads, folder_store, local_store, tiny_rollout, wall_clock
 from sqlalchemy import select
 
 from archive_manager import ArchiveManager, materialize_tensor_refs
@@ -356,7 +356,7 @@ def released_pool(pool: ArchiveManager, clock: FakeClock) -> dict[str, str]:
     """A pool where GC has work: a released archive, an old orphan, an old temp file."""
     pool.save("kept", tiny_rollout(seed=1), rollout_id=1)
     pool.save("gone", tiny_rollout(seed=2), rollout_id=2).release()
-    age(pool.store.path(pool.store.put(b"orphan")), OLD, clock.now)
+    age(local_store(pool).path(pool.store.put(b"orphan")), OLD, clock.now)
     (pool.root / "tmp").mkdir(exist_ok=True)
     dead = pool.root / "tmp" / "dead-writer.tmp"
     dead.write_bytes(b"half a blob")
@@ -400,8 +400,8 @@ def test_gc_with_a_linked_blob_folder_deletes_nothing(
     doomed = digests_of(pool, "gone", "chunk")[0]
     folder = {
         "blobs": pool.root / "blobs",
-        "fan-out": pool.store.path(doomed).parent.parent,
-        "second fan-out": pool.store.path(doomed).parent,
+        "fan-out": local_store(pool).path(doomed).parent.parent,
+        "second fan-out": local_store(pool).path(doomed).parent,
     }[level]
     elsewhere = tmp_path / "elsewhere"
     move_out(folder, elsewhere)
@@ -425,7 +425,7 @@ def test_gc_unlinks_a_symlink_at_a_doomed_blob_path_not_its_target(
 ) -> None:
     pool.save("gone", tiny_rollout(seed=2), rollout_id=2).release()
     doomed = digests_of(pool, "gone", "chunk")[0]
-    path = pool.store.path(doomed)
+    path = local_store(pool).path(doomed)
     outside = tmp_path / "precious"
     outside.write_bytes(path.read_bytes())
     replace = path.parent
@@ -446,7 +446,7 @@ def test_a_non_file_at_a_chunk_path_fails_load_and_verify_cleanly(
 ) -> None:
     pool.save("a", tiny_rollout(), rollout_id=1)
     digest = first_chunk(pool, "a")
-    replace_with(pool.store.path(digest), what)
+    replace_with(local_store(pool).path(digest), what)
     with pytest.raises(IntegrityError, match=f"archive 'a', chunk 0: blob {digest} is not a"):
         pool.open_archive("a").load_samples()
     for read_data in (False, True):
@@ -465,7 +465,7 @@ def test_a_non_file_at_a_tensor_path_fails_materialisation_cleanly(
     pool.save("a", tiny_rollout(), rollout_id=1)
     digest = digests_of(pool, "a", "tensor")[0]
     samples = pool.open_archive("a").load_samples()  # tensors stay lazy: this works
-    replace_with(pool.store.path(digest), what)
+    replace_with(local_store(pool).path(digest), what)
     with pytest.raises(IntegrityError, match=f"tensor blob: blob {digest} is not a regular file"):
         for sample in samples:
             materialize_tensor_refs(sample)
@@ -482,7 +482,7 @@ def test_a_blob_replaced_by_a_fifo_while_verify_reads_is_a_problem(
     # that vanished mid-read take the FIFO for its file.
     pool.save("a", tiny_rollout(), rollout_id=1)
     digest = first_chunk(pool, "a")
-    path = pool.store.path(digest)
+    path = local_store(pool).path(digest)
     real_check = pool.store.check
 
     def check(d: str) -> None:
@@ -546,7 +546,7 @@ def test_gc_survives_a_fan_out_folder_vanishing_while_listed(
 ) -> None:
     released_pool(pool, clock)
     orphan = digest_of(b"orphan")
-    folder = pool.store.path(orphan).parent
+    folder = local_store(pool).path(orphan).parent
     assert [p.name for p in folder.iterdir()] == [orphan]
     real_scandir = os.scandir
 

@@ -84,7 +84,9 @@ def add_archive(conn: Connection, name: str, **values: Any) -> int:
         "created_at": 1.0,
         **values,
     }
-    return conn.execute(insert(archives_table).values(**row)).inserted_primary_key[0]
+    key = conn.execute(insert(archives_table).values(**row)).inserted_primary_key
+    assert key is not None
+    return key[0]
 
 
 def count(conn: Connection, table: Any) -> int:

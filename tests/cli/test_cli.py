@@ -30,7 +30,7 @@ from archive_manager.cli._params import ROLLOUT_RANGE, parse_duration
 from archive_manager.interop.synthetic import make_rollout
 from archive_manager.pool.identity import SPARE_FILE
 
-SHAPE = {"prompt_len": 8, "response_min": 4, "response_max": 16}
+SHAPE: dict[str, Any] = {"prompt_len": 8, "response_min": 4, "response_max": 16}
 N = 12  # samples per archive: small, several task groups (group_size 8 -> 2 groups)
 
 

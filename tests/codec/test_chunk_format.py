@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
+from helpers import local_store
 
 import archive_manager.codec as codec
 from archive_manager import ArchiveManager, Sample
@@ -247,9 +248,13 @@ def test_a_case_folded_search_skips_records_without_the_letters(
         pool.save("a", [{"response": t, "tokens": [1]} for t in texts], rollout_id=1)
         parsed: list[int] = []
         real = codec.chunk.decode_fields
-        monkeypatch.setattr(
-            codec.chunk, "decode_fields", lambda rec, names: parsed.append(1) or real(rec, names)
-        )
+
+        def decode_fields(rec: Any, names: Any) -> Any:
+            parsed.append(1)
+            return real(rec, names)
+
+        monkeypatch.setattr(codec.chunk, "decode_fields", decode_fields)
+
         found = pool.search("kelvin", ignore_case=True).matches
         assert [m.position for m in found] == [0, 1, 3] and len(parsed) == 3
         # not ASCII: its longest ASCII piece ("lvin") is looked for
@@ -384,7 +389,7 @@ def test_a_damaged_chunk_is_never_searched(tmp_path: Path) -> None:
         pool.save("a", _samples(4), rollout_id=1)
         digest = pool.open_archive("a").chunks()[0]["digest"]
         assert len(pool.search("answer is 42").matches) == 1
-        path = pool.store.path(digest)
+        path = local_store(pool).path(digest)
         data = bytearray(path.read_bytes())
         offset, t_stored, *_ = _entry(bytes(data), 2)
         data[offset + t_stored - 4] ^= 0x01  # in the frame's last block

@@ -154,7 +154,7 @@ def test_materialize_rebuilds_only_containers_holding_refs() -> None:
     (sample,) = decode_chunk(
         enc.data,
         loader=lambda h: decode_tensor_blob(
-            enc.tensor_blobs[h].parts[0] + bytes(enc.tensor_blobs[h].parts[1]), h
+            bytes(enc.tensor_blobs[h].parts[0]) + bytes(enc.tensor_blobs[h].parts[1]), h
         ),
     )
     tokens, inner = sample["tokens"], sample["d"]
@@ -329,7 +329,8 @@ def _max_depth() -> int:
     """The most nested dicts a sample field stores under the recursion limit."""
 
     def stores(depth: int) -> bool:
-        value = inner = {}
+        value: dict[str, Any] = {}
+        inner = value
         for _ in range(depth):
             inner["k"] = inner = {}
         try:
@@ -366,7 +367,8 @@ def test_dicts_past_the_c_depth_are_the_python_loops_bytes_and_bounds() -> None:
     shared = "shared-key-" * 3
 
     def make() -> Any:
-        value = inner = {shared: 1.5}
+        value: dict[str, Any] = {shared: 1.5}
+        inner = value
         for i in range(300):
             inner["k"] = inner = {shared: [i, 2.5, "text" * 3, shared], "n": 10**9 + i}
         return value
@@ -673,7 +675,7 @@ def test_the_cached_json_encoder_is_thread_safe() -> None:
     assert bad == []
 
 
-_REAL_MAKE = json.encoder.c_make_encoder
+_REAL_MAKE = vars(json.encoder)["c_make_encoder"]  # the C encoder typeshed leaves out
 
 
 def _raising_make(*args: Any) -> Any:
@@ -719,7 +721,8 @@ def test_a_json_c_encoder_that_is_not_the_expected_one_falls_back(
 
 def _slow_state(obj: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """`_dataclass_state` through the getattr loop only (the reference)."""
-    plan = samples._rebuild_plan(type(obj))
+    cls: Any = type(obj)
+    plan = samples._rebuild_plan(cls)
     with monkeypatch.context() as m:
         m.setattr(samples, "_rebuild_plan", lambda cls: dataclasses.replace(plan, plain_names=None))
         try:
@@ -851,7 +854,7 @@ def _variants() -> list[Any]:
     edited = Child(a=3, b=[1], c=1.5, seed=4)
     del edited.__dict__["a"]
     edited.a = 9  # now last in __dict__: out of declaration order
-    extra = Child(seed=1)
+    extra: Any = Child(seed=1)
     extra.note = "added later"
     extra._queue_live = object()  # live queue state, never stored
     extra.__dict__[1] = "int key"
@@ -952,9 +955,10 @@ def test_a_class_redefined_under_its_name_is_read_by_its_own_plan() -> None:
     register_sample_class(Redefined, "codec_fast.Redefined")
     assert sample_to_record(old)[1] == {"a": 1, "b": 2}
 
-    @dataclasses.dataclass  # type: ignore[no-redef]
-    class Redefined:
+    @dataclasses.dataclass
+    class Redefined:  # type: ignore[no-redef]  # the redefinition is what is tested
         b: int = 3
+
         a: int = 4
         c: int = 5
 

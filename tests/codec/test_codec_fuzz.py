@@ -54,13 +54,13 @@ pytestmark = [
     pytest.mark.timeout(60),
 ]
 
-OK_ERRORS = (IntegrityError, UnsupportedFormatError)
+OK_ERRORS: tuple[type[Exception], ...] = (IntegrityError, UnsupportedFormatError)
 HEAD = struct.Struct("<8sHHI")  # magic, version, flags, count (or raw length for manifests)
 INDEX = struct.Struct("<QQQB7x")  # offset, stored length, raw length, method
 # version 2: offset, text stored, text raw, rest stored, rest raw, methods, xxh3-64
 INDEX2 = struct.Struct("<QQQQQBB6xQ")
 RAW, ZSTD = 0, 1
-FUZZ = dict(
+FUZZ: dict[str, Any] = dict(
     derandomize=True,
     deadline=None,
     database=None,
@@ -88,7 +88,8 @@ def make_loader(*chunks: EncodedChunk) -> Callable[[str], torch.Tensor]:
 
 def small_samples() -> list:
     """A few samples touching every stored kind: arrays, raw text, refs, maps, numpy, tags."""
-    s = Sample(index=1, tokens=list(range(100, 140)), status=Sample.Status.TRUNCATED)
+    s: Any = Sample(index=1, tokens=list(range(100, 140)), status=Sample.Status.TRUNCATED)
+
     s.rollout_log_probs = [-0.5, -0.25, -1.0, -2.0, -0.125, -4.0, -8.0, -0.0625]
     s.response = "the answer is " * 40  # >= 512 characters: stored raw
     s.rollout_routed_experts = torch.arange(48, dtype=torch.int32).reshape(6, 2, 4)  # a ref
@@ -174,7 +175,7 @@ def decode_all(data: bytes, loader: Callable | None = None) -> list[Any]:
             out.append(value)
         except OK_ERRORS as exc:
             out.append(exc)
-    with suppress(OK_ERRORS):
+    with suppress(*OK_ERRORS):
         decode_chunk(data)
     return out
 
@@ -254,9 +255,9 @@ def test_random_bytes() -> None:
         decode_all(body)
         for magic in (b"AMMANIF\0", b"AMTENSR\0"):
             data = magic + body[8:] if kind else body
-            with suppress(OK_ERRORS):
+            with suppress(*OK_ERRORS):
                 decode_manifest(data)
-            with suppress(OK_ERRORS):
+            with suppress(*OK_ERRORS):
                 decode_tensor_blob(data)
 
 
@@ -353,7 +354,7 @@ def test_bit_flips_in_manifest_and_tensor_blob() -> None:
             for bit in range(8):
                 damaged = bytearray(data)
                 damaged[pos] ^= 1 << bit
-                with suppress(OK_ERRORS):
+                with suppress(*OK_ERRORS):
                     decode(bytes(damaged))
 
 

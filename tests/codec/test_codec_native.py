@@ -41,10 +41,13 @@ if codec._native_numbers is None:
         raise RuntimeError(f"{REQUIRE_NATIVE_ENV} is set but {why}")
     pytest.skip(why, allow_module_level=True)
 
-NATIVE = codec._native_numbers
-FIRST_LEAVES = codec._native_first_leaves
-DICT_ITEMS = codec._native_dict_items
-assert NATIVE is not None and FIRST_LEAVES is not None and DICT_ITEMS is not None
+_numbers, _first_leaves, _dict_items = (
+    codec._native_numbers,
+    codec._native_first_leaves,
+    codec._native_dict_items,
+)
+assert _numbers is not None and _first_leaves is not None and _dict_items is not None
+NATIVE, FIRST_LEAVES, DICT_ITEMS = _numbers, _first_leaves, _dict_items
 
 
 class Colour(enum.IntEnum):
@@ -220,8 +223,8 @@ def test_long_lists_of_every_dtype() -> None:
         assert NATIVE(value) is not None
     singles = [_single(rng.getrandbits(32)) for _ in range(50_001)]
     doubles = [rng.random() for _ in range(50_001)]
-    for value in (singles, doubles):
-        _assert_same(value)
+    for floats in (singles, doubles):
+        _assert_same(floats)
     assert NATIVE(singles)[0] == "float32"  # type: ignore[index]
     assert NATIVE(doubles)[0] == "float64"  # type: ignore[index]
 
@@ -580,6 +583,6 @@ def test_the_prefilter_on_long_texts_and_bad_arguments() -> None:
     with pytest.raises(TypeError):
         _HOLDING(parts, b"x", False, ("str",))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _HOLDING([1], b"x", False, ())
+        _HOLDING([1], b"x", False, ())  # type: ignore[list-item]
     with pytest.raises(TypeError):
-        _HOLDING(7, b"x", False, ())
+        _HOLDING(7, b"x", False, ())  # type: ignore[arg-type]

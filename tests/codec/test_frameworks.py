@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +76,17 @@ UPSTREAM_STATUS = {
     "FAILED": "failed",
 }
 
-ROLLOUTS = {"slime": make_slime_rollout, "vime": make_vime_rollout}
-CLASSES = {"slime": SlimeSample, "vime": VimeSample}
+# Any: two frameworks' classes, each with its nested Status, SpecInfo and PrefixCacheInfo.
+ROLLOUTS: dict[str, Callable[..., list[Any]]] = {
+    "slime": make_slime_rollout,
+    "vime": make_vime_rollout,
+}
+CLASSES: dict[str, Any] = {"slime": SlimeSample, "vime": VimeSample}
 
 
 @pytest.mark.parametrize("framework", ["slime", "vime"])
 def test_the_stand_ins_declare_what_upstream_declares(framework: str) -> None:
-    cls = CLASSES[framework]
+    cls: Any = CLASSES[framework]
     assert f"{cls.__module__}.{cls.__qualname__}" == f"{framework}.utils.types.Sample"
     assert [f.name for f in dataclasses.fields(cls)] == UPSTREAM_FIELDS[framework]
     assert {m.name: m.value for m in cls.Status} == UPSTREAM_STATUS
@@ -95,12 +100,13 @@ def test_the_stand_ins_declare_what_upstream_declares(framework: str) -> None:
         assert any(not _is_default(v, default) for v in values), name
 
 
-def _is_default(value: Any, field: dataclasses.Field) -> bool:
+def _is_default(value: Any, field: dataclasses.Field[Any]) -> bool:
     if field.default is not dataclasses.MISSING:
         return value is field.default or (
             type(value) is type(field.default) and value == field.default
         )
-    made = field.default_factory()  # type: ignore[misc]
+    assert callable(field.default_factory)  # every field has a default or a factory
+    made = field.default_factory()
     return type(value) is type(made) and bool(value == made)
 
 
@@ -314,7 +320,7 @@ def test_an_unregistered_class_warns_once_and_loads_as_a_dict(tmp_path: Path) ->
 
 
 def test_numpy_scalar_index_and_chunked_routed_experts(tmp_path: Path) -> None:
-    rows = make_vime_rollout(6, seed=2)
+    rows: list[Any] = make_vime_rollout(6, seed=2)  # numpy scalar indices among them
     assert any(isinstance(s.index, np.integer) for s in rows)
     assert any(isinstance(s.rollout_routed_experts, list) for s in rows)
     with ArchiveManager.open(tmp_path / "pool") as pool:

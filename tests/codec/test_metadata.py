@@ -124,7 +124,7 @@ def test_describe_realistic_sample() -> None:
 
 
 def test_describe_is_json_serializable() -> None:
-    sample = make_sample(top_p=True, topk=2)
+    sample: Any = make_sample(top_p=True, topk=2)  # with numpy scalars where ints go
     sample.multimodal_inputs = {"pixel_values": torch.zeros(2, 3, 4, 4, dtype=torch.bfloat16)}
     sample.reward = np.float32(0.5)
     sample.index = np.int64(3)
@@ -200,7 +200,7 @@ def test_dict_of_tensors_one_level_deep() -> None:
 
 def test_tensor_ref_is_described_without_loading() -> None:
     ref = TensorRef("0" * 32, torch.int32, (5, 48, 8), 5 * 48 * 8 * 4)
-    sample = make_sample(routed=False, prompt_len=3, response_len=3)
+    sample: Any = make_sample(routed=False, prompt_len=3, response_len=3)
     sample.rollout_routed_experts = ref
     sample.multimodal_inputs = {"pixel_values": ref}
     sample.chunks = [ref, ref]
@@ -291,7 +291,7 @@ def test_reward_of_frameworks_number_types(reward: Any, expected: Any) -> None:
 
 
 def test_queue_fields_are_not_described() -> None:
-    sample = make_sample(routed=False)
+    sample: Any = make_sample(routed=False)
     sample._queue_lease = {"task_id": "t", "scratch": torch.zeros(3)}
     sample._queue_tensor = torch.zeros(2)
     assert describe_sample(sample)["tensors"] == {}
@@ -321,7 +321,7 @@ class NoIterList(list):
 
 
 def test_describe_never_walks_list_contents() -> None:
-    sample = make_sample(routed=False)
+    sample: Any = make_sample(routed=False)  # with lists that refuse iteration
     sample.tokens = NoIterList(sample.tokens)
     sample.loss_mask = NoIterList(sample.loss_mask)
     sample.rollout_top_p_token_ids = NoIterList([1, 2, 3])
@@ -516,7 +516,7 @@ def test_topk_from_score_centering_settings() -> None:
 
 def test_every_violation_is_reported_with_its_position() -> None:
     good = make_sample(0, top_p=True)
-    short_mask = make_sample(1, top_p=True)
+    short_mask: Any = make_sample(1, top_p=True)
     short_mask.loss_mask = short_mask.loss_mask[:5]
     no_experts = make_sample(2, top_p=True, routed=False)
     bad_offsets = make_sample(3, top_p=True)
@@ -525,7 +525,8 @@ def test_every_violation_is_reported_with_its_position() -> None:
     descs = [describe_sample(s) for s in (good, short_mask, no_experts, bad_offsets)]
     with pytest.raises(MetadataError) as info:
         validate_sample_metadata(descs, args(use_rollout_routing_replay=True, rollout_top_p=0.95))
-    problems = info.value.problems
+    error: Any = info.value  # `problems` is set on the instance (metadata.py)
+    problems = error.problems
     assert [p.split(":")[0] for p in problems] == [
         "position 1",
         "position 2",
@@ -543,7 +544,9 @@ def test_every_violation_is_reported_with_its_position() -> None:
 
 
 def test_malformed_metadata_is_reported_not_crashed_on() -> None:
-    found = metadata_problems([{"response_length": 1, "tokens": 2}, "junk"], args())
+    junk: Any = "junk"  # not a description: reported, not crashed on
+    found = metadata_problems([{"response_length": 1, "tokens": 2}, junk], args())
+
     assert found == [
         "position 1: metadata: not a mapping (expected a describe_sample() dict, got str)"
     ]

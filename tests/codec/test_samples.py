@@ -123,10 +123,10 @@ def test_to_dict_has_every_field_status_string_and_helper_dicts() -> None:
 
 
 def test_round_trip_keeps_extra_attributes() -> None:
-    sample = make_sample()
+    sample: Any = make_sample()
     sample.custom_score = 0.75  # a framework-specific attribute
     sample.prefix_cache_info.cached_tokens = 12
-    back = Sample.from_dict(sample.to_dict())
+    back: Any = Sample.from_dict(sample.to_dict())
     assert back == sample
     assert back.custom_score == 0.75
     assert back.status is Sample.Status.COMPLETED
@@ -134,7 +134,7 @@ def test_round_trip_keeps_extra_attributes() -> None:
 
 
 def test_from_dict_sets_unknown_keys_as_attributes() -> None:
-    back = Sample.from_dict({"status": "truncated", "index": 1, "verifier": {"ok": True}})
+    back: Any = Sample.from_dict({"status": "truncated", "index": 1, "verifier": {"ok": True}})
     assert back.status is Sample.Status.TRUNCATED
     assert back.verifier == {"ok": True}
     assert back.spec_info == Sample.SpecInfo()
@@ -253,7 +253,7 @@ def test_register_default_name_and_decorator() -> None:
 
 
 def test_registered_dataclass_round_trip_with_enums_and_extras() -> None:
-    traj = Trajectory(steps=[1, 2], color=Color.BLUE, maybe_color=Color.RED, score=0.5)
+    traj: Any = Trajectory(steps=[1, 2], color=Color.BLUE, maybe_color=Color.RED, score=0.5)
     traj.note = "extra"
     name, fields = sample_to_fields(traj)
     assert name == registered_name(Trajectory)
@@ -264,9 +264,9 @@ def test_registered_dataclass_round_trip_with_enums_and_extras() -> None:
         "score": 0.5,
         "note": "extra",
     }
-    back = fields_to_sample(name, fields)
+    back: Any = fields_to_sample(name, fields)
     assert type(back) is Trajectory
-    assert back == traj and back.note == "extra"
+    assert back == traj and vars(back)["note"] == "extra"
     assert back.color is Color.BLUE and back.maybe_color is Color.RED
 
 
@@ -382,14 +382,14 @@ def test_fields_that_no_longer_fit_the_class_raise_a_clear_error() -> None:
 
 
 def test_queue_attributes_are_never_stored() -> None:
-    sample = make_sample()
+    sample: Any = make_sample()
     sample._queue_receipt = {"task_id": "t1"}
     sample._queue_lease = SimpleNamespace(task_id="t1")
     _, fields = sample_to_fields(sample)
     assert not any(k.startswith("_queue_") for k in fields)
     assert hasattr(sample, "_queue_receipt")  # the live sample keeps its control state
 
-    traj = Trajectory(steps=[1])
+    traj: Any = Trajectory(steps=[1])
     traj._queue_lease = {"task_id": 9}
     assert "_queue_lease" not in sample_to_fields(traj)[1]
 
@@ -433,17 +433,17 @@ def test_sample_key_property(indices: list[int | None]) -> None:
 
 
 def test_task_key_of_attribute_and_dict_key() -> None:
-    sample = make_sample()
+    sample: Any = make_sample()
     sample.task_key = "prompt-7"
     assert task_key_of(sample) == "prompt-7"
     assert task_key_of({"task_key": "prompt-8"}) == "prompt-8"
 
 
 def test_task_key_of_receipt_mapping_and_lease_object() -> None:
-    sample = make_sample()
+    sample: Any = make_sample()
     sample._queue_receipt = {"task_id": "q-1", "attempt": 2}
     assert task_key_of(sample) == "q-1"
-    other = make_sample()
+    other: Any = make_sample()
     other._queue_lease = SimpleNamespace(task_id="q-2")
     assert task_key_of(other) == "q-2"
     assert task_key_of({"_queue_lease": {"task_id": "q-3"}}) == "q-3"
@@ -466,7 +466,7 @@ def test_task_key_of_none() -> None:
 
 
 def test_task_key_must_be_read_before_stripping() -> None:
-    sample = make_sample()
+    sample: Any = make_sample()
     sample._queue_receipt = {"task_id": "q-9"}
     assert task_key_of(sample) == "q-9"
     _, fields = sample_to_fields(sample)

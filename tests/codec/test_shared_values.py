@@ -283,7 +283,8 @@ def test_one_nan_object_held_as_a_key_and_a_value_loads_as_two_nans_as_documente
     ``m[keys[0]]`` before the save (dicts match keys by identity first) and raises
     KeyError after the load."""
     nan = math.nan
-    sample = {"keys": [nan], "m": {nan: "x"}}
+    sample: dict[str, Any] = {"keys": [nan], "m": {nan: "x"}}
+
     assert sample["m"][sample["keys"][0]] == "x"
     name = f"nan{next(_names)}"
     pool.save(name, [sample], rollout_id=1)

@@ -142,6 +142,7 @@ def test_the_copy_holds_nothing_the_caller_changes(
 ) -> None:
     samples, twins = [rich(i) for i in range(3)], [rich(i) for i in range(3)]
     copies = snapshot.take_samples(samples)
+    s: Any  # the fields rich() fills are not None
     for s in samples:  # what a loop reusing its buffers does right after handing them over
         s.tokens[0] = -1
         s.loss_mask.clear()

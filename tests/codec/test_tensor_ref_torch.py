@@ -48,10 +48,12 @@ def _globals(data: bytes) -> set[str]:
     strings: list[str] = []
     for op, arg, _ in pickletools.genops(data):
         if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            assert isinstance(arg, str)
             strings.append(arg)
         elif op.name == "STACK_GLOBAL":
             found.add(strings[-2])
         elif op.name == "GLOBAL":
+            assert isinstance(arg, str)
             found.add(arg.split(" ")[0])
     return found
 
@@ -117,13 +119,18 @@ def test_a_dataloader_with_two_workers_reads_an_archive(arc: Archive) -> None:
     expected = _samples()
     # The archive is the dataset (len and []); workers read their samples (fork: the
     # catalog's engine is disposed in the child), default_collate stacks the refs.
-    loader = DataLoader(arc, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    # Any: a map-style dataset by what it does (len and []), which torch's stubs cannot say.
+    dataset: Any = arc
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
     batches = list(loader)
     assert len(batches) == N // 2
     experts = torch.cat([b["experts"] for b in batches])
     assert torch.equal(experts, torch.stack([s["experts"] for s in expected]))
     assert torch.cat([b["index"] for b in batches]).tolist() == list(range(N))
     # Unbatched: each sample, refs and all, is pickled from a worker to this process.
-    single = list(DataLoader(arc, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    single = list(
+        DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    )
+
     assert all(type(s["logits"]) is torch.Tensor for s in single)
     assert all(torch.equal(s["logits"], e["logits"]) for s, e in zip(single, expected, strict=True))

@@ -56,7 +56,7 @@ class Meters(np.float64):
     ("value", "match"),
     [
         (lambda: np.matrix([[1, 2]]), r"numpy.matrix .* subclass.*np.asarray"),
-        (lambda: np.ma.masked_array([1, 2], mask=[0, 1]), r"MaskedArray .*np.asarray"),
+        (lambda: np.ma.masked_array([1, 2], mask=[False, True]), r"MaskedArray .*np.asarray"),
         (lambda: torch.nn.Parameter(torch.ones(2)), r"Parameter .* subclass.*detach\(\)"),
         (lambda: torch.ones(2).as_subclass(LoggedTensor), r"LoggedTensor .*as_subclass"),
         (lambda: Meters(1.5), r"Meters"),

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import tiny_rollout
@@ -167,7 +168,7 @@ def test_the_checker_catches_a_visible_archive_without_owner(tmp_path: Path) -> 
 
     commit_ownership = ArchiveWriter._commit_ownership
 
-    def publish_first(self: ArchiveWriter) -> tuple[int, object]:
+    def publish_first(self: ArchiveWriter) -> tuple[int, Any]:
         archive_id, manifest = commit_ownership(self)
         with self._pool.catalog.write() as conn:
             conn.execute(

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import canon, owned_blobs, tiny_rollout
+from helpers import canon, local_store, owned_blobs, tiny_rollout
 from sqlalchemy import func, select
 
 from archive_manager import ArchiveManager
@@ -72,7 +72,7 @@ def _add_work(pool: ArchiveManager, round_: int, rng: random.Random, seeds: dict
     seeds[name] = round_ % 3
     old = time.time() - 2 * gc_module.TEMP_MIN_AGE
     for i in range(3):
-        path = pool.store.path(pool.store.put(f"orphan {round_} {i}".encode()))
+        path = local_store(pool).path(pool.store.put(f"orphan {round_} {i}".encode()))
         os.utime(path, (old, old))
     tmp = pool.root / "tmp" / f"dead-{round_}.tmp"
     tmp.write_bytes(b"partial")

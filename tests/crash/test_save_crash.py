@@ -14,8 +14,10 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import local_store
 from sqlalchemy import select
 
 import archive_manager
@@ -141,11 +143,13 @@ def _index(name: str) -> int:
     return int(name[1:])
 
 
-def _archive_rows(pool: ArchiveManager) -> list:
+def _archive_rows(pool: ArchiveManager) -> list[Any]:
     with pool.catalog.read() as conn:
-        return conn.execute(
-            select(archives_table.c.id, archives_table.c.name, archives_table.c.state)
-        ).all()
+        return list(
+            conn.execute(
+                select(archives_table.c.id, archives_table.c.name, archives_table.c.state)
+            ).all()
+        )
 
 
 def _check_blobs(pool: ArchiveManager, archive_ids: list[int]) -> int:
@@ -266,7 +270,7 @@ def _run_crash_rounds(
             writing = conn.execute(
                 select(blobs_table.c.digest).where(blobs_table.c.state == "writing")
             ).all()
-        temp = len(pool.store.temp_files())
+        temp = len(local_store(pool).temp_files())
     print(
         f"{rounds} rounds, {len(published)} archives, {len(interrupted)} saves interrupted "
         f"(left: {pending} pending archives, {len(writing)} 'writing' blobs, {temp} temp "

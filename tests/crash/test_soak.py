@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import Backend, open_on
+from helpers import Backend, local_store, open_on
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = REPO / "tools" / "soak.py"
@@ -82,7 +82,7 @@ def test_final_check_counts_a_damaged_blob_as_lost(tmp_path: Path, backend: Back
     pool, records, root = _pool_with_records(tmp_path, backend)
     with pool:
         chunk = pool.open_archive("a").chunks()[0]["digest"]
-        path = pool.store.path(chunk)
+        path = local_store(pool).path(chunk)
         path.chmod(0o644)
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0x01

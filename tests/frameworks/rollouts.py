@@ -191,7 +191,7 @@ def make_slime_rollout(n: int, seed: int = 0) -> list[SlimeSample]:
         routed = torch.randint(
             0, _NUM_EXPERTS, (rows, _NUM_LAYERS, _ROUTER_TOPK), generator=gen, dtype=torch.int32
         )
-        s = SlimeSample(
+        s: Any = SlimeSample(
             **kw,
             status=status,
             rollout_top_p_token_ids=ids if i % 3 else ids.tolist(),  # tensor or plain list
@@ -244,7 +244,7 @@ def make_vime_rollout(n: int, seed: int = 0) -> list[VimeSample]:
             extra["rollout_top_p_token_ids"] = ids
             extra["rollout_top_p_token_offsets"] = offsets
             extra["rollout_top_p_log_probs"] = -nrng.random(int(offsets[-1]), dtype=np.float32) * 5
-        s = VimeSample(**kw, status=status, rollout_routed_experts=routed_value, **extra)
+        s: Any = VimeSample(**kw, status=status, rollout_routed_experts=routed_value, **extra)
         _fill_infos(s, rng, prompt_len)
         # vime's queue transport attaches private dynamic attributes; archive.load_samples strips them
         s._queue_receipt = {"task_id": f"task-{seed}-{i}"}

@@ -175,17 +175,21 @@ def test_fields_the_catalog_records_otherwise_are_read_from_their_chunks(tmp_pat
         _same(streamed, pool.arrow_reader(schema="scan").read_all())
 
 
+NO_STATUS: Any = None  # a status a framework's sample may leave unset
+NUMPY_INDEX: Any = np.int64(3)  # an index as numpy hands it over
+
+
 @pytest.mark.parametrize(
     ("sample", "inexact"),
     [
         (Sample(reward=1.0, index=3, group_index=0, response_length=5), []),
-        (Sample(reward=-0.0, status=None), []),
+        (Sample(reward=-0.0, status=NO_STATUS), []),
         (Sample(reward=2**70), []),  # a float holds it, and the description keeps the int
         (Sample(reward=True), ["reward"]),
         (Sample(reward=math.inf), ["reward"]),
         (Sample(reward=np.float64(0.5)), ["reward"]),
         (Sample(reward={"acc": 1.0}), ["reward"]),
-        (Sample(index=np.int64(3)), ["index"]),
+        (Sample(index=NUMPY_INDEX), ["index"]),
         ({"reward": 1.0, "status": "x", "index": 1, "group_index": 2}, ["response_length"]),
         ({"status": Mood.HAPPY}, ["reward", "status", "response_length", "index", "group_index"]),
     ],

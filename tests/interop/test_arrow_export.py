@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -143,7 +144,7 @@ def test_parquet_dictionary_encodes_integer_tensors_only_where_values_repeat(
     written faster (docs/performance.md); token ids and log-probs are not."""
     path = pool.export("odd", tmp_path / "odd.parquet")
     meta = pq.ParquetFile(path).metadata
-    encodings = {}
+    encodings: dict[str, Any] = {}
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         for c in range(group.num_columns):
@@ -166,9 +167,12 @@ def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(
     assert pq.read_table(path).num_rows == 12
     frame = pd.read_parquet(path)
     assert frame["tokens"][2].tolist() == samples[2].tokens
-    rows = duckdb.sql(
+    relation = duckdb.sql(
         f"select position, len(tokens), status from '{path}' where task_key = 'task-1' order by position"
-    ).fetchall()
+    )
+    assert relation is not None  # a SELECT's relation
+    rows = relation.fetchall()
+
     assert rows == [(p, len(samples[p].tokens), samples[p].status.value) for p in (1, 4, 7, 10)]
     data = datasets.Dataset.from_parquet(str(path), cache_dir=str(tmp_path / "hf"))
     assert data.num_rows == 12 and data[3]["tokens"] == samples[3].tokens
@@ -181,7 +185,9 @@ def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(
         min_rollout_id=8, max_rollout_id=8, evaluation=False, columns=["archive", "tokens"]
     )
     assert isinstance(reader, pa.RecordBatchReader)
-    counted = duckdb.sql("select archive, count(*), sum(len(tokens)) from reader group by archive")
+    counted: Any = duckdb.sql(
+        "select archive, count(*), sum(len(tokens)) from reader group by archive"
+    )
     more = pool.open_archive("more").load_samples()
     assert counted.fetchall() == [("more", 6, sum(len(s.tokens) for s in more))]
     # a selection whose first chunk types a field (prompt: text) that a later one holds as

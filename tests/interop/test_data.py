@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -223,7 +224,7 @@ def test_datasets_take_every_filter_of_query(tmp_path: Path) -> None:
             dataset = RolloutDataset(pool, rollout_ids=ids, fields=["index"], as_tensors=False)
             assert len(dataset) == len(want) > 0, ids
         # The ends narrow a range as `query` narrows it.
-        both = dict(rollout_ids=(0, 2), min_rollout_id=1)
+        both: dict[str, Any] = dict(rollout_ids=(0, 2), min_rollout_id=1)
         assert len(RolloutDataset(pool, **both, as_tensors=False)) == len(pool.query(**both)) == 4
 
 
@@ -249,7 +250,7 @@ def test_every_rollout_filter_takes_the_same_forms(
     """export_many took only a (low, high) tuple (an int: "cannot unpack"), and query and
     stats refused find's rollout_id= (TypeError): one parser, both spellings, everywhere."""
     want = {"r1", "r2"} if ids != 1 else {"r1"}
-    arg = {spelling: ids}
+    arg: dict[str, Any] = {spelling: ids}
     with ArchiveManager.open(root) as pool:
         assert {a.name for a in pool.find(**arg)} == want
         assert {r.archive for r in pool.query(**arg)} == want
@@ -301,8 +302,9 @@ def test_items_have_one_dtype_per_field_whatever_the_values(tmp_path: Path) -> N
     """Issue 35: log-prob tensors came back float32 or float64 as their values happened to
     be float32-exact or not (and a DataLoader batch then mixed the two); tensors and arrays
     keep the dtype and shape they were saved in."""
-    samples = [
+    samples: list[dict[str, Any]] = [
         {"lp": [0.5, -0.25] * 20, "mask": [1, 0] * 20, "ids": list(range(40)),
+
          "t": torch.zeros(2, 3, dtype=torch.bfloat16), "a": np.ones((4, 1), np.float16)},
         {"lp": [0.1, -0.2] * 20, "mask": [1] * 40, "ids": list(range(150_000, 150_040)),
          "t": torch.ones(1, 5, dtype=torch.bfloat16), "a": np.zeros((2, 2), np.float16)},

@@ -122,11 +122,15 @@ def _race(rank: int, world: int, race: dict[str, Any]) -> dict[str, Any]:
     try:
         if race["kind"] == "map":
             mapped = data_module.RolloutDataset(race["pool"], **query)
-            sampler = DistributedSampler(mapped, num_replicas=world, rank=rank, shuffle=False)
+            sampler: DistributedSampler[Any] = DistributedSampler(
+                mapped, num_replicas=world, rank=rank, shuffle=False
+            )
             loader = DataLoader(mapped, batch_size=16, sampler=sampler, collate_fn=list)
             total = len(mapped)
         else:
-            ranks = {"rank": rank, "world_size": world} if race["kind"] == "given" else {}
+            ranks: dict[str, Any] = (
+                {"rank": rank, "world_size": world} if race["kind"] == "given" else {}
+            )
             data = data_module.RolloutIterableDataset(race["pool"], batch_size=16, **ranks, **query)
             loader = DataLoader(data, batch_size=16, collate_fn=list)
             total = data.total
@@ -195,7 +199,7 @@ def _pool(root: Path, sizes: list[int], chunk_size: int, group_size: int = 2) ->
 #: the matrix: num_workers 0/1/2, batch sizes 1/16/7, drop_last (the dataset's and the
 #: DataLoader's) both ways, over one step of 100 samples in chunks of 7 (the chunk size
 #: divides neither N nor the batches) and over one sample (fewer than the ranks)
-MATRIX = [
+MATRIX: list[dict[str, Any]] = [
     {"pool": pool, "n": n, "workers": w, "batch": b, "drop_last": d}
     for pool, n in (("step", 100), ("one", 1))
     for w in (0, 1, 2)
@@ -204,7 +208,7 @@ MATRIX = [
 ]
 #: three steps of 64 samples in prompt groups of 8, chunks of 16, batches of 16: chunks
 #: shuffled only, then through a buffer of 96 samples with 0 and 2 workers
-SHUFFLED = [
+SHUFFLED: list[dict[str, Any]] = [
     {"pool": "groups", "batch": 16, "drop_last": False, "shuffle": True, **extra}
     for extra in (
         {"workers": 0, "buffer": 0},
@@ -335,7 +339,7 @@ def test_share_index_is_checked_and_needs_torch_distributed(tmp_path: Path) -> N
         with pytest.raises(InvalidInputError, match="not initialised"):
             make(pool, share_index=True)
         with pytest.raises(InvalidInputError, match="share_index"):
-            make(pool, share_index=1)
+            make(pool, share_index=1)  # type: ignore[arg-type]  # an int where a bool goes
         assert len(make(pool, share_index=False)) == 10
 
 

@@ -73,10 +73,13 @@ def test_a_folder_export_has_one_schema_every_reader_takes(
                ("archive", "position", "reward")), strict=True)}  # fmt: skip
     assert rewards[("step-0", 1)] == 1.0 and rewards[("step-1", 3)] == 1.5
 
-    duck = duckdb.sql(
+    relation = duckdb.sql(
         f"SELECT archive, count(*), avg(reward) FROM read_parquet('{folder}/*.parquet') "
         "GROUP BY archive ORDER BY archive"
-    ).fetchall()
+    )
+    assert relation is not None  # a SELECT's relation
+    duck = relation.fetchall()
+
     assert [(a, n) for a, n, _ in duck] == [("step-0", 6), ("step-1", 6), ("step-2", 6)]
     assert math.isclose(duck[1][2], 1.25) and math.isclose(duck[2][2], 0.25)
 

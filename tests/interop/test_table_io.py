@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,7 @@ from archive_manager.pool import arrow
 
 
 @pytest.fixture
-def pool(tmp_path: Path) -> ArchiveManager:
+def pool(tmp_path: Path) -> Iterator[ArchiveManager]:
     with ArchiveManager.open(tmp_path / "pool") as pool:
         yield pool
 
@@ -192,7 +193,9 @@ def test_claim5_export_of_numpy_complex_scalar_is_not_importable(
     import_pt then refuses the library's own export with "cannot store a value of type
     builtins.complex".  Fix: refuse complex numpy scalars at export naming the field (or
     export them as 0-d complex tensors, or teach the codec Python complex)."""
-    meta = {"z": np.complex64(1 + 2j)} if where == "value" else {np.complex128(1 + 2j): 1}
+    meta: dict[Any, Any] = (
+        {"z": np.complex64(1 + 2j)} if where == "value" else {np.complex128(1 + 2j): 1}
+    )
     name = _name()
     fresh_pool.save(name, [Sample(metadata=meta)], rollout_id=1)
     assert fresh_pool.open_archive(name).load_samples()[0].metadata == meta

@@ -388,12 +388,19 @@ def _value(reward: Any, key: str) -> float | None:
     return None if reward is None else float(reward)
 
 
+def _scored(reward: Any, key: str) -> float:
+    """`_value` of a sample the test's rewards all score."""
+    value = _value(reward, key)
+    assert value is not None, reward
+    return value
+
+
 def test_reward_key_at_save_scores_dict_rewards(tmp_path: Path, backend: Backend) -> None:
     """``reward_key`` at save picks the part of a dict reward that is the reward, as slime's
     ``--reward-key``: `stats`, `query(min_reward=)` and `groups` count those samples (a dict
     reward gave none, and the lens went blank for them); the key is kept with the archive."""
     samples = _slime_scored(24, seed=1)
-    want = [_value(s.reward, "score") for s in samples]
+    want = [_scored(s.reward, "score") for s in samples]
     assert any(isinstance(s.reward, dict) for s in samples)
     with open_on(backend, tmp_path / "pool") as pool:
         arc = pool.save("r", samples, rollout_id=1, reward_key="score")
@@ -436,7 +443,7 @@ def test_reward_key_overrides_read_the_catalog(
     the catalog, whatever key the archive was saved with; a key no dict holds leaves them
     unscored, and says so."""
     samples = _slime_scored(24, seed=3)
-    want = [_value(s.reward, "acc") for s in samples]
+    want = [_scored(s.reward, "acc") for s in samples]
     with open_on(backend, tmp_path / "pool") as pool:
         pool.save("r", samples, rollout_id=1, reward_key=saved)
         (stat,) = pool.stats(reward_key="acc")
@@ -572,7 +579,7 @@ def test_long_prompts_are_task_keys(tmp_path: Path, backend: Backend) -> None:
     """A prompt over 255 bytes is a task key: keyed by its digest (one prompt, one key, in
     every archive), its text kept and shown by `groups` and `prompt_changes`, and found by
     its text (`query`, `find`, `prompt_history`, `load_samples`). It was refused."""
-    samples = make_slime_rollout(12, seed=7)
+    samples: list[Any] = make_slime_rollout(12, seed=7)
     prompts = [_long_prompt(s.group_index) for s in samples]
     assert all(len(p.encode()) > 255 for p in prompts)
     with open_on(backend, tmp_path / "pool") as pool:
@@ -581,7 +588,7 @@ def test_long_prompts_are_task_keys(tmp_path: Path, backend: Backend) -> None:
         groups = pool.groups("r1")
         assert [g.task_text for g in groups] == [_long_prompt(g) for g in range(3)]
         assert [g.task_key for g in groups] == [long_task_key(_long_prompt(g)) for g in range(3)]
-        assert all(len(g.task_key) <= 255 for g in groups)
+        assert all(g.task_key is not None and len(g.task_key) <= 255 for g in groups)
         assert groups[0].as_dict()["task_text"] == prompts[0]
         assert_agree(pool.stats(1)[0], groups)
         assert len(pool.query(task_key=prompts[0])) == 6
@@ -617,7 +624,9 @@ def test_a_manifest_text_must_be_its_keys(tmp_path: Path) -> None:
     with ArchiveManager.open(tmp_path / "pool") as pool:
         pool.save("r", [{"reward": 1.0}], rollout_id=1, task_keys=[text])
         manifest = pool.open_archive("r").manifest_digest
+        assert manifest is not None
         data = Manifest.decode(pool.store.get(manifest)).to_dict()
+
     assert data["task_texts"] == {long_task_key(text): text}
     Manifest.from_dict(data)
     data["task_texts"] = {long_task_key(text): text + " (edited)"}

@@ -171,12 +171,13 @@ def test_viewer_group_and_prompt_pages(tmp_path: Path) -> None:
         assert page.status_code == 200
         assert hostile not in page.text and "&lt;script&gt;" in page.text
         assert "&lt;b&gt;bold&lt;/b&gt; answer" in page.text
-        data = client.get(
+        data: Any = client.get(
             "/archive/r1/group", query_string={"task_key": "q2", "format": "json", "sort": "reward"}
         ).json
         assert data["group"] == pool.groups("r1")[2].as_dict()
         assert len(data["responses"]) == data["group"]["size"]
-        history = client.get("/prompt", query_string={"task_key": "q2", "format": "json"}).json
+        history: Any = client.get("/prompt", query_string={"task_key": "q2", "format": "json"}).json
+
         assert [h["rollout_id"] for h in history["history"]] == [1, 2]
         page = client.get("/prompt", query_string={"task_key": "q2"})
         assert page.status_code == 200 and "<svg" in page.text and "/archive/r2/group" in page.text

@@ -153,9 +153,13 @@ def test_search_literal_regex_fields_filters_and_limit(
 
         parsed: list[int] = []
         real = chunk.decode_fields
-        monkeypatch.setattr(
-            chunk, "decode_fields", lambda rec, names: parsed.append(1) or real(rec, names)
-        )
+
+        def decode_fields(rec: Any, names: Any) -> Any:
+            parsed.append(1)
+            return real(rec, names)
+
+        monkeypatch.setattr(chunk, "decode_fields", decode_fields)
+
         assert pool.search("zebra").matches == [] and parsed == []
         # a literal the record's tree escapes: its longest piece without what is escaped
         assert pool.search('zebra"').matches == [] and parsed == []

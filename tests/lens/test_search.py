@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import tiny_rollout
+from helpers import local_store, tiny_rollout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -480,11 +480,12 @@ def test_a_forged_chunk_is_an_error_naming_the_archive(
         samples = [{"prompt": f"p{i}", "response": f"the answer {i} " * 30} for i in range(6)]
         pool.save("named-archive", samples, rollout_id=1)
         monkeypatch.setattr(Archive, "_read_blob", _forge(mutate))
-        for pattern, kwargs in (
+        cases: list[tuple[str, dict[str, Any]]] = [
             ("answer 2", {}),
             ("ANSWER 2", {"ignore_case": True}),
             (r"answer\s2", {"regex": True}),
-        ):
+        ]
+        for pattern, kwargs in cases:
             with pytest.raises(error, match="archive 'named-archive', chunk 0"):
                 pool.search(pattern, **kwargs)
 
@@ -493,14 +494,16 @@ def test_a_forged_chunk_is_an_error_naming_the_archive(
 def test_a_truncated_or_missing_chunk_names_the_archive(tmp_path: Path) -> None:
     with ArchiveManager.open(tmp_path / "pool") as pool:
         pool.save("arc", [{"response": f"answer {i}"} for i in range(5)], rollout_id=1)
-        path = pool.store.path(pool.open_archive("arc").chunks()[0]["digest"])
+        path = local_store(pool).path(pool.open_archive("arc").chunks()[0]["digest"])
         data = path.read_bytes()
         path.chmod(0o644)
         path.write_bytes(data[: len(data) // 2])
-        for kwargs in ({}, {"ignore_case": True}):
+        cases: list[dict[str, Any]] = [{}, {"ignore_case": True}]
+        for options in cases:
             with pytest.raises(IntegrityError, match="archive 'arc', chunk 0"):
-                pool.search("answer", **kwargs)
+                pool.search("answer", **options)
         path.unlink()
+
         with pytest.raises(IntegrityError, match="archive 'arc', chunk 0"):
             pool.search("answer")
 

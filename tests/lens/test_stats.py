@@ -264,11 +264,11 @@ def test_stats_cache_follows_new_and_released_archives(pool: ArchiveManager) -> 
 def test_archive_summary(pool: ArchiveManager) -> None:
     samples = tiny_rollout(10, seed=3, rollout_id=4)
     pool.save("one", samples, rollout_id=4)
-    summary = archive_summary(pool, "one")
+    summary = archive_summary(pool.context, "one")
     (row,) = pool.stats()
     assert summary.status == row.status and summary.reward_p90 == row.reward_p90
     with pytest.raises(LookupError):
-        archive_summary(pool, "missing")
+        archive_summary(pool.context, "missing")
 
 
 # --------------------------------------------------------------------------- plots and CLI

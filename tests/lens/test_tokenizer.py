@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -62,7 +63,7 @@ def test_token_ids_past_the_vocabulary_count_are_decoded(tmp_path: Path) -> None
     pytest.importorskip("tokenizers")
     from archive_manager.lens.tokenizer import load_tokenizer
 
-    spec = {
+    spec: dict[str, Any] = {
         "version": "1.0",
         "truncation": None,
         "padding": None,

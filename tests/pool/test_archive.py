@@ -7,10 +7,12 @@ from __future__ import annotations
 import gc
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from helpers import local_store
 from sqlalchemy import event
 
 from archive_manager import Sample, TensorRef, describe_sample
@@ -81,7 +83,7 @@ def _mixed_samples() -> list:
         "index": 7,
     }
     plain = {"index": None, "tokens": [1, 2, 3], "reward": {"acc": 1.0, "fmt": 0.5}}
-    sample = Sample(index=8, tokens=[5] * 9, reward=None, status=Sample.Status.ABORTED)
+    sample: Any = Sample(index=8, tokens=[5] * 9, reward=None, status=Sample.Status.ABORTED)
     sample.framework_extra = {"engine": "sglang", "ids": [1, 2, 3]}
     sample.rollout_topk_log_probs = torch.randn(4, 3)
     return [first, plain, sample]
@@ -277,12 +279,12 @@ def test_task_keys_argument_overrides_the_samples(pool, rollout, same_samples) -
 
 
 def test_queue_handles_give_task_keys_and_are_never_stored(pool, same_samples) -> None:
-    receipt = Sample(index=0, tokens=[1, 2])
+    receipt: Any = Sample(index=0, tokens=[1, 2])
     receipt._queue_receipt = {"task_id": 17, "ack": "not storable either"}
-    lease = Sample(index=1, tokens=[3])
+    lease: Any = Sample(index=1, tokens=[3])
     lease._queue_lease = SimpleNamespace(task_id="task-9", renew=lambda: None)
     lease._queue_other = object()  # would be unencodable, but is live control state
-    own_key = Sample(index=2)
+    own_key: Any = Sample(index=2)
     own_key.task_key = "explicit"
     own_key._queue_receipt = {"task_id": "ignored"}
     as_dict = {"index": 3, "_queue_receipt": {"task_id": "d-1"}, "_queue_x": object()}
@@ -516,7 +518,7 @@ def test_truncated_chunk_blob_raises_integrity_error(pool, rollout, blob_files_o
     arc = pool.save("trunc", rollout(10), rollout_id=0)
     files = blob_files_of(pool)
     (chunk,) = files.chunks("trunc")
-    path = pool.store.path(chunk)
+    path = local_store(pool).path(chunk)
     files.flip_bit(chunk)  # makes it writable; the truncation is what matters
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(IntegrityError, match=chunk):

@@ -54,7 +54,7 @@ from archive_manager.errors import (
 
 pytestmark = pytest.mark.timeout(120)
 
-DECODER_ERRORS = (IntegrityError, UnsupportedFormatError)
+DECODER_ERRORS: tuple[type[Exception], ...] = (IntegrityError, UnsupportedFormatError)
 FUZZ: dict[str, Any] = dict(
     derandomize=True,
     deadline=None,
@@ -152,7 +152,7 @@ def test_mutated_real_chunks_decode_or_raise_library_errors(
     except DECODER_ERRORS:
         return
     for i in range(len(reader)):
-        with contextlib.suppress(DECODER_ERRORS):
+        with contextlib.suppress(*DECODER_ERRORS):
             materialize_tensor_refs(reader.sample(i))
 
 
@@ -668,7 +668,8 @@ def test_rollout_id_past_64_bits_is_refused(
         pool.writer("b", rollout_id=rollout_id)
     with pytest.raises(InvalidInputError, match="64 bits"):
         pool.find(rollout_id=rollout_id)
-    for bounds in ({"min_reward": 10**400}, {"limit": 2**64}):
+    too_big: list[dict[str, Any]] = [{"min_reward": 10**400}, {"limit": 2**64}]
+    for bounds in too_big:
         with pytest.raises(InvalidInputError):
             pool.query(**bounds)
     assert snapshot_pool(pool) == before

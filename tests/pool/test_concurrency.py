@@ -8,6 +8,8 @@ import multiprocessing
 import traceback
 from pathlib import Path
 
+from helpers import local_store
+
 from archive_manager import ArchiveManager
 from archive_manager.interop.synthetic import make_rollout
 
@@ -90,6 +92,6 @@ def test_processes_save_identical_content_at_once(
         # Every chunk and tensor blob exists once, however many processes wrote it.
         assert len(files.files()) == len(shared) + len(manifests)
         assert sorted(pool.store.iter_digests()) == sorted(set(shared) | manifests)
-        assert pool.store.temp_files() == []
+        assert local_store(pool).temp_files() == []
         for digest in set(shared) | manifests:
             pool.store.check(digest)

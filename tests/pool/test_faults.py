@@ -34,6 +34,7 @@ from helpers import (
     Backend,
     assert_loads,
     blob_files,
+    local_store,
     open_on,
     snapshot_pool,
     tiny_rollout,
@@ -61,7 +62,7 @@ from archive_manager.testing import FaultyBlobStore
 pytestmark = pytest.mark.timeout(120)
 
 #: Chunks of 8 and tensors above 256 bytes as blobs: a save writes many blobs of each kind.
-POOL = {"chunk_size": 8, "inline_limit": 256}
+POOL: dict[str, Any] = {"chunk_size": 8, "inline_limit": 256}
 
 
 def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> Result:
@@ -134,7 +135,7 @@ def test_full_disk_fails_the_save_and_changes_nothing(
         _save(pool, how, "b", samples)
     assert info.value.errno == errno.ENOSPC
     assert snapshot_pool(pool) == before
-    assert pool.store.temp_files() == []
+    assert local_store(pool).temp_files() == []
     _faults(pool).clear()
     _save(pool, how, "b", samples)
     assert_loads(pool, "a", tiny_rollout(16, seed=1))

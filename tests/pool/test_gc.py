@@ -24,6 +24,7 @@ from helpers import (
     blob_sizes,
     die_before_publish,
     folder_store,
+    local_store,
     owned_blobs,
     tiny_rollout,
     wall_clock,
@@ -51,6 +52,7 @@ from archive_manager.errors import (
     LeaseExpiredError,
 )
 from archive_manager.pool import gc as gc_module
+from archive_manager.pool.context import PoolContext
 
 LEASE_TTL = 60.0
 HOUR = 3600.0
@@ -115,7 +117,7 @@ def busy_pool(pool: ArchiveManager, clock: FakeClock, monkeypatch: pytest.Monkey
     abandon_writer(pool, "abandoned", tiny_rollout(n=5, seed=4))
     die_before_publish(pool, "pending", tiny_rollout(seed=5), monkeypatch)
     clock.advance(LEASE_TTL + 1)
-    age(pool.store.path(pool.store.put(b"orphan")), 2 * HOUR, clock)
+    age(local_store(pool).path(pool.store.put(b"orphan")), 2 * HOUR, clock)
     tmp = pool.root / "tmp" / "dead-writer.tmp"
     tmp.write_bytes(b"half a blob")
     age(tmp, 2 * HOUR, clock)
@@ -349,8 +351,8 @@ def test_dead_pending_save_is_rolled_back(
 def test_orphan_files_older_than_grace_are_removed(pool: ArchiveManager, clock: FakeClock) -> None:
     old = pool.store.put(b"old orphan")
     young = pool.store.put(b"young orphan")
-    age(pool.store.path(old), 2 * HOUR, clock)
-    age(pool.store.path(young), 10, clock)
+    age(local_store(pool).path(old), 2 * HOUR, clock)
+    age(local_store(pool).path(young), 10, clock)
     report = pool.gc(grace=HOUR)
     assert (report.orphans, report.orphan_bytes) == (1, len(b"old orphan"))
     assert not pool.store.has(old)
@@ -367,10 +369,11 @@ def test_orphan_whose_row_appears_is_not_removed(
     # inserted the row (and owns the file): the re-check under the write lock must keep it.
     samples = tiny_rollout()
     digest = pool.store.put(b"soon a blob")
-    age(pool.store.path(digest), 2 * HOUR, clock)
+    age(local_store(pool).path(digest), 2 * HOUR, clock)
     real = gc_module._remove_orphans
 
-    def late_save(p: ArchiveManager, digests: list[str]) -> None:
+    def late_save(p: PoolContext, digests: list[str]) -> None:
+
         with p.catalog.write() as conn:
             conn.execute(
                 blobs_table.insert().values(
@@ -387,7 +390,7 @@ def test_orphan_whose_row_appears_is_not_removed(
 
 
 def test_stray_files_are_never_touched(
-    pool: ArchiveManager, clock: FakeClock, tmp_path: Path
+    pool: ArchiveManager, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool.save("a", tiny_rollout(), rollout_id=1).release()
     digest = pool.store.put(b"x")  # a real orphan, as a control
@@ -416,7 +419,7 @@ def test_stray_files_are_never_touched(
     link = blobs / "ff" / "ff" / other  # canonical name, but a symlink out of the pool
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(outside)
-    for p in [*strays, pool.store.path(digest)]:
+    for p in [*strays, local_store(pool).path(digest)]:
         age(p, 100 * HOUR, clock)
     age(link, 100 * HOUR, clock)
     clock.advance(100 * HOUR)
@@ -428,7 +431,7 @@ def test_stray_files_are_never_touched(
         deleted.append(d)
         return real(d)
 
-    folder_store(pool).delete = delete_  # type: ignore[method-assign]
+    monkeypatch.setattr(folder_store(pool), "delete", delete_)
     before = files_under(pool.root)
     report = pool.gc(grace=0)
     assert report.orphans == 1
@@ -661,7 +664,7 @@ def test_unlink_error_leaves_the_rest_for_the_next_gc(
     doomed = archive_blobs(pool, "a")
 
     def refuse(digest: str) -> bool:
-        raise PermissionError(13, "Permission denied", str(pool.store.path(digest)))
+        raise PermissionError(13, "Permission denied", str(local_store(pool).path(digest)))
 
     monkeypatch.setattr(folder_store(pool), "delete", refuse)
     with pytest.raises(GcAbortedError):
@@ -690,7 +693,7 @@ def test_deleting_rows_of_a_killed_gc_are_finished(
     set_state(pool, set(doomed), "deleting")  # GC died after its plan ...
     gone = doomed if unlinked == "all" else doomed[:unlinked]
     for d in gone:  # ... or after unlinking some files
-        pool.store.path(d).unlink()
+        local_store(pool).path(d).unlink()
     report = pool.gc(grace=HOUR)  # grace does not hold back what is already 'deleting'
     assert report.finished_from_earlier == len(doomed)
     assert report.blobs == len(doomed)
@@ -713,7 +716,7 @@ def test_save_takes_back_a_deleting_blob(
     set_state(pool, archive_blobs(pool, "a"), "deleting")  # a GC died after marking
     if not file_left:
         for d in sorted(content)[: len(content) // 2]:
-            pool.store.path(d).unlink()  # ... and after unlinking some of them
+            local_store(pool).path(d).unlink()  # ... and after unlinking some of them
 
     b = pool.save("b", samples, rollout_id=1)  # same samples: the same chunk and tensor blobs
     assert archive_blobs(pool, "b") - archive_blobs(pool, "b", "manifest") == content
@@ -794,7 +797,7 @@ def test_gc_of_an_empty_pool(pool: ArchiveManager) -> None:
 def test_read_only_blob_files_are_deleted(pool: ArchiveManager) -> None:
     pool.save("a", tiny_rollout(), rollout_id=1).release()
     for d in archive_blobs(pool, "a"):
-        assert not pool.store.path(d).stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP)
+        assert not local_store(pool).path(d).stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP)
     pool.gc(grace=0)
     assert blob_names(pool) == set()
 

@@ -252,21 +252,21 @@ def _race(
         assert "error" not in result, result.get("error")
         assert p.exitcode == 0
         results.append(result)
-    savers, collector = results[:-1], results[-1]
+    by_saver, collector = results[:-1], results[-1]
     print(
-        f"race of {len(savers)} savers, {elapsed:.0f} s: {sum(s['saved'] for s in savers)} saved, "
-        f"{sum(s['taken_back'] for s in savers)} taken back from GC, {collector['runs']} GC "
+        f"race of {len(by_saver)} savers, {elapsed:.0f} s: {sum(s['saved'] for s in by_saver)} saved, "
+        f"{sum(s['taken_back'] for s in by_saver)} taken back from GC, {collector['runs']} GC "
         f"runs reclaimed {collector['reclaimed']} blobs ({collector['content_deleted']} content)"
     )
 
     # The race really happened: many saves, many GC runs, content blobs reclaimed and re-made.
-    assert sum(s["saved"] for s in savers) >= 6 * len(savers), savers
+    assert sum(s["saved"] for s in by_saver) >= 6 * len(by_saver), by_saver
     assert collector["runs"] >= 10, collector
     assert collector["content_deleted"] > 0, collector
     assert collector["problems"] == [], collector["problems"][:5]
 
     expected = [[canon(s) for s in rollout(v)] for v in range(variants)]
-    kept = sorted(n for s in savers for n in s["kept"])
+    kept = sorted(n for s in by_saver for n in s["kept"])
     with _open(str(root), url) as pool:
         assert sorted(i.name for i in pool.find()) == kept
         for name in kept:

@@ -310,7 +310,9 @@ def test_a_copy_with_a_copy_of_the_database_can_be_rebound(
     with open_on(backend, root) as pool:
         pool.save("a", tiny_rollout(), rollout_id=1)
     shutil.copytree(root, copy)
-    source = make_url(backend.url(root)).database
+    pool_url = backend.url(root)
+    assert pool_url is not None
+    source = make_url(pool_url).database
     assert backend.server is not None and source is not None
     copy_url = backend.server.create_database(template=source)  # "pg_dump | psql newdb"
     with ArchiveManager.open(copy, catalog_url=copy_url, rebind=True) as pool:
@@ -439,7 +441,10 @@ def test_rebind_of_a_hard_linked_copy_leaves_the_original_alone(
     if backend.name == "postgresql":  # the database is copied apart ("pg_dump | psql newdb")
         from sqlalchemy.engine import make_url
 
-        source = make_url(backend.url(root)).database
+        pool_url = backend.url(root)
+        assert pool_url is not None
+        source = make_url(pool_url).database
+
         assert backend.server is not None and source is not None
         url = backend.server.create_database(template=source)
     else:

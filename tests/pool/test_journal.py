@@ -146,7 +146,7 @@ def test_a_restored_backup_is_brought_forward(tmp_path: Path, backend: Backend) 
         assert snapshot_pool(pool) == snap
         problems = {f.kind for f in pool.verify().problems}
         assert "journal-behind" in problems
-        report = pool.rebuild_catalog()
+        report: Any = pool.rebuild_catalog()
         assert report.archives == ["c"]
         assert report.brought_forward == {
             "a": ["owner checkpoint:new restored"],

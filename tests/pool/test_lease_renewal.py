@@ -109,7 +109,12 @@ def test_failed_renewals_are_retried_and_the_save_publishes(
         for _ in range(2):
             clock.advance(TTL * 2 / 3)
             wanted = clock.now + TTL
-            _wait_until(lambda w=wanted: _lease_expiry(pool) >= w, "the lease was renewed")
+
+            def renewed(w: float = wanted) -> bool:
+                return _lease_expiry(pool) >= w
+
+            _wait_until(renewed, "the lease was renewed")
+
         assert clock.now > first_expiry
         for sample in samples[10:]:
             w.add(sample)

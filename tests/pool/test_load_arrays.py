@@ -32,7 +32,7 @@ def as_arrays(samples: list) -> list:
     return [reader.sample(i, as_arrays=True) for i in range(len(reader))]
 
 
-def assert_array_of(value: Any, saved: list) -> None:
+def assert_array_of(value: Any, saved: list[Any] | None) -> None:
     expected = np.array(saved)
     assert type(value) is np.ndarray
     assert value.dtype == expected.dtype and value.shape == expected.shape

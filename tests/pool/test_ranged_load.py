@@ -26,6 +26,7 @@ from _ranged import (
     force_ranged,
     samples,
 )
+from helpers import local_store
 
 from archive_manager import ArchiveManager
 from archive_manager.errors import IntegrityError
@@ -39,7 +40,7 @@ def local_pool(tmp_path: Path) -> Iterator[ArchiveManager]:
 
 
 def rewrite_file(pool: ArchiveManager, digest: str, data: bytes) -> None:
-    path = pool.store.path(digest)  # type: ignore[attr-defined]
+    path = local_store(pool).path(digest)
     os.chmod(path, 0o644)
     path.write_bytes(data)
 

@@ -7,10 +7,11 @@ import gc
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from helpers import blob_files, folder_store
+from helpers import blob_files, folder_store, local_store
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
@@ -106,7 +107,7 @@ def test_reference_shares_chunks(pool, rollout, same_samples, blob_files_of) -> 
     b = pool.save("b", None, rollout_id=2, reference="a", attrs={"why": "eval copy"})
     new = set(files.files()) - before
     assert len(new) == 1  # b's manifest, no chunk
-    assert new == {str(pool.store.path(b.manifest_digest).relative_to(pool.root / "blobs"))}
+    assert new == {str(local_store(pool).path(b.manifest_digest).relative_to(pool.root / "blobs"))}
     assert files.chunks("b") == files.chunks("a")
     assert files.digests("b", "chunk") == files.digests("a", "chunk")
 
@@ -267,7 +268,7 @@ def test_same_name_saved_twice_at_once(pool, rollout, same_samples, blob_files_o
     files = blob_files_of(pool)
     kept = files.digests("x")
     assert files.files() == sorted(
-        str(pool.store.path(d).relative_to(pool.root / "blobs")) for d in kept
+        str(local_store(pool).path(d).relative_to(pool.root / "blobs")) for d in kept
     )
     with pool.catalog.read() as conn:
         assert sorted(conn.execute(select(blobs_table.c.digest)).scalars()) == kept
@@ -370,7 +371,7 @@ def _generator(samples):
     yield from samples
 
 
-BAD_CALLS = {
+BAD_CALLS: dict[str, Callable[[list[Any]], dict[str, Any]]] = {
     "task_keys too short": lambda s: {"task_keys": ["k"] * (len(s) - 1)},
     "task_keys too long": lambda s: {"task_keys": ["k"] * (len(s) + 1)},
     "task_keys a str": lambda s: {"task_keys": "k" * len(s)},

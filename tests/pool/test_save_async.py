@@ -80,7 +80,7 @@ def rich_samples(n: int = 10) -> list[Sample]:
     return samples
 
 
-def mutate(samples: list[Sample]) -> None:
+def mutate(samples: list[Any]) -> None:  # Any: the fields a sample() above sets are not None
     """What a training loop that reuses its buffers does to them after handing them off."""
     for s in samples:
         s.tokens[0] = -1

@@ -585,8 +585,9 @@ def test_readme_grants_give_a_reader_and_a_writer_role(tmp_path: Path, pg_server
                 with pytest.raises(ReadOnlyPoolError):
                     write()
             # The server refuses what got past the gate too, with the same error.
-            with pytest.raises(ReadOnlyPoolError), reader.catalog.engine.connect() as conn:
-                conn.exec_driver_sql("DELETE FROM retention")
+            with pytest.raises(ReadOnlyPoolError), reader.catalog.engine.connect() as engine_conn:
+                engine_conn.exec_driver_sql("DELETE FROM retention")
+
         with ArchiveManager.open(root, owner_url) as owner:
             assert snapshot_pool(owner) == state
     finally:

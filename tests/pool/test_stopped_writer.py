@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import Backend, assert_loads, open_on, tiny_rollout
@@ -105,7 +106,7 @@ class StoppedChild:
 
     def wait_stopped(self) -> None:
         """Wait until the child stopped itself inside its write transaction."""
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None and self.proc.stderr is not None
         line = self.proc.stdout.readline().strip()
         assert line == "stopping", (line, self.proc.stderr.read() if line == "" else "")
         deadline = time.monotonic() + 30
@@ -146,9 +147,9 @@ def stoppers() -> Iterator[list[StoppedChild]]:
         child.close()
 
 
-def _leases(pool: ArchiveManager) -> list:
+def _leases(pool: ArchiveManager) -> list[Any]:
     with pool.catalog.read() as conn:
-        return conn.execute(select(leases_table)).all()
+        return list(conn.execute(select(leases_table)).all())
 
 
 def _saved_pool(backend: Backend, root: Path) -> None:

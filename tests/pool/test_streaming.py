@@ -116,9 +116,10 @@ def test_an_archive_is_a_sequence(arc, monkeypatch) -> None:
     for bad in (N, -N - 1, 10**30):
         with pytest.raises(IndexError, match=f"no sample {bad}"):
             arc[bad]
-    for bad in ("1", 1.0, None):
+    wrong: Any  # what indexing refuses
+    for wrong in ("1", 1.0, None):
         with pytest.raises(InvalidInputError, match="integers or slices"):
-            arc[bad]
+            arc[wrong]
     slices = [
         slice(None), slice(2, 9), slice(-5, None), slice(None, None, 3), slice(None, None, -1),
         slice(25, 3, -4), slice(40, 50), slice(5, 5), slice(-100, 100, 7),
@@ -143,6 +144,7 @@ def test_load_positions_in_any_order_reads_each_chunk_once(arc, monkeypatch) -> 
     for bad in ([N], [-1]):
         with pytest.raises(IndexError, match=f"no sample at position {bad[0]}"):
             arc.load_positions(bad)
-    for bad in (["1"], [True], 3, "12"):
+    not_positions: Any
+    for not_positions in (["1"], [True], 3, "12"):
         with pytest.raises(InvalidInputError):
-            arc.load_positions(bad)
+            arc.load_positions(not_positions)

@@ -110,10 +110,12 @@ def _samples(rng: random.Random, n: int, tag: str) -> list[Sample]:
     out = []
     for i in range(n):
         reward = rng.choice([None, 0.0, 1.0, round(rng.uniform(-2, 2), 3)])
+        # Any: response_length may be None, as a framework's sample may hold it.
+        length: Any = rng.choice([None, rng.randint(0, 5000)])
         sample = Sample(
             index=i,
             response="r",
-            response_length=rng.choice([None, rng.randint(0, 5000)]),
+            response_length=length,
             reward=reward,
             status=rng.choice(statuses),
         )
@@ -338,7 +340,7 @@ def test_json_columns_are_stored_without_blanks(pool: ArchiveManager) -> None:
     # 600 samples go to PostgreSQL through COPY, 5 through one INSERT: both serialize.
     pool.save(
         "many",
-        [Sample(index=i, reward=i / 600, status="completed") for i in range(600)],
+        [Sample(index=i, reward=i / 600, status=Sample.Status.COMPLETED) for i in range(600)],
         rollout_id=1,
     )
     pool.save(

@@ -160,9 +160,9 @@ def test_saving_a_taken_name_again_is_refused_before_anything_is_written(
     # Released and unowned, its payload still stored: the flag is needed.
     pool.release_owner("checkpoint:step-100")
     before = snapshot_pool(pool)
-    with pytest.raises(ArchiveExistsError, match="not yet reclaimed") as info:
+    with pytest.raises(ArchiveExistsError, match="not yet reclaimed") as exists:
         pool.save("step", _attempt(*TRAINED), rollout_id=STEP)
-    assert "supersede=True" in str(info.value)
+    assert "supersede=True" in str(exists.value)
     assert snapshot_pool(pool) == before
     pool.save("step", _attempt(*TRAINED), rollout_id=STEP, supersede=True)
     _counts_only_the_trained_attempt(pool, "step")
@@ -476,9 +476,9 @@ def test_a_catalog_restored_while_the_step_was_being_saved_again_is_brought_forw
                 w.add(s)
             real = w._publish
 
-            def publish(archive_id: int, manifest: str) -> Any:
+            def publish(archive_id: int, manifest_digest: str) -> None:
                 backup.take()
-                return real(archive_id, manifest)
+                real(archive_id, manifest_digest)
 
             w._publish = publish  # type: ignore[method-assign]
     backup.restore()

@@ -144,7 +144,9 @@ def test_a_blob_another_host_just_rewrote_is_read(hosts: tuple[TwoHosts, str]) -
         worker.tell(cmd)
         return worker.line()
 
-    unretried, retried = [], []
+    unretried: list[dict[str, Any]] = []
+    retried: list[dict[str, Any]] = []
+
     for i in range(3):
         for retry, outcomes in ((0.0, unretried), (None, retried)):
             data = f"round {i}, retry {retry} "

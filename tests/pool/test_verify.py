@@ -17,6 +17,7 @@ from helpers import (
     Killed,
     abandon_writer,
     die_before_publish,
+    local_store,
     tiny_rollout,
     wall_clock,
 )
@@ -57,7 +58,7 @@ def live_blobs(pool: ArchiveManager) -> set[str]:
 
 
 def writable(pool: ArchiveManager, digest: str) -> Path:
-    path = pool.store.path(digest)
+    path = local_store(pool).path(digest)
     os.chmod(path, stat.S_IMODE(path.stat().st_mode) | stat.S_IWUSR)
     return path
 
@@ -133,7 +134,7 @@ def test_empty_pool_is_ok(pool: ArchiveManager) -> None:
 def test_missing_blob_file_is_a_problem(pool: ArchiveManager, kind: str) -> None:
     pool.save("a", tiny_rollout(), rollout_id=1)
     digest = archive_blobs(pool, "a", kind)[0]
-    pool.store.path(digest).unlink()
+    local_store(pool).path(digest).unlink()
     report = pool.verify()
     assert not report.ok
     assert names_blob_and_archive(report, digest, "a"), report.problems
@@ -302,7 +303,7 @@ def test_writing_row_without_a_file_is_a_notice(pool: ArchiveManager) -> None:
         )
     assert writing
     for digest in writing:  # killed before its files reached their names
-        pool.store.path(digest).unlink()
+        local_store(pool).path(digest).unlink()
     report = pool.verify(read_data=True)
     assert report.ok, report.problems
     unwritten = {n.digest for n in report.notices if n.kind == "unwritten-blob"}
@@ -333,7 +334,7 @@ def test_deleting_rows_are_notices(pool: ArchiveManager) -> None:
     digests = archive_blobs(pool, "a")
     with pool.catalog.write() as conn:  # a GC that died after marking
         conn.execute(update(blobs_table).values(state="deleting"))
-    pool.store.path(digests[0]).unlink()  # ... and after unlinking one file
+    local_store(pool).path(digests[0]).unlink()  # ... and after unlinking one file
     report = pool.verify(read_data=True)
     assert report.ok, report.problems
     assert {n.digest for n in report.notices if n.kind == "deleting-blob"} == set(digests)
@@ -353,11 +354,11 @@ def test_verify_changes_nothing(
     abandon_writer(pool, "w", tiny_rollout(n=5, seed=5))
     pool.store.put(b"orphan")
     old = clock.now - 7200
-    os.utime(pool.store.path(pool.store.put(b"old orphan")), (old, old))
+    os.utime(local_store(pool).path(pool.store.put(b"old orphan")), (old, old))
     (pool.root / "tmp").mkdir(exist_ok=True)
     (pool.root / "tmp" / "dead.tmp").write_bytes(b"x")
     # damage: a missing chunk, a corrupt tensor, a deleting row
-    pool.store.path(archive_blobs(pool, "d", "chunk")[0]).unlink()
+    local_store(pool).path(archive_blobs(pool, "d", "chunk")[0]).unlink()
     path = writable(pool, archive_blobs(pool, "a", "tensor")[0])
     data = bytearray(path.read_bytes())
     data[0] ^= 0xFF
@@ -520,7 +521,7 @@ def _gc_takes(pool: ArchiveManager, digest: str) -> None:
         conn.execute(
             update(blobs_table).where(blobs_table.c.digest == digest).values(state="deleting")
         )
-    pool.store.path(digest).unlink()
+    local_store(pool).path(digest).unlink()
 
 
 def test_blob_written_after_the_listing_is_no_damage(
@@ -581,7 +582,7 @@ def test_blob_that_vanishes_while_live_is_damage(
 
     def check(digest: str) -> None:
         if digest == victim:
-            pool.store.path(digest).unlink()  # not GC: its row stays live
+            local_store(pool).path(digest).unlink()  # not GC: its row stays live
         real_check(digest)
 
     monkeypatch.setattr(pool.store, "check", check)

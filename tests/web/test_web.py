@@ -899,8 +899,9 @@ def test_host_policy_of_each_bind_address() -> None:
     for header in ("localhost", "localhost:1", "127.0.0.1", "127.0.0.1:8000", "[::1]", "[::1]:9"):
         assert loopback.allows(header), header
     bad = ["localhost:99999", "localhost:0", "localhost:+1", "local host", "localhost\x00"]
-    for header in [*FOREIGN_HOSTS, *bad, None, "10.0.0.5", "[fd00::5]:80"]:
-        assert not loopback.allows(header), header
+    not_loopback: list[str | None] = [*FOREIGN_HOSTS, *bad, None, "10.0.0.5", "[fd00::5]:80"]
+    for foreign in not_loopback:
+        assert not loopback.allows(foreign), foreign
     assert host_policy("localhost") == loopback and host_policy("::1") == loopback
     # One address: that address only (its port anyhow: ssh -L arrives on another port).
     one = host_policy("10.0.0.5")
@@ -921,9 +922,19 @@ def test_host_policy_of_each_bind_address() -> None:
     assert not listed.allows("x.viewer.example.org") and listed.allows("localhost")
     assert parse_host("[::1]:80") == ("::1", 80) and parse_host("a.B.:7") == ("a.b", 7)
     assert parse_host("[0:0::1]") == ("::1", None) and parse_host("a:b") is None
-    for bad in ("", " ", "*", "a b", "evil.example/x", "a:0", "[1.2.3.4]", "http://a", "a" * 300):
+    for refused in (
+        "",
+        " ",
+        "*",
+        "a b",
+        "evil.example/x",
+        "a:0",
+        "[1.2.3.4]",
+        "http://a",
+        "a" * 300,
+    ):
         with pytest.raises(InvalidInputError):
-            check_allowed_host(bad)
+            check_allowed_host(refused)
 
 
 def test_serve_refuses_a_bad_allow_host_before_opening_the_pool(tmp_path: Path) -> None:
@@ -993,7 +1004,7 @@ def test_sample_page_renders_every_field_kind(tmp_path: Path) -> None:
         "scores": np.arange(6, dtype=np.float32).reshape(2, 3),
         "metadata": {"when": "now", "nested": {"deep": [1, 2, 3]}},
     }
-    bare = {"response": "", "status": None, "tokens": [], "response_length": 0}
+    bare: dict[str, Any] = {"response": "", "status": None, "tokens": [], "response_length": 0}
     with ArchiveManager.open(tmp_path / "pool", inline_limit=100) as pool:
         pool.save("odd", [odd, bare], rollout_id=1)
         client = create_app(pool).test_client()
@@ -1380,7 +1391,7 @@ def test_the_archive_page_orders_groups_by_reward_std(
     page = app.get("/archive/r1")
     assert page.status_code == 200 and 'id="groups-link" href="/archive/r1/groups"' in page.text
     before = snapshot_pool(pool)
-    groups = {g.task_key: g for g in pool.groups("r1")}
+    groups: dict[Any, Any] = {g.task_key: g for g in pool.groups("r1")}
     listing = app.get("/archive/r1/groups")
     assert listing.status_code == 200
     for key, group in groups.items():
@@ -1561,6 +1572,7 @@ def test_long_prompt_task_keys_show_their_text(tmp_path: Path) -> None:
     with ArchiveManager.open(tmp_path / "pool") as pool:
         pool.save("r", [{"reward": 0.0}, {"reward": 1.0}], rollout_id=1, task_keys=[prompt] * 2)
         (group,) = pool.groups("r")
+        assert group.task_key is not None
         client = create_app(pool).test_client()
         groups = get(client, archive_url("r", "groups")).text
         assert str(escape(prompt[:40])) in groups and f'title="{group.task_key}"' in groups

@@ -87,7 +87,7 @@ def drift_pool(root: Path, rollouts: int = 12) -> None:
             for evaluation in (False, True):
                 if evaluation and rid % 4:
                     continue
-                samples = make_rollout(
+                samples: list[Any] = make_rollout(
                     16,
                     seed=2 * rid + evaluation,
                     rollout_id=rid,
@@ -107,12 +107,13 @@ def drift_pool(root: Path, rollouts: int = 12) -> None:
                     n = s.response_length
                     s.loss_mask = [1] * (n // 3) + [0] * (n // 4) + [1] * (n - n // 3 - n // 4)
                     # The same prompts in every rollout, so each has a history across training.
-                    s.task_key = f"prompt-{s.group_index}"  # type: ignore[attr-defined]
+                    s.task_key = f"prompt-{s.group_index}"
+
                 kind = "eval" if evaluation else "train"
                 pool.save(
                     f"{kind}-rollout-{rid:03d}", samples, rollout_id=rid, evaluation=evaluation
                 )
-        hostile = make_rollout(2, seed=99, prompt_len=8, response_min=8, response_max=12)
+        hostile: Any = make_rollout(2, seed=99, prompt_len=8, response_min=8, response_max=12)
         hostile[0].response = HOSTILE_RESPONSE
         # No rollout id: it stays off the drift charts.
         pool.save("hostile", hostile, rollout_id=None)
