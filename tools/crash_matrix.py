@@ -65,6 +65,7 @@ import torch
 from archive_manager import ArchiveManager
 from archive_manager._util import failpoints as _failpoints
 from archive_manager._util.names import archive_owner
+from archive_manager.blobs import LocalBlobStore, RetryingReads
 from archive_manager.catalog import (
     archive_blobs_table,
     archives_table,
@@ -382,7 +383,7 @@ def _prepare_gc(world: World) -> None:
         world.reclaim = _exclusive_blobs(pool, "doomed")
         pool.open_archive("doomed").release()
         orphan_data = b"an orphan: a file under blobs/ that no catalog row names"
-        orphan = pool.store.path(pool.store.put(orphan_data))
+        orphan = _local_store(pool).path(pool.store.put(orphan_data))
     del world.intact["doomed"]
     temp = world.root / "tmp" / f"{'0' * 32}.1.abcdef.tmp"
     temp.parent.mkdir(exist_ok=True)
@@ -452,11 +453,11 @@ def _copy_catalog(world: World, to: str) -> None:
 
     admin = make_url(world.url).set(database="postgres")
     engine = create_engine(admin, isolation_level="AUTOCOMMIT")
-    source, target = make_url(world.url).database, make_url(to).database
+    original, copy = make_url(world.url).database, make_url(to).database
     try:
         with engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{target}" TEMPLATE "{source}"'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{copy}" TEMPLATE "{original}"'))
     finally:
         engine.dispose()
 
@@ -705,7 +706,7 @@ class Databases:
         as ``target`` (dropped first) or new."""
         from sqlalchemy.engine import make_url
 
-        name = make_url(target).database if target else f"crash_{uuid.uuid4().hex[:12]}"
+        name = (make_url(target).database if target else None) or f"crash_{uuid.uuid4().hex[:12]}"
         drop = [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'] if target else []
         self._admin(*drop, f'CREATE DATABASE "{name}" TEMPLATE "{make_url(source).database}"')
         return self._url(name)
@@ -921,15 +922,15 @@ def check(world: World) -> dict[str, bool | None]:
         pool.gc(grace=RECOVERY_GRACE)
         again = pool.gc(grace=RECOVERY_GRACE)
         with pool.catalog.read() as conn:
-            leftovers = (
-                conn.execute(leases_table.select()).all()
-                + conn.execute(
+            leftovers = [
+                *conn.execute(leases_table.select()).all(),
+                *conn.execute(
                     archives_table.select().where(archives_table.c.state == "pending")
-                ).all()
-                + conn.execute(
+                ).all(),
+                *conn.execute(
                     blobs_table.select().where(blobs_table.c.state.in_(("writing", "deleting")))
-                ).all()
-            )
+                ).all(),
+            ]
             rows = set(
                 conn.execute(blobs_table.select().with_only_columns(blobs_table.c.digest)).scalars()
             )
@@ -943,15 +944,24 @@ def check(world: World) -> dict[str, bool | None]:
             and again.orphans == 0
             and again.temp_files == 0
             and files == rows
-            and not pool.store.temp_files()
+            and not _local_store(pool).temp_files()
             and not _journal_temps(pool)
             and not any(p.exists() for p in world.plant)
             and not (reclaim & rows)
         )
-        report = pool.verify(read_data=True)
-        checks["verify"] = report.ok and not report.notices
+        verified = pool.verify(read_data=True)
+        checks["verify"] = verified.ok and not verified.notices
         checks["owned"] = _owned_intact(pool, world, published)
     return checks
+
+
+def _local_store(pool: ArchiveManager) -> LocalBlobStore:
+    """The folder store under a pool's read retry (`local_pool_store`): the matrix's worlds
+    are local pools, and their checks look at files."""
+    store = pool.store
+    inner = store.inner if isinstance(store, RetryingReads) else store
+    assert isinstance(inner, LocalBlobStore), type(inner)
+    return inner
 
 
 def _journal_temps(pool: ArchiveManager) -> list[str]:
@@ -1062,7 +1072,7 @@ MARK = {True: "ok", False: "FAIL", None: "-"}
 
 def table(rows: list[Row]) -> str:
     head = ("failpoint", "operation", "hit", "outcome", "intact", "atomic", "gc", "verify", "owned")
-    lines = [head]
+    lines: list[tuple[str, ...]] = [head]
     for row in rows:
         c = row.checks
         lines.append(
