@@ -139,6 +139,7 @@ _SLOW_FILES = {
     "crash": "kills processes mid-operation (the crash matrix, killed saves, GCs, exports, soak)",
     "test_s3.py": "a real S3 gateway (juicefs)",
     "test_s3_uploads.py": "a real S3 gateway (juicefs)",
+    "test_s3_stalled.py": "a real S3 gateway (juicefs) and endpoints that stall past timeouts",
     "test_read_only_stores.py": "a real S3 gateway (juicefs) beside the folder store",
     "test_two_hosts.py": "two hosts on a JuiceFS volume through FUSE",
     "test_shared_pools.py": "throwaway accounts and mount namespaces",

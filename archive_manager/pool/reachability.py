@@ -9,8 +9,10 @@ A blob is retained while
 * a live lease holds it (a save in flight, before its ownership commit).
 
 A save in flight writes only blobs it needs (`in_flight`): those its live lease holds (step 2
-of the save protocol) and the manifest of its pending archive (step 4).  GC never removes an
-incomplete write (a temp file, a multipart upload) of one of those, however old it looks.
+of the save protocol) and those its pending archive needs while its lease lives: the manifest
+(step 4) and the last chunks its ownership transaction claimed (step 3, "The last chunks go
+with the manifest").  GC never removes an incomplete write (a temp file, a multipart upload)
+of one of those, however old it looks.
 
 Everything here is SQL, evaluated by the catalog inside the caller's transaction, so GC's
 plan and the reports read the rule from one place and cannot drift apart (a release plan

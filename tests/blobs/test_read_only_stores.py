@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_s3
+from _s3 import s3_prefix, s3_root, s3_samples
 from s3server import S3Server
-from test_s3 import _prefix, _samples
 
 from archive_manager import ArchiveManager
 from archive_manager.blobs import AbstractBlobStore, ReadOnlyView
@@ -30,11 +29,6 @@ from archive_manager.blobs.s3 import S3BlobStore
 from archive_manager.errors import ArchiveError, InvalidInputError, ReadOnlyPoolError
 
 REPO = str(Path(__file__).resolve().parents[2])
-
-# test_s3's fixtures: the session's S3 server, its environment, a bucket.
-s3_server = test_s3.s3_server
-s3_env = test_s3.s3_env
-bucket = test_s3.bucket
 
 # Every S3 operation that changes a bucket.
 _MUTATING = (
@@ -96,15 +90,15 @@ def _record_writes(store: AbstractBlobStore) -> list[str]:
 def s3_pool(s3_env: S3Server, bucket: str, tmp_path: Path) -> Iterator[_Pool]:
     """A pool on S3 with two archives (one released, so GC has blobs to take), an owner, a
     journal, and a multipart upload left under ``blobs/`` by a killed writer."""
-    prefix = _prefix()
+    prefix = s3_prefix()
     root = f"s3://{bucket}/{prefix}"
     folder = tmp_path / "cat"
     folder.mkdir()
     catalog = folder / "catalog.db"
     url = f"sqlite:///{catalog}"
     with ArchiveManager.open(root, catalog_url=url, chunk_size=4) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
-        pool.save("b", _samples(12)[4:], rollout_id=1)
+        pool.save("a", s3_samples(8), rollout_id=0)
+        pool.save("b", s3_samples(12)[4:], rollout_id=1)
         pool.retain("job:x", "a")
         pool.open_archive("b").release()
         chunk = pool.open_archive("a").chunks()[0]["digest"]
@@ -119,7 +113,7 @@ def s3_pool(s3_env: S3Server, bucket: str, tmp_path: Path) -> Iterator[_Pool]:
 
 def _stream(pool: ArchiveManager) -> None:
     with pool.writer("d", rollout_id=3) as writer:
-        for sample in _samples(4):
+        for sample in s3_samples(4):
             writer.add(sample)
 
 
@@ -159,7 +153,7 @@ def _every_public_path(pool: ArchiveManager, tmp: Path) -> list[tuple[str, BaseE
         ("root.list", lambda: pool.root.list("journal")),  # type: ignore[attr-defined]
         ("root.read", lambda: pool.root.read("archive-pool.json")),  # type: ignore[attr-defined]
         # Writes: each must be refused.
-        ("save", lambda: pool.save("c", _samples(4), rollout_id=2)),
+        ("save", lambda: pool.save("c", s3_samples(4), rollout_id=2)),
         ("writer", lambda: _stream(pool)),
         ("release", lambda: pool.release(["a"])),
         ("archive.release", lambda: archive.release()),
@@ -361,13 +355,13 @@ def test_a_postgresql_reader_role_on_s3_writes_nothing_to_the_bucket(
     role = f"reader_{os.urandom(4).hex()}"
     owner_url = pg_server.create_database()
     database = owner_url.rsplit("/", 1)[-1]
-    root = f"s3://{bucket}/{_prefix()}"
+    root = f"s3://{bucket}/{s3_prefix()}"
     prefix = root.split("/", 3)[3]
     pool_files = _Pool(root, prefix, owner_url, tmp_path / "none", "")
     (tmp_path / "none").mkdir()
     try:
         with ArchiveManager.open(root, owner_url, chunk_size=4) as pool:
-            pool.save("a", _samples(8), rollout_id=0)
+            pool.save("a", s3_samples(8), rollout_id=0)
         with psycopg.connect(
             host=pg_server.host, port=pg_server.port, user="postgres", dbname=database,
             autocommit=True,
@@ -386,7 +380,7 @@ def test_a_postgresql_reader_role_on_s3_writes_nothing_to_the_bucket(
                 assert pool.verify(read_data=True).ok
                 messages = []
                 for write in (
-                    lambda: pool.save("b", _samples(4), rollout_id=1),
+                    lambda: pool.save("b", s3_samples(4), rollout_id=1),
                     lambda: pool.store.put_new([(b"r" * 64, None)]),
                     lambda: pool.store.sweep_incomplete(time.time() + 3600),
                     lambda: pool.root.write("journal/r.rec", b"{}"),  # type: ignore[attr-defined]
@@ -411,7 +405,7 @@ def test_a_postgresql_reader_role_on_s3_writes_nothing_to_the_bucket(
 
 
 def test_the_read_only_view_of_an_s3_store_sends_no_write(s3_env: S3Server, bucket: str) -> None:
-    store = S3BlobStore(bucket, _prefix())
+    store = S3BlobStore(bucket, s3_prefix())
     sent = _record_writes(store)
     view = store.read_only_view("a test", where=store.url)
     # The original writes, the view refuses before any request, in either order.
@@ -437,7 +431,7 @@ def test_the_read_only_view_of_an_s3_store_sends_no_write(s3_env: S3Server, buck
     assert store.pool_root().write("note", b"x") and store.pool_root().delete("note")
     # The root a catalog records elsewhere (`S3Root.other`, read to see whether the pool is
     # still there) is only looked at, from the store and from its view.
-    elsewhere = f"s3://{bucket}/{_prefix()}"
+    elsewhere = f"s3://{bucket}/{s3_prefix()}"
     S3BlobStore.from_url(elsewhere).pool_root().write("archive-pool.json", b"{}")
     sent.clear()
     for other in (store.pool_root().other(elsewhere), view.pool_root().other(elsewhere)):
@@ -466,7 +460,7 @@ def test_a_read_only_filesystem_pool_writes_nothing_through_its_store(
     from archive_manager.blobs import BlobStore
 
     with ArchiveManager.open(tmp_path, chunk_size=4) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
+        pool.save("a", s3_samples(8), rollout_id=0)
         chunk = pool.open_archive("a").chunks()[0]["digest"]
     (tmp_path / "tmp").mkdir(exist_ok=True)
     (tmp_path / "tmp" / f"{chunk}.1.live.tmp").write_bytes(b"a live writer's")
@@ -525,7 +519,7 @@ def test_a_readers_folder_store_reused_for_a_writable_open_is_refused(tmp_path: 
     from archive_manager.blobs import BlobStore
 
     with ArchiveManager.open(tmp_path, chunk_size=4) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
+        pool.save("a", s3_samples(8), rollout_id=0)
     for given in (None, BlobStore(tmp_path)):
         with ArchiveManager.open(tmp_path, read_only=True, store=given) as reader:
             kept = reader.store
@@ -535,13 +529,9 @@ def test_a_readers_folder_store_reused_for_a_writable_open_is_refused(tmp_path: 
         assert _files(tmp_path) == before
 
 
-def _root(bucket: str) -> str:
-    return f"s3://{bucket}/{_prefix()}"
-
-
 def test_a_read_only_store_refuses_put_new(tmp_path: Path) -> None:
     with ArchiveManager.open(tmp_path, chunk_size=8) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
+        pool.save("a", s3_samples(8), rollout_id=0)
     before = sorted(p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file())
     with ArchiveManager.open(tmp_path, read_only=True) as pool, pytest.raises(ReadOnlyPoolError):
         pool.store.put_new([(b"x" * 100, None)])
@@ -551,9 +541,9 @@ def test_a_read_only_store_refuses_put_new(tmp_path: Path) -> None:
 
 # Fixed: the read-only view, the second gate a read-only open puts on pool.store.
 def test_a_read_only_s3_pool_refuses_put_new(s3_env: S3Server, bucket: str, tmp_path: Path) -> None:
-    root, url = _root(bucket), _sqlite(tmp_path)
+    root, url = s3_root(bucket), _sqlite(tmp_path)
     with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
-        pool.save("a", _samples(8), rollout_id=0)
+        pool.save("a", s3_samples(8), rollout_id=0)
         before = sorted(pool.store.iter_digests())
     with ArchiveManager.open(root, catalog_url=url, read_only=True) as pool:
         try:

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_s3
+from _s3 import no_secret, s3_prefix, s3_samples
 from click.testing import CliRunner, Result
 from s3server import S3Server, StallingEndpoint
-from test_s3 import _no_secret, _prefix, _samples
 
 from archive_manager import ArchiveManager
 from archive_manager.blobs import s3 as s3mod
@@ -30,12 +29,6 @@ from archive_manager.errors import (
     ReadOnlyPoolError,
     TransientBlobStoreError,
 )
-
-# test_s3's fixtures: the session's S3 server, its environment, a bucket, both catalogs.
-s3_server = test_s3.s3_server
-s3_env = test_s3.s3_env
-bucket = test_s3.bucket
-catalog_url = test_s3.catalog_url
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 
@@ -72,7 +65,7 @@ def test_every_call_gives_up_within_its_deadline(
     assert f"http://127.0.0.1:{silent.port} did not answer within the 1.5 s deadline" in message
     assert s3mod.DEADLINE_ENV in message and "\n" not in message
     assert isinstance(info.value, TransientBlobStoreError) and isinstance(info.value, OSError)
-    _no_secret(info.value)
+    no_secret(info.value)
     assert silent.connections == _tries(message) == 1  # a second try would not fit in 1.5 s
 
     # Tries that fit are made: 0.3 s to answer each, 5 s in all.
@@ -111,9 +104,9 @@ def test_a_bad_deadline_is_refused(
 @pytest.fixture
 def saved(s3_env: S3Server, bucket: str, tmp_path: Path) -> tuple[str, str, Path]:
     """A pool on the real server holding archive ``a``, its catalog, and ``a`` exported."""
-    root, url = f"s3://{bucket}/{_prefix()}", f"sqlite:///{tmp_path / 'catalog.db'}"
+    root, url = f"s3://{bucket}/{s3_prefix()}", f"sqlite:///{tmp_path / 'catalog.db'}"
     with ArchiveManager.open(root, catalog_url=url, chunk_size=8) as pool:
-        pool.save("a", _samples(16), rollout_id=3)
+        pool.save("a", s3_samples(16), rollout_id=3)
         dump = pool.open_archive("a").export_pt(tmp_path / "a.pt")
     return root, url, dump
 
@@ -167,7 +160,7 @@ def test_a_catalog_only_pool_refuses_writes(saved: tuple[str, str, Path]) -> Non
         assert [a.name for a in pool.find()] == ["a"]
         assert len(pool.open_archive("a").load_samples()) == 16  # a load reads its blobs
         for write in (
-            lambda: pool.save("b", _samples(4), rollout_id=4),
+            lambda: pool.save("b", s3_samples(4), rollout_id=4),
             lambda: pool.retain("job:x", "a"),
             lambda: pool.gc(grace=0),
             lambda: pool.store.put(b"x" * 100),
@@ -190,9 +183,9 @@ def test_a_save_waiting_on_the_store_holds_no_catalog_lock(
     catalog's transactions (they held its write lock, and every other writer met
     CatalogLockedError).  The waiting save then fails with the deadline's error, publishes
     nothing and frees its name: the same save through a store that answers succeeds."""
-    samples = _samples(16)
+    samples = s3_samples(16)
     with StallingEndpoint(s3_env.endpoint) as proxy:
-        root = f"s3://{bucket}/{_prefix()}"
+        root = f"s3://{bucket}/{s3_prefix()}"
         store = S3BlobStore.from_url(root, endpoint_url=proxy.endpoint, deadline=4)
         with (
             ArchiveManager.open(root, catalog_url=catalog_url, chunk_size=8, store=store) as pool,

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import test_s3
+from _s3 import s3_prefix, s3_root, s3_samples
 from s3server import S3Server
-from test_s3 import _prefix, _samples
 
 from archive_manager import ArchiveManager
 from archive_manager._util.digest import digest_of
@@ -32,15 +31,6 @@ from archive_manager.testing import FaultyBlobStore
 from archive_manager.testing.blob_store import flip_bit
 
 REPO = str(Path(__file__).resolve().parents[2])
-
-# test_s3's fixtures: the session's S3 server, its environment, a bucket.
-s3_server = test_s3.s3_server
-s3_env = test_s3.s3_env
-bucket = test_s3.bucket
-
-
-def _root(bucket: str) -> str:
-    return f"s3://{bucket}/{_prefix()}"
 
 
 def _tokens(samples: Sequence[Any]) -> list[Any]:
@@ -84,7 +74,7 @@ def test_a_store_written_before_put_new_still_saves(tmp_path: Path, kind: type) 
     # Break: put_new's default called put_many(items, workers=4): TypeError in every save
     # with a put_many(items) store.
     store = kind(tmp_path)
-    samples = _samples(16)
+    samples = s3_samples(16)
     with ArchiveManager.open(tmp_path, store=store, chunk_size=8) as pool:
         archive = pool.save("a", samples, rollout_id=0)
         assert _tokens(archive.load_samples()) == _tokens(samples)
@@ -108,7 +98,7 @@ def test_a_faulty_wrapper_around_s3_takes_the_put_new_path(s3_env: S3Server, buc
     # Break: FaultyBlobStore had no put_new, so the base class's sent put_new to the inner
     # store's put_many: a HEAD per blob, a path a save without the wrapper never takes.  (An
     # S3 pool takes no wrapped store, ArchiveManager.open refuses one; the store is tested.)
-    inner = S3BlobStore(bucket, _prefix())
+    inner = S3BlobStore(bucket, s3_prefix())
     heads = _count_blob_heads(inner)
     faulty = FaultyBlobStore(inner)
     items = [(os.urandom(1000 + i), None) for i in range(4)]
@@ -128,12 +118,12 @@ def test_a_faulty_wrapper_around_s3_takes_the_put_new_path(s3_env: S3Server, buc
 def test_fault_injection_still_sees_a_saves_puts(tmp_path: Path) -> None:
     faulty = FaultyBlobStore(BlobStore(tmp_path))
     with ArchiveManager.open(tmp_path, store=faulty, chunk_size=8) as pool:
-        samples = _samples(16)
+        samples = s3_samples(16)
         archive = pool.save("a", samples, rollout_id=0)
         assert faulty.calls["put"] >= 3  # two chunks and the manifest at least
         faulty.fail("put", OSError("injected"), nth=2)
         with pytest.raises(Exception, match="injected"):
-            pool.save("b", _samples(16)[::-1], rollout_id=1)
+            pool.save("b", s3_samples(16)[::-1], rollout_id=1)
         assert sorted(a.name for a in pool.find()) == ["a"]
         pool.gc(grace=0)
         assert _tokens(archive.load_samples()) == _tokens(samples)
@@ -153,7 +143,7 @@ class _CountingS3(S3BlobStore):
 def test_an_s3_subclass_overriding_put_still_sees_put_many(s3_env: S3Server, bucket: str) -> None:
     # Break: put_many went through the private _put instead of self.put, so a subclass's put
     # (metering, logging) no longer saw put_many's items, as it did before put_new.
-    store = _CountingS3(bucket, _prefix())
+    store = _CountingS3(bucket, s3_prefix())
     _CountingS3.puts = 0
     items = [(os.urandom(700 + i), None) for i in range(3)]
     assert store.put_many(items, workers=2) == [digest_of(d) for d, _ in items]
@@ -187,8 +177,8 @@ def test_a_rowless_object_with_other_bytes_is_healed_by_the_next_save(
     # An orphan (no row) whose bytes are not its digest's: put_new replaces it whole.  Before
     # put_new the HEAD compared sizes only: the same size kept the damage under a published
     # archive, another size failed the save.
-    samples = _samples(16)
-    with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
+    samples = s3_samples(16)
+    with ArchiveManager.open(s3_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
         store, chunk, good = _saved_chunk(pool, samples)
         assert pool.open_archive("a").release()
         pool.gc(grace=0)
@@ -217,8 +207,8 @@ def test_a_rowless_object_with_other_bytes_is_healed_by_the_next_save(
 def test_a_live_object_replaced_behind_the_pool_is_healed_by_a_save(
     s3_env: S3Server, bucket: str, tmp_path: Path, how: str
 ) -> None:
-    samples = _samples(16)
-    with ArchiveManager.open(_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
+    samples = s3_samples(16)
+    with ArchiveManager.open(s3_root(bucket), catalog_url=_sqlite(tmp_path), chunk_size=8) as pool:
         store, chunk, good = _saved_chunk(pool, samples)
         bad = flip_bit(good, len(good) // 2) if how == "same size" else good[:-7]
         _replace(store, chunk, bad)
@@ -253,7 +243,7 @@ def test_kill_9_mid_upload_then_the_same_content_again(
     """SIGKILL a saver between blob PUTs (others in flight on its threads), save the same
     content again (its rows are 'writing' under a dead lease, some objects there, some not),
     GC, verify: every byte read back is its digest's."""
-    root, url = _root(bucket), _sqlite(tmp_path)
+    root, url = s3_root(bucket), _sqlite(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c", _KILLED_SAVER, root, url, "victim", str(nth)],
         env=_env(s3_env),
@@ -290,7 +280,7 @@ def test_gc_never_aborts_the_multipart_upload_of_a_save_in_flight(
     GC."""
     monkeypatch.setattr(s3mod, "MULTIPART_THRESHOLD", 6 << 20)
     monkeypatch.setattr(s3mod, "PART_SIZE", 5 << 20)
-    root, url = _root(bucket), _sqlite(tmp_path)
+    root, url = s3_root(bucket), _sqlite(tmp_path)
     hours = 3600.0
     big = np.frombuffer(os.urandom(12 << 20), dtype=np.uint8)
     with (
@@ -350,7 +340,7 @@ def test_two_savers_of_identical_content_and_gc_in_a_loop(
     """Two processes save the same content over and over (every other archive released, so
     its blobs become GC's) while a third runs gc(grace=0) in a loop: every published archive
     kept loads and verifies."""
-    root, url = _root(bucket), _sqlite(tmp_path)
+    root, url = s3_root(bucket), _sqlite(tmp_path)
     with ArchiveManager.open(root, catalog_url=url, chunk_size=4):
         pass  # bind the catalog before the racers
     env = _env(s3_env)
