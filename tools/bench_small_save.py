@@ -12,7 +12,13 @@ With ``--phases`` each save is also broken down: the time inside each catalog tr
 (its commit included, by step name), inside each fsync the library makes (files and folders
 apart; SQLite's own fsync of its WAL is part of its transaction), and the threads started.
 
+Each save's CPU time (the process's, its sync threads included) is reported beside its wall
+time, and ``--phases`` also counts the SQL statements of each transaction.  ``--tree DIR``
+times the archive_manager of another checkout (a tree before a change, whose own copy of this
+tool may lack these figures), so before and after can be run by turns with one tool.
+
     python3 tools/bench_small_save.py [--rounds 40] [--root DIR] [--phases] [--catalog-url URL]
+        [--tree DIR]
 """
 
 from __future__ import annotations
@@ -34,10 +40,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+
+def _tree(argv: list[str]) -> Path:
+    """The checkout whose archive_manager is timed: ``--tree DIR``, else this one (read
+    before the imports below, which it decides)."""
+    for i, arg in enumerate(argv):
+        if arg == "--tree" and i + 1 < len(argv):
+            return Path(argv[i + 1]).resolve()
+        if arg.startswith("--tree="):
+            return Path(arg.split("=", 1)[1]).resolve()
+    return Path(__file__).resolve().parents[1]
+
+
+REPO = _tree(sys.argv)
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from sqlalchemy import event  # noqa: E402
 
 from archive_manager import ArchiveManager  # noqa: E402
 from archive_manager.catalog import Catalog  # noqa: E402
@@ -63,6 +82,7 @@ class Phases:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.statements: dict[str, int] = defaultdict(int)  # by transaction step
         self._tls = threading.local()
 
     def add(self, key: str, seconds: float) -> None:
@@ -70,8 +90,13 @@ class Phases:
         self.counts[key] += 1
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
+    def installed(self, pool: ArchiveManager) -> Iterator[None]:
         phases = self
+        engine = pool.catalog.engine
+
+        def count(*args: Any) -> None:
+            phases.statements[getattr(phases._tls, "step", None) or "outside a write"] += 1
+
         fsync, start, write = os.fsync, threading.Thread.start, Catalog.write
 
         def timed_fsync(fd: int) -> None:
@@ -93,19 +118,23 @@ class Phases:
         def timed_write(catalog: Catalog, step: str | None = None, **kw: Any) -> Iterator[Any]:
             began = time.perf_counter()
             phases._tls.in_txn = True
+            phases._tls.step = f"txn {step or 'renew'}"
             try:
                 with write(catalog, step, **kw) as conn:
                     yield conn
             finally:
                 phases._tls.in_txn = False
+                phases._tls.step = None
                 phases.add(f"txn {step or 'renew'}", time.perf_counter() - began)
 
         os.fsync = timed_fsync
         threading.Thread.start = timed_start  # type: ignore[method-assign]
         Catalog.write = timed_write  # type: ignore[assignment,method-assign]
+        event.listen(engine, "before_cursor_execute", count)
         try:
             yield
         finally:
+            event.remove(engine, "before_cursor_execute", count)
             os.fsync = fsync
             threading.Thread.start = start  # type: ignore[method-assign]
             Catalog.write = write  # type: ignore[method-assign]
@@ -169,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--catalog-url", default=None, help="a PostgreSQL catalog (default SQLite)")
     ap.add_argument("--phases", action="store_true", help="break each save down")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tree", type=Path, help="time another checkout's archive_manager")
     args = ap.parse_args(argv)
     real_fsyncs = "eatmydata" not in os.environ.get("LD_PRELOAD", "")
 
@@ -180,11 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "catalog": "postgresql" if args.catalog_url else "sqlite",
         "real_fsyncs": real_fsyncs,
+        "tree": str(REPO),
     }
     try:
         (base / "floor").mkdir()
         (base / "torch").mkdir()
         times: dict[str, list[float]] = defaultdict(list)
+        cpu: dict[str, list[float]] = defaultdict(list)
         phases = {n: Phases() for n in sets}
         with ArchiveManager.open(base / "pool", args.catalog_url) as pool:
             for n, samples in sets.items():  # warm-up: imports, first folders, connections
@@ -192,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 for n, samples in sets.items():
                     fresh(samples, r)
+                    began_cpu = time.process_time()
                     times[f"save{n}"].append(
                         timed(lambda: pool.save(f"s{n}-{r}", samples, rollout_id=r))  # noqa: B023
                     )
+                    cpu[f"save{n}"].append(time.process_time() - began_cpu)
                     times[f"torch{n}"].append(
                         timed(lambda: torch_save(base / "torch", samples, n * 10_000 + r))  # noqa: B023
                     )
@@ -202,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in range(args.rounds):
                     for n, samples in sets.items():
                         fresh(samples, args.rounds + r)
-                        with phases[n].installed():
+                        with phases[n].installed(pool):
                             pool.save(f"p{n}-{r}", samples, rollout_id=r)
         out["floor"] = bare_floor(base / "floor", args.rounds)
     finally:
@@ -210,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     out["load_before"] = [round(x, 2) for x in load_before]
     out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     out["median_ms"] = {k: median_ms(v) for k, v in times.items()}
+    out["cpu_median_ms"] = {k: median_ms(v) for k, v in cpu.items()}
     if args.phases:
         out["phases_ms_per_save"] = {
             n: {
@@ -221,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             for n, p in phases.items()
         }
+        out["statements_per_save"] = {
+            n: {k: v / args.rounds for k, v in sorted(p.statements.items())}
+            for n, p in phases.items()
+        }
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -230,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"small saves ({out['catalog']} catalog), medians of {args.rounds}; "
         f"{out['tokens_per_sample']:.0f} tokens a sample; load average "
-        f"{out['load_before'][0]} before, {out['load_after'][0]} after"
+        f"{out['load_before'][0]} before, {out['load_after'][0]} after; {REPO}"
     )
     for n in sets:
         print(
-            f"  {n} sample(s): pool.save {m[f'save{n}']:7.2f} ms   torch.save+fsyncs "
+            f"  {n} sample(s): pool.save {m[f'save{n}']:7.2f} ms "
+            f"(CPU {out['cpu_median_ms'][f'save{n}']:6.2f} ms)   torch.save+fsyncs "
             f"{m[f'torch{n}']:6.2f} ms   ratio {m[f'save{n}'] / m[f'torch{n}']:.1f}x"
         )
     print(
@@ -246,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  phases of a save of {n} (ms per save, count per save):")
             for key, row in rows.items():
                 print(f"    {key:24}{row['ms']:7.2f} ms  x{row['count']:g}")
+            counted = out["statements_per_save"][n]
+            print(
+                f"  SQL statements of a save of {n}: {sum(counted.values()):g} ("
+                + ", ".join(f"{k} {v:g}" for k, v in counted.items())
+                + ")"
+            )
     return 0
 
 

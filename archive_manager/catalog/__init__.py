@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 
 from .._util.failpoints import failpoint
@@ -119,11 +119,14 @@ __all__ = [
 ]
 
 
+# Built once: every save's publication reads the pool id (see catalog.queries, where the
+# save's other statements are built once too).
+_POOL_INFO_VALUE = select(pool_info_table.c.value).where(pool_info_table.c.key == bindparam("key"))
+
+
 def get_pool_info(conn: Connection, key: str) -> str | None:
     """The ``pool_info`` value under ``key``, or None."""
-    return conn.execute(
-        select(pool_info_table.c.value).where(pool_info_table.c.key == key)
-    ).scalar_one_or_none()
+    return conn.execute(_POOL_INFO_VALUE, {"key": key}).scalar_one_or_none()
 
 
 def set_pool_info(conn: Connection, key: str, value: str | None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, delete, exists, func, or_, select, update
+from sqlalchemy import Select, and_, bindparam, delete, exists, func, or_, select, update
 from sqlalchemy.engine import Connection, CursorResult, Row
 
 from .._util.constants import SAVE_SEQ
@@ -65,6 +65,41 @@ def batches(values: Sequence[T], size: int = IN_BATCH) -> Iterator[Sequence[T]]:
         yield values[i : i + size]
 
 
+# NOTE: the statements every save runs, built once: a statement built per call cost its
+# construction and cache key each time (~80 µs a statement on this project's VM, ~40 of a
+# small save's statements; docs/performance.md, "Small saves"), a prebuilt one only its
+# parameters.
+_INSERT_LEASE = leases_table.insert()
+_LEASE_EXPIRY = select(leases_table.c.expires_at).where(leases_table.c.owner == bindparam("owner"))
+_DROP_LEASE_BLOBS = delete(lease_blobs_table).where(lease_blobs_table.c.lease == bindparam("owner"))
+_DROP_LEASE = delete(leases_table).where(leases_table.c.owner == bindparam("owner"))
+_HELD = select(lease_blobs_table.c.digest).where(
+    lease_blobs_table.c.lease == bindparam("lease"),
+    lease_blobs_table.c.digest.in_(bindparam("digests", expanding=True)),
+)
+_BLOB_ROWS = select(
+    blobs_table.c.digest, blobs_table.c.size, blobs_table.c.kind, blobs_table.c.state
+).where(blobs_table.c.digest.in_(bindparam("digests", expanding=True)))
+_MARK_LIVE = (
+    update(blobs_table)
+    .where(
+        blobs_table.c.digest.in_(bindparam("digests", expanding=True)),
+        blobs_table.c.state == "writing",
+    )
+    .values(state="live")
+)
+_ARCHIVES_NAMED = select(archives_table).where(
+    archives_table.c.name.in_(bindparam("names", expanding=True)),
+    archives_table.c.state.in_(bindparam("states", expanding=True)),
+)
+_POOL_INFO = select(pool_info_table.c.value).where(pool_info_table.c.key == bindparam("key"))
+_SET_POOL_INFO = (
+    update(pool_info_table)
+    .where(pool_info_table.c.key == bindparam("info_key"))
+    .values(value=bindparam("info_value"))
+)
+
+
 def insert_lease(
     conn: Connection,
     owner: str,
@@ -77,14 +112,15 @@ def insert_lease(
     """Start a lease that expires ``ttl`` seconds after ``now``; ``holder`` is the process
     that holds it (``_util.holders.this_process``)."""
     conn.execute(
-        leases_table.insert().values(
-            owner=owner,
-            expires_at=now + ttl,
-            generation=1,
-            created_at=now,
-            archive_name=archive_name,
-            holder=None if holder is None else dict(holder),
-        )
+        _INSERT_LEASE,
+        {
+            "owner": owner,
+            "expires_at": now + ttl,
+            "generation": 1,
+            "created_at": now,
+            "archive_name": archive_name,
+            "holder": None if holder is None else dict(holder),
+        },
     )
 
 
@@ -110,9 +146,7 @@ def renew_lease(conn: Connection, owner: str, *, now: float, ttl: float) -> floa
 
 def check_lease(conn: Connection, owner: str, *, now: float) -> float:
     """Return the lease's expiry if it is still live, else raise `LeaseExpiredError`."""
-    expires: float | None = conn.execute(
-        select(leases_table.c.expires_at).where(leases_table.c.owner == owner)
-    ).scalar_one_or_none()
+    expires: float | None = conn.execute(_LEASE_EXPIRY, {"owner": owner}).scalar_one_or_none()
     if expires is None or expires <= now:
         raise LeaseExpiredError(
             f"{owner} expired before the save could commit; nothing was published "
@@ -123,8 +157,8 @@ def check_lease(conn: Connection, owner: str, *, now: float) -> float:
 
 def drop_lease(conn: Connection, owner: str) -> None:
     """Delete a lease and every blob retention it held."""
-    conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == owner))
-    conn.execute(delete(leases_table).where(leases_table.c.owner == owner))
+    conn.execute(_DROP_LEASE_BLOBS, {"owner": owner})
+    conn.execute(_DROP_LEASE, {"owner": owner})
 
 
 def hold_blobs(conn: Connection, lease: str, digests: Collection[str]) -> None:
@@ -132,13 +166,7 @@ def hold_blobs(conn: Connection, lease: str, digests: Collection[str]) -> None:
     wanted = sorted(set(digests))
     held: set[str] = set()
     for batch in batches(wanted):
-        held.update(
-            conn.execute(
-                select(lease_blobs_table.c.digest).where(
-                    lease_blobs_table.c.lease == lease, lease_blobs_table.c.digest.in_(batch)
-                )
-            ).scalars()
-        )
+        held.update(conn.execute(_HELD, {"lease": lease, "digests": list(batch)}).scalars())
     rows = [(lease, d) for d in wanted if d not in held]
     if rows:
         insert_rows(conn, lease_blobs_table, ("lease", "digest"), rows)
@@ -149,11 +177,8 @@ def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]
     found: dict[str, Row[Any]] = {}
     wanted = sorted(set(digests))
     row: Any
-    t = blobs_table
     for batch in batches(wanted):
-        for row in conn.execute(
-            select(t.c.digest, t.c.size, t.c.kind, t.c.state).where(t.c.digest.in_(batch))
-        ):
+        for row in conn.execute(_BLOB_ROWS, {"digests": list(batch)}):
             found[row.digest] = row
     return found
 
@@ -161,11 +186,7 @@ def blob_rows(conn: Connection, digests: Collection[str]) -> dict[str, Row[Any]]
 def mark_live(conn: Connection, digests: Collection[str]) -> None:
     """Flip ``writing`` rows to ``live`` once their files are durable."""
     for batch in batches(sorted(set(digests))):
-        conn.execute(
-            update(blobs_table)
-            .where(blobs_table.c.digest.in_(batch), blobs_table.c.state == "writing")
-            .values(state="live")
-        )
+        conn.execute(_MARK_LIVE, {"digests": list(batch)})
 
 
 def archive_by_name(conn: Connection, name: str, *, pending: bool = False) -> Row[Any] | None:
@@ -177,10 +198,9 @@ def archive_by_name(conn: Connection, name: str, *, pending: bool = False) -> Ro
     ``name`` is tried as given, then in NFC and NFD (`name_spellings`): new names are stored
     in NFC, and a name an older version stored in another form stays reachable by it.
     """
-    a = archives_table
     spellings = name_spellings(name)
     states = ("pending",) if pending else (*CURRENT_STATES, "pending")
-    rows = conn.execute(select(a).where(a.c.name.in_(spellings), a.c.state.in_(states))).all()
+    rows = conn.execute(_ARCHIVES_NAMED, {"names": list(spellings), "states": list(states)}).all()
     by_name: dict[str, Row[Any]] = {}
     # NOTE: one current row and one pending row per name at most (the partial unique
     # indexes of revision 0010); the current one first.
@@ -236,9 +256,7 @@ def is_retained(conn: Connection, archive_id: int) -> bool:
 
 def stored_save_seq(conn: Connection) -> int:
     """The last number the pool's counter gave (0 for none)."""
-    value = conn.execute(
-        select(pool_info_table.c.value).where(pool_info_table.c.key == SAVE_SEQ)
-    ).scalar_one_or_none()
+    value = conn.execute(_POOL_INFO, {"key": SAVE_SEQ}).scalar_one_or_none()
     try:
         return int(value) if value is not None else 0
     except ValueError:
@@ -246,9 +264,8 @@ def stored_save_seq(conn: Connection) -> int:
 
 
 def _store_seq(conn: Connection, seq: int) -> None:
-    t = pool_info_table
-    if conn.execute(t.update().where(t.c.key == SAVE_SEQ).values(value=str(seq))).rowcount == 0:
-        conn.execute(t.insert().values(key=SAVE_SEQ, value=str(seq)))
+    if conn.execute(_SET_POOL_INFO, {"info_key": SAVE_SEQ, "info_value": str(seq)}).rowcount == 0:
+        conn.execute(pool_info_table.insert().values(key=SAVE_SEQ, value=str(seq)))
 
 
 def next_save_seq(conn: Connection, now: float, *, floor: int) -> int:

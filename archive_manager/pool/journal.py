@@ -154,6 +154,10 @@ def _encode_json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, ensure_ascii=True, allow_nan=False).encode()
 
 
+# Built once: every decision inserts its record (see catalog.queries).
+_INSERT_RECORD = journal_table.insert()
+
+
 def stage_record(
     conn: Connection, pool_id: str, ops: list[dict[str, Any]], now: float, *, floor: int
 ) -> Staged:
@@ -178,7 +182,7 @@ def stage_record(
     )
     staged = Staged(seq, _digest(data), data, "rec")
     conn.execute(
-        journal_table.insert().values(seq=seq, digest=staged.digest, created_at=now, data=data)
+        _INSERT_RECORD, {"seq": seq, "digest": staged.digest, "created_at": now, "data": data}
     )
     return staged
 

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy import bindparam, delete, exists, or_, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
@@ -927,20 +927,21 @@ class ArchiveWriter:
             try:
                 archive_id = inserted_id(
                     conn.execute(
-                        archives_table.insert().values(
-                            name=self.name,
-                            rollout_id=self.rollout_id,
-                            evaluation=self.evaluation,
-                            state="pending",
-                            manifest_digest=manifest.digest,
-                            samples=len(self._entries),
-                            bytes=total,
-                            created_at=now,
-                            attrs=self.attrs,
-                            reference_name=self._reference.name if self._reference else None,
-                            lease_owner=self._lease,
-                            reward_key=self.reward_key,
-                        )
+                        _INSERT_ARCHIVE,
+                        {
+                            "name": self.name,
+                            "rollout_id": self.rollout_id,
+                            "evaluation": self.evaluation,
+                            "state": "pending",
+                            "manifest_digest": manifest.digest,
+                            "samples": len(self._entries),
+                            "bytes": total,
+                            "created_at": now,
+                            "attrs": self.attrs,
+                            "reference_name": self._reference.name if self._reference else None,
+                            "lease_owner": self._lease,
+                            "reward_key": self.reward_key,
+                        },
                     )
                 )
             except sa_exc.IntegrityError as exc:
@@ -955,13 +956,12 @@ class ArchiveWriter:
                 [(archive_id, d, k) for d, k in sorted(self._blob_kinds.items())],
             )
             conn.execute(
-                retention_table.insert().values(
-                    owner=archive_owner(self.name), archive_id=archive_id, created_at=now
-                )
+                _INSERT_OWNER,
+                {"owner": archive_owner(self.name), "archive_id": archive_id, "created_at": now},
             )
             # Ownership has passed to the archive's owner; the lease row itself stays until
             # publication so that GC can tell a live pending save from a dead one.
-            conn.execute(delete(lease_blobs_table).where(lease_blobs_table.c.lease == self._lease))
+            conn.execute(_DROP_HOLDS, {"lease": self._lease})
         return int(archive_id), manifest
 
     def _publish(self, archive_id: int, manifest_digest: str) -> None:
@@ -986,11 +986,7 @@ class ArchiveWriter:
                     .values(state="superseded", superseded_by=archive_id, superseded_at=now)
                 )
             try:
-                published = conn.execute(
-                    update(a)
-                    .where(a.c.id == archive_id, a.c.state == "pending")
-                    .values(state="published", published_at=now, lease_owner=None)
-                ).rowcount
+                published = conn.execute(_PUBLISH, {"archive_id": archive_id, "at": now}).rowcount
             except sa_exc.IntegrityError as exc:
                 # The name points at another archive now (restored by a rebuild meanwhile).
                 raise ArchiveExistsError(f"archive {self.name!r} already exists") from exc
@@ -1074,6 +1070,20 @@ class _Replaced:
     manifest: str | None
 
 
+# Statements every save runs, built once (see catalog.queries).
+_LEASES_OF_NAME = select(
+    leases_table.c.owner, leases_table.c.expires_at, leases_table.c.holder
+).where(leases_table.c.archive_name == bindparam("name"))
+_INSERT_ARCHIVE = archives_table.insert()
+_INSERT_OWNER = retention_table.insert()
+_DROP_HOLDS = delete(lease_blobs_table).where(lease_blobs_table.c.lease == bindparam("lease"))
+_PUBLISH = (
+    update(archives_table)
+    .where(archives_table.c.id == bindparam("archive_id"), archives_table.c.state == "pending")
+    .values(state="published", published_at=bindparam("at"), lease_owner=None)
+)
+
+
 def free_name(
     conn: Connection, name: str, *, now: float, leases: bool, supersede: bool = False
 ) -> _Replaced | None:
@@ -1130,12 +1140,9 @@ def free_name(
             dead.append(row.lease_owner)
         roll_back_saves(conn, dead, [row.id])
     if leases:
-        lt = leases_table
         others = [
             owner
-            for owner, expires_at, holder in conn.execute(
-                select(lt.c.owner, lt.c.expires_at, lt.c.holder).where(lt.c.archive_name == name)
-            )
+            for owner, expires_at, holder in conn.execute(_LEASES_OF_NAME, {"name": name})
             if owner not in dead and (expires_at <= now or holder_is_dead(holder))
         ]
         if others:
