@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import multiprocessing
 import os
 import sqlite3
@@ -34,6 +36,7 @@ from archive_manager.catalog import (
 from archive_manager.catalog import engine as catalog_engine
 from archive_manager.catalog.dialects import postgresql as postgresql_dialect
 from archive_manager.catalog.dialects import sqlite as sqlite_dialect
+from archive_manager.catalog.dialects.base import compact_json
 from archive_manager.catalog.engine import (
     PG_WRITE_LOCK,
     check_journal_mode,
@@ -696,6 +699,57 @@ def test_bulk_insert_matches_executemany(catalog: Catalog) -> None:
     assert [tuple(r) for r in stored[ids[0]]] == [row[1:] for row in rows]
     assert stored[ids[0]] == stored[ids[1]]
     assert count_archives(catalog) == 2
+
+
+def test_bulk_insert_compiles_once_for_every_sqlite_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog opened after another (each open makes an engine and a dialect) reuses the
+    inserts `insert_rows` compiled for the first: a save into a newly opened pool compiled
+    its seven again."""
+    compiled: list[str] = []
+    real = sqlite_dialect._compiled_insert.__wrapped__
+
+    def counting(*args: Any) -> Any:
+        compiled.append(args[0].name)
+        return real(*args)
+
+    cached = functools.lru_cache(maxsize=256)(counting)
+    monkeypatch.setattr(sqlite_dialect, "_compiled_insert", cached)
+    for name in ("one", "two"):
+        with Catalog.open(sqlite_url(tmp_path / f"{name}.db")) as catalog:
+            with catalog.write() as conn:
+                archive_id = add_archive(conn, name)
+                rows = [(archive_id, p, f"sample:{p}", None, 0, p) for p in range(3)]
+                assert insert_rows(conn, entries_table, ENTRY_COLUMNS, rows) == 3
+            with catalog.read() as conn:
+                assert count(conn, entries_table) == 3
+    assert "entries" in compiled
+    assert len(compiled) == len(set(compiled)), compiled  # none compiled twice
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"index": 3, "status": "completed", "reward": 0.5, "lengths": {"tokens": 7}},
+        {"t": 'tab\t"quote"\\ \u00e9\ud800\n', "x": [None, True, -0.0, 1e308, 2**70]},
+        [float("nan"), float("inf"), float("-inf")],
+        "a str \u00e9",
+        7,
+        None,
+    ],
+)
+def test_compact_json_is_json_dumps_without_blanks(value: Any) -> None:
+    assert compact_json(value) == json.dumps(value, separators=(",", ":"))
+
+
+def test_compact_json_refuses_what_json_dumps_refuses() -> None:
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    with pytest.raises(ValueError, match="Circular reference"):
+        compact_json(cyclic)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        compact_json({"a": object()})
 
 
 # --- network filesystem detection ---------------------------------------------------------
