@@ -1218,11 +1218,16 @@ def decode_sample(
     as_arrays: bool = False,
     text: memoryview | None = None,
     dtypes: Mapping[str, np.dtype] | None = None,
+    in_place: bool = False,
 ) -> Any:
     """The sample in one (inflated) record, and its inflated text part if it has one.
 
     ``dtypes`` (with ``as_arrays``; checked by `check_dtypes`): the dtype of each named
     top-level numeric list field's array (`numbers_as`), instead of int64 or float64.
+
+    ``in_place``: a writable ``rec`` or ``text`` is the caller's to give away (no one else
+    holds or writes it): the numpy array or inline tensor holding at least half of it is
+    a view of it, not a copy (docs/architecture/reading.md, "Arrays in place").
 
     Raises what it meets on damaged bytes (`IntegrityError`, and the ``struct``, ``json``,
     ``KeyError``... errors of malformed parts): the chunk reader names the record and turns
@@ -1230,7 +1235,9 @@ def decode_sample(
     """
     with gc_paused():
         return fields_to_sample(
-            *decode_record(rec, loader, as_arrays=as_arrays, text=text, dtypes=dtypes)
+            *decode_record(
+                rec, loader, as_arrays=as_arrays, text=text, dtypes=dtypes, in_place=in_place
+            )
         )
 
 
@@ -1260,6 +1267,7 @@ def decode_record(
     text: memoryview | None = None,
     dtypes: Mapping[str, np.dtype] | None = None,
     names: Collection[str] | None = None,
+    in_place: bool = False,
 ) -> tuple[str | None, dict[str, Any], list[str] | None]:
     """One record as `sample_to_record` output: ``(class name, fields, converted)``.
 
@@ -1268,7 +1276,8 @@ def decode_record(
     builds its columns from them without a Python object per number); otherwise as
     `decode_sample` gives them.  With ``names``, only those top-level fields are decoded
     (in the record's order; the arrays of the others are never touched), and ``text`` is
-    needed only when one of them is a text field.  Raises as `decode_sample`.
+    needed only when one of them is a text field.  ``in_place`` as `decode_sample`.  Raises
+    as `decode_sample`.
     """
     tree, arrays = _parse(rec)
     if type(tree) is not dict or type(tree.get("f")) is not dict:
@@ -1283,7 +1292,12 @@ def decode_record(
         raise IntegrityError("record lists its converted fields malformed")
     with gc_paused():
         decoder = _Decoder(
-            arrays, loader, as_arrays=as_arrays or stored, stored=stored, dtypes=dtypes
+            arrays,
+            loader,
+            as_arrays=as_arrays or stored,
+            stored=stored,
+            dtypes=dtypes,
+            whole=rec.nbytes if in_place else None,
         )
         texts = None
         if text is not None:
@@ -1294,7 +1308,12 @@ def decode_record(
             # NOTE: one alias table for both parts: the encoder wrote the text part first
             # (see `encode_sample`), so a tensor both hold loads as one object.
             text_decoder = _Decoder(
-                text_arrays, loader, as_arrays=as_arrays or stored, stored=stored, dtypes=dtypes
+                text_arrays,
+                loader,
+                as_arrays=as_arrays or stored,
+                stored=stored,
+                dtypes=dtypes,
+                whole=text.nbytes if in_place else None,
             )
             text_decoder.aliases = decoder.aliases
             texts = text_decoder.fields(text_node, names=names)
@@ -1345,8 +1364,18 @@ class _Decoder:
         as_arrays: bool = False,
         stored: bool = False,
         dtypes: Mapping[str, np.dtype] | None = None,
+        whole: int | None = None,
     ) -> None:
-        self.arrays = arrays
+        """``whole``: the size of the record part ``arrays`` ends, when a writable part is
+        given to the values decoded (``in_place``, see `decode_sample`)."""
+        # NOTE: everything decodes from a read-only view, so that a list's array (as_arrays)
+        # is still copied out of the record, as from bytes; only `_in_place` hands the part on.
+        self.arrays = arrays.toreadonly()
+        # the part's writable bytes, while no array holds them yet: one array per part is
+        # a view of them (so views never overlap), and only one holding at least half the
+        # part (so a loaded array never keeps more than as many bytes again alive)
+        self.owned = arrays if whole is not None and not arrays.readonly else None
+        self.whole = whole or 0
         self.loader = loader
         self.as_arrays = as_arrays
         self.stored = stored
@@ -1387,6 +1416,14 @@ class _Decoder:
         if self.budget < 0:
             raise IntegrityError("array descriptors reference more bytes than the record holds")
         return self.arrays[offset : offset + nbytes]
+
+    def _in_place(self, node: dict[str, Any], nbytes: int) -> memoryview | None:
+        """The writable bytes of a node `_slice` took, if its value may be a view of them
+        (see ``owned``); None: copy them."""
+        if self.owned is None or nbytes * 2 < self.whole:
+            return None
+        owned, self.owned = self.owned, None
+        return owned[node["o"] : node["o"] + nbytes]
 
     def fields(
         self,
@@ -1488,15 +1525,7 @@ class _Decoder:
         if tag == "map":
             return {_hashable(self.decode(k)): self.decode(v) for k, v in node["v"]}
         if tag == "tensor":
-            return self._shared(
-                node,
-                lambda: _tensor_from(
-                    self._slice(node),
-                    torch_dtypes()[node["d"]],
-                    _check_shape(node["sh"]),
-                    exact=True,
-                ),
-            )
+            return self._shared(node, lambda: self._tensor(node))
         if tag == "ref":
             return self._shared(
                 node,
@@ -1509,7 +1538,7 @@ class _Decoder:
                 ),
             )
         if tag == "ndarray":
-            return self._shared(node, lambda: self._ndarray(node["d"], node).copy())
+            return self._shared(node, lambda: self._ndarray(node["d"], node, own=True))
         if tag == "npscalar":
             return self._ndarray(node["d"], node["v"])[()]
         if tag == "npstr":
@@ -1558,7 +1587,9 @@ class _Decoder:
             out[i] = self.decode(item)
         return out.reshape(shape)
 
-    def _ndarray(self, dtype_name: str, node: dict[str, Any]) -> np.ndarray:
+    def _ndarray(self, dtype_name: str, node: dict[str, Any], *, own: bool = False) -> np.ndarray:
+        """The array a node stores: a read-only view of the record, or with ``own`` an array
+        of its own (writable, not keeping the record alive) or in place (`_in_place`)."""
         dtype = _array_dtype(dtype_name)
         shape = _check_shape(node["sh"])
         mv = self._slice(node)
@@ -1566,7 +1597,20 @@ class _Decoder:
             raise IntegrityError("numpy array size does not match its stored bytes")
         if dtype.itemsize == 0:
             return np.zeros(shape, dtype)  # np.array(["", ""]) is "<U1"; np.array([], "U") is not
-        return np.frombuffer(mv, dtype=dtype).reshape(shape)
+        if not own:
+            return np.frombuffer(mv, dtype=dtype).reshape(shape)
+        placed = self._in_place(node, mv.nbytes)
+        if placed is not None:
+            return np.frombuffer(placed, dtype=dtype).reshape(shape)
+        return np.frombuffer(mv, dtype=dtype).reshape(shape).copy()
+
+    def _tensor(self, node: dict[str, Any]) -> torch.Tensor:
+        mv = self._slice(node)
+        dtype, shape = torch_dtypes()[node["d"]], _check_shape(node["sh"])
+        placed = self._in_place(node, mv.nbytes)
+        if placed is not None:
+            return _tensor_from(placed, dtype, shape, exact=True, owned=True)
+        return _tensor_from(mv, dtype, shape, exact=True)
 
 
 # The stored dtypes of numeric lists whose values int64 or float64 hold exactly (the encoder

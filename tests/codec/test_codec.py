@@ -12,6 +12,7 @@ import math
 import struct
 import threading
 import time
+import tracemalloc
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -849,13 +850,19 @@ def record_span(data: bytes, i: int) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("compressible", [True, False])
-def test_damaged_record_does_not_affect_its_neighbours(compressible: bool, version: int) -> None:
+@pytest.mark.parametrize("size", [2000, 400_000])  # the large: a buffer each, own threads
+def test_damaged_record_does_not_affect_its_neighbours(
+    compressible: bool, version: int, size: int
+) -> None:
     rng = np.random.default_rng(1)
     if compressible:
-        batch = [{"i": i, "text": "words " * 200, "ids": list(range(300))} for i in range(3)]
+        batch = [
+            {"i": i, "text": "words " * 200, "ids": list(range(300)), "a": np.arange(size // 8)}
+            for i in range(3)
+        ]
     else:  # random bytes as a tensor: zstd does not pay, the record is stored raw
         batch = [
-            {"i": i, "t": torch.frombuffer(bytearray(rng.bytes(2000)), dtype=torch.uint8)}
+            {"i": i, "t": torch.frombuffer(bytearray(rng.bytes(size)), dtype=torch.uint8)}
             for i in range(3)
         ]
     enc = encode_chunk(batch, version=version)
@@ -870,6 +877,7 @@ def test_damaged_record_does_not_affect_its_neighbours(compressible: bool, versi
         else:
             data[offset + 4] ^= 0x40  # raw: the tree's "{"; zstd: the frame header
         reader = ChunkReader(bytes(data))
+        reader.inflate(range(3))
         assert_same(reader.sample(0), batch[0])
         assert_same(reader.sample(2), batch[2])
         with pytest.raises(IntegrityError, match="record 1"):
@@ -885,12 +893,63 @@ def test_reader_accepts_bytes_bytearray_and_memoryview() -> None:
         assert_same(decode_chunk(buf), batch)
 
 
-def test_decoded_tensors_do_not_alias_the_chunk_buffer() -> None:
-    buf = bytearray(encode_chunk([{"t": torch.zeros(64, dtype=torch.uint8)}]).data)
-    t = decode_chunk(buf)[0]["t"]
-    before = bytes(buf)
-    t += 1
-    assert bytes(buf) == before
+@pytest.mark.parametrize("size", [64, 400_000])
+def test_decoded_tensors_do_not_alias_the_chunk_buffer(size: int) -> None:
+    # the large ones are random, stored raw: a writable part of the caller's buffer, which
+    # no value may be a view of (see the next test)
+    rng = np.random.default_rng(2)
+    t = torch.frombuffer(bytearray(rng.bytes(size)), dtype=torch.uint8)
+    a = np.frombuffer(rng.bytes(size), np.uint8)
+    for sample in ({"t": t}, {"a": a}):
+        buf = bytearray(encode_chunk([sample]).data)
+        value = decode_chunk(buf)[0]
+        before = bytes(buf)
+        value["t" if "t" in sample else "a"] += 1
+        assert bytes(buf) == before
+
+
+def test_an_array_most_of_its_record_loads_in_place() -> None:
+    """A numpy array or inline tensor holding most of its (large) record is a view of the
+    buffer the record was inflated into, not a copy of it (issue 37's R3 load: the copy of
+    125 MB of routed-expert ids was a third of it): writable and the caller's own.  An
+    array that is a small part of its record is copied, so it does not keep the record
+    alive."""
+    rng = np.random.default_rng(5)
+    experts = rng.integers(0, 256, (1500, 48, 8), dtype=np.int32)  # 2.3 MB, compressible
+    inline = torch.from_numpy(rng.integers(0, 4, 200_000, dtype=np.int32))  # 0.8 MB
+    small = np.arange(16.0)
+    batch = [
+        {"experts": experts, "tokens": list(range(3000))},
+        {"t": inline, "ids": list(range(100))},
+        {"small": small, "ids": rng.integers(0, 2**40, 60_000).tolist()},
+    ]
+    data = encode_chunk(batch).data
+    for ahead in (False, True):
+        reader = ChunkReader(data)
+        if ahead:
+            reader.inflate(range(3))
+        tracemalloc.start()
+        try:
+            got = reader.sample(0)["experts"]
+            _, peak = tracemalloc.get_traced_memory()
+            held, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            tensor = reader.sample(1)["t"]
+            tensor_peak = tracemalloc.get_traced_memory()[1] - held
+        finally:
+            tracemalloc.stop()
+        # inflated here (one buffer) or ahead (none), never copied out of it
+        limit = 0.5 if ahead else 1.5
+        assert peak < experts.nbytes * limit and tensor_peak < inline.nbytes * limit
+        assert np.array_equal(got, experts) and got.flags.writeable
+        assert torch.equal(tensor, inline)
+        got[:] = 7
+        tensor += 1
+        again = ChunkReader(data)
+        assert np.array_equal(again.sample(0)["experts"], experts)
+        assert torch.equal(again.sample(1)["t"], inline)
+        copied = reader.sample(2)["small"]
+        assert np.array_equal(copied, small) and copied.flags.owndata
 
 
 # --------------------------------------------------------------------------- inline limit
