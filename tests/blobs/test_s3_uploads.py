@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -148,6 +149,60 @@ def test_an_s3_subclass_overriding_put_still_sees_put_many(s3_env: S3Server, buc
     items = [(os.urandom(700 + i), None) for i in range(3)]
     assert store.put_many(items, workers=2) == [digest_of(d) for d, _ in items]
     assert _CountingS3.puts == 3
+
+
+# --------------------------------------------------------------------------- upload threads
+
+
+def test_uploads_run_on_the_callers_and_the_stores_kept_threads(
+    s3_env: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Break: each put_new made a pool of its own, a thread started per item of every call (a
+    # save calls it once per pair of chunks; under load the last uploads began up to 25 ms
+    # apart), and the caller only waited.
+    store = S3BlobStore(bucket, s3_prefix())
+    senders: list[str] = []
+    store._client.meta.events.register(  # type: ignore[attr-defined]
+        "before-send.s3.PutObject",
+        lambda **_: senders.append(threading.current_thread().name),
+    )
+    first = [(os.urandom(900 + i), None) for i in range(3)]
+    assert [store.get(d) for d in store.put_new(first)] == [d for d, _ in first]
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    senders.clear()
+    second = [(os.urandom(800 + i), None) for i in range(3)]
+    assert store.put_new(second) == [digest_of(d) for d, _ in second]
+    assert started == []
+    assert len(senders) == 3 and threading.current_thread().name in senders
+    # A copy of the store at another prefix uploads on the same threads.
+    other = store._at(s3_root(bucket))
+    assert other.put_many([(os.urandom(300), None), (os.urandom(301), None)], workers=2)
+    assert started == []
+    # The caller uploads too: an error of its own item must not skip the others' ends, and
+    # the error raised is the first in the items' order, whichever thread met it.
+    items = [(os.urandom(600 + i), None) for i in range(5)]
+    bad = {digest_of(items[1][0]): "one", digest_of(items[3][0]): "three"}
+    put = S3BlobStore._put
+
+    def failing(self: S3BlobStore, data: Any, digest: str | None, *, look: bool) -> str:
+        if digest in bad:
+            raise OSError(f"injected {bad[digest]}")
+        return put(self, data, digest, look=look)
+
+    monkeypatch.setattr(S3BlobStore, "_put", failing)
+    for call in (store.put_new, store.put_many):
+        with pytest.raises(OSError, match="injected one"):
+            call([(d, digest_of(d)) for d, _ in items], workers=3)
+    for index in (0, 2, 4):
+        assert store.has(digest_of(items[index][0]))
+    assert started == []
 
 
 # --------------------------------------------------------------------------- objects behind the pool
