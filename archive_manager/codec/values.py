@@ -1444,7 +1444,9 @@ class _Decoder:
             for k, v in node.items():
                 if names is not None and k not in names:
                     continue
-                if v == _TEXT_NODE:
+                if type(v) in _LEAVES:
+                    out[k] = v
+                elif v == _TEXT_NODE:
                     if k not in texts:
                         raise IntegrityError(f"record's text part lacks field {k!r:.40}")
                     out[k] = texts.pop(k)
@@ -1499,15 +1501,17 @@ class _Decoder:
 
     def decode(self, node: Any) -> Any:
         t = type(node)
+        # NOTE: leaves are taken as they are without a call: most of a sample's ~40 fields
+        # and of its helper dicts' values are None, ints or strings
         if t is list:
-            return [self.decode(v) for v in node]
+            return [v if type(v) in _LEAVES else self.decode(v) for v in node]
         if t is not dict:
-            if node is None or t in (str, int, float, bool):
+            if t in _LEAVES:
                 return node
             raise IntegrityError(f"unexpected JSON value of type {t.__name__}")
         tag = node.get(_TAG)
         if tag is None:
-            return {k: self.decode(v) for k, v in node.items()}
+            return {k: v if type(v) in _LEAVES else self.decode(v) for k, v in node.items()}
         if tag == "list":
             dtype = _NUMPY_DTYPES[node["d"]]
             data = self._slice(node)
@@ -1612,6 +1616,9 @@ class _Decoder:
             return _tensor_from(placed, dtype, shape, exact=True, owned=True)
         return _tensor_from(mv, dtype, shape, exact=True)
 
+
+# The JSON values a tree's node decodes to as they are.
+_LEAVES = frozenset({str, int, float, bool, type(None)})
 
 # The stored dtypes of numeric lists whose values int64 or float64 hold exactly (the encoder
 # writes no others; anything else is decoded as a list and judged by its values).
