@@ -498,11 +498,10 @@ def python_array(value: list) -> tuple[str, bytes, bool] | None:
     return node["d"], b"".join(map(bytes, record.arrays)), node["s"]
 
 
-def _exact_archive_by_name(conn: Any, name: str, *, pending: bool = False) -> Any:
+def _exact_archive_rows_by_name(conn: Any, name: str) -> tuple[tuple[str, ...], list[Any]]:
     a = archives_table
-    states = ["pending"] if pending else ["published", "released", "pending"]
-    rows = conn.execute(select(a).where(a.c.name == name, a.c.state.in_(states))).all()
-    return min(rows, key=lambda row: row.state == "pending", default=None)
+    states = ["published", "released", "pending"]
+    return (name,), list(conn.execute(select(a).where(a.c.name == name, a.c.state.in_(states))))
 
 
 @contextlib.contextmanager
@@ -512,7 +511,7 @@ def older_version(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     stored."""
     with monkeypatch.context() as patch:
         patch.setattr(writer_module, "check_new_archive_name", check_archive_name)
-        patch.setattr(writer_module, "archive_by_name", _exact_archive_by_name)
+        patch.setattr(writer_module, "archive_rows_by_name", _exact_archive_rows_by_name)
         patch.setattr(manager_module, "check_new_owner", check_owner)
         patch.setattr(manager_module, "name_spellings", lambda text: [text])
         yield

@@ -33,6 +33,7 @@ __all__ = [
     "IN_BATCH",
     "archive_by_name",
     "archive_bytes",
+    "archive_rows_by_name",
     "archives_in_order",
     "archives_named",
     "batches",
@@ -44,6 +45,7 @@ __all__ = [
     "inserted_id",
     "mark_live",
     "next_save_seq",
+    "pick_archive",
     "raise_save_seq",
     "renew_lease",
     "stored_owner",
@@ -155,9 +157,11 @@ def check_lease(conn: Connection, owner: str, *, now: float) -> float:
     return expires
 
 
-def drop_lease(conn: Connection, owner: str) -> None:
-    """Delete a lease and every blob retention it held."""
-    conn.execute(_DROP_LEASE_BLOBS, {"owner": owner})
+def drop_lease(conn: Connection, owner: str, *, holds: bool = True) -> None:
+    """Delete a lease and every blob retention it held; ``holds=False``: a lease known to
+    hold none (a save's, once its ownership commit dropped them), one statement less."""
+    if holds:
+        conn.execute(_DROP_LEASE_BLOBS, {"owner": owner})
     conn.execute(_DROP_LEASE, {"owner": owner})
 
 
@@ -201,6 +205,29 @@ def archive_by_name(conn: Connection, name: str, *, pending: bool = False) -> Ro
     spellings = name_spellings(name)
     states = ("pending",) if pending else (*CURRENT_STATES, "pending")
     rows = conn.execute(_ARCHIVES_NAMED, {"names": list(spellings), "states": list(states)}).all()
+    return _pick_by_name(spellings, rows)
+
+
+def archive_rows_by_name(conn: Connection, name: str) -> tuple[tuple[str, ...], list[Row[Any]]]:
+    """The spellings of ``name`` and the rows of the archives a spelling points at and of
+    their pending saves, in one statement: `pick_archive` then answers what `archive_by_name`
+    would, with or without ``pending``, and again once a row is gone (a save's check of its
+    name, `writer.free_name`, which needs both and may roll the pending save back)."""
+    spellings = name_spellings(name)
+    states = [*CURRENT_STATES, "pending"]
+    rows = conn.execute(_ARCHIVES_NAMED, {"names": list(spellings), "states": states}).all()
+    return tuple(spellings), list(rows)
+
+
+def pick_archive(
+    spellings: Sequence[str], rows: Sequence[Row[Any]], *, pending: bool = False
+) -> Row[Any] | None:
+    """Of the rows `archive_rows_by_name` read, the one `archive_by_name` returns."""
+    return _pick_by_name(spellings, [r for r in rows if r.state == "pending"] if pending else rows)
+
+
+def _pick_by_name(spellings: Sequence[str], rows: Sequence[Row[Any]]) -> Row[Any] | None:
+    """Of the archive ``rows`` of a name's ``spellings``, the one `archive_by_name` returns."""
     by_name: dict[str, Row[Any]] = {}
     # NOTE: one current row and one pending row per name at most (the partial unique
     # indexes of revision 0010); the current one first.

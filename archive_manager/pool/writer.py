@@ -50,7 +50,7 @@ from ..catalog import (
     task_texts_table,
 )
 from ..catalog.queries import (
-    archive_by_name,
+    archive_rows_by_name,
     blob_rows,
     check_lease,
     drop_lease,
@@ -59,6 +59,7 @@ from ..catalog.queries import (
     inserted_id,
     mark_live,
     next_save_seq,
+    pick_archive,
     renew_lease,
 )
 from ..codec import EncodedChunk, EncodedSample
@@ -87,7 +88,7 @@ from ..samples import (
     task_key_and_text,
     task_key_of,
 )
-from .archive import Archive, open_archive, payload_gone
+from .archive import Archive, payload_gone
 from .context import HasContext, PoolContext, context_of
 from .journal import RecordWrite, place_committed, pool_id_of, publish_op, stage_record
 from .listing import check_rollout_id
@@ -262,6 +263,9 @@ class ArchiveWriter:
         self._blob_kinds: dict[str, str] = {}
         self._blob_sizes: dict[str, int] = {}
         self._created: set[str] = set()  # digests whose row this save inserted
+        # Whether the lease may hold blobs (step 2 or a reference held some): a small save's
+        # holds none, and its ownership transaction has none to drop.
+        self._holds = False
         self._unmarked: list[str] = []  # written, not yet flipped to live
         # The chunks `commit` packed itself, claimed by the ownership transaction, and those
         # of their blobs it writes with the manifest (marked live at publication).
@@ -270,6 +274,7 @@ class ArchiveWriter:
         self._last_stored: list[_Blob] = []  # recorded live: their files looked for
         self._owned_at = 0.0  # when the ownership transaction committed (its owner row's time)
         self._record: RecordWrite | None = None  # the publication's journal record, begun
+        self._published_row: Any = None  # the archive's row, as its publication left it
         self._next_ordinal = 0
         self._pending: deque[Future[None]] = deque()  # chunk stores in flight, oldest first
         # Chunks packing or packed that wait for the next one to be stored with (see `_flush`).
@@ -438,7 +443,7 @@ class ArchiveWriter:
             place_committed(self._record)
         finally:
             self._shutdown()
-        self.archive = open_archive(self._pool, self.name)
+        self.archive = Archive(self._pool, self._published_row)
         return self.archive
 
     def abort(self) -> None:
@@ -734,6 +739,7 @@ class ArchiveWriter:
             if self._unmarked:
                 mark_live(conn, self._unmarked)
                 self._unmarked = []
+            self._holds = True
             hold_blobs(conn, self._lease, [b.digest for b in blobs])
             to_write, stored = self._claim_rows(conn, blobs, now)
         # NOTE: the live rows' files are looked for after the commit, not inside it: on an
@@ -851,6 +857,7 @@ class ArchiveWriter:
         digests = [b.digest for b in blobs]
         with self._lock, self._pool.catalog.write("save.blobs") as conn:
             check_lease(conn, self._lease, now=self._pool.clock())
+            self._holds = True
             hold_blobs(conn, self._lease, digests)
             rows = blob_rows(conn, digests)
             gone = [d for d in digests if d not in rows or rows[d].state != "live"]
@@ -906,10 +913,6 @@ class ArchiveWriter:
             check_lease(conn, self._lease, now=now)
             mark_live(conn, self._unmarked)
             self._unmarked = []
-            # Held by the lease until this commits, as step 2 holds them: a rollback (or GC,
-            # if this save dies) reclaims them alike.
-            hold_blobs(conn, self._lease, [b.digest for b in blobs])
-            self._last_writes, self._last_stored = self._claim_rows(conn, blobs, now)
             self._note_stored(last, blobs)
             self._owned_at = now
             self._replaces = free_name(
@@ -918,9 +921,14 @@ class ArchiveWriter:
             manifest = self._manifest(
                 save_seq=next_save_seq(conn, now, floor=self._pool.journal.floor), created_at=now
             )
-            # The manifest is put after this commit whatever its row said (its save number
-            # makes it new): what `_claim_rows` says of it is not needed.
-            self._claim_rows(conn, [manifest], now)
+            # NOTE: the last chunks' rows and the manifest's claimed in one read and one
+            # insert.  No hold of the lease on them: the archive owns them in this very
+            # commit, which drops the lease's holds (a hold made here never committed).  The
+            # manifest is put after this commit whatever its row said (its save number makes
+            # it new): what `_claim_rows` says of it is not needed.
+            writes, stored = self._claim_rows(conn, [*blobs, manifest], now)
+            self._last_writes = [b for b in writes if b.digest != manifest.digest]
+            self._last_stored = [b for b in stored if b.digest != manifest.digest]
             self._blob_kinds[manifest.digest] = "manifest"
             self._blob_sizes[manifest.digest] = manifest.size
             total = sum(self._blob_sizes.values())
@@ -961,7 +969,9 @@ class ArchiveWriter:
             )
             # Ownership has passed to the archive's owner; the lease row itself stays until
             # publication so that GC can tell a live pending save from a dead one.
-            conn.execute(_DROP_HOLDS, {"lease": self._lease})
+            if self._holds:
+                conn.execute(_DROP_HOLDS, {"lease": self._lease})
+                self._holds = False
         return int(archive_id), manifest
 
     def _publish(self, archive_id: int, manifest_digest: str) -> None:
@@ -995,7 +1005,11 @@ class ArchiveWriter:
                     f"archive {self.name!r} was rolled back by gc before it could be "
                     "published (its lease expired)"
                 )
-            drop_lease(conn, self._lease)
+            # Its holds went at the ownership commit.
+            drop_lease(conn, self._lease, holds=False)
+            # The archive as `commit` returns it, read here rather than in a read
+            # transaction of its own after this one.
+            self._published_row = conn.execute(_ARCHIVE_BY_ID, {"archive_id": archive_id}).one()
             op = publish_op(
                 self.name,
                 manifest_digest,
@@ -1077,6 +1091,7 @@ _LEASES_OF_NAME = select(
 _INSERT_ARCHIVE = archives_table.insert()
 _INSERT_OWNER = retention_table.insert()
 _DROP_HOLDS = delete(lease_blobs_table).where(lease_blobs_table.c.lease == bindparam("lease"))
+_ARCHIVE_BY_ID = select(archives_table).where(archives_table.c.id == bindparam("archive_id"))
 _PUBLISH = (
     update(archives_table)
     .where(archives_table.c.id == bindparam("archive_id"), archives_table.c.state == "pending")
@@ -1109,7 +1124,10 @@ def free_name(
     """
     from .gc import roll_back_saves
 
-    row = archive_by_name(conn, name, pending=True)
+    # One read of the name's rows for both questions (is a save of it pending, what does it
+    # point at): a small save's transactions are mostly statements like this one.
+    spellings, rows = archive_rows_by_name(conn, name)
+    row = pick_archive(spellings, rows, pending=True)
     dead: list[str] = []
     if row is not None:
         lt = leases_table
@@ -1139,6 +1157,7 @@ def free_name(
         if row.lease_owner is not None:
             dead.append(row.lease_owner)
         roll_back_saves(conn, dead, [row.id])
+        rows = [r for r in rows if r.id != row.id]
     if leases:
         others = [
             owner
@@ -1148,7 +1167,7 @@ def free_name(
         if others:
             _log.info("save of %r: dropped %d lease(s) of dead saves of it", name, len(others))
             roll_back_saves(conn, others, [])
-    current = archive_by_name(conn, name)
+    current = pick_archive(spellings, rows)
     if current is None:
         return None
     check_supersedable(conn, name, current.id, supersede=supersede)
