@@ -222,6 +222,7 @@ class ArchiveWriter:
         supersede: bool = False,
         reward_key: str | None = None,
         _lazy_renewal: bool = False,
+        _expected: int | None = None,
     ) -> None:
         pool = context_of(pool)
         self._pool = pool
@@ -258,7 +259,7 @@ class ArchiveWriter:
         # last chunk is then not stored on its own but claimed by the ownership transaction
         # and written with the manifest (one transaction and one round of fsyncs less at the
         # end of the save, where nothing overlaps them).
-        self._expected: int | None = None
+        self._expected: int | None = _expected
         self._chunks: dict[int, tuple[str, int, int]] = {}
         self._blob_kinds: dict[str, str] = {}
         self._blob_sizes: dict[str, int] = {}
@@ -288,20 +289,22 @@ class ArchiveWriter:
         # was opened must not get its blobs written to whatever is at its old place now.
         pool.check_in_place(f"saving {self.name!r}")
         now = pool.clock()
-        # NOTE: not waited for on the disk (docs/architecture/save-protocol.md, "Save protocol",
-        # step 1): every later step that depends on the lease begins with a durable commit of the
-        # catalog, which makes the lease durable too; a power loss before it leaves nothing
-        # that needs the lease.
-        with pool.catalog.write("save.lease", durable=False) as conn:
-            free_name(conn, self.name, now=now, leases=True, supersede=supersede)
-            insert_lease(
-                conn,
-                self._lease,
-                now=now,
-                ttl=pool.lease_ttl,
-                archive_name=self.name,
-                holder=this_process(),
-            )
+        # Whether the lease row may be in the catalog (set inside the transaction that inserts
+        # it, so a commit that raised after it happened still counts): a save whose lease
+        # never was has nothing there to roll back.
+        self._lease_taken = False
+        # NOTE: a save all of whose chunks go with the manifest (`save_samples` of at most a
+        # pair of chunks' samples) stores nothing before its ownership transaction, which then
+        # takes the lease itself: one transaction (and its commit) less
+        # (docs/architecture/save-protocol.md, "Save protocol", step 1).
+        deferred = (
+            _lazy_renewal
+            and reference is None
+            and _expected is not None
+            and _expected <= _CHUNKS_PER_STORE * pool.chunk_size
+        )
+        if not deferred:
+            self._take_lease(now)
         self._expires_at = now + pool.lease_ttl  # as last renewed; only the heartbeat moves it
         self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
         self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
@@ -313,11 +316,16 @@ class ArchiveWriter:
             name="archive-lease",
             daemon=True,
         )
+        self._lazy_renewal = _lazy_renewal
+        self._interval = interval
         # With ``_lazy_renewal`` (`save_samples`, which holds every sample and adds them in
         # one go) the heartbeat starts only once the save has run for a renewal interval
-        # (`_start_renewal_if_due`): a small save ends long before and starts no thread.
-        self._renew_after = time.monotonic() + interval if _lazy_renewal else None
-        if self._renew_after is None:
+        # (`_start_renewal_if_due`): a small save ends long before and starts no thread.  A
+        # deferred lease has nothing to renew until it is taken (`_take_lease`).
+        self._renew_after = (
+            time.monotonic() + interval if _lazy_renewal and self._lease_taken else None
+        )
+        if self._renew_after is None and not _lazy_renewal:
             self._heartbeat.start()
 
     # ---------------------------------------------------------------- public
@@ -552,6 +560,39 @@ class ArchiveWriter:
 
     # ---------------------------------------------------------------- internals
 
+    def _take_lease(self, now: float) -> None:
+        """Step 1: check the name and take the lease, in a transaction of its own."""
+        # NOTE: not waited for on the disk (docs/architecture/save-protocol.md, "Save protocol",
+        # step 1): every later step that depends on the lease begins with a durable commit of the
+        # catalog, which makes the lease durable too; a power loss before it leaves nothing
+        # that needs the lease.
+        pool = self._pool
+        with pool.catalog.write("save.lease", durable=False) as conn:
+            free_name(conn, self.name, now=now, leases=True, supersede=self.supersede)
+            self._lease_taken = True
+            insert_lease(
+                conn,
+                self._lease,
+                now=now,
+                ttl=pool.lease_ttl,
+                archive_name=self.name,
+                holder=this_process(),
+            )
+
+    def _ensure_lease(self) -> None:
+        """Take a deferred lease before a blob transaction (step 2), which needs it: a save
+        that expected its chunks to go with the manifest but stores one (a sequence longer
+        than its length said)."""
+        if self._lease_taken:
+            return
+        now = self._pool.clock()
+        self._take_lease(now)
+        self._expires_at = now + self._pool.lease_ttl
+        if self._lazy_renewal:
+            self._renew_after = time.monotonic() + self._interval
+        else:
+            self._heartbeat.start()
+
     def _start_renewal_if_due(self) -> None:
         """Start the heartbeat of a lazily renewed save once it has run a renewal interval.
 
@@ -733,6 +774,8 @@ class ArchiveWriter:
         """Step 2: retain under the lease, then write what is not already live."""
         store = self._pool.store
         to_write: list[_Blob] = []
+        with self._lock:
+            self._ensure_lease()
         with self._lock, self._pool.catalog.write("save.blobs") as conn:
             now = self._pool.clock()
             check_lease(conn, self._lease, now=now)
@@ -910,14 +953,30 @@ class ArchiveWriter:
         last = self._last
         blobs = _blobs_of(last)
         with self._lock, self._pool.catalog.write("save.ownership") as conn:
-            check_lease(conn, self._lease, now=now)
+            taken = self._lease_taken
+            if taken:
+                check_lease(conn, self._lease, now=now)
             mark_live(conn, self._unmarked)
             self._unmarked = []
             self._note_stored(last, blobs)
             self._owned_at = now
+            # A deferred lease: step 1's checks of the name, and its lease, here (durable with
+            # this commit; its pending archive names it, so GC tells a live save from a dead
+            # one as before).
             self._replaces = free_name(
-                conn, self.name, now=now, leases=False, supersede=self.supersede
+                conn, self.name, now=now, leases=not taken, supersede=self.supersede
             )
+            if not taken:
+                self._lease_taken = True
+                insert_lease(
+                    conn,
+                    self._lease,
+                    now=now,
+                    ttl=self._pool.lease_ttl,
+                    archive_name=self.name,
+                    holder=this_process(),
+                )
+                self._expires_at = now + self._pool.lease_ttl
             manifest = self._manifest(
                 save_seq=next_save_seq(conn, now, floor=self._pool.journal.floor), created_at=now
             )
@@ -1026,6 +1085,10 @@ class ArchiveWriter:
 
         Returns False when the catalog could not be written: the lease and a pending archive
         stay until the lease lapses."""
+        if not self._lease_taken:
+            # A deferred lease never taken: nothing of this save reached the catalog or the
+            # store (every row and file comes after the transaction that takes the lease).
+            return True
         store = self._pool.store
         try:
             # NOTE: blobs are unlinked only from the pool opened: at a root that moved or was
@@ -1437,12 +1500,12 @@ def save_samples(
             supersede=supersede,
             reward_key=reward_key,
             _lazy_renewal=True,
+            _expected=len(samples),
         )
         # NOTE: the caller holds ``samples`` until this returns, and every chunk is stored
         # before it does: the tensor blobs may reference the samples' memory instead of a
         # copy (a memcpy of every big tensor would cost pool.save, the headline number).
         writer._copy = False
-        writer._expected = len(samples)
         try:
             for i, sample in enumerate(samples):
                 if task_keys is None:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from archive_manager import ArchiveManager, codec
 from archive_manager._util import failpoints as _failpoints
-from archive_manager.catalog import lease_blobs_table
+from archive_manager.catalog import lease_blobs_table, leases_table
 from archive_manager.codec import chunk as chunk_module
 from archive_manager.errors import UnencodableError
 from archive_manager.pool import writer as writer_module
@@ -56,6 +57,64 @@ def test_a_save_claims_its_chunks_in_pairs(pool: ArchiveManager, n: int, transac
     arc = pool.save("a", samples, rollout_id=1)
     assert _blob_transactions() == transactions
     assert arc.load_samples() == samples
+    assert pool.verify(read_data=True).ok
+
+
+class _Lying(list):  # type: ignore[type-arg]
+    """A sequence of samples whose length says fewer than it holds."""
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize(("n", "leases"), [(1, 0), (4, 0), (5, 1)])
+def test_a_small_save_takes_its_lease_in_its_ownership_transaction(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch, n: int, leases: int
+) -> None:
+    """A `pool.save` whose chunks all go with the manifest (at most a pair of chunks'
+    samples) has two catalog transactions, ownership (which checks the name and takes the
+    lease) and publication, and no read after them: one commit less, and no read transaction
+    for the archive it returns (docs/architecture/save-protocol.md, "Save protocol", steps 1
+    and 5).  Between the two, the lease is there, with its holder, and holds nothing (the
+    archive owns its blobs).  A larger save takes its lease first, as before."""
+    _failpoints.configure(
+        ";".join(
+            f"{point}.before_commit=sleep:0"
+            for point in ("save.blobs", "save.lease", "save.ownership", "save.publish")
+        )
+    )
+    seen: list[Any] = []  # rows
+    publish = writer_module.ArchiveWriter._publish
+
+    def looked(writer: writer_module.ArchiveWriter, *args: Any) -> None:
+        with pool.catalog.read() as conn:
+            seen.extend(conn.execute(select(leases_table.c.archive_name, leases_table.c.holder)))
+            seen.extend(conn.execute(select(lease_blobs_table)))
+        publish(writer, *args)
+
+    monkeypatch.setattr(writer_module.ArchiveWriter, "_publish", looked)
+    reads = 0
+    read = type(pool.catalog).read
+
+    def counted(catalog: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return read(catalog)
+
+    samples = _samples(n)
+    monkeypatch.setattr(type(pool.catalog), "read", counted)
+    arc = pool.save("a", samples, rollout_id=1)
+    monkeypatch.setattr(type(pool.catalog), "read", read)
+    assert (reads, _failpoints.hits("save.lease.before_commit")) == (1, leases)  # `looked`'s
+    assert _failpoints.hits("save.ownership.before_commit") == 1
+    assert _failpoints.hits("save.publish.before_commit") == 1
+    assert len(seen) == 1 and seen[0].archive_name == "a" and seen[0].holder is not None
+    assert arc.load_samples() == samples
+    # A sequence longer than its length: the deferred lease is taken before the first blob
+    # transaction, which needs it.
+    longer = _Lying(_samples(3 * CHUNK))
+    assert pool.save("b", longer, rollout_id=1).load_samples() == list(longer)
+    assert _failpoints.hits("save.lease.before_commit") == leases + 1
     assert pool.verify(read_data=True).ok
 
 
