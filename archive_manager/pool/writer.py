@@ -318,6 +318,7 @@ class ArchiveWriter:
         )
         self._lazy_renewal = _lazy_renewal
         self._interval = interval
+        self._started = time.monotonic()
         # With ``_lazy_renewal`` (`save_samples`, which holds every sample and adds them in
         # one go) the heartbeat starts only once the save has run for a renewal interval
         # (`_start_renewal_if_due`): a small save ends long before and starts no thread.  A
@@ -422,6 +423,7 @@ class ArchiveWriter:
             self._pool.journal.ready()
             self._pool.journal_floor()  # read again in both transactions below
             archive_id, manifest = self._commit_ownership()
+            self._start_renewal_if_due()
             # The live rows' files looked for after the commit, as step 2 does (the archive's
             # ownership keeps GC from them meanwhile); one gone is written again.
             self._last_writes += _missing(self._pool.store, self._last_stored)
@@ -977,6 +979,9 @@ class ArchiveWriter:
                     holder=this_process(),
                 )
                 self._expires_at = now + self._pool.lease_ttl
+                # Renewed as if taken at the start: a save that already ran an interval
+                # starts its heartbeat once this commits (`commit`), as step 1's would have.
+                self._renew_after = self._started + self._interval
             manifest = self._manifest(
                 save_seq=next_save_seq(conn, now, floor=self._pool.journal.floor), created_at=now
             )
@@ -1510,8 +1515,15 @@ def save_samples(
             for i, sample in enumerate(samples):
                 if task_keys is None:
                     writer.add(sample)
-                else:
+                elif i < len(keys):
                     writer.add(sample, task_key=keys[i])
+                else:
+                    # A sequence that yields more samples than its len() said, which the
+                    # keys were counted against.
+                    raise InvalidInputError(
+                        f"samples yielded more than the {len(keys)} its len() gave, and "
+                        f"task_keys has {len(keys)} keys"
+                    )
         except BaseException:
             writer.abort()
             raise

@@ -278,6 +278,25 @@ def test_task_keys_argument_overrides_the_samples(pool, rollout, same_samples) -
     assert arc.load_samples()[1].task_key == "rollout-0/group-0"
 
 
+def test_task_keys_for_a_sequence_longer_than_its_len_are_refused_cleanly(
+    pool, rollout, snapshot
+) -> None:
+    """A sequence that yields more samples than its ``len()`` said (the keys were counted
+    against it) is refused with InvalidInputError, leaving the pool as it was; it raised a
+    bare IndexError."""
+    samples = rollout(6, seed=3)
+
+    class Longer(list):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 4
+
+    before = snapshot(pool)
+    with pytest.raises(InvalidInputError, match="task_keys has 4 keys"):
+        pool.save("lk", Longer(samples), rollout_id=0, task_keys=["t"] * 4)
+    assert snapshot(pool) == before
+    assert len(pool.save("lk", samples[:4], rollout_id=0, task_keys=["t"] * 4)) == 4
+
+
 def test_queue_handles_give_task_keys_and_are_never_stored(pool, same_samples) -> None:
     receipt: Any = Sample(index=0, tokens=[1, 2])
     receipt._queue_receipt = {"task_id": 17, "ack": "not storable either"}

@@ -202,6 +202,42 @@ def test_a_slow_pool_save_still_renews_its_lease(
     assert arc.load_samples() == samples
 
 
+def test_a_slow_small_save_renews_the_lease_its_ownership_transaction_took(
+    open_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save small enough to take its lease in its ownership transaction, which has run a
+    renewal interval by then, starts its heartbeat once that commits: writing its files and
+    publishing may outlast the lease. The heartbeat was left unstarted, and such a save
+    failed with LeaseExpiredError after writing everything."""
+    pool = open_pool(chunk_size=CHUNK, lease_ttl=1.5)  # renewed every 0.5 s
+    prepare = writer_module.prepare_sample
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)  # a sample that takes long to encode (not a synchronisation)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "prepare_sample", slow)
+    samples = _samples(2 * CHUNK)  # one pair of chunks: the lease is deferred
+    collected: list[Any] = []
+
+    def collect_once_the_lease_would_have_lapsed() -> None:
+        while not _failpoints.hits("save.manifest.after_write"):
+            time.sleep(0.01)
+        time.sleep(2.0)  # real time past the lease the ownership transaction took (1.5 s)
+        collected.append(open_pool().gc(grace=0))  # the same pool, opened again
+
+    _failpoints.configure("save.manifest.after_write=sleep:3")  # step 4 outlasts the lease
+    collector = threading.Thread(target=collect_once_the_lease_would_have_lapsed, daemon=True)
+    collector.start()
+    try:
+        arc = pool.save("a", samples, rollout_id=1)
+    finally:
+        _failpoints.configure(None)
+        collector.join(60)
+    assert collected, "the collection did not run"
+    assert arc.load_samples() == samples
+
+
 def _within(seconds: float, fn: Any) -> None:
     """Run ``fn`` on a thread; fail (instead of hanging the suite) if it does not return."""
     errors: list[BaseException] = []
