@@ -154,8 +154,10 @@ def _archive_rows(pool: ArchiveManager) -> list[Any]:
 
 def _check_blobs(pool: ArchiveManager, archive_ids: list[int]) -> int:
     """Every blob those archives' rows name is live in the catalog, present and intact;
-    except the manifest of a pending archive, which is written after the ownership commit
-    and marked live when the archive is published."""
+    except a pending archive's `writing` rows: its manifest and the last chunks its ownership
+    transaction claimed (all its chunks, for a save small enough to defer its lease) are
+    written after the ownership commit and marked live when the archive is published
+    (docs/architecture/save-protocol.md, "The last chunks go with the manifest")."""
     ab, b, a = archive_blobs_table, blobs_table, archives_table
     with pool.catalog.read() as conn:
         rows = conn.execute(
@@ -165,8 +167,8 @@ def _check_blobs(pool: ArchiveManager, archive_ids: list[int]) -> int:
             .where(ab.c.archive_id.in_(archive_ids))
             .distinct()
         ).all()
-    for digest, state, kind, archive_state in rows:
-        if kind == "manifest" and archive_state == "pending" and state == "writing":
+    for digest, state, _kind, archive_state in rows:
+        if archive_state == "pending" and state == "writing":
             continue
         assert state == "live", f"blob {digest} of a committed archive is {state}"
         pool.store.check(digest)  # rehashes: IntegrityError / BlobNotFoundError on damage
