@@ -891,20 +891,36 @@ taken_list(take_ctx *c, PyObject *list)
 
 static int take_into(take_ctx *c, PyObject *value, PyObject *out);
 
+/* `value` looked up in the memo: 1 when the caller is to return *found (the copy made
+ * before, a new reference; NULL without an error past MAX_TAKE_DEPTH, where the Python path
+ * takes it; NULL with one on error), 0 when it is to make the copy, under *key (a new
+ * reference to id(value)). */
+static int
+memo_find(take_ctx *c, PyObject *value, PyObject **key, PyObject **found)
+{
+    *found = NULL;
+    *key = PyLong_FromVoidPtr(value);
+    if (*key == NULL) {
+        return 1;
+    }
+    PyObject *known = PyDict_GetItemWithError(c->memo, *key);
+    if (known != NULL || PyErr_Occurred() || take_depth >= MAX_TAKE_DEPTH) {
+        Py_CLEAR(*key);
+        *found = Py_XNewRef(known);
+        return 1;
+    }
+    return 0;
+}
+
 /* A dict met in the loop: its copy (memo[id(dict)], or a new one put there and filled by the
  * loop); NULL without an error when the Python path is to take it (a key not an exact str,
  * nesting past MAX_TAKE_DEPTH). */
 static PyObject *
 take_nested(take_ctx *c, PyObject *value)
 {
-    PyObject *key = PyLong_FromVoidPtr(value);
-    if (key == NULL) {
-        return NULL;
-    }
-    PyObject *known = PyDict_GetItemWithError(c->memo, key);
-    if (known != NULL || PyErr_Occurred() || take_depth >= MAX_TAKE_DEPTH) {
-        Py_DECREF(key);
-        return Py_XNewRef(known);
+    PyObject *key, *found;
+    if (memo_find(c, value, &key, &found)) {
+        return found;
     }
     PyObject *out = PyDict_New();
     int status = -1;
@@ -950,14 +966,9 @@ queue_key(PyObject *key, PyObject *declared)
 static PyObject *
 take_object(take_ctx *c, PyObject *value, PyObject *declared)
 {
-    PyObject *key = PyLong_FromVoidPtr(value);
-    if (key == NULL) {
-        return NULL;
-    }
-    PyObject *known = PyDict_GetItemWithError(c->memo, key);
-    if (known != NULL || PyErr_Occurred() || take_depth >= MAX_TAKE_DEPTH) {
-        Py_DECREF(key);
-        return Py_XNewRef(known);
+    PyObject *key, *found;
+    if (memo_find(c, value, &key, &found)) {
+        return found;
     }
     PyObject *state = PyObject_GenericGetDict(value, NULL);
     PyObject *copy = NULL, *fields = NULL, *source = NULL, *out = NULL;

@@ -1290,15 +1290,19 @@ def decode_record(
         type(converted) is list and all(type(k) is str for k in converted)
     ):
         raise IntegrityError("record lists its converted fields malformed")
-    with gc_paused():
-        decoder = _Decoder(
-            arrays,
+
+    def decoder_of(part: memoryview, part_arrays: memoryview) -> _Decoder:
+        return _Decoder(
+            part_arrays,
             loader,
             as_arrays=as_arrays or stored,
             stored=stored,
             dtypes=dtypes,
-            whole=rec.nbytes if in_place else None,
+            whole=part.nbytes if in_place else None,
         )
+
+    with gc_paused():
+        decoder = decoder_of(rec, arrays)
         texts = None
         if text is not None:
             text_tree, text_arrays = _parse(text)
@@ -1307,14 +1311,7 @@ def decode_record(
                 raise IntegrityError("record's text part is not a set of fields")
             # NOTE: one alias table for both parts: the encoder wrote the text part first
             # (see `encode_sample`), so a tensor both hold loads as one object.
-            text_decoder = _Decoder(
-                text_arrays,
-                loader,
-                as_arrays=as_arrays or stored,
-                stored=stored,
-                dtypes=dtypes,
-                whole=text.nbytes if in_place else None,
-            )
+            text_decoder = decoder_of(text, text_arrays)
             text_decoder.aliases = decoder.aliases
             texts = text_decoder.fields(text_node, names=names)
         fields = decoder.fields(tree["f"], texts, names)

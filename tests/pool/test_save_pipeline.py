@@ -184,19 +184,24 @@ def test_the_gil_is_handed_over_only_while_a_chunk_is_in_flight(
     assert pool.open_archive("b").load_samples() == samples
 
 
+def _encode_slowly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sample takes 0.3 s of real time to encode (not a synchronisation)."""
+    prepare = writer_module.prepare_sample
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "prepare_sample", slow)
+
+
 def test_a_slow_pool_save_still_renews_its_lease(
     open_pool: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`pool.save` starts its heartbeat once the save has run a renewal interval: samples
     that take longer to encode than the lease lives still publish."""
     pool = open_pool(chunk_size=CHUNK, lease_ttl=1.5)  # renewed every 0.5 s
-    prepare = writer_module.prepare_sample
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.3)  # a sample that takes long to encode (not a synchronisation)
-        return prepare(*args, **kwargs)
-
-    monkeypatch.setattr(writer_module, "prepare_sample", slow)
+    _encode_slowly(monkeypatch)
     samples = _samples(8)  # 2.4 s of encoding, past the 1.5 s lease
     arc = pool.save("a", samples, rollout_id=1)
     assert arc.load_samples() == samples
@@ -210,13 +215,7 @@ def test_a_slow_small_save_renews_the_lease_its_ownership_transaction_took(
     publishing may outlast the lease. The heartbeat was left unstarted, and such a save
     failed with LeaseExpiredError after writing everything."""
     pool = open_pool(chunk_size=CHUNK, lease_ttl=1.5)  # renewed every 0.5 s
-    prepare = writer_module.prepare_sample
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.3)  # a sample that takes long to encode (not a synchronisation)
-        return prepare(*args, **kwargs)
-
-    monkeypatch.setattr(writer_module, "prepare_sample", slow)
+    _encode_slowly(monkeypatch)
     samples = _samples(2 * CHUNK)  # one pair of chunks: the lease is deferred
     collected: list[Any] = []
 
