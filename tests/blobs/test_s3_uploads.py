@@ -154,6 +154,30 @@ def test_an_s3_subclass_overriding_put_still_sees_put_many(s3_env: S3Server, buc
 # --------------------------------------------------------------------------- upload threads
 
 
+def test_a_forked_child_uploads_on_threads_of_its_own() -> None:
+    """The kept upload threads are the process's: a child forked after the parent started
+    them (a DataLoader worker) gets new ones, not the parent's executor, whose threads it
+    does not have and whose queue nothing would ever drain."""
+    uploaders = s3mod._Uploaders()
+    parent = uploaders.executor()
+    assert uploaders.executor() is parent  # kept
+    assert parent.submit(lambda: 1).result(timeout=60) == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether its executor is new and works, then leave
+        try:
+            mine = uploaders.executor()
+            ok = mine is not parent and mine.submit(lambda: 2).result(timeout=30) == 2
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+
+
 def test_uploads_run_on_the_callers_and_the_stores_kept_threads(
     s3_env: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
