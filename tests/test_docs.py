@@ -216,3 +216,60 @@ def test_a_citation_of_a_missing_section_or_page_is_found() -> None:
     assert bad_architecture_citations("a.py", f'({old}, "Search")', sections) == [
         "a.py: docs/architecture.md is split"
     ]
+
+
+# A path of the repository as scripts, docs and comments name it: tests/pool/test_save.py,
+# tools/crash_matrix.py, tests/crash/test_crash_matrix*.py (a glob), .ci/run.
+_PATH = re.compile(
+    r"(?<![\w/.-])((?:tests|tools|archive_manager|docs|migrations|\.ci)/[\w.*/-]*[\w*])"
+)
+
+
+def missing_paths(text: str, root: Path) -> list[str]:
+    """The repository paths ``text`` names that match nothing under ``root``.
+
+    A name may be a glob or the start of one (``archive_manager/codec/_native`` names the
+    built extension, whatever its suffix).
+    """
+    missing = []
+    for name in sorted(set(_PATH.findall(text))):
+        if not any(root.glob(name)) and not any(root.glob(name + "*")):
+            missing.append(name)
+    return missing
+
+
+def test_every_path_the_scripts_docs_and_comments_name_exists() -> None:
+    # CI went red for a day because .ci/dist-check still ran tests/codec/test_roundtrip.py after
+    # it moved to tests/interop/ (pytest found no tests and exited 5); docs named modules that
+    # had moved into packages.  The CHANGELOG names paths as they were and .gitignore paths that
+    # may never exist: both are left out.
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    # the tests of this check and of the layering name paths that must not exist
+    made_up = {"tests/test_docs.py", "tests/test_layering.py", "tests/test_packaging.py"}
+    suffixes = {".py", ".c", ".md", ".toml", ".yml", ".ini", ".cfg", ".in", ".sh", ""}
+    bad = []
+    for name in tracked:
+        path = ROOT / name
+        if name in ("CHANGELOG.md", ".gitignore") or name in made_up or path.suffix not in suffixes:
+            continue
+        if not path.is_file() or path.name == "mermaid.min.js":
+            continue
+        bad += [f"{name}: {p}" for p in missing_paths(path.read_text(errors="replace"), ROOT)]
+    assert len(tracked) > 200
+    assert not bad, "\n".join(bad)
+
+
+def test_a_moved_test_file_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "interop").mkdir(parents=True)
+    (tmp_path / "tests" / "interop" / "test_roundtrip.py").write_text("")
+    (tmp_path / "archive_manager" / "codec").mkdir(parents=True)
+    (tmp_path / "archive_manager" / "codec" / "_native.cpython-311.so").write_text("")
+    text = (
+        "pytest tests/codec/test_roundtrip.py tests/interop/test_roundtrip.py\n"
+        "# tests/interop/test_*.py and archive_manager/codec/_native, not tests/crash/\n"
+    )
+    assert missing_paths(text, tmp_path) == ["tests/codec/test_roundtrip.py", "tests/crash"]

@@ -4,7 +4,7 @@
 Runs, each in a fresh process and interleaved round by round (so a burst of load elsewhere
 hits every command alike): ``python -c pass``, ``import archive_manager``,
 ``archive-manager --help``, ``archive-manager ls`` (read with sqlite3:
-``archive_manager/_sqlite_listing.py``), the same ``ls`` through the library's full open (a
+``archive_manager/_util/sqlite_read.py``), the same ``ls`` through the library's full open (a
 catalog URL with an option, which the sqlite3 listing leaves to the open) and an
 archive-name completion, on a pool of ``--archives`` archives; it prints the median (and
 fastest) wall time of each, with the difference to and ratio over bare python, and the
