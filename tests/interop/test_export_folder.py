@@ -23,6 +23,7 @@ from helpers import assert_same_samples, small_rollout
 
 from archive_manager import ArchiveManager
 from archive_manager.cli import cli
+from archive_manager.interop import export
 
 
 def _steps() -> list[list[Any]]:
@@ -103,6 +104,22 @@ def test_a_folder_export_has_one_schema_every_reader_takes(
             assert set(vars(b)) == set(vars(s))
             b.__dict__ = {k: vars(b)[k] for k in vars(s)}
         assert_same_samples(back, saved)
+
+
+def test_a_folder_export_rewrites_large_batches_as_row_groups_of_bounded_size(
+    pool: ArchiveManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files written again in the folder's schema are cut into row groups as a file
+    export is (`export._write_groups`); the folder reads as the same table."""
+    whole = pool.export_many(tmp_path / "whole", format="parquet")
+    monkeypatch.setattr(export, "_GROUP_BYTES", 1, raising=False)
+    paths = pool.export_many(tmp_path / "rows", format="parquet")
+    for path, before in zip(paths, whole, strict=True):
+        meta = pq.ParquetFile(path).metadata
+        assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [1] * 6
+        assert pq.read_table(path).equals(pq.read_table(before), check_metadata=True)
+    table = ds.dataset(tmp_path / "rows", format="parquet").to_table()
+    assert table.equals(ds.dataset(tmp_path / "whole", format="parquet").to_table())
 
 
 def test_the_cli_folder_export_reads_as_one_table(pool: ArchiveManager, tmp_path: Path) -> None:
