@@ -392,11 +392,11 @@ def _write_groups(writer: Any, batch: pa.RecordBatch) -> None:
     """Write ``batch`` as row groups of at most `_GROUP_BYTES` (at least one row each).
 
     NOTE: pyarrow builds a column chunk's repetition and definition levels (two int16 per
-    list item) and its dictionary indices for the whole row group at once: for a chunk of
-    R3 rollouts (125 MB of expert ids) that is ~250 MB of fresh memory, which the allocator
+    list item) for the whole row group at once: for a chunk of
+    R3 rollouts (31 M expert ids) that is 125 MB of fresh memory, which the allocator
     gets from the kernel (zeroed) on every write.  Groups of 16 MiB reuse their buffers:
-    the write of r3-40 took 0.70 -> 0.56 s of CPU, its kernel share 0.21 -> 0.06 s, the
-    file 0.5% larger (docs/performance.md, "Load at the floor").
+    the kernel's share of r3-40's export 0.12-0.21 -> 0.04-0.07 s of CPU, the file 0.5%
+    larger (docs/performance.md, "Load at the floor").
     """
     rows = batch.num_rows
     writer.write_batch(batch, row_group_size=max(1, rows * _GROUP_BYTES // max(1, batch.nbytes)))
