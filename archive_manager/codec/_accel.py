@@ -23,6 +23,7 @@ from ..errors import NativeFallbackWarning
 
 __all__ = [
     "NO_NATIVE_ENV",
+    "native_arenas_ahead",
     "native_dict_items",
     "native_fill_taken",
     "native_first_leaves",
@@ -108,3 +109,20 @@ def _load_snapshot() -> tuple[TakeDictFn, TakeObjectFn, FillTakenFn] | tuple[Non
 
 
 native_take_dict, native_take_object, native_fill_taken = _load_snapshot()
+
+
+ArenasAheadFn = Callable[[bool], bool]
+
+
+def _load_arenas_ahead() -> ArenasAheadFn | None:
+    # NOTE: looked up apart, as `stored_list`: an extension built from an older checkout
+    # lacks it, and then a load's arenas are mapped by pymalloc as they are needed.
+    if native_numbers is None:
+        return None
+    from . import _native
+
+    found: ArenasAheadFn | None = getattr(_native, "arenas_ahead", None)
+    return found
+
+
+native_arenas_ahead = _load_arenas_ahead()

@@ -19,6 +19,10 @@ def dict_items(
 # A stored numeric array's items as Python numbers (tolist); None: a dtype it leaves to numpy.
 def stored_list(data: object, dtype: str, shuffled: object, /) -> list[object] | None: ...
 
+# A load begins (True) or ends (False): pymalloc's arenas are made ahead on a thread meanwhile;
+# whether the allocator is now installed (True) or was put back (False).
+def arenas_ahead(on: bool, /) -> bool: ...
+
 # The indices of parts holding needle (ASCII case-folded when folded) or any of also.
 def texts_holding(
     parts: object, needle: bytes, folded: bool, also: tuple[bytes, ...], /

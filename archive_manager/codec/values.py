@@ -41,7 +41,13 @@ from ..samples import (
     sample_to_record,
     value_to_record,
 )
-from ._accel import native_dict_items, native_first_leaves, native_numbers, native_stored_list
+from ._accel import (
+    native_arenas_ahead,
+    native_dict_items,
+    native_first_leaves,
+    native_numbers,
+    native_stored_list,
+)
 from .dtypes import numbers_as
 from .tensor_ref import TensorRef
 from .tensors import (
@@ -1030,13 +1036,20 @@ def gc_paused(*, promote: bool = False) -> Iterator[None]:
     1024-sample benchmark this was 25% of read time.  Nothing built here forms cycles.
 
     With ``promote`` (a load, whose objects the caller keeps), the containers made meanwhile
-    join the oldest generation when the GC resumes instead of the youngest (`_promote_young`).
+    join the oldest generation when the GC resumes instead of the youngest (`_promote_young`),
+    and pymalloc's arenas are made ready on a thread of their own meanwhile (the C
+    extension's ``arenas_ahead``: docs/architecture/reading.md, "Arenas made ahead").
     """
     was_enabled = gc.isenabled()
     gc.disable()
+    ahead = native_arenas_ahead if promote else None
     try:
+        if ahead is not None:
+            ahead(True)
         yield
     finally:
+        if ahead is not None:
+            ahead(False)
         if was_enabled:
             if promote:
                 _promote_young()

@@ -7,6 +7,7 @@ list, and None for every list they leave to JSON; and the fallback must work wit
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
@@ -298,6 +299,80 @@ def test_lists_load_as_saved_through_the_native_decoder(value: list) -> None:
     assert _same_items(got["v"], want["v"]) and _same_items(got["nested"][0], want["nested"][0])
     if python_array(value) is not None:  # stored as an array: decoded in C, both times
         assert len(calls) == 2
+
+
+# A load's arenas made ahead (`arenas_ahead`, docs/architecture/reading.md "Arenas made ahead").
+LINUX = sys.platform.startswith("linux")
+
+
+def _arenas_ahead() -> Any:
+    ahead = _accel.native_arenas_ahead
+    assert ahead is not None, "the extension was built without arenas_ahead: rebuild it"
+    return ahead
+
+
+def _arena_threads() -> int:
+    """The threads making arenas ahead (by the name the extension gives them)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+    return names.count("archive-arenas")
+
+
+@pytest.mark.skipif(not LINUX, reason="arenas are made ahead on Linux only")
+def test_arenas_made_ahead_hold_objects_and_the_allocator_comes_back_at_the_last_end() -> None:
+    ahead = _arenas_ahead()
+    assert ahead(True) is True
+    assert ahead(True) is True  # a second load (nested or on another thread) joins the first
+    made = [float(i) + 0.5 for i in range(1_000_000)]  # 24 MB of floats: arenas from the thread
+    assert _arena_threads() == 1
+    assert ahead(False) is False  # the other load still runs
+    assert ahead(False) is True  # the last: pymalloc's allocator is back
+    assert ahead(False) is False  # an end without a begin changes nothing
+    # freed by pymalloc's own allocator now, arenas made ahead and its own alike
+    assert sum(made) == sum(i + 0.5 for i in range(1_000_000))
+    del made
+    assert ahead(True) is True  # and made again by the next load
+    again = [float(i) for i in range(1_000_000)]
+    assert ahead(False) is True
+    assert again[-1] == 999_999.0
+
+
+@pytest.mark.skipif(not LINUX, reason="arenas are made ahead on Linux only")
+def test_a_load_makes_arenas_ahead_until_it_ends_even_when_it_raises() -> None:
+    ahead = _arenas_ahead()
+    for fails in (False, True):
+        with contextlib.suppress(ValueError), codec.values.gc_paused(promote=True):
+            # inside a load, this begin is a second one and its end not the last
+            assert ahead(True) is True and ahead(False) is False
+            if fails:
+                raise ValueError
+        assert ahead(True) is True and ahead(False) is True
+    with codec.values.gc_paused():  # not a load: a save's or a record's pause
+        assert ahead(True) is True and ahead(False) is True
+
+
+@pytest.mark.skipif(not LINUX, reason="arenas are made ahead on Linux only")
+def test_a_child_forked_during_a_load_gets_pymallocs_allocator_back() -> None:
+    script = """
+import os, sys
+from archive_manager.codec import _accel
+ahead = _accel.native_arenas_ahead
+ahead(True)
+made = [float(i) for i in range(1_000_000)]  # the thread runs
+pid = os.fork()
+if pid == 0:
+    # no load of the child's began: its first begin installs, its end puts back
+    more = [float(i) for i in range(1_000_000)]
+    ok = ahead(True) is True and ahead(False) is True and more[-1] == 999_999.0
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert ahead(False) is True and made[-1] == 999_999.0
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
 
 
 def test_the_realistic_rollouts_chunk_digests_are_identical_without_native(
