@@ -27,6 +27,7 @@ __all__ = [
     "native_dict_items",
     "native_fill_taken",
     "native_first_leaves",
+    "native_hand_over",
     "native_numbers",
     "native_stored_list",
     "native_take_dict",
@@ -126,3 +127,19 @@ def _load_arenas_ahead() -> ArenasAheadFn | None:
 
 
 native_arenas_ahead = _load_arenas_ahead()
+
+HandOverFn = Callable[[int], bool]
+
+
+def _load_hand_over() -> HandOverFn | None:
+    # NOTE: looked up apart, as `stored_list`: an extension built from an older checkout (or
+    # for a platform without a monotonic clock) lacks it, and then `GilHandOver` sleeps.
+    if native_numbers is None:
+        return None
+    from . import _native
+
+    found: HandOverFn | None = getattr(_native, "hand_over", None)
+    return found
+
+
+native_hand_over = _load_hand_over()

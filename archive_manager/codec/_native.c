@@ -11,15 +11,20 @@
  * texts_holding(parts, needle, folded, also) is the search's prefilter
  * (docs/architecture/search.md, "Search"): which of a chunk's text parts hold the needle's bytes,
  * searched without the GIL.
+ *
+ * hand_over(budget_ns) lets another thread take the GIL without a timed sleep
+ * (docs/architecture/save-protocol.md, "Handing the GIL over").
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <float.h>
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The narrowing order of values._INT_NARROWING: the first that holds [lo, hi] wins. */
 static const struct {
@@ -197,6 +202,58 @@ numbers(PyObject *module, PyObject *list)
     PyMem_Free(bits);
     return out;
 }
+
+#if defined(CLOCK_MONOTONIC)
+/* hand_over(budget_ns): let another thread of this process take the GIL, without a timed
+ * sleep (docs/architecture/save-protocol.md, "Handing the GIL over").  The GIL is released,
+ * then this thread yields its core (sched_yield: a thread woken for the GIL onto this core
+ * runs at once) until another thread has taken the GIL or budget_ns have passed, and takes
+ * it back (once that thread lets go of it).  time.sleep(0) napped for the kernel's timer
+ * instead, ~90 us on this project's VM whatever the timer slack, wanted or not.  True when
+ * another thread was seen taking the GIL.
+ *
+ * Up to 3.11 the runtime's current thread state is one process-wide pointer, set by the
+ * thread that holds the GIL: seen non-NULL while this thread has let go, another thread took
+ * it.  From 3.12 it is per thread: nothing is seen and the whole budget is yielded. */
+static inline long long
+monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static PyObject *
+hand_over(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long long budget = PyLong_AsLongLong(arg);
+    if (budget == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (budget < 0 || budget > 1000000000LL) {
+        PyErr_SetString(PyExc_ValueError, "hand_over: budget_ns must be within [0, 1e9]");
+        return NULL;
+    }
+    int taken = 0;
+    PyThreadState *self = PyEval_SaveThread();
+    long long start = monotonic_ns();
+    for (;;) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (_PyThreadState_UncheckedGet() != NULL) {
+            taken = 1;
+            break;
+        }
+#endif
+        if (monotonic_ns() - start >= budget) {
+            break;
+        }
+        sched_yield();
+    }
+    PyEval_RestoreThread(self);
+    return PyBool_FromLong(taken);
+}
+#endif
 
 /* The bound accounting of a list or tuple of plain leaves, done as _Encoder._items would do it
  * (docs/architecture/samples-and-values.md, "Native list conversion"): encode() returns each such
@@ -1708,6 +1765,12 @@ static PyMethodDef methods[] = {
      "first_leaves(items, leaves) -> bool\n\n"
      "Mark the plain leaves of a list or tuple met for the first time (leaves[id] = -1);\n"
      "False, with leaves unchanged, when the Python path must do the list."},
+#if defined(CLOCK_MONOTONIC)
+    {"hand_over", hand_over, METH_O,
+     "hand_over(budget_ns) -> bool\n\n"
+     "Let go of the GIL and yield the core until another thread takes it or budget_ns\n"
+     "pass, then take it back; True when another thread was seen taking it."},
+#endif
     {"numbers", numbers, METH_O,
      "numbers(list) -> (dtype name, bytes, shuffled) | None\n\n"
      "A list of exact ints (within int64) or exact floats as the codec's narrowed,\n"

@@ -39,7 +39,7 @@ import zstandard
 
 from .._util.digest import Buffer, digest_of
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
-from ._accel import native_texts_holding
+from ._accel import native_hand_over, native_texts_holding
 from .dtypes import NotHeldError
 from .framing import (
     _HEAD,
@@ -355,6 +355,10 @@ class RawChunk:
 # Seconds of encoding between two hand-overs of the GIL (see build_chunk).  Measured on the
 # 1024-sample save: a hand-over per sample 0.35 s, every 0.5 ms or 2 ms 0.28 s.
 _HAND_OVER_EVERY = 0.001
+# Nanoseconds a hand-over yields for, at most, for a thread that waits for the GIL to take
+# it: with 200 us allowed, such a thread took it within ~35 us in 9 of 10 hand-overs
+# (realistic-1024 saves, load ~7).  A hand-over that no thread wanted costs all of it.
+_HAND_OVER_SPIN_NS = 50_000
 
 
 def build_chunk(
@@ -389,8 +393,11 @@ class GilHandOver:
     NOTE: a writer packs and stores earlier chunks on other threads whose every syscall and
     zstd call releases the GIL and then waits for it: behind a thread that never lets go, each
     wait lasts the 5 ms switch interval.  Measured: 16 blob writes took 0.74 s beside a busy
-    encoder, 0.05 s with this yield.  Not after every sample: sleep(0) naps for the kernel's
-    timer slack (~60 us), which added 80 ms to a 1024-sample save.
+    encoder, 0.05 s with this yield.  Not after every sample: each hand-over costs its wait.
+    With the C extension it is `_native.hand_over`, which yields the core only until another
+    thread has taken the GIL (at most `_HAND_OVER_SPIN_NS`); without it, ``time.sleep(0)``,
+    a nap on the kernel's timer (~90 us on this project's VM) whether or not a thread waits
+    (docs/architecture/save-protocol.md, "Handing the GIL over").
     """
 
     __slots__ = ("handed",)
@@ -400,7 +407,10 @@ class GilHandOver:
 
     def __call__(self) -> None:
         if time.perf_counter() - self.handed > _HAND_OVER_EVERY:
-            time.sleep(0)
+            if native_hand_over is not None:
+                native_hand_over(_HAND_OVER_SPIN_NS)
+            else:
+                time.sleep(0)
             self.handed = time.perf_counter()
 
 

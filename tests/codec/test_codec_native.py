@@ -15,6 +15,7 @@ import random
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -661,3 +662,63 @@ def test_the_prefilter_on_long_texts_and_bad_arguments() -> None:
         _HOLDING([1], b"x", False, ())  # type: ignore[list-item]
     with pytest.raises(TypeError):
         _HOLDING(7, b"x", False, ())  # type: ignore[arg-type]
+
+
+def test_hand_over_lets_a_thread_waiting_for_the_gil_take_it() -> None:
+    """`_native.hand_over` lets go of the GIL until a waiting thread has it: with the switch
+    interval out of reach, that thread runs only through a hand-over
+    (docs/architecture/save-protocol.md, "Handing the GIL over")."""
+    hand_over = _accel.native_hand_over
+    assert hand_over is not None
+    go = threading.Event()
+    ran: list[int] = []
+
+    def waiter() -> None:
+        go.wait()  # GIL-free; then it waits for the GIL
+        ran.append(1)
+
+    thread = threading.Thread(target=waiter)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        thread.start()
+        go.set()
+        for _ in range(2000):  # this thread never blocks: only hand_over lets go
+            if ran:
+                break
+            hand_over(1_000_000)
+    finally:
+        sys.setswitchinterval(interval)
+    thread.join()
+    assert ran == [1]
+
+
+def test_hand_over_takes_only_a_budget_in_range() -> None:
+    hand_over = _accel.native_hand_over
+    assert hand_over is not None
+    assert hand_over(0) in (True, False)
+    for bad in (-1, 10**9 + 1):
+        with pytest.raises(ValueError, match="budget_ns"):
+            hand_over(bad)
+    with pytest.raises(TypeError):
+        hand_over("1")  # type: ignore[arg-type]
+
+
+def test_the_encoders_hand_over_is_the_native_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`codec.GilHandOver` hands the GIL over through `_native.hand_over` when it is built, not
+    by ``time.sleep(0)``, a timer nap whether or not a thread waits."""
+    from archive_manager.codec import chunk as chunk_module
+
+    calls: list[int] = []
+
+    def hand_over_native(budget_ns: int) -> bool:
+        calls.append(budget_ns)
+        return False
+
+    monkeypatch.setattr(chunk_module, "native_hand_over", hand_over_native)
+    monkeypatch.setattr(chunk_module, "_HAND_OVER_EVERY", -1.0)  # due at every call
+    monkeypatch.setattr(chunk_module.time, "sleep", lambda s: pytest.fail("slept"))
+    hand_over = codec.GilHandOver()
+    hand_over()
+    hand_over()
+    assert calls == [chunk_module._HAND_OVER_SPIN_NS] * 2
