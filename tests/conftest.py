@@ -11,6 +11,7 @@ is set (CI sets it), which makes them fail instead.
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -158,13 +159,44 @@ _SLOW_FILES = {
 }
 
 
+#: Set to 1 to run the suite's processes with real fsyncs (debugging durability by hand).
+REAL_FSYNC_ENV = "ARCHIVE_MANAGER_REAL_FSYNC"
+
+
+def _cheap_processes(config: pytest.Config) -> None:
+    """Make the suite's processes (xdist workers, and the hundreds of Pythons the tests start)
+    cheap to start and free of fsync waits, as CI's (.ci/run) are.
+
+    Set in the environment before xdist starts its workers, so it reaches them and every
+    child.  Compiled modules: where bytecode writing is off (``PYTHONDONTWRITEBYTECODE``, as
+    in many images), each process compiles the package, the test modules (pytest's assertion
+    rewriting) and, under a ``PYTHONPYCACHEPREFIX``, every library from source again; they
+    are written once to that prefix instead (``.pytest_cache/pycache`` when none is set),
+    outside the tree.  fsync: libeatmydata, where installed, makes it a no-op; the suite
+    never cuts power, the one crash an fsync protects against, and tests that check fsync is
+    called or that its failure fails a save do so at the Python level.
+    ``$ARCHIVE_MANAGER_REAL_FSYNC=1`` keeps real fsyncs."""
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        os.environ.setdefault(
+            "PYTHONPYCACHEPREFIX", str(config.rootpath / ".pytest_cache" / "pycache")
+        )
+    preload = os.environ.get("LD_PRELOAD", "")
+    if os.environ.get(REAL_FSYNC_ENV) or "eatmydata" in preload:
+        return
+    library = ctypes.util.find_library("eatmydata")
+    if library is not None:
+        os.environ["LD_PRELOAD"] = f"{preload} {library}".strip()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under .ci/dist-check, refuse to test anything but the installed wheel.
+    """Make the suite's processes cheap (`_cheap_processes`); under .ci/dist-check, refuse to
+    test anything but the installed wheel.
 
     ``$ARCHIVE_MANAGER_EXPECT_INSTALLED`` names the environment the wheel went into; a checkout
     found first (an editable install, a stray sys.path entry) would make the smoke run test the
     source tree instead of the distribution.
     """
+    _cheap_processes(config)
     expected = os.environ.get("ARCHIVE_MANAGER_EXPECT_INSTALLED")
     if not expected:
         return
