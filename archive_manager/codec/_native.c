@@ -888,12 +888,17 @@ stored_list(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *   concurrent loads (a count, under the GIL) and put back at the last; the thread starts
  *   only once a load has taken AHEAD_START arenas, so a small load costs two calls.  Each
  *   arena is a mapping of its own, as pymalloc's default allocator makes it, which that
- *   allocator unmaps when pymalloc frees it, during the load or after it.  Nothing is
- *   installed where the arena allocator is not the one found at import (a tool's own).
- *   Returns whether the allocator is now installed (on) or was put back (off).
+ *   allocator unmaps when pymalloc frees it, during the load or after it.  So it is used
+ *   only where the allocator found at import is CPython's own (a tool's, installed before,
+ *   would be handed mappings its free() does not know: glibc aborts), and only while it is
+ *   still the one installed: a tool's installed over it during a load is left in place at
+ *   the end.  Only requests of pymalloc's arena size are served or counted (the hook also
+ *   allocates the interpreter's frame stacks, of other sizes).
+ *   Returns whether the allocator is now installed (on) or pymalloc's was put back (off).
  *   Linux only (mmap, MADV_POPULATE_WRITE or a write per page); elsewhere a no-op. */
 
 #if defined(__linux__)
+#include <dlfcn.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -902,20 +907,25 @@ stored_list(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 #define AHEAD_RING 4 /* arenas kept ready: at most 4 MiB mapped for nothing at a load's end */
 #define AHEAD_START 4 /* arenas a load takes before the thread starts */
-/* The same hook allocates the interpreter's frame stacks (16 KiB chunks, 3.11+): only
- * requests of an arena's size (256 KiB or 1 MiB) count. */
-#define AHEAD_MIN_SIZE (256 * 1024)
+/* pymalloc's arena (obmalloc.c's ARENA_SIZE: 1 MiB on 64 bits since 3.10, 256 KiB before).
+ * The same hook allocates the interpreter's frame stacks (16 KiB chunks, or larger for a
+ * frame of many locals, 3.11+): only requests of this size are served or counted. */
+#if SIZEOF_VOID_P > 4 && PY_VERSION_HEX >= 0x030A0000
+#define AHEAD_SIZE ((size_t)1 << 20)
+#else
+#define AHEAD_SIZE ((size_t)1 << 18)
+#endif
 
 static struct {
     PyObjectArenaAllocator base; /* pymalloc's, at import */
     PyObjectArenaAllocator mine;
+    int usable; /* base is CPython's own mmap allocator (`ahead_init`) */
     /* under the GIL of the interpreter that imported this module: */
     int loads; /* loads running */
     int installed;
     /* under `lock`: with isolated subinterpreters (3.12+) arenas are asked for under other
      * GILs too, and a pop must never race the end's unmapping of the ring */
     pthread_mutex_t lock;
-    size_t size; /* the arena size the thread maps: that of the request that started it */
     int taken;   /* arenas taken since installed, until the thread starts */
     int started;
     pthread_t thread;
@@ -955,7 +965,7 @@ ahead_main(void *arg)
         if (atomic_load(&ahead.stop)) {
             return NULL;
         }
-        void *p = ahead_map(ahead.size);
+        void *p = ahead_map(AHEAD_SIZE);
         if (p == NULL) {
             return NULL; /* out of memory: the loads map their own arenas, as without it */
         }
@@ -967,12 +977,11 @@ ahead_main(void *arg)
 
 /* With `lock` held. */
 static void
-ahead_start(size_t size)
+ahead_start(void)
 {
     if (sem_init(&ahead.room, 0, AHEAD_RING) != 0) {
         return;
     }
-    ahead.size = size;
     atomic_store(&ahead.head, 0);
     atomic_store(&ahead.tail, 0);
     atomic_store(&ahead.stop, 0);
@@ -997,19 +1006,20 @@ ahead_alloc(void *ctx, size_t size)
 {
     (void)ctx;
     void *p = NULL;
-    if (size >= AHEAD_MIN_SIZE) {
+    /* Not installed: a tool that was installed over this allocator during a load put it
+     * back after the load ended; it is pymalloc's then. */
+    if (size == AHEAD_SIZE && ahead.installed) {
         pthread_mutex_lock(&ahead.lock);
         if (ahead.started) {
             size_t t = atomic_load_explicit(&ahead.tail, memory_order_relaxed);
-            if (size == ahead.size &&
-                t != atomic_load_explicit(&ahead.head, memory_order_acquire)) {
+            if (t != atomic_load_explicit(&ahead.head, memory_order_acquire)) {
                 p = ahead.ring[t % AHEAD_RING];
                 atomic_store_explicit(&ahead.tail, t + 1, memory_order_relaxed);
                 sem_post(&ahead.room);
             }
         }
         else if (++ahead.taken == AHEAD_START) {
-            ahead_start(size);
+            ahead_start();
         }
         pthread_mutex_unlock(&ahead.lock);
     }
@@ -1035,7 +1045,7 @@ ahead_stop(void)
         pthread_join(ahead.thread, NULL); /* at most one arena's mapping away */
         size_t h = atomic_load(&ahead.head);
         for (size_t t = atomic_load(&ahead.tail); t != h; t++) {
-            munmap(ahead.ring[t % AHEAD_RING], ahead.size);
+            munmap(ahead.ring[t % AHEAD_RING], AHEAD_SIZE);
         }
         sem_destroy(&ahead.room);
         ahead.started = 0;
@@ -1058,10 +1068,11 @@ arenas_ahead(PyObject *module, PyObject *on)
         return NULL;
     }
     if (want) {
-        if (ahead.loads++ == 0) {
+        if (ahead.loads++ == 0 && ahead.usable) {
             PyObjectArenaAllocator now;
             PyObject_GetArenaAllocator(&now);
-            if (same_allocator(&now, &ahead.base)) {
+            /* pymalloc's, or this one (put back by a tool it was under) */
+            if (same_allocator(&now, &ahead.base) || same_allocator(&now, &ahead.mine)) {
                 pthread_mutex_lock(&ahead.lock);
                 ahead.taken = 0;
                 pthread_mutex_unlock(&ahead.lock);
@@ -1072,10 +1083,17 @@ arenas_ahead(PyObject *module, PyObject *on)
         return PyBool_FromLong(ahead.installed);
     }
     if (ahead.loads > 0 && --ahead.loads == 0 && ahead.installed) {
-        PyObject_SetArenaAllocator(&ahead.base);
+        PyObjectArenaAllocator now;
+        PyObject_GetArenaAllocator(&now);
+        /* A tool's installed over this one during the load stays (it may hand its own memory
+         * out and take it back); pymalloc's comes back only in place of this one. */
+        int back = same_allocator(&now, &ahead.mine);
+        if (back) {
+            PyObject_SetArenaAllocator(&ahead.base);
+        }
         ahead.installed = 0;
         ahead_stop();
-        Py_RETURN_TRUE;
+        return PyBool_FromLong(back);
     }
     Py_RETURN_FALSE;
 }
@@ -1099,14 +1117,18 @@ static void
 ahead_after_fork_child(void)
 {
     if (ahead.installed) {
-        PyObject_SetArenaAllocator(&ahead.base);
+        PyObjectArenaAllocator now;
+        PyObject_GetArenaAllocator(&now);
+        if (same_allocator(&now, &ahead.mine)) {
+            PyObject_SetArenaAllocator(&ahead.base);
+        }
         ahead.installed = 0;
     }
     ahead.loads = 0;
     if (ahead.started) {
         size_t h = atomic_load(&ahead.head);
         for (size_t t = atomic_load(&ahead.tail); t != h; t++) {
-            munmap(ahead.ring[t % AHEAD_RING], ahead.size);
+            munmap(ahead.ring[t % AHEAD_RING], AHEAD_SIZE);
         }
         ahead.started = 0;
     }
@@ -1117,6 +1139,14 @@ static void
 ahead_init(void)
 {
     PyObject_GetArenaAllocator(&ahead.base);
+    /* CPython's own arena allocator (mmap and munmap, no context) is defined in the same
+     * object as PyObject_Malloc (libpython, or the interpreter linked statically); one a
+     * tool installed before this import is not, and must never free a mapping of ours. */
+    Dl_info theirs, cpython;
+    ahead.usable = ahead.base.ctx == NULL && ahead.base.alloc != NULL &&
+                   dladdr((void *)ahead.base.alloc, &theirs) != 0 &&
+                   dladdr((void *)PyObject_Malloc, &cpython) != 0 &&
+                   theirs.dli_fbase == cpython.dli_fbase;
     ahead.mine.ctx = NULL;
     ahead.mine.alloc = ahead_alloc;
     ahead.mine.free = ahead_free;

@@ -12,9 +12,11 @@ import enum
 import math
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,6 +376,127 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
+
+
+# A profiler's arena allocator (counting, on mmap and munmap so that it frees pymalloc's arenas
+# made before it safely), installed through the same hook: loaded with ctypes.
+_TOOL_ARENAS = r"""
+#include <Python.h>
+#include <sys/mman.h>
+static PyObjectArenaAllocator prev;
+static long n_alloc;
+static void *t_alloc(void *ctx, size_t size) {
+    (void)ctx;
+    n_alloc++;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+static void t_free(void *ctx, void *p, size_t size) { (void)ctx; munmap(p, size); }
+void install(void) {
+    PyObjectArenaAllocator a = {NULL, t_alloc, t_free};
+    PyObject_GetArenaAllocator(&prev);
+    PyObject_SetArenaAllocator(&a);
+}
+void uninstall(void) { PyObject_SetArenaAllocator(&prev); }
+long allocs(void) { return n_alloc; }
+"""
+
+
+def _tool_arenas(tmp_path: Path) -> Path:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    include = sysconfig.get_paths()["include"]
+    if compiler is None or not Path(include, "Python.h").is_file():
+        if os.environ.get(REQUIRE_NATIVE_ENV):
+            pytest.fail("no C compiler or Python headers to build the tool's allocator")
+        pytest.skip("no C compiler or Python headers")
+    source = tmp_path / "tool_arenas.c"
+    source.write_text(_TOOL_ARENAS)
+    built = tmp_path / "tool_arenas.so"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O1", f"-I{include}", str(source), "-o", str(built)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return built
+
+
+@pytest.mark.skipif(not LINUX, reason="arenas are made ahead on Linux only")
+def test_a_tools_arena_allocator_found_at_import_is_never_handed_arenas_made_ahead(
+    tmp_path: Path,
+) -> None:
+    # Found by a red team: the allocator found at import was taken for pymalloc's own, so a
+    # tool's installed before it would free mappings of ours with its own free() (glibc's
+    # aborted, for a tool on malloc).
+    script = f"""
+import ctypes
+tool = ctypes.CDLL({str(_tool_arenas(tmp_path))!r})
+tool.install()
+from archive_manager.codec import _accel
+ahead = _accel.native_arenas_ahead
+assert ahead(True) is False, "installed over a tool's allocator"
+made = [float(i) + 0.5 for i in range(2_000_000)]
+del made  # pymalloc frees the emptied arenas through the tool's free()
+assert ahead(False) is False
+assert tool.allocs() > 10
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.mark.skipif(not LINUX, reason="arenas are made ahead on Linux only")
+def test_a_tools_arena_allocator_installed_during_a_load_stays_installed(tmp_path: Path) -> None:
+    # The load's end put pymalloc's back over the tool's; the tool, putting back what it
+    # found (this one) after the load, then left it installed for good, its thread running.
+    script = f"""
+import ctypes, os
+tool = ctypes.CDLL({str(_tool_arenas(tmp_path))!r})
+from archive_manager.codec import _accel
+ahead = _accel.native_arenas_ahead
+
+def threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{{task}}/comm").read().strip())
+        except OSError:
+            pass
+    return names.count("archive-arenas")
+
+assert ahead(True) is True
+tool.install()
+a = [float(i) for i in range(500_000)]
+assert ahead(False) is False, "the end replaced the tool's allocator"
+before = tool.allocs()
+b = [float(i) for i in range(500_000)]
+assert tool.allocs() > before, "the tool's allocator is no longer installed"
+tool.uninstall()  # puts back what it found: this extension's, outside any load
+c = [float(i) for i in range(2_000_000)]
+assert threads() == 0, "arenas made ahead with no load running"
+assert ahead(True) is True and ahead(False) is True and threads() == 0
+assert a[-1] == b[-1] == 499_999.0 and c[-1] == 1_999_999.0
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.mark.skipif(not LINUX, reason="arenas are made ahead on Linux only")
+def test_frames_of_many_locals_do_not_count_as_arenas() -> None:
+    # The hook also allocates the interpreter's frame stacks: four frames of 40,000 locals
+    # (512 KiB chunks) at a load's start made the thread map chunks of that size, which no
+    # arena request then took.
+    source = "def big():\n    " + "\n    ".join(f"v{i} = {i}" for i in range(40_000))
+    namespace: dict[str, Any] = {}
+    exec(source + "\n    return v0\n", namespace)
+    big = namespace["big"]
+    ahead = _arenas_ahead()
+    assert ahead(True) is True
+    try:
+        for _ in range(6):
+            big()
+        assert _arena_threads() == 0, "frame stacks started the thread"
+    finally:
+        assert ahead(False) is True
 
 
 def test_the_realistic_rollouts_chunk_digests_are_identical_without_native(
