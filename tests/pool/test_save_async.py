@@ -440,8 +440,12 @@ def test_a_forked_child_exits_without_waiting_for_the_parents_saves(tmp_path: Pa
 
 
 INTERRUPTED = """
-import sys
+import signal, sys
 from archive_manager import ArchiveManager, Sample
+
+# A shell's background job (`pytest ... &`) starts with SIGINT ignored, and so would this child,
+# whose Ctrl-C would then never come.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pool = ArchiveManager.open(sys.argv[1], chunk_size=4)
 assert "numpy" not in sys.modules  # the first save_async imports it
