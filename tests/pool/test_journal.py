@@ -954,6 +954,7 @@ def test_a_damaged_file_with_a_huge_number_bricks_the_pool(
         assert pool.retain("checkpoint:step-2", "b")
 
 
+@pytest.mark.slow  # a real-time wait of 6 s (tests/README.md, "slow")
 def test_two_gcs_checkpointing_at_once_leave_the_journal_empty(
     tmp_path: Path, backend: Backend
 ) -> None:

@@ -261,6 +261,7 @@ def test_a_file_vanishing_during_rebuild_is_skipped(
         assert "0" * 32 not in set(conn.execute(blobs_table.select()).scalars())
 
 
+@pytest.mark.slow  # a soak of fixed duration (tests/README.md, "slow")
 def test_rebuild_gc_and_saves_together_lose_nothing(tmp_path: Path, backend: Backend) -> None:
     """Savers, a GC loop (grace 0) and a rebuild loop on one live pool, for a few seconds."""
     root = tmp_path / "pool"

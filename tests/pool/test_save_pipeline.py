@@ -195,6 +195,7 @@ def _encode_slowly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(writer_module, "prepare_sample", slow)
 
 
+@pytest.mark.slow  # real-time lease renewals (tests/README.md, "slow")
 def test_a_slow_pool_save_still_renews_its_lease(
     open_pool: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -207,6 +208,7 @@ def test_a_slow_pool_save_still_renews_its_lease(
     assert arc.load_samples() == samples
 
 
+@pytest.mark.slow  # real-time lease renewals (tests/README.md, "slow")
 def test_a_slow_small_save_renews_the_lease_its_ownership_transaction_took(
     open_pool: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
