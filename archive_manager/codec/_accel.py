@@ -76,18 +76,22 @@ def _load() -> (
 native_numbers, native_first_leaves, native_dict_items, native_texts_holding = _load()
 
 
-def _load_decoder() -> StoredListFn | None:
-    # NOTE: looked up apart from the four above: an extension built from an older checkout
-    # lacks it, and then only the decoder runs in Python (numpy), the rest stays native.
+def _optional(name: str) -> Any:
+    """The extension's function ``name``, or None where there is no extension or it lacks
+    that function.
+
+    NOTE: the functions added after the first four are looked up one by one: an extension
+    built from an older checkout lacks them, and then only their callers take the Python
+    path (the decoder converts with numpy, `save_async` snapshots in Python, a load's arenas
+    are mapped by pymalloc as needed, `GilHandOver` sleeps), the rest stays native."""
     if native_numbers is None:
         return None
     from . import _native
 
-    found: StoredListFn | None = getattr(_native, "stored_list", None)
-    return found
+    return getattr(_native, name, None)
 
 
-native_stored_list = _load_decoder()
+native_stored_list: StoredListFn | None = _optional("stored_list")
 
 TakeDictFn = Callable[..., "int | None"]
 TakeObjectFn = Callable[..., "tuple[Any, int] | None"]
@@ -95,15 +99,9 @@ FillTakenFn = Callable[[list[Any], int], list[int]]
 
 
 def _load_snapshot() -> tuple[TakeDictFn, TakeObjectFn, FillTakenFn] | tuple[None, None, None]:
-    # NOTE: looked up apart, as `stored_list`: an extension built from an older checkout
-    # lacks them, and then `save_async`'s snapshot runs in Python (codec/snapshot.py).
-    if native_numbers is None:
-        return None, None, None
-    from . import _native
-
-    take_dict = getattr(_native, "take_dict", None)
-    take_object = getattr(_native, "take_object", None)
-    fill_taken = getattr(_native, "fill_taken", None)
+    # all three or none: `save_async`'s snapshot runs in C or in Python (codec/snapshot.py)
+    take_dict, take_object = _optional("take_dict"), _optional("take_object")
+    fill_taken = _optional("fill_taken")
     if take_dict is None or take_object is None or fill_taken is None:
         return None, None, None
     return take_dict, take_object, fill_taken
@@ -113,33 +111,7 @@ native_take_dict, native_take_object, native_fill_taken = _load_snapshot()
 
 
 ArenasAheadFn = Callable[[bool], bool]
-
-
-def _load_arenas_ahead() -> ArenasAheadFn | None:
-    # NOTE: looked up apart, as `stored_list`: an extension built from an older checkout
-    # lacks it, and then a load's arenas are mapped by pymalloc as they are needed.
-    if native_numbers is None:
-        return None
-    from . import _native
-
-    found: ArenasAheadFn | None = getattr(_native, "arenas_ahead", None)
-    return found
-
-
-native_arenas_ahead = _load_arenas_ahead()
+native_arenas_ahead: ArenasAheadFn | None = _optional("arenas_ahead")
 
 HandOverFn = Callable[[int], bool]
-
-
-def _load_hand_over() -> HandOverFn | None:
-    # NOTE: looked up apart, as `stored_list`: an extension built from an older checkout (or
-    # for a platform without a monotonic clock) lacks it, and then `GilHandOver` sleeps.
-    if native_numbers is None:
-        return None
-    from . import _native
-
-    found: HandOverFn | None = getattr(_native, "hand_over", None)
-    return found
-
-
-native_hand_over = _load_hand_over()
+native_hand_over: HandOverFn | None = _optional("hand_over")

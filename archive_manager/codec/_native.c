@@ -1034,6 +1034,17 @@ ahead_free(void *ctx, void *ptr, size_t size)
     ahead.base.free(ahead.base.ctx, ptr, size);
 }
 
+/* Unmap the arenas the thread made that nothing took (the thread stopped or, in a forked
+ * child, absent). */
+static void
+ahead_unmap_ring(void)
+{
+    size_t h = atomic_load(&ahead.head);
+    for (size_t t = atomic_load(&ahead.tail); t != h; t++) {
+        munmap(ahead.ring[t % AHEAD_RING], AHEAD_SIZE);
+    }
+}
+
 /* Stop the thread and unmap the arenas it made that nothing took. */
 static void
 ahead_stop(void)
@@ -1043,10 +1054,7 @@ ahead_stop(void)
         atomic_store(&ahead.stop, 1);
         sem_post(&ahead.room);
         pthread_join(ahead.thread, NULL); /* at most one arena's mapping away */
-        size_t h = atomic_load(&ahead.head);
-        for (size_t t = atomic_load(&ahead.tail); t != h; t++) {
-            munmap(ahead.ring[t % AHEAD_RING], AHEAD_SIZE);
-        }
+        ahead_unmap_ring();
         sem_destroy(&ahead.room);
         ahead.started = 0;
     }
@@ -1126,10 +1134,7 @@ ahead_after_fork_child(void)
     }
     ahead.loads = 0;
     if (ahead.started) {
-        size_t h = atomic_load(&ahead.head);
-        for (size_t t = atomic_load(&ahead.tail); t != h; t++) {
-            munmap(ahead.ring[t % AHEAD_RING], AHEAD_SIZE);
-        }
+        ahead_unmap_ring();
         ahead.started = 0;
     }
     pthread_mutex_init(&ahead.lock, NULL);

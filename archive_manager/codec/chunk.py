@@ -519,10 +519,12 @@ class ChunkReader:
             for j, buffer in zip(large, owned, strict=True):
                 if buffer is not None:
                     self._inflated[todo[j]] = buffer
-            small = set(range(len(todo))) - set(large)
-            todo = [todo[j] for j in sorted(small)]
-            frames = [frames[j] for j in sorted(small)]
-            sizes = [sizes[j] for j in sorted(small)]
+            small = [j for j, raw_len in enumerate(sizes) if raw_len < _OWN_MIN]
+            todo, frames, sizes = (
+                [todo[j] for j in small],
+                [frames[j] for j in small],
+                [sizes[j] for j in small],
+            )
         if not todo:
             return
         try:
