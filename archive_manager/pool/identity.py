@@ -209,12 +209,16 @@ class _State:
 
 
 def _read_state(catalog: Catalog, root: Root) -> _State:
-    file_id = read_identity(root)
+    # NOTE: the catalog first, then the file: a new pool's identity file is written before its
+    # catalog records it (`_write_identity`, then `_commit_new`), so a catalog identity read
+    # first has its file in place.  The other order let an open racing a pool's creation read
+    # no file, then the catalog's new identity, and refuse the pool as an emptied root.
     with catalog.read() as conn:
         recorded = get_pool_info(conn, "blob_root")
         ident = _catalog_identity(conn)
         has_archives = bool(conn.execute(select(exists().where(archives_table.c.id > 0))).scalar())
         unindexed = get_pool_info(conn, UNINDEXED_BLOBS) is not None
+    file_id = read_identity(root)
     return _State(recorded, ident, file_id, has_archives, unindexed)
 
 

@@ -671,3 +671,35 @@ def test_a_stale_catalog_stays_refused_after_the_identity_file_is_deleted(
         ArchiveManager.open(root, catalog_url=f"sqlite:///{stale}").close()
     with ArchiveManager.open(root) as pool:  # the catalog that serves the pool still does
         assert_loads(pool, "a", tiny_rollout(seed=1))
+
+
+def test_an_open_racing_the_pools_creation_binds_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two first opens of one new pool (two ranks, two RolloutArchive saves): the one that reads
+    the root while the other creates the pool must take the pool the other created.  It read
+    the identity file before the catalog, so with the creation landing between the two reads
+    it saw the catalog's new identity and no file, and refused the pool as an emptied root
+    (PoolRootMissingError; found by tests/interop/test_compat.py's race, once)."""
+    from archive_manager.pool import identity
+
+    root = tmp_path / "pool"
+    real = identity.read_identity
+    created: list[str] = []
+
+    def creation_lands_now(at: Path) -> identity.PoolIdentity | None:
+        seen = real(at)
+        if not created:
+            created.append("other")
+            other = threading.Thread(target=lambda: ArchiveManager.open(root).close())
+            other.start()
+            other.join()
+        return seen
+
+    monkeypatch.setattr(identity, "read_identity", creation_lands_now)
+    with ArchiveManager.open(root) as pool:
+        assert created == ["other"]
+        assert pool.save("a", tiny_rollout(seed=1), rollout_id=1).name == "a"
+    monkeypatch.undo()
+    with ArchiveManager.open(root) as pool:
+        assert [a.name for a in pool.find()] == ["a"]
