@@ -44,7 +44,7 @@ from ..samples.records import _rebuild_plan
 from ._accel import native_fill_taken, native_take_dict, native_take_object
 from .values import _MIN_ARRAY_LEN, TakenList, list_array
 
-__all__ = ["TakenList", "fill", "take_samples"]
+__all__ = ["TakenList", "fill", "lists_ahead", "take_samples"]
 
 # Values the caller cannot change that cost nothing to hold: kept as they are.
 _SMALL = frozenset({int, float, bool, type(None)})
@@ -384,6 +384,31 @@ def fill(pending: list[tuple[list[Any], TakenList]]) -> list[int]:
         else:
             taken.dtype, taken.data, taken.shuffled = got
     return bad
+
+
+def lists_ahead(samples: Sequence[Any]) -> dict[int, tuple[list[Any], TakenList]]:
+    """The numeric lists among the top-level fields of ``samples`` (dataclasses, `Sample`s,
+    dicts) converted together to the arrays the codec stores for them, as `take_samples`
+    converts them (`fill`, on `THREADS` threads): id -> (the list, its array), for
+    `codec.encode_sample`'s ``ahead``.
+
+    For a save whose caller holds the samples until it returns (`pool.save`): the encoder
+    then writes each list's array instead of reading the list on the caller's thread alone.
+    The list is held beside its array, so its id names no other list meanwhile; a list that
+    is no numeric array after all is left out (the encoder decides it as before).
+    """
+    pending: list[tuple[list[Any], TakenList]] = []
+    for sample in samples:
+        fields = sample if type(sample) is dict else getattr(sample, "__dict__", None)
+        if type(fields) is not dict:
+            continue
+        for value in fields.values():
+            if type(value) is list and len(value) >= _MIN_ARRAY_LEN and type(value[0]) in _NUMBER:
+                taken = TakenList()
+                taken.length = len(value)
+                pending.append((value, taken))
+    bad = set(fill(pending))
+    return {id(entry[0]): entry for i, entry in enumerate(pending) if i not in bad}
 
 
 def take_samples(samples: Sequence[Any]) -> list[tuple[Any, int, bool] | None]:

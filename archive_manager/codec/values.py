@@ -261,8 +261,13 @@ class _Record:
 class _Encoder:
     """Turns one sample's field values into a JSON tree plus binary arrays."""
 
-    def __init__(self, record: _Record) -> None:
+    def __init__(
+        self, record: _Record, ahead: Mapping[int, tuple[list[Any], TakenList]] | None = None
+    ) -> None:
         self.record = record
+        # numeric lists already converted (`codec.snapshot.lists_ahead`): id -> the list (held,
+        # so its id names no other list while this runs) and its array
+        self.ahead = ahead
         self.active: set[int] = set()
         # Containers met so far (all alive: the sample holds them while it is encoded) and the
         # items written again because a container was met again (see _MAX_REPEATED_ITEMS).
@@ -595,7 +600,20 @@ class _Encoder:
 
     def _list(self, value: list[Any]) -> Any:
         if len(value) >= _MIN_ARRAY_LEN:
-            node = self._array(value)
+            got = self.ahead.get(id(value)) if self.ahead else None
+            node: dict[str, Any] | None
+            if got is not None and got[0] is value:
+                taken = got[1]
+                offset, nbytes = self.record.add(taken.data)
+                node = {
+                    _TAG: "list",
+                    "d": taken.dtype,
+                    "o": offset,
+                    "n": nbytes,
+                    "s": taken.shuffled,
+                }
+            else:
+                node = self._array(value)
             if node is not None:
                 key = id(value)
                 if key in self.seen:
@@ -1158,12 +1176,15 @@ def encode_sample(
     copy: bool = False,
     texts: Collection[str] = TEXT_FIELDS,
     keep: Collection[str] = (),
+    ahead: Mapping[int, tuple[list[Any], TakenList]] | None = None,
 ) -> EncodedSample:
     """One sample as a record and its tensor blobs, ready for `RawChunk.add`.
 
     The top-level fields named in ``texts`` go to the record's text part (empty ``texts``:
     a whole record, as chunk format version 1 stores it).  The stored values of the fields
-    named in ``keep`` are handed back as ``kept`` (references, not copies).
+    named in ``keep`` are handed back as ``kept`` (references, not copies).  ``ahead`` holds
+    numeric lists of the sample already converted to their arrays (`snapshot.lists_ahead`):
+    the same bytes, written without reading the list again.
 
     With ``copy``, no part of the result aliases the sample's memory (tensor blobs copy their
     bytes), so the caller may change the sample afterwards: what was encoded is what is stored.
@@ -1175,7 +1196,7 @@ def encode_sample(
     name, fields, converted = sample_to_record(sample)
     tensor_blobs: dict[str, TensorBlob] = {}
     record = _Record(inline_limit, tensor_blobs, copy=copy)
-    encoder = _Encoder(record)
+    encoder = _Encoder(record, ahead)
     moved = [k for k in texts if k in fields]
     if moved and (_TAG in fields or set(map(type, fields)) != _STR_ONLY):
         moved = []

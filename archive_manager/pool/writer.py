@@ -63,7 +63,8 @@ from ..catalog.queries import (
     renew_lease,
 )
 from ..codec import EncodedChunk, EncodedSample
-from ..codec.values import gc_paused
+from ..codec.snapshot import lists_ahead
+from ..codec.values import TakenList, gc_paused
 from ..errors import (
     ArchiveError,
     ArchiveExistsError,
@@ -157,12 +158,13 @@ def prepare_sample(
     copy: bool = True,
     facts: Mapping[str, Any] | None = None,
     reward_key: str | None = None,
+    ahead: Mapping[int, tuple[list[Any], TakenList]] | None = None,
 ) -> PreparedSample:
     """`ArchiveWriter.add`'s work on the sample itself: its task key (``task_key`` overrides
     the sample's), its sample key, its record and tensor blobs, its description (``facts``
     override it, as `ArchiveWriter.add` says; ``reward_key`` picks its reward out of a dict,
     `describe_sample`).  With ``copy`` (the default), no part of the result aliases the
-    sample's memory.
+    sample's memory.  ``ahead``: its numeric lists already converted (`codec.encode_sample`).
 
     Raises:
         UnencodableError: the sample holds a value that cannot be stored.
@@ -174,7 +176,7 @@ def prepare_sample(
     # NOTE: encoded before it is described, so the description only ever sees values the
     # codec accepted.
     encoded = codec.encode_sample(
-        sample, inline_limit=pool.inline_limit, copy=copy, keep=CATALOG_FIELDS
+        sample, inline_limit=pool.inline_limit, copy=copy, keep=CATALOG_FIELDS, ahead=ahead
     )
     description = describe_sample(sample, reward_key=reward_key)
     if facts:
@@ -255,6 +257,8 @@ class ArchiveWriter:
         self._hand_over = codec.GilHandOver()
         # `save_samples` holds its samples until the save returns: it may skip the copy.
         self._copy = True
+        # `save_samples`: the numeric lists of the samples being added, converted ahead.
+        self._ahead: dict[int, tuple[list[Any], TakenList]] | None = None
         # How many samples the save adds, when known (`save_samples`): the pair holding the
         # last chunk is then not stored on its own but claimed by the ownership transaction
         # and written with the manifest (one transaction and one round of fsyncs less at the
@@ -362,6 +366,7 @@ class ArchiveWriter:
                 copy=self._copy,
                 facts=facts,
                 reward_key=self.reward_key,
+                ahead=self._ahead,
             )
         )
 
@@ -1512,19 +1517,43 @@ def save_samples(
         # copy (a memcpy of every big tensor would cost pool.save, the headline number).
         writer._copy = False
         try:
-            for i, sample in enumerate(samples):
-                if task_keys is None:
-                    writer.add(sample)
-                elif i < len(keys):
-                    writer.add(sample, task_key=keys[i])
-                else:
-                    # A sequence that yields more samples than its len() said, which the
-                    # keys were counted against.
-                    raise InvalidInputError(
-                        f"samples yielded more than the {len(keys)} its len() gave, and "
-                        f"task_keys has {len(keys)} keys"
-                    )
+            i = 0
+            for batch in _batches(samples, pool.chunk_size):
+                # A chunk's numeric lists converted together on the snapshot's threads before
+                # its samples are encoded, see
+                # docs/architecture/save-protocol.md "Lists converted ahead": the caller's
+                # thread would otherwise read every number alone, the longest part of its
+                # work.  The batch holds its samples (a sequence may make a new object at each
+                # access) and the map their lists.
+                writer._ahead = lists_ahead(batch)
+                for sample in batch:
+                    if task_keys is None:
+                        writer.add(sample)
+                    elif i < len(keys):
+                        writer.add(sample, task_key=keys[i])
+                    else:
+                        # A sequence that yields more samples than its len() said, which the
+                        # keys were counted against.
+                        raise InvalidInputError(
+                            f"samples yielded more than the {len(keys)} its len() gave, and "
+                            f"task_keys has {len(keys)} keys"
+                        )
+                    i += 1
+            writer._ahead = None
         except BaseException:
+            writer._ahead = None
             writer.abort()
             raise
         return writer.commit()
+
+
+def _batches(samples: Sequence[Any], size: int) -> Iterator[list[Any]]:
+    """``samples`` in lists of ``size``, iterated once."""
+    batch: list[Any] = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

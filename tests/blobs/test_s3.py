@@ -9,7 +9,9 @@ makes a missing server a failure.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -688,6 +690,9 @@ def test_a_store_passed_to_a_read_only_open_stays_writable(s3_env: S3Server, buc
 
 def _sqlite_url() -> str:
     folder = Path(tempfile.mkdtemp(prefix="am-s3-cat-"))
+    # A plain helper, not a fixture: the folder goes when the worker exits, or /tmp fills
+    # with one per call (hundreds per suite run).
+    atexit.register(shutil.rmtree, folder, True)
     return f"sqlite:///{folder / 'catalog.db'}"
 
 

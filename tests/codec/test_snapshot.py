@@ -233,3 +233,54 @@ def test_the_numeric_lists_of_a_batch_convert_as_the_encoder_converts(
         if i not in bad:
             assert (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(values)
             assert len(taken) == len(values)
+
+
+def test_lists_converted_ahead_encode_as_the_lists_do(
+    pool: ArchiveManager, mode: str, threads: int
+) -> None:
+    # `pool.save` converts a chunk's numeric lists ahead (`lists_ahead`) and the encoder
+    # writes those arrays: the records are the bytes the lists themselves make.
+    samples = samples_of_every_kind()
+    ahead = snapshot.lists_ahead(samples)
+    assert ahead  # the rollouts' tokens, masks and log-probs at least
+    for i, sample in enumerate(samples):
+        want = encoded(prepare_sample(pool.context, sample, i, copy=False))
+        assert encoded(prepare_sample(pool.context, sample, i, copy=False, ahead=ahead)) == want
+
+
+def test_lists_ahead_take_only_numeric_arrays_and_name_each_by_its_list(mode: str) -> None:
+    mask, mixed, big = [1] * 10, [1, 2, 3, 4, 5, 6, 7, 8.5], [2**64] + [1] * 10
+    got = snapshot.lists_ahead([{"a": mask, "b": mixed, "c": big, "d": [1, 2]}, object()])
+    assert list(got) == [id(mask)]
+    held, taken = got[id(mask)]
+    assert held is mask and (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(mask)
+
+
+def test_an_array_ahead_under_another_lists_id_is_not_written(pool: ArchiveManager) -> None:
+    # The map holds each list it converted; an entry whose list is not the one met (however
+    # it came to be there) is ignored, so no sample is written with another list's numbers.
+    other, tokens = [9] * 20, [1] * 20
+    wrong = snapshot.lists_ahead([{"tokens": other}])
+    ahead = {id(tokens): wrong[id(other)]}
+    sample = {"tokens": tokens}
+    want = encoded(prepare_sample(pool.context, sample, 0, copy=False))
+    assert encoded(prepare_sample(pool.context, sample, 0, copy=False, ahead=ahead)) == want
+
+
+def test_a_save_of_samples_made_anew_at_each_access_stores_each_as_made(
+    pool: ArchiveManager,
+) -> None:
+    # A sequence that makes a new sample (and new lists) at each access: the save reads each
+    # once, so the lists converted ahead are the ones encoded.
+    class Made:
+        def __len__(self) -> int:
+            return 150
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            if i >= 150:
+                raise IndexError(i)
+            return {"tokens": list(range(i, i + 40)), "reward": float(i)}
+
+    pool.save("made", Made(), rollout_id=0)  # type: ignore[arg-type]
+    loaded = pool.open_archive("made").load_samples()
+    assert [s["tokens"] for s in loaded] == [list(range(i, i + 40)) for i in range(150)]
