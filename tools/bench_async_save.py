@@ -17,7 +17,8 @@ round times, in one process:
   on the caller's thread, `writer.prepare_sample`), and two floors: ``numbers`` (only reading
   every number of every numeric list once, `codec._native.numbers`, one thread: the least any
   snapshot of those lists costs on one thread) and ``fill`` (converting the same lists on the
-  snapshot's threads alone, without the rest of the copy).
+  snapshot's threads alone, batch by batch as the snapshot converts them, without the rest of
+  the copy).
 
 Before each timed save the previous archive is released and collected (``gc(grace=0)``) and
 ``os.sync()`` runs, untimed, so every save writes its blobs anew; the order of the saves
@@ -25,7 +26,8 @@ alternates between rounds.  Medians of ``--rounds`` are printed with the load av
 and after.  Beside wall time, CPU time: the process's during a synchronous save (every thread
 of it), the caller thread's and the process's during ``save_async`` and each snapshot; on a
 machine shared with other jobs the CPU figures are the steadier ones (wall time then counts
-the waits for a core).
+the waits for a core).  And the process's minor page faults during ``save_async`` and each
+snapshot (memory written for the first time since the system gave it to the process).
 
     python3 tools/bench_async_save.py [--samples 1024] [--rounds 5] [--root DIR] [--json]
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -51,6 +54,7 @@ from archive_manager import ArchiveManager  # noqa: E402
 from archive_manager.codec import snapshot  # noqa: E402
 from archive_manager.codec.values import TakenList, gc_paused  # noqa: E402
 from archive_manager.interop.synthetic import make_rollout  # noqa: E402
+from archive_manager.pool import background  # noqa: E402
 from archive_manager.pool.writer import prepare_sample  # noqa: E402
 
 
@@ -67,13 +71,14 @@ def read_numbers(lists: list[list[Any]]) -> None:
         numbers(value)
 
 
-def fill_lists(lists: list[list[Any]]) -> None:
-    pending = []
-    for value in lists:
-        taken = TakenList()
-        taken.length = len(value)
-        pending.append((value, taken))
-    snapshot.fill(pending)
+def fill_lists(batches: list[list[list[Any]]]) -> None:
+    for lists in batches:
+        pending = []
+        for value in lists:
+            taken = TakenList()
+            taken.length = len(value)
+            pending.append((value, taken))
+        snapshot.fill(pending)
 
 
 def spin(n: int = 200_000) -> int:
@@ -82,6 +87,11 @@ def spin(n: int = 200_000) -> int:
     for i in range(n):
         total += i * i
     return total
+
+
+def faults() -> int:
+    """The process's minor page faults so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def timed(
@@ -105,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
 
     samples = make_rollout(args.samples, seed=1)
     lists = numeric_lists(samples)
+    # the lists of each batch the snapshot takes at a time, as it converts them
+    batches = [
+        numeric_lists(samples[i : i + background._BATCH])
+        for i in range(0, len(samples), background._BATCH)
+    ]
     load_before = os.getloadavg()
     base = Path(tempfile.mkdtemp(prefix="bench-async-", dir=args.root))
     keys = ("save", "blocked", "async_total", "beside_total", "take", "prepare", "numbers", "fill")
@@ -113,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         k: [] for k in ("save", "blocked", "take", "prepare", "numbers", "fill")
     }
     process: dict[str, list[float]] = {k: [] for k in ("blocked", "take", "fill")}
+    faulted: dict[str, list[float]] = {k: [] for k in ("blocked", "take", "numbers", "fill")}
     steps: dict[str, list[float]] = {"alone": [], "beside": []}
     with ArchiveManager.open(base / "pool") as pool:
 
@@ -132,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def async_save(r: int) -> None:
             fresh()
+            start_faults = faults()
             start, start_cpu, start_process = (
                 time.perf_counter(),
                 time.thread_time(),
@@ -139,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             future = pool.save_async(f"a{r}", samples, rollout_id=r)
             times["blocked"].append(time.perf_counter() - start)
+            faulted["blocked"].append(faults() - start_faults)
             cpu["blocked"].append(time.thread_time() - start_cpu)
             process["blocked"].append(time.process_time() - start_process)
             future.result()
@@ -160,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def take() -> None:
             with gc_paused():
-                snapshot.take_samples(samples)
+                for i in range(0, len(samples), background._BATCH):  # as save_async takes them
+                    snapshot.take_samples(samples[i : i + background._BATCH])
 
         def prepare() -> None:
             with gc_paused():
@@ -175,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                 ("take", take),
                 ("prepare", prepare),
                 ("numbers", lambda: read_numbers(lists)),
-                ("fill", lambda: fill_lists(lists)),
+                ("fill", lambda: fill_lists(batches)),
             ):
-                start_process = time.process_time()
+                start_process, start_faults = time.process_time(), faults()
                 wall, used = timed(fn)
+                if key in faulted:
+                    faulted[key].append(faults() - start_faults)
                 times[key].append(wall)
                 cpu[key].append(used)
                 if key in process:
@@ -188,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {k: statistics.median(v) for k, v in times.items()}
     cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
     process_medians = {k: statistics.median(v) for k, v in process.items()}
+    fault_medians = {k: statistics.median(v) for k, v in faulted.items()}
     step_medians = {k: statistics.median(v) for k, v in steps.items()}
     figures = {
         "samples": args.samples,
@@ -198,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_seconds": medians,
         "median_cpu_seconds": cpu_medians,
         "median_process_cpu_seconds": process_medians,
+        "median_page_faults": fault_medians,
         "median_step_seconds": step_medians,
         "seconds": times,
         "cpu_seconds": cpu,
@@ -224,13 +247,20 @@ def main(argv: list[str] | None = None) -> int:
         ("floor: reading every number once, 1 thread", "numbers"),
         ("floor: the numeric lists alone, its threads", "fill"),
     ]
-    print(f"{'':48}{'wall':>9}  {'of a save':>9}  {'CPU':>9}  {'of a save':>9}  {'process':>9}")
+    print(
+        f"{'':48}{'wall':>9}  {'of a save':>9}  {'CPU':>9}  {'of a save':>9}  {'process':>9}"
+        f"  {'faults':>7}"
+    )
     for label, key in rows:
         line = f"{label:48}{medians[key] * 1e3:6.1f} ms  {medians[key] / save:9.1%}"
         if key in cpu_medians:
             line += f"  {cpu_medians[key] * 1e3:6.1f} ms  {cpu_medians[key] / save_cpu:9.1%}"
         if key in process_medians:
             line += f"  {process_medians[key] * 1e3:6.1f} ms"
+        elif key in fault_medians:
+            line += " " * 11
+        if key in fault_medians:
+            line += f"  {fault_medians[key]:7.0f}"
         print(line)
     print(
         f"a CPU-bound loop's step: {step_medians['alone'] * 1e3:.1f} ms alone, "

@@ -1534,12 +1534,145 @@ take_dict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(c.nbytes);
 }
 
+/* The memory fill_taken writes a batch's arrays into: one slab per call, its arrays handed
+ * out as read-only memoryviews of it, and the slab kept for a later call once the last of
+ * them is gone (up to SLAB_KEEP bytes, whose pages stay the process's).  A bytes object per
+ * array (what numbers() returns) costs a page fault per 4 KiB written, on the caller's
+ * thread, whenever malloc gave the memory back to the system since the last snapshot, which
+ * it does after large frees: a fifth of the snapshot's CPU on the realistic rollout
+ * (docs/performance.md, "Saving in the background").  MADV_FREE on a kept slab would let
+ * the kernel take its pages back, but writing them again then costs a quarter of the faults
+ * it saves (measured).  Made and freed only with the GIL held. */
+#define SLAB_GRAIN ((size_t)1 << 20)
+#define SLAB_KEEP ((size_t)64 << 20)
+#define SLAB_SLOTS 32
+
+typedef struct {
+    PyObject_HEAD
+    unsigned char *base;
+    size_t size;
+} slab_object;
+
+static struct {
+    unsigned char *base;
+    size_t size;
+} slab_kept[SLAB_SLOTS];
+static int slab_kept_count = 0;
+static size_t slab_kept_bytes = 0;
+
+static unsigned char *
+slab_map(size_t size)
+{
+#if defined(__linux__)
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+#else
+    return PyMem_RawMalloc(size);
+#endif
+}
+
+static void
+slab_unmap(unsigned char *base, size_t size)
+{
+#if defined(__linux__)
+    munmap(base, size);
+#else
+    (void)size;
+    PyMem_RawFree(base);
+#endif
+}
+
+/* Forget the kept slab at index i (the others keep their order: oldest first). */
+static void
+slab_forget(int i)
+{
+    slab_kept_bytes -= slab_kept[i].size;
+    slab_kept_count--;
+    memmove(&slab_kept[i], &slab_kept[i + 1],
+            (size_t)(slab_kept_count - i) * sizeof(slab_kept[0]));
+}
+
+static void
+slab_dealloc(PyObject *self)
+{
+    slab_object *s = (slab_object *)self;
+    if (s->base != NULL) {
+        if (s->size > SLAB_KEEP) {
+            slab_unmap(s->base, s->size);
+        }
+        else {
+            /* the newest is kept, the oldest given back to make room */
+            while (slab_kept_count == SLAB_SLOTS || slab_kept_bytes + s->size > SLAB_KEEP) {
+                slab_unmap(slab_kept[0].base, slab_kept[0].size);
+                slab_forget(0);
+            }
+            slab_kept[slab_kept_count].base = s->base;
+            slab_kept[slab_kept_count].size = s->size;
+            slab_kept_count++;
+            slab_kept_bytes += s->size;
+        }
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+static int
+slab_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    slab_object *s = (slab_object *)self;
+    return PyBuffer_FillInfo(view, self, s->base, (Py_ssize_t)s->size, 1, flags);
+}
+
+static PyBufferProcs slab_as_buffer = {slab_getbuffer, NULL};
+
+static PyTypeObject slab_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "archive_manager.codec._native.Slab",
+    .tp_basicsize = sizeof(slab_object),
+    .tp_dealloc = slab_dealloc,
+    .tp_as_buffer = &slab_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Memory a snapshot's arrays are read from (fill_taken).",
+};
+
+/* A slab of at least `need` bytes: a kept one that fits (the smallest, and not more than
+ * twice what is needed plus a grain; of those, the one kept last), or a new one. */
+static PyObject *
+slab_new(size_t need)
+{
+    size_t size = (need + SLAB_GRAIN - 1) / SLAB_GRAIN * SLAB_GRAIN;
+    int best = -1;
+    for (int i = 0; i < slab_kept_count; i++) {
+        size_t have = slab_kept[i].size;
+        if (have >= size && have <= 2 * size + SLAB_GRAIN &&
+            (best < 0 || have <= slab_kept[best].size)) {
+            best = i;
+        }
+    }
+    slab_object *s = PyObject_New(slab_object, &slab_type);
+    if (s == NULL) {
+        return NULL;
+    }
+    if (best >= 0) {
+        s->base = slab_kept[best].base;
+        s->size = slab_kept[best].size;
+        slab_forget(best);
+    }
+    else {
+        s->size = size;
+        s->base = slab_map(size);
+        if (s->base == NULL) {
+            Py_DECREF(s);
+            return PyErr_NoMemory();
+        }
+    }
+    return (PyObject *)s;
+}
+
 enum { TAKE_PENDING, TAKE_DONE, TAKE_OTHER, TAKE_ON_MAIN };
 
 typedef struct {
     PyObject **items; /* the list's items: no Python code runs while they are read */
     Py_ssize_t n;
-    unsigned char *out; /* the data's bytes object's buffer, n * 4 bytes */
+    size_t offset; /* where its array is in the slab (once converted) */
     int status;
     int width;
     const char *name;
@@ -1550,6 +1683,8 @@ typedef struct {
     Py_ssize_t count;
     Py_ssize_t next; /* the next entry a thread takes (atomic) */
     Py_ssize_t max_n;
+    unsigned char *slab; /* room for every entry at 4 bytes an item */
+    size_t used;         /* the slab's bytes handed to entries so far (atomic) */
 } take_batch;
 
 typedef struct {
@@ -1557,8 +1692,18 @@ typedef struct {
     PyThread_type_lock done; /* released when the thread has converted its last entry */
 } take_helper;
 
+#if defined(__GNUC__) || defined(__clang__)
+#define TAKE_NEXT(batch) __atomic_fetch_add(&(batch)->next, 1, __ATOMIC_RELAXED)
+#define TAKE_ROOM(batch, n) __atomic_fetch_add(&(batch)->used, (n), __ATOMIC_RELAXED)
+#define TAKE_MAX_THREADS 16
+#else
+#define TAKE_NEXT(batch) ((batch)->next++)
+#define TAKE_ROOM(batch, n) (((batch)->used += (n)) - (n))
+#define TAKE_MAX_THREADS 1 /* no atomics known here: this thread alone */
+#endif
+
 static void
-convert_entry(take_entry *e, uint64_t *bits, uint32_t *singles)
+convert_entry(take_batch *batch, take_entry *e, uint64_t *bits, uint32_t *singles)
 {
     PyObject **items = e->items;
     const Py_ssize_t n = e->n;
@@ -1608,20 +1753,14 @@ convert_entry(take_entry *e, uint64_t *bits, uint32_t *singles)
         e->width = all_single ? 4 : 8;
     }
     if (e->width > 4) {
-        e->status = TAKE_ON_MAIN; /* no room: its bytes object holds 4 bytes an item */
+        e->status = TAKE_ON_MAIN; /* no room: the slab holds 4 bytes an item */
         return;
     }
-    planes(e->out, bits, n, e->width);
+    /* packed as they come (8-byte aligned): the slab's pages past the last are not touched */
+    e->offset = TAKE_ROOM(batch, ((size_t)n * (size_t)e->width + 7) & ~(size_t)7);
+    planes(batch->slab + e->offset, bits, n, e->width);
     e->status = TAKE_DONE;
 }
-
-#if defined(__GNUC__) || defined(__clang__)
-#define TAKE_NEXT(batch) __atomic_fetch_add(&(batch)->next, 1, __ATOMIC_RELAXED)
-#define TAKE_MAX_THREADS 16
-#else
-#define TAKE_NEXT(batch) ((batch)->next++)
-#define TAKE_MAX_THREADS 1 /* no atomics known here: this thread alone */
-#endif
 
 static void
 run_entries(take_batch *batch, uint64_t *bits, uint32_t *singles)
@@ -1631,7 +1770,7 @@ run_entries(take_batch *batch, uint64_t *bits, uint32_t *singles)
         if (i >= batch->count) {
             return;
         }
-        convert_entry(&batch->entries[i], bits, singles);
+        convert_entry(batch, &batch->entries[i], bits, singles);
     }
 }
 
@@ -1678,18 +1817,18 @@ fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const Py_ssize_t count = PyList_GET_SIZE(pending);
     /* the pending list and the lists in it are this call's while it runs (held below) */
     PyObject *held = PyList_GetSlice(pending, 0, count);
-    PyObject **data = PyMem_Calloc((size_t)count + 1, sizeof(PyObject *));
     take_entry *entries = PyMem_Calloc((size_t)count + 1, sizeof(take_entry));
-    PyObject *bad = NULL;
+    PyObject *bad = NULL, *slab = NULL, *whole = NULL;
     uint64_t *bits = NULL;
     uint32_t *singles = NULL;
-    if (held == NULL || data == NULL || entries == NULL) {
+    if (held == NULL || entries == NULL) {
         if (held != NULL) {
             PyErr_NoMemory();
         }
         goto done;
     }
-    take_batch batch = {entries, count, 0, 1};
+    take_batch batch = {entries, count, 0, 1, NULL, 0};
+    size_t room = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *entry = PyList_GET_ITEM(held, i);
         if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
@@ -1702,14 +1841,18 @@ fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t n = PyList_GET_SIZE(list);
         /* room for the items at 4 bytes (token ids, masks, float32 log-probs: at most that);
          * a list of wider items is converted by numbers() below */
-        data[i] = PyBytes_FromStringAndSize(NULL, n * 4);
-        if (data[i] == NULL) {
-            goto done;
-        }
+        room += ((size_t)n * 4 + 7) & ~(size_t)7;
         entries[i].items = PySequence_Fast_ITEMS(list);
         entries[i].n = n;
-        entries[i].out = (unsigned char *)PyBytes_AS_STRING(data[i]);
         batch.max_n = n > batch.max_n ? n : batch.max_n;
+    }
+    if (count > 0) {
+        slab = slab_new(room);
+        whole = slab == NULL ? NULL : PyMemoryView_FromObject(slab);
+        if (whole == NULL) {
+            goto done;
+        }
+        batch.slab = ((slab_object *)slab)->base;
     }
     bits = PyMem_Malloc((size_t)batch.max_n * sizeof(uint64_t));
     singles = PyMem_Malloc((size_t)batch.max_n * sizeof(uint32_t));
@@ -1746,15 +1889,14 @@ fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *taken = PyTuple_GET_ITEM(entry, 1);
         int failed = 0;
         if (e->status == TAKE_DONE) {
-            if (_PyBytes_Resize(&data[i], e->n * e->width) < 0) {
-                failed = 1;
-            }
-            else {
-                PyObject *name = PyUnicode_InternFromString(e->name);
-                PyObject *shuffled = (e->width > 1 && e->n > 1) ? Py_True : Py_False;
-                failed = name == NULL || set_taken(taken, name, data[i], shuffled) < 0;
-                Py_XDECREF(name);
-            }
+            /* a read-only view of its part of the slab (which it keeps alive) */
+            PyObject *data = PySequence_GetSlice(whole, (Py_ssize_t)e->offset,
+                                                 (Py_ssize_t)e->offset + e->n * e->width);
+            PyObject *name = data == NULL ? NULL : PyUnicode_InternFromString(e->name);
+            PyObject *shuffled = (e->width > 1 && e->n > 1) ? Py_True : Py_False;
+            failed = name == NULL || set_taken(taken, name, data, shuffled) < 0;
+            Py_XDECREF(name);
+            Py_XDECREF(data);
         }
         else {
             PyObject *got = e->status == TAKE_ON_MAIN
@@ -1779,15 +1921,11 @@ fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
 done:
-    if (data != NULL) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            Py_XDECREF(data[i]);
-        }
-    }
-    PyMem_Free(data);
     PyMem_Free(entries);
     PyMem_Free(bits);
     PyMem_Free(singles);
+    Py_XDECREF(whole);
+    Py_XDECREF(slab);
     Py_XDECREF(held);
     return bad;
 }
@@ -1855,6 +1993,9 @@ PyInit__native(void)
     attr_length = PyUnicode_InternFromString("length");
     if (queue_prefix == NULL || attr_dtype == NULL || attr_data == NULL ||
         attr_shuffled == NULL || attr_length == NULL) {
+        return NULL;
+    }
+    if (PyType_Ready(&slab_type) < 0) {
         return NULL;
     }
     ahead_init();

@@ -8,6 +8,9 @@ docs/architecture/save-protocol.md, "Saving in the background").
   lists of a batch of samples are converted together (`fill`), on several threads where the
   C extension has them: the calling thread holds the GIL meanwhile, so no Python code runs
   and no list can change (docs/architecture/samples-and-values.md, "Native list conversion");
+  there the arrays are read-only views of one block of memory per batch, which a later batch
+  reuses once no copy holds it (no page faults: docs/architecture/save-protocol.md, "Saving
+  in the background");
 * other lists, dicts and tuples are copied around the same leaves (str, int, float, bool,
   None, bytes, enum members and numpy scalars are immutable: the copy holds those very
   objects);

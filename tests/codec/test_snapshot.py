@@ -284,3 +284,54 @@ def test_a_save_of_samples_made_anew_at_each_access_stores_each_as_made(
     pool.save("made", Made(), rollout_id=0)  # type: ignore[arg-type]
     loaded = pool.open_archive("made").load_samples()
     assert [s["tokens"] for s in loaded] == [list(range(i, i + 40)) for i in range(150)]
+
+
+def slab_of(taken: TakenList) -> tuple[int, int]:
+    """``(id, address)`` of the memory a taken array is a view of."""
+    owner = memoryview(taken.data).obj
+    start = np.frombuffer(memoryview(owner), dtype=np.uint8).__array_interface__["data"][0]
+    return id(owner), start
+
+
+def batch(seed: int) -> list[tuple[list[Any], TakenList]]:
+    rng = np.random.default_rng(seed)
+    pending = []
+    for _ in range(40):
+        for values in (
+            rng.integers(0, 150_000, size=3000).tolist(),
+            [1] * 2500,
+            (-rng.exponential(0.3, size=2000)).astype(np.float32).tolist(),
+        ):
+            taken = TakenList()
+            taken.length = len(values)
+            pending.append((values, taken))
+    assert snapshot.fill(pending) == []
+    return pending
+
+
+def test_a_batchs_arrays_share_memory_a_later_batch_reuses_once_no_copy_holds_it(
+    threads: int,
+) -> None:
+    if snapshot.native_fill_taken is None:
+        pytest.skip("the C extension is not built")
+    first = batch(1)
+    slabs = {slab_of(taken) for _, taken in first}
+    assert len(slabs) == 1  # one allocation (one set of pages to fault) for the batch
+    [(_, first_address)] = slabs
+    held = first[0][1]
+    expected = (held.dtype, bytes(held.data), held.shuffled)
+    assert memoryview(held.data).readonly
+    del first
+    # a copy still holds the first batch's memory: the next batch is written elsewhere
+    second = batch(2)
+    for values, taken in second:
+        assert slab_of(taken)[1] != first_address
+        assert (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(values)
+    assert (held.dtype, bytes(held.data), held.shuffled) == expected
+    second_address = slab_of(second[0][1])[1]
+    del held, second
+    # no copy holds either: a batch as large is written into one of them again
+    third = batch(3)
+    assert slab_of(third[0][1])[1] in (first_address, second_address)
+    for values, taken in third:
+        assert (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(values)
