@@ -139,14 +139,22 @@ def test_a_full_or_read_only_filesystem_is_one_line_and_leaves_nothing(
 @contextmanager
 def _file_size_limit(limit: int) -> Iterator[None]:
     """This process may not write a file past ``limit`` bytes (``ulimit -f``): writes
-    fail with EFBIG (SIGXFSZ ignored, which would kill it)."""
+    fail with EFBIG (SIGXFSZ ignored, which would kill it).
+
+    No bytecode is written meanwhile: a module first imported under the limit would have its
+    ``.pyc`` cut short (importlib writes it with one ``write`` and does not check the count)
+    and put in place, and every later import of it, in any process sharing the cache, fails
+    with "marshal data too short"."""
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    no_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
     try:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        sys.dont_write_bytecode = no_bytecode
         signal.signal(signal.SIGXFSZ, handler)
 
 

@@ -404,6 +404,9 @@ def test_a_name_saved_again_after_a_restore_does_not_lose_the_published_archive(
 
 _REBUILD_UNDER_A_FILE_SIZE_LIMIT = """
 import os, resource, signal, sys
+# No bytecode written under the limit below: a .pyc cut short would be put in place and
+# poison the cache every later process imports from.
+sys.dont_write_bytecode = True
 from archive_manager import ArchiveManager
 from archive_manager.errors import ArchiveError
 
