@@ -1185,9 +1185,10 @@ ahead_init(void)
  *   values._MIN_ARRAY_LEN items whose first is an exact int or float (memo[id(list)], or a
  *   new taken_cls(len) put there and (list, taken) appended to pending), a dict of str keys
  *   or an object of a class `plain` maps to its declared field names (memo[id(value)], or a
- *   new copy put there and filled by this loop: _Taker._dict, _Taker._object), or
- *   take(value) for anything else.  nbytes: 16 per entry plus the len of each str and bytes
- *   kept.
+ *   new copy put there and filled by this loop: _Taker._dict, _Taker._object), another list
+ *   of plain leaves only (memo[id(list)], or a new list of its items put there:
+ *   _Taker._list), or take(value) for anything else.  nbytes: 16 per entry plus the len of
+ *   each str and bytes kept, and 8 per item of a list copied plus the len of its texts.
  *
  * take_object(value, memo, taken_cls, take, pending, same, plain) -> (copy, nbytes) | None
  *   The same loop's copy of an object of a class in `plain` (_Taker._object), or None when
@@ -1295,6 +1296,48 @@ take_nested(take_ctx *c, PyObject *value)
         return NULL;
     }
     return out;
+}
+
+/* A list that is no array to defer, of plain leaves only (None, bool, exact int, float, str,
+ * bytes): its copy (memo[id(list)], or a new list of the same items put there), counted as
+ * _Taker._list counts it; NULL without an error when the Python path is to take it (an item
+ * of any other kind, nesting past MAX_TAKE_DEPTH).  One call back into Python fewer per
+ * sample of a slime rollout (its weight_versions). */
+static PyObject *
+take_list(take_ctx *c, PyObject *value)
+{
+    PyObject *key, *found;
+    if (memo_find(c, value, &key, &found)) {
+        return found;
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(value);
+    Py_ssize_t text = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(value, i);
+        if (v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v)) {
+            continue;
+        }
+        if (PyUnicode_CheckExact(v)) {
+            text += PyUnicode_GET_LENGTH(v);
+        }
+        else if (PyBytes_CheckExact(v)) {
+            text += PyBytes_GET_SIZE(v);
+        }
+        else {
+            Py_DECREF(key);
+            return NULL; /* the Python path */
+        }
+    }
+    /* no Python code ran since the size was read: the slice is the items counted */
+    PyObject *copy = PyList_GetSlice(value, 0, n);
+    if (copy != NULL && PyDict_SetItem(c->memo, key, copy) < 0) {
+        Py_CLEAR(copy);
+    }
+    Py_DECREF(key);
+    if (copy != NULL) {
+        c->nbytes += 8 * n + text;
+    }
+    return copy;
 }
 
 /* Whether `key` names live queue state the class does not declare (samples.is_queue_key):
@@ -1438,6 +1481,7 @@ take_into(take_ctx *c, PyObject *value, PyObject *out)
             }
             else {
                 item = kept == 0 && PyDict_CheckExact(v) ? take_nested(c, v)
+                       : kept == 0 && PyList_CheckExact(v) ? take_list(c, v)
                        : declared != NULL                ? take_object(c, v, declared)
                                                          : NULL;
                 if (item == NULL && !PyErr_Occurred()) {

@@ -22,6 +22,7 @@ wait on each other.  The worker's writer holds at most a few chunks more, as any
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -276,7 +277,7 @@ class BackgroundSaves:
         self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
     ) -> None:
         from ..codec.snapshot import take_samples
-        from ..codec.values import gc_paused
+        from ..codec.values import _promote_young
         from ..metadata import check_reward_key
         from ..samples import task_key_of
         from .writer import prepare_sample
@@ -286,7 +287,13 @@ class BackgroundSaves:
         assert samples is not None  # checked
         # NOTE: no garbage collection while taking, as `save` does (writer.save_samples): the
         # copies hold no cycles a collection could free, and a full one walks the caller's heap.
-        with gc_paused():
+        # When it resumes, the copies join the oldest generation, as a load's objects do
+        # (`_promote_young`): the young collection the pause ran up would otherwise start at
+        # once, on this thread, and walk them all to free nothing (2-3 ms of the realistic
+        # rollout's snapshot; docs/performance.md, "Saving in the background").
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
             remaining = iter(samples)
             position = 0
             while batch := list(itertools.islice(remaining, _BATCH)):
@@ -309,6 +316,10 @@ class BackgroundSaves:
                     if not self._hand_over(job, item):
                         return  # the worker gave the save up; its future says why
                     position += 1
+        finally:
+            if was_enabled:
+                _promote_young()
+                gc.enable()
 
     def _hand_over(self, job: _Job, prepared: PreparedSample | _Taken) -> bool:
         """Queue ``prepared`` for the worker once the budget has room; False if the worker

@@ -335,3 +335,36 @@ def test_a_batchs_arrays_share_memory_a_later_batch_reuses_once_no_copy_holds_it
     assert slab_of(third[0][1])[1] in (first_address, second_address)
     for values, taken in third:
         assert (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(values)
+
+
+def test_the_c_loop_copies_lists_of_plain_leaves_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if snapshot.native_take_object is None:
+        pytest.skip("the C extension is not built")
+    samples: list[Any] = make_rollout(4, seed=1, prompt_len=16, response_min=8, response_max=40)
+    for i, s in enumerate(samples):
+        s.metadata = {"tags": ["a", b"bc", i, 2.5, None, True], "nested": [[i], "x"], "no": []}
+    python = snapshot._HANDLERS[list]
+    met: list[Any] = []
+
+    def counted(taker: Any, value: list[Any]) -> Any:
+        met.append(value)
+        return python(taker, value)
+
+    monkeypatch.setitem(snapshot._HANDLERS, list, counted)
+    copies = snapshot.take_samples(samples)
+    # weight_versions, tags and the empty list are copied in C; a list holding a list is not
+    assert [id(v) for v in met] == [
+        id(v) for s in samples for v in (s.metadata["nested"], s.metadata["nested"][0])
+    ]
+    for name in ("native_take_dict", "native_take_object", "native_fill_taken"):
+        monkeypatch.setattr(snapshot, name, None)
+    # the same copies and bytes as the Python loop's
+    copy: Any
+    again: Any
+    for s, copy, again in zip(samples, copies, snapshot.take_samples(samples), strict=True):
+        assert copy is not None and again is not None
+        assert copy[0].weight_versions == again[0].weight_versions == s.weight_versions
+        assert copy[0].metadata == again[0].metadata and copy[1:] == again[1:]
+        assert copy[0].metadata["tags"] is not s.metadata["tags"]

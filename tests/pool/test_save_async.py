@@ -8,6 +8,7 @@ test sleeps or times anything."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import subprocess
 import sys
@@ -160,6 +161,31 @@ def test_the_samples_are_taken_at_the_call(gated) -> None:
     assert blocker.result() and future.result()
     assert_loads(pool, "a", expected)
     pool.close()
+
+
+def test_the_caller_runs_no_collection_of_the_copies(gated) -> None:
+    # The GC is paused while the samples are taken; the young collection the pause ran up
+    # would start on the caller's thread as it resumed, walking every copy to free nothing:
+    # the copies join the oldest generation instead, as a load's objects do.
+    pool, _ = gated
+    caller = threading.get_ident()  # the worker's own collections are the worker's
+    started: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.get_ident() == caller:
+            started.append(info["generation"])
+
+    # copies of far more containers than a young collection waits for
+    samples = rich_samples(300)
+    gc.collect()
+    gc.callbacks.append(note)
+    try:
+        future = pool.save_async("a", samples, rollout_id=1)
+    finally:
+        gc.callbacks.remove(note)
+    assert future.result()
+    pool.close()
+    assert started == []
 
 
 def test_two_saves_both_land_in_order_and_a_name_taken_fails_as_save(gated) -> None:
