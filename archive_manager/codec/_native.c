@@ -1196,7 +1196,7 @@ ahead_init(void)
  *
  * fill_taken(pending, threads) -> list of indices
  *   Give each pending TakenList what numbers(list) gives its list (dtype, data, shuffled);
- *   the indices of the entries whose list numbers() does not take.  The lists are read on
+ *   the indices of the entries whose list numbers() does not take or that is empty.  The lists are read on
  *   `threads` threads (this one included) while this thread holds the GIL, so no Python code
  *   runs anywhere meanwhile: the lists and their items cannot change.  The other threads read
  *   exact ints held in one digit and exact floats only, through no Python API; any other list
@@ -1751,6 +1751,10 @@ convert_entry(take_batch *batch, take_entry *e, uint64_t *bits, uint32_t *single
 {
     PyObject **items = e->items;
     const Py_ssize_t n = e->n;
+    if (n == 0) {
+        e->status = TAKE_OTHER; /* emptied since it was collected: no array */
+        return;
+    }
     if (Py_IS_TYPE(items[0], &PyLong_Type)) {
         int64_t lo = 0, hi = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -1875,10 +1879,11 @@ fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     size_t room = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *entry = PyList_GET_ITEM(held, i);
+        /* NOTE: a list may be empty: Python code ran between its collection and this call
+         * (another thread, a class's own __dict__), and it is no array then */
         if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
-            !PyList_CheckExact(PyTuple_GET_ITEM(entry, 0)) ||
-            PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 0)) < 1) {
-            PyErr_SetString(PyExc_TypeError, "pending entries are (non-empty list, taken)");
+            !PyList_CheckExact(PyTuple_GET_ITEM(entry, 0))) {
+            PyErr_SetString(PyExc_TypeError, "pending entries are (list, taken)");
             goto done;
         }
         PyObject *list = PyTuple_GET_ITEM(entry, 0);
@@ -1890,7 +1895,7 @@ fill_taken(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         entries[i].n = n;
         batch.max_n = n > batch.max_n ? n : batch.max_n;
     }
-    if (count > 0) {
+    if (room > 0) { /* none when every list is empty */
         slab = slab_new(room);
         whole = slab == NULL ? NULL : PyMemoryView_FromObject(slab);
         if (whole == NULL) {

@@ -376,12 +376,13 @@ def _take_one(sample: Any, pending: list[tuple[list[Any], TakenList]]) -> list[A
 
 def fill(pending: list[tuple[list[Any], TakenList]]) -> list[int]:
     """Give each pending `TakenList` the array of its list (`list_array`); the indices of the
-    entries whose list is no numeric array."""
+    entries whose list is no numeric array (an empty one included: Python code may have run
+    since it was collected)."""
     if native_fill_taken is not None:
         return native_fill_taken(pending, THREADS)
     bad = []
     for i, (value, taken) in enumerate(pending):
-        got = list_array(value)
+        got = list_array(value) if value else None  # emptied since it was collected
         if got is None:
             bad.append(i)
         else:
@@ -402,7 +403,10 @@ def lists_ahead(samples: Sequence[Any]) -> dict[int, tuple[list[Any], TakenList]
     """
     pending: list[tuple[list[Any], TakenList]] = []
     for sample in samples:
-        fields = sample if type(sample) is dict else getattr(sample, "__dict__", None)
+        try:
+            fields = sample if type(sample) is dict else getattr(sample, "__dict__", None)
+        except Exception:
+            continue  # (a class's own ``__dict__``) the encoder meets it and says what is wrong
         if type(fields) is not dict:
             continue
         for value in fields.values():

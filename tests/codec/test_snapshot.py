@@ -21,6 +21,7 @@ from helpers import tiny_rollout
 from archive_manager import ArchiveManager, Sample, register_sample_class
 from archive_manager.codec import snapshot
 from archive_manager.codec.values import TakenList, list_array
+from archive_manager.errors import UnencodableError
 from archive_manager.interop.synthetic import make_rollout
 from archive_manager.pool.writer import PreparedSample, prepare_sample
 from archive_manager.samples import task_key_of
@@ -265,6 +266,50 @@ def test_an_array_ahead_under_another_lists_id_is_not_written(pool: ArchiveManag
     sample = {"tokens": tokens}
     want = encoded(prepare_sample(pool.context, sample, 0, copy=False))
     assert encoded(prepare_sample(pool.context, sample, 0, copy=False, ahead=ahead)) == want
+
+
+def test_a_save_refuses_a_sample_whose_dict_raises_as_the_encoder_does(
+    pool: ArchiveManager,
+) -> None:
+    class Raising:
+        @property
+        def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+            raise RuntimeError("not a sample")
+
+    with pytest.raises(UnencodableError, match="cannot store a sample of type"):
+        pool.save("a", [{"tokens": [1] * 10}, Raising()], rollout_id=0)
+
+
+def test_a_list_emptied_since_it_was_collected_is_no_array(mode: str, threads: int) -> None:
+    # Python code may run between a list's collection and `fill` (another thread, a class's
+    # own ``__dict__``): an empty list is left to the encoder, as any list that is no array.
+    emptied, kept = [1] * 10, [2.5] * 10
+    pending = []
+    for values in (emptied, kept):
+        taken = TakenList()
+        taken.length = len(values)
+        pending.append((values, taken))
+    emptied.clear()
+    assert snapshot.fill(pending) == [0]
+    want = list_array(kept)
+    assert want is not None
+    assert (pending[1][1].dtype, bytes(pending[1][1].data)) == (want[0], bytes(want[1]))
+    assert snapshot.fill(pending[:1]) == [0]  # a batch of empty lists only
+
+
+def test_a_save_whose_sample_empties_a_list_of_its_chunk_refuses_as_the_encoder_does(
+    pool: ArchiveManager, mode: str
+) -> None:
+    first = {"tokens": list(range(40))}
+
+    class Emptying:
+        @property
+        def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+            first["tokens"].clear()
+            return {}
+
+    with pytest.raises(UnencodableError, match="cannot store a sample of type"):
+        pool.save("a", [first, Emptying()], rollout_id=0)
 
 
 def test_a_save_of_samples_made_anew_at_each_access_stores_each_as_made(
