@@ -602,7 +602,10 @@ class _Encoder:
         if len(value) >= _MIN_ARRAY_LEN:
             got = self.ahead.get(id(value)) if self.ahead else None
             node: dict[str, Any] | None
-            if got is not None and got[0] is value:
+            # NOTE: a list whose length changed since it was converted (another thread ran
+            # meanwhile: a save hands the GIL over) is read again, so that its record agrees
+            # with the description, which reads its length when the sample is described.
+            if got is not None and got[0] is value and got[1].length == len(value):
                 taken = got[1]
                 offset, nbytes = self.record.add(taken.data)
                 node = {

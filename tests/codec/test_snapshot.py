@@ -312,6 +312,21 @@ def test_a_save_whose_sample_empties_a_list_of_its_chunk_refuses_as_the_encoder_
         pool.save("a", [first, Emptying()], rollout_id=0)
 
 
+def test_a_list_changed_in_length_since_it_was_converted_ahead_is_written_as_it_is(
+    pool: ArchiveManager, mode: str
+) -> None:
+    # `pool.save` converts a chunk's lists before it encodes its samples, and hands the GIL
+    # over meanwhile: a list another thread grew or shrank since is read again, so that its
+    # record agrees with the description (which reads its length then).
+    tokens, mask = list(range(40)), [1] * 40
+    sample = {"tokens": tokens, "loss_mask": mask}
+    ahead = snapshot.lists_ahead([sample])
+    tokens.append(40)
+    mask[:] = [0] * 30
+    want = encoded(prepare_sample(pool.context, sample, 0, copy=False))
+    assert encoded(prepare_sample(pool.context, sample, 0, copy=False, ahead=ahead)) == want
+
+
 def test_a_save_of_samples_made_anew_at_each_access_stores_each_as_made(
     pool: ArchiveManager,
 ) -> None:
