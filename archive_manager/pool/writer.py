@@ -1524,7 +1524,9 @@ def save_samples(
                 # docs/architecture/save-protocol.md "Lists converted ahead": the caller's
                 # thread would otherwise read every number alone, the longest part of its
                 # work.  The batch holds its samples (a sequence may make a new object at each
-                # access) and the map their lists.
+                # access) and the map their lists.  The last chunk's map is let go first: it
+                # would otherwise hold that chunk's arrays while this one's are made.
+                writer._ahead = None
                 writer._ahead = lists_ahead(batch)
                 for sample in batch:
                     if task_keys is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from archive_manager.codec import snapshot
 from archive_manager.codec.values import TakenList, list_array
 from archive_manager.errors import UnencodableError
 from archive_manager.interop.synthetic import make_rollout
+from archive_manager.pool import writer as writer_module
 from archive_manager.pool.writer import PreparedSample, prepare_sample
 from archive_manager.samples import task_key_of
 
@@ -266,6 +268,27 @@ def test_an_array_ahead_under_another_lists_id_is_not_written(pool: ArchiveManag
     sample = {"tokens": tokens}
     want = encoded(prepare_sample(pool.context, sample, 0, copy=False))
     assert encoded(prepare_sample(pool.context, sample, 0, copy=False, ahead=ahead)) == want
+
+
+def test_a_save_lets_a_chunks_lists_go_before_it_converts_the_next(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each chunk's map holds its arrays: were the last one still held while the next is
+    # made, a save's peak memory would hold two chunks' arrays instead of one.
+    last: list[Any] = []
+    refs: list[int] = []
+
+    def spy(batch: list[Any]) -> dict[int, tuple[list[Any], TakenList]]:
+        if last:
+            refs.append(sys.getrefcount(last[0]) - 1)  # less getrefcount's own argument
+        last[:] = [snapshot.lists_ahead(batch)]
+        return last[0]  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(writer_module, "lists_ahead", spy)
+    samples = [{"tokens": list(range(i, i + 40))} for i in range(5)]
+    with ArchiveManager.open(pool.root.parent / "small-chunks", chunk_size=2) as small:
+        small.save("a", samples, rollout_id=0)
+    assert refs == [1, 1]  # `last` alone
 
 
 def test_a_save_refuses_a_sample_whose_dict_raises_as_the_encoder_does(
