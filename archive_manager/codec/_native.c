@@ -1583,7 +1583,7 @@ take_dict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * them is gone (up to SLAB_KEEP bytes, whose pages stay the process's).  A bytes object per
  * array (what numbers() returns) costs a page fault per 4 KiB written, on the caller's
  * thread, whenever malloc gave the memory back to the system since the last snapshot, which
- * it does after large frees: a fifth of the snapshot's CPU on the realistic rollout
+ * it does after large frees: up to a fifth of the snapshot's CPU on the realistic rollout
  * (docs/performance.md, "Saving in the background").  MADV_FREE on a kept slab would let
  * the kernel take its pages back, but writing them again then costs a quarter of the faults
  * it saves (measured).  Made and freed only with the GIL held. */
