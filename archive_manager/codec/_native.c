@@ -55,6 +55,19 @@ planes(unsigned char *out, const uint64_t *bits, Py_ssize_t n, int width)
     }
 }
 
+/* planes() of 4-byte items held as such (float32 bits). */
+static void
+planes32(unsigned char *out, const uint32_t *items, Py_ssize_t n)
+{
+    for (int j = 0; j < 4; j++) {
+        unsigned char *plane = out + (Py_ssize_t)j * n;
+        const int shift = 8 * j;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            plane[i] = (unsigned char)(items[i] >> shift);
+        }
+    }
+}
+
 static PyObject *
 result(const char *name, const uint64_t *bits, Py_ssize_t n, int width)
 {
@@ -1755,8 +1768,14 @@ convert_entry(take_batch *batch, take_entry *e, uint64_t *bits, uint32_t *single
         e->status = TAKE_OTHER; /* emptied since it was collected: no array */
         return;
     }
-    if (Py_IS_TYPE(items[0], &PyLong_Type)) {
-        int64_t lo = 0, hi = 0;
+    const int is_float = !Py_IS_TYPE(items[0], &PyLong_Type);
+    if (!is_float) {
+        long long first;
+        if (!compact_value(items[0], &first)) {
+            e->status = TAKE_ON_MAIN; /* numbers() reads it through the API */
+            return;
+        }
+        int64_t lo = first, hi = first;
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = items[i];
             long long v;
@@ -1768,8 +1787,8 @@ convert_entry(take_batch *batch, take_entry *e, uint64_t *bits, uint32_t *single
                 e->status = TAKE_ON_MAIN; /* numbers() reads it through the API */
                 return;
             }
-            lo = (i == 0 || v < lo) ? v : lo;
-            hi = (i == 0 || v > hi) ? v : hi;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
             bits[i] = (uint64_t)v;
         }
         for (size_t k = 0; k < N_NARROWING; k++) {
@@ -1779,34 +1798,36 @@ convert_entry(take_batch *batch, take_entry *e, uint64_t *bits, uint32_t *single
                 break;
             }
         }
+        if (e->width > 4) {
+            e->status = TAKE_ON_MAIN; /* no room: the slab holds 4 bytes an item */
+            return;
+        }
     }
     else {
-        int all_single = 1;
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = items[i];
             if (!Py_IS_TYPE(item, &PyFloat_Type)) {
                 e->status = TAKE_OTHER;
                 return;
             }
-            double d = PyFloat_AS_DOUBLE(item);
-            memcpy(&bits[i], &d, 8);
-            all_single &= exact_single(d, &singles[i]);
-        }
-        if (all_single) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                bits[i] = singles[i];
+            if (!exact_single(PyFloat_AS_DOUBLE(item), &singles[i])) {
+                /* float64 (or no array, if a later item is no float): numbers() decides,
+                 * as the slab has no room for 8 bytes an item */
+                e->status = TAKE_ON_MAIN;
+                return;
             }
         }
-        e->name = all_single ? "float32" : "float64";
-        e->width = all_single ? 4 : 8;
-    }
-    if (e->width > 4) {
-        e->status = TAKE_ON_MAIN; /* no room: the slab holds 4 bytes an item */
-        return;
+        e->name = "float32";
+        e->width = 4;
     }
     /* packed as they come (8-byte aligned): the slab's pages past the last are not touched */
     e->offset = TAKE_ROOM(batch, ((size_t)n * (size_t)e->width + 7) & ~(size_t)7);
-    planes(batch->slab + e->offset, bits, n, e->width);
+    if (is_float) {
+        planes32(batch->slab + e->offset, singles, n);
+    }
+    else {
+        planes(batch->slab + e->offset, bits, n, e->width);
+    }
     e->status = TAKE_DONE;
 }
 
