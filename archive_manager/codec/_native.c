@@ -1776,19 +1776,24 @@ convert_entry(take_batch *batch, take_entry *e, uint64_t *bits, uint32_t *single
             return;
         }
         int64_t lo = first, hi = first;
+        /* the item before, read: a mask's runs are one object (a small int) over and over */
+        PyObject *before = items[0];
+        long long v = first;
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = items[i];
-            long long v;
-            if (!Py_IS_TYPE(item, &PyLong_Type)) {
-                e->status = TAKE_OTHER;
-                return;
+            if (item != before) {
+                if (!Py_IS_TYPE(item, &PyLong_Type)) {
+                    e->status = TAKE_OTHER;
+                    return;
+                }
+                if (!compact_value(item, &v)) {
+                    e->status = TAKE_ON_MAIN; /* numbers() reads it through the API */
+                    return;
+                }
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                before = item;
             }
-            if (!compact_value(item, &v)) {
-                e->status = TAKE_ON_MAIN; /* numbers() reads it through the API */
-                return;
-            }
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
             bits[i] = (uint64_t)v;
         }
         for (size_t k = 0; k < N_NARROWING; k++) {
