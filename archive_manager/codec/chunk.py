@@ -539,6 +539,14 @@ class ChunkReader:
             if view.nbytes == raw_len:
                 self._inflated[key] = view.toreadonly()
 
+    def raw_size(self, i: int) -> int:
+        """The bytes record ``i`` inflates to, as its index says (0 for a record whose index
+        entry is damaged: reading it raises its error)."""
+        try:
+            return sum(raw_len for _, _, raw_len, _ in self._parts(i))
+        except (ArchiveError, struct.error, ValueError):
+            return 0
+
     def _parts(self, i: int) -> list[tuple[str, memoryview, int, int]]:
         """Record ``i``'s stored parts: ``(part, stored bytes, raw length, method)``; a text
         part only where there is one."""

@@ -540,7 +540,10 @@ def _export_to(arc: Archive, target: Path, kind: str, overwrite: bool) -> None:
         write_output(
             target,
             lambda output: _write_parquet(
-                lambda force: archive_batches(source, force_json=force),
+                # NOTE: a large chunk in pieces (`pieces_of`), so that inflating the next
+                # piece overlaps writing this one (a chunk of R3 rollouts inflates to 125 MB);
+                # a piece that drifts from the schema so far starts the file again, merged.
+                lambda force: archive_batches(source, force_json=force, pieces=True),
                 output,
                 lambda: empty_batch(source),
             ),

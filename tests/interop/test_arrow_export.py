@@ -33,7 +33,7 @@ from archive_manager.errors import (
     UnsupportedFormatError,
 )
 from archive_manager.interop import export
-from archive_manager.pool.arrow import SchemaDrift
+from archive_manager.pool.arrow import SchemaDrift, reading
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -184,6 +184,28 @@ def test_parquet_writes_a_large_batch_as_row_groups_of_bounded_size(
     assert pq.read_schema(path).equals(pq.read_schema(whole), check_metadata=True)
     back = pool.import_table(path, name="back")
     assert_same_samples(back.load_samples(), pool.open_archive("odd").load_samples())
+
+
+def test_a_large_chunk_is_read_and_handed_on_in_pieces(
+    pool: ArchiveManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk whose records inflate past `PIECE_BYTES` is inflated, decoded and written a
+    piece at a time (the reading thread inflates the next piece while this one is used:
+    docs/architecture/getting-data-out.md); the table and the file hold what they held."""
+    whole = pool.export("odd", tmp_path / "whole.parquet")
+    chunks = list(pool.arrow_reader(names=["odd"], schema="scan"))
+    monkeypatch.setattr(reading, "PIECE_BYTES", 1)
+    source = pool.open_archive("odd").arrow_source()
+    assert [len(rows) for rows in reading.iter_chunk_rows(source, pieces=True)] == [1] * 12
+    # one piece a sample, whose types differ from its chunk's (a chat prompt among text
+    # ones): the export starts again in the merged schema, and writes the same table
+    path = pool.export("odd", tmp_path / "pieces.parquet")
+    assert pq.ParquetFile(path).metadata.num_row_groups == 12
+    assert pq.read_table(path).equals(pq.read_table(whole), check_metadata=True)
+    # what users read is still a batch a chunk
+    assert [b.num_rows for b in pool.arrow_reader(names=["odd"], schema="scan")] == [
+        b.num_rows for b in chunks
+    ]
 
 
 def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(

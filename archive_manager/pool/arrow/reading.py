@@ -125,12 +125,43 @@ def catalog_values(
 def fetch_chunk(source: ArchiveSource, part: ChunkPlan, texts: bool = True) -> ChunkReader:
     """Read, check and inflate one chunk's records (no decoding: it releases the GIL);
     without ``texts``, not their text parts."""
-    ordinal, digest, entries = part
-    reader = ChunkReader(
+    reader = read_chunk(source, part)
+    reader.inflate([offset for *_, offset in part[2]], texts=texts)
+    return reader
+
+
+def read_chunk(source: ArchiveSource, part: ChunkPlan) -> ChunkReader:
+    """Read one chunk and parse its index; nothing inflated."""
+    ordinal, digest, _ = part
+    return ChunkReader(
         source.read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=source.load_tensor
     )
-    reader.inflate([offset for *_, offset in entries], texts=texts)
-    return reader
+
+
+#: The most bytes (inflated) of one piece of a chunk read (see `pieces_of`).
+PIECE_BYTES = 16 << 20
+
+
+def pieces_of(reader: ChunkReader, part: ChunkPlan) -> list[ChunkPlan]:
+    """``part`` as runs of consecutive entries whose records inflate to at most
+    `PIECE_BYTES` (at least one entry each): the pieces a large chunk is inflated, decoded
+    and handed on in, so that the thread reading ahead inflates the next piece while this
+    one is used (a chunk of 40 R3 samples inflates to 125 MB: whole, its inflating and its
+    use could not overlap)."""
+    ordinal, digest, entries = part
+    pieces: list[ChunkPlan] = []
+    run: list[tuple[int, str, str | None, int]] = []
+    size = 0
+    for entry in entries:
+        raw = reader.raw_size(entry[3])
+        if run and size + raw > PIECE_BYTES:
+            pieces.append((ordinal, digest, run))
+            run, size = [], 0
+        run.append(entry)
+        size += raw
+    if run:
+        pieces.append((ordinal, digest, run))
+    return pieces
 
 
 def decode_chunk_rows(
@@ -156,13 +187,18 @@ def decode_chunk_rows(
 
 
 def iter_chunk_rows(
-    source: ArchiveSource, positions: Iterable[int] | None = None, needs: Needs = EVERYTHING
+    source: ArchiveSource,
+    positions: Iterable[int] | None = None,
+    needs: Needs = EVERYTHING,
+    *,
+    pieces: bool = False,
 ) -> Iterator[list[Row]]:
-    """The archive's samples (or those at ``positions``) as records, a chunk at a time, in
-    archive order, holding what ``needs`` asks for: decoded, each chunk read and inflated
-    while the one before is used (at most two chunks held, as `Archive.load_samples`
-    reads); or, where no chunk needs reading (keys only, or `CATALOG_FIELDS` every sample
-    of the chunk has recorded exactly), from the catalog alone (class and converted None).
+    """The archive's samples (or those at ``positions``) as records, a chunk at a time (with
+    ``pieces``, a large chunk in pieces, `pieces_of`), in archive order, holding what
+    ``needs`` asks for: decoded, each chunk read and inflated while the one before is used
+    (at most two chunks held, as `Archive.load_samples` reads); or, where no chunk needs
+    reading (keys only, or `CATALOG_FIELDS` every sample of the chunk has recorded exactly),
+    from the catalog alone (class and converted None).
     """
     plan = chunk_plan(source, positions)
     if not plan:
@@ -178,12 +214,24 @@ def iter_chunk_rows(
     texts = needs.fields is None or not needs.fields.isdisjoint(TEXT_FIELDS)
     to_read = iter([part for part in plan if not from_catalog(part)])
     pool: ThreadPoolExecutor | None = None
-    ahead: Future[ChunkReader] | None = None
+    # On the thread: the next chunk read, cut in pieces, its first piece inflated; or the
+    # next piece of this chunk inflated.  One piece ahead of the one being used.
+    ahead: Future[tuple[ChunkReader, list[ChunkPlan]]] | None = None
+    ahead_piece: Future[None] | None = None
 
-    def read_next() -> Future[ChunkReader] | None:
+    def fetch(part: ChunkPlan) -> tuple[ChunkReader, list[ChunkPlan]]:
+        reader = read_chunk(source, part)
+        cut = pieces_of(reader, part) if pieces else [part]
+        inflate(reader, cut[0])
+        return reader, cut
+
+    def inflate(reader: ChunkReader, piece: ChunkPlan) -> None:
+        reader.inflate([offset for *_, offset in piece[2]], texts=texts)
+
+    def read_next() -> Future[tuple[ChunkReader, list[ChunkPlan]]] | None:
         assert pool is not None
         part = next(to_read, None)
-        return None if part is None else pool.submit(fetch_chunk, source, part, texts)
+        return None if part is None else pool.submit(fetch, part)
 
     try:
         for part in plan:
@@ -197,9 +245,16 @@ def iter_chunk_rows(
                 pool = ThreadPoolExecutor(1, thread_name_prefix="archive-export")
                 ahead = read_next()
             assert ahead is not None
-            reader = ahead.result()
-            ahead = read_next()
-            yield decode_chunk_rows(source, part, reader, needs.fields)
+            reader, cut = ahead.result()
+            for k, piece in enumerate(cut):
+                if ahead_piece is not None:
+                    ahead_piece.result()
+                    ahead_piece = None
+                if k + 1 < len(cut):
+                    ahead_piece = pool.submit(inflate, reader, cut[k + 1])
+                else:
+                    ahead = read_next()
+                yield decode_chunk_rows(source, piece, reader, needs.fields)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -211,8 +266,12 @@ def archive_batches(
     positions: Iterable[int] | None = None,
     columns: Sequence[str] | None = None,
     force_json: frozenset[str] = frozenset(),
+    pieces: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """One record batch per chunk read (each with its own inferred types; see `conform`).
+    """One record batch per chunk read, or with ``pieces`` per piece of a large one (each
+    with its own inferred types; see `conform`: a piece's may differ from its whole chunk's,
+    which only a caller that starts again on `SchemaDrift` with the merged schema, as the
+    Parquet export does, should risk).
 
     With ``columns``, the batches hold the key columns and the columns of the fields those
     need (`column_needs`: others are neither decoded nor built, and chunks are not read at
@@ -220,5 +279,5 @@ def archive_batches(
     same values, types and metadata a whole batch has in those columns.
     """
     needs = column_needs(columns)
-    for rows in iter_chunk_rows(source, positions, needs):
+    for rows in iter_chunk_rows(source, positions, needs, pieces=pieces):
         yield build_batch(source, rows, force_json=force_json, tail=needs.tail)
