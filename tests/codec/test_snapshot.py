@@ -44,6 +44,13 @@ register_sample_class(Note)
 register_sample_class(Shade)
 
 
+@pytest.fixture(autouse=True)
+def ahead_for_any_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `lists_ahead` leaves batches of few numbers to the encoder; these tests' batches are
+    # small, and are to be converted ahead (test_a_small_batch_is_left_to_the_encoder below)
+    monkeypatch.setattr(snapshot, "_AHEAD_MIN", 0)
+
+
 @pytest.fixture(params=["native", "python"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "native":
@@ -257,6 +264,17 @@ def test_lists_ahead_take_only_numeric_arrays_and_name_each_by_its_list(mode: st
     assert list(got) == [id(mask)]
     held, taken = got[id(mask)]
     assert held is mask and (taken.dtype, bytes(taken.data), taken.shuffled) == list_array(mask)
+
+
+def test_a_small_batch_is_left_to_the_encoder(
+    pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # below `_AHEAD_MIN` numbers starting the conversion's threads costs more than it saves
+    monkeypatch.setattr(snapshot, "_AHEAD_MIN", 100)
+    assert snapshot.lists_ahead([{"tokens": [1] * 60, "mask": [0] * 39}]) == {}
+    tokens = [1] * 60
+    got = snapshot.lists_ahead([{"tokens": tokens, "mask": [0] * 40}])
+    assert got[id(tokens)][0] is tokens
 
 
 def test_an_array_ahead_under_another_lists_id_is_not_written(pool: ArchiveManager) -> None:
