@@ -62,6 +62,7 @@ from ..pool.arrow import (
     select_columns,
     selected_names,
     stream_schema,
+    widened,
     with_json_column,
 )
 from ..pool.context import PoolContext
@@ -365,7 +366,8 @@ def _write_parquet(
             if pending is not None:
                 pending.result()
         except SchemaDrift as drift:
-            schema = drift.schema
+            assert schema is not None
+            schema = widened(schema, drift)
             force = json_columns(schema)
             continue
         finally:

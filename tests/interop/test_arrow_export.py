@@ -208,6 +208,34 @@ def test_a_large_chunk_is_read_and_handed_on_in_pieces(
     ]
 
 
+def test_a_piece_of_ints_past_2_53_before_floats_ends_as_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewards past 2**53 in a chunk's first pieces and floats in its later ones: merged,
+    the column is float64, which the ints do not fit; it must end as JSON, not start the
+    export again for ever."""
+    samples = small_rollout(4, seed=1)
+    for i, sample in enumerate(samples):
+        sample.reward = 2**60 + i if i < 2 else 0.5
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=4) as pool:
+        pool.save("big", samples, rollout_id=1)
+        whole = pq.read_table(pool.export("big", tmp_path / "whole.parquet"))
+        monkeypatch.setattr(reading, "PIECE_BYTES", 1)
+        made = 0
+        batches = export.archive_batches
+
+        def counted(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+            nonlocal made
+            made += 1
+            assert made < 10, "the export starts again for ever"
+            return batches(*args, **kwargs)
+
+        monkeypatch.setattr(export, "archive_batches", counted)
+        table = pq.read_table(pool.export("big", tmp_path / "pieces.parquet"))
+    assert table.equals(whole, check_metadata=True)
+    assert json.loads(table["reward"][0].as_py()) == 2**60
+
+
 def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(
     pool: ArchiveManager, tmp_path: Path
 ) -> None:

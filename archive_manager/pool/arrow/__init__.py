@@ -42,7 +42,14 @@ from .reading import (
     fetch_chunk,
     iter_chunk_rows,
 )
-from .schemas import conform, json_columns, merge_schemas, stream_schema, with_json_column
+from .schemas import (
+    conform,
+    json_columns,
+    merge_schemas,
+    stream_schema,
+    widened,
+    with_json_column,
+)
 from .sharing import _same_data, share_places, shared_places
 from .tables import (
     archive_table,
@@ -99,5 +106,6 @@ __all__ = [
     "shared_places",
     "stream_schema",
     "to_json_value",
+    "widened",
     "with_json_column",
 ]

@@ -154,6 +154,23 @@ def json_columns(schema: pa.Schema) -> frozenset[str]:
     return frozenset(f.name for f in schema if _kind_of(f) == b"json")
 
 
+def widened(schema: pa.Schema, drift: SchemaDrift) -> pa.Schema:
+    """The schema to start again in after ``drift`` of the batches of ``schema``: both
+    merged, or where merging widens nothing (an int past 2**53 among floats: promoted to
+    float64, it drifts back) the column that did not fit made JSON, so that every restart
+    widens the schema and the restarts end.
+
+    Raises:
+        SchemaDrift: ``drift`` itself, where no column can be made wider.
+    """
+    if not drift.schema.equals(schema, check_metadata=True):
+        return drift.schema
+    column = drift.column
+    if column is None or column not in schema.names or _kind_of(schema.field(column)) == b"json":
+        raise drift
+    return with_json_column(schema, column)
+
+
 def with_json_column(schema: pa.Schema, name: str) -> pa.Schema:
     """``schema`` with column ``name`` made JSON (a tensor's shape column names its tensor,
     whose shape column goes with it): for a column whose values a promoted type cannot hold

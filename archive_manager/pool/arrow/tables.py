@@ -22,7 +22,7 @@ from .common import (
 )
 from .json_values import to_json_value
 from .reading import archive_batches, iter_chunk_rows
-from .schemas import conform, json_columns
+from .schemas import conform, json_columns, widened
 from .sharing import shared_places
 
 if TYPE_CHECKING:
@@ -98,7 +98,8 @@ def conformed_batches(
                     schema = batch.schema
                 batches.append(conform(batch, schema))
         except SchemaDrift as drift:
-            schema = drift.schema
+            assert schema is not None
+            schema = widened(schema, drift)
             force = json_columns(schema)
             if restart is not None:
                 restart()
