@@ -43,6 +43,7 @@ from ..pool.arrow import (
     TAIL_COLUMNS,
     ArchiveSource,
     ImportedRow,
+    PiecesDiffer,
     SchemaDrift,
     archive_batches,
     check_columns,
@@ -309,12 +310,15 @@ def _selected_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Sch
 
 
 def _write_parquet(
-    make: Callable[[frozenset[str]], Iterator[pa.RecordBatch]],
+    make: Callable[[frozenset[str], bool], Iterator[pa.RecordBatch]],
     output: Output,
     empty: Callable[[], pa.RecordBatch],
 ) -> int:
     """Stream batches into a Parquet file; on a batch that does not fit the schema so far,
     start again with both merged (rare: each restart widens the schema).  Returns rows.
+
+    ``make(force_json, pieces)`` reads large chunks in pieces while ``pieces``; on
+    `PiecesDiffer` the file starts again a chunk at a time (types as the whole chunks').
 
     Only pyarrow's writes are marked as the file's (`Output.writing`): a batch's reads of
     the pool keep their own errors."""
@@ -341,6 +345,7 @@ def _write_parquet(
 
     schema: pa.Schema | None = None
     force: frozenset[str] = frozenset()
+    pieces = True
     while True:
         writer = None
         sink = None
@@ -351,7 +356,7 @@ def _write_parquet(
         io = ThreadPoolExecutor(1, thread_name_prefix="parquet-write")
         pending: Future[None] | None = None
         try:
-            for batch in make(force):
+            for batch in make(force, pieces):
                 if schema is None:
                     schema = batch.schema
                 if writer is None:
@@ -365,6 +370,9 @@ def _write_parquet(
                 rows += batch.num_rows
             if pending is not None:
                 pending.result()
+        except PiecesDiffer:
+            schema, force, pieces = None, frozenset(), False
+            continue
         except SchemaDrift as drift:
             assert schema is not None
             schema = widened(schema, drift)
@@ -544,8 +552,8 @@ def _export_to(arc: Archive, target: Path, kind: str, overwrite: bool) -> None:
             lambda output: _write_parquet(
                 # NOTE: a large chunk in pieces (`pieces_of`), so that inflating the next
                 # piece overlaps writing this one (a chunk of R3 rollouts inflates to 125 MB);
-                # a piece that drifts from the schema so far starts the file again, merged.
-                lambda force: archive_batches(source, force_json=force, pieces=True),
+                # pieces typed differently start the file again a chunk at a time.
+                lambda force, pieces: archive_batches(source, force_json=force, pieces=pieces),
                 output,
                 lambda: empty_batch(source),
             ),

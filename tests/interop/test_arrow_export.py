@@ -198,9 +198,15 @@ def test_a_large_chunk_is_read_and_handed_on_in_pieces(
     source = pool.open_archive("odd").arrow_source()
     assert [len(rows) for rows in reading.iter_chunk_rows(source, pieces=True)] == [1] * 12
     # one piece a sample, whose types differ from its chunk's (a chat prompt among text
-    # ones): the export starts again in the merged schema, and writes the same table
+    # ones): the export starts again a chunk at a time, and writes the same table
     path = pool.export("odd", tmp_path / "pieces.parquet")
-    assert pq.ParquetFile(path).metadata.num_row_groups == 12
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    assert pq.read_table(path).equals(pq.read_table(whole), check_metadata=True)
+    # pieces typed alike are written as they come
+    pool.save("even", small_rollout(8, seed=4, r3_layers=2), rollout_id=8)
+    whole = pool.export("even", tmp_path / "even-whole.parquet")
+    path = pool.export("even", tmp_path / "even-pieces.parquet")
+    assert pq.ParquetFile(path).metadata.num_row_groups == 8
     assert pq.read_table(path).equals(pq.read_table(whole), check_metadata=True)
     # what users read is still a batch a chunk
     assert [b.num_rows for b in pool.arrow_reader(names=["odd"], schema="scan")] == [
@@ -208,32 +214,54 @@ def test_a_large_chunk_is_read_and_handed_on_in_pieces(
     ]
 
 
-def test_a_piece_of_ints_past_2_53_before_floats_ends_as_json(
+def test_ints_past_2_53_before_floats_end_as_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rewards past 2**53 in a chunk's first pieces and floats in its later ones: merged,
-    the column is float64, which the ints do not fit; it must end as JSON, not start the
-    export again for ever."""
+    """Rewards past 2**53 in a first chunk and floats in the next: merged, the column is
+    float64, which the ints do not fit; it must end as JSON, not start the export again
+    for ever."""
     samples = small_rollout(4, seed=1)
     for i, sample in enumerate(samples):
         sample.reward = 2**60 + i if i < 2 else 0.5
-    with ArchiveManager.open(tmp_path / "pool", chunk_size=4) as pool:
+    made = 0
+    batches = export.archive_batches
+
+    def counted(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        nonlocal made
+        made += 1
+        assert made < 10, "the export starts again for ever"
+        return batches(*args, **kwargs)
+
+    monkeypatch.setattr(export, "archive_batches", counted)
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
         pool.save("big", samples, rollout_id=1)
-        whole = pq.read_table(pool.export("big", tmp_path / "whole.parquet"))
+        table = pq.read_table(pool.export("big", tmp_path / "big.parquet"))
+        assert pool.open_archive("big").to_arrow()["reward"].equals(table["reward"])
+    assert [json.loads(v) for v in table["reward"].to_pylist()] == [2**60, 2**60 + 1, 0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [[True, True, 3, 3], [1, 2, 0.5, 1.5], [0.5, 1.5, 1, 2]],
+    ids=["bools-then-ints", "ints-then-floats", "floats-then-ints"],
+)
+def test_pieces_typed_otherwise_write_what_the_whole_chunk_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rewards: list[Any]
+) -> None:
+    """Pieces of one chunk whose types differ (a chunk's ints and floats are JSON, its bools
+    and ints too; merged, they would be float64, or bools that turn 3 into True): the
+    export writes the whole chunk's table, exactly."""
+    samples = small_rollout(4, seed=2)
+    for sample, reward in zip(samples, rewards, strict=True):
+        sample.reward = reward
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=4) as pool:
+        pool.save("r", samples, rollout_id=1)
+        whole = pq.read_table(pool.export("r", tmp_path / "whole.parquet"))
         monkeypatch.setattr(reading, "PIECE_BYTES", 1)
-        made = 0
-        batches = export.archive_batches
-
-        def counted(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
-            nonlocal made
-            made += 1
-            assert made < 10, "the export starts again for ever"
-            return batches(*args, **kwargs)
-
-        monkeypatch.setattr(export, "archive_batches", counted)
-        table = pq.read_table(pool.export("big", tmp_path / "pieces.parquet"))
-    assert table.equals(whole, check_metadata=True)
-    assert json.loads(table["reward"][0].as_py()) == 2**60
+        path = pool.export("r", tmp_path / "pieces.parquet")
+        back = pool.import_table(path, name="back")
+        assert [s.reward for s in back.load_samples()] == rewards
+    assert pq.read_table(path).equals(whole, check_metadata=True)
 
 
 def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(

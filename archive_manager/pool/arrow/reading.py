@@ -260,6 +260,11 @@ def iter_chunk_rows(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+class PiecesDiffer(Exception):
+    """`archive_batches` read in pieces met a batch typed otherwise than the one before it
+    (the caller starts again a chunk at a time, whose types are the whole chunk's)."""
+
+
 def archive_batches(
     source: ArchiveSource,
     *,
@@ -269,9 +274,10 @@ def archive_batches(
     pieces: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """One record batch per chunk read, or with ``pieces`` per piece of a large one (each
-    with its own inferred types; see `conform`: a piece's may differ from its whole chunk's,
-    which only a caller that starts again on `SchemaDrift` with the merged schema, as the
-    Parquet export does, should risk).
+    with its own inferred types; see `conform`).  With ``pieces``, a batch typed otherwise
+    than the one before raises `PiecesDiffer`: a piece's types may differ from its whole
+    chunk's (ints in one piece and floats in the next are JSON in the chunk, float64
+    merged; bools then ints are JSON, not bools), so the caller starts again without.
 
     With ``columns``, the batches hold the key columns and the columns of the fields those
     need (`column_needs`: others are neither decoded nor built, and chunks are not read at
@@ -279,5 +285,11 @@ def archive_batches(
     same values, types and metadata a whole batch has in those columns.
     """
     needs = column_needs(columns)
+    typed: pa.Schema | None = None
     for rows in iter_chunk_rows(source, positions, needs, pieces=pieces):
-        yield build_batch(source, rows, force_json=force_json, tail=needs.tail)
+        batch = build_batch(source, rows, force_json=force_json, tail=needs.tail)
+        if pieces:
+            if typed is not None and not batch.schema.equals(typed, check_metadata=True):
+                raise PiecesDiffer(f"archive {source.name!r}: its batches differ in types")
+            typed = batch.schema
+        yield batch
