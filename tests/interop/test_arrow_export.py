@@ -240,6 +240,23 @@ def test_ints_past_2_53_before_floats_end_as_json(
     assert [json.loads(v) for v in table["reward"].to_pylist()] == [2**60, 2**60 + 1, 0.5, 0.5]
 
 
+@pytest.mark.parametrize("rewards", [[True, True, 3, 3], [3, 3, True, True]])
+def test_a_chunk_of_bools_and_one_of_ints_keep_both(tmp_path: Path, rewards: list[Any]) -> None:
+    """Bools in one chunk and ints in the next (Arrow casts 3 to True, True to 1): the
+    column is JSON, and the round trip gives back each value with its type."""
+    samples = small_rollout(4, seed=2)
+    for sample, reward in zip(samples, rewards, strict=True):
+        sample.reward = reward
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
+        pool.save("r", samples, rollout_id=1)
+        path = pool.export("r", tmp_path / "r.parquet")
+        back = pool.import_table(path, name="back")
+        got = [s.reward for s in back.load_samples()]
+        table = pool.open_archive("r").to_arrow()
+    assert [(v, type(v)) for v in got] == [(v, type(v)) for v in rewards]
+    assert [json.loads(v) for v in table["reward"].to_pylist()] == rewards
+
+
 @pytest.mark.parametrize(
     "rewards",
     [[True, True, 3, 3], [1, 2, 0.5, 1.5], [0.5, 1.5, 1, 2]],

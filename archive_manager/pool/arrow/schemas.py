@@ -58,8 +58,11 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         if _kind_of(field) == b"json" and _kind_of(own) is None:
             arrays.append(_as_json_text(column, _null_means_absent(own)))
             continue
-        if _kind_of(own) != _kind_of(field) or (
-            column.null_count and _null_means_absent(own) != _null_means_absent(field)
+        # NOTE: Arrow casts ints to bools (3 -> True) and bools to ints without complaint
+        if (
+            _kind_of(own) != _kind_of(field)
+            or _has_bool(own.type) != _has_bool(field.type)
+            or (column.null_count and _null_means_absent(own) != _null_means_absent(field))
         ):
             unfit = field.name
             break
@@ -77,6 +80,14 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         merge_schemas(schema, batch.schema, nulls),
         unfit,
     )
+
+
+def _has_bool(kind: Any) -> bool:
+    """Whether Arrow type ``kind`` holds bools (itself, or its items' or fields' types)."""
+    pa = pyarrow_module()
+    if pa.types.is_boolean(kind):
+        return True
+    return any(_has_bool(kind.field(i).type) for i in range(kind.num_fields))
 
 
 def _as_json_text(column: Any, null_is_absent: bool) -> Any:
