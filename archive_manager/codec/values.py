@@ -606,46 +606,37 @@ class _Encoder:
             # meanwhile: a save hands the GIL over) is read again, so that its record agrees
             # with the description, which reads its length when the sample is described.
             if got is not None and got[0] is value and got[1].length == len(value):
-                taken = got[1]
-                offset, nbytes = self.record.add(taken.data)
-                node = {
-                    _TAG: "list",
-                    "d": taken.dtype,
-                    "o": offset,
-                    "n": nbytes,
-                    "s": taken.shuffled,
-                }
+                node = self._array_node(got[1].dtype, got[1].data, got[1].shuffled)
             else:
                 node = self._array(value)
             if node is not None:
-                key = id(value)
-                if key in self.seen:
-                    self._count(value, key)
-                    self._extra(node["n"])  # its array's bytes, written again
-                else:
-                    self.seen.add(key)
-                return node
+                return self._met(value, node)
         return self._items(value)
 
     def _array(self, value: list[Any]) -> dict[str, Any] | None:
         """A numeric list as one binary array, or None when it is not one."""
         got = list_array(value)
-        if got is None:
-            return None
-        dtype, data, shuffled = got
-        offset, nbytes = self.record.add(data)
-        return {_TAG: "list", "d": dtype, "o": offset, "n": nbytes, "s": shuffled}
+        return None if got is None else self._array_node(*got)
 
     def _taken(self, value: TakenList) -> dict[str, Any]:
         """A numeric list a snapshot took (`TakenList`): its array, as `_list` writes it."""
-        offset, nbytes = self.record.add(value.data)
+        return self._met(value, self._array_node(value.dtype, value.data, value.shuffled))
+
+    def _array_node(self, dtype: str, data: Buffer, shuffled: bool) -> dict[str, Any]:
+        """A numeric list's array added to the record, and the node naming it."""
+        offset, nbytes = self.record.add(data)
+        return {_TAG: "list", "d": dtype, "o": offset, "n": nbytes, "s": shuffled}
+
+    def _met(self, value: list[Any] | TakenList, node: dict[str, Any]) -> dict[str, Any]:
+        """``node``, the array of ``value``; a list met again counts as a container written
+        again, and its array's bytes as bytes written again."""
         key = id(value)
         if key in self.seen:
             self._count(value, key)
-            self._extra(nbytes)
+            self._extra(node["n"])
         else:
             self.seen.add(key)
-        return {_TAG: "list", "d": value.dtype, "o": offset, "n": nbytes, "s": value.shuffled}
+        return node
 
     def _tensor(self, value: torch.Tensor) -> Any:
         _check_storable(value)

@@ -126,8 +126,14 @@ def fetch_chunk(source: ArchiveSource, part: ChunkPlan, texts: bool = True) -> C
     """Read, check and inflate one chunk's records (no decoding: it releases the GIL);
     without ``texts``, not their text parts."""
     reader = read_chunk(source, part)
-    reader.inflate([offset for *_, offset in part[2]], texts=texts)
+    inflate_part(reader, part, texts)
     return reader
+
+
+def inflate_part(reader: ChunkReader, part: ChunkPlan, texts: bool = True) -> None:
+    """Inflate the records of ``part`` (a chunk's, or a piece's) in ``reader``; without
+    ``texts``, not their text parts."""
+    reader.inflate([offset for *_, offset in part[2]], texts=texts)
 
 
 def read_chunk(source: ArchiveSource, part: ChunkPlan) -> ChunkReader:
@@ -222,11 +228,8 @@ def iter_chunk_rows(
     def fetch(part: ChunkPlan) -> tuple[ChunkReader, list[ChunkPlan]]:
         reader = read_chunk(source, part)
         cut = pieces_of(reader, part) if pieces else [part]
-        inflate(reader, cut[0])
+        inflate_part(reader, cut[0], texts)
         return reader, cut
-
-    def inflate(reader: ChunkReader, piece: ChunkPlan) -> None:
-        reader.inflate([offset for *_, offset in piece[2]], texts=texts)
 
     def read_next() -> Future[tuple[ChunkReader, list[ChunkPlan]]] | None:
         assert pool is not None
@@ -251,7 +254,7 @@ def iter_chunk_rows(
                     ahead_piece.result()
                     ahead_piece = None
                 if k + 1 < len(cut):
-                    ahead_piece = pool.submit(inflate, reader, cut[k + 1])
+                    ahead_piece = pool.submit(inflate_part, reader, cut[k + 1], texts)
                 else:
                     ahead = read_next()
                 yield decode_chunk_rows(source, piece, reader, needs.fields)
