@@ -39,21 +39,33 @@ class Reads:
         self.whole = 0
         self.ranged = 0
         store = pool.store
-        get, read_range = store.get, store.read_range
+        get, get_view, read_range = store.get, store.get_view, store.read_range
+
+        inside_view = False  # a store's get_view may read through its get: one read
 
         def counted_get(digest: str) -> bytes:
-            self.whole += 1
+            self.whole += 0 if inside_view else 1
             return get(digest)
+
+        def counted_view(digest: str) -> memoryview:
+            nonlocal inside_view
+            self.whole += 1
+            inside_view = True
+            try:
+                return get_view(digest)
+            finally:
+                inside_view = False
 
         def counted_range(digest: str, offset: int, length: int) -> bytes:
             self.ranged += 1
             return read_range(digest, offset, length)
 
         store.get = counted_get  # type: ignore[method-assign]
+        store.get_view = counted_view  # type: ignore[method-assign]
         store.read_range = counted_range  # type: ignore[method-assign]
 
         def undo() -> None:
-            del store.get, store.read_range  # the class's methods again
+            del store.get, store.get_view, store.read_range  # the class's methods again
 
         self._undo = undo
 

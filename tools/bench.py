@@ -358,7 +358,7 @@ def inflate_alone(pool: ArchiveManager) -> int:
 
     records = 0
     for chunk in pool.open_archive("rollout-0").chunks():
-        reader = ChunkReader(pool.store.get(chunk["digest"]), digest=chunk["digest"])
+        reader = ChunkReader(pool.store.get_view(chunk["digest"]), digest=chunk["digest"])
         reader.inflate(range(len(reader)))
         records += len(reader)
     return records

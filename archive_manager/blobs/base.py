@@ -206,6 +206,12 @@ class AbstractBlobStore(abc.ABC):
         """A read-only view of ``digest`` (a memory map if ``capabilities.mmap``), verified
         unless ``verify=False``."""
 
+    def get_view(self, digest: str) -> memoryview:
+        """`get`'s verified bytes of ``digest`` as a read-only view, for a caller that only
+        reads them: here a view of `get`'s bytes; a store of local files maps the file
+        instead (no copy, no fresh memory), where the root is on a local filesystem."""
+        return memoryview(self.get(digest))
+
     def open_private(self, digest: str) -> memoryview:
         """A writable view of the verified bytes of ``digest`` that is the caller's own:
         writing to it never reaches the store or another reader.  Here a copy of `open`'s

@@ -126,6 +126,10 @@ class ReadOnlyView(AbstractBlobStore):
         """The store's `open`."""
         return self._store.open(digest, verify=verify)
 
+    def get_view(self, digest: str) -> memoryview:
+        """The store's `get_view` (read-only)."""
+        return self._store.get_view(digest)
+
     def open_private(self, digest: str) -> memoryview:
         """The store's `open_private` (a private view: nothing reaches the store)."""
         return self._store.open_private(digest)

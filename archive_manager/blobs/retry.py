@@ -139,6 +139,10 @@ class RetryingReads(AbstractBlobStore):
         """``inner``'s `open`, tried again (see the class)."""
         return self._retried(digest, lambda: self.inner.open(digest, verify=verify))
 
+    def get_view(self, digest: str) -> memoryview:
+        """``inner``'s `get_view`, tried again (see the class)."""
+        return self._retried(digest, lambda: self.inner.get_view(digest))
+
     def open_private(self, digest: str) -> memoryview:
         """``inner``'s `open_private`, tried again (see the class)."""
         return self._retried(digest, lambda: self.inner.open_private(digest))

@@ -820,9 +820,11 @@ class Archive:
         except IntegrityError as exc:
             raise IntegrityError(f"archive {self.name!r}, {what}: {exc}") from exc
 
-    def _read_blob(self, digest: str, what: str) -> bytes:
+    def _read_blob(self, digest: str, what: str) -> memoryview:
+        """The verified bytes of a chunk, read-only (`AbstractBlobStore.get_view`: a map of
+        a local file, no copy)."""
         with self._blob_errors(digest, what):
-            data = self._pool.store.get(digest)
+            data = self._pool.store.get_view(digest)
         if self._read_hook is not None:
             self._read_hook(digest)
         return data

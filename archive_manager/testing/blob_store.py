@@ -111,6 +111,7 @@ class BlobStoreContract:
         assert digest == digest_of(bytes(data))
         assert store.get(digest) == bytes(data)
         assert bytes(store.open(digest)) == bytes(data)
+        assert bytes(store.get_view(digest)) == bytes(data)
         assert store.has(digest)
         assert store.size(digest) == len(bytes(data))
         store.check(digest)
@@ -149,10 +150,23 @@ class BlobStoreContract:
 
     def test_open_is_read_only(self, store: Any) -> None:
         digest = store.put(b"immutable")
-        view = store.open(digest)
-        assert view.readonly
-        with pytest.raises(TypeError):
-            view[0] = 0
+        for view in (store.open(digest), store.get_view(digest)):
+            assert view.readonly
+            with pytest.raises(TypeError):
+                view[0] = 0
+
+    @pytest.mark.parametrize("size", [0, 10_000])
+    def test_get_view_is_the_verified_bytes(self, store: Any, size: int) -> None:
+        """`get_view`: `get`'s bytes, read-only (a store of local files maps the file on a
+        local disk: chunks are read so, without a copy)."""
+        data = os.urandom(size)
+        digest = store.put(data)
+        view = store.get_view(digest)
+        assert bytes(view) == data == store.get(digest)
+        if size and type(store).__name__ == "LocalBlobStore":  # on a local disk here
+            import mmap
+
+            assert isinstance(view.obj, mmap.mmap)
 
     def test_put_of_existing_blob_is_idempotent(self, store: Any) -> None:
         first = store.put(b"same bytes")
@@ -240,7 +254,7 @@ class BlobStoreContract:
             store.put(b"data", digest=bad)
         assert list(store.iter_digests()) == []
 
-    @pytest.mark.parametrize("op", ["get", "open", "size", "stat", "check"])
+    @pytest.mark.parametrize("op", ["get", "get_view", "open", "size", "stat", "check"])
     def test_missing_blob(self, store: Any, op: str) -> None:
         with pytest.raises(BlobNotFoundError, match=ABSENT) as info:
             getattr(store, op)(ABSENT)
@@ -382,7 +396,7 @@ class BlobStoreContract:
         data = b"precious bytes"
         digest = store.put(data)
         self.damage(store, digest, flip_bit(data, 3))
-        for op in (store.get, store.open, store.check):
+        for op in (store.get, store.get_view, store.open, store.check):
             with pytest.raises(BlobCorruptError, match=digest) as info:
                 op(digest)
             assert isinstance(info.value, IntegrityError)
@@ -551,6 +565,7 @@ class ReadOnlyStoreContract:
             assert view.get(digest) == data
             assert bytes(view.open(digest)) == data == bytes(view.open(digest, verify=False))
             assert view.open(digest).readonly
+            assert bytes(view.get_view(digest)) == data and view.get_view(digest).readonly
             private = view.open_private(digest)
             assert bytes(private) == data and not private.readonly
             assert view.read_range(digest, 2, 3) == data[2:5] == store.read_range(digest, 2, 3)
@@ -573,7 +588,7 @@ class ReadOnlyStoreContract:
         digest = store.put(data)
         self.damage(store, digest, flip_bit(data, 7))
         view = store.read_only_view(self.REASON)
-        for op in (view.get, view.open, view.check, view.open_private):
+        for op in (view.get, view.get_view, view.open, view.check, view.open_private):
             with pytest.raises(BlobCorruptError, match=digest):
                 op(digest)
         assert view.read_range(digest, 0, 10) == flip_bit(data, 7)[:10]

@@ -108,6 +108,24 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         assert store.path(digest) == expected
         assert expected.read_bytes() == b"where am I"
 
+    @pytest.mark.parametrize("fstype", ["nfs4", "fuse.juicefs", None])
+    def test_a_root_not_known_local_is_read_as_copies(
+        self, tmp_path: Path, monkeypatch, fstype: str | None
+    ) -> None:
+        """On a networked or FUSE root (or one whose filesystem is unknown), `get_view` and
+        `open_private` copy: another host could change the file under a map, and a mount
+        that vanishes faults a mapped read (SIGBUS) where a copy was read whole."""
+        import mmap
+
+        monkeypatch.setattr(blobs, "read_mount_table", lambda: [])
+        monkeypatch.setattr(blobs, "filesystem_type", lambda path, table: fstype)
+        store = BlobStore(tmp_path / "pool")
+        data = os.urandom(10_000)
+        digest = store.put(data)
+        for view in (store.get_view(digest), store.open_private(digest)):
+            assert bytes(view) == data and not isinstance(view.obj, mmap.mmap)
+        assert store.get_view(digest).readonly
+
     def test_relative_root_is_made_absolute(self, tmp_path: Path, monkeypatch) -> None:
         monkeypatch.chdir(tmp_path)
         store = BlobStore("pool/../pool")

@@ -105,6 +105,7 @@ _READS: dict[str, Callable[[Any, str], object]] = {
     "get": lambda s, d: s.get(d),
     "open": lambda s, d: bytes(s.open(d)),
     "open_private": lambda s, d: bytes(s.open_private(d)),
+    "get_view": lambda s, d: bytes(s.get_view(d)),
     "check": lambda s, d: s.check(d),
     "read_range": lambda s, d: s.read_range(d, 0, len(DATA)),
 }

@@ -75,7 +75,7 @@ def test_a_fault_for_good_until_cleared(faulty: FaultyBlobStore) -> None:
     assert faulty.delete(digest) is True
 
 
-@pytest.mark.parametrize("op", ["get", "open", "check"])
+@pytest.mark.parametrize("op", ["get", "get_view", "open", "check"])
 def test_a_corrupted_read_is_a_corrupt_blob_error(faulty: FaultyBlobStore, op: str) -> None:
     digest = faulty.put(b"0123456789")
     faulty.corrupt(times=1)

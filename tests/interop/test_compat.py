@@ -252,6 +252,7 @@ def test_check_metadata_never_reads_a_blob(
         raise AssertionError("check_metadata read a blob")
 
     monkeypatch.setattr(BlobStore, "get", no_blob_reads)
+    monkeypatch.setattr(BlobStore, "get_view", no_blob_reads)
     monkeypatch.setattr(BlobStore, "open", no_blob_reads)
     assert len(RolloutArchive.check_metadata(tmp_path / "routed.json", R3_ARGS)) == 3
     assert len(RolloutArchive.check_metadata(tmp_path / "old.json", None)) == 3

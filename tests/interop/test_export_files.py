@@ -235,6 +235,7 @@ def test_no_permission_is_an_output_error_and_a_read_failure_is_not(
         raise OSError(errno.EIO, "Input/output error", "a blob")
 
     monkeypatch.setattr(pool.store, "get", broken_get)
+    monkeypatch.setattr(pool.store, "get_view", broken_get)
     with pytest.raises(OSError) as failed:
         pool.export("r", target)
     assert not isinstance(failed.value, OutputWriteError) and failed.value.errno == errno.EIO

@@ -122,6 +122,7 @@ def test_metadata_check_reads_the_index_alone_never_a_store_or_tensor(
     monkeypatch.setattr(StrawArchive, "__init__", forbid("the seed reader"))
     monkeypatch.setattr(ArchiveManager, "open", forbid("the pool"))
     monkeypatch.setattr(BlobStore, "get", forbid("a blob"))
+    monkeypatch.setattr(BlobStore, "get_view", forbid("a blob"))
     monkeypatch.setattr(BlobStore, "open", forbid("a blob"))
     monkeypatch.setattr(PoolTensorRef, "materialize", forbid("a pool tensor"))
     monkeypatch.setattr(SeedTensor, "load", forbid("a facade tensor"))

@@ -76,7 +76,7 @@ class ArchiveSource:
     rollout_id: int | None
     evaluation: bool
     attrs: dict[str, Any] | None
-    read_blob: Callable[[str, str], bytes]
+    read_blob: Callable[[str, str], memoryview]
     load_tensor: Callable[[str], torch.Tensor]
 
 
