@@ -281,6 +281,30 @@ def test_pieces_typed_otherwise_write_what_the_whole_chunk_writes(
     assert pq.read_table(path).equals(whole, check_metadata=True)
 
 
+@pytest.mark.parametrize(
+    ("rewards", "groups"),
+    [([1, 2, 0.5, 1.5], 4), ([0.5, 1.5, True, False], 4), ([0.5, 1.5, 1, 2.5], 2)],
+    ids=["ints-then-floats", "floats-then-bools", "then-a-chunk-of-ints-and-floats"],
+)
+def test_chunks_typed_otherwise_keep_their_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rewards: list[Any], groups: int
+) -> None:
+    """Pieces are compared within their chunk only: a chunk of int rewards and one of float
+    rewards, each cut in pieces typed alike, export in pieces (a row group each), not a
+    chunk at a time after a start again, and write what the chunks whole write; a chunk
+    whose own pieces differ still starts the export again a chunk at a time."""
+    samples = small_rollout(4, seed=2)
+    for sample, reward in zip(samples, rewards, strict=True):
+        sample.reward = reward
+    with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
+        pool.save("r", samples, rollout_id=1)
+        whole = pq.read_table(pool.export("r", tmp_path / "whole.parquet"))
+        monkeypatch.setattr(reading, "PIECE_BYTES", 1)
+        path = pool.export("r", tmp_path / "pieces.parquet")
+    assert pq.ParquetFile(path).metadata.num_row_groups == groups
+    assert pq.read_table(path).equals(whole, check_metadata=True)
+
+
 def test_exports_read_back_with_pyarrow_pandas_duckdb_and_datasets(
     pool: ArchiveManager, tmp_path: Path
 ) -> None:

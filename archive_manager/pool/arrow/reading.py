@@ -170,6 +170,15 @@ def pieces_of(reader: ChunkReader, part: ChunkPlan) -> list[ChunkPlan]:
     return pieces
 
 
+class Piece(list[Row]):
+    """The rows of one piece of a chunk (`iter_chunk_rows` with ``pieces``); ``first``:
+    whether it is its chunk's first."""
+
+    def __init__(self, rows: list[Row], *, first: bool) -> None:
+        super().__init__(rows)
+        self.first = first
+
+
 def decode_chunk_rows(
     source: ArchiveSource,
     part: ChunkPlan,
@@ -257,7 +266,8 @@ def iter_chunk_rows(
                     ahead_piece = pool.submit(inflate_part, reader, cut[k + 1], texts)
                 else:
                     ahead = read_next()
-                yield decode_chunk_rows(source, piece, reader, needs.fields)
+                rows = decode_chunk_rows(source, piece, reader, needs.fields)
+                yield Piece(rows, first=k == 0) if pieces else rows
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -277,10 +287,12 @@ def archive_batches(
     pieces: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """One record batch per chunk read, or with ``pieces`` per piece of a large one (each
-    with its own inferred types; see `conform`).  With ``pieces``, a batch typed otherwise
-    than the one before raises `PiecesDiffer`: a piece's types may differ from its whole
-    chunk's (ints in one piece and floats in the next are JSON in the chunk, float64
-    merged; bools then ints are JSON, not bools), so the caller starts again without.
+    with its own inferred types; see `conform`).  With ``pieces``, a piece typed otherwise
+    than the piece of its chunk before it raises `PiecesDiffer`: a piece's types may differ
+    from its whole chunk's (ints in one piece and floats in the next are JSON in the chunk,
+    float64 merged; bools then ints are JSON, not bools), so the caller starts again
+    without.  Pieces of one chunk typed alike are typed as their whole chunk is; chunks may
+    differ from each other, as without pieces (the caller's `conform` decides).
 
     With ``columns``, the batches hold the key columns and the columns of the fields those
     need (`column_needs`: others are neither decoded nor built, and chunks are not read at
@@ -292,7 +304,8 @@ def archive_batches(
     for rows in iter_chunk_rows(source, positions, needs, pieces=pieces):
         batch = build_batch(source, rows, force_json=force_json, tail=needs.tail)
         if pieces:
-            if typed is not None and not batch.schema.equals(typed, check_metadata=True):
-                raise PiecesDiffer(f"archive {source.name!r}: its batches differ in types")
+            first = not isinstance(rows, Piece) or rows.first
+            if not first and typed is not None and not batch.schema.equals(typed, True):
+                raise PiecesDiffer(f"archive {source.name!r}: a chunk's pieces differ in types")
             typed = batch.schema
         yield batch
