@@ -230,7 +230,7 @@ def test_writes_listings_and_read_only_are_the_stores() -> None:
 
 
 @pytest.mark.parametrize("how", [missing, stale_handle], ids=["ENOENT", "ESTALE"])
-@pytest.mark.parametrize("read", ["get", "open", "check", "read_range"])
+@pytest.mark.parametrize("read", ["get", "get_view", "open", "check", "read_range"])
 def test_a_blob_missing_for_the_first_opens_is_read(
     store: RetryingReads, monkeypatch: pytest.MonkeyPatch, how: Callable[[str], int], read: str
 ) -> None:
@@ -240,6 +240,8 @@ def test_a_blob_missing_for_the_first_opens_is_read(
     started = time.monotonic()
     if read == "get":
         assert store.get(digest) == DATA
+    elif read == "get_view":
+        assert bytes(store.get_view(digest)) == DATA
     elif read == "open":
         assert bytes(store.open(digest)) == DATA
     elif read == "check":
@@ -252,7 +254,7 @@ def test_a_blob_missing_for_the_first_opens_is_read(
     assert 0.3 <= time.monotonic() - started < 3.0
 
 
-@pytest.mark.parametrize("read", ["get", "open", "check"])
+@pytest.mark.parametrize("read", ["get", "get_view", "open", "check"])
 def test_old_bytes_seen_at_first_are_read_again(
     store: RetryingReads, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, read: str
 ) -> None:
@@ -264,6 +266,8 @@ def test_old_bytes_seen_at_first_are_read_again(
     opens = flaky(monkeypatch, {str(store.path(digest))}, 2, lambda _: opens.real(old, os.O_RDONLY))
     if read == "get":
         assert store.get(digest) == DATA
+    elif read == "get_view":
+        assert bytes(store.get_view(digest)) == DATA
     elif read == "open":
         assert bytes(store.open(digest)) == DATA
     else:

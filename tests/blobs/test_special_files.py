@@ -207,7 +207,7 @@ def test_a_symlinked_blob_folder_is_refused_everywhere(
     move_out(folder, tmp_path / "elsewhere")
     before = tree(tmp_path / "elsewhere")
 
-    for op in ("get", "open", "check", "has", "size", "delete"):
+    for op in ("get", "get_view", "open", "check", "has", "size", "delete"):
         with pytest.raises(PoolLayoutError, match=f"blob {digest}: .* is a symlink"):
             getattr(store, op)(digest)
     with pytest.raises(PoolLayoutError):
@@ -254,7 +254,7 @@ def test_a_blob_path_that_is_a_symlink_is_never_read_nor_deleted_through(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.symlink_to(outside)
 
-    for op in ("get", "open", "check", "size"):
+    for op in ("get", "get_view", "open", "check", "size"):
         with pytest.raises(IntegrityError, match=f"blob {digest} is not a regular file.*symlink"):
             getattr(store, op)(digest)
     assert store.has(digest) is False
@@ -274,7 +274,7 @@ def test_a_non_file_at_a_blob_path_is_an_integrity_error_not_a_hang(
     data = b"a small blob"
     digest = store.put(data)
     replace_with(store.path(digest), what)
-    for op in ("get", "open", "check", "size"):
+    for op in ("get", "get_view", "open", "check", "size"):
         with pytest.raises(IntegrityError, match=f"blob {digest} is not a regular file: .* is a"):
             getattr(store, op)(digest)
     assert store.has(digest) is False

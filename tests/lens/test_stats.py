@@ -208,7 +208,7 @@ def test_pool_stats_match_every_sample_metadata(
     names = _fill(pool, monkeypatch)
     expected = _expected(pool, names)
     # The statistics come from the catalog alone: no blob may be read.
-    for method in ("get", "open"):
+    for method in ("get", "get_view", "open"):
         monkeypatch.setattr(pool.store, method, _no_blob_reads)
     rows = pool.stats()
     assert [(r.rollout_id, r.evaluation) for r in rows] == [

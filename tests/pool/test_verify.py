@@ -391,7 +391,7 @@ def test_verify_reads_only_when_asked(
     def forbidden(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("verify(read_data=False) read a blob")
 
-    for method in ("check", "get", "open"):
+    for method in ("check", "get", "get_view", "open"):
         monkeypatch.setattr(pool.store, method, forbidden)
     assert pool.verify().ok
 

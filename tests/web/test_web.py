@@ -137,18 +137,29 @@ def archive_url(name: str, *rest: str) -> str:
 
 
 class BlobReads:
-    """Counts the blob store's reads of one pool (chunks through get, tensors through open or
-    open_private: a tensor blob is read in place where the store can map it)."""
+    """Counts the blob store's reads of one pool (chunks through get or get_view, tensors
+    through open or open_private: a blob is read in place where the store can map it)."""
 
     def __init__(self, pool: ArchiveManager, monkeypatch: pytest.MonkeyPatch) -> None:
         self.get: list[str] = []
         self.open: list[str] = []
-        for method, log in (("get", self.get), ("open", self.open), ("open_private", self.open)):
+        inside: list[str] = []  # a store's get_view or open_private may read through get/open
+        for method, log in (
+            ("get", self.get),
+            ("get_view", self.get),
+            ("open", self.open),
+            ("open_private", self.open),
+        ):
             real = getattr(pool.store, method)
 
             def counted(digest: str, *a: Any, _real: Any = real, _log: Any = log, **k: Any) -> Any:
-                _log.append(digest)
-                return _real(digest, *a, **k)
+                if not inside:
+                    _log.append(digest)
+                inside.append(digest)
+                try:
+                    return _real(digest, *a, **k)
+                finally:
+                    inside.pop()
 
             monkeypatch.setattr(pool.store, method, counted)
 
