@@ -101,6 +101,10 @@ _BATCH = 16
 # Up to this many bytes in all, `put_many` writes on the calling thread (`_put_inline`).
 _INLINE_BYTES = 1 << 20
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+# A map that cannot be made where a read can: the process's maps at vm.max_map_count (or its
+# address space at RLIMIT_AS), no descriptor left for the one a map keeps (Python's mmap holds
+# a duplicate), a filesystem that does not map files.  `_mapped` reads the bytes instead.
+_CANNOT_MAP = (errno.ENOMEM, *_OUT_OF_FDS, errno.ENODEV)
 _MISSING = (FileNotFoundError, NotADirectoryError)
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -206,6 +210,24 @@ def _total_bytes(items: Sequence[PutItem]) -> int:
 def _first_failure(futures: list[concurrent.futures.Future[Any]]) -> BaseException | None:
     concurrent.futures.wait(futures)
     return next((f.exception() for f in futures if f.exception() is not None), None)
+
+
+def _map_or_read(fd: int, access: int) -> memoryview:
+    """A map of the file ``fd`` with ``access``; where none can be made (`_CANNOT_MAP`), its
+    bytes read as `get` reads them: read-only, or for a private map a writable copy.
+
+    NOTE: each map a process holds is one of its vm.max_map_count (65,530) and keeps a
+    descriptor: a process at either limit (a replay buffer of tensors over their maps) read
+    chunks into bytes before they were mapped, and must still read them.
+    """
+    try:
+        return memoryview(mmap.mmap(fd, 0, access=access))
+    except OSError as exc:
+        if exc.errno not in _CANNOT_MAP:
+            raise
+    with open(fd, "rb", closefd=False) as f:
+        data = f.read()
+    return memoryview(data if access == mmap.ACCESS_READ else bytearray(data))
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -700,7 +722,7 @@ class LocalBlobStore(AbstractBlobStore):
                 # mmap cannot map 0 bytes; a private view stays writable, as its map is
                 view = memoryview(b"" if access == mmap.ACCESS_READ else bytearray())
             else:
-                view = memoryview(mmap.mmap(fd, 0, access=access))
+                view = _map_or_read(fd, access)
         finally:
             os.close(fd)  # the map holds its own reference to the file
         if verify:

@@ -126,6 +126,42 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
             assert bytes(view) == data and not isinstance(view.obj, mmap.mmap)
         assert store.get_view(digest).readonly
 
+    @pytest.mark.parametrize("code", [errno.ENOMEM, errno.EMFILE, errno.ENODEV])
+    def test_a_blob_that_cannot_be_mapped_is_read(
+        self, tmp_path: Path, monkeypatch, code: int
+    ) -> None:
+        """A process at vm.max_map_count (ENOMEM: a replay buffer holding tensors over their
+        maps), with no descriptor left for the one a map keeps, or on a filesystem that maps
+        nothing: `get_view`, `open` and `open_private` read the bytes, as `get` does (chunks
+        were read so before they were mapped), where they raised the map's OSError."""
+        import mmap
+
+        store = BlobStore(tmp_path / "pool")
+        data = os.urandom(10_000)
+        digest = store.put(data)
+        real = mmap.mmap
+
+        def no_map(fd: int, length: int, *args: Any, **kwargs: Any) -> mmap.mmap:
+            if fd >= 0:
+                raise OSError(code, os.strerror(code))
+            return real(fd, length, *args, **kwargs)
+
+        monkeypatch.setattr(mmap, "mmap", no_map)
+        view, private, opened = (
+            store.get_view(digest),
+            store.open_private(digest),
+            store.open(digest),
+        )
+        assert bytes(view) == bytes(private) == bytes(opened) == data
+        assert view.readonly and opened.readonly and not private.readonly
+        private[0] ^= 1  # its own copy
+        assert store.get(digest) == data
+        bad = data[:-1] + bytes([data[-1] ^ 1])
+        _damage_file(store, digest, bad)
+        for op in (store.get_view, store.open_private, store.open):
+            with pytest.raises(IntegrityError, match=digest):
+                op(digest)
+
     def test_relative_root_is_made_absolute(self, tmp_path: Path, monkeypatch) -> None:
         monkeypatch.chdir(tmp_path)
         store = BlobStore("pool/../pool")
