@@ -24,6 +24,7 @@ with each record the whole sample in one frame.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import struct
 import threading
@@ -468,6 +469,14 @@ class ChunkReader:
     def __len__(self) -> int:
         count: int = self._count
         return count
+
+    def truncated(self) -> bool:
+        """Whether the bytes read are a map of a file that has since shrunk (truncated in
+        place, from outside): a read of the map past the file's end now would kill the
+        process (SIGBUS).  A caller that let other code run since the read (a stream's
+        read-ahead) asks before it reads on (docs/architecture/reading.md, "Reading")."""
+        mapped = self._mv.obj
+        return isinstance(mapped, mmap.mmap) and mapped.size() < self._size
 
     def inflate(
         self, offsets: Iterable[int], *, texts_only: bool = False, texts: bool = True

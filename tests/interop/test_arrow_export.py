@@ -186,6 +186,55 @@ def test_parquet_writes_a_large_batch_as_row_groups_of_bounded_size(
     assert_same_samples(back.load_samples(), pool.open_archive("odd").load_samples())
 
 
+# The child: chunk 1 read ahead (mapped, verified, inflated) while the caller holds the first
+# batch, then its file truncated in place, as root's `cp` of a backup over a live pool does.
+_TRUNCATED_AHEAD = """
+import os, sys, threading
+from archive_manager import ArchiveManager
+from archive_manager.errors import IntegrityError
+from archive_manager.pool.arrow import reading
+read = threading.Event()
+inflate_part = reading.inflate_part
+def inflated(reader, part, texts=True):
+    inflate_part(reader, part, texts)
+    if part[0] == 1:
+        read.set()
+reading.inflate_part = inflated
+pool = ArchiveManager.open(sys.argv[1], chunk_size=4)
+arc = pool.save("r", [{"tokens": list(range(i, i + 300))} for i in range(12)], rollout_id=1)
+path = pool.store.inner.path(arc.chunks()[1]["digest"])
+batches = pool.arrow_reader()
+batches.read_next_batch()
+assert read.wait(60)
+os.chmod(path, 0o644)
+os.truncate(path, 0)
+try:
+    print(batches.read_all().num_rows, "more rows")
+except IntegrityError as exc:
+    print(exc)
+"""
+
+
+def test_a_chunk_truncated_after_it_was_read_ahead_fails_the_reader(tmp_path: Path) -> None:
+    """A chunk file truncated in place after the Arrow reader read it ahead (a map of it,
+    since 7a7b3d5), while the caller's code ran: IntegrityError naming it where reading on
+    the map killed the process (SIGBUS; docs/architecture/reading.md, "Reading")."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED_AHEAD, str(tmp_path / "pool")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "archive 'r', chunk 1: blob " in done.stdout, done.stdout
+    assert "was truncated while it was read" in done.stdout, done.stdout
+
+
 def test_a_large_chunk_is_read_and_handed_on_in_pieces(
     pool: ArchiveManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,8 +4,12 @@ and ``iter(arc)``, ``arc[i]`` and ``arc[a:b:c]`` behave as on a list."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,6 +110,54 @@ def test_a_damaged_chunk_fails_the_stream_when_reached(sqlite_arc, blob_files_of
     assert [next(stream) for _ in range(2 * CHUNK)] == _samples()[: 2 * CHUNK]
     with pytest.raises(IntegrityError, match="archive 'r'"):
         next(stream)
+
+
+# The child: chunk 1 read ahead (mapped, verified) while the caller holds sample 0, then its
+# file truncated in place, as root's `cp` of a backup over a live pool does to each file.
+_TRUNCATED_AHEAD = """
+import os, sys, threading
+import archive_manager.pool.archive as archive_module
+from archive_manager import ArchiveManager
+from archive_manager.errors import IntegrityError
+read = threading.Event()
+fetch_run = archive_module.Archive._fetch_run
+def fetched(self, run):
+    reader = fetch_run(self, run)
+    if run[0] == 1:
+        read.set()
+    return reader
+archive_module.Archive._fetch_run = fetched
+pool = ArchiveManager.open(sys.argv[1], chunk_size=4)
+arc = pool.save("r", [{"tokens": list(range(i, i + 300))} for i in range(12)], rollout_id=1)
+path = pool.store.inner.path(arc.chunks()[1]["digest"])
+stream = arc.iter_samples()
+next(stream)
+assert read.wait(60)
+os.chmod(path, 0o644)
+os.truncate(path, 0)
+try:
+    print(len(list(stream)), "more samples")
+except IntegrityError as exc:
+    print(exc)
+"""
+
+
+def test_a_chunk_truncated_after_it_was_read_ahead_fails_the_stream(tmp_path: Path) -> None:
+    """A chunk file truncated in place after the stream read it ahead (a map of it, since
+    7a7b3d5), while the caller's code ran: the stream raises IntegrityError naming it where
+    reading on the map killed the process (SIGBUS; docs/architecture/reading.md, "Reading")."""
+    repo = str(Path(archive_module.__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED_AHEAD, str(tmp_path / "pool")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "archive 'r', chunk 1: blob " in done.stdout, done.stdout
+    assert "was truncated while it was read" in done.stdout, done.stdout
 
 
 def test_an_archive_is_a_sequence(arc, monkeypatch) -> None:
