@@ -734,11 +734,18 @@ class LocalBlobStore(AbstractBlobStore):
         return view
 
     def _maps_privately(self) -> bool:
-        """Whether `open_private` and `get_view` map files: the root is on a local
-        filesystem."""
+        """Whether `open_private` and `get_view` map files: the blob folder is on a local
+        filesystem.
+
+        NOTE: the blob folder's, not the root's: a root on a local disk (where a SQLite
+        catalog must be) may have a network mount at ``blobs/``, whose files another host
+        changes or whose mount vanishes under a map (SIGBUS).  Asked at a read of a stored
+        blob, so the folder exists.
+        """
         if self._private_maps is None:
             table = read_mount_table()
-            fstype = None if table is None else filesystem_type(os.path.realpath(self._root), table)
+            where = os.path.realpath(self._blobs)
+            fstype = None if table is None else filesystem_type(where, table)
             self._private_maps = fstype is not None and not is_network_filesystem(fstype)
         return self._private_maps
 

@@ -126,6 +126,24 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
             assert bytes(view) == data and not isinstance(view.obj, mmap.mmap)
         assert store.get_view(digest).readonly
 
+    @pytest.mark.parametrize("fstype", ["nfs4", "fuse.juicefs"])
+    def test_a_blob_folder_mounted_from_the_network_is_read_as_copies(
+        self, tmp_path: Path, monkeypatch, fstype: str
+    ) -> None:
+        """A root on the local disk (a SQLite catalog must be) with a networked or FUSE
+        mount at ``blobs/``: its files are copied, not mapped, as on such a root (it mapped
+        them: the root's filesystem was asked)."""
+        import mmap
+
+        root = tmp_path / "pool"
+        table = (blobs.read_mount_table() or "") + f"\nserver:/pool {root}/blobs {fstype} rw 0 0\n"
+        monkeypatch.setattr(blobs, "read_mount_table", lambda: table)
+        store = BlobStore(root)
+        data = os.urandom(10_000)
+        digest = store.put(data)
+        for view in (store.get_view(digest), store.open_private(digest)):
+            assert bytes(view) == data and not isinstance(view.obj, mmap.mmap)
+
     @pytest.mark.parametrize("code", [errno.ENOMEM, errno.EMFILE, errno.ENODEV])
     def test_a_blob_that_cannot_be_mapped_is_read(
         self, tmp_path: Path, monkeypatch, code: int
