@@ -24,7 +24,6 @@ with each record the whole sample in one frame.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import struct
 import threading
@@ -39,6 +38,7 @@ import xxhash
 import zstandard
 
 from .._util.digest import Buffer, digest_of
+from .._util.filemap import map_truncated
 from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
 from ._accel import native_hand_over, native_texts_holding
 from .dtypes import NotHeldError
@@ -475,8 +475,7 @@ class ChunkReader:
         place, from outside): a read of the map past the file's end now would kill the
         process (SIGBUS).  A caller that let other code run since the read (a stream's
         read-ahead) asks before it reads on (docs/architecture/reading.md, "Reading")."""
-        mapped = self._mv.obj
-        return isinstance(mapped, mmap.mmap) and mapped.size() < self._size
+        return map_truncated(self._mv.obj, self._size)
 
     def inflate(
         self, offsets: Iterable[int], *, texts_only: bool = False, texts: bool = True

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from archive_manager._util.digest import digest_of
+from archive_manager._util.filemap import mapped
 from archive_manager.blobs import BlobStore, IncompleteWrite, MemoryBlobStore, RetryingReads
 from archive_manager.blobs import local as blobs
 from archive_manager.errors import IntegrityError, InvalidNameError
@@ -115,15 +116,14 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         """On a networked or FUSE root (or one whose filesystem is unknown), `get_view` and
         `open_private` copy: another host could change the file under a map, and a mount
         that vanishes faults a mapped read (SIGBUS) where a copy was read whole."""
-        import mmap
-
+        monkeypatch.setattr(blobs, "_MAP_MIN", 1)  # a map but for what is asked here
         monkeypatch.setattr(blobs, "read_mount_table", lambda: [])
         monkeypatch.setattr(blobs, "filesystem_type", lambda path, table: fstype)
         store = BlobStore(tmp_path / "pool")
         data = os.urandom(10_000)
         digest = store.put(data)
         for view in (store.get_view(digest), store.open_private(digest)):
-            assert bytes(view) == data and not isinstance(view.obj, mmap.mmap)
+            assert bytes(view) == data and not mapped(view.obj)
         assert store.get_view(digest).readonly
 
     @pytest.mark.parametrize("fstype", ["nfs4", "fuse.juicefs"])
@@ -133,8 +133,7 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         """A root on the local disk (a SQLite catalog must be) with a networked or FUSE
         mount at ``blobs/``: its files are copied, not mapped, as on such a root (it mapped
         them: the root's filesystem was asked)."""
-        import mmap
-
+        monkeypatch.setattr(blobs, "_MAP_MIN", 1)  # a map but for what is asked here
         root = tmp_path / "pool"
         table = (blobs.read_mount_table() or "") + f"\nserver:/pool {root}/blobs {fstype} rw 0 0\n"
         monkeypatch.setattr(blobs, "read_mount_table", lambda: table)
@@ -142,7 +141,7 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         data = os.urandom(10_000)
         digest = store.put(data)
         for view in (store.get_view(digest), store.open_private(digest)):
-            assert bytes(view) == data and not isinstance(view.obj, mmap.mmap)
+            assert bytes(view) == data and not mapped(view.obj)
 
     @pytest.mark.parametrize("code", [errno.ENOMEM, errno.EMFILE, errno.ENODEV])
     def test_a_blob_that_cannot_be_mapped_is_read(
@@ -154,6 +153,7 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         were read so before they were mapped), where they raised the map's OSError."""
         import mmap
 
+        monkeypatch.setattr(blobs, "_MAP_MIN", 1)  # a map but for what is asked here
         store = BlobStore(tmp_path / "pool")
         data = os.urandom(10_000)
         digest = store.put(data)
@@ -164,7 +164,11 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
                 raise OSError(code, os.strerror(code))
             return real(fd, length, *args, **kwargs)
 
+        def no_file_map(fd: int, *args: Any, **kwargs: Any) -> memoryview:
+            raise OSError(code, os.strerror(code))
+
         monkeypatch.setattr(mmap, "mmap", no_map)
+        monkeypatch.setattr(blobs, "map_file", no_file_map)
         view, private, opened = (
             store.get_view(digest),
             store.open_private(digest),
@@ -179,6 +183,45 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         for op in (store.get_view, store.open_private, store.open):
             with pytest.raises(IntegrityError, match=digest):
                 op(digest)
+
+    def test_maps_hold_no_descriptor_and_go_with_their_last_view(self, store, monkeypatch) -> None:
+        """A tensor loaded from its blob lives on its map for as long as it is held (a
+        replay buffer holds thousands): a map that kept a descriptor (Python's `mmap.mmap`
+        does) made every open of the process fail at ``ulimit -n`` once a thousand were
+        held.  The map itself goes when the last view over it does."""
+        import gc
+
+        monkeypatch.setattr(blobs, "_MAP_MIN", 1)  # every blob mapped
+        data = os.urandom(10_000)
+        digest = store.put(data)
+        path = str(store.path(digest))
+
+        def maps_of_the_blob() -> int:
+            with open("/proc/self/maps") as f:
+                return sum(line.rstrip().endswith(path) for line in f)
+
+        fds = len(os.listdir("/proc/self/fd"))
+        views = [store.open_private(digest) for _ in range(50)]
+        views += [store.get_view(digest) for _ in range(50)]
+        views += [store.open(digest) for _ in range(50)]
+        assert all(mapped(v.obj) and bytes(v) == data for v in views)
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert maps_of_the_blob() == 150
+        del views
+        gc.collect()
+        assert maps_of_the_blob() == 0
+
+    def test_a_map_is_private(self, store, monkeypatch) -> None:
+        """A write through a read-only view's owner (which Python lets a caller reach) lands
+        in the process's own page, never in the blob file."""
+        monkeypatch.setattr(blobs, "_MAP_MIN", 1)
+        data = os.urandom(10_000)
+        digest = store.put(data)
+        view = store.get_view(digest)
+        owner = view.obj
+        owner[0] = bytes([data[0] ^ 0xFF])
+        assert view[0] == data[0] ^ 0xFF
+        assert store.path(digest).read_bytes() == data == bytes(store.get_view(digest))
 
     def test_relative_root_is_made_absolute(self, tmp_path: Path, monkeypatch) -> None:
         monkeypatch.chdir(tmp_path)

@@ -190,6 +190,8 @@ def test_parquet_writes_a_large_batch_as_row_groups_of_bounded_size(
 # batch, then its file truncated in place, as root's `cp` of a backup over a live pool does.
 _TRUNCATED_AHEAD = """
 import os, sys, threading
+import archive_manager.blobs.local as local_blobs
+local_blobs._MAP_MIN = 1  # every chunk mapped, however small
 from archive_manager import ArchiveManager
 from archive_manager.errors import IntegrityError
 from archive_manager.pool.arrow import reading

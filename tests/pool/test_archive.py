@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import weakref
 from types import SimpleNamespace
 from typing import Any
@@ -153,6 +154,31 @@ def test_a_tensor_loaded_from_its_blob_is_the_callers_own(open_pool, rollout, bl
     blob_files_of(pool).flip_bit(digest, pool.store.size(digest) - 1)
     with pytest.raises(IntegrityError, match=digest):
         arc.load_samples(materialize=True)
+
+
+def test_tensors_held_from_their_blobs_hold_no_descriptors(open_pool, rollout) -> None:
+    """A replay buffer holding many tensors loaded from their blobs (each over a map of its
+    file) under a low ``ulimit -n``: the loads and the process's other opens go on (a map
+    that kept a descriptor, as Python's mmap does, used one per held tensor: at the limit
+    every open failed, 'Too many open files')."""
+    import resource
+
+    pool = open_pool(inline_limit=256)
+    pool.save("r3", rollout(120, seed=5, r3_layers=2), rollout_id=0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+    try:
+        held = []
+        for _ in range(3):  # 360 tensors held, each from its own map
+            held += [
+                s.rollout_routed_experts
+                for s in pool.open_archive("r3").load_samples(materialize=True)
+            ]
+        with open(os.devnull) as other:  # the process's own opens are not starved
+            assert other.readable()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(held) == 360 and all(isinstance(t, torch.Tensor) for t in held)
 
 
 # --------------------------------------------------------------------------- keys

@@ -116,6 +116,8 @@ def test_a_damaged_chunk_fails_the_stream_when_reached(sqlite_arc, blob_files_of
 # file truncated in place, as root's `cp` of a backup over a live pool does to each file.
 _TRUNCATED_AHEAD = """
 import os, sys, threading
+import archive_manager.blobs.local as local_blobs
+local_blobs._MAP_MIN = 1  # every chunk mapped, however small
 import archive_manager.pool.archive as archive_module
 from archive_manager import ArchiveManager
 from archive_manager.errors import IntegrityError
