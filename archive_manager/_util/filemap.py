@@ -87,7 +87,10 @@ def map_file(fd: int, size: int, path: str, *, writable: bool) -> memoryview | N
         owner = (ctypes.c_char * size).from_address(address)
         st = os.fstat(fd)
         owner._archive_manager_file = _FileInfo(path, (st.st_dev, st.st_ino), size)  # type: ignore[attr-defined]
-        weakref.finalize(owner, do_unmap, address, size)
+        # Never at exit: weakref.finalize's exit hook runs before the atexit handlers
+        # registered ahead of it (LIFO) and while daemon threads still run, and a buffer
+        # over the map read by either then killed the process (SIGSEGV).  The exit unmaps.
+        weakref.finalize(owner, do_unmap, address, size).atexit = False
     except BaseException:
         do_unmap(address, size)
         raise

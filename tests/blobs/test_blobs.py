@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import random
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,21 @@ class TestFaultyBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         return not isinstance(store.inner, MemoryBlobStore) and _leave_temp_file(
             store.inner, digest
         )
+
+
+# The child: an atexit handler registered first reads a view over a blob's map, held to exit.
+_READ_AT_EXIT = """
+import atexit, sys
+held = []
+atexit.register(lambda: print("read at exit:", bytes(held[0][-4:]).hex(), flush=True))
+from archive_manager._util.filemap import mapped
+from archive_manager.blobs import BlobStore
+from archive_manager.blobs import local
+local._MAP_MIN = 1  # a map, however small
+store = BlobStore(sys.argv[1])
+held.append(store.open_private(store.put(b"0123456789" * 1000)))
+print("mapped" if mapped(held[0].obj) else "read", flush=True)
+"""
 
 
 class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
@@ -210,6 +227,22 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         del views
         gc.collect()
         assert maps_of_the_blob() == 0
+
+    def test_a_map_held_at_exit_is_read_by_atexit_handlers(self, tmp_path: Path) -> None:
+        """A view over a map held until the interpreter exits, read by an atexit handler
+        registered before the first map (a replay buffer saved on exit): the read sees the
+        bytes (the map's finalizer unmapped it at exit, ahead of the handler: SIGSEGV)."""
+        repo = str(Path(blobs.__file__).parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _READ_AT_EXIT, str(tmp_path / "pool")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+        assert done.stdout.split() == ["mapped", "read", "at", "exit:", b"6789".hex()]
 
     def test_a_map_is_private(self, store, monkeypatch) -> None:
         """A write through a read-only view's owner (which Python lets a caller reach) lands
