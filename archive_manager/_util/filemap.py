@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import platform
 import sys
 import weakref
 from collections.abc import Callable
@@ -30,6 +31,18 @@ _PROT_READ = getattr(mmap, "PROT_READ", 1)
 _PROT_WRITE = getattr(mmap, "PROT_WRITE", 2)
 _MAP_PRIVATE = getattr(mmap, "MAP_PRIVATE", 2)
 _MAP_FAILED = ctypes.c_void_p(-1).value
+# A read-only map is writable only for a write through its owner, which Python lets a caller
+# reach: without MAP_NORESERVE the kernel charged the whole file to the process's memory
+# commit, so under the default overcommit heuristic a read-only map of a blob larger than RAM
+# plus swap failed ENOMEM and the store read the whole file instead (MemoryError), where
+# Python's read-only map (MAP_SHARED, PROT_READ) cost nothing.  The flag's value differs
+# across architectures (Python 3.11's mmap has no name for it): 0 where not known here.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0) or (
+    0x4000
+    if sys.platform.startswith("linux")
+    and platform.machine() in ("x86_64", "aarch64", "arm64", "s390x", "riscv64", "loongarch64")
+    else 0
+)
 
 
 def _load_libc() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
@@ -79,7 +92,8 @@ def map_file(fd: int, size: int, path: str, *, writable: bool) -> memoryview | N
     if _LIBC is None:
         return None
     do_map, do_unmap = _LIBC
-    address = do_map(None, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE, fd, 0)
+    flags = _MAP_PRIVATE if writable else _MAP_PRIVATE | _MAP_NORESERVE
+    address = do_map(None, size, _PROT_READ | _PROT_WRITE, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))

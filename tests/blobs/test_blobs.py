@@ -244,6 +244,30 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
         assert done.stdout.split() == ["mapped", "read", "at", "exit:", b"6789".hex()]
 
+    def test_a_read_only_map_of_a_blob_larger_than_memory_is_made(self, store) -> None:
+        """A read-only open of a blob larger than RAM plus swap (a sparse file) is a map, as
+        Python's read-only map was: the private map, writable for its owner's sake, was
+        charged in full to the memory commit, refused (ENOMEM) under the default overcommit
+        heuristic, and the store read the whole file instead (MemoryError)."""
+        from archive_manager._util import filemap
+
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            if f.read().strip() != "0" or not filemap._MAP_NORESERVE:
+                pytest.skip("the overcommit heuristic (mode 0) and MAP_NORESERVE's value")
+        with open("/proc/meminfo") as f:
+            mem = {line.split(":")[0]: int(line.split()[1]) << 10 for line in f}
+        size = mem["MemTotal"] + mem["SwapTotal"] + (8 << 30)
+        store.put(b"the layout")
+        digest = "0" * 32  # a sparse file in a blob's place: its digest is not checked
+        path = store.path(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.seek(size - 1)
+            f.write(b"Z")
+        view = store.open(digest, verify=False)
+        assert mapped(view.obj) and view.readonly and len(view) == size
+        assert view[-1] == ord("Z")
+
     def test_a_map_is_private(self, store, monkeypatch) -> None:
         """A write through a read-only view's owner (which Python lets a caller reach) lands
         in the process's own page, never in the blob file."""
