@@ -156,13 +156,16 @@ def test_a_tensor_loaded_from_its_blob_is_the_callers_own(open_pool, rollout, bl
         arc.load_samples(materialize=True)
 
 
-def test_tensors_held_from_their_blobs_hold_no_descriptors(open_pool, rollout) -> None:
+def test_tensors_held_from_their_blobs_hold_no_descriptors(open_pool, rollout, monkeypatch) -> None:
     """A replay buffer holding many tensors loaded from their blobs (each over a map of its
     file) under a low ``ulimit -n``: the loads and the process's other opens go on (a map
     that kept a descriptor, as Python's mmap does, used one per held tensor: at the limit
     every open failed, 'Too many open files')."""
     import resource
 
+    from archive_manager.blobs import local
+
+    monkeypatch.setattr(local, "_MAP_MIN", 1)  # these 4 KiB tensors mapped, as large ones are
     pool = open_pool(inline_limit=256)
     pool.save("r3", rollout(120, seed=5, r3_layers=2), rollout_id=0)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
