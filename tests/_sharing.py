@@ -85,6 +85,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -c script args...`` in a child with `child_env`, its output captured as text
+    (for what must be seen from outside the process: a crash by signal, an exit)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=timeout,
+    )
+
+
 def read_only_mount_command(source: Path, mount: Path, command: list[str]) -> list[str]:
     """``command`` run in a private mount namespace where ``mount`` is a read-only bind mount
     of ``source`` (nothing of it is visible outside the namespace)."""

@@ -71,14 +71,13 @@ _LIBC = _load_libc()
 
 
 class _FileInfo:
-    """What a map knows of its file: where it was, which file it was, its size then."""
+    """What a map knows of its file: where it was and which file it was."""
 
-    __slots__ = ("ino", "path", "size")
+    __slots__ = ("ino", "path")
 
-    def __init__(self, path: str, ino: tuple[int, int], size: int) -> None:
+    def __init__(self, path: str, ino: tuple[int, int]) -> None:
         self.path = path
         self.ino = ino
-        self.size = size
 
 
 def map_file(fd: int, size: int, path: str, *, writable: bool) -> memoryview | None:
@@ -100,7 +99,7 @@ def map_file(fd: int, size: int, path: str, *, writable: bool) -> memoryview | N
     try:
         owner = (ctypes.c_char * size).from_address(address)
         st = os.fstat(fd)
-        owner._archive_manager_file = _FileInfo(path, (st.st_dev, st.st_ino), size)  # type: ignore[attr-defined]
+        owner._archive_manager_file = _FileInfo(path, (st.st_dev, st.st_ino))  # type: ignore[attr-defined]
         # Never at exit: weakref.finalize's exit hook runs before the atexit handlers
         # registered ahead of it (LIFO) and while daemon threads still run, and a buffer
         # over the map read by either then killed the process (SIGSEGV).  The exit unmaps.

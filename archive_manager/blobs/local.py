@@ -234,6 +234,12 @@ def _map_or_read(fd: int, size: int, path: str, access: int) -> memoryview:
     except OSError as exc:
         if exc.errno not in _CANNOT_MAP:
             raise
+    return _read_fd(fd, access)
+
+
+def _read_fd(fd: int, access: int) -> memoryview:
+    """The bytes of the file ``fd`` as `get` reads them: read-only for ``mmap.ACCESS_READ``,
+    else a writable copy of the caller's own."""
     with open(fd, "rb", closefd=False) as f:
         data = f.read()
     return memoryview(data if access == mmap.ACCESS_READ else bytearray(data))
@@ -731,13 +737,9 @@ class LocalBlobStore(AbstractBlobStore):
         fd = self._open_fd(digest)
         try:
             size = os.fstat(fd).st_size
-            if size == 0:
-                # mmap cannot map 0 bytes; a private view stays writable, as its map is
-                view = memoryview(b"" if access == mmap.ACCESS_READ else bytearray())
-            elif size < read_below:
-                with open(fd, "rb", closefd=False) as f:
-                    data = f.read()
-                view = memoryview(data if access == mmap.ACCESS_READ else bytearray(data))
+            # (mmap cannot map 0 bytes: an empty blob is read too, a private view writable)
+            if size < max(read_below, 1):
+                view = _read_fd(fd, access)
             else:
                 view = _map_or_read(fd, size, str(self.path(digest)), access)
         finally:

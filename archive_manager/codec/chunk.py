@@ -470,12 +470,14 @@ class ChunkReader:
         count: int = self._count
         return count
 
-    def truncated(self) -> bool:
-        """Whether the bytes read are a map of a file that has since shrunk (truncated in
-        place, from outside): a read of the map past the file's end now would kill the
-        process (SIGBUS).  A caller that let other code run since the read (a stream's
-        read-ahead) asks before it reads on (docs/architecture/reading.md, "Reading")."""
-        return map_truncated(self._mv.obj, self._size)
+    def check_untruncated(self, where: str) -> None:
+        """IntegrityError (``where``: archive and chunk) if the bytes read are a map of a
+        file that has since shrunk (truncated in place, from outside): a read of the map past
+        the file's end would now kill the process (SIGBUS).  A caller that let other code run
+        since the read (a stream's read-ahead) asks before it reads on
+        (docs/architecture/reading.md, "Reading")."""
+        if map_truncated(self._mv.obj, self._size):
+            raise IntegrityError(f"{where}: blob {self.digest} was truncated while it was read")
 
     def inflate(
         self, offsets: Iterable[int], *, texts_only: bool = False, texts: bool = True

@@ -634,7 +634,7 @@ class Archive:
                 chunk = ahead.result()
                 ordinal, _, offsets = run
                 # Read ahead while the caller's code ran: its map may have lost its file's end.
-                self._check_untruncated(chunk, ordinal)
+                chunk.check_untruncated(f"archive {self.name!r}, chunk {ordinal}")
                 run = next(runs, None)
                 ahead = None if run is None else reader.submit(self._fetch_run, run)
                 decoded: dict[tuple[int, int], Any] = {}
@@ -645,15 +645,6 @@ class Archive:
                     yield decoded[ordinal, offset]
         finally:
             reader.shutdown(wait=True, cancel_futures=True)
-
-    def _check_untruncated(self, chunk: ChunkReader, ordinal: int) -> None:
-        """IntegrityError if ``chunk`` maps a file truncated in place since it was read
-        (`ChunkReader.truncated`: reading on would kill the process with SIGBUS)."""
-        if chunk.truncated():
-            raise IntegrityError(
-                f"archive {self.name!r}, chunk {ordinal}: blob {chunk.digest} was truncated "
-                "while it was read"
-            )
 
     def _load_positions(self, positions: range) -> list[Any]:
         """The samples at ``positions`` (a slice of ``range(len(self))``), in its order."""

@@ -9,12 +9,11 @@ import multiprocessing
 import os
 import random
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _sharing import run_python
 
 from archive_manager._util.digest import digest_of
 from archive_manager._util.filemap import mapped
@@ -232,15 +231,7 @@ class TestBlobStore(BlobStoreContract, ReadOnlyStoreContract):
         """A view over a map held until the interpreter exits, read by an atexit handler
         registered before the first map (a replay buffer saved on exit): the read sees the
         bytes (the map's finalizer unmapped it at exit, ahead of the handler: SIGSEGV)."""
-        repo = str(Path(blobs.__file__).parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, "-c", _READ_AT_EXIT, str(tmp_path / "pool")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        done = run_python(_READ_AT_EXIT, str(tmp_path / "pool"))
         assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
         assert done.stdout.split() == ["mapped", "read", "at", "exit:", b"6789".hex()]
 

@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _sharing import run_python
 from click.testing import CliRunner
 from helpers import assert_same_samples, small_rollout, snapshot_pool
 
@@ -221,17 +222,7 @@ def test_a_chunk_truncated_after_it_was_read_ahead_fails_the_reader(tmp_path: Pa
     """A chunk file truncated in place after the Arrow reader read it ahead (a map of it,
     since 7a7b3d5), while the caller's code ran: IntegrityError naming it where reading on
     the map killed the process (SIGBUS; docs/architecture/reading.md, "Reading")."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", _TRUNCATED_AHEAD, str(tmp_path / "pool")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    done = run_python(_TRUNCATED_AHEAD, str(tmp_path / "pool"))
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "archive 'r', chunk 1: blob " in done.stdout, done.stdout
     assert "was truncated while it was read" in done.stdout, done.stdout
@@ -308,6 +299,20 @@ def test_a_chunk_of_bools_and_one_of_ints_keep_both(tmp_path: Path, rewards: lis
     assert [json.loads(v) for v in table["reward"].to_pylist()] == rewards
 
 
+def _whole_and_in_pieces(
+    pool: ArchiveManager, rewards: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pa.Table, Path]:
+    """Archive ``r`` of 4 samples with these rewards, exported whole (its chunks' types) and
+    then a sample a piece: the first file's table and the second file."""
+    samples = small_rollout(4, seed=2)
+    for sample, reward in zip(samples, rewards, strict=True):
+        sample.reward = reward
+    pool.save("r", samples, rollout_id=1)
+    whole = pq.read_table(pool.export("r", tmp_path / "whole.parquet"))
+    monkeypatch.setattr(reading, "PIECE_BYTES", 1)
+    return whole, pool.export("r", tmp_path / "pieces.parquet")
+
+
 @pytest.mark.parametrize(
     "rewards",
     [[True, True, 3, 3], [1, 2, 0.5, 1.5], [0.5, 1.5, 1, 2]],
@@ -319,14 +324,8 @@ def test_pieces_typed_otherwise_write_what_the_whole_chunk_writes(
     """Pieces of one chunk whose types differ (a chunk's ints and floats are JSON, its bools
     and ints too; merged, they would be float64, or bools that turn 3 into True): the
     export writes the whole chunk's table, exactly."""
-    samples = small_rollout(4, seed=2)
-    for sample, reward in zip(samples, rewards, strict=True):
-        sample.reward = reward
     with ArchiveManager.open(tmp_path / "pool", chunk_size=4) as pool:
-        pool.save("r", samples, rollout_id=1)
-        whole = pq.read_table(pool.export("r", tmp_path / "whole.parquet"))
-        monkeypatch.setattr(reading, "PIECE_BYTES", 1)
-        path = pool.export("r", tmp_path / "pieces.parquet")
+        whole, path = _whole_and_in_pieces(pool, rewards, tmp_path, monkeypatch)
         back = pool.import_table(path, name="back")
         assert [s.reward for s in back.load_samples()] == rewards
     assert pq.read_table(path).equals(whole, check_metadata=True)
@@ -344,14 +343,8 @@ def test_chunks_typed_otherwise_keep_their_pieces(
     rewards, each cut in pieces typed alike, export in pieces (a row group each), not a
     chunk at a time after a start again, and write what the chunks whole write; a chunk
     whose own pieces differ still starts the export again a chunk at a time."""
-    samples = small_rollout(4, seed=2)
-    for sample, reward in zip(samples, rewards, strict=True):
-        sample.reward = reward
     with ArchiveManager.open(tmp_path / "pool", chunk_size=2) as pool:
-        pool.save("r", samples, rollout_id=1)
-        whole = pq.read_table(pool.export("r", tmp_path / "whole.parquet"))
-        monkeypatch.setattr(reading, "PIECE_BYTES", 1)
-        path = pool.export("r", tmp_path / "pieces.parquet")
+        whole, path = _whole_and_in_pieces(pool, rewards, tmp_path, monkeypatch)
     assert pq.ParquetFile(path).metadata.num_row_groups == groups
     assert pq.read_table(path).equals(whole, check_metadata=True)
 

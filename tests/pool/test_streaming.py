@@ -4,9 +4,6 @@ and ``iter(arc)``, ``arc[i]`` and ``arc[a:b:c]`` behave as on a list."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import weakref
 from pathlib import Path
@@ -14,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _sharing import run_python
 
 import archive_manager.codec as codec_module
 import archive_manager.pool.archive as archive_module
@@ -148,15 +146,7 @@ def test_a_chunk_truncated_after_it_was_read_ahead_fails_the_stream(tmp_path: Pa
     """A chunk file truncated in place after the stream read it ahead (a map of it, since
     7a7b3d5), while the caller's code ran: the stream raises IntegrityError naming it where
     reading on the map killed the process (SIGBUS; docs/architecture/reading.md, "Reading")."""
-    repo = str(Path(archive_module.__file__).parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-c", _TRUNCATED_AHEAD, str(tmp_path / "pool")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    done = run_python(_TRUNCATED_AHEAD, str(tmp_path / "pool"))
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "archive 'r', chunk 1: blob " in done.stdout, done.stdout
     assert "was truncated while it was read" in done.stdout, done.stdout

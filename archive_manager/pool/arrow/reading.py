@@ -263,12 +263,8 @@ def iter_chunk_rows(
                     ahead_piece.result()
                     ahead_piece = None
                 # Read ahead, or in pieces, while the caller's code ran: its map may have
-                # lost its file's end (`ChunkReader.truncated`: reading on would be SIGBUS).
-                if reader.truncated():
-                    raise IntegrityError(
-                        f"archive {source.name!r}, chunk {part[0]}: blob {reader.digest} was "
-                        "truncated while it was read"
-                    )
+                # lost its file's end (reading on would be SIGBUS).
+                reader.check_untruncated(f"archive {source.name!r}, chunk {part[0]}")
                 if k + 1 < len(cut):
                     ahead_piece = pool.submit(inflate_part, reader, cut[k + 1], texts)
                 else:
