@@ -124,6 +124,31 @@ def test_bench_r3_workloads_use_what_they_load(tmp_path: Path) -> None:
     assert used == [6]
 
 
+def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(tmp_path: Path) -> None:
+    """The torch R3 row's floor maps, checks and uses each tensor blob the samples refer to:
+    all their bytes, and a damaged blob fails it as it fails a load."""
+    bench = _tool("bench")
+    from archive_manager import ArchiveManager
+    from archive_manager.errors import IntegrityError
+
+    samples = bench.WORKLOADS["r3-40"].make(quick=True)
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        pool.save("rollout-0", samples, rollout_id=0)
+        digests = bench.tensor_digests(pool)
+        assert len(digests) == len(samples)
+        nbytes = sum(s.rollout_routed_experts.nbytes for s in samples)
+        assert bench.tensors_alone(pool, digests) == nbytes
+        path = pool.store.path(digests[-1])
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 1]))
+        with pytest.raises(IntegrityError):
+            bench.tensors_alone(pool, digests)
+
+
 def test_bench_rejects_an_unknown_workload(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -228,7 +253,12 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
             pt_bytes=100,
         ),
         "r3": {"seconds": {"save": {"archive_manager": 1.0 * k, "raw": 0.65}}},
-        # issue 37's R3 rows: the load and the Parquet export against pyarrow by hand
+        # issue 37's R3 rows: the loads and the Parquet exports against pyarrow by hand
+        "r3-40": {
+            "seconds": {
+                "load_all": {"archive_manager": 0.4 * k, "torch": 1.0, "tensors_alone": 0.25}
+            }
+        },
         "r3-40-numpy": {
             "seconds": {
                 "load_all": {"archive_manager": 0.4 * k, "torch": 1.0, "inflate_alone": 0.4},
@@ -240,14 +270,15 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     results["realistic-1024"]["seconds"]["save_s3"] = {"archive_manager": 1.1 * k, "local": 1.0}
     memory = {"samples_nbytes": 100, "peak_above_baseline": {"am-save": 140 * k}}
     checks = bench.targets(results, memory)
-    assert len(checks) == 15
-    assert [ok for _, ok, _ in checks] == [good] * 15
+    assert len(checks) == 16
+    assert [ok for _, ok, _ in checks] == [good] * 16
     texts = " ".join(text for text, _, _ in checks)
     assert "Parquet export >= 1.5x pyarrow" in texts and "S3 save <= 1.25x" in texts
     # the floors beside the ratios: the export's own write alone, the chunks' inflating alone
     figures = " ".join(figure for _, _, figure in checks)
     assert "(floor 1.25x: the write alone)" in figures
     assert "(floor 2.50x: inflating its chunks only)" in figures
+    assert "(floor 4.00x: its tensors only)" in figures
 
 
 def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
