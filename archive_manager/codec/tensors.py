@@ -147,7 +147,7 @@ def _tensor_from(
     owned: bool = False,
 ) -> torch.Tensor:
     torch = torch_module()
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize  # (not a 0-d tensor's element_size: 10 us a tensor loaded)
     nbytes = math.prod(shape) * itemsize
     if nbytes > mv.nbytes or (exact and nbytes != mv.nbytes):
         raise IntegrityError(f"tensor of {nbytes} bytes does not fit {mv.nbytes} stored bytes")
