@@ -701,6 +701,43 @@ def test_bulk_insert_matches_executemany(catalog: Catalog) -> None:
     assert count_archives(catalog) == 2
 
 
+@pytest.mark.parametrize("max_parameters", [32766, 999, 5])
+def test_sqlite_bulk_insert_carries_many_rows_a_statement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_parameters: int
+) -> None:
+    """Many rows a statement, not the driver's executemany of one row a step: the driver
+    lets go of the GIL at each step, and a background save behind a busy training loop then
+    waited the switch interval for it back at every row.  Within SQLite's parameter limit
+    (999 before 3.32; a statement of one row when even that is over it)."""
+    monkeypatch.setattr(sqlite_dialect, "_MAX_PARAMETERS", max_parameters)
+    per = max(1, min(sqlite_dialect._VALUES_ROWS, max_parameters // len(ENTRY_COLUMNS)))
+    with Catalog.open(sqlite_url(tmp_path / "c.db")) as catalog:
+        with catalog.write() as conn:
+            archive_id = add_archive(conn, "a")
+        steps: list[int] = []
+
+        def count(*args: Any) -> None:
+            parameters, many = args[3], args[5]
+            steps.append(len(parameters) if many else 1)
+
+        event.listen(catalog.engine, "before_cursor_execute", count)
+        n = 1000
+        rows = [(archive_id, p, f"sample:{p}", None, p // 64, p % 64) for p in range(n)]
+        with catalog.write() as conn:
+            steps.clear()
+            assert insert_rows(conn, entries_table, ENTRY_COLUMNS, rows, batch_size=700) == n
+            inserted = list(steps)
+        # two batches (700 + 300), each in pages of `per` rows and one statement for the rest
+        assert sum(inserted) == sum(-(-b // per) for b in (700, 300)) < n or per == 1
+        with catalog.read() as conn:
+            stored = conn.execute(
+                select(*(entries_table.c[c] for c in ENTRY_COLUMNS)).order_by(
+                    entries_table.c.position
+                )
+            ).all()
+        assert [tuple(r) for r in stored] == rows
+
+
 def test_bulk_insert_compiles_once_for_every_sqlite_catalog(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,7 +26,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, cast
 
@@ -545,18 +545,59 @@ class SQLiteDialect(CatalogDialect):
         rows: Iterator[Sequence[Any]],
         batch_size: int,
     ) -> int:
-        # NOTE: tuples straight to the driver's executemany (measured: 100k entry rows in
-        # 0.27 s instead of 0.38 s), as SQLAlchemy then builds no per-row parameter dict.
+        # NOTE: tuples straight to the driver (measured: 100k entry rows in 0.27 s instead
+        # of 0.38 s), as SQLAlchemy then builds no per-row parameter dict; and many rows a
+        # statement (`_VALUES_ROWS`): the driver lets go of the GIL at every step of a
+        # statement, and a background save (`save_async`) then waited the 5 ms switch
+        # interval for it back at each row behind a busy training loop: 2,048 rows of a
+        # 1024-sample save took 11 s there (docs/architecture/save-protocol.md, "Handing
+        # the GIL over").
         sql, order, processors, plain = _compiled_insert(
             table, tuple(columns), _same_statements(conn.dialect)
         )
+        per = _values_rows(sql, len(columns))
         total = 0
         while batch := list(islice(rows, batch_size)):
             if not plain:
                 batch = [_arranged(row, order, processors) for row in batch]
-            conn.exec_driver_sql(sql, batch)
             total += len(batch)
+            if per == 1:
+                conn.exec_driver_sql(sql, batch)
+                continue
+            whole = len(batch) - len(batch) % per
+            if whole:
+                conn.exec_driver_sql(
+                    _values_statement(sql, per),
+                    [tuple(chain.from_iterable(batch[i : i + per])) for i in range(0, whole, per)],
+                )
+            if whole < len(batch):
+                rest = batch[whole:]
+                conn.exec_driver_sql(
+                    _values_statement(sql, len(rest)), tuple(chain.from_iterable(rest))
+                )
         return total
+
+
+# The most rows one `bulk_insert` statement carries: one step of the driver for them all.
+_VALUES_ROWS = 256
+# SQLite's limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER) unless the library
+# was built with another: 32766 since 3.32.0, 999 before.
+_MAX_PARAMETERS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+
+
+def _values_rows(sql: str, columns: int) -> int:
+    """How many rows of ``columns`` values one statement of `bulk_insert` carries: 1 when
+    ``sql`` is not the single-row ``... VALUES (?, ...)`` form `_values_statement` extends."""
+    if columns < 1 or not sql.endswith(" VALUES (" + ", ".join("?" * columns) + ")"):
+        return 1
+    return max(1, min(_VALUES_ROWS, _MAX_PARAMETERS // columns))
+
+
+@functools.lru_cache(maxsize=64)
+def _values_statement(sql: str, rows: int) -> str:
+    """``sql`` (``INSERT ... VALUES (?, ...)``) inserting ``rows`` rows at once."""
+    values = sql[sql.rindex(" VALUES (") + len(" VALUES ") :]
+    return sql + (", " + values) * (rows - 1)
 
 
 # The first dialect seen of each kind (see `_same_statements`).
