@@ -738,6 +738,33 @@ def test_sqlite_bulk_insert_carries_many_rows_a_statement(
         assert [tuple(r) for r in stored] == rows
 
 
+@pytest.mark.parametrize(
+    "make_rows",
+    [
+        lambda a: [(a, 0, "k0", "t", 0), (0, a, 1, "k1", None, 0, 1)],  # a short row, a long one
+        lambda a: [
+            dict(zip(ENTRY_COLUMNS, (a, p, f"s{p}", None, 0, p), strict=True)) for p in (0, 1)
+        ],
+    ],
+    ids=["short-then-long", "dicts"],
+)
+def test_sqlite_bulk_insert_refuses_rows_that_do_not_fit_as_the_driver_does(
+    tmp_path: Path, make_rows: Any
+) -> None:
+    """Rows that are not tuples of one value a column are refused as the driver's one row a
+    step refused them, nothing kept: run together into one statement's values, a short row
+    and a long one would have landed shifted into each other's columns, and a dict its keys."""
+    from sqlalchemy.exc import ProgrammingError
+
+    with Catalog.open(sqlite_url(tmp_path / "c.db")) as catalog:
+        with catalog.write() as conn:
+            archive_id = add_archive(conn, "a")
+        with pytest.raises(ProgrammingError, match=r"[Bb]inding"), catalog.write() as conn:
+            insert_rows(conn, entries_table, ENTRY_COLUMNS, make_rows(archive_id))
+        with catalog.read() as conn:
+            assert count(conn, entries_table) == 0
+
+
 def test_bulk_insert_compiles_once_for_every_sqlite_catalog(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

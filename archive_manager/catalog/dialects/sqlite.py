@@ -26,7 +26,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any, cast
 
@@ -561,7 +561,10 @@ class SQLiteDialect(CatalogDialect):
             if not plain:
                 batch = [_arranged(row, order, processors) for row in batch]
             total += len(batch)
-            if per == 1:
+            if per == 1 or (plain and not _tuples_of(batch, len(columns))):
+                # One row a step, where the driver checks each row's type and length: rows
+                # run together into one statement's values would shift a short or long
+                # row's values into its neighbours' columns (or bind a dict's keys).
                 conn.exec_driver_sql(sql, batch)
                 continue
             whole = len(batch) - len(batch) % per
@@ -583,6 +586,11 @@ _VALUES_ROWS = 256
 # SQLite's limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER) unless the library
 # was built with another: 32766 since 3.32.0, 999 before.
 _MAX_PARAMETERS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+
+
+def _tuples_of(rows: list[Any], n: int) -> bool:
+    """Whether every row is a tuple of ``n`` values (the driver's checks, at C speed)."""
+    return all(map(isinstance, rows, repeat(tuple))) and set(map(len, rows)) == {n}
 
 
 def _values_rows(sql: str, columns: int) -> int:
