@@ -765,6 +765,27 @@ def test_sqlite_bulk_insert_refuses_rows_that_do_not_fit_as_the_driver_does(
             assert count(conn, entries_table) == 0
 
 
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "setlimit"), reason="Python 3.11+")
+def test_sqlite_bulk_insert_keeps_within_the_connections_parameter_limit(tmp_path: Path) -> None:
+    """A library built with a smaller SQLITE_MAX_VARIABLE_NUMBER than its version's default
+    (or a connection that lowered it) gets statements within it, not "too many SQL variables"
+    at every save."""
+    with Catalog.open(sqlite_url(tmp_path / "c.db")) as catalog:
+
+        def lowered(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+            dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+
+        event.listen(catalog.engine, "connect", lowered)
+        catalog.engine.dispose()
+        with catalog.write() as conn:
+            archive_id = add_archive(conn, "a")
+        rows = [(archive_id, p, f"sample:{p}", None, p // 64, p % 64) for p in range(1000)]
+        with catalog.write() as conn:
+            assert insert_rows(conn, entries_table, ENTRY_COLUMNS, rows) == len(rows)
+        with catalog.read() as conn:
+            assert count(conn, entries_table) == len(rows)
+
+
 def test_bulk_insert_compiles_once_for_every_sqlite_catalog(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -555,7 +555,7 @@ class SQLiteDialect(CatalogDialect):
         sql, order, processors, plain = _compiled_insert(
             table, tuple(columns), _same_statements(conn.dialect)
         )
-        per = _values_rows(sql, len(columns))
+        per = _values_rows(sql, len(columns), _parameter_limit(conn))
         total = 0
         while batch := list(islice(rows, batch_size)):
             if not plain:
@@ -593,12 +593,23 @@ def _tuples_of(rows: list[Any], n: int) -> bool:
     return all(map(isinstance, rows, repeat(tuple))) and set(map(len, rows)) == {n}
 
 
-def _values_rows(sql: str, columns: int) -> int:
-    """How many rows of ``columns`` values one statement of `bulk_insert` carries: 1 when
-    ``sql`` is not the single-row ``... VALUES (?, ...)`` form `_values_statement` extends."""
+def _parameter_limit(conn: Connection) -> int:
+    """The most parameters a statement may have on ``conn``: `_MAX_PARAMETERS`, or less where
+    the library says so (`sqlite3.Connection.getlimit`, Python 3.11+: a library built with a
+    smaller SQLITE_MAX_VARIABLE_NUMBER, or a connection that lowered it)."""
+    getlimit = getattr(conn.connection.dbapi_connection, "getlimit", None)
+    if getlimit is None:
+        return _MAX_PARAMETERS
+    return min(_MAX_PARAMETERS, int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)))
+
+
+def _values_rows(sql: str, columns: int, max_parameters: int) -> int:
+    """How many rows of ``columns`` values one statement of `bulk_insert` carries within
+    ``max_parameters``: 1 when ``sql`` is not the single-row ``... VALUES (?, ...)`` form
+    `_values_statement` extends."""
     if columns < 1 or not sql.endswith(" VALUES (" + ", ".join("?" * columns) + ")"):
         return 1
-    return max(1, min(_VALUES_ROWS, _MAX_PARAMETERS // columns))
+    return max(1, min(_VALUES_ROWS, max_parameters // columns))
 
 
 @functools.lru_cache(maxsize=64)
