@@ -61,6 +61,7 @@ def test_bench_quick_run_measures_every_operation_of_every_tool(tmp_path: Path) 
         "sample_metadata", "find", "release_gc",
     }  # fmt: skip
     assert {"torch", "raw"} <= set(seconds["save"]) and {"torch", "raw"} <= set(seconds["load_all"])
+    assert "lists_alone" in seconds["load_all"] and "numbers only" in done.stdout
     assert all(s > 0 for by in seconds.values() for s in by.values())
     if figures["straw_skipped"] is None:
         assert "straw" in seconds["save"] and "straw" in seconds["load_one"]
@@ -147,6 +148,18 @@ def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(tmp_path: Path
             f.write(bytes([last[0] ^ 1]))
         with pytest.raises(IntegrityError):
             bench.tensors_alone(pool, digests)
+
+
+def test_bench_numbers_alone_makes_every_number_of_the_rollout() -> None:
+    """The list row's floor makes each number of the samples' numeric lists, as a load does,
+    and equal to them."""
+    bench = _tool("bench")
+    samples = bench.WORKLOADS["realistic-256"].make(quick=True)
+    arrays = bench.number_arrays(samples)
+    lists = [v for s in samples for v in vars(s).values() if type(v) is list and v]
+    numeric = [v for v in lists if type(v[0]) in (int, float)]
+    assert [a.tolist() for a in arrays] == numeric
+    assert bench.numbers_alone(arrays) == sum(map(len, numeric)) > 0
 
 
 def test_bench_rejects_an_unknown_workload(
@@ -266,6 +279,8 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
             }
         },
     }
+    # the list load's floor beside its row
+    results["realistic-1024"]["seconds"]["load_all"]["lists_alone"] = 0.125
     # and the S3 save against the local save of the same run
     results["realistic-1024"]["seconds"]["save_s3"] = {"archive_manager": 1.1 * k, "local": 1.0}
     memory = {"samples_nbytes": 100, "peak_above_baseline": {"am-save": 140 * k}}
@@ -279,6 +294,7 @@ def test_targets_hold_or_miss_by_the_figures(good: bool) -> None:
     assert "(floor 1.25x: the write alone)" in figures
     assert "(floor 2.50x: inflating its chunks only)" in figures
     assert "(floor 4.00x: its tensors only)" in figures
+    assert "(floor 8.00x: inflating and tolist only)" in figures
 
 
 def test_bench_stream_quick_run_compares_the_scans(tmp_path: Path) -> None:
