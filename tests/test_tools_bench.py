@@ -129,6 +129,8 @@ def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(tmp_path: Path
     """The torch R3 row's floor maps, checks and uses each tensor blob the samples refer to:
     all their bytes, and a damaged blob fails it as it fails a load."""
     bench = _tool("bench")
+    from helpers import local_store
+
     from archive_manager import ArchiveManager
     from archive_manager.errors import IntegrityError
 
@@ -139,7 +141,7 @@ def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(tmp_path: Path
         assert len(digests) == len(samples)
         nbytes = sum(s.rollout_routed_experts.nbytes for s in samples)
         assert bench.tensors_alone(pool, digests) == nbytes
-        path = pool.store.path(digests[-1])
+        path = local_store(pool).path(digests[-1])
         path.chmod(0o644)
         with open(path, "r+b") as f:
             f.seek(-1, os.SEEK_END)
