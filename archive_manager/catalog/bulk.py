@@ -24,9 +24,11 @@ def insert_rows(
     """Insert ``rows`` (tuples in ``columns`` order) into ``table``; return how many.
 
     ``conn.execute(insert(table), [dict, ...])`` is correct too; this is its fast path. On
-    SQLite it hands tuples straight to the driver's ``executemany`` (measured: 100k entry
-    rows in 0.27 s instead of 0.38 s, as SQLAlchemy builds no per-row parameter dict), and
-    it consumes ``rows`` in batches so a generator of a million rows is never all in memory.
+    SQLite it hands tuples straight to the driver (measured: 100k entry rows in 0.27 s
+    instead of Core's 0.38 s, as SQLAlchemy builds no per-row parameter dict), up to 256
+    rows a statement (one step of the driver, which lets go of the GIL at each: 0.28 ->
+    0.23 s), and it consumes ``rows`` in batches so a generator of a million rows is never
+    all in memory.
     On PostgreSQL (psycopg) it streams many rows with ``COPY``; fewer rows get Core
     ``INSERT``s in batches.  Each is its dialect's ``bulk_insert`` (`catalog.dialects`).
 
@@ -35,7 +37,7 @@ def insert_rows(
         table: The target table, e.g. `entries_table`.
         columns: Column names, in the order of each row's values.
         rows: The rows; any iterable, consumed once.
-        batch_size: Rows per ``executemany`` call.
+        batch_size: Rows taken from ``rows`` at a time (and per ``COPY`` or driver call).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
