@@ -284,6 +284,11 @@ def _timed_write(fn: Callable[[], Any], *replaced: Path) -> tuple[float, Any]:
     return _timed(fn)
 
 
+def _fields(sample: Any) -> dict[str, Any]:
+    """A sample's top-level fields: a dict sample itself, else its attributes."""
+    return sample if isinstance(sample, dict) else vars(sample)
+
+
 def _materialized(samples: list) -> list:
     """Load the lazy tensor fields, so archive_manager returns what torch.load returns.
 
@@ -291,7 +296,7 @@ def _materialized(samples: list) -> list:
     item of every token list, which `materialize_tensor_refs` has to check.
     """
     for sample in samples:
-        fields = sample if isinstance(sample, dict) else vars(sample)
+        fields = _fields(sample)
         for key, value in fields.items():
             if isinstance(value, TensorRef):
                 fields[key] = value.materialize()
@@ -302,8 +307,7 @@ def _used(samples: list) -> list:
     """Use every top-level tensor and array of the loaded samples (its max: every byte read),
     as training does after a load, so no tool's lazy or mapped bytes go unpaid."""
     for sample in samples:
-        fields = sample if isinstance(sample, dict) else vars(sample)
-        for value in fields.values():
+        for value in _fields(sample).values():
             if isinstance(value, torch.Tensor) and value.numel():
                 value = value.numpy()
             if isinstance(value, np.ndarray) and value.size:
@@ -399,7 +403,7 @@ def tensor_digests(pool: ArchiveManager) -> list[str]:
     return [
         value.digest
         for sample in pool.open_archive("rollout-0").load_samples()
-        for value in (sample if isinstance(sample, dict) else vars(sample)).values()
+        for value in _fields(sample).values()
         if isinstance(value, TensorRef)
     ]
 
@@ -409,7 +413,7 @@ def number_arrays(samples: list) -> list[np.ndarray]:
     return [
         np.asarray(value)
         for sample in samples
-        for value in (sample if isinstance(sample, dict) else vars(sample)).values()
+        for value in _fields(sample).values()
         if type(value) is list and value and type(value[0]) in (int, float)
     ]
 
@@ -1082,6 +1086,52 @@ TOOLS = [
 ]
 
 
+# The floors measured beside issue 37's rows: the tool whose time each bounds, the report's
+# note ({} the most the row's ratio could be) and the targets' words for it.
+FLOORS: dict[str, tuple[str, str, str]] = {
+    "inflate_alone": (
+        "torch",
+        "the floor: its chunks read and inflated, nothing decoded; any load is at most "
+        "{:.2f}x faster than torch.load",
+        "inflating its chunks only",
+    ),
+    "lists_alone": (
+        "torch",
+        "the floor: its chunks inflated, its numbers made from ready arrays (tolist); any "
+        "list load is at most {:.2f}x faster than torch.load",
+        "inflating and tolist only",
+    ),
+    "tensors_alone": (
+        "torch",
+        "its tensor blobs mapped, checked and used, nothing else: at most {:.2f}x faster than "
+        "torch.load for them",
+        "its tensors only",
+    ),
+    "parts_alone": (
+        "torch",
+        "the floor: those tensors, its chunks inflated and its numbers made from ready arrays "
+        "(tolist); any load is at most {:.2f}x faster than torch.load",
+        "its tensors, chunks and numbers only",
+    ),
+    "write_alone": (
+        "pyarrow",
+        "the floor: pyarrow writing the export's table as it does, synced; the export is at "
+        "most {:.2f}x faster than by hand",
+        "the write alone",
+    ),
+}
+
+
+def _floor(by: dict[str, float], *tools: str) -> str:
+    """`` (floor Nx: ...)`` for the first of ``tools`` (`FLOORS`) measured in ``by``, else
+    ""."""
+    for tool in tools:
+        if by.get(tool):
+            peer, _, words = FLOORS[tool]
+            return f" (floor {by[peer] / by[tool]:.2f}x: {words})"
+    return ""
+
+
 def _ratio(peer: float | None, mine: float | None) -> str:
     if not peer or not mine:
         return "-"
@@ -1116,47 +1166,10 @@ def report(r: dict) -> str:
                 note = f"S3 save takes {mine / s:.2f}x the local save's time" if mine else ""
             elif tool == "raw":
                 note = f"{s / mine * 100:.0f}% of raw speed" if mine else ""
-            elif tool == "inflate_alone":
-                peer = by.get("torch")
-                note = (
-                    f"the floor: its chunks read and inflated, nothing decoded; any load is at "
-                    f"most {peer / s:.2f}x faster than torch.load"
-                    if peer
-                    else ""
-                )
-            elif tool == "lists_alone":
-                peer = by.get("torch")
-                note = (
-                    f"the floor: its chunks inflated, its numbers made from ready arrays "
-                    f"(tolist); any list load is at most {peer / s:.2f}x faster than torch.load"
-                    if peer
-                    else ""
-                )
-            elif tool == "tensors_alone":
-                peer = by.get("torch")
-                note = (
-                    f"its tensor blobs mapped, checked and used, nothing else: at most "
-                    f"{peer / s:.2f}x faster than torch.load for them"
-                    if peer
-                    else ""
-                )
-            elif tool == "parts_alone":
-                peer = by.get("torch")
-                note = (
-                    f"the floor: those tensors, its chunks inflated and its numbers made from "
-                    f"ready arrays (tolist); any load is at most {peer / s:.2f}x faster than "
-                    f"torch.load"
-                    if peer
-                    else ""
-                )
-            elif tool == "write_alone":
-                hand = by.get("pyarrow")
-                note = (
-                    f"the floor: pyarrow writing the export's table as it does, synced; the export "
-                    f"is at most {hand / s:.2f}x faster than by hand"
-                    if hand
-                    else ""
-                )
+            elif tool in FLOORS:
+                peer_tool, text, _ = FLOORS[tool]
+                peer = by.get(peer_tool)
+                note = text.format(peer / s) if peer else ""
             else:
                 note = f"{_ratio(s, mine)} faster than {label}"
             lines.append(f"   {op if tool == 'archive_manager' else '':<22}{label:<17}"
@@ -1213,14 +1226,8 @@ def targets(results: dict[str, dict], memory: dict | None) -> list[tuple[str, bo
                 ("load all as_arrays=True >= 5x faster than torch.load", r >= 5, f"{r:.1f}x")
             )
         r = s["load_all"]["torch"] / am_load
-        floor = s["load_all"].get("lists_alone")
-        shown = f"{r:.2f}x" + (
-            f" (floor {s['load_all']['torch'] / floor:.2f}x: inflating and tolist only)"
-            if floor
-            else ""
-        )
         out.append(("load all as lists >= 3.5x faster than torch.load (issue 37)", r >= 3.5,
-                    shown))  # fmt: skip
+                    f"{r:.2f}x{_floor(s['load_all'], 'lists_alone')}"))  # fmt: skip
         if "load_one_open" in s:
             t = s["load_one_open"]["archive_manager"]
             out.append(
@@ -1240,35 +1247,20 @@ def targets(results: dict[str, dict], memory: dict | None) -> list[tuple[str, bo
         if name in results:
             s = results[name]["seconds"]["load_all"]
             r = s["torch"] / s["archive_manager"]
-            floor = ""
-            if s.get("inflate_alone"):
-                floor = (
-                    f" (floor {s['torch'] / s['inflate_alone']:.2f}x: inflating its chunks only)"
-                )
-            elif s.get("parts_alone"):
-                floor = (
-                    f" (floor {s['torch'] / s['parts_alone']:.2f}x: its tensors, chunks and "
-                    f"numbers only)"
-                )
             out.append(
                 (
                     f"R3 load with {kind}, every one used, >= 2x torch.load (issue 37)",
                     r >= 2,
-                    f"{r:.2f}x{floor}",
+                    f"{r:.2f}x{_floor(s, 'inflate_alone', 'parts_alone')}",
                 )
             )
     for name in ("r3-40", "r3-40-numpy"):
         s = results.get(name, {}).get("seconds", {}).get("export")
         if s:
             r = s["pyarrow"] / s["archive_manager"]
-            floor = (
-                f" (floor {s['pyarrow'] / s['write_alone']:.2f}x: the write alone)"
-                if s.get("write_alone")
-                else ""
-            )
             out.append(
                 (f"{name} Parquet export >= 1.5x pyarrow by hand (issue 37)", r >= 1.5,
-                 f"{r:.2f}x{floor}")
+                 f"{r:.2f}x{_floor(s, 'write_alone')}")
             )  # fmt: skip
     s3 = (real or {}).get("seconds", {}).get("save_s3")
     if s3:
