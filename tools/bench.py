@@ -25,8 +25,8 @@ On the same generated workloads (docs/architecture/workload.md "Workload", seede
 * on the R3 workloads (r3-40, r3-40-numpy), the Parquet export: ``pool.export`` against pyarrow
   written by hand (`pyarrow_export`: load, ``to_dict``, ``Table.from_pylist``, ``write_table``),
   and the export's floor: the export's own table (``to_arrow``) written alone, with the
-  export's Parquet options and row groups, into a new file synced to disk as the export's
-  is (``write_alone``);
+  export's Parquet options and row groups, through the export's own `write_output` (a temp
+  file, synced, renamed into place) (``write_alone``);
 * the list load's floor, on the rollouts of lists (realistic-*, long-context): its chunks
   inflated (``inflate_alone``) plus the same numbers made Python objects from ready arrays by
   numpy's ``tolist`` (`numbers_alone`), timed one after the other (``lists_alone``);
@@ -430,24 +430,25 @@ def numbers_alone(arrays: list[np.ndarray]) -> int:
 
 
 def _write_parquet(table: Any, path: Path) -> None:
-    """``table`` written as `pool.export` writes its batches: its Parquet options, row groups
-    of at most 16 MiB, into a new file then synced to disk (the export's file is durable when
-    it returns: `write_output` fsyncs it before its rename)."""
+    """``table`` written as `pool.export` writes its batches and its file: its Parquet
+    options, row groups of at most 16 MiB, through the export's own `write_output` (a new
+    temp file, synced, renamed over ``path``: the export's file is durable when it
+    returns)."""
     import pyarrow.parquet as pq
 
+    from archive_manager._util.output import write_output
     from archive_manager.interop import export
 
-    writer = pq.ParquetWriter(str(path), table.schema, **export._parquet_options(table.schema))
-    try:
-        for batch in table.to_batches():
-            export._write_groups(writer, batch)
-    finally:
-        writer.close()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def write(output: Any) -> None:
+        options = export._parquet_options(table.schema)
+        writer = pq.ParquetWriter(str(output.path), table.schema, **options)
+        try:
+            for batch in table.to_batches():
+                export._write_groups(writer, batch)
+        finally:
+            writer.close()
+
+    write_output(path, write)
 
 
 def straw_save(samples: list, root: Path) -> StrawSaved:
@@ -864,7 +865,6 @@ def measure(
                     # durable file), which the export has to do whatever it reads; the hand
                     # path's time over it is the most the export could gain on it.
                     table = pool.open_archive("rollout-0").to_arrow()
-                    (work / "floor.pq").unlink(missing_ok=True)  # a new file, as the export's
                     seconds, _ = _timed(lambda t=table: _write_parquet(t, work / "floor.pq"))
                     del table
                     if n:
