@@ -213,7 +213,9 @@ class ArchiveManager:
                 need not wait.
             lease_ttl: How long a save in flight is protected without renewing its lease.
             chunk_size: Samples per chunk blob.
-            inline_limit: Tensors larger than this many bytes become their own blobs.
+            inline_limit: Tensors and numeric numpy arrays larger than this many bytes
+                become their own blobs (raw, mapped on load); smaller ones stay inside their
+                chunk's records, compressed.
             busy_timeout_ms: How long to wait for another process's catalog lock.
             create: Create the pool if there is none; with False, a missing pool raises
                 `PoolNotFoundError` (so a mistyped path never makes an empty pool).

@@ -341,6 +341,26 @@ def test_a_rollout_without_tensors_saves_and_loads_without_torch(tmp_path: Path)
     assert done.stdout.strip() == "False", done.stderr
 
 
+def test_numpy_arrays_stored_as_blobs_save_and_load_without_torch(tmp_path: Path) -> None:
+    """slime's numpy routed experts, above the inline limit, are blobs read by numpy alone."""
+    script = (
+        "import sys\nimport numpy as np\nfrom archive_manager import ArchiveManager\n"
+        "from archive_manager.interop.synthetic import make_rollout\n"
+        "samples = make_rollout(3, seed=3, prompt_len=300, response_min=200, response_max=300,"
+        " r3_layers=4, r3_numpy=True)\n"
+        "with ArchiveManager.open(sys.argv[1], inline_limit=1024) as pool:\n"
+        "    pool.save('np', samples, rollout_id=0)\n"
+        "    back = pool.open_archive('np').load_samples()\n"
+        "    same = all(np.array_equal(a.rollout_routed_experts, b.rollout_routed_experts)"
+        " for a, b in zip(back, samples))\n"
+        "    blobs = pool.verify().blobs_checked\n"
+        "print(type(back[0].rollout_routed_experts).__name__, same, blobs, 'torch' in sys.modules)\n"
+    )
+    done = _python("-c", script, tmp_path / "pool")
+    # a chunk, a manifest and three array blobs
+    assert done.stdout.split() == ["ndarray", "True", "5", "False"], done.stderr
+
+
 def test_a_rollout_with_tensors_still_loads_them(tmp_path: Path) -> None:
     # The other side of the rule: where a tensor is decoded, torch comes in by itself.
     script = (

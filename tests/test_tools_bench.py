@@ -125,22 +125,27 @@ def test_bench_r3_workloads_use_what_they_load(tmp_path: Path) -> None:
     assert used == [6]
 
 
-def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(tmp_path: Path) -> None:
-    """The torch R3 row's floor maps, checks and uses each tensor blob the samples refer to:
-    all their bytes, and a damaged blob fails it as it fails a load."""
+@pytest.mark.parametrize("workload", ["r3-40", "r3-40-numpy"])
+def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(
+    tmp_path: Path, workload: str
+) -> None:
+    """The R3 rows' floor maps, checks and uses each tensor blob the samples refer to (torch
+    tensors, or numpy arrays above the inline limit): all their bytes, and a damaged blob
+    fails it as it fails a load."""
     bench = _tool("bench")
     from helpers import local_store
 
     from archive_manager import ArchiveManager
     from archive_manager.errors import IntegrityError
 
-    samples = bench.WORKLOADS["r3-40"].make(quick=True)
+    samples = bench.WORKLOADS[workload].make(quick=True)
+    arrays = workload.endswith("-numpy")
     with ArchiveManager.open(tmp_path / "pool") as pool:
         pool.save("rollout-0", samples, rollout_id=0)
         digests = bench.tensor_digests(pool)
         assert len(digests) == len(samples)
         nbytes = sum(s.rollout_routed_experts.nbytes for s in samples)
-        assert bench.tensors_alone(pool, digests) == nbytes
+        assert bench.tensors_alone(pool, digests, arrays=arrays) == nbytes
         path = local_store(pool).path(digests[-1])
         path.chmod(0o644)
         with open(path, "r+b") as f:
@@ -149,7 +154,7 @@ def test_bench_tensors_alone_reads_every_tensor_of_the_r3_rollout(tmp_path: Path
             f.seek(-1, os.SEEK_END)
             f.write(bytes([last[0] ^ 1]))
         with pytest.raises(IntegrityError):
-            bench.tensors_alone(pool, digests)
+            bench.tensors_alone(pool, digests, arrays=arrays)
 
 
 def test_bench_numbers_alone_makes_every_number_of_the_rollout() -> None:

@@ -30,11 +30,10 @@ On the same generated workloads (docs/architecture/workload.md "Workload", seede
 * the list load's floor, on the rollouts of lists (realistic-*, long-context): its chunks
   inflated (``inflate_alone``) plus the same numbers made Python objects from ready arrays by
   numpy's ``tolist`` (`numbers_alone`), timed one after the other (``lists_alone``);
-* the R3 loads' floors: for r3-40-numpy, its chunks read and inflated, nothing decoded
-  (``inflate_alone``: the arrays are inside its records); for r3-40, its tensor blobs mapped,
-  checked and used, nothing else read (``tensors_alone``: its tensors are blobs of their own),
-  and that plus its chunks inflated and its numeric lists made by ``tolist``, which any load
-  of those samples does too (``parts_alone``, the row's floor);
+* the R3 loads' floors: its tensor blobs (r3-40's tensors, r3-40-numpy's arrays: blobs of
+  their own above the inline limit) mapped, checked and used, nothing else read
+  (``tensors_alone``), and that plus its chunks inflated and its numeric lists made by
+  ``tolist``, which any load of those samples does too (``parts_alone``, the row's floor);
 * on realistic-1024 (``--no-s3`` skips it), ``pool.save`` to S3 through a ``juicefs gateway``
   on loopback (tests/s3server.py) against the same save to a local folder, by turns
   (`measure_s3`; the gateway shares the client's cores: read the ratio).
@@ -382,30 +381,45 @@ def inflate_alone(pool: ArchiveManager) -> int:
     return records
 
 
-def tensors_alone(pool: ArchiveManager, digests: list[str]) -> int:
+def tensors_alone(pool: ArchiveManager, digests: list[str], *, arrays: bool = False) -> int:
     """Map and check each tensor blob of ``digests`` as a load does (`BlobStore.open_private`:
-    a private map, its xxh3-128 checked, the tensor over it), and use it as `_used` does (its
-    max), nothing else read or decoded; the bytes used.  The torch R3 row's floor: any load
-    of those tensors does this much."""
-    from archive_manager.codec import decode_tensor_blob
+    a private map, its xxh3-128 checked, the tensor over it; with ``arrays``, the numpy array
+    over it), and use it as `_used` does (its max), nothing else read or decoded; the bytes
+    used.  The R3 rows' floor: any load of those tensors or arrays does this much."""
+    from archive_manager.codec import decode_array_blob, decode_tensor_blob
 
     used = 0
     for digest in digests:
-        tensor = decode_tensor_blob(pool.store.open_private(digest), digest, owned=True)
-        if tensor.numel():
-            tensor.numpy().max()
-        used += tensor.nbytes
+        view = pool.store.open_private(digest)
+        if arrays:
+            array = decode_array_blob(view, digest, owned=True)
+        else:
+            array = decode_tensor_blob(view, digest, owned=True).numpy()
+        if array.size:
+            array.max()
+        used += array.nbytes
     return used
 
 
 def tensor_digests(pool: ArchiveManager) -> list[str]:
-    """The tensor blobs the top-level fields of ``rollout-0``'s samples refer to (unread)."""
-    return [
-        value.digest
-        for sample in pool.open_archive("rollout-0").load_samples()
-        for value in _fields(sample).values()
-        if isinstance(value, TensorRef)
-    ]
+    """The tensor blobs the top-level fields of ``rollout-0``'s samples refer to: a tensor
+    ref's (unread), and each numeric array's above the pool's inline limit (a blob of its own:
+    its digest is its tensor blob's)."""
+    from archive_manager.codec import encode_array_blob
+    from archive_manager.codec.tensors import NUMPY_DTYPES
+
+    digests = []
+    for sample in pool.open_archive("rollout-0").load_samples():
+        for value in _fields(sample).values():
+            if isinstance(value, TensorRef):
+                digests.append(value.digest)
+            elif (
+                isinstance(value, np.ndarray)
+                and value.nbytes > pool.inline_limit
+                and NUMPY_DTYPES.get(value.dtype.name) == value.dtype
+            ):
+                digests.append(encode_array_blob(value).digest)
+    return digests
 
 
 def number_arrays(samples: list) -> list[np.ndarray]:
@@ -759,6 +773,7 @@ def measure(
             else None
         )
         digests = tensor_digests(pool) if workload.export else []
+        numpy_arrays = workload.name.endswith("-numpy")
         arrays = number_arrays(samples) if workload.lists_floor or digests else []
         try:
             for _ in range(repeat):
@@ -786,22 +801,16 @@ def measure(
                     del got
                     record("load_all", "straw", seconds)
                 record("load_all", "raw", _timed(lambda: raw_read(raw))[0])
-                if workload.export and workload.name.endswith("-numpy"):
-                    # The numpy R3 row's floor (issue 37): reading and inflating the archive's
-                    # chunks alone (a numpy array is stored compressed inside its record),
-                    # which any load of them has to do.  Not for torch tensors: stored as
-                    # blobs of their own, they are not inflated (and not in the chunks).
-                    record("load_all", "inflate_alone", _timed(lambda: inflate_alone(pool))[0])
-                elif workload.lists_floor:
+                if workload.lists_floor:
                     # The lists row's floor (issue 37): the chunks inflated and the same
                     # numbers made Python objects from ready arrays, which any list load does.
                     seconds = _timed(lambda: inflate_alone(pool))[0]
                     seconds += _timed(lambda: numbers_alone(arrays))[0]
                     record("load_all", "lists_alone", seconds)
                 elif workload.export and digests:
-                    # The torch R3 row's floor (issue 37): its tensor blobs mapped, checked
-                    # and used alone (they are not in the chunks: nothing to inflate).
-                    seconds = _timed(lambda: tensors_alone(pool, digests))[0]
+                    # The R3 rows' floor (issue 37): their tensor blobs mapped, checked and
+                    # used alone (they are not in the chunks: nothing to inflate).
+                    seconds = _timed(lambda: tensors_alone(pool, digests, arrays=numpy_arrays))[0]
                     record("load_all", "tensors_alone", seconds)
                     # The whole floor: besides its tensors, any load of these samples makes
                     # their token ids, masks and log-probs Python lists, as torch.load does.

@@ -39,9 +39,8 @@ import zstandard
 
 from .._util.digest import Buffer, digest_of
 from .._util.filemap import map_truncated
-from ..errors import ArchiveError, IntegrityError, UnsupportedFormatError
+from ..errors import ArchiveError, IntegrityError, InvalidInputError, UnsupportedFormatError
 from ._accel import native_hand_over, native_texts_holding
-from .dtypes import NotHeldError
 from .framing import (
     _HEAD,
     _MAX_RATIO,
@@ -434,6 +433,10 @@ class ChunkReader:
 
     Only the index is parsed up front; `sample` decompresses and decodes one record, `fields`
     of the text fields only its text part.
+
+    ``loader`` gives the tensor of a tensor blob (`TensorRef` calls it on a tensor's first
+    use), ``array_loader`` the numpy array of an array stored as a blob (called as its
+    sample is decoded); without them, such a value cannot be read (`ArchiveError`).
     """
 
     def __init__(
@@ -442,9 +445,11 @@ class ChunkReader:
         *,
         digest: str = "?",
         loader: Callable[[str], torch.Tensor] | None = None,
+        array_loader: Callable[[str], np.ndarray] | None = None,
     ) -> None:
         self.digest = digest
         self.loader = loader
+        self.array_loader = array_loader
         # NOTE: read-only whatever ``data`` is: a writable part is one this reader inflated
         # into a buffer of its own (`_inflate_part`), never the caller's bytes.
         self._mv = memoryview(data).cast("B").toreadonly()
@@ -638,6 +643,7 @@ class ChunkReader:
                 text=parts.get("t"),
                 dtypes=dtypes,
                 in_place=True,
+                array_loader=self.array_loader,
             )
 
         return self._decode(i, decode)
@@ -661,6 +667,7 @@ class ChunkReader:
                 text=parts.get("t"),
                 names=names,
                 in_place=True,
+                array_loader=self.array_loader,
             )
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
@@ -696,7 +703,7 @@ class ChunkReader:
                 whole = self._record(i, text=False)["r"]
                 if require is not None and require.search(whole) is None:
                     return None
-                return decode_fields(whole, names)
+                return decode_fields(whole, names, self.array_loader)
             rest = self._record(i, text=False)["r"] if others else None
             if (
                 require is not None
@@ -706,7 +713,7 @@ class ChunkReader:
                 return None
             found = decode_fields(text, [n for n in names if n in TEXT_FIELDS])
             if rest is not None:
-                found.update(decode_fields(rest, others))
+                found.update(decode_fields(rest, others, self.array_loader))
             return _ordered(found, names)  # in the order asked, as v1
 
         return self._decode(i, decode)  # type: ignore[no-any-return]
@@ -830,8 +837,8 @@ class ChunkReader:
         what = f"chunk blob {self.digest}, record {i}"
         try:
             return decode()
-        except NotHeldError as exc:  # the caller's dtype, not damage
-            raise NotHeldError(f"{what}: {exc}") from None
+        except InvalidInputError as exc:  # the caller's dtype or loaders, not damage
+            raise type(exc)(f"{what}: {exc}") from None
         except ArchiveError as exc:
             raise _integrity(what, exc) from exc
         except (
@@ -873,8 +880,9 @@ class _SomeRecords(ChunkReader):
         *,
         digest: str,
         loader: Callable[[str], torch.Tensor] | None,
+        array_loader: Callable[[str], np.ndarray] | None,
     ) -> None:
-        super().__init__(head, digest=digest, loader=loader)
+        super().__init__(head, digest=digest, loader=loader, array_loader=array_loader)
         self._size = size
         self._records: dict[int, memoryview] = {}
 
@@ -895,6 +903,7 @@ def read_records(
     size: int,
     count: int,
     loader: Callable[[str], torch.Tensor] | None = None,
+    array_loader: Callable[[str], np.ndarray] | None = None,
 ) -> ChunkReader | None:
     """A reader of records ``offsets`` of a version 2 chunk blob, fetched by ranged reads
     (``read_range(offset, length)``, unverified bytes): the header and index, then each
@@ -926,7 +935,7 @@ def read_records(
         raise IntegrityError(f"{what}: its header holds {n} records, the catalog {count}")
     if len(head) < index_end:
         raise IntegrityError(f"{what} is truncated (index of {count} records)")
-    reader = _SomeRecords(head, size, digest=digest, loader=loader)
+    reader = _SomeRecords(head, size, digest=digest, loader=loader, array_loader=array_loader)
     for i in sorted(set(offsets)):
         if not 0 <= i < n:
             continue  # `sample` raises IndexError for it, as for a whole chunk
@@ -946,8 +955,13 @@ def read_records(
 
 
 def decode_chunk(
-    data: Buffer, *, digest: str = "?", loader: Callable[[str], torch.Tensor] | None = None
+    data: Buffer,
+    *,
+    digest: str = "?",
+    loader: Callable[[str], torch.Tensor] | None = None,
+    array_loader: Callable[[str], np.ndarray] | None = None,
 ) -> list[Any]:
-    """Every sample of a chunk blob, in order."""
+    """Every sample of a chunk blob, in order (``loader`` and ``array_loader`` as
+    `ChunkReader`'s)."""
     with gc_paused():
-        return list(ChunkReader(data, digest=digest, loader=loader))
+        return list(ChunkReader(data, digest=digest, loader=loader, array_loader=array_loader))

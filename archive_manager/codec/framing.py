@@ -17,7 +17,13 @@ from typing import Any
 import zstandard
 
 from .._util.digest import Buffer
-from ..errors import ArchiveError, IntegrityError, MissingDependencyError, UnsupportedFormatError
+from ..errors import (
+    ArchiveError,
+    ArchiveReleasedError,
+    IntegrityError,
+    MissingDependencyError,
+    UnsupportedFormatError,
+)
 
 __all__ = [
     "BLOB_VERSION",
@@ -103,9 +109,10 @@ def _check_magic(
 
 
 def _integrity(what: str, exc: BaseException) -> ArchiveError:
-    if isinstance(exc, MissingDependencyError):
+    if isinstance(exc, (MissingDependencyError, ArchiveReleasedError)):
         # A tensor met on a lean install (no torch extra): the record is sound, the install
-        # lacks a package, and the error says which.
+        # lacks a package, and the error says which.  An array blob reclaimed with its
+        # released archive while the record was read: the record is sound, the archive gone.
         return exc
     if isinstance(exc, (IntegrityError, UnsupportedFormatError)):
         if type(exc) in (IntegrityError, UnsupportedFormatError) and not str(exc).startswith(what):

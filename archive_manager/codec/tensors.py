@@ -3,7 +3,9 @@
 A tensor blob is ``magic "AMTENSR\\0" | version u16 | flags u16 | header_len u32 | header
 (JSON: dtype, shape; space-padded to 64 bytes) | the tensor's bytes as they are in memory``.
 Tensors at most the inline limit are kept inside their chunk's record instead (see
-`values`), with the same dtype names and the same limits.
+`values`), with the same dtype names and the same limits.  A numeric numpy array above the
+inline limit is a blob of this same format (`encode_array_blob`), read back by numpy alone
+(`decode_array_blob`): an array and a tensor of one dtype, shape and bytes are one blob.
 
 torch is imported by the first function here that is given or asked for a tensor
 (docs/architecture/index.md, "Layers"): the dtype tables are built then, not at import.
@@ -18,6 +20,8 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .._util.digest import Buffer, digest_of
 from .._util.lazy_torch import torch_module
 from ..errors import ArchiveError, IntegrityError, UnencodableError
@@ -27,7 +31,14 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor  # what a function whose local `torch` is torch_module() names
 
-__all__ = ["TensorBlob", "decode_tensor_blob", "encode_tensor_blob"]
+__all__ = [
+    "NUMPY_DTYPES",
+    "TensorBlob",
+    "decode_array_blob",
+    "decode_tensor_blob",
+    "encode_array_blob",
+    "encode_tensor_blob",
+]
 
 _TENSOR_HEAD = struct.Struct("<8sHHI")  # magic, version, flags, header length
 
@@ -41,6 +52,18 @@ _DTYPE_NAMES = (
     "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "complex32",
     "float8_e8m0fnu",
 )  # fmt: skip
+
+
+def _numpy_dtype(name: str) -> np.dtype | None:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None  # torch-only (bfloat16, float8, complex32)
+
+
+#: The stored dtype names numpy has, to its dtypes (little-endian, as blobs and records hold
+#: them).
+NUMPY_DTYPES = {name: dt for name in _DTYPE_NAMES if (dt := _numpy_dtype(name)) is not None}
 
 
 @functools.cache
@@ -108,13 +131,45 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[torch.Tensor, memoryview]:
 def encode_tensor_blob(t: torch.Tensor) -> TensorBlob:
     """A tensor as a standalone blob: a small header, then its bytes as they are in memory."""
     t, raw = _tensor_bytes(t)
-    header = json.dumps(
-        {"dtype": torch_dtype_names()[t.dtype], "shape": list(t.shape)}, separators=(",", ":")
-    ).encode()
+    return _blob(torch_dtype_names()[t.dtype], list(t.shape), raw)
+
+
+def encode_array_blob(arr: np.ndarray) -> TensorBlob:
+    """A numeric numpy array (a dtype of `NUMPY_DTYPES`, little-endian) as a standalone
+    blob: the tensor blob of a tensor of its dtype, shape and values."""
+    name = arr.dtype.name
+    if NUMPY_DTYPES.get(name) != arr.dtype:
+        raise UnencodableError(f"cannot store a numpy array of dtype {arr.dtype} as a blob")
+    if arr.ndim > _MAX_DIMS:
+        raise UnencodableError(
+            f"cannot store a numpy array of {arr.ndim} dimensions (at most {_MAX_DIMS})"
+        )
+    # NOTE: copy(order="C"), not ascontiguousarray, which makes a 0-d array 1-d.
+    flat = arr if arr.flags.c_contiguous else arr.copy(order="C")
+    # ndarray has the buffer protocol; numpy's stubs declare it only for Python 3.12+.
+    raw = memoryview(flat.reshape(-1).view(np.uint8)) if flat.size else memoryview(b"")  # type: ignore[arg-type]
+    return _blob(name, list(arr.shape), raw)
+
+
+def _blob(dtype: str, shape: list[int], raw: memoryview) -> TensorBlob:
+    header = json.dumps({"dtype": dtype, "shape": shape}, separators=(",", ":")).encode()
     header += b" " * (-(len(header) + _TENSOR_HEAD.size) % 64)
     head = _TENSOR_HEAD.pack(TENSOR_MAGIC, BLOB_VERSION, 0, len(header)) + header
     parts: list[Buffer] = [head, raw]
     return TensorBlob(digest_of(parts), parts, len(head) + raw.nbytes)
+
+
+def _parse_blob(mv: memoryview, digest: str) -> tuple[str, tuple[int, ...], memoryview]:
+    """A tensor blob's dtype name, shape and bytes (their size unchecked)."""
+    magic, version, _flags, hlen = _TENSOR_HEAD.unpack_from(mv, 0)
+    _check_magic(magic, TENSOR_MAGIC, version, f"tensor blob {digest}")
+    start = _TENSOR_HEAD.size + hlen
+    if start > mv.nbytes:
+        raise IntegrityError("header runs past the end of the blob")
+    header = json.loads(bytes(mv[_TENSOR_HEAD.size : start]))
+    if type(header) is not dict or type(header.get("dtype")) is not str:
+        raise IntegrityError("malformed tensor blob header")
+    return header["dtype"], _check_shape(header["shape"]), mv[start:]
 
 
 def decode_tensor_blob(data: Buffer, digest: str = "?", *, owned: bool = False) -> torch.Tensor:
@@ -123,18 +178,34 @@ def decode_tensor_blob(data: Buffer, digest: str = "?", *, owned: bool = False) 
     a tensor over ``data`` itself, which it keeps alive."""
     mv = memoryview(data).cast("B")
     try:
-        magic, version, _flags, hlen = _TENSOR_HEAD.unpack_from(mv, 0)
-        _check_magic(magic, TENSOR_MAGIC, version, f"tensor blob {digest}")
-        start = _TENSOR_HEAD.size + hlen
-        if start > mv.nbytes:
-            raise IntegrityError("header runs past the end of the blob")
-        header = json.loads(bytes(mv[_TENSOR_HEAD.size : start]))
-        dtype = torch_dtypes()[header["dtype"]]
-        shape = _check_shape(header["shape"])
-        return _tensor_from(mv[start:], dtype, shape, exact=True, owned=owned)
+        name, shape, raw = _parse_blob(mv, digest)
+        return _tensor_from(raw, torch_dtypes()[name], shape, exact=True, owned=owned)
     except (ArchiveError, UnicodeDecodeError) as exc:
         raise _integrity(f"tensor blob {digest}", exc) from exc
     except (struct.error, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise _integrity(f"tensor blob {digest}", exc) from exc
+
+
+def decode_array_blob(data: Buffer, digest: str = "?", *, owned: bool = False) -> np.ndarray:
+    """The numpy array in a tensor blob (torch is not imported): a writable copy of the
+    blob's bytes, or, with ``owned`` (as `decode_tensor_blob`), an array over ``data``
+    itself, which it keeps alive.  A dtype numpy lacks (bfloat16, float8) is an
+    `IntegrityError`: no array was stored so."""
+    mv = memoryview(data).cast("B")
+    try:
+        name, shape, raw = _parse_blob(mv, digest)
+        dtype = NUMPY_DTYPES.get(name)
+        if dtype is None:
+            raise IntegrityError(f"holds a {name} tensor, which numpy cannot hold")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes != raw.nbytes:
+            raise IntegrityError(f"tensor of {nbytes} bytes does not fit {raw.nbytes} stored bytes")
+        # bytearray: as `_tensor_from`, the array owns writable memory of its own
+        arr: np.ndarray = np.frombuffer(raw if owned else bytearray(raw), dtype=dtype)
+        return arr.reshape(shape)
+    except (ArchiveError, UnicodeDecodeError) as exc:
+        raise _integrity(f"tensor blob {digest}", exc) from exc
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
         raise _integrity(f"tensor blob {digest}", exc) from exc
 
 

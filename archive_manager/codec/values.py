@@ -3,8 +3,9 @@
 A record is ``tree_len u32 | tree (JSON) | pad to 8 | arrays``.  The tree is the sample's
 fields as tagged JSON (``{"$t": tag, ...}`` nodes for what JSON cannot hold as it is); the
 bulky values (numeric lists, long strings, tensors, numpy arrays) are binary arrays after it,
-referenced by offset and length.  Tensors above the inline limit become tensor blobs
-(`tensors`) and are decoded as lazy `TensorRef` proxies (`tensor_ref`).  What is refused and
+referenced by offset and length.  Tensors and numeric numpy arrays above the inline limit
+become tensor blobs (`tensors`); tensors are decoded as lazy `TensorRef` proxies
+(`tensor_ref`), arrays read as they are decoded (``array_loader``).  What is refused and
 why: docs/architecture/samples-and-values.md, "Samples and values".
 """
 
@@ -32,7 +33,12 @@ import numpy as np
 from .._util.constants import DEFAULT_INLINE_LIMIT
 from .._util.digest import Buffer, check_digest
 from .._util.lazy_torch import is_tensor, tensor_class
-from ..errors import IntegrityError, UnencodableError, UnsupportedFormatError
+from ..errors import (
+    IntegrityError,
+    InvalidInputError,
+    UnencodableError,
+    UnsupportedFormatError,
+)
 from ..samples import (
     enum_to_record,
     fields_to_sample,
@@ -50,13 +56,14 @@ from ._accel import (
 )
 from .dtypes import numbers_as
 from .tensor_ref import TensorRef
+from .tensors import NUMPY_DTYPES as _NUMPY_DTYPES
 from .tensors import (
-    _DTYPE_NAMES,
     TensorBlob,
     _check_shape,
     _check_storable,
     _tensor_bytes,
     _tensor_from,
+    encode_array_blob,
     encode_tensor_blob,
     torch_dtype_names,
     torch_dtypes,
@@ -123,14 +130,6 @@ _NODE_BYTES = 96
 _DIM_BYTES = 21
 
 
-def _numpy_dtype(name: str) -> np.dtype | None:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        return None  # torch-only (bfloat16, float8, complex32)
-
-
-_NUMPY_DTYPES = {name: dtype for name in _DTYPE_NAMES if (dtype := _numpy_dtype(name)) is not None}
 # numpy's fixed-width text dtypes, by their dtype.str ("<U12", "|S5"): what np.array of strings
 # gives (verl's reward-info columns).  Only these spellings are read back, so a stored dtype
 # can never name an object, record or big-endian dtype.
@@ -737,6 +736,10 @@ class _Encoder:
             value.dtype.str,
         )
         known = self.views.get(view)
+        if known is not None and known[2] is not None:
+            # the same blob-stored view again: its node, not its bytes (stored once)
+            self._extra(_NODE_BYTES + _DIM_BYTES * value.ndim)
+            return dict(known[2])
         if known is not None:
             self._extra(_NODE_BYTES + _DIM_BYTES * value.ndim)
         # before tobytes() expands a broadcast view
@@ -749,6 +752,24 @@ class _Encoder:
             self._from_memory(memory, value.nbytes, footprint)
         alias = self._alias(view, value) if known is None else known[0]
         code = _array_dtype_code(value.dtype)
+        if value.nbytes > self.record.inline_limit and code in _NUMPY_DTYPES:
+            # NOTE: as a tensor above the limit, its own blob, mapped in place on load
+            # rather than inflated out of the chunk (docs/architecture/samples-and-values.md,
+            # "Arrays as blobs")
+            blob = encode_array_blob(value)
+            if self.record.copy:
+                blob.parts = [bytes(p) for p in blob.parts]
+            self.record.tensor_blobs.setdefault(blob.digest, blob)
+            node = {
+                _TAG: "ndref",
+                "h": blob.digest,
+                "d": code,
+                "sh": list(value.shape),
+                "n": value.nbytes,
+                "a": alias,
+            }
+            self.views[view] = (alias, value, node)
+            return dict(node)
         return {_TAG: "ndarray", "d": code, **self._ndarray_tree(value), "a": alias}
 
 
@@ -1277,6 +1298,7 @@ def decode_sample(
     text: memoryview | None = None,
     dtypes: Mapping[str, np.dtype] | None = None,
     in_place: bool = False,
+    array_loader: Callable[[str], np.ndarray] | None = None,
 ) -> Any:
     """The sample in one (inflated) record, and its inflated text part if it has one.
 
@@ -1287,6 +1309,9 @@ def decode_sample(
     holds or writes it): the numpy array or inline tensor holding at least half of it is
     a view of it, not a copy (docs/architecture/reading.md, "Arrays in place").
 
+    ``loader`` gives the tensor of a tensor blob (a `TensorRef` calls it on first use),
+    ``array_loader`` the numpy array of an array stored as a blob (called as it is decoded).
+
     Raises what it meets on damaged bytes (`IntegrityError`, and the ``struct``, ``json``,
     ``KeyError``... errors of malformed parts): the chunk reader names the record and turns
     them into `IntegrityError`.  `NotHeldError`: a value the dtype asked for cannot hold.
@@ -1294,7 +1319,13 @@ def decode_sample(
     with gc_paused():
         return fields_to_sample(
             *decode_record(
-                rec, loader, as_arrays=as_arrays, text=text, dtypes=dtypes, in_place=in_place
+                rec,
+                loader,
+                as_arrays=as_arrays,
+                text=text,
+                dtypes=dtypes,
+                in_place=in_place,
+                array_loader=array_loader,
             )
         )
 
@@ -1326,6 +1357,7 @@ def decode_record(
     dtypes: Mapping[str, np.dtype] | None = None,
     names: Collection[str] | None = None,
     in_place: bool = False,
+    array_loader: Callable[[str], np.ndarray] | None = None,
 ) -> tuple[str | None, dict[str, Any], list[str] | None]:
     """One record as `sample_to_record` output: ``(class name, fields, converted)``.
 
@@ -1334,8 +1366,8 @@ def decode_record(
     builds its columns from them without a Python object per number); otherwise as
     `decode_sample` gives them.  With ``names``, only those top-level fields are decoded
     (in the record's order; the arrays of the others are never touched), and ``text`` is
-    needed only when one of them is a text field.  ``in_place`` as `decode_sample`.  Raises
-    as `decode_sample`.
+    needed only when one of them is a text field.  ``in_place`` and ``array_loader`` as
+    `decode_sample`.  Raises as `decode_sample`.
     """
     tree, arrays = _parse(rec)
     if type(tree) is not dict or type(tree.get("f")) is not dict:
@@ -1357,6 +1389,7 @@ def decode_record(
             stored=stored,
             dtypes=dtypes,
             whole=part.nbytes if in_place else None,
+            array_loader=array_loader,
         )
 
     with gc_paused():
@@ -1390,17 +1423,22 @@ def _parse(rec: memoryview) -> tuple[Any, memoryview]:
     return tree, rec[tree_end + (-tree_end % _ALIGN) :]
 
 
-def decode_fields(rec: memoryview, names: Collection[str]) -> dict[str, Any]:
+def decode_fields(
+    rec: memoryview,
+    names: Collection[str],
+    array_loader: Callable[[str], np.ndarray] | None = None,
+) -> dict[str, Any]:
     """Only the top-level fields ``names`` of one (inflated) record, decoded; the arrays of
     the other fields (token ids, log-probs, tensors) are never touched.  A field the record
-    lacks is left out.  Raises as `decode_sample` does on damaged bytes."""
+    lacks is left out.  ``array_loader`` as `decode_sample`.  Raises as `decode_sample` does
+    on damaged bytes."""
     tree, arrays = _parse(rec)
     if type(tree) is not dict:
         raise IntegrityError("record tree is not a sample")
     node = tree.get("f")
     if type(node) is not dict:
         raise IntegrityError("record tree is not a sample")
-    decoder = _Decoder(arrays, None)
+    decoder = _Decoder(arrays, None, array_loader=array_loader)
     if node.get(_TAG) == "map" and type(node.get("v")) is list:  # a dict sample with odd keys
         pairs = [(k, v) for k, v in node["v"] if type(k) is str and k in names]
     else:
@@ -1420,6 +1458,7 @@ class _Decoder:
         stored: bool = False,
         dtypes: Mapping[str, np.dtype] | None = None,
         whole: int | None = None,
+        array_loader: Callable[[str], np.ndarray] | None = None,
     ) -> None:
         """``whole``: the size of the record part ``arrays`` ends, when a writable part is
         given to the values decoded (``in_place``, see `decode_sample`)."""
@@ -1432,6 +1471,7 @@ class _Decoder:
         self.owned = arrays if whole is not None and not arrays.readonly else None
         self.whole = whole or 0
         self.loader = loader
+        self.array_loader = array_loader
         self.as_arrays = as_arrays
         self.stored = stored
         self.dtypes = dtypes or {}
@@ -1598,6 +1638,8 @@ class _Decoder:
             )
         if tag == "ndarray":
             return self._shared(node, lambda: self._ndarray(node["d"], node, own=True))
+        if tag == "ndref":
+            return self._shared(node, lambda: self._array_blob(node))
         if tag == "npscalar":
             return self._ndarray(node["d"], node["v"])[()]
         if tag == "npstr":
@@ -1662,6 +1704,26 @@ class _Decoder:
         if placed is not None:
             return np.frombuffer(placed, dtype=dtype).reshape(shape)
         return np.frombuffer(mv, dtype=dtype).reshape(shape).copy()
+
+    def _array_blob(self, node: dict[str, Any]) -> np.ndarray:
+        """The array a blob holds (an ``ndref`` node), read as it is decoded: an array is
+        never a proxy, as a `TensorRef` is, since numpy hands nothing a use to hook."""
+        digest = check_digest(node["h"])
+        dtype = _NUMPY_DTYPES.get(node["d"]) if type(node["d"]) is str else None
+        shape = _check_shape(node["sh"])
+        if dtype is None:
+            raise IntegrityError(f"a stored numpy array has a malformed dtype {node['d']!r:.40}")
+        if self.array_loader is None:
+            raise InvalidInputError(
+                f"the numpy array of blob {digest} needs an array_loader to be read"
+            )
+        arr = self.array_loader(digest)
+        if arr.dtype != dtype or arr.shape != shape:
+            raise IntegrityError(
+                f"tensor blob {digest} holds {arr.dtype}{list(arr.shape)}, "
+                f"its reference says {dtype}{list(shape)}"
+            )
+        return arr
 
     def _tensor(self, node: dict[str, Any]) -> torch.Tensor:
         mv = self._slice(node)

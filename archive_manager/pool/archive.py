@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeAlias, TypeVar, overload
 
 from sqlalchemy import Select, bindparam, delete, or_, select, update
 from sqlalchemy.engine import Connection, Row
@@ -99,6 +99,8 @@ def _check_flag(value: object, what: str) -> None:
 #: How a load returns numeric list fields: as lists (False), as int64/float64 arrays (True),
 #: or as arrays of the dtypes a mapping names (the rest int64/float64).
 Arrays: TypeAlias = "bool | dict[str, np.dtype]"
+# a tensor or a numpy array, as a tensor blob is loaded (`Archive._load_blob`)
+_Loaded = TypeVar("_Loaded")
 
 
 def _arrays(as_arrays: object, dtypes: object) -> Arrays:
@@ -746,7 +748,10 @@ class Archive:
             ranged.inflate(by_chunk[ordinal])
             return ranged
         reader = ChunkReader(
-            self._read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=self._load_tensor
+            self._read_blob(digest, f"chunk {ordinal}"),
+            digest=digest,
+            loader=self._load_tensor,
+            array_loader=self._load_array,
         )
         reader.inflate(by_chunk[ordinal])
         return reader
@@ -777,6 +782,7 @@ class Archive:
                 size=size,
                 count=count,
                 loader=self._load_tensor,
+                array_loader=self._load_array,
             )
         if reader is not None and self._read_hook is not None:
             self._read_hook(digest)
@@ -834,8 +840,18 @@ class Archive:
     def _load_tensor(self, digest: str) -> torch.Tensor:
         from ..codec import decode_tensor_blob
 
+        return self._load_blob(digest, decode_tensor_blob)
+
+    def _load_array(self, digest: str) -> np.ndarray:
+        from ..codec import decode_array_blob
+
+        return self._load_blob(digest, decode_array_blob)
+
+    def _load_blob(self, digest: str, decode: Callable[..., _Loaded]) -> _Loaded:
+        """The tensor or array of tensor blob ``digest``, over a private map of it (written
+        to, it never reaches the store; docs/architecture/reading.md, "Arrays in place")."""
         try:
-            tensor = decode_tensor_blob(self._pool.store.open_private(digest), digest, owned=True)
+            loaded = decode(self._pool.store.open_private(digest), digest, owned=True)
         except BlobNotFoundError as exc:
             self._raise_if_released(f"tensor blob {digest} is gone")
             raise IntegrityError(f"archive {self.name!r}: tensor blob {digest} is missing") from exc
@@ -843,7 +859,7 @@ class Archive:
             raise IntegrityError(f"archive {self.name!r}, tensor blob: {exc}") from exc
         if self._read_hook is not None:
             self._read_hook(digest)
-        return tensor
+        return loaded
 
     def _raise_if_released(self, detail: str) -> None:
         with self._pool.catalog.read() as conn:
@@ -947,6 +963,7 @@ class Archive:
             attrs=self.attrs,
             read_blob=self._read_blob,
             load_tensor=self._load_tensor,
+            load_array=self._load_array,
         )
 
     def to_arrow(self, columns: Sequence[str] | None = None) -> pyarrow.Table:

@@ -503,7 +503,7 @@ class ArchiveWriter:
         tensors materialized, in archive order.  An import compares them with its source and
         raises to roll the save back (`interop.straw`); the archive is then never visible.
         """
-        from ..codec import ChunkReader, decode_tensor_blob
+        from ..codec import ChunkReader, decode_array_blob, decode_tensor_blob
 
         self._check_open()
         if self._buffer.records:
@@ -514,9 +514,14 @@ class ArchiveWriter:
         def load(digest: str) -> Any:
             return decode_tensor_blob(store.open(digest), digest)
 
+        def load_array(digest: str) -> Any:
+            return decode_array_blob(store.open(digest), digest)
+
         for ordinal in sorted(self._chunks):
             digest = self._chunks[ordinal][0]
-            reader = ChunkReader(store.get(digest), digest=digest, loader=load)
+            reader = ChunkReader(
+                store.get(digest), digest=digest, loader=load, array_loader=load_array
+            )
             offsets = range(len(reader))
             reader.inflate(offsets)
             for i in offsets:

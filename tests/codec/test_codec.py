@@ -31,6 +31,7 @@ from archive_manager.codec import (
     RawChunk,
     TensorRef,
     build_chunk,
+    decode_array_blob,
     decode_chunk,
     decode_manifest,
     decode_tensor_blob,
@@ -42,6 +43,7 @@ from archive_manager.codec import (
 from archive_manager.errors import (
     ArchiveError,
     IntegrityError,
+    InvalidInputError,
     UnencodableError,
     UnsupportedFormatError,
 )
@@ -210,15 +212,21 @@ def blob_bytes(blob: Any) -> bytes:
 
 
 class CountingLoader:
-    """A tensor-blob loader over an encoded chunk's blobs that counts its calls."""
+    """A tensor-blob loader over an encoded chunk's blobs that counts its calls; `array`
+    is the array loader over the same blobs (its calls counted apart)."""
 
     def __init__(self, *chunks: EncodedChunk) -> None:
         self.blobs = {d: blob_bytes(b) for c in chunks for d, b in c.tensor_blobs.items()}
         self.calls: list[str] = []
+        self.array_calls: list[str] = []
 
     def __call__(self, digest: str) -> torch.Tensor:
         self.calls.append(digest)
         return decode_tensor_blob(self.blobs[digest], digest)
+
+    def array(self, digest: str) -> np.ndarray:
+        self.array_calls.append(digest)
+        return decode_array_blob(self.blobs[digest], digest)
 
 
 def roundtrip(samples: list, inline_limit: int = DEFAULT_INLINE_LIMIT) -> list:
@@ -226,7 +234,7 @@ def roundtrip(samples: list, inline_limit: int = DEFAULT_INLINE_LIMIT) -> list:
     assert enc.samples == len(samples)
     assert enc.digest == digest_of(enc.data)
     loader = CountingLoader(enc)
-    decoded = decode_chunk(enc.data, digest=enc.digest, loader=loader)
+    decoded = decode_chunk(enc.data, digest=enc.digest, loader=loader, array_loader=loader.array)
     assert not loader.calls, "decoding loaded a tensor blob"
     return [materialize_tensor_refs(s) for s in decoded]
 
@@ -447,14 +455,17 @@ def test_arbitrary_samples_round_trip_exactly(
     expected = [e for _, e in batch]
     enc = encode_chunk(given_samples, inline_limit=inline_limit)
     loader = CountingLoader(enc)
-    decoded = decode_chunk(enc.data, loader=loader)
+    decoded = decode_chunk(enc.data, loader=loader, array_loader=loader.array)
     assert not loader.calls
     materialized = [materialize_tensor_refs(s) for s in decoded]
     assert_same(materialized, expected)
     # random access decodes the same sample on its own
     i = data.draw(st.integers(0, len(batch) - 1))
     assert_same(
-        materialize_tensor_refs(ChunkReader(enc.data, loader=loader).sample(i)), expected[i]
+        materialize_tensor_refs(
+            ChunkReader(enc.data, loader=loader, array_loader=loader.array).sample(i)
+        ),
+        expected[i],
     )
     # encoding is deterministic and canonical: re-encoding what came back gives the same bytes
     assert encode_chunk(materialized, inline_limit=inline_limit).data == enc.data
@@ -915,7 +926,8 @@ def test_an_array_most_of_its_record_loads_in_place() -> None:
     array that is a small part of its record is copied, so it does not keep the record
     alive."""
     rng = np.random.default_rng(5)
-    experts = rng.integers(0, 256, (1500, 48, 8), dtype=np.int32)  # 2.3 MB, compressible
+    # 0.9 MB, compressible: within the inline limit (a larger array is a blob of its own)
+    experts = rng.integers(0, 256, (600, 48, 8), dtype=np.int32)
     inline = torch.from_numpy(rng.integers(0, 4, 200_000, dtype=np.int32))  # 0.8 MB
     small = np.arange(16.0)
     batch = [
@@ -965,11 +977,14 @@ def test_inline_limit_boundary_and_zero() -> None:
     enc = encode_chunk(
         [{"t": t, "s": torch.tensor(1), "e": torch.empty(0), "a": np.arange(9)}], inline_limit=0
     )
-    back = decode_chunk(enc.data, loader=CountingLoader(enc))[0]
+    loader = CountingLoader(enc)
+    back = decode_chunk(enc.data, loader=loader, array_loader=loader.array)[0]
     assert isinstance(back["t"], TensorRef) and isinstance(back["s"], TensorRef)
     assert back["s"].shape == torch.Size([])
     assert type(back["e"]) is torch.Tensor  # zero bytes: nothing to put in a blob
-    assert type(back["a"]) is np.ndarray  # numpy arrays always stay inline
+    # a numeric array above the limit is a blob too, read as it is decoded
+    assert type(back["a"]) is np.ndarray and np.array_equal(back["a"], np.arange(9))
+    assert len(enc.tensor_blobs) == 3 and len(loader.array_calls) == 1
     with pytest.raises(ValueError):
         encode_chunk([{}], inline_limit=-1)
 
@@ -983,7 +998,10 @@ def test_identical_tensors_are_stored_once_across_samples() -> None:
     other = encode_chunk([{"x": a.to(torch.float64)}, {"y": a.clone()}], inline_limit=64)
     assert set(other.tensor_blobs) & set(enc.tensor_blobs)  # same digest across chunks
     loader = CountingLoader(enc)
-    back = [materialize_tensor_refs(s) for s in decode_chunk(enc.data, loader=loader)]
+    back = [
+        materialize_tensor_refs(s)
+        for s in decode_chunk(enc.data, loader=loader, array_loader=loader.array)
+    ]
     assert_same(back, batch)
     for digest, blob in enc.tensor_blobs.items():
         assert digest == digest_of(blob_bytes(blob)) and blob.size == len(blob_bytes(blob))
@@ -1050,10 +1068,79 @@ def test_tensor_blob_is_header_then_raw_bytes() -> None:
         (struct.pack("<8sHHI", b"AMTENSR\0", 1, 0, 2**32 - 1) + b"{}", IntegrityError, "blob-x"),
     ],
 )
-def test_tensor_blob_header_errors(data: bytes, error: type, match: str) -> None:
+@pytest.mark.parametrize("decode", [decode_tensor_blob, decode_array_blob])
+def test_tensor_blob_header_errors(data: bytes, error: type, match: str, decode: Any) -> None:
+    """Both readers of the format (torch's, numpy's) refuse the same damage alike."""
     with pytest.raises(error, match=match) as info:
-        decode_tensor_blob(data, "blob-x")
+        decode(data, "blob-x")
     assert type(info.value) is error
+
+
+# --------------------------------------------------------------------------- arrays as blobs
+
+
+def test_an_array_above_the_limit_is_the_tensor_blob_of_its_values() -> None:
+    """A numeric numpy array above the inline limit is a blob of the tensor-blob format
+    (one blob for an array and a tensor of one dtype, shape and bytes), read back by numpy
+    alone as the array the sample held: writable, the caller's own, exactly equal; arrays
+    of text, and those within the limit, stay in the record."""
+    experts = np.arange(2 * 300 * 8, dtype=np.int32).reshape(2, 300, 8)
+    mask = np.ones(5000, dtype=bool)
+    strided = np.arange(4000, dtype=np.float64).reshape(40, 100).T  # not C-contiguous
+    sample = {
+        "e": experts,
+        "again": experts,  # the same array twice: one blob, one array on load
+        "mask": mask,
+        "t": strided,
+        "small": np.arange(4, dtype=np.int8),
+        "text": np.array(["x" * 200] * 30),  # 24 KB of text: stays inline
+        "zero": np.zeros((0, 4096), dtype=np.float32),  # no bytes: nothing to put in a blob
+    }
+    enc = encode_chunk([sample], inline_limit=1024)
+    node = record_tree(build_chunk([sample], inline_limit=1024).records[0])["f"]
+    assert {k: node[k]["$t"] for k in sample} == {
+        "e": "ndref",
+        "again": "ndref",
+        "mask": "ndref",
+        "t": "ndref",
+        "small": "ndarray",
+        "text": "ndarray",
+        "zero": "ndarray",
+    }
+    assert len(enc.tensor_blobs) == 3
+    assert node["e"]["h"] == encode_tensor_blob(torch.from_numpy(experts)).digest
+    loader = CountingLoader(enc)
+    (back,) = decode_chunk(enc.data, loader=loader, array_loader=loader.array)
+    assert loader.calls == [] and sorted(loader.array_calls) == sorted(enc.tensor_blobs)
+    assert_same(back, sample)
+    assert back["again"] is back["e"] and back["e"].flags.writeable
+    back["e"][0, 0, 0] = -1
+    (again,) = decode_chunk(enc.data, loader=loader, array_loader=loader.array)
+    assert again["e"][0, 0, 0] == 0
+
+
+def test_an_array_blob_needs_an_array_loader_and_its_own_values() -> None:
+    """Without an array loader an array blob is not read (a clear error, not damage); a
+    loader handing back another dtype or shape than the record says is damage."""
+    arr = np.arange(1000, dtype=np.int64)
+    enc = encode_chunk([{"a": arr}], inline_limit=0)
+    (digest,) = enc.tensor_blobs
+    with pytest.raises(InvalidInputError, match=f"{digest}.*array_loader"):
+        decode_chunk(enc.data)
+    for wrong in (arr.astype(np.int32), arr.reshape(10, 100)):
+
+        def loader(_digest: str, wrong: np.ndarray = wrong) -> np.ndarray:
+            return wrong
+
+        with pytest.raises(IntegrityError, match=digest):
+            decode_chunk(enc.data, array_loader=loader)
+
+
+def test_an_array_blob_of_a_dtype_numpy_lacks_is_damage() -> None:
+    """A bfloat16 tensor blob named by an array node (no encoder writes one) is refused."""
+    data = blob_bytes(encode_tensor_blob(torch.ones(4, dtype=torch.bfloat16)))
+    with pytest.raises(IntegrityError, match="bfloat16"):
+        decode_array_blob(data, "blob-x")
 
 
 # --------------------------------------------------------------------------- TensorRef

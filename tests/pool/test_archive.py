@@ -134,6 +134,46 @@ def test_big_tensors_become_lazy_tensor_blobs(open_pool, rollout, same_samples, 
     same_samples(loaded, samples)
 
 
+def test_big_numpy_arrays_are_blobs_loaded_as_the_callers_own(
+    open_pool, rollout, same_samples, blob_files_of
+) -> None:
+    """Routed experts as slime hands them (numpy int32 ``[T-1, layers, topk]``) above the
+    inline limit are blobs of their own, as tensors are (issue 37's R3 numpy load): stored
+    once however often held (an identical array in two samples, a tensor of the same values),
+    loaded as the arrays saved (writable, each load its own), one key reading its sample's
+    blob alone; a flipped byte is found on load; release and gc reclaim them."""
+    pool = open_pool(inline_limit=256)
+    samples = rollout(10, seed=3, r3_layers=2, r3_numpy=True)
+    samples[9].rollout_routed_experts = samples[8].rollout_routed_experts.copy()
+    samples[7].metadata["experts_tensor"] = torch.from_numpy(samples[6].rollout_routed_experts)
+    arc = pool.save("r3", samples, rollout_id=0)
+    files = blob_files_of(pool)
+    assert len(files.digests("r3", "tensor")) == 9
+    assert len(files.files()) == 1 + 9 + 1  # chunk, blobs, manifest
+    loaded = arc.load_samples(materialize=True)
+    same_samples(loaded, samples)
+    experts = [s.rollout_routed_experts for s in loaded]
+    assert all(type(e) is np.ndarray and e.flags.writeable for e in experts)
+    experts[0][:] = -7
+    assert np.array_equal(
+        pool.open_archive("r3").load_samples()[0].rollout_routed_experts,
+        samples[0].rollout_routed_experts,
+    )
+    read: list[str] = []
+    one = pool.open_archive("r3")
+    one._read_hook = read.append
+    (got,) = one.load_samples(sample_key=one.keys()[4][0])
+    digest = codec.encode_array_blob(samples[4].rollout_routed_experts).digest
+    assert np.array_equal(got.rollout_routed_experts, samples[4].rollout_routed_experts)
+    assert [d for d in read if d in files.digests("r3", "tensor")] == [digest]
+    files.flip_bit(digest, pool.store.size(digest) - 1)
+    with pytest.raises(IntegrityError, match=digest):
+        arc.load_samples()
+    arc.release()
+    pool.gc(grace=0)
+    assert files.files() == []
+
+
 def test_a_tensor_loaded_from_its_blob_is_the_callers_own(open_pool, rollout, blob_files_of):
     """A materialized tensor blob is writable, and what is written reaches neither the blob
     nor another load of it (on local files it is a copy-on-write map of the blob); a flipped

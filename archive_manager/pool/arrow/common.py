@@ -78,6 +78,7 @@ class ArchiveSource:
     attrs: dict[str, Any] | None
     read_blob: Callable[[str, str], memoryview]
     load_tensor: Callable[[str], torch.Tensor]
+    load_array: Callable[[str], np.ndarray]
 
 
 @dataclass

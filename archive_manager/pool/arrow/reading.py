@@ -140,7 +140,10 @@ def read_chunk(source: ArchiveSource, part: ChunkPlan) -> ChunkReader:
     """Read one chunk and parse its index; nothing inflated."""
     ordinal, digest, _ = part
     return ChunkReader(
-        source.read_blob(digest, f"chunk {ordinal}"), digest=digest, loader=source.load_tensor
+        source.read_blob(digest, f"chunk {ordinal}"),
+        digest=digest,
+        loader=source.load_tensor,
+        array_loader=source.load_array,
     )
 
 
