@@ -231,11 +231,30 @@ class JournalState:
     seq: int = 0
 
 
-def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: float) -> Staged:
+def stage_checkpoint(
+    conn: Connection,
+    pool_id: str,
+    state: JournalState,
+    now: float,
+    *,
+    journal: Journal | None = None,
+) -> Staged:
     """Inside a write transaction that read ``state`` from the catalog: encode it as a
     checkpoint at the newest number given so far, record it as this catalog's checkpoint and
-    forget the records it supersedes."""
+    forget the records it supersedes.
+
+    ``journal``: when it already holds a checkpoint at that number describing another state
+    (`_other_state_at`), this one takes the next number instead: one number, one state.
+    """
     seq = max(state.seq, stored_save_seq(conn))
+    archives = {m: a.as_json() for m, a in sorted(state.archives.items())}
+    if journal is not None and _other_state_at(journal, pool_id, seq, archives):
+        # NOTE: the state changed with no decision numbered since that checkpoint (a rebuild
+        # of a lost catalog leaves out the released archives GC reclaimed, and the owned
+        # ones whose manifest is gone).  Under the same number the two files would differ
+        # only by digest, and a replay, which takes the highest (number, digest), would pick
+        # one by chance: a later rebuild reported reclaimed archives again, or not.
+        seq = next_save_seq(conn, now, floor=max(seq, journal.floor))
     doc = {
         "format": _FORMAT,
         "version": _VERSION,
@@ -243,7 +262,7 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
         "pool_id": pool_id,
         "seq": seq,
         "at": now,
-        "archives": {m: a.as_json() for m, a in sorted(state.archives.items())},
+        "archives": archives,
     }
     import zstandard  # imported on use (docs/architecture/start-up.md, "Start-up")
 
@@ -253,6 +272,27 @@ def stage_checkpoint(conn: Connection, pool_id: str, state: JournalState, now: f
     set_pool_info(conn, JOURNAL_POOL, pool_id)
     conn.execute(delete(journal_table).where(journal_table.c.seq <= seq))
     return staged
+
+
+def _other_state_at(journal: Journal, pool_id: str, seq: int, archives: dict[str, Any]) -> bool:
+    """Whether the journal holds a checkpoint of this pool numbered ``seq`` whose archives
+    are not ``archives`` (or one this account may not read, which a later rebuild that can
+    read it might take).  Damaged files and other pools' are no rivals: replay passes over
+    them."""
+    wanted = _encode_json(archives)
+    for entry in journal._after(seq - 1):
+        if entry.seq != seq or entry.kind != "ckpt":
+            continue
+        try:
+            doc = journal.read(entry, pool_id)
+        except PermissionError:
+            return True
+        except (OSError, JournalDamagedError):
+            continue  # gone, or damaged: replay passes over it too
+        other = doc.get("archives")
+        if isinstance(other, dict) and _encode_json(other) != wanted:
+            return True  # (not an object: damaged, replay passes over it)
+    return False
 
 
 def parse_position(value: str | None) -> Entry | None:
@@ -1006,7 +1046,7 @@ def checkpoint(catalog: Catalog, journal: Journal, clock: Callable[[], float]) -
     """
     now = clock()
     with catalog.write("journal.checkpoint") as conn:
-        staged = stage_checkpoint(conn, pool_id_of(conn), catalog_state(conn), now)
+        staged = stage_checkpoint(conn, pool_id_of(conn), catalog_state(conn), now, journal=journal)
     journal.write(staged)
     journal.remove(removable(journal.entries(), Entry(staged.seq, staged.digest, "ckpt")))
     return staged

@@ -123,6 +123,38 @@ def test_release_owner_and_reuse_survive_a_lost_catalog(tmp_path: Path, backend:
         assert after == {n: f for n, f in before.items() if n != "r1"}
 
 
+def test_a_reclaimed_archive_is_reported_by_one_rebuild_only(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """A released archive GC reclaimed, then the catalog lost twice: the first rebuild reports
+    it reclaimed, the second knows nothing of it.  The first rebuild's checkpoint, which
+    leaves it out, took the number of the checkpoint before it, which has it (nothing was
+    decided in between), and a replay takes the highest (number, digest): the second rebuild
+    reported it again or not by the draw of the digests (the state machine's flake)."""
+    root, clock = tmp_path / "pool", FakeClock()
+    with open_on(backend, root, clock=clock) as pool:
+        pool.save("a1", tiny_rollout(seed=1), rollout_id=1)
+        pool.save("a2", tiny_rollout(seed=2), rollout_id=2)
+        assert pool.open_archive("a1").release()
+        pool.gc(grace=0)  # a1 reclaimed: its manifest is gone, its row stays (released)
+        pool.rebuild_catalog()  # nothing to restore; it checkpoints a1, released
+    with recover(backend, root, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert report.archives == ["a2"] and report.reclaimed == ["a1"]
+    # One number, one state: two checkpoints at a number never describe different states.
+    folder = Journal(root)
+    states: dict[int, set[str]] = {}
+    for entry in folder.entries():
+        if entry.kind == "ckpt":
+            doc = folder.read(entry, None)
+            states.setdefault(entry.seq, set()).add(json.dumps(doc["archives"], sort_keys=True))
+    assert all(len(s) == 1 for s in states.values()), states
+    with recover(backend, root, clock=clock) as pool:
+        report = pool.rebuild_catalog()
+        assert report.archives == ["a2"] and not report.reclaimed and not report.skipped
+        assert_loads(pool, "a2", tiny_rollout(seed=2))
+
+
 def test_a_restored_backup_is_brought_forward(tmp_path: Path, backend: Backend) -> None:
     """A backup restored after decisions were made: GC refuses until the rebuild, which
     gives the catalog's archives the owners and states the journal recorded since."""

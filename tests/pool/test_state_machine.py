@@ -115,8 +115,12 @@ class Model:
     checkpointed: int = 0  # ``decisions`` as of the last checkpoint
 
     def checkpoint(self) -> None:
-        """A checkpoint takes a number of its own only when decisions were made since the
-        last one; otherwise it describes the same state under the same number."""
+        """A checkpoint takes a number of its own when decisions were made since the last
+        one; otherwise it describes the same state under the same number.  A rebuild that
+        left archives out (reclaimed, or their manifest gone) describes another state, and
+        takes a number of its own too; this model does not count that one: the rules that
+        make such a rebuild take a backup after it (`lose_catalog_and_rebuild`) or hold a
+        backup already behind (`restore_backup`), so no restore tells the two apart."""
         if self.decisions != self.checkpointed:
             self.decisions += 1
         self.checkpointed = self.decisions
