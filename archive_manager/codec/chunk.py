@@ -711,7 +711,7 @@ class ChunkReader:
                 and (rest is None or require.search(rest) is None)
             ):
                 return None
-            found = decode_fields(text, [n for n in names if n in TEXT_FIELDS])
+            found = decode_fields(text, [n for n in names if n in TEXT_FIELDS], self.array_loader)
             if rest is not None:
                 found.update(decode_fields(rest, others, self.array_loader))
             return _ordered(found, names)  # in the order asked, as v1
@@ -744,7 +744,7 @@ class ChunkReader:
                 text = batch[i]
                 if text is None:
                     continue
-                values = self._decode(i, partial(_decoded_texts, text, names))
+                values = self._decode(i, partial(_decoded_texts, text, names, self.array_loader))
             if values is not None:
                 yield k, values
 
@@ -865,8 +865,10 @@ def _ordered(found: dict[str, Any], names: Collection[str]) -> dict[str, Any]:
     return {n: found[n] for n in names if n in found}
 
 
-def _decoded_texts(text: memoryview, names: list[str]) -> dict[str, Any]:
-    return _ordered(decode_fields(text, names), names)
+def _decoded_texts(
+    text: memoryview, names: list[str], array_loader: Callable[[str], np.ndarray] | None
+) -> dict[str, Any]:
+    return _ordered(decode_fields(text, names, array_loader), names)
 
 
 class _SomeRecords(ChunkReader):

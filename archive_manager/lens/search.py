@@ -507,7 +507,9 @@ def _scan_chunk(
             # format version) and a record in an unknown compression (UnsupportedFormatError,
             # not an IntegrityError) named only the blob, not the archive (tests/lens/test_search.py).
             if texts is None:
-                reader = ChunkReader(data, digest=digest)
+                # an array above the inline limit in a text field (an image among a
+                # prompt's content parts) is a blob of its own, read as it is decoded
+                reader = ChunkReader(data, digest=digest, array_loader=archive._load_array)
                 texts = reader.search_texts([offset for _, offset in entries], fields, require)
             got = next(texts, None)
         except (IndexError, IntegrityError, UnsupportedFormatError) as exc:

@@ -1136,6 +1136,25 @@ def test_an_array_blob_needs_an_array_loader_and_its_own_values() -> None:
             decode_chunk(enc.data, array_loader=loader)
 
 
+def test_an_array_blob_in_a_text_field_is_read_by_every_text_reader() -> None:
+    """A text field (``prompt``: chat messages whose content parts hold an image) holding an
+    array above the limit is read through the array loader by every reader of the text part,
+    as by `ChunkReader.sample`: `ChunkReader.fields` and `search_texts` (a search, a grouping
+    by ``prompt``).  Fixed: both decoded the text part without the loader and raised
+    "needs an array_loader"."""
+    image = np.arange(4000, dtype=np.uint8)
+    prompt = [{"role": "user", "content": [{"type": "image", "image": image}, "hi"]}]
+    enc = encode_chunk([{"prompt": prompt, "response": "ok", "x": 1}], inline_limit=1024)
+    loader = CountingLoader(enc)
+    reader = ChunkReader(enc.data, loader=loader, array_loader=loader.array)
+    for found in (
+        reader.fields(0, ["prompt", "x"]),
+        dict(reader.search_texts([0], ["prompt"], None))[0],
+    ):
+        assert np.array_equal(found["prompt"][0]["content"][0]["image"], image)
+    assert loader.array_calls == list(enc.tensor_blobs) * 2
+
+
 def test_an_array_blob_of_a_dtype_numpy_lacks_is_damage() -> None:
     """A bfloat16 tensor blob named by an array node (no encoder writes one) is refused."""
     data = blob_bytes(encode_tensor_blob(torch.ones(4, dtype=torch.bfloat16)))

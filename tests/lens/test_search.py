@@ -530,6 +530,27 @@ def test_chat_content_parts_are_searched(tmp_path: Path) -> None:
         assert pool.search("image_url").matches == []  # the parts' other keys are no text
 
 
+# Claim: a search reads the texts of a prompt whose content parts hold an image (a numpy
+# array above the inline limit, stored as a blob of its own).  Fixed: the search's chunk
+# reader had no array loader, so one such sample failed every search of its pool
+# ("needs an array_loader"), and `field_values("prompt")` too.
+def test_a_prompt_holding_an_array_blob_is_searched(tmp_path: Path) -> None:
+    import numpy as np
+
+    image = np.arange(3 * 64 * 64, dtype=np.uint8).reshape(64, 64, 3)  # above the limit
+    prompt = [
+        {"role": "user", "content": [{"type": "image", "image": image},
+                                     {"type": "text", "text": "what is in the picture?"}]},
+    ]  # fmt: skip
+    with ArchiveManager.open(tmp_path / "pool", inline_limit=1024) as pool:
+        arc = pool.save("a", [{"prompt": prompt, "response": "a zebra"}], rollout_id=1)
+        (found,) = pool.search("the picture").matches
+        assert (found.field, found.line) == ("prompt", "what is in the picture?")
+        assert [m.field for m in pool.search("zebra").matches] == ["response"]
+        (value,) = arc.field_values("prompt")
+        assert np.array_equal(value[0]["content"][0]["image"], image)
+
+
 # --------------------------------------------------------------------------- lines, limits
 
 
