@@ -399,6 +399,52 @@ def test_claim5_small_views_and_repeated_tensors_still_round_trip(
     assert all(torch.equal(r.materialize(), big) for r in loaded["refs"][:3])
 
 
+_REPEATED_ARRAY_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys, tempfile, warnings
+    warnings.filterwarnings("ignore")
+    import numpy as np
+    from archive_manager import ArchiveManager, codec
+    from archive_manager.errors import ArchiveError
+    if sys.argv[1] == "python":
+        codec._native_numbers = None  # the Python paths of the list conversion
+    pool = ArchiveManager.open(tempfile.mkdtemp() + "/pool")
+    # the address space in use now, plus 1 GiB
+    vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
+    limit = vm + (1 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    a = np.arange(1 << 18, dtype=np.float64)  # 2 MiB, above the inline limit
+    try:
+        pool.save("refs", [{"refs": [a] * 1000, "mixed": [1] + [a] * 1000}], rollout_id=1)
+        s = pool.open_archive("refs")[0]
+        print("RESULT saved", s["refs"][0] is s["mixed"][-1], np.array_equal(s["refs"][9], a))
+    except ArchiveError as exc:
+        print("RESULT refused", type(exc).__name__, str(exc)[:200])
+    except BaseException as exc:
+        print("RESULT raw", type(exc).__name__, str(exc)[:200])
+    """
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_list_holding_one_array_many_times_is_not_expanded(path: str) -> None:
+    """A list holding one 2 MiB array 1,000 times saves as 1,000 references to one blob
+    (its node counted, not its bytes) in bounded memory.  Fixed: the numeric-list check
+    handed the list to ``marshal.dumps``, which writes an object of the buffer protocol
+    whole each time it meets it: 2 GB allocated (a raw MemoryError past the limit) before
+    the list was found to hold no numbers; the same before the bound refused it, when
+    such arrays were stored inline."""
+    result = subprocess.run(
+        [sys.executable, "-c", _REPEATED_ARRAY_SCRIPT, path],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT")]
+    assert lines == ["RESULT saved True True"], (result.stdout[-2000:], result.stderr[-2000:])
+
+
 _DAG_SCRIPT = textwrap.dedent(
     """
     import resource, sys, tempfile, warnings
