@@ -1492,7 +1492,7 @@ class _Decoder:
         # alias index -> (node kind, dtype, shape, object): the tensor and array nodes the
         # encoder wrote for one tensor or view (``"a"``) load as one object; records without
         # it (older releases) load a separate object per node
-        self.aliases: dict[int, tuple[Any, Any, Any, Any]] = {}
+        self.aliases: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
 
     def _shared(self, node: dict[str, Any], build: Callable[[], Any]) -> Any:
         """The object a tensor or array node decodes to: one per alias index."""
@@ -1501,14 +1501,16 @@ class _Decoder:
             return build()
         if type(alias) is not int:
             raise IntegrityError("malformed alias index")
-        shape = node.get("sh")
+        # NOTE: a blob's digest too: a second node naming another blob under the alias would
+        # otherwise load the first blob's value, its own never read nor checked
+        described = (node[_TAG], node["d"], node.get("sh"), node.get("h"))
         known = self.aliases.get(alias)
         if known is not None:
-            if known[:3] != (node[_TAG], node["d"], shape):
+            if known[:4] != described:
                 raise IntegrityError("nodes of one alias index describe different values")
-            return known[3]
+            return known[4]
         value = build()
-        self.aliases[alias] = (node[_TAG], node["d"], shape, value)
+        self.aliases[alias] = (*described, value)
         return value
 
     def _slice(self, node: dict[str, Any]) -> memoryview:

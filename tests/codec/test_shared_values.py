@@ -91,6 +91,25 @@ def test_hostile_alias_indices_are_integrity_errors() -> None:
         values.decode_sample(memoryview(rec[:4] + forged + rec[4 + tree_len :]), None)
 
 
+@pytest.mark.parametrize("value", [torch.arange(64), np.arange(64)], ids=["tensor", "array"])
+def test_blob_nodes_of_one_alias_must_name_one_blob(value: Any) -> None:
+    """Two blob nodes of one alias index naming different blobs (of one dtype and shape) are
+    damage: the second blob is never read nor checked otherwise."""
+    other = value + 1
+    rec = values.encode_sample({"a": value, "b": other}, inline_limit=0).record
+    tree_len = int.from_bytes(rec[:4], "little")
+    tree = json.loads(rec[4 : 4 + tree_len])
+    assert tree["f"]["a"]["h"] != tree["f"]["b"]["h"]
+    tree["f"]["b"]["a"] = tree["f"]["a"]["a"]
+    forged = json.dumps(tree, separators=(",", ":")).encode().ljust(tree_len)
+    with pytest.raises(IntegrityError, match="alias"):
+        values.decode_sample(
+            memoryview(rec[:4] + forged + rec[4 + tree_len :]),
+            lambda digest: torch.zeros(64, dtype=torch.int64),
+            array_loader=lambda digest: np.zeros(64, dtype=np.int64),
+        )
+
+
 @pytest.fixture
 def small_bound(monkeypatch: pytest.MonkeyPatch) -> int:
     """The expansion bound lowered to 1 MiB: the same rule, tested with small data."""
