@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -155,8 +156,10 @@ class BackgroundSaves:
     """The background saves of one open pool: a byte budget and one worker thread.
 
     The worker is a non-daemon thread started when a save is handed over and ended when none
-    is left, so an interpreter that exits with saves in flight waits for them (each ends
-    published, or failed and rolled back, as `save`); `close` waits for them too.
+    is left (after waiting `_IDLE` seconds for the next one, unless the pool is closed or
+    dropped or the interpreter exits), so an interpreter that exits with saves in flight
+    waits for them (each ends published, or failed and rolled back, as `save`); `close`
+    waits for them too.
     """
 
     def __init__(self, pool: PoolContext, budget: int = DEFAULT_BUDGET) -> None:
@@ -170,6 +173,7 @@ class BackgroundSaves:
         self._taking: _Job | None = None  # the save whose next sample the worker waits for
         self._closed = False
         self._abandoned = False  # the pool was dropped: failures are logged, not kept
+        self._exiting = False  # the interpreter exits: the worker ends once idle
         _live.add(self)
 
     @property
@@ -189,6 +193,12 @@ class BackgroundSaves:
         """Bytes of samples handed over now waiting for the worker."""
         with self._cond:
             return self._held
+
+    @property
+    def _stopping(self) -> bool:
+        """Whether an idle worker ends at once (the pool closed or dropped, or the
+        interpreter exiting) instead of waiting for the next save."""
+        return self._closed or self._abandoned or self._exiting
 
     @property
     def pending(self) -> int:
@@ -272,6 +282,7 @@ class BackgroundSaves:
             self._jobs.append(job)
             job.registered = True
             _callers.add(threading.current_thread())
+            _live.add(self)  # (again in a forked child, which forgot its parent's)
 
     def _snapshot(
         self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
@@ -360,6 +371,16 @@ class BackgroundSaves:
         me = threading.current_thread()
         while True:
             with self._cond:
+                # NOTE: an idle worker waits a while for the next save (a training loop hands
+                # one over a step) rather than end: starting a thread is part of the time
+                # `save_async` blocks its caller, 3-4 ms on a busy machine (the new thread
+                # waits for a core, then the GIL, before `start` returns).
+                idle_until = time.monotonic() + _idle_seconds()
+                while self._worker is me and not self._jobs and not self._stopping:
+                    left = idle_until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 if self._worker is not me or not self._jobs:
                     # no save left; or a worker whose start was interrupted (`_register`),
                     # which is no one's: the pool's own worker runs the saves
@@ -439,13 +460,14 @@ class BackgroundSaves:
     # ------------------------------------------------------------------ closing
 
     def wait(self) -> None:
-        """Wait until every save handed over so far has finished (published or failed)."""
+        """Wait until every save handed over so far has finished (published or failed); once
+        the pool is closed or the interpreter exits, until the worker has ended too."""
         with self._cond:
             if threading.current_thread() is self._worker:
                 raise ArchiveError("waiting for background saves from one of their callbacks")
             while self._jobs:
                 self._cond.wait()
-            worker = self._worker
+            worker = self._worker if self._stopping else None
         if worker is not None:
             worker.join()
 
@@ -454,6 +476,7 @@ class BackgroundSaves:
         future nobody looked at (with a note naming the save), None if there is none."""
         with self._cond:
             self._closed = True
+            self._cond.notify_all()  # an idle worker ends
         self.wait()
         _live.discard(self)
         return self.unobserved_failure()
@@ -465,6 +488,7 @@ class BackgroundSaves:
         with self._cond:
             self._abandoned = True
             self._failed.clear()
+            self._cond.notify_all()  # an idle worker ends
 
     def unobserved_failure(self) -> BaseException | None:
         """The first failure of a finished save whose future nobody looked at, noted; each
@@ -547,6 +571,9 @@ def _wait_at_exit() -> None:
         if thread is not me and not thread.daemon:
             thread.join()
     for saves in list(_live):
+        with saves._cond:
+            saves._exiting = True
+            saves._cond.notify_all()  # an idle worker ends (the interpreter joins it next)
         try:
             saves.wait()
         except ArchiveError:  # the main thread ended inside a callback of a save: let it go
@@ -571,6 +598,18 @@ os.register_at_fork(after_in_child=_forget_in_child)
 _registered = False
 
 
+def _idle_seconds() -> float:
+    """How long an idle worker waits for the next save: a while where `_wait_at_exit` is
+    registered to end it at exit, else not at all (an idle non-daemon thread would hold the
+    interpreter's exit up that long)."""
+    return _IDLE if _registered_hook else 0.0
+
+
+#: How long an idle worker waits for the next save before it ends (see `_run`).
+_IDLE = 300.0
+_registered_hook = False
+
+
 def register_exit_hook() -> None:
     """Register `_wait_at_exit` once per process (an open pool does, so that it is there
     before a training thread hands its first save over)."""
@@ -580,8 +619,10 @@ def register_exit_hook() -> None:
     _registered = True
     import concurrent.futures.thread  # noqa: F401  (its hook first: ours runs before it)
 
+    global _registered_hook
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
         # Refused once the interpreter shuts down: too late to wait for anything then.
         with contextlib.suppress(RuntimeError):
             register(_wait_at_exit)
+            _registered_hook = True

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -510,3 +511,46 @@ def test_ctrl_c_in_the_first_call_leaves_no_save_and_no_hung_pool(
     with ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK) as pool:
         assert snapshot_pool(pool) == before
         assert pool.save_async("a", tiny_rollout(4), rollout_id=1).result().name == "a"
+
+
+def test_one_worker_runs_a_loops_saves_and_ends_with_the_pool(tmp_path: Path) -> None:
+    """The worker waits, idle, for the next save (a thread started per save was part of the
+    time the caller was blocked), and ends when the pool closes."""
+    pool = ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK)
+    pool.save_async("a", tiny_rollout(4), rollout_id=1).result()
+    saves = pool._background
+    assert saves is not None
+    worker = saves._worker
+    assert worker is not None and worker.is_alive()
+    pool.save_async("b", tiny_rollout(4, seed=1), rollout_id=2).result()
+    assert saves._worker is worker
+    pool.close()
+    assert not worker.is_alive()
+    with ArchiveManager.open(tmp_path / "pool") as again:
+        assert sorted(a.name for a in again.find()) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        "",  # the pool never closed
+        "del pool\n",  # the pool dropped
+        # a child forked while the worker idles saves on its own and exits
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    pool.save_async('child', rollout(5), rollout_id=5).result()\n"
+        "    sys.exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n",
+    ],
+)
+def test_an_idle_worker_never_holds_the_exit_up(tmp_path: Path, end: str) -> None:
+    """A worker waiting for the next save ends at once when the interpreter exits (or its
+    pool is dropped), in a forked child too, rather than after its idle wait."""
+    start = time.monotonic()
+    done = _run(tmp_path, "pool.save_async('a0', rollout(0), rollout_id=0).result()\n" + end)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 60  # the idle wait is 300 s
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        names = sorted(a.name for a in pool.find())
+    assert names == (["a0", "child"] if "fork" in end else ["a0"])
