@@ -1151,6 +1151,7 @@ def test_an_array_blob_in_a_text_field_is_read_by_every_text_reader() -> None:
         reader.fields(0, ["prompt", "x"]),
         dict(reader.search_texts([0], ["prompt"], None))[0],
     ):
+        assert found is not None
         assert np.array_equal(found["prompt"][0]["content"][0]["image"], image)
     assert loader.array_calls == list(enc.tensor_blobs) * 2
 
