@@ -249,9 +249,9 @@ def test_a_case_folded_search_skips_records_without_the_letters(
         parsed: list[int] = []
         real = codec.chunk.decode_fields
 
-        def decode_fields(rec: Any, names: Any) -> Any:
+        def decode_fields(rec: Any, names: Any, *loader: Any) -> Any:
             parsed.append(1)
-            return real(rec, names)
+            return real(rec, names, *loader)
 
         monkeypatch.setattr(codec.chunk, "decode_fields", decode_fields)
 

@@ -154,9 +154,9 @@ def test_search_literal_regex_fields_filters_and_limit(
         parsed: list[int] = []
         real = chunk.decode_fields
 
-        def decode_fields(rec: Any, names: Any) -> Any:
+        def decode_fields(rec: Any, names: Any, *loader: Any) -> Any:
             parsed.append(1)
-            return real(rec, names)
+            return real(rec, names, *loader)
 
         monkeypatch.setattr(chunk, "decode_fields", decode_fields)
 
