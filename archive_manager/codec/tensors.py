@@ -81,11 +81,14 @@ def torch_dtype_names() -> dict[torch.dtype, str]:
 
 @dataclass
 class TensorBlob:
-    """A tensor to be stored as its own blob: the parts to write and their digest."""
+    """A tensor (or numpy array) to be stored as its own blob: the parts to write (its
+    header, then its bytes), their digest, and the shape and bytes of the values."""
 
     digest: str
     parts: list[Buffer]
     size: int
+    shape: list[int]
+    nbytes: int
 
 
 def _check_storable(t: torch.Tensor) -> None:
@@ -156,7 +159,7 @@ def _blob(dtype: str, shape: list[int], raw: memoryview) -> TensorBlob:
     header += b" " * (-(len(header) + _TENSOR_HEAD.size) % 64)
     head = _TENSOR_HEAD.pack(TENSOR_MAGIC, BLOB_VERSION, 0, len(header)) + header
     parts: list[Buffer] = [head, raw]
-    return TensorBlob(digest_of(parts), parts, len(head) + raw.nbytes)
+    return TensorBlob(digest_of(parts), parts, len(head) + raw.nbytes, shape, raw.nbytes)
 
 
 def _parse_blob(mv: memoryview, digest: str) -> tuple[str, tuple[int, ...], memoryview]:

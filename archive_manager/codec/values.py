@@ -677,18 +677,7 @@ class _Encoder:
         t, raw = _tensor_bytes(value)
         dtype = torch_dtype_names()[t.dtype]
         if raw.nbytes > self.record.inline_limit:
-            blob = encode_tensor_blob(t)
-            if self.record.copy:
-                blob.parts = [bytes(p) for p in blob.parts]
-            self.record.tensor_blobs.setdefault(blob.digest, blob)
-            node = {
-                _TAG: "ref",
-                "h": blob.digest,
-                "d": dtype,
-                "sh": list(t.shape),
-                "n": raw.nbytes,
-                "a": alias,
-            }
+            node = self._blob_node("ref", encode_tensor_blob(t), dtype, alias)
             self.views[view] = (alias, value, node)
             return dict(node)
         offset, nbytes = self.record.add(bytes(raw) if raw.nbytes else b"")
@@ -757,21 +746,25 @@ class _Encoder:
             # NOTE: as a tensor above the limit, its own blob, mapped in place on load
             # rather than inflated out of the chunk (docs/architecture/samples-and-values.md,
             # "Arrays as blobs")
-            blob = encode_array_blob(value)
-            if self.record.copy:
-                blob.parts = [bytes(p) for p in blob.parts]
-            self.record.tensor_blobs.setdefault(blob.digest, blob)
-            node = {
-                _TAG: "ndref",
-                "h": blob.digest,
-                "d": code,
-                "sh": list(value.shape),
-                "n": value.nbytes,
-                "a": alias,
-            }
+            node = self._blob_node("ndref", encode_array_blob(value), code, alias)
             self.views[view] = (alias, value, node)
             return dict(node)
         return {_TAG: "ndarray", "d": code, **self._ndarray_tree(value), "a": alias}
+
+    def _blob_node(self, tag: str, blob: TensorBlob, dtype: str, alias: int) -> dict[str, Any]:
+        """The node of a tensor (``ref``) or array (``ndref``) stored as ``blob``, which the
+        record's blobs now hold (copied with ``copy``)."""
+        if self.record.copy:
+            blob.parts = [bytes(p) for p in blob.parts]
+        self.record.tensor_blobs.setdefault(blob.digest, blob)
+        return {
+            _TAG: tag,
+            "h": blob.digest,
+            "d": dtype,
+            "sh": list(blob.shape),
+            "n": blob.nbytes,
+            "a": alias,
+        }
 
 
 def _pil_image_class(value: Any) -> type | None:
