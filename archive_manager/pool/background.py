@@ -198,7 +198,7 @@ class BackgroundSaves:
     def _stopping(self) -> bool:
         """Whether an idle worker ends at once (the pool closed or dropped, or the
         interpreter exiting) instead of waiting for the next save."""
-        return self._closed or self._abandoned or self._exiting
+        return self._closed or self._abandoned or self._exiting or _exit_started
 
     @property
     def pending(self) -> int:
@@ -566,6 +566,17 @@ def _wait_at_exit() -> None:
     (a training loop the main thread did not join) is joined here first, as the interpreter
     would join it next: its later saves then run too.  Other threads are not waited for.
     """
+    # NOTE: first, for every pool's saves, those made from now on included: an idle worker
+    # ends at once from here.  A caller joined below may be another pool's worker (a done
+    # callback that hands a save to a second pool), which would otherwise idle `_IDLE`
+    # seconds before the join returned; and a pool whose first save is handed over after
+    # this (a daemon thread's) would start a worker the interpreter then joins idle.
+    # Saves handed over later are still taken (a worker ended is started again).
+    global _exit_started
+    _exit_started = True
+    for saves in list(_live):
+        with saves._cond:
+            saves._cond.notify_all()  # an idle worker ends (`_stopping`)
     me = threading.current_thread()
     for thread in list(_callers):
         if thread is not me and not thread.daemon:
@@ -602,12 +613,14 @@ def _idle_seconds() -> float:
     """How long an idle worker waits for the next save: a while where `_wait_at_exit` is
     registered to end it at exit, else not at all (an idle non-daemon thread would hold the
     interpreter's exit up that long)."""
-    return _IDLE if _registered_hook else 0.0
+    return _IDLE if _registered_hook and not _exit_started else 0.0
 
 
 #: How long an idle worker waits for the next save before it ends (see `_run`).
 _IDLE = 300.0
 _registered_hook = False
+#: `_wait_at_exit` has begun: no worker waits idle any more (`BackgroundSaves._stopping`).
+_exit_started = False
 
 
 def register_exit_hook() -> None:

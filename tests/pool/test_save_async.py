@@ -554,3 +554,37 @@ def test_an_idle_worker_never_holds_the_exit_up(tmp_path: Path, end: str) -> Non
     with ArchiveManager.open(tmp_path / "pool") as pool:
         names = sorted(a.name for a in pool.find())
     assert names == (["a0", "child"] if "fork" in end else ["a0"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a done callback of one pool's save hands a save to a second pool: the first
+        # pool's worker is a caller the exit hook joins
+        "done = threading.Event()\n"
+        "def mirror(future):\n"
+        "    other.save_async('b0', rollout(1), rollout_id=1).add_done_callback(\n"
+        "        lambda f: done.set())\n"
+        "pool.save_async('a0', rollout(0), rollout_id=0).add_done_callback(mirror)\n"
+        "done.wait()\n",
+        # a daemon thread hands its first save to a second pool once the exit began
+        "pool.save_async('a0', rollout(0), rollout_id=0)\n"
+        "def late():\n"
+        "    while not threading._SHUTTING_DOWN:\n"
+        "        time.sleep(0.001)\n"
+        "    other.save_async('b0', rollout(1), rollout_id=1)\n"
+        "threading.Thread(target=late, daemon=True).start()\n",
+    ],
+)
+def test_no_worker_idles_once_the_exit_began(tmp_path: Path, body: str) -> None:
+    """Every pool's idle worker ends once the exit hook begins, those it has not seen yet
+    and those that are callers it joins included."""
+    start = time.monotonic()
+    done = _run(
+        tmp_path,
+        "import time\nother = ArchiveManager.open(sys.argv[1] + '-b', chunk_size=4)\n" + body,
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 60  # the idle wait is 300 s
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        assert [a.name for a in pool.find()] == ["a0"]
