@@ -403,6 +403,10 @@ class BackgroundSaves:
                 with self._cond:
                     self._jobs.popleft()
                     self._cond.notify_all()
+            # NOTE: the idle wait holds no save: a reference save's job holds the pool
+            # (`ArchiveManager.save_async`), which then was never collected, so never
+            # `abandoned`, while the worker idled
+            del job
 
     def _save(self, job: _Job) -> Archive:
         from .writer import ArchiveWriter

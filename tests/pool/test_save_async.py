@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -588,3 +589,21 @@ def test_no_worker_idles_once_the_exit_began(tmp_path: Path, body: str) -> None:
     assert time.monotonic() - start < 60  # the idle wait is 300 s
     with ArchiveManager.open(tmp_path / "pool") as pool:
         assert [a.name for a in pool.find()] == ["a0"]
+
+
+def test_an_idle_worker_keeps_no_dropped_pool_alive(tmp_path: Path) -> None:
+    """The last save the worker ran (a reference save holds its pool) is not kept by the
+    idle worker: the pool dropped is collected, and its worker ends."""
+    pool = ArchiveManager.open(tmp_path / "pool", chunk_size=CHUNK)
+    base = pool.save("base", tiny_rollout(4), rollout_id=1)
+    pool.save_async("ref", None, rollout_id=2, reference=base).result()
+    saves = pool._background
+    assert saves is not None
+    worker = saves._worker
+    assert worker is not None
+    dropped = weakref.ref(pool)
+    del pool, base
+    gc.collect()
+    assert dropped() is None
+    worker.join(30)
+    assert not worker.is_alive()
