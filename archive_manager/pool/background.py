@@ -582,8 +582,13 @@ def _wait_at_exit() -> None:
         with saves._cond:
             saves._cond.notify_all()  # an idle worker ends (`_stopping`)
     me = threading.current_thread()
+    pooled = _executor_threads()
     for thread in list(_callers):
-        if thread is not me and not thread.daemon:
+        # NOTE: not a `concurrent.futures` worker: it ends only once that module's own exit
+        # hook, which runs after this one, shuts its executor down, so joining it here hung
+        # the exit for good (a trainer's ThreadPoolExecutor that handed saves over); the
+        # saves it handed over are waited for below
+        if thread is not me and not thread.daemon and thread not in pooled:
             thread.join()
     for saves in list(_live):
         with saves._cond:
@@ -593,6 +598,18 @@ def _wait_at_exit() -> None:
             saves.wait()
         except ArchiveError:  # the main thread ended inside a callback of a save: let it go
             _log.warning("background saves not waited for at exit", exc_info=True)
+
+
+def _executor_threads() -> set[threading.Thread]:
+    """The worker threads of the process's `concurrent.futures.ThreadPoolExecutor`s (the
+    module's own registry of them; empty where it has none)."""
+    import concurrent.futures.thread as executors
+
+    registry = getattr(executors, "_threads_queues", None)
+    try:
+        return set(registry.keys()) if registry is not None else set()
+    except (AttributeError, TypeError, RuntimeError):  # another layout, or changed meanwhile
+        return set()
 
 
 def _forget_in_child() -> None:

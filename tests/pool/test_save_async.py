@@ -607,3 +607,20 @@ def test_an_idle_worker_keeps_no_dropped_pool_alive(tmp_path: Path) -> None:
     assert dropped() is None
     worker.join(30)
     assert not worker.is_alive()
+
+
+def test_an_executor_thread_that_saved_holds_no_exit_up(tmp_path: Path) -> None:
+    """A `ThreadPoolExecutor` worker that handed a save over, its executor never shut down:
+    the exit waits for the save, not for the executor's thread (which ends only after the
+    exit hook: joining it there hung the exit for good)."""
+    start = time.monotonic()
+    done = _run(
+        tmp_path,
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "ex = ThreadPoolExecutor(1)\n"
+        "ex.submit(lambda: pool.save_async('a0', rollout(0), rollout_id=0)).result()\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 60
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        assert [a.name for a in pool.find()] == ["a0"]
