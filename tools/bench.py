@@ -402,24 +402,11 @@ def tensors_alone(pool: ArchiveManager, digests: list[str], *, arrays: bool = Fa
 
 
 def tensor_digests(pool: ArchiveManager) -> list[str]:
-    """The tensor blobs the top-level fields of ``rollout-0``'s samples refer to: a tensor
-    ref's (unread), and each numeric array's above the pool's inline limit (a blob of its own:
-    its digest is its tensor blob's)."""
-    from archive_manager.codec import encode_array_blob
-    from archive_manager.codec.tensors import NUMPY_DTYPES
-
-    digests = []
-    for sample in pool.open_archive("rollout-0").load_samples():
-        for value in _fields(sample).values():
-            if isinstance(value, TensorRef):
-                digests.append(value.digest)
-            elif (
-                isinstance(value, np.ndarray)
-                and value.nbytes > pool.inline_limit
-                and NUMPY_DTYPES.get(value.dtype.name) == value.dtype
-            ):
-                digests.append(encode_array_blob(value).digest)
-    return digests
+    """The tensor blobs of ``rollout-0`` (its torch tensors' and its numpy arrays' above the
+    inline limit), from the catalog: its payload blobs that are not chunks; none is read."""
+    archive = pool.open_archive("rollout-0")
+    chunks = {chunk["digest"] for chunk in archive.chunks()}
+    return sorted(digest for digest in archive.payload_sizes() if digest not in chunks)
 
 
 def number_arrays(samples: list) -> list[np.ndarray]:

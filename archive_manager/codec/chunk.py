@@ -436,7 +436,8 @@ class ChunkReader:
 
     ``loader`` gives the tensor of a tensor blob (`TensorRef` calls it on a tensor's first
     use), ``array_loader`` the numpy array of an array stored as a blob (called as its
-    sample is decoded); without them, such a value cannot be read (`ArchiveError`).
+    sample is decoded).  Without a loader a tensor's `TensorRef` cannot materialize, and an
+    array blob's record cannot be decoded (`InvalidInputError`).
     """
 
     def __init__(

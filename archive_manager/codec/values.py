@@ -1482,9 +1482,9 @@ class _Decoder:
         # never reference more than its array section; hostile ones that alias the same bytes
         # many times would otherwise multiply the memory a small blob decodes to.
         self.budget = arrays.nbytes
-        # alias index -> (node kind, dtype, shape, object): the tensor and array nodes the
-        # encoder wrote for one tensor or view (``"a"``) load as one object; records without
-        # it (older releases) load a separate object per node
+        # alias index -> (node kind, dtype, shape, blob digest, object): the tensor and array
+        # nodes the encoder wrote for one tensor or view (``"a"``) load as one object;
+        # records without it (older releases) load a separate object per node
         self.aliases: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
 
     def _shared(self, node: dict[str, Any], build: Callable[[], Any]) -> Any:

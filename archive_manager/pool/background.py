@@ -173,7 +173,6 @@ class BackgroundSaves:
         self._taking: _Job | None = None  # the save whose next sample the worker waits for
         self._closed = False
         self._abandoned = False  # the pool was dropped: failures are logged, not kept
-        self._exiting = False  # the interpreter exits: the worker ends once idle
         _live.add(self)
 
     @property
@@ -198,7 +197,7 @@ class BackgroundSaves:
     def _stopping(self) -> bool:
         """Whether an idle worker ends at once (the pool closed or dropped, or the
         interpreter exiting) instead of waiting for the next save."""
-        return self._closed or self._abandoned or self._exiting or _exit_started
+        return self._closed or self._abandoned or _exit_started
 
     @property
     def pending(self) -> int:
@@ -591,9 +590,6 @@ def _wait_at_exit() -> None:
         if thread is not me and not thread.daemon and thread not in pooled:
             thread.join()
     for saves in list(_live):
-        with saves._cond:
-            saves._exiting = True
-            saves._cond.notify_all()  # an idle worker ends (the interpreter joins it next)
         try:
             saves.wait()
         except ArchiveError:  # the main thread ended inside a callback of a save: let it go

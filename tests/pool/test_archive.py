@@ -161,8 +161,8 @@ def test_big_numpy_arrays_are_blobs_loaded_as_the_callers_own(
     )
     read: list[str] = []
     one = pool.open_archive("r3")
-    one._read_hook = read.append
-    (got,) = one.load_samples(sample_key=one.keys()[4][0])
+    with one.reads_reported(read.append):
+        (got,) = one.load_samples(sample_key=one.keys()[4][0])
     digest = codec.encode_array_blob(samples[4].rollout_routed_experts).digest
     assert np.array_equal(got.rollout_routed_experts, samples[4].rollout_routed_experts)
     assert [d for d in read if d in files.digests("r3", "tensor")] == [digest]
@@ -172,6 +172,21 @@ def test_big_numpy_arrays_are_blobs_loaded_as_the_callers_own(
     arc.release()
     pool.gc(grace=0)
     assert files.files() == []
+
+
+def test_an_array_blob_gone_with_its_released_archive_says_released(
+    open_pool, rollout, blob_files_of
+) -> None:
+    """An array blob read while its sample is decoded, gone because its archive was released
+    and reclaimed (the chunk read before it): `ArchiveReleasedError`, as a chunk gone so
+    says, not the record called malformed."""
+    pool = open_pool(inline_limit=256)
+    samples = rollout(2, seed=3, r3_layers=2, r3_numpy=True)
+    arc = pool.save("r3", samples, rollout_id=0)
+    arc.release()
+    blob_files_of(pool).delete(codec.encode_array_blob(samples[1].rollout_routed_experts).digest)
+    with pytest.raises(ArchiveReleasedError, match="released"):
+        arc.load_samples()
 
 
 def test_a_tensor_loaded_from_its_blob_is_the_callers_own(open_pool, rollout, blob_files_of):
