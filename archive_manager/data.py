@@ -25,6 +25,8 @@ import json
 import multiprocessing
 import os
 import random
+import sys
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -531,6 +533,49 @@ class RolloutIterableDataset(IterableDataset):  # type: ignore[type-arg]
                 yield item
 
 
+#: The longest `_settled_collective` waits for gloo's threads to let go of a tensor (they do
+#: within microseconds of the call's return, or a few milliseconds on a loaded machine)
+_SETTLE_S = 2.0
+
+
+def _settled_collective(op: Any, tensor: torch.Tensor, **kwargs: Any) -> None:
+    """``op(tensor, **kwargs)``, a synchronous `torch.distributed` collective, returning once
+    no thread of the process group holds ``tensor`` (a CPU tensor: gloo's) any more, or
+    after `_SETTLE_S`.
+
+    NOTE: gloo's run loop drops a finished collective's tensors after the call has returned,
+    and dropping a tensor made in Python calls into Python from that thread, which first
+    creates a thread state without holding the GIL.  A fork at that moment (a DataLoader
+    starting its workers right after the dataset was built, the common case) gives a child
+    that waits forever, before it runs any code, for the lock that thread held (CPython
+    before 3.12, python/cpython#112275): seen as a rank whose DataLoader never yields a
+    batch (tests/interop/test_ddp_replay.py, about one run in ten under load).  The drop is
+    seen from here: the tensor's use count is back to one and the reference its C++ side
+    held on its Python object is gone (that is decremented under the GIL, which the thread
+    holds until its thread state is deleted).
+    """
+    before = _tensor_references(tensor)[1]
+    op(tensor, **kwargs)
+    if tensor.device.type != "cpu":
+        # NCCL keeps and drops CUDA tensors on its own schedule (its watchdog, or the
+        # next collective), which a wait here could not see end: not waited for
+        return
+    deadline = time.monotonic() + _SETTLE_S
+    while time.monotonic() < deadline:
+        uses, refs = _tensor_references(tensor)
+        if uses <= 1 and refs <= before:
+            return
+        time.sleep(0.0001)  # lets the group's thread take the GIL
+
+
+def _tensor_references(tensor: torch.Tensor) -> tuple[int, int]:
+    """``tensor``'s use count (the C++ references to it; 1 where torch does not tell) and
+    its Python reference count as seen from the caller (`_settled_collective`)."""
+    refs = sys.getrefcount(tensor)
+    use_count = getattr(tensor, "_use_count", None)  # (a bound method: one more reference)
+    return (1 if use_count is None else int(use_count())), refs
+
+
 def _share_index(
     units: list[tuple[str, ChunkPlan]] | None, error: str | None = None
 ) -> list[tuple[str, ChunkPlan]]:
@@ -548,13 +593,14 @@ def _share_index(
         sent = {"units": units} if error is None else {"error": error}
         payload = json.dumps(sent, separators=(",", ":")).encode()
         size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-        dist.broadcast(size, src=0)
-        dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device), src=0)
+        _settled_collective(dist.broadcast, size, src=0)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+        _settled_collective(dist.broadcast, data, src=0)
         return units or []
     size = torch.zeros(1, dtype=torch.int64, device=device)
-    dist.broadcast(size, src=0)
+    _settled_collective(dist.broadcast, size, src=0)
     data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(data, src=0)
+    _settled_collective(dist.broadcast, data, src=0)
     got = json.loads(data.cpu().numpy().tobytes())
     if "error" in got:
         raise InvalidInputError(f"rank 0 could not select the dataset's samples: {got['error']}")

@@ -16,10 +16,13 @@ on its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,8 @@ import pytest
 WORLD = 2
 #: the process group's timeout: an all-reduce that no other rank makes fails after it
 GROUP_TIMEOUT_S = 20
+#: all-reduces per rank for `_release`, plain and settled each
+RELEASE_ROUNDS = 300
 #: the whole run of both ranks (a hang fails the test instead of the suite's timeout)
 RUN_TIMEOUT_S = 150
 
@@ -35,14 +40,18 @@ RUN_TIMEOUT_S = 150
 def _rank_main(rank: int, world: int, spec_path: str) -> None:
     """One rank: every case's DataLoader, an all-reduce per batch checking that both ranks
     are in the same case, the counts and samples written for the test to judge."""
+    import faulthandler
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from archive_manager.data import RolloutIterableDataset
+    from archive_manager.data import RolloutIterableDataset, _settled_collective
 
+    # NOTE: a signal handler, not `faulthandler.dump_traceback_later`: the DataLoader's forked
+    # workers inherit it, where the latter's watchdog lock deadlocks a forked child
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(Path(spec_path).read_text())
     dist.init_process_group(
         "gloo",
@@ -74,15 +83,42 @@ def _rank_main(rank: int, world: int, spec_path: str) -> None:
         count, seen = 0, []
         for batch in loader:
             probe = torch.tensor([1.0, float(case_id)])
-            dist.all_reduce(probe)
+            # (a plain all_reduce here hung a later case's DataLoader worker: see
+            # `_settled_collective`)
+            _settled_collective(dist.all_reduce, probe)
             if probe.tolist() != [world, world * case_id]:
                 raise SystemExit(f"rank {rank}, case {case}: the ranks' batches do not pair up")
             count += 1
             seen.append([[s["archive"], s["position"], s["task_key"]] for s in batch])
         results.append({"count": count, "len": len(loader), "batches": seen})
+    if spec.get("release"):
+        results.append(_release(spec["release"]))
     dist.barrier()
     Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+def _release(n: int) -> dict[str, int]:
+    """Of ``n`` all-reduces each, how many returned while gloo's thread still held the
+    tensor (its use count above one, or its Python object still referenced from C++):
+    plain, and through `_settled_collective`."""
+    import torch
+    import torch.distributed as dist
+
+    from archive_manager.data import _settled_collective, _tensor_references
+
+    held = {"plain": 0, "settled": 0}
+    for _ in range(n):
+        for how in held:
+            tensor = torch.ones(4)
+            before = _tensor_references(tensor)[1]
+            if how == "plain":
+                dist.all_reduce(tensor)
+            else:
+                _settled_collective(dist.all_reduce, tensor)
+            uses, refs = _tensor_references(tensor)
+            held[how] += uses > 1 or refs > before
+    return held
 
 
 def _race(rank: int, world: int, race: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +194,8 @@ def _run_ranks(
         )
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # each rank leads a session of its own, its DataLoader workers in it: one signal reaches
+    # them all, even a worker its rank left behind (which would hold the output pipe open)
     ranks = [
         subprocess.Popen(
             [sys.executable, __file__, str(r), str(WORLD), str(spec)],
@@ -165,20 +203,34 @@ def _run_ranks(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
         )
         for r in range(WORLD)
     ]
-    outputs = []
+    outputs: list[str] = []
     try:
         for proc in ranks:
             outputs.append(proc.communicate(timeout=RUN_TIMEOUT_S)[0])
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the ranks did not finish in {RUN_TIMEOUT_S} s (a hang)")
+        # a hang: every process of both ranks prints its threads' stacks, then all are killed
+        for proc in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        for proc in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        told = "\n".join(
+            f"--- rank {r} (rc {proc.wait()}):\n"
+            + (outputs[r] if r < len(outputs) else proc.communicate()[0])[-8000:]
+            for r, proc in enumerate(ranks)
+        )
+        pytest.fail(f"the ranks did not finish in {RUN_TIMEOUT_S} s (a hang)\n{told}")
     finally:
         for proc in ranks:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # and any worker left behind
+            proc.wait()
     for r, proc in enumerate(ranks):
         assert proc.returncode == 0, f"rank {r} failed:\n{outputs[r][-4000:]}"
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
@@ -229,7 +281,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]
     }
     cases = [{**case, "pool": pools[case["pool"]]} for case in MATRIX + SHUFFLED]
     (tmp / "run").mkdir()
-    return _run_ranks(tmp / "run", cases)
+    return _run_ranks(tmp / "run", cases, release=RELEASE_ROUNDS)
 
 
 def test_every_rank_yields_len_loader_batches_under_ddp(
@@ -273,6 +325,19 @@ def test_shuffle_buffer_mixes_steps_and_groups_under_ddp(
     for r in range(WORLD):  # the workers change nothing of the order
         assert mixed[r]["batches"] == mixed_workers[r]["batches"]
         assert mixed[r]["count"] == mixed_workers[r]["count"] == mixed[r]["len"] == 6
+
+
+def test_a_collective_returns_once_gloo_let_go_of_its_tensor(
+    ranks: list[list[dict[str, Any]]],
+) -> None:
+    """`_settled_collective` (what the datasets' index sharing calls) returns only once gloo's
+    thread dropped the tensor, so that no DataLoader worker forked next can inherit the
+    interpreter lock that thread takes to drop it (a worker hung so before it ran, about one
+    run of this module in ten under load: CPython before 3.12). The plain call returns
+    earlier often enough to show the window is real (a fifth of the calls, quiet machine)."""
+    held = [ranks[r][-1] for r in range(WORLD)]
+    assert [h["settled"] for h in held] == [0] * WORLD, held
+    assert sum(h["plain"] for h in held) > 0, held  # else torch changed: the wait is moot
 
 
 def test_shuffle_buffer_is_a_function_of_seed_and_epoch(tmp_path: Path) -> None:
