@@ -52,7 +52,7 @@ from .pool.archive import (
     reclaimed_names,
     release_archives,
 )
-from .pool.background import register_exit_hook
+from .pool.background import PastExit, SaveFuture, register_exit_hook
 from .pool.context import PoolContext
 from .pool.identity import (
     PoolIdentity,
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from .lens.query import PoolSummary, SampleRow, SampleRows
     from .lens.search import SearchResult
     from .lens.stats import RolloutStats, StatsCache
-    from .pool.background import BackgroundSaves, SaveFuture
+    from .pool.background import BackgroundSaves
     from .pool.gc import GcReport
     from .pool.recovery import RebuildReport
     from .pool.retention import ForgetPlan, OwnersReport, ReleasePlan
@@ -577,33 +577,37 @@ class ArchiveManager:
         """
         self._refuse_if_read_only("saving")
         saves = self._background_saves()
-        direct: Callable[[], Archive] | None = None
-        if reference is not None:
 
-            def direct() -> Archive:
-                return self.save(
-                    name,
-                    samples,
-                    rollout_id=rollout_id,
-                    evaluation=evaluation,
-                    task_keys=task_keys,
-                    attrs=attrs,
-                    reference=reference,
-                    supersede=supersede,
-                    reward_key=reward_key,
-                )
+        def now() -> Archive:
+            return self.save(
+                name,
+                samples,
+                rollout_id=rollout_id,
+                evaluation=evaluation,
+                task_keys=task_keys,
+                attrs=attrs,
+                reference=reference,
+                supersede=supersede,
+                reward_key=reward_key,
+            )
 
-        return saves.submit(
-            name,
-            samples,
-            rollout_id=rollout_id,
-            evaluation=evaluation,
-            task_keys=task_keys,
-            attrs=attrs,
-            supersede=supersede,
-            direct=direct,
-            reward_key=reward_key,
-        )
+        try:
+            return saves.submit(
+                name,
+                samples,
+                rollout_id=rollout_id,
+                evaluation=evaluation,
+                task_keys=task_keys,
+                attrs=attrs,
+                supersede=supersede,
+                direct=now if reference is not None else None,
+                reward_key=reward_key,
+            )
+        except PastExit:
+            # The interpreter is ending (an `atexit` function, a daemon thread): a worker
+            # started now would be stopped mid-save and the save lost without a word, so
+            # it is saved here and its future returned done.
+            return SaveFuture.ran(name, now)
 
     @property
     def save_async_budget(self) -> int:

@@ -15,6 +15,8 @@ import math
 import os
 import stat
 import struct
+import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -547,3 +549,58 @@ def round_trip(pool: ArchiveManager, sample: Any) -> Any:
     pool.save(name, [sample], rollout_id=1)
     (loaded,) = pool.open_archive(name).load_samples()
     return loaded
+
+
+# --------------------------------------------------------------------------- at exit
+
+#: A script whose `atexit` function saves, saves in the background, streams, converts to
+#: Arrow and exports, all over several chunks (argv: root, catalog URL or "", export path).
+AT_EXIT_SCRIPT = """
+import atexit, sys
+from archive_manager import ArchiveManager
+from archive_manager.interop.synthetic import make_rollout
+
+root, url, out = sys.argv[1], sys.argv[2] or None, sys.argv[3]
+pool = ArchiveManager.open(root, catalog_url=url, chunk_size=4)
+
+def rollout(seed):
+    return make_rollout(12, seed=seed, prompt_len=8, response_min=4, response_max=12)
+
+def last_words():
+    print("save", pool.save("at-exit", rollout(1), rollout_id=1).name)
+    print("async", pool.save_async("at-exit-async", rollout(2), rollout_id=2).result().name)
+    print("iter", sum(1 for _ in pool.open_archive("a0").iter_samples()))
+    print("arrow", pool.open_archive("a0").to_arrow().num_rows)
+    print("export", pool.export("a0", out).name)
+    pool.close()
+
+atexit.register(last_words)
+pool.save("a0", rollout(0), rollout_id=0)
+"""
+
+
+def run_at_exit(tmp_path: Path, root: str, catalog_url: str | None, env: dict[str, str]) -> None:
+    """Run `AT_EXIT_SCRIPT` and check that all it did at exit worked and was published."""
+    from archive_manager.interop.synthetic import make_rollout
+
+    out = tmp_path / "a0.parquet"
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT_SCRIPT, root, catalog_url or "", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:5] == [
+        "save at-exit",
+        "async at-exit-async",
+        "iter 12",
+        "arrow 12",
+        "export a0.parquet",
+    ], done.stderr[-3000:]
+    assert out.exists()
+    with ArchiveManager.open(root, catalog_url=catalog_url) as pool:
+        for name, seed in (("at-exit", 1), ("at-exit-async", 2)):
+            rollout = make_rollout(12, seed=seed, prompt_len=8, response_min=4, response_max=12)
+            assert_loads(pool, name, rollout)

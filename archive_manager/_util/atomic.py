@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .permissions import readable_bits
+from .threads import Helpers
 
 __all__ = ["AtomicWrite", "fsync_dir", "in_parallel", "temp_for", "write_atomic"]
 
@@ -104,7 +105,7 @@ def fsync_dir(folder: Path, *, strict: bool = False) -> None:
 # life (idle, they cost nothing; a thread start cost ~1.5 ms of a small save under load).
 _SYNC_THREADS = 8
 _sync_lock = threading.Lock()
-_sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_sync_pool: Helpers | None = None
 
 
 def _forget_sync_pool() -> None:
@@ -119,13 +120,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_sync_pool)
 
 
-def _sync_threads() -> concurrent.futures.ThreadPoolExecutor:
+def _sync_threads() -> Helpers:
     global _sync_pool
     with _sync_lock:
         if _sync_pool is None:
-            _sync_pool = concurrent.futures.ThreadPoolExecutor(
-                _SYNC_THREADS, thread_name_prefix="archive-sync"
-            )
+            _sync_pool = Helpers(_SYNC_THREADS, thread_name_prefix="archive-sync")
         return _sync_pool
 
 

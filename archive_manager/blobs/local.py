@@ -56,6 +56,7 @@ from .._util.failpoints import failpoint
 from .._util.filemap import map_file
 from .._util.mounts import filesystem_type, is_network_filesystem, read_mount_table
 from .._util.permissions import share_like_parent
+from .._util.threads import Helpers
 from ..errors import (
     BlobCorruptError,
     BlobNotFoundError,
@@ -486,7 +487,7 @@ class LocalBlobStore(AbstractBlobStore):
                 staged.discard(pending)
             self._finish(pending, sync_dir=False, unsynced=dirs)
 
-        pool = concurrent.futures.ThreadPoolExecutor(min(workers, len(items)))
+        pool = Helpers(min(workers, len(items)))
         try:
             for start in range(0, len(items), _BATCH):
                 batch = items[start : start + _BATCH]

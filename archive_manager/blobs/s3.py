@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 import xxhash
 
 from .._util.digest import Buffer
+from .._util.threads import Helpers
 from ..errors import (
     BlobStoreError,
     BlobStoreTimeoutError,
@@ -196,14 +197,12 @@ class _Uploaders:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pid = 0
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: Helpers | None = None
 
-    def executor(self) -> concurrent.futures.ThreadPoolExecutor:
+    def executor(self) -> Helpers:
         with self._lock:
             if self._executor is None or self._pid != os.getpid():
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    _UPLOAD_THREADS, thread_name_prefix="s3-upload"
-                )
+                self._executor = Helpers(_UPLOAD_THREADS, thread_name_prefix="s3-upload")
                 self._pid = os.getpid()
             return self._executor
 
@@ -927,7 +926,7 @@ class S3BlobStore(AbstractBlobStore):
         if len(keys) == 1 or workers <= 1:
             found = [k for k in keys if exists(k)]
         else:
-            with concurrent.futures.ThreadPoolExecutor(min(workers, len(keys))) as pool:
+            with Helpers(min(workers, len(keys))) as pool:
                 found = [k for k, there in zip(keys, pool.map(exists, keys), strict=True) if there]
         for start in range(0, len(found), DELETE_BATCH):
             batch = found[start : start + DELETE_BATCH]

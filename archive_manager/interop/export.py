@@ -18,7 +18,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from .._util.output import Output, write_output
+from .._util.threads import Helpers
 from ..catalog import archives_table
 from ..errors import (
     ArchiveExistsError,
@@ -353,7 +354,7 @@ def _write_parquet(
         # NOTE: Parquet encodes and compresses without the GIL: batch k is written on this
         # thread while batch k+1 is decoded and built (at most two batches held).  Measured
         # on the 1024-sample rollout: 0.97 s -> see docs/usage.md, "Getting data out".
-        io = ThreadPoolExecutor(1, thread_name_prefix="parquet-write")
+        io = Helpers(1, thread_name_prefix="parquet-write")
         pending: Future[None] | None = None
         try:
             for batch in make(force, pieces):

@@ -21,13 +21,14 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
 from .._util.constants import DEFAULT_SEARCH_TIMEOUT, MAX_SEARCH_LIMIT
+from .._util.threads import Helpers
 from ..catalog import archives_table, chunks_table, entries_table, sample_metadata_table
 from ..codec import ChunkReader
 from ..codec.chunk import BytesNeedle
@@ -645,7 +646,7 @@ def search_pool(
     require = _prefilter(pattern, regex, ignore_case)
     result = SearchResult(pattern, regex, chosen)
     rows = _archives(ctx, rollout_ids, evaluation, names)
-    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="archive-search") as pool:
+    with Helpers(_WORKERS, thread_name_prefix="archive-search") as pool:
         pending: list[tuple[Any, Future[Any]]] = []
 
         def collect(row: Any, future: Future[Any]) -> bool:

@@ -12,7 +12,7 @@ import operator
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeAlias, TypeVar, overload
@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection, Row
 from .._util.lazy_torch import is_tensor, torch_module
 from .._util.names import archive_owner, check_archive_name
 from .._util.output import check_target, save_torch, write_output
+from .._util.threads import Helpers
 from ..catalog import (
     archive_blobs_table,
     archives_table,
@@ -629,7 +630,7 @@ class Archive:
         # NOTE: one chunk read ahead, as `_decode_into` does, and no more: that is the bound
         # on memory (docs/architecture/reading.md, "Reading").  The GC pause covers each chunk's
         # decoding only: the caller's code runs between the yields.
-        reader = ThreadPoolExecutor(1, thread_name_prefix="archive-stream")
+        reader = Helpers(1, thread_name_prefix="archive-stream")
         try:
             ahead: Future[ChunkReader] | None = reader.submit(self._fetch_run, run)
             while run is not None and ahead is not None:
@@ -702,10 +703,10 @@ class Archive:
         # release the GIL) while this thread decodes chunk k: on the 1024-sample benchmark,
         # from the page cache, load all went from 0.275 to 0.255 s; from a disk the reads
         # hide behind decoding too.  One chunk ahead bounds the extra memory to one chunk's.
-        reader: ThreadPoolExecutor | None = None
+        reader: Helpers | None = None
         ahead: Future[ChunkReader] | None = None
         if len(ordinals) > 1:
-            reader = ThreadPoolExecutor(1, thread_name_prefix="archive-read")
+            reader = Helpers(1, thread_name_prefix="archive-read")
             try:
                 ahead = reader.submit(self._fetch, ordinals[0], digests, by_chunk, shapes)
             except RuntimeError:  # interpreter shutdown (an atexit hook) takes no new threads

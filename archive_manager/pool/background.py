@@ -47,7 +47,7 @@ from .context import PoolContext
 if TYPE_CHECKING:
     from .writer import PreparedSample
 
-__all__ = ["DEFAULT_BUDGET", "BackgroundSaves", "SaveFuture", "register_exit_hook"]
+__all__ = ["DEFAULT_BUDGET", "BackgroundSaves", "PastExit", "SaveFuture", "register_exit_hook"]
 
 _log = logging.getLogger("archive_manager")
 
@@ -85,6 +85,20 @@ class SaveFuture(Future[Archive]):
                     exc_info=self.failure,
                 )
 
+    @classmethod
+    def ran(cls, name: str, save: Callable[[], Archive]) -> SaveFuture:
+        """The future of ``save()`` run on this thread, now: its archive or its error (an
+        interrupt, such as Ctrl-C, is raised)."""
+        future = cls(name)
+        future.set_running_or_notify_cancel()
+        try:
+            archive = save()
+        except Exception as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(archive)
+        return future
+
     def result(self, timeout: float | None = None) -> Archive:
         self.observed = True
         return super().result(timeout)
@@ -92,6 +106,12 @@ class SaveFuture(Future[Archive]):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self.observed = True
         return super().exception(timeout)
+
+
+class PastExit(Exception):
+    """`BackgroundSaves.submit` after the exit hook's last wait (from an `atexit` function,
+    or a daemon thread as the interpreter ends): no worker started now would finish a save,
+    so the caller saves itself (`ArchiveManager.save_async`)."""
 
 
 #: How long the worker waits for its caller before it looks again (a wake-up lost to a
@@ -274,14 +294,21 @@ class BackgroundSaves:
                     f"save_async of {job.name!r} from a callback of another background save: "
                     "it would wait for the thread that runs it"
                 )
-            if self._worker is None:
-                worker = threading.Thread(target=self._run, name="archive-save-async", daemon=False)
-                worker.start()  # it waits for this lock before it looks for a job
-                self._worker = worker
-            self._jobs.append(job)
-            job.registered = True
-            _callers.add(threading.current_thread())
-            _live.add(self)  # (again in a forked child, which forgot its parent's)
+            # NOTE: under `_exit_lock`, as `_wait_at_exit` marks its last wait: a save is
+            # either registered before it (and waited for there) or refused here
+            with _exit_lock:
+                if _exit_done:
+                    raise PastExit(job.name)
+                if self._worker is None:
+                    worker = threading.Thread(
+                        target=self._run, name="archive-save-async", daemon=False
+                    )
+                    worker.start()  # it waits for `_cond` before it looks for a job
+                    self._worker = worker
+                self._jobs.append(job)
+                job.registered = True
+                _callers.add(threading.current_thread())
+                _live.add(self)  # (again in a forked child, which forgot its parent's)
 
     def _snapshot(
         self, job: _Job, samples: Sequence[Any] | None, task_keys: Sequence[Any] | None
@@ -589,7 +616,19 @@ def _wait_at_exit() -> None:
         # saves it handed over are waited for below
         if thread is not me and not thread.daemon and thread not in pooled:
             thread.join()
-    for saves in list(_live):
+    _wait_for(list(_live))
+    # NOTE: then once more for what was handed over meanwhile (a daemon thread, a callback of
+    # a save): after this no worker would be joined, and the interpreter would stop one
+    # mid-save, so a save handed over later is run by its caller (`PastExit`)
+    global _exit_done
+    with _exit_lock:
+        _exit_done = True
+        last = list(_live)
+    _wait_for(last)
+
+
+def _wait_for(pools: list[BackgroundSaves]) -> None:
+    for saves in pools:
         try:
             saves.wait()
         except ArchiveError:  # the main thread ended inside a callback of a save: let it go
@@ -619,6 +658,8 @@ def _forget_in_child() -> None:
         saves._failed.clear()
     _live.clear()
     _callers.clear()
+    global _exit_lock
+    _exit_lock = threading.Lock()  # the parent's may have been held at the fork
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -638,6 +679,9 @@ _IDLE = 300.0
 _registered_hook = False
 #: `_wait_at_exit` has begun: no worker waits idle any more (`BackgroundSaves._stopping`).
 _exit_started = False
+#: `_wait_at_exit` is at its last wait: a save handed over now is refused (`PastExit`).
+_exit_done = False
+_exit_lock = threading.Lock()
 
 
 def register_exit_hook() -> None:

@@ -18,7 +18,7 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from .._util.digest import Buffer, digest_of
 from .._util.failpoints import failpoint
 from .._util.holders import describe_holder, holder_is_dead, holder_status, this_process
 from .._util.names import LEASE_PREFIX, archive_owner, check_new_archive_name
+from .._util.threads import Helpers
 from ..blobs import AbstractBlobStore
 from ..catalog import (
     STATUS_LENGTH,
@@ -310,8 +311,8 @@ class ArchiveWriter:
         if not deferred:
             self._take_lease(now)
         self._expires_at = now + pool.lease_ttl  # as last renewed; only the heartbeat moves it
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="archive-save")
-        self._packer = ThreadPoolExecutor(1, thread_name_prefix="archive-pack")
+        self._io = Helpers(1, thread_name_prefix="archive-save")
+        self._packer = Helpers(1, thread_name_prefix="archive-pack")
         self._stop = threading.Event()
         interval = max(pool.lease_ttl / 3, 0.05)
         self._heartbeat = threading.Thread(

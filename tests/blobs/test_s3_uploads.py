@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _s3 import s3_prefix, s3_root, s3_samples
+from helpers import run_at_exit
 from s3server import S3Server
 
 from archive_manager import ArchiveManager
@@ -449,3 +450,10 @@ def test_two_savers_of_identical_content_and_gc_in_a_loop(
             assert _tokens(pool.open_archive(name).load_samples()) == _tokens(samples)
         report = pool.verify(read_data=True)
         assert report.ok, report.problems
+
+
+def test_a_save_a_read_and_an_export_made_at_exit_work_on_s3(
+    s3_env: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """As tests/pool/test_save.py's twin, on S3: its uploads and reads go through threads."""
+    run_at_exit(tmp_path, s3_root(bucket), _sqlite(tmp_path), _env(s3_env))

@@ -8,10 +8,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import blob_files, folder_store, local_store
+from helpers import blob_files, folder_store, local_store, run_at_exit
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
@@ -704,3 +705,16 @@ def test_asking_about_a_foreign_sqlite_file_leaves_it_as_it_was(tmp_path) -> Non
     (tmp_path / "empty.db").touch()
     with ArchiveManager.open(tmp_path / "pool", f"sqlite:///{tmp_path / 'empty.db'}") as pool:
         assert ArchiveManager.exists(pool.root, pool.catalog_url)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_save_a_read_and_an_export_made_at_exit_work(tmp_path: Path) -> None:
+    """In an `atexit` function (a script saving its last rollout on the way out) a save of
+    several chunks, a background save, a streamed read, an Arrow table and an export failed
+    halfway with "RuntimeError: cannot schedule new futures after interpreter shutdown"
+    (`concurrent.futures` refuses work by then); the background save was lost without a
+    word. They now run on the calling thread (`_util.threads.Helpers`, `PastExit`)."""
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    run_at_exit(tmp_path, str(tmp_path / "pool"), None, env)

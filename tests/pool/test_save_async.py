@@ -35,6 +35,7 @@ from archive_manager.errors import (
     InvalidInputError,
     UnencodableError,
 )
+from archive_manager.interop.synthetic import make_rollout
 from archive_manager.pool.archive import Archive
 from archive_manager.testing.faults import FaultyBlobStore
 
@@ -446,6 +447,32 @@ def test_an_exit_with_a_failure_nobody_looked_at_logs_it(tmp_path: Path, end: st
     )
     assert done.returncode == 0, done.stderr
     assert "ArchiveExistsError" in done.stderr and "save_async of 'a0'" in done.stderr
+
+
+def test_a_save_handed_over_from_an_atexit_function_is_saved(tmp_path: Path) -> None:
+    """`atexit` functions run once the exit hook's last wait is over, when a worker started
+    would be stopped mid-save: the save was lost without a word (exit 0, nothing published).
+    It is now saved on the caller's thread, its future returned done; a failure is its
+    future's, logged when nobody looked at it."""
+    done = _run(
+        tmp_path,
+        """\
+        import atexit
+        def last_words():
+            future = pool.save_async('late', rollout(1), rollout_id=1)
+            print('late', future.done(), future.result().name)
+            pool.save_async('a0', rollout(2), rollout_id=2)  # taken: fails
+        atexit.register(last_words)
+        pool.save_async('a0', rollout(0), rollout_id=0)
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "late True late" in done.stdout
+    assert "ArchiveExistsError" in done.stderr and "save_async of 'a0'" in done.stderr
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        assert sorted(a.name for a in pool.find()) == ["a0", "late"]
+        late = make_rollout(12, seed=1, prompt_len=8, response_min=4, response_max=12)
+        assert_loads(pool, "late", late)
 
 
 def test_a_forked_child_exits_without_waiting_for_the_parents_saves(tmp_path: Path) -> None:

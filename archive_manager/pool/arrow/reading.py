@@ -7,12 +7,13 @@ on a thread, records decoded (numeric lists as `StoredNumbers`).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from ..._util.threads import Helpers
 from ...catalog import chunks_table, entries_table, sample_metadata_table
 from ...codec import ChunkReader
 from ...codec.values import TEXT_FIELDS, gc_paused
@@ -231,7 +232,7 @@ def iter_chunk_rows(
 
     texts = needs.fields is None or not needs.fields.isdisjoint(TEXT_FIELDS)
     to_read = iter([part for part in plan if not from_catalog(part)])
-    pool: ThreadPoolExecutor | None = None
+    pool: Helpers | None = None
     # On the thread: the next chunk read, cut in pieces, its first piece inflated; or the
     # next piece of this chunk inflated.  One piece ahead of the one being used.
     ahead: Future[tuple[ChunkReader, list[ChunkPlan]]] | None = None
@@ -257,7 +258,7 @@ def iter_chunk_rows(
                 ]
                 continue
             if pool is None:
-                pool = ThreadPoolExecutor(1, thread_name_prefix="archive-export")
+                pool = Helpers(1, thread_name_prefix="archive-export")
                 ahead = read_next()
             assert ahead is not None
             reader, cut = ahead.result()
