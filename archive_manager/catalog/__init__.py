@@ -50,6 +50,7 @@ from .engine import (
     shown_url,
     sqlite_path,
 )
+from .forks import begin_write, end_write
 from .migrate import check_current, current_revision, ensure_current, head_revision, upgrade
 from .models import (
     ARCHIVE_STATES,
@@ -361,6 +362,12 @@ class Catalog:
                 "for the first forever: pass the open connection down instead"
             )
         self._local.writing = True
+        # NOTE: before the lock is taken: a fork on another thread waits for this transaction
+        # to end, so that no child inherits SQLite's lock (`forks`; a server's locks are its
+        # own, and a child's connections to it wait for the parent's commit as any other's)
+        gated = self.dialect_name == "sqlite"
+        if gated:
+            begin_write()
         try:
             conn, transaction = self._begin_write(durable)
             with conn, transaction:
@@ -368,6 +375,8 @@ class Catalog:
                 if step is not None:
                     failpoint(f"{step}.before_commit")
         finally:
+            if gated:
+                end_write()
             self._local.writing = False
         if step is not None:
             failpoint(f"{step}.after_commit")

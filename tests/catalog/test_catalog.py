@@ -451,6 +451,40 @@ def test_forked_child_does_not_reuse_pooled_connections(catalog: Catalog) -> Non
     assert names == {"inherited engine", "from child"}
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+def test_a_fork_waits_for_a_write_transaction_in_flight(catalog: Catalog) -> None:
+    """A child forked while another thread's write transaction held the catalog's lock (a
+    `save_async` worker committing as a training loop forks workers) inherited SQLite's
+    per-process lock table with that lock held, so every write of the child waited its busy
+    timeout and failed with `CatalogLockedError` (30 s). The fork now waits for the
+    transaction to end (`catalog.forks`)."""
+    inside, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with catalog.write() as conn:
+            add_archive(conn, "parent", samples=1, bytes=1)
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert inside.wait(30)
+    threading.Timer(1.0, release.set).start()  # ends the transaction while the fork waits
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_child_writes, args=(catalog.url,))
+    started = time.monotonic()
+    child.start()
+    waited = time.monotonic() - started
+    child.join(timeout=60)
+    thread.join(30)
+    assert child.exitcode == 0
+    if catalog.dialect_name == "sqlite":
+        assert waited >= 0.5  # the fork waited for the transaction
+    with catalog.read() as conn:
+        names = set(conn.execute(select(archives_table.c.name)).scalars())
+    assert names == {"parent", "from child"}
+
+
 # --- pool info ----------------------------------------------------------------------------
 
 
