@@ -583,11 +583,10 @@ def _share_index(
     torch.distributed's default group; what rank 0 sent, on every rank.  JSON in a byte
     tensor, never a pickle (`broadcast_object_list` unpickles what it receives)."""
     dist = torch.distributed
-    # NCCL moves CUDA tensors only; gloo and MPI (and a "cpu:gloo,cuda:nccl" group) take CPU.
     device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
+        torch.device("cpu")
+        if _takes_cpu(str(dist.get_backend()))
+        else torch.device("cuda", torch.cuda.current_device())
     )
     if dist.get_rank() == 0:
         sent = {"units": units} if error is None else {"error": error}
@@ -608,6 +607,17 @@ def _share_index(
         (str(name), (int(ordinal), str(digest), [(int(p), str(k), t, int(o)) for p, k, t, o in es]))
         for name, (ordinal, digest, es) in got["units"]
     ]
+
+
+def _takes_cpu(backend: str) -> bool:
+    """Whether the default group's ``backend`` (`torch.distributed.get_backend`) takes CPU
+    tensors: gloo, MPI, a group made without a backend (gloo, lazily), a device map naming
+    ``cpu`` ("cpu:gloo,cuda:nccl"); not NCCL alone ("nccl", or the map "cuda:nccl", which
+    had CPU tensors sent to a group with no CPU backend)."""
+    mapped = [part.split(":", 1)[0].strip() for part in backend.split(",") if ":" in part]
+    if mapped:
+        return "cpu" in mapped
+    return backend.strip().lower() != "nccl"
 
 
 def _shares_index(share_index: object, world_size: int | None) -> bool:

@@ -52,7 +52,7 @@ from .pool.archive import (
     reclaimed_names,
     release_archives,
 )
-from .pool.background import PastExit, SaveFuture, register_exit_hook
+from .pool.background import PastExit, register_exit_hook
 from .pool.context import PoolContext
 from .pool.identity import (
     PoolIdentity,
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from .lens.query import PoolSummary, SampleRow, SampleRows
     from .lens.search import SearchResult
     from .lens.stats import RolloutStats, StatsCache
-    from .pool.background import BackgroundSaves
+    from .pool.background import BackgroundSaves, SaveFuture
     from .pool.gc import GcReport
     from .pool.recovery import RebuildReport
     from .pool.retention import ForgetPlan, OwnersReport, ReleasePlan
@@ -604,10 +604,11 @@ class ArchiveManager:
                 reward_key=reward_key,
             )
         except PastExit:
-            # The interpreter is ending (an `atexit` function, a daemon thread): a worker
-            # started now would be stopped mid-save and the save lost without a word, so
-            # it is saved here and its future returned done.
-            return SaveFuture.ran(name, now)
+            pass
+        # The interpreter is ending (the exit hook began): no worker would be waited for,
+        # and the exit must not wait for saves without end, so this one is saved here
+        # (outside the `except`: its failure chains no `PastExit`) and its future is done.
+        return saves.run_here(name, now)
 
     @property
     def save_async_budget(self) -> int:

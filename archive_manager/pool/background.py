@@ -109,9 +109,9 @@ class SaveFuture(Future[Archive]):
 
 
 class PastExit(Exception):
-    """`BackgroundSaves.submit` after the exit hook's last wait (from an `atexit` function,
-    or a daemon thread as the interpreter ends): no worker started now would finish a save,
-    so the caller saves itself (`ArchiveManager.save_async`)."""
+    """`BackgroundSaves.submit` once the exit hook has begun (a thread it joins, an `atexit`
+    function, a daemon thread as the interpreter ends): the save is its caller's to run
+    (`BackgroundSaves.run_here`)."""
 
 
 #: How long the worker waits for its caller before it looks again (a wake-up lost to a
@@ -276,6 +276,16 @@ class BackgroundSaves:
             raise
         else:
             self._seal(job, None)
+        return future
+
+    def run_here(self, name: str, save: Callable[[], Archive]) -> SaveFuture:
+        """``save()`` run on the caller's thread (once `submit` refused it: `PastExit`), its
+        future returned done; a failure is kept for `close` as a worker's is."""
+        future = SaveFuture.ran(name, save)
+        if future.failure is not None:
+            with self._cond:
+                if not self._abandoned:
+                    self._failed.append(future)
         return future
 
     def _register(self, job: _Job) -> None:
@@ -594,16 +604,23 @@ def _wait_at_exit() -> None:
     "cannot schedule new futures after interpreter shutdown" and was rolled back.  This hook,
     registered after that one, runs before it.  A non-daemon thread that called `save_async`
     (a training loop the main thread did not join) is joined here first, as the interpreter
-    would join it next: its later saves then run too.  Other threads are not waited for.
+    would join it next: its later saves then run too, on its own thread.  Other threads are
+    not waited for.
     """
     # NOTE: first, for every pool's saves, those made from now on included: an idle worker
     # ends at once from here.  A caller joined below may be another pool's worker (a done
     # callback that hands a save to a second pool), which would otherwise idle `_IDLE`
-    # seconds before the join returned; and a pool whose first save is handed over after
-    # this (a daemon thread's) would start a worker the interpreter then joins idle.
-    # Saves handed over later are still taken (a worker ended is started again).
-    global _exit_started
+    # seconds before the join returned.
+    global _exit_started, _exit_done
     _exit_started = True
+    # NOTE: and from here a save handed over is run by its caller (`PastExit`): what this
+    # waits for is then bounded, the saves registered before (a daemon thread handing saves
+    # over faster than they were saved held the exit up for ever), and no save is handed to
+    # a worker nobody waits for (one started after the wait below, stopped mid-save by the
+    # interpreter: lost without a word).  Under `_exit_lock`, which registering a save takes
+    # too: each save is either in a pool of `_live` below or refused.
+    with _exit_lock:
+        _exit_done = True
     for saves in list(_live):
         with saves._cond:
             saves._cond.notify_all()  # an idle worker ends (`_stopping`)
@@ -617,14 +634,6 @@ def _wait_at_exit() -> None:
         if thread is not me and not thread.daemon and thread not in pooled:
             thread.join()
     _wait_for(list(_live))
-    # NOTE: then once more for what was handed over meanwhile (a daemon thread, a callback of
-    # a save): after this no worker would be joined, and the interpreter would stop one
-    # mid-save, so a save handed over later is run by its caller (`PastExit`)
-    global _exit_done
-    with _exit_lock:
-        _exit_done = True
-        last = list(_live)
-    _wait_for(last)
 
 
 def _wait_for(pools: list[BackgroundSaves]) -> None:
@@ -679,7 +688,8 @@ _IDLE = 300.0
 _registered_hook = False
 #: `_wait_at_exit` has begun: no worker waits idle any more (`BackgroundSaves._stopping`).
 _exit_started = False
-#: `_wait_at_exit` is at its last wait: a save handed over now is refused (`PastExit`).
+#: `_wait_at_exit` has begun, or cannot run any more: a save handed over now is refused
+#: (`PastExit`) and its caller saves it.
 _exit_done = False
 _exit_lock = threading.Lock()
 
@@ -696,7 +706,14 @@ def register_exit_hook() -> None:
     global _registered_hook
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
-        # Refused once the interpreter shuts down: too late to wait for anything then.
-        with contextlib.suppress(RuntimeError):
+        try:
             register(_wait_at_exit)
+        except RuntimeError:
+            # Refused once the interpreter shuts down (a pool first opened in an `atexit`
+            # function, or by a daemon thread as the interpreter ends): no worker started
+            # now would be waited for, so every save is its caller's (`PastExit`).
+            global _exit_done
+            with _exit_lock:
+                _exit_done = True
+        else:
             _registered_hook = True

@@ -408,5 +408,23 @@ def test_share_index_is_checked_and_needs_torch_distributed(tmp_path: Path) -> N
         assert len(make(pool, share_index=False)) == 10
 
 
+@pytest.mark.parametrize(
+    ("backend", "cpu"),
+    [
+        ("gloo", True),
+        ("mpi", True),
+        ("undefined", True),  # made without a backend: gloo, lazily
+        ("cpu:gloo,cuda:nccl", True),
+        ("cuda:nccl,cpu:gloo", True),
+        ("nccl", False),
+        ("cuda:nccl", False),  # sent CPU tensors to a group with no CPU backend before
+    ],
+)
+def test_the_index_travels_on_the_device_the_group_takes(backend: str, cpu: bool) -> None:
+    from archive_manager.data import _takes_cpu
+
+    assert _takes_cpu(backend) is cpu
+
+
 if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

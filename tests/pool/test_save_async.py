@@ -475,6 +475,85 @@ def test_a_save_handed_over_from_an_atexit_function_is_saved(tmp_path: Path) -> 
         assert_loads(pool, "late", late)
 
 
+def test_a_save_async_in_the_atexit_function_that_opened_the_first_pool_is_saved(
+    tmp_path: Path,
+) -> None:
+    """The process's first pool opened in an `atexit` function: the exit hook cannot be
+    registered any more, and the save went to a worker the interpreter never waited for
+    (nothing published, exit 0). It is saved on the caller's thread."""
+    ArchiveManager.open(tmp_path / "pool").close()
+    script = """
+import atexit, sys
+from archive_manager import ArchiveManager
+from archive_manager.interop.synthetic import make_rollout
+
+def last_words():
+    late = ArchiveManager.open(sys.argv[1], chunk_size=4)
+    rollout = make_rollout(12, seed=1, prompt_len=8, response_min=4, response_max=12)
+    print('late', late.save_async('late', rollout, rollout_id=1).done())
+
+atexit.register(last_words)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "pool")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "late True" in done.stdout
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        assert [a.name for a in pool.find()] == ["late"]
+
+
+def test_a_daemon_thread_handing_saves_over_does_not_hold_the_exit_up(tmp_path: Path) -> None:
+    """A daemon thread handing saves over faster than they were saved held the exit up for
+    ever (the hook waited for each save handed over meanwhile). The exit waits for the saves
+    handed over before it began; the daemon's later saves are its own, as a `save` of a
+    daemon thread is."""
+    done = _run(
+        tmp_path,
+        """\
+        import time
+        handed = []
+        def produce():
+            r = rollout(1)
+            for i in range(100_000):
+                handed.append(pool.save_async(f'd{i}', r, rollout_id=i))
+        threading.Thread(target=produce, daemon=True).start()
+        time.sleep(0.3)
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    with ArchiveManager.open(tmp_path / "pool") as pool:
+        names = {a.name for a in pool.find()}
+    assert names and all(f"d{i}" in names for i in range(len(names) - 1))  # none skipped
+
+
+def test_close_at_exit_raises_a_failed_save_that_nobody_looked_at(tmp_path: Path) -> None:
+    """A failed save run by its caller at exit is `close`'s to raise, as a worker's is (it
+    was only logged, chained to an internal `PastExit`)."""
+    done = _run(
+        tmp_path,
+        """\
+        import atexit
+        pool.save('a0', rollout(0), rollout_id=0)
+        held = []
+        def last_words():
+            held.append(pool.save_async('a0', rollout(1), rollout_id=1))  # taken: fails
+            try:
+                pool.close()
+                print('close returned')
+            except Exception as exc:
+                print('close raised', type(exc).__name__)
+        atexit.register(last_words)
+        """,
+    )
+    assert "close raised ArchiveExistsError" in done.stdout, done.stdout + done.stderr
+    assert "PastExit" not in done.stderr
+
+
 def test_a_forked_child_exits_without_waiting_for_the_parents_saves(tmp_path: Path) -> None:
     """A child forked while a save is in flight (a DataLoader worker, a subprocess helper) does
     not own it: it exits at once; the parent's save publishes."""
