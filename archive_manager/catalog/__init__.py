@@ -50,7 +50,7 @@ from .engine import (
     shown_url,
     sqlite_path,
 )
-from .forks import begin_write, end_write
+from .forks import begin_write, end_write, holding
 from .migrate import check_current, current_revision, ensure_current, head_revision, upgrade
 from .models import (
     ARCHIVE_STATES,
@@ -370,6 +370,8 @@ class Catalog:
             begin_write()
         try:
             conn, transaction = self._begin_write(durable)
+            if gated:
+                holding()
             with conn, transaction:
                 yield conn
                 if step is not None:

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from .._util.constants import CATALOG_URL_ENV, HEAD_REVISION, VERSION_TABLE
 from ..errors import CatalogError, CatalogVersionError
 from .dialects.base import WRITE_OPTION
+from .forks import begin_write, end_write, holding
 from .models import FORMAT_VERSION, metadata, pool_info_table
 from .urls import shown_url
 
@@ -176,9 +177,13 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
         if raw is not None:
             # NOTE: this pragma is a no-op inside a transaction, so it goes before BEGIN.
             raw.execute("PRAGMA foreign_keys = OFF")
+        if raw is not None:
+            begin_write()  # a fork waits for this transaction too (`forks`)
         try:
             conn.execution_options(**{WRITE_OPTION: True})
             with conn.begin():
+                if raw is not None:
+                    holding()
                 yield conn
                 if raw is not None:
                     broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
@@ -189,6 +194,7 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
                         )
         finally:
             if raw is not None:
+                end_write()
                 try:
                     raw.execute("PRAGMA foreign_keys = ON")
                 except Exception:

@@ -6,6 +6,7 @@ import functools
 import json
 import multiprocessing
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -483,6 +484,84 @@ def test_a_fork_waits_for_a_write_transaction_in_flight(catalog: Catalog) -> Non
     with catalog.read() as conn:
         names = set(conn.execute(select(archives_table.c.name)).scalars())
     assert names == {"parent", "from child"}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+def test_a_fork_does_not_wait_for_a_write_still_asking_for_the_lock(
+    catalog: Catalog, db_path: Path
+) -> None:
+    """A write transaction waiting for another process's lock holds nothing a child could
+    inherit: a fork waited its whole bound (10 s) for it, each worker of a DataLoader or a
+    multiprocessing pool started then."""
+    if catalog.dialect_name != "sqlite":
+        pytest.skip("the gate is SQLite's")
+    count_archives(catalog)  # the catalog file exists, in WAL mode
+    locker = subprocess.Popen(
+        [sys.executable, "-c", _LOCKER, str(db_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+
+        def writer() -> None:
+            _write_archive(catalog, "after the locker")
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        time.sleep(0.3)  # the writer now waits in BEGIN IMMEDIATE
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,))
+        started = time.monotonic()
+        child.start()
+        waited = time.monotonic() - started
+        child.join(30)
+        assert waited < 2.0  # ASKING_WAIT_S, not FORK_WAIT_S
+    finally:
+        locker.kill()
+        locker.communicate()
+    thread.join(60)
+    assert count_archives(catalog) == 1
+
+
+_LOCKER = """
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+def test_a_signal_handler_that_writes_during_a_forks_wait_does_not_hang(catalog: Catalog) -> None:
+    """A signal handler (a preemption handler saving a checkpoint) runs on the main thread
+    while its fork waits for another thread's transaction: its write waited for the fork to
+    end, the fork for the handler: for ever. The forking thread's own writes go through."""
+    if catalog.dialect_name != "sqlite":
+        pytest.skip("the gate is SQLite's")
+    inside, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with catalog.write() as conn:
+            add_archive(conn, "held", samples=1, bytes=1)
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert inside.wait(30)
+    threading.Timer(1.5, release.set).start()
+    previous = signal.signal(signal.SIGALRM, lambda *_: _write_archive(catalog, "handler"))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,))
+        child.start()  # waits for the holder; the handler runs meanwhile
+        child.join(30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    thread.join(30)
+    with catalog.read() as conn:
+        names = set(conn.execute(select(archives_table.c.name)).scalars())
+    assert names == {"held", "handler"}
 
 
 # --- pool info ----------------------------------------------------------------------------
