@@ -365,20 +365,18 @@ class Catalog:
         # NOTE: before the lock is taken: a fork on another thread waits for this transaction
         # to end, so that no child inherits SQLite's lock (`forks`; a server's locks are its
         # own, and a child's connections to it wait for the parent's commit as any other's)
-        gated = self.dialect_name == "sqlite"
-        if gated:
-            begin_write()
+        gate = begin_write() if self.dialect_name == "sqlite" else None
         try:
             conn, transaction = self._begin_write(durable)
-            if gated:
-                holding()
+            if gate is not None:
+                holding(gate)
             with conn, transaction:
                 yield conn
                 if step is not None:
                     failpoint(f"{step}.before_commit")
         finally:
-            if gated:
-                end_write()
+            if gate is not None:
+                end_write(gate)
             self._local.writing = False
         if step is not None:
             failpoint(f"{step}.after_commit")

@@ -57,9 +57,9 @@ def _mine() -> list[int]:
     return got
 
 
-def begin_write() -> None:
+def begin_write() -> list[int]:
     """Register a write transaction about to ask for its lock (held back while another
-    thread forks, at most `FORK_WAIT_S`)."""
+    thread forks, at most `FORK_WAIT_S`); the token `holding` and `end_write` take."""
     gate = _gate
     me = threading.get_ident()
     deadline = time.monotonic() + FORK_WAIT_S
@@ -71,10 +71,11 @@ def begin_write() -> None:
             gate.cond.wait(left)
         gate.asking += 1
     _mine()[0] += 1
+    return [0]  # its slot: 0 asking, 1 holding
 
 
-def holding() -> None:
-    """The transaction registered by `begin_write` holds its lock now."""
+def holding(token: list[int]) -> None:
+    """The transaction of ``token`` holds its lock now."""
     gate = _gate
     mine = _mine()
     with gate.cond:
@@ -82,14 +83,14 @@ def holding() -> None:
         gate.holding += 1
     mine[0] -= 1
     mine[1] += 1
+    token[0] = 1
 
 
-def end_write() -> None:
-    """The transaction ended (committed, rolled back, or never got its lock)."""
+def end_write(token: list[int]) -> None:
+    """The transaction of ``token`` ended (committed, rolled back, or never got its lock)."""
     gate = _gate
-    mine = _mine()
-    slot = 1 if mine[1] else 0
-    mine[slot] -= 1
+    slot = token[0]
+    _mine()[slot] -= 1
     with gate.cond:
         if slot:
             gate.holding -= 1

@@ -177,13 +177,13 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
         if raw is not None:
             # NOTE: this pragma is a no-op inside a transaction, so it goes before BEGIN.
             raw.execute("PRAGMA foreign_keys = OFF")
-        if raw is not None:
-            begin_write()  # a fork waits for this transaction too (`forks`)
+        # a fork waits for this transaction too (`forks`)
+        gate = begin_write() if raw is not None else None
         try:
             conn.execution_options(**{WRITE_OPTION: True})
             with conn.begin():
-                if raw is not None:
-                    holding()
+                if gate is not None:
+                    holding(gate)
                 yield conn
                 if raw is not None:
                     broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
@@ -193,8 +193,9 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
                             f"first {tuple(broken[0])}; nothing was changed"
                         )
         finally:
+            if gate is not None:
+                end_write(gate)
             if raw is not None:
-                end_write()
                 try:
                     raw.execute("PRAGMA foreign_keys = ON")
                 except Exception:

@@ -521,6 +521,25 @@ def test_a_fork_does_not_wait_for_a_write_still_asking_for_the_lock(
     assert count_archives(catalog) == 1
 
 
+def test_the_fork_gate_counts_a_write_that_never_got_its_lock_inside_another() -> None:
+    """A write of a second catalog refused before it held its lock, inside a first one's
+    (one thread, two pools): it counted as holding, so the counts drifted and later forks
+    waited for a transaction that did not exist."""
+    from archive_manager.catalog import forks
+
+    def counts() -> tuple[int, int]:
+        return forks._gate.asking, forks._gate.holding
+
+    before = counts()
+    outer = forks.begin_write()
+    forks.holding(outer)
+    inner = forks.begin_write()
+    forks.end_write(inner)  # refused: never held its lock
+    assert counts() == (before[0], before[1] + 1)
+    forks.end_write(outer)
+    assert counts() == before
+
+
 _LOCKER = """
 import sqlite3, sys, time
 c = sqlite3.connect(sys.argv[1], isolation_level=None)
