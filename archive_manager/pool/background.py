@@ -304,8 +304,8 @@ class BackgroundSaves:
                     f"save_async of {job.name!r} from a callback of another background save: "
                     "it would wait for the thread that runs it"
                 )
-            # NOTE: under `_exit_lock`, as `_wait_at_exit` marks its last wait: a save is
-            # either registered before it (and waited for there) or refused here
+            # NOTE: under `_exit_lock`, as `_wait_at_exit` marks its start: a save is either
+            # registered before it (and waited for there) or refused here
             with _exit_lock:
                 if _exit_done:
                     raise PastExit(job.name)
@@ -633,11 +633,7 @@ def _wait_at_exit() -> None:
         # saves it handed over are waited for below
         if thread is not me and not thread.daemon and thread not in pooled:
             thread.join()
-    _wait_for(list(_live))
-
-
-def _wait_for(pools: list[BackgroundSaves]) -> None:
-    for saves in pools:
+    for saves in list(_live):
         try:
             saves.wait()
         except ArchiveError:  # the main thread ended inside a callback of a save: let it go
