@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["Helpers", "interpreter_exiting"]
+__all__ = ["Helpers", "interpreter_exiting", "ran_here", "run_into"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -43,9 +43,16 @@ class Helpers(ThreadPoolExecutor):
 
 
 def ran_here(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> Future[_T]:
-    """The future of ``fn(*args, **kwargs)`` run now, on this thread (an interrupt, such as
-    Ctrl-C, is raised, as it would be from the call itself)."""
-    future: Future[_T] = Future()
+    """The future of ``fn(*args, **kwargs)`` run now, on this thread."""
+    return run_into(Future(), fn, *args, **kwargs)
+
+
+_F = TypeVar("_F", bound=Future[Any])
+
+
+def run_into(future: _F, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _F:
+    """``future``, a new one, done with what ``fn(*args, **kwargs)`` run now on this thread
+    returned or raised (an interrupt, such as Ctrl-C, is raised, as from the call itself)."""
     future.set_running_or_notify_cancel()
     try:
         result = fn(*args, **kwargs)

@@ -89,15 +89,9 @@ class SaveFuture(Future[Archive]):
     def ran(cls, name: str, save: Callable[[], Archive]) -> SaveFuture:
         """The future of ``save()`` run on this thread, now: its archive or its error (an
         interrupt, such as Ctrl-C, is raised)."""
-        future = cls(name)
-        future.set_running_or_notify_cancel()
-        try:
-            archive = save()
-        except Exception as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(archive)
-        return future
+        from .._util.threads import run_into
+
+        return run_into(cls(name), save)
 
     def result(self, timeout: float | None = None) -> Archive:
         self.observed = True

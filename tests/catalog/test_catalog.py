@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import functools
 import json
 import multiprocessing
@@ -452,6 +453,24 @@ def test_forked_child_does_not_reuse_pooled_connections(catalog: Catalog) -> Non
     assert names == {"inherited engine", "from child"}
 
 
+def _held_write(catalog: Catalog, name: str, seconds: float) -> threading.Thread:
+    """A thread inside a write transaction of ``catalog`` (archive ``name`` added), which
+    it ends ``seconds`` from now; returned once the transaction holds the lock."""
+    inside, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with catalog.write() as conn:
+            add_archive(conn, name, samples=1, bytes=1)
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert inside.wait(30)
+    threading.Timer(seconds, release.set).start()
+    return thread
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
 def test_a_fork_waits_for_a_write_transaction_in_flight(catalog: Catalog) -> None:
     """A child forked while another thread's write transaction held the catalog's lock (a
@@ -459,18 +478,7 @@ def test_a_fork_waits_for_a_write_transaction_in_flight(catalog: Catalog) -> Non
     per-process lock table with that lock held, so every write of the child waited its busy
     timeout and failed with `CatalogLockedError` (30 s). The fork now waits for the
     transaction to end (`catalog.forks`)."""
-    inside, release = threading.Event(), threading.Event()
-
-    def writer() -> None:
-        with catalog.write() as conn:
-            add_archive(conn, "parent", samples=1, bytes=1)
-            inside.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    assert inside.wait(30)
-    threading.Timer(1.0, release.set).start()  # ends the transaction while the fork waits
+    thread = _held_write(catalog, "parent", 1.0)  # ends while the fork waits
     context = multiprocessing.get_context("fork")
     child = context.Process(target=_child_writes, args=(catalog.url,))
     started = time.monotonic()
@@ -521,6 +529,26 @@ def test_a_fork_does_not_wait_for_a_write_still_asking_for_the_lock(
     assert count_archives(catalog) == 1
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+def test_a_ctrl_c_during_a_forks_wait_is_raised_after_the_fork(catalog: Catalog) -> None:
+    """CPython ignores an exception raised in a fork hook, so a Ctrl-C during the wait was
+    lost and the fork went on without waiting; the wait now goes on and the interrupt is
+    raised once the fork returned."""
+    if catalog.dialect_name != "sqlite":
+        pytest.skip("the gate is SQLite's")
+    thread = _held_write(catalog, "held", 1.5)
+    threading.Timer(0.5, _thread.interrupt_main).start()  # Ctrl-C, during the wait
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,))
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        child.start()
+        waited = time.monotonic() - started
+        time.sleep(5)  # the interrupt comes a moment after the fork
+    child.join(30)
+    thread.join(30)
+    assert waited >= 1.0  # the fork still waited for the transaction
+
+
 def test_the_fork_gate_counts_a_write_that_never_got_its_lock_inside_another() -> None:
     """A write of a second catalog refused before it held its lock, inside a first one's
     (one thread, two pools): it counted as holding, so the counts drifted and later forks
@@ -556,18 +584,7 @@ def test_a_signal_handler_that_writes_during_a_forks_wait_does_not_hang(catalog:
     end, the fork for the handler: for ever. The forking thread's own writes go through."""
     if catalog.dialect_name != "sqlite":
         pytest.skip("the gate is SQLite's")
-    inside, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with catalog.write() as conn:
-            add_archive(conn, "held", samples=1, bytes=1)
-            inside.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert inside.wait(30)
-    threading.Timer(1.5, release.set).start()
+    thread = _held_write(catalog, "held", 1.5)
     previous = signal.signal(signal.SIGALRM, lambda *_: _write_archive(catalog, "handler"))
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.5)
